@@ -1,0 +1,21 @@
+"""KV storage formats, defined once in pure torch: the reference for every kernel."""
+
+from nibblekv.formats.layout import (
+    KV_DTYPE_CHOICES,
+    KVDtype,
+    PageLayout,
+    bytes_per_value,
+    dequantize_rows,
+    parse_kv_dtype,
+    quantize_rows,
+)
+
+__all__ = [
+    "KV_DTYPE_CHOICES",
+    "KVDtype",
+    "PageLayout",
+    "bytes_per_value",
+    "dequantize_rows",
+    "parse_kv_dtype",
+    "quantize_rows",
+]

@@ -1,0 +1,73 @@
+"""NVFP4 quantization: the exact reference every kernel is tested against.
+
+Per 16 consecutive values along head_dim (a *block*):
+
+* ``s = e4m3(amax16 / (6 * g))`` -- the block scale, rounded to nearest-even E4M3 and
+  saturated to [0, 448]; ``g`` is the layer's FP32 global scale (one for K, one for V).
+* each value ``x`` becomes the E2M1 code of ``x / (s * g)`` (``s`` the *rounded* scale),
+  rounded to nearest grid value, ties to even code index, saturating at 6.
+* dequant: ``(code_value * s) * g`` in FP32.
+
+Special inputs (NOTE: the cache never holds NaN):
+
+* NaN -> 0; +-Inf -> +-(6 * 448 * g), the largest magnitude the format can represent;
+  every finite value is first clamped to that range too.
+* A block whose rounded scale is 0 (all zeros, or amax below E4M3's smallest subnormal
+  times 6g) stores scale 0 and codes 0, and dequantizes to exact zeros.
+
+All arithmetic is FP32 with IEEE round-to-nearest division, which the Triton kernels
+reproduce (``tl.math.div_rn``) to stay bit-exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nibblekv.formats import e2m1
+
+BLOCK: int = 16
+E4M3_MAX: float = 448.0
+NVFP4_MAX: float = e2m1.E2M1_MAX * E4M3_MAX  # 2688: largest |value| / g representable
+
+
+def sanitize(x: torch.Tensor, limit: float) -> torch.Tensor:
+    """NaN -> 0, +-Inf -> +-limit, then clamp to [-limit, limit] (float32)."""
+    x = torch.nan_to_num(x.float(), nan=0.0, posinf=limit, neginf=-limit)
+    return x.clamp(-limit, limit)
+
+
+def quantize(x: torch.Tensor, global_scale: float | torch.Tensor = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x [..., D]`` (D % 16 == 0) to NVFP4.
+
+    Returns ``(packed uint8 [..., D/2], scales float8_e4m3fn [..., D/16])``.
+    """
+    d = x.shape[-1]
+    if d % BLOCK:
+        raise ValueError(f"NVFP4 needs the last dimension to be a multiple of {BLOCK}, got {d}")
+    g = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
+    xs = sanitize(x, float(NVFP4_MAX * g))
+    blocks = xs.reshape(*xs.shape[:-1], d // BLOCK, BLOCK)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    s = (amax / (g * 6.0)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    denom = s.float() * g
+    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+    q = torch.where(denom > 0, blocks / safe, torch.zeros_like(blocks))
+    codes = e2m1.encode(q).reshape(xs.shape)
+    return e2m1.pack(codes), s.squeeze(-1)
+
+
+def dequantize(
+    packed: torch.Tensor, scales: torch.Tensor, global_scale: float | torch.Tensor = 1.0
+) -> torch.Tensor:
+    """Inverse of :func:`quantize`: ``packed [..., D/2]``, ``scales [..., D/16]`` -> float32 ``[..., D]``."""
+    g = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)
+    vals = e2m1.decode(e2m1.unpack(packed))
+    d = vals.shape[-1]
+    blocks = vals.reshape(*vals.shape[:-1], d // BLOCK, BLOCK)
+    out = (blocks * scales.float().unsqueeze(-1)) * g
+    return out.reshape(vals.shape)
+
+
+def fake_quantize(x: torch.Tensor, global_scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """Quantize then dequantize (float32), for accuracy studies."""
+    return dequantize(*quantize(x, global_scale), global_scale)
