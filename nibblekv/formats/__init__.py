@@ -1,5 +1,6 @@
 """KV storage formats, defined once in pure torch: the reference for every kernel."""
 
+from nibblekv.formats import e2m1, fp8, nvfp4
 from nibblekv.formats.layout import (
     KV_DTYPE_CHOICES,
     KVDtype,
@@ -11,6 +12,9 @@ from nibblekv.formats.layout import (
 )
 
 __all__ = [
+    "e2m1",
+    "fp8",
+    "nvfp4",
     "KV_DTYPE_CHOICES",
     "KVDtype",
     "PageLayout",
