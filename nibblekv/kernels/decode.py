@@ -1,0 +1,291 @@
+"""Paged decode attention (split-K flash-decoding) over a BF16 / FP8 / NVFP4 cache plus a bf16 tail.
+
+Grid ``(B, kv_heads, num_splits [+1])``: one program reads one KV head's pages once for all ``G`` query
+heads of its GQA group (padded to ``BH >= 16`` rows for ``tl.dot``), over one slice of the request's
+main-pool tokens; with a tail pool, the extra last split attends over the tail (its newest tokens).
+Each program writes an fp32 partial output and its log-sum-exp (base 2); ``_combine_kernel`` merges the
+splits. Dequantization happens in registers (``load_kv_halves``); global scales fold into the fp32
+softmax scale and output scale. No host syncs: the launcher is CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from nibblekv.kernels._common import (
+    FMT_FLOAT,
+    FMT_NVFP4,
+    LOG2E,
+    check_cache,
+    fmt_code,
+    interpreting,
+    load_kv_halves,
+    online_softmax_step,
+    scale_tensors,
+)
+from nibblekv.kernels.types import LayerKV
+
+
+@triton.jit
+def _decode_segment(
+    q_ptr,
+    s_qh,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    s_page,
+    s_head,
+    s_tok,
+    sc_page,
+    sc_head,
+    sc_tok,
+    pt_ptr,
+    start,
+    end,
+    h,
+    qk_scale,
+    out_scale,
+    o_ptr,
+    lse_ptr,
+    s_os,
+    G: tl.constexpr,
+    BH: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BN: tl.constexpr,
+    FMT: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    """Attend the group's query rows over tokens ``[start, end)`` of one pool; store partial o / lse."""
+    HALF: tl.constexpr = D // 2
+    offs_g = tl.arange(0, BH)
+    gmask = offs_g < G
+    offs_j = tl.arange(0, HALF)
+    if FMT == 2:  # NVFP4 tiles come as (even, odd) elements of head_dim
+        col_a = offs_j * 2
+        col_b = offs_j * 2 + 1
+    else:  # other formats as (first half, second half)
+        col_a = offs_j
+        col_b = offs_j + HALF
+    q_rows = q_ptr + (h * G + offs_g)[:, None] * s_qh
+    qa = tl.load(q_rows + col_a[None, :], mask=gmask[:, None], other=0.0)
+    qb = tl.load(q_rows + col_b[None, :], mask=gmask[:, None], other=0.0)
+
+    m = tl.full([BH], float("-inf"), tl.float32)
+    l = tl.zeros([BH], tl.float32)
+    acc_a = tl.zeros([BH, HALF], tl.float32)
+    acc_b = tl.zeros([BH, HALF], tl.float32)
+    offs_n = tl.arange(0, BN)
+    head_off = h.to(tl.int64) * s_head
+    shead_off = h.to(tl.int64) * sc_head
+    if INTERP:  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
+        n0 = start
+        while n0 < end:
+            idx = n0 + offs_n
+            nmask = idx < end
+            page = tl.load(pt_ptr + idx // PAGE, mask=nmask, other=0).to(tl.int64)
+            tok = (idx % PAGE).to(tl.int64)
+            row = page * s_page + head_off + tok * s_tok
+            srow = page * sc_page + shead_off + tok * sc_tok
+            ka, kb = load_kv_halves(k_ptr, ks_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
+            va, vb = load_kv_halves(v_ptr, vs_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
+            m, l, acc_a, acc_b = online_softmax_step(qa, qb, ka, kb, va, vb, nmask[None, :], m, l, acc_a, acc_b, qk_scale)
+            n0 += BN
+    else:
+        for n0 in range(start, end, BN):
+            idx = n0 + offs_n
+            nmask = idx < end
+            page = tl.load(pt_ptr + idx // PAGE, mask=nmask, other=0).to(tl.int64)
+            tok = (idx % PAGE).to(tl.int64)
+            row = page * s_page + head_off + tok * s_tok
+            srow = page * sc_page + shead_off + tok * sc_tok
+            ka, kb = load_kv_halves(k_ptr, ks_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
+            va, vb = load_kv_halves(v_ptr, vs_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
+            m, l, acc_a, acc_b = online_softmax_step(qa, qb, ka, kb, va, vb, nmask[None, :], m, l, acc_a, acc_b, qk_scale)
+
+    # An empty segment stores lse = -inf and o = 0, which the combine step weighs as nothing.
+    inv = tl.where(l > 0, out_scale / l, 0.0)
+    lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
+    o_rows = o_ptr + offs_g[:, None] * s_os
+    tl.store(o_rows + col_a[None, :], acc_a * inv[:, None], mask=gmask[:, None])
+    tl.store(o_rows + col_b[None, :], acc_b * inv[:, None], mask=gmask[:, None])
+    tl.store(lse_ptr + offs_g * (s_os // D), lse, mask=gmask)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, s_qb, s_qh,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr,
+    s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
+    pt_ptr, s_pt, lens_ptr,
+    tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr,
+    o_ptr, lse_ptr, sm_scale,
+    HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr,
+    PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HAS_TAIL: tl.constexpr,
+    FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.program_id(2)
+    S_TOT: tl.constexpr = NUM_SPLITS + HAS_TAIL
+    q_base = q_ptr + b.to(tl.int64) * s_qb
+    # partials: o [B, HQ, S_TOT, D] fp32, lse [B, HQ, S_TOT]; row (b, h*G + g, sp)
+    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp
+    o_base = o_ptr + first * D
+    lse_base = lse_ptr + first
+    if HAS_TAIL and sp == NUM_SPLITS:
+        n = tl.load(tlens_ptr + b)
+        _decode_segment(
+            q_base, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
+            tpt_ptr + b.to(tl.int64) * s_tpt, 0, n, h, sm_scale * 1.4426950408889634, 1.0,
+            o_base, lse_base, S_TOT * D,
+            G, BH, D, TPAGE, TBN, 0, False, INTERP,
+        )  # fmt: skip
+    else:
+        n = tl.load(lens_ptr + b)
+        chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BN) * BN
+        start = sp * chunk
+        end = tl.minimum(start + chunk, n)
+        gk = 1.0
+        gv = 1.0
+        if FMT != 0:  # global scales apply to quantized pools only (as in the formats reference)
+            gk = tl.load(g_ptr)
+            gv = tl.load(g_ptr + 1)
+        if FMT == 2:
+            gk = gk * 128.0
+            gv = gv * 128.0
+        _decode_segment(
+            q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
+            pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
+            o_base, lse_base, S_TOT * D,
+            G, BH, D, PAGE, BN, FMT, USE_ASM, INTERP,
+        )  # fmt: skip
+
+
+@triton.jit
+def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: tl.constexpr, BS: tl.constexpr, D: tl.constexpr):
+    """Merge the split partials of one (request, query head): weights ``2**(lse_s - max lse)``."""
+    r = tl.program_id(0).to(tl.int64)  # r = b * HQ + head
+    offs_s = tl.arange(0, BS)
+    smask = offs_s < S
+    lse = tl.load(lse_part + r * S + offs_s, mask=smask, other=float("-inf"))
+    mx = tl.max(lse, axis=0)
+    w = tl.where(smask & (lse > float("-inf")), tl.exp2(lse - mx), 0.0)
+    total = tl.sum(w, axis=0)
+    w = w / tl.where(total > 0, total, 1.0)  # an empty context yields zeros, never NaN
+    offs_d = tl.arange(0, D)
+    o = tl.load(o_part + (r * S + offs_s)[:, None] * D + offs_d[None, :], mask=smask[:, None], other=0.0)
+    res = tl.sum(o * w[:, None], axis=0)
+    b = r // HQ
+    hq = r % HQ
+    tl.store(out_ptr + b * s_ob + hq * s_oh + offs_d, res.to(out_ptr.dtype.element_ty))
+
+
+def default_num_splits(batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 64) -> int:
+    """Splits per request so the grid has ~2 waves of programs on the GPU (132 SMs on an H200).
+
+    ``max_len`` (a host int, if the caller knows it) caps splits so each gets >= 4 blocks of keys.
+    """
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    splits = max(1, min(64, triton.cdiv(2 * sms, batch * kv_heads)))
+    if max_len is not None:
+        splits = max(1, min(splits, triton.cdiv(max_len, 4 * block_n)))
+    return splits
+
+
+def decode_triton(
+    q: torch.Tensor,
+    cache: LayerKV,
+    page_table: torch.Tensor,
+    lens: torch.Tensor,
+    sm_scale: float,
+    tail: LayerKV | None = None,
+    tail_page_table: torch.Tensor | None = None,
+    tail_lens: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    use_asm: bool | None = None,
+) -> torch.Tensor:
+    """Triton twin of ``decode_ref``: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (q's dtype).
+
+    ``page_table [B, >= ceil(max lens / page)]`` int32/int64, ``lens [B]`` main-pool tokens; the tail
+    (optional) likewise. ``num_splits`` (host int) fixes the split-K factor (default: fill the GPU);
+    ``block_n``/``num_warps``/``num_stages``/``use_asm`` override the tuned launch config.
+    """
+    check_cache(cache, "cache")
+    lay = cache.layout
+    bsz, hq, d = q.shape if q.dim() == 3 else (0, 0, 0)
+    hkv = lay.num_kv_heads
+    if q.dim() != 3 or d != lay.head_dim or hq % hkv or q.stride(-1) != 1:
+        raise ValueError(f"q must be [B, Hq, {lay.head_dim}] with Hq % {hkv} == 0 and unit last stride")
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {d}")
+    if page_table.dim() != 2 or page_table.shape[0] != bsz or lens.shape != (bsz,):
+        raise ValueError("page_table must be [B, pages] and lens [B]")
+    if page_table.stride(-1) != 1:
+        page_table = page_table.contiguous()
+    has_tail = tail is not None and tail_lens is not None
+    if has_tail:
+        assert tail is not None and tail_page_table is not None and tail_lens is not None
+        check_cache(tail, "tail")
+        if tail.dtype.quantized or (tail.layout.num_kv_heads, tail.layout.head_dim) != (hkv, d):
+            raise ValueError("tail must be an unquantized pool with the main pool's kv_heads and head_dim")
+        if tail_page_table.dim() != 2 or tail_page_table.shape[0] != bsz or tail_lens.shape != (bsz,):
+            raise ValueError("tail_page_table must be [B, pages] and tail_lens [B]")
+        if tail_page_table.stride(-1) != 1:
+            tail_page_table = tail_page_table.contiguous()
+    fmt = fmt_code(cache.dtype)
+    interp = interpreting()
+    cfg = _default_config(fmt, d, interp)
+    bn = block_n or cfg["block_n"]
+    splits = num_splits or default_num_splits(bsz, hkv, None, bn)
+    s_tot = splits + int(has_tail)
+    out = torch.empty_like(q)
+    if bsz == 0:
+        return out
+    o_part = torch.empty((bsz, hq, s_tot, d), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((bsz, hq, s_tot), dtype=torch.float32, device=q.device)
+    ks, vs, (sp, sh, st) = scale_tensors(cache)
+    ds = cache.k_data.stride()
+    if has_tail:
+        assert tail is not None and tail_page_table is not None and tail_lens is not None
+        tk, tv, ts, tpt, ttl, tpage = tail.k_data, tail.v_data, tail.k_data.stride(), tail_page_table, tail_lens, tail.page_size
+    else:  # placeholders, never read
+        tk, tv, ts, tpt, ttl, tpage = cache.k_data, cache.v_data, (0, 0, 0), page_table, lens, lay.page_size
+    g = hq // hkv
+    _decode_kernel[(bsz, hkv, s_tot)](
+        q, q.stride(0), q.stride(1),
+        cache.k_data, cache.v_data, ks, vs, cache.global_scale,
+        ds[0], ds[1], ds[2], sp, sh, st,
+        page_table, page_table.stride(0), lens,
+        tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
+        o_part, lse_part, float(sm_scale),
+        HQ=hq, G=g, BH=max(16, triton.next_power_of_2(g)), D=d,
+        PAGE=lay.page_size, TPAGE=tpage, BN=bn, TBN=cfg["tail_block_n"],
+        NUM_SPLITS=splits, HAS_TAIL=has_tail,
+        FMT=fmt, USE_ASM=cfg["use_asm"] if use_asm is None else use_asm, INTERP=interp,
+        num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
+    )  # fmt: skip
+    _combine_kernel[(bsz * hq,)](
+        o_part, lse_part, out, out.stride(0), out.stride(1),
+        HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def _default_config(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
+    """Launch config by format; the benchmark's sweep (benchmarks/bench_kernels.py) picked these."""
+    if interp:
+        return {"block_n": 16, "tail_block_n": 16, "num_warps": 4, "num_stages": 1, "use_asm": False}
+    if fmt == FMT_NVFP4:
+        return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 3, "use_asm": True}
+    if fmt == FMT_FLOAT:
+        return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 3, "use_asm": False}
+    return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 3, "use_asm": False}
