@@ -25,9 +25,7 @@ _LLAMA3_ROPE_SCALING: dict[str, Any] = {
 _LLAMA3_INSTRUCT_EOS: list[int] = [128001, 128008, 128009]
 
 
-def _llama3(
-    *, hidden: int, inter: int, layers: int, heads: int, head_dim: int | None
-) -> dict[str, Any]:
+def _llama3(*, hidden: int, inter: int, layers: int, heads: int, head_dim: int | None) -> dict[str, Any]:
     """A Llama 3.1 / 3.3 instruct ``config.json`` (all share vocab, rope and ids)."""
     cfg: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
