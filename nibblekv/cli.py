@@ -14,6 +14,8 @@ import sys
 SUBCOMMANDS: dict[str, str] = {
     "plan": "nibblekv.planner.cli",
     "generate": "nibblekv.engine.cli",
+    "serve": "nibblekv.server.cli",
+    "bench": "nibblekv.bench.cli",
 }
 
 
