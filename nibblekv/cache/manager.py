@@ -1,0 +1,160 @@
+"""Per-request page bookkeeping: which pages hold a request's tokens, and when tail pages age out.
+
+The tail rule: a request with ``L`` tokens stored keeps positions ``[0, Lq)`` in the main
+(quantized) pool and ``[Lq, L)`` in the tail (unquantized) pool. ``Lq`` is a multiple of the page
+size and never decreases; growing to ``L'`` sets ``Lq' = max(Lq, ceil((L' - W) / P) * P)``, so the
+tail holds at most ``W`` tokens and every tail page starts page-aligned. Tail pages that fall below
+``Lq'`` are *demoted*: copied (quantized) into fresh main pages by the attention backend during the
+forward, and freed after it. With ``W == 0`` the same formula puts every token in the main pool.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from nibblekv.cache.pool import KVPool
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def main_len_after(num_main: int, new_len: int, window: int, page_size: int) -> int:
+    """``Lq'`` of the tail rule (see the module docstring)."""
+    return max(num_main, cdiv(max(new_len - window, 0), page_size) * page_size)
+
+
+@dataclass
+class RequestPages:
+    """Where one request's cached tokens live.
+
+    NOTE: invariants: ``len(main) * page_size == num_main``; ``len(tail) ==
+    ceil(max(num_tokens - num_main, 0) / page_size)``; token ``i < num_main`` is at
+    ``main[i // P]``, token ``i >= num_main`` at ``tail[(i - num_main) // P]``, offset ``i % P``.
+    """
+
+    main: list[int] = field(default_factory=list)
+    tail: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+    num_main: int = 0
+
+    def slot(self, pos: int, page_size: int) -> tuple[bool, int]:
+        """``(in_main, slot)`` of stored position ``pos``."""
+        if pos < self.num_main:
+            return True, self.main[pos // page_size] * page_size + pos % page_size
+        return False, self.tail[(pos - self.num_main) // page_size] * page_size + pos % page_size
+
+
+@dataclass(frozen=True)
+class Growth:
+    """What one request's growth in a forward pass needs from the attention backend.
+
+    ``demote_src[j]`` (tail page) is quantized into ``demote_dst[j]`` (main page) before attention;
+    the source pages are freed by :meth:`BaseCacheManager.finish_growth` after the forward.
+    """
+
+    old_len: int
+    new_len: int
+    num_main: int  # Lq after the growth
+    demote_src: tuple[int, ...]
+    demote_dst: tuple[int, ...]
+
+    @property
+    def prefix_main(self) -> int:
+        """Cached tokens read from the main pool before this growth's tokens (after demotion)."""
+        return min(self.num_main, self.old_len)
+
+    @property
+    def prefix_tail(self) -> int:
+        return self.old_len - self.prefix_main
+
+
+class BaseCacheManager(ABC):
+    """Allocates and frees the pages of requests' KV.
+
+    Contract: :meth:`grow` either allocates everything the growth needs and updates ``pages`` or
+    raises and changes nothing (call :meth:`can_grow` first); between :meth:`grow` and
+    :meth:`finish_growth` the demoted source pages stay allocated (the forward reads them);
+    :meth:`release` frees every page a request holds, after which ``pages`` is empty.
+    """
+
+    @abstractmethod
+    def pages_needed(self, pages: RequestPages, new_len: int) -> tuple[int, int]:
+        """New (main, tail) pages growing ``pages`` to ``new_len`` tokens would take."""
+
+    @abstractmethod
+    def can_grow(self, pages: RequestPages, new_len: int, reserve_main: int = 0) -> bool:
+        """Whether the growth fits, leaving ``reserve_main`` main pages free."""
+
+    @abstractmethod
+    def grow(self, pages: RequestPages, new_len: int) -> Growth:
+        """Allocate for tokens ``[pages.num_tokens, new_len)`` and update ``pages``."""
+
+    @abstractmethod
+    def finish_growth(self, growth: Growth) -> None:
+        """Free the demoted tail pages once the forward that read them is done."""
+
+    @abstractmethod
+    def release(self, pages: RequestPages) -> None:
+        """Free all of a request's pages (finish, abort or preemption)."""
+
+
+class TieredCacheManager(BaseCacheManager):
+    """The tail rule over one :class:`KVPool` (main + tail allocators)."""
+
+    def __init__(self, pool: KVPool) -> None:
+        self.pool = pool
+        self.page_size = pool.page_size
+        self.window = pool.recent_window
+
+    def _plan(self, pages: RequestPages, new_len: int) -> tuple[int, int, int, int]:
+        """(Lq', #demoted, #new main, #new tail) for growing to ``new_len``."""
+        if new_len < pages.num_tokens:
+            raise ValueError(f"cannot shrink a request from {pages.num_tokens} to {new_len} tokens")
+        p = self.page_size
+        lq = main_len_after(pages.num_main, new_len, self.window, p)
+        demoted = min((lq - pages.num_main) // p, len(pages.tail))
+        new_main = lq // p - len(pages.main)
+        new_tail = cdiv(max(new_len - lq, 0), p) - (len(pages.tail) - demoted)
+        return lq, demoted, new_main, new_tail
+
+    def pages_needed(self, pages: RequestPages, new_len: int) -> tuple[int, int]:
+        _, _, new_main, new_tail = self._plan(pages, new_len)
+        return new_main, new_tail
+
+    def can_grow(self, pages: RequestPages, new_len: int, reserve_main: int = 0) -> bool:
+        new_main, new_tail = self.pages_needed(pages, new_len)
+        return (
+            new_main + reserve_main <= self.pool.main_alloc.num_free and new_tail <= self.pool.tail_alloc.num_free
+        )
+
+    def grow(self, pages: RequestPages, new_len: int) -> Growth:
+        lq, demoted, n_main, n_tail = self._plan(pages, new_len)
+        main_new = self.pool.main_alloc.alloc(n_main)
+        try:
+            tail_new = self.pool.tail_alloc.alloc(n_tail)
+        except Exception:
+            self.pool.main_alloc.free(main_new)
+            raise
+        growth = Growth(
+            old_len=pages.num_tokens,
+            new_len=new_len,
+            num_main=lq,
+            demote_src=tuple(pages.tail[:demoted]),
+            demote_dst=tuple(main_new[:demoted]),
+        )
+        pages.main.extend(main_new)
+        pages.tail = pages.tail[demoted:] + tail_new
+        pages.num_tokens, pages.num_main = new_len, lq
+        return growth
+
+    def finish_growth(self, growth: Growth) -> None:
+        if growth.demote_src:
+            self.pool.tail_alloc.free(growth.demote_src)
+
+    def release(self, pages: RequestPages) -> None:
+        self.pool.main_alloc.free(pages.main)
+        self.pool.tail_alloc.free(pages.tail)
+        pages.main, pages.tail = [], []
+        pages.num_tokens = pages.num_main = 0

@@ -1,0 +1,155 @@
+"""The engine's one configuration object and the command-line flags that fill it (SGLang names)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import Any
+
+from nibblekv.formats import KV_DTYPE_CHOICES
+
+LOAD_FORMATS: tuple[str, ...] = ("auto", "gguf", "safetensors", "dummy")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+# Default for --max-total-tokens when the pool is not sized from GPU memory.
+CPU_DEFAULT_MAX_TOTAL_TOKENS: int = 16384
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything that shapes an engine; immutable once built (``dataclasses.replace`` to derive one).
+
+    ``None`` means "choose for me": the engine resolves it once the model is loaded (KV pool size
+    from memory, context length from the model, dtype from the device).
+    """
+
+    model: str | None = None  # None = the bundled SmolLM2-135M-Instruct GGUF
+    load_format: str = "auto"
+    dtype: str = "auto"  # model dtype: auto = bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"
+    seed: int = 0
+    kv_cache_dtype: str = "auto"  # auto = the model's dtype
+    page_size: int = 16
+    mem_fraction_static: float | None = None  # CUDA: fraction of GPU memory for weights + KV pool
+    max_total_tokens: int | None = None  # main-pool token capacity (overrides the memory sizing)
+    mem_budget_gib: float | None = None  # CPU: KV pool bytes budget instead of --max-total-tokens
+    max_running_requests: int | None = None
+    chunked_prefill_size: int = 2048  # <= 0 disables chunking
+    kv_recent_window: int = 64  # newest tokens kept unquantized per request; 0 = off
+    kv_scales_path: str | None = None
+    context_length: int | None = None
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 160
+    decode_log_interval: int = 40  # decode steps between "Decode batch." log lines; 0 = never
+
+    def __post_init__(self) -> None:
+        _check_choice("load_format", self.load_format, LOAD_FORMATS)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_DTYPE_CHOICES)
+        _check(self.page_size >= 1, "page_size", "must be >= 1")
+        if self.mem_fraction_static is not None:
+            _check(0.0 < self.mem_fraction_static < 1.0, "mem_fraction_static", "must be in (0, 1)")
+        if self.max_total_tokens is not None:
+            _check(self.max_total_tokens >= self.page_size, "max_total_tokens", "must be >= page_size")
+        if self.mem_budget_gib is not None:
+            _check(self.mem_budget_gib > 0, "mem_budget_gib", "must be > 0")
+        if self.max_running_requests is not None:
+            _check(self.max_running_requests >= 1, "max_running_requests", "must be >= 1")
+        _check(self.kv_recent_window >= 0, "kv_recent_window", "must be >= 0")
+        _check(
+            self.kv_recent_window % self.page_size == 0,
+            "kv_recent_window",
+            f"must be a multiple of page_size ({self.page_size})",
+        )
+        if self.context_length is not None:
+            _check(self.context_length >= 2, "context_length", "must be >= 2")
+        _check(self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs", "must be >= 1")
+        _check(self.decode_log_interval >= 0, "decode_log_interval", "must be >= 0")
+
+    @property
+    def chunk_tokens(self) -> int | None:
+        """Prefill tokens per step, or None for unchunked."""
+        return self.chunked_prefill_size if self.chunked_prefill_size > 0 else None
+
+    @staticmethod
+    def from_args(args: argparse.Namespace) -> EngineConfig:
+        """Build from flags added by :func:`add_engine_args` (unknown attributes are ignored)."""
+        names = {f.name for f in fields(EngineConfig)}
+        kwargs: dict[str, Any] = {k: v for k, v in vars(args).items() if k in names}
+        return EngineConfig(**kwargs)
+
+
+def _check(ok: bool, name: str, why: str) -> None:
+    if not ok:
+        raise ValueError(f"--{name.replace('_', '-')} {why}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    _check(value in choices, name, f"must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add the engine flags (shared by ``generate`` and ``serve``); see :class:`EngineConfig`."""
+    d = EngineConfig()
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="GGUF file, HF directory, or preset (dummy); default: SmolLM2")
+    g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS)
+    g.add_argument("--dtype", default=d.dtype, choices=DTYPES, help="model dtype")
+    g.add_argument("--device", default=d.device, choices=DEVICES)
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_DTYPE_CHOICES)
+    g.add_argument("--page-size", type=_positive_int, default=d.page_size)
+    g.add_argument("--mem-fraction-static", type=_fraction, default=None)
+    g.add_argument("--max-total-tokens", type=_positive_int, default=None)
+    g.add_argument("--mem-budget-gib", type=_positive_float, default=None, help="KV pool budget (CPU)")
+    g.add_argument("--max-running-requests", type=_positive_int, default=None)
+    g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="<= 0: off")
+    g.add_argument(
+        "--kv-recent-window",
+        type=_non_negative_int,
+        default=d.kv_recent_window,
+        help="newest tokens per request kept unquantized (multiple of --page-size; 0 = off)",
+    )
+    g.add_argument("--kv-scales-path", default=None, help='JSON {"k_scale": [...], "v_scale": [...]}')
+    g.add_argument("--context-length", type=_positive_int, default=None)
+    g.add_argument("--disable-cuda-graph", action="store_true")
+    g.add_argument("--cuda-graph-max-bs", type=_positive_int, default=d.cuda_graph_max_bs)
+    g.add_argument("--decode-log-interval", type=_non_negative_int, default=d.decode_log_interval)
+
+
+def config_from_args_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> EngineConfig:
+    """:meth:`EngineConfig.from_args`, turning a bad combination into ``parser.error`` (exit 2)."""
+    try:
+        return EngineConfig.from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits

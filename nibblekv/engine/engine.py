@@ -1,0 +1,237 @@
+"""The offline engine: ``generate -> scheduler.schedule -> model_runner.run -> sampler -> scheduler.postprocess``."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from nibblekv.cache import KVPool, TieredCacheManager, load_kv_scales, size_pool
+from nibblekv.config import CPU_DEFAULT_MAX_TOTAL_TOKENS, EngineConfig
+from nibblekv.engine.model_runner import ModelRunner
+from nibblekv.engine.output import OutputProcessor
+from nibblekv.engine.request import Request, RequestOutput
+from nibblekv.engine.sampling_params import SamplingParams
+from nibblekv.engine.scheduler import ScheduledBatch, Scheduler
+from nibblekv.engine.stats import EngineStats, decode_log_line, prefill_log_line
+from nibblekv.formats import parse_kv_dtype
+from nibblekv.model import CausalLM, load_model
+
+logger = logging.getLogger("nibblekv")
+
+DEFAULT_MEM_FRACTION_STATIC: float = 0.88
+DEFAULT_MAX_RUNNING: dict[str, int] = {"cuda": 128, "cpu": 32}
+_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+Prompt = str | Sequence[int]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int | None:
+    """Bytes for the KV pool (both tiers), or None when only ``max_total_tokens`` sizes it.
+
+    CUDA (SGLang's rule): weights + pool take ``mem_fraction_static`` of the GPU, so the pool gets
+    what is free after loading the weights minus the ``1 - fraction`` kept for activations.
+    """
+    if device.type == "cuda":
+        frac = config.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free - total * (1.0 - frac))
+    if config.mem_budget_gib is not None:
+        return int(config.mem_budget_gib * (1 << 30))
+    return None
+
+
+def build_pool(config: EngineConfig, model: CausalLM, max_running: int) -> KVPool:
+    mc = model.config
+    device = model.device
+    budget = kv_budget_bytes(config, device)
+    max_tokens = config.max_total_tokens
+    if budget is None and max_tokens is None:
+        max_tokens = CPU_DEFAULT_MAX_TOTAL_TOKENS
+    model_kv = parse_kv_dtype("auto", model.dtype)
+    spec = size_pool(
+        num_layers=mc.num_layers,
+        num_kv_heads=mc.num_kv_heads,
+        head_dim=mc.head_dim,
+        page_size=config.page_size,
+        kv_dtype=parse_kv_dtype(config.kv_cache_dtype, model.dtype),
+        model_kv_dtype=model_kv,
+        recent_window=config.kv_recent_window,
+        max_running_requests=max_running,
+        budget_bytes=budget,
+        max_total_tokens=max_tokens,
+    )
+    return KVPool(spec, device, load_kv_scales(config.kv_scales_path, mc.num_layers, device))
+
+
+class Engine:
+    """Load a model, size the KV pool, and generate: ``Engine(model=..., kv_cache_dtype="nvfp4")``."""
+
+    def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
+        self.config = replace(config or EngineConfig(), **overrides)
+        cfg = self.config
+        self.device = resolve_device(cfg.device)
+        dtype = None if cfg.dtype == "auto" else _DTYPES[cfg.dtype]
+        self.model, self.tokenizer = load_model(
+            cfg.model, load_format=cfg.load_format, dtype=dtype, device=self.device, seed=cfg.seed
+        )
+        self.context_len = cfg.context_length or self.model.config.max_position_embeddings
+        self.max_running = cfg.max_running_requests or DEFAULT_MAX_RUNNING.get(self.device.type, 32)
+        self.pool = build_pool(cfg, self.model, self.max_running)
+        for line in self.pool.startup_lines(self.max_running, self.context_len):
+            logger.info(line)
+        self.scheduler = Scheduler(
+            TieredCacheManager(self.pool),
+            max_running_requests=self.max_running,
+            chunk_tokens=cfg.chunk_tokens,
+            eos_token_ids=[*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids],
+        )
+        self.runner = ModelRunner(
+            self.model,
+            self.pool,
+            seed=cfg.seed,
+            use_cuda_graph=self.device.type == "cuda" and not cfg.disable_cuda_graph,
+            cuda_graph_max_bs=cfg.cuda_graph_max_bs,
+            max_running_requests=self.max_running,
+            context_len=self.context_len,
+        )
+        self.outputs = OutputProcessor(self.tokenizer)
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._live: dict[str, Request] = {}
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        return self.pool.spec.max_total_num_tokens
+
+    # ---- requests -------------------------------------------------------------------------------
+    def make_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> Request:
+        """Tokenize and validate (``ValueError`` for an empty or too-long prompt); does not enqueue."""
+        params = params or SamplingParams()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._live:
+            raise ValueError(f"request id {rid!r} is already in use")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(ids) >= self.context_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens, but the context length is {self.context_len} "
+                "(prompt plus at least one new token must fit)"
+            )
+        if len(ids) + 1 > self.pool.capacity_tokens():
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens, more than the KV cache holds "
+                f"(max_total_num_tokens={self.max_total_num_tokens}); raise --max-total-tokens"
+            )
+        max_new = min(params.max_new_tokens, self.context_len - len(ids))
+        return Request(rid, ids, params, max_new_tokens=max_new)
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+        return self.enqueue(self.make_request(prompt, params, request_id))
+
+    def enqueue(self, req: Request) -> str:
+        self._live[req.request_id] = req
+        self.stats.prompt_tokens += req.num_prompt_tokens
+        self.scheduler.add(req)
+        return req.request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its pages; its final output, or None if it is unknown/done."""
+        req = self._live.get(request_id)
+        if req is None or req.finished:
+            return None
+        self.scheduler.finish(req, "abort")
+        self.stats.aborted_requests += 1
+        return self._emit(req)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run and postprocess one batch; outputs of every request it advanced or ended."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            ended = self.scheduler.take_finished()
+            if not ended and self.scheduler.has_work():
+                # NOTE: cannot happen by construction (add-time checks + preemption); fail loudly if it does.
+                raise RuntimeError("scheduler stalled: requests wait but none can run")
+            return [self._emit(r) for r in ended]
+        result = self.runner.run(batch)
+        advanced = self.scheduler.postprocess(batch, result)
+        self._log(batch)
+        touched = list(dict.fromkeys([*advanced, *self.scheduler.take_finished()]))
+        return [self._emit(r) for r in touched]
+
+    def _emit(self, req: Request) -> RequestOutput:
+        if self.outputs.update(req):
+            self.scheduler.finish(req, "stop")
+            self.scheduler.take_finished()
+        out = self.outputs.output(req)
+        if req.finished and self._live.pop(req.request_id, None) is not None:
+            self.stats.finished_requests += 1
+        return out
+
+    def _log(self, batch: ScheduledBatch) -> None:
+        s = self.scheduler
+        usage = self.pool.token_usage()
+        if not batch.is_decode:
+            logger.debug(prefill_log_line(len(batch.reqs), batch.num_tokens, usage, len(s.running), len(s.waiting)))
+            return
+        self.stats.record_decode(len(batch.reqs))
+        every = self.config.decode_log_interval
+        if every and self.stats.decode_steps % every == 0:
+            line = decode_log_line(
+                len(s.running), self.pool.used_tokens(), usage, self.runner.last_used_graph,
+                self.stats.take_throughput(), len(s.waiting),
+            )  # fmt: skip
+            logger.info(line)
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; one output per prompt, in order (a single prompt: a list of one)."""
+        single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))
+        batch: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item]
+        params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params] * len(batch)
+        if len(params) != len(batch):
+            raise ValueError(f"{len(batch)} prompts but {len(params)} sampling params")
+        reqs = [self.make_request(p, sp) for p, sp in zip(batch, params)]  # validate all before enqueuing
+        for r in reqs:
+            self.enqueue(r)
+        done: dict[str, RequestOutput] = {}
+        bar = _progress(len(reqs)) if use_tqdm else None
+        while len(done) < len(reqs):
+            for out in self.step():
+                if out.finished:
+                    done[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [done[r.request_id] for r in reqs]
+
+
+def _progress(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="generate", unit="req")

@@ -1,0 +1,106 @@
+"""Run one scheduled batch through the model and sample: inputs -> forward -> logits -> tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from nibblekv.attention.paged import PagedAttentionBackend, build_metadata, host_metadata
+from nibblekv.cache.pool import KVPool
+from nibblekv.engine.cuda_graph import CudaGraphRunner
+from nibblekv.engine.request import Request, TokenLogprob
+from nibblekv.engine.sampler import Sampler, top_logprobs
+from nibblekv.engine.scheduler import ScheduledBatch, StepResult
+from nibblekv.model import CausalLM
+
+# Prompt-logprob rows turned into logits at once (bounds the [rows, vocab] float32 temporary).
+PROMPT_LOGITS_ROWS: int = 256
+
+
+def _prompt_rows(req: Request, old_len: int, new_len: int) -> range:
+    """Positions of this chunk whose logits give still-missing prompt logprobs (target = next token)."""
+    if not req.wants_prompt_logprobs():
+        return range(0)
+    return range(max(old_len, len(req.prompt_logprobs)), min(new_len, req.num_prompt_tokens - 1))
+
+
+class ModelRunner:
+    """Owns the attention backend, the sampler and (on CUDA) the decode CUDA graphs."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        pool: KVPool,
+        *,
+        seed: int,
+        use_cuda_graph: bool,
+        cuda_graph_max_bs: int,
+        max_running_requests: int,
+        context_len: int,
+    ) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = model.device
+        self.backend = PagedAttentionBackend(pool)
+        self.sampler = Sampler(self.device, seed)
+        self.graphs: CudaGraphRunner | None = None
+        self._used_graph = False
+        if use_cuda_graph:
+            max_bs = min(cuda_graph_max_bs, max_running_requests)
+            self.graphs = CudaGraphRunner(model, self.backend, pool, max_bs, context_len)
+
+    @property
+    def last_used_graph(self) -> bool:
+        """Whether the last :meth:`run` replayed a CUDA graph (for the decode log line)."""
+        return self._used_graph
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> StepResult:
+        ids: list[int] = []
+        positions: list[int] = []
+        for req, g in zip(batch.reqs, batch.growths):
+            ids.extend(req.token_ids[g.old_len : g.new_len])
+            positions.extend(range(g.old_len, g.new_len))
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        pairs = [(r.pages, g) for r, g in zip(batch.reqs, batch.growths)]
+        bs = len(batch.reqs)
+        self._used_graph = bool(batch.is_decode and self.graphs is not None and self.graphs.fits(bs))
+        if self._used_graph:
+            assert self.graphs is not None
+            h = host_metadata(pairs, True, self.pool.page_size)
+            logits = self.graphs.replay(h, input_ids, pos)
+            return self._sample(batch, logits, prompt_logprobs={})
+        self.backend.bind(build_metadata(pairs, batch.is_decode, self.pool.page_size, self.device))
+        hidden = self.model.forward(input_ids, pos, self.backend)
+        ends = torch.tensor([g.new_len - g.old_len for g in batch.growths]).cumsum(0) - 1
+        sample_rows = [int(ends[i]) for i in range(bs) if batch.samples(i)]
+        logits = self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_zeros(0, 1).float()
+        return self._sample(batch, logits, self._prompt_logprobs(batch, hidden, ends))
+
+    def _sample(
+        self, batch: ScheduledBatch, logits: torch.Tensor, prompt_logprobs: dict[str, list[TokenLogprob]]
+    ) -> StepResult:
+        reqs = [r for i, r in enumerate(batch.reqs) if batch.samples(i)]
+        if not reqs:
+            return StepResult([], [], prompt_logprobs)
+        result = self.sampler(logits, reqs)
+        return StepResult(result.token_ids, result.logprobs, prompt_logprobs)
+
+    def _prompt_logprobs(
+        self, batch: ScheduledBatch, hidden: torch.Tensor, ends: torch.Tensor
+    ) -> dict[str, list[TokenLogprob]]:
+        out: dict[str, list[TokenLogprob]] = {}
+        for i, (req, g) in enumerate(zip(batch.reqs, batch.growths)):
+            rows = _prompt_rows(req, g.old_len, g.new_len)
+            if not len(rows):
+                continue
+            start = int(ends[i]) - (g.new_len - g.old_len) + 1  # row of position g.old_len in hidden
+            n = int(req.params.prompt_logprobs or 0)
+            found: list[TokenLogprob] = []
+            for lo in range(rows.start, rows.stop, PROMPT_LOGITS_ROWS):
+                hi = min(lo + PROMPT_LOGITS_ROWS, rows.stop)
+                lp = self.model.compute_logits(hidden[start + lo - g.old_len : start + hi - g.old_len])
+                targets = torch.tensor(req.token_ids[lo + 1 : hi + 1], device=self.device)
+                found.extend(top_logprobs(lp.log_softmax(dim=-1), targets, [n] * (hi - lo)))
+            out[req.request_id] = found
+        return out

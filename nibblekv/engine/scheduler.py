@@ -1,0 +1,186 @@
+"""Continuous batching: which requests run in the next forward, and what happens to them after.
+
+Each step is either an *extend* batch (prefill chunks, new requests admitted FCFS while their pages
+and the chunk budget allow) or a *decode* batch (one token for every request whose prompt is in the
+cache). Extends go first, as in SGLang. When a decode step runs out of pages the newest running
+requests are preempted: their pages are freed and they go back to the front of the queue, keeping
+their tokens, to be recomputed later (no request is lost or duplicated).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from nibblekv.cache.manager import BaseCacheManager, Growth
+from nibblekv.engine.request import Request, RequestStatus, TokenLogprob
+
+
+@dataclass
+class ScheduledBatch:
+    """One forward's work: request ``reqs[i]`` stores tokens ``[growths[i].old_len, growths[i].new_len)``."""
+
+    is_decode: bool
+    reqs: list[Request]
+    growths: list[Growth]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(g.new_len - g.old_len for g in self.growths)
+
+    def samples(self, i: int) -> bool:
+        """Whether entry ``i`` ends at the request's last token, so a next token is sampled."""
+        return self.growths[i].new_len == self.reqs[i].num_tokens
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What the model runner produced for a batch: one token per sampling entry, in batch order."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+    prompt_logprobs: dict[str, list[TokenLogprob]]  # request id -> new prompt logprobs, in order
+
+
+class Scheduler:
+    """FCFS continuous batching over a :class:`BaseCacheManager`."""
+
+    def __init__(
+        self,
+        cache: BaseCacheManager,
+        *,
+        max_running_requests: int,
+        chunk_tokens: int | None,
+        eos_token_ids: Iterable[int],
+    ) -> None:
+        self.cache = cache
+        self.max_running = max_running_requests
+        self.chunk_tokens = chunk_tokens
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._finished: list[Request] = []  # finished since the last take_finished()
+
+    def add(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch | None:
+        """The next batch, or None when nothing can run."""
+        return self._schedule_extend() or self._schedule_decode()
+
+    def _schedule_extend(self) -> ScheduledBatch | None:
+        budget = self.chunk_tokens if self.chunk_tokens is not None else 1 << 62
+        batch = ScheduledBatch(False, [], [])
+        # NOTE: at most one running request is mid-prefill (a chunk stops the loop), and it goes first.
+        for req in [r for r in self.running if not r.is_decoding]:
+            n = min(req.num_tokens - req.num_cached, budget)
+            if not self.cache.can_grow(req.pages, req.num_cached + n):
+                return self._nonempty(batch)
+            batch.reqs.append(req)
+            batch.growths.append(self.cache.grow(req.pages, req.num_cached + n))
+            budget -= n
+        # Headroom of one main page per decoding request, so admission does not force a preemption.
+        reserve = sum(1 for r in self.running if r.is_decoding)
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            req = self.waiting[0]
+            n = min(req.num_tokens, budget)
+            if not self.cache.can_grow(req.pages, n, reserve_main=reserve):
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            batch.reqs.append(req)
+            batch.growths.append(self.cache.grow(req.pages, n))
+            budget -= n
+        return self._nonempty(batch)
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        batch = ScheduledBatch(True, [], [])
+        for req in list(self.running):
+            if req.status is not RequestStatus.RUNNING or not req.is_decoding:
+                continue  # preempted in this loop, or still prefilling
+            new_len = req.num_cached + 1
+            while not self.cache.can_grow(req.pages, new_len):
+                victim = self.running[-1]
+                if victim is req and len(self.running) == 1:
+                    # Alone and still out of pages: the pool cannot hold this request at all.
+                    self.finish(req, "abort")
+                    break
+                self.preempt(victim)
+                if victim is req:
+                    break
+            if req.status is RequestStatus.RUNNING:
+                batch.reqs.append(req)
+                batch.growths.append(self.cache.grow(req.pages, new_len))
+        return self._nonempty(batch)
+
+    @staticmethod
+    def _nonempty(batch: ScheduledBatch) -> ScheduledBatch | None:
+        return batch if batch.reqs else None
+
+    def preempt(self, req: Request) -> None:
+        """Free the request's pages and requeue it at the front, tokens kept, for recompute."""
+        self.running.remove(req)
+        self.cache.release(req.pages)
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Mark finished and free its pages (from either queue)."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        self.cache.release(req.pages)
+        if req.status is not RequestStatus.FINISHED:
+            self._finished.append(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+
+    def take_finished(self) -> list[Request]:
+        """Requests finished since the last call (including those ended outside a step's batch)."""
+        out, self._finished = self._finished, []
+        return out
+
+    def postprocess(self, batch: ScheduledBatch, result: StepResult) -> list[Request]:
+        """Append sampled tokens, apply token-level stops; return the requests this step advanced."""
+        for g in batch.growths:
+            self.cache.finish_growth(g)
+        advanced: list[Request] = []
+        k = 0
+        for i, req in enumerate(batch.reqs):
+            if req.request_id in result.prompt_logprobs:
+                req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id])
+            if not batch.samples(i):
+                continue
+            token, lp = result.token_ids[k], result.logprobs[k]
+            k += 1
+            advanced.append(req)
+            if req.status is not RequestStatus.RUNNING:
+                continue  # aborted while the forward ran
+            if req.max_new_tokens == 0:
+                self.finish(req, "length")
+                continue
+            req.token_ids.append(token)
+            if lp is not None:
+                req.output_logprobs.append(lp)
+            reason = self._stop_reason(req, token)
+            if reason is not None:
+                self.finish(req, reason)
+        return advanced
+
+    def _stop_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
+        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+            return "stop"
+        if req.num_output_tokens >= req.max_new_tokens:
+            return "length"
+        return None
