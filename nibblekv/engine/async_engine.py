@@ -63,7 +63,7 @@ class AsyncEngine:
             while not finished:
                 item = await sink.get()
                 if isinstance(item, BaseException):
-                    raise RuntimeError("the engine loop failed") from item
+                    raise RuntimeError("the engine loop failed") from item  # noqa: TRY004
                 finished = item.finished
                 yield item
         finally:
@@ -120,7 +120,7 @@ class AsyncEngine:
                     continue
                 for out in self.engine.step():
                     self._deliver(out.request_id, out)
-        except BaseException as exc:  # noqa: BLE001 -- every waiting caller must hear about it
+        except BaseException as exc:  # every waiting caller must hear about it
             logger.exception("engine loop failed")
             self._error = exc
             with self._lock:

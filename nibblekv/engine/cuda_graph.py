@@ -39,7 +39,7 @@ class CudaGraphRunner:
         width = cdiv(context_len, p) + 1
         tail_width = max(1, pool.recent_window // p + 1)
         n = self.sizes[-1]
-        i32 = dict(dtype=torch.int32, device=dev)
+        i32: dict = {"dtype": torch.int32, "device": dev}
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
         self.page_table = torch.zeros(n, width, **i32)
@@ -99,7 +99,9 @@ class CudaGraphRunner:
         self.graphs[size].replay()
         return self.logits[size][:bs]
 
-    def _fill(self, h: dict[str, list], input_ids: torch.Tensor, positions: torch.Tensor, bs: int, size: int) -> None:
+    def _fill(
+        self, h: dict[str, list], input_ids: torch.Tensor, positions: torch.Tensor, bs: int, size: int
+    ) -> None:
         dev = self.input_ids.device
         self.input_ids[:bs].copy_(input_ids)
         self.positions[:bs].copy_(positions)

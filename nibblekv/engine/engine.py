@@ -1,4 +1,7 @@
-"""The offline engine: ``generate -> scheduler.schedule -> model_runner.run -> sampler -> scheduler.postprocess``."""
+"""The offline engine.
+
+Request path: ``generate -> scheduler.schedule -> model_runner.run -> sampler -> scheduler.postprocess``.
+"""
 
 from __future__ import annotations
 
@@ -19,13 +22,17 @@ from nibblekv.engine.sampling_params import SamplingParams
 from nibblekv.engine.scheduler import ScheduledBatch, Scheduler
 from nibblekv.engine.stats import EngineStats, decode_log_line, prefill_log_line
 from nibblekv.formats import parse_kv_dtype
-from nibblekv.model import CausalLM, load_model
+from nibblekv.model import CausalLM, Tokenizer, load_model
 
 logger = logging.getLogger("nibblekv")
 
 DEFAULT_MEM_FRACTION_STATIC: float = 0.88
 DEFAULT_MAX_RUNNING: dict[str, int] = {"cuda": 128, "cpu": 32}
-_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 Prompt = str | Sequence[int]
 
@@ -77,16 +84,29 @@ def build_pool(config: EngineConfig, model: CausalLM, max_running: int) -> KVPoo
 
 
 class Engine:
-    """Load a model, size the KV pool, and generate: ``Engine(model=..., kv_cache_dtype="nvfp4")``."""
+    """Load a model, size the KV pool, and generate: ``Engine(model=..., kv_cache_dtype="nvfp4")``.
 
-    def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
+    ``loaded=(model, tokenizer)`` reuses an already loaded model (tests, benchmarks comparing KV
+    dtypes); then ``config.model``, ``load_format``, ``dtype`` and ``device`` are taken from it.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        loaded: tuple[CausalLM, Tokenizer] | None = None,
+        **overrides: Any,
+    ) -> None:
         self.config = replace(config or EngineConfig(), **overrides)
         cfg = self.config
-        self.device = resolve_device(cfg.device)
-        dtype = None if cfg.dtype == "auto" else _DTYPES[cfg.dtype]
-        self.model, self.tokenizer = load_model(
-            cfg.model, load_format=cfg.load_format, dtype=dtype, device=self.device, seed=cfg.seed
-        )
+        if loaded is None:
+            device = resolve_device(cfg.device)
+            dtype = None if cfg.dtype == "auto" else _DTYPES[cfg.dtype]
+            loaded = load_model(
+                cfg.model, load_format=cfg.load_format, dtype=dtype, device=device, seed=cfg.seed
+            )
+        self.model, self.tokenizer = loaded
+        self.device = self.model.device
         self.context_len = cfg.context_length or self.model.config.max_position_embeddings
         self.max_running = cfg.max_running_requests or DEFAULT_MAX_RUNNING.get(self.device.type, 32)
         self.pool = build_pool(cfg, self.model, self.max_running)
@@ -117,7 +137,9 @@ class Engine:
         return self.pool.spec.max_total_num_tokens
 
     # ---- requests -------------------------------------------------------------------------------
-    def make_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> Request:
+    def make_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> Request:
         """Tokenize and validate (``ValueError`` for an empty or too-long prompt); does not enqueue."""
         params = params or SamplingParams()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -142,7 +164,9 @@ class Engine:
         max_new = min(params.max_new_tokens, self.context_len - len(ids))
         return Request(rid, ids, params, max_new_tokens=max_new)
 
-    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
         return self.enqueue(self.make_request(prompt, params, request_id))
 
     def enqueue(self, req: Request) -> str:
@@ -192,7 +216,9 @@ class Engine:
         s = self.scheduler
         usage = self.pool.token_usage()
         if not batch.is_decode:
-            logger.debug(prefill_log_line(len(batch.reqs), batch.num_tokens, usage, len(s.running), len(s.waiting)))
+            logger.debug(
+                prefill_log_line(len(batch.reqs), batch.num_tokens, usage, len(s.running), len(s.waiting))
+            )
             return
         self.stats.record_decode(len(batch.reqs))
         every = self.config.decode_log_interval

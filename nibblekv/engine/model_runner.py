@@ -74,7 +74,9 @@ class ModelRunner:
         hidden = self.model.forward(input_ids, pos, self.backend)
         ends = torch.tensor([g.new_len - g.old_len for g in batch.growths]).cumsum(0) - 1
         sample_rows = [int(ends[i]) for i in range(bs) if batch.samples(i)]
-        logits = self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_zeros(0, 1).float()
+        logits = (
+            self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_zeros(0, 1).float()
+        )
         return self._sample(batch, logits, self._prompt_logprobs(batch, hidden, ends))
 
     def _sample(

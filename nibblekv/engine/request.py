@@ -83,7 +83,9 @@ class Request:
 
     def wants_prompt_logprobs(self) -> bool:
         """Prompt logprobs still to compute (they survive preemption, so recompute skips them)."""
-        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
+        return (
+            self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
+        )
 
 
 @dataclass

@@ -46,21 +46,47 @@ class SamplingParams:
     def _validate(self) -> None:
         p = self
         rules: list[tuple[bool, str, object]] = [
-            (_is_int(p.max_new_tokens) and p.max_new_tokens >= 0, "max_new_tokens must be an int >= 0", p.max_new_tokens),
-            (_finite(p.temperature) and p.temperature >= 0, "temperature must be finite and >= 0", p.temperature),
+            (
+                _is_int(p.max_new_tokens) and p.max_new_tokens >= 0,
+                "max_new_tokens must be an int >= 0",
+                p.max_new_tokens,
+            ),
+            (
+                _finite(p.temperature) and p.temperature >= 0,
+                "temperature must be finite and >= 0",
+                p.temperature,
+            ),
             (_finite(p.top_p) and 0 < p.top_p <= 1, "top_p must be in (0, 1]", p.top_p),
-            (_is_int(p.top_k) and (p.top_k >= 1 or p.top_k in (0, -1)), "top_k must be -1, 0 (off) or >= 1", p.top_k),
+            (
+                _is_int(p.top_k) and (p.top_k >= 1 or p.top_k in (0, -1)),
+                "top_k must be -1, 0 (off) or >= 1",
+                p.top_k,
+            ),
             (_finite(p.min_p) and 0 <= p.min_p <= 1, "min_p must be in [0, 1]", p.min_p),
-            (_finite(p.repetition_penalty) and p.repetition_penalty > 0, "repetition_penalty must be > 0", p.repetition_penalty),
-            (_finite(p.frequency_penalty) and -2 <= p.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]", p.frequency_penalty),
-            (_finite(p.presence_penalty) and -2 <= p.presence_penalty <= 2, "presence_penalty must be in [-2, 2]", p.presence_penalty),
+            (
+                _finite(p.repetition_penalty) and p.repetition_penalty > 0,
+                "repetition_penalty must be > 0",
+                p.repetition_penalty,
+            ),
+            (
+                _finite(p.frequency_penalty) and -2 <= p.frequency_penalty <= 2,
+                "frequency_penalty must be in [-2, 2]",
+                p.frequency_penalty,
+            ),
+            (
+                _finite(p.presence_penalty) and -2 <= p.presence_penalty <= 2,
+                "presence_penalty must be in [-2, 2]",
+                p.presence_penalty,
+            ),
             (p.seed is None or _is_int(p.seed), "seed must be an int or None", p.seed),
             (all(isinstance(s, str) and s for s in p.stop), "stop must be non-empty strings", p.stop),
             (all(t >= 0 for t in p.stop_token_ids), "stop_token_ids must be >= 0", p.stop_token_ids),
         ]
         for name in ("logprobs", "prompt_logprobs"):
             n = getattr(p, name)
-            rules.append((n is None or (_is_int(n) and 0 <= n <= 20), f"{name} must be None or an int in [0, 20]", n))
+            rules.append(
+                (n is None or (_is_int(n) and 0 <= n <= 20), f"{name} must be None or an int in [0, 20]", n)
+            )
         for ok, message, value in rules:
             if not ok:
                 raise ValueError(f"invalid sampling parameter: {message}, got {value!r}")
@@ -80,4 +106,3 @@ def _is_int(x: object) -> bool:
 
 def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-

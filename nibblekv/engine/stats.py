@@ -31,7 +31,9 @@ class EngineStats:
         return rate
 
 
-def decode_log_line(running: int, tokens: int, usage: float, cuda_graph: bool, throughput: float, queued: int) -> str:
+def decode_log_line(
+    running: int, tokens: int, usage: float, cuda_graph: bool, throughput: float, queued: int
+) -> str:
     return (
         f"Decode batch. #running-req: {running}, #token: {tokens}, token usage: {usage:.2f}, "
         f"cuda graph: {cuda_graph}, gen throughput (token/s): {throughput:.2f}, #queue-req: {queued}"

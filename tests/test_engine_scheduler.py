@@ -1,0 +1,138 @@
+"""Scheduler behaviour with a stand-in model (tokens are a function of the context), no weights needed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nibblekv.cache import KVPool, TieredCacheManager, size_pool
+from nibblekv.engine.request import Request, RequestStatus
+from nibblekv.engine.sampling_params import SamplingParams
+from nibblekv.engine.scheduler import Scheduler, StepResult
+from nibblekv.formats import KVDtype
+
+PAGE = 4
+
+
+def _scheduler(num_pages: int, window: int, max_running: int, chunk: int | None) -> Scheduler:
+    spec = size_pool(
+        num_layers=1, num_kv_heads=1, head_dim=16, page_size=PAGE, kv_dtype=KVDtype.NVFP4,
+        model_kv_dtype=KVDtype.FP32, recent_window=window, max_running_requests=max_running,
+        budget_bytes=None, max_total_tokens=num_pages * PAGE,
+    )  # fmt: skip
+    pool = KVPool(spec, "cpu", torch.ones(1, 2))
+    return Scheduler(
+        TieredCacheManager(pool), max_running_requests=max_running, chunk_tokens=chunk, eos_token_ids=[1]
+    )
+
+
+def _next_token(req: Request) -> int:
+    """What a deterministic model would answer: depends only on the request's tokens so far."""
+    return 2 + (sum(req.token_ids) * 31 + len(req.token_ids)) % 97
+
+
+def _requests(n: int, prompt_len: int, new: int) -> list[Request]:
+    params = SamplingParams(max_new_tokens=new, ignore_eos=True)
+    return [
+        Request(f"r{i}", [3 + (i * 7 + j) % 50 for j in range(prompt_len + i)], params, new) for i in range(n)
+    ]
+
+
+def _drive(sched: Scheduler, reqs: list[Request]) -> dict[str, int]:
+    """Run to completion, checking the bookkeeping after every step."""
+    for r in reqs:
+        sched.add(r)
+    pool = sched.cache.pool
+    seen = {"steps": 0, "max_running": 0, "extend_tokens": 0}
+    finished: list[Request] = []
+    while sched.has_work():
+        batch = sched.schedule()
+        if batch is None:  # legitimate only when scheduling itself ended a request
+            ended = sched.take_finished()
+            assert ended, "scheduler stalled"
+            finished.extend(ended)
+            continue
+        if not batch.is_decode and sched.chunk_tokens:
+            assert batch.num_tokens <= sched.chunk_tokens
+        if not batch.is_decode:
+            seen["extend_tokens"] = max(seen["extend_tokens"], batch.num_tokens)
+        toks = [_next_token(r) for i, r in enumerate(batch.reqs) if batch.samples(i)]
+        sched.postprocess(batch, StepResult(toks, [None] * len(toks), {}))
+        finished.extend(sched.take_finished())
+        seen["steps"] += 1
+        seen["max_running"] = max(seen["max_running"], len(sched.running))
+        # NOTE: every allocated page belongs to exactly one running request.
+        assert pool.main_alloc.num_used == sum(len(r.pages.main) for r in sched.running)
+        assert pool.tail_alloc.num_used == sum(len(r.pages.tail) for r in sched.running)
+        assert len({id(r) for r in sched.running} | {id(r) for r in sched.waiting}) == len(
+            sched.running
+        ) + len(sched.waiting)
+    assert sorted(r.request_id for r in finished) == sorted(r.request_id for r in reqs)  # each exactly once
+    assert pool.all_free()
+    return seen
+
+
+def _expected(req: Request) -> list[int]:
+    ref = Request("x", req.token_ids[: req.num_prompt_tokens], req.params, req.max_new_tokens)
+    while ref.num_output_tokens < ref.max_new_tokens:
+        ref.token_ids.append(_next_token(ref))
+    return ref.output_token_ids
+
+
+@pytest.mark.parametrize("window", [0, 8])
+def test_preemption_loses_and_duplicates_nothing(window: int) -> None:
+    sched = _scheduler(num_pages=24, window=window, max_running=8, chunk=16)
+    reqs = _requests(8, prompt_len=10, new=30)
+    expected = {r.request_id: _expected(r) for r in reqs}
+    _drive(sched, reqs)
+    assert sched.num_preemptions > 0  # the pool is too small for all 8 at once
+    for r in reqs:
+        assert r.finish_reason == "length" and r.output_token_ids == expected[r.request_id]
+
+
+def test_chunked_prefill_budget_and_fcfs() -> None:
+    sched = _scheduler(num_pages=200, window=8, max_running=2, chunk=8)
+    reqs = _requests(3, prompt_len=21, new=3)
+    admitted: list[str] = []
+    for r in reqs:
+        sched.add(r)
+    while sched.has_work():
+        batch = sched.schedule()
+        assert batch is not None
+        for r in batch.reqs:
+            if r.request_id not in admitted:
+                admitted.append(r.request_id)
+        toks = [_next_token(r) for i, r in enumerate(batch.reqs) if batch.samples(i)]
+        sched.postprocess(batch, StepResult(toks, [None] * len(toks), {}))
+        assert len(sched.running) <= 2
+    assert admitted == ["r0", "r1", "r2"]
+    assert all(r.output_token_ids == _expected(r) for r in reqs)
+
+
+def test_stop_conditions() -> None:
+    sched = _scheduler(num_pages=50, window=0, max_running=4, chunk=None)
+    eos = Request("eos", [5, 6], SamplingParams(max_new_tokens=10), 10)
+    stop_id = Request("stop_id", [5, 6], SamplingParams(max_new_tokens=10, stop_token_ids=[9]), 10)
+    ignore = Request("ignore", [5, 6], SamplingParams(max_new_tokens=3, ignore_eos=True), 3)
+    zero = Request("zero", [5, 6], SamplingParams(max_new_tokens=0), 0)
+    for r in (eos, stop_id, ignore, zero):
+        sched.add(r)
+    script = {"eos": [4, 1], "stop_id": [9], "ignore": [1, 1, 1], "zero": [7]}
+    while sched.has_work():
+        batch = sched.schedule()
+        assert batch is not None
+        toks = [script[r.request_id].pop(0) for i, r in enumerate(batch.reqs) if batch.samples(i)]
+        sched.postprocess(batch, StepResult(toks, [None] * len(toks), {}))
+    assert (eos.finish_reason, eos.output_token_ids) == ("stop", [4, 1])
+    assert (stop_id.finish_reason, stop_id.output_token_ids) == ("stop", [9])
+    assert (ignore.finish_reason, ignore.output_token_ids) == ("length", [1, 1, 1])
+    assert (zero.finish_reason, zero.output_token_ids) == ("length", [])
+    assert sched.cache.pool.all_free()
+
+
+def test_lone_request_that_cannot_fit_is_aborted() -> None:
+    sched = _scheduler(num_pages=3, window=0, max_running=1, chunk=None)
+    (req,) = _requests(1, prompt_len=10, new=50)
+    seen = _drive(sched, [req])
+    assert req.finish_reason == "abort" and req.status is RequestStatus.FINISHED
+    assert req.num_output_tokens == 3 and seen["steps"] == 3  # 12 slots: prompt 10 + 2 stored + 1 sampled
