@@ -209,13 +209,14 @@ def load_kv_halves(
 
 
 @triton.jit
-def online_softmax_step(qa, qb, ka, kb, va, vb, valid, m, l, acc_a, acc_b, qk_scale):
+def online_softmax_step(qa, qb, ka, kb, v, valid, m, l, acc, qk_scale):
     """One flash-attention step over a block of ``BN`` keys.
 
     ``qa, qb [BM, D/2]`` pair with ``ka, kb [BN, D/2]`` (same split of head_dim); ``valid`` is a bool mask
     broadcastable to ``[BM, BN]`` with at least one True per block (NOTE: callers never pass an all-masked
     block, so ``m`` becomes finite on the first step). Scores are ``dot * qk_scale`` in log2 units.
-    Returns the updated running max ``m [BM]``, sum ``l [BM]`` and accumulators ``acc_a, acc_b [BM, D/2]``.
+    ``v [BN, D]`` in natural head_dim order. Returns the updated running max ``m [BM]``, sum ``l [BM]``
+    and accumulator ``acc [BM, D]`` (fp32).
     """
     s = tl.dot(qa.to(ka.dtype), tl.trans(ka))
     s = tl.dot(qb.to(kb.dtype), tl.trans(kb), s)
@@ -224,7 +225,123 @@ def online_softmax_step(qa, qb, ka, kb, va, vb, valid, m, l, acc_a, acc_b, qk_sc
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new[:, None])
     l = l * alpha + tl.sum(p, axis=1)
-    pv = p.to(va.dtype)
-    acc_a = tl.dot(pv, va, acc_a * alpha[:, None])
-    acc_b = tl.dot(pv, vb, acc_b * alpha[:, None])
-    return m_new, l, acc_a, acc_b
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l, acc
+
+
+@triton.jit
+def load_kv_pages(
+    data_ptr,
+    scale_ptr,
+    page_off,
+    spage_off,
+    tok_mask,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    FMT: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    """Like :func:`load_kv_halves` for whole pages: ``page_off [NPG]`` (int64) is the element offset of one
+    KV head's contiguous page (NOTE: needs token stride == row width), ``tok_mask [NPG * PAGE]`` or None.
+
+    Addresses are one base per page plus a constant tile, so per-token index math disappears.
+    Returns ``(a, b)`` as ``[NPG * PAGE, D/2]`` tiles (see :func:`load_kv_halves`).
+    """
+    HALF: tl.constexpr = D // 2
+    NPG: tl.constexpr = page_off.shape[0]
+    BN: tl.constexpr = NPG * PAGE
+    if FMT == 2:
+        NB: tl.constexpr = D // 16
+        cols = tl.arange(0, PAGE * HALF)
+        scols = tl.arange(0, PAGE * NB)
+        if tok_mask is None:
+            raw = tl.load(data_ptr + page_off[:, None] + cols[None, :])
+            sc = tl.load(scale_ptr + spage_off[:, None] + scols[None, :])
+        else:
+            m2 = tl.reshape(tok_mask, [NPG, PAGE])
+            dm = tl.reshape(tl.broadcast_to(m2[:, :, None], [NPG, PAGE, HALF]), [NPG, PAGE * HALF])
+            sm = tl.reshape(tl.broadcast_to(m2[:, :, None], [NPG, PAGE, NB]), [NPG, PAGE * NB])
+            raw = tl.load(data_ptr + page_off[:, None] + cols[None, :], mask=dm, other=0)
+            sc = tl.load(scale_ptr + spage_off[:, None] + scols[None, :], mask=sm, other=0.0)
+        raw = tl.reshape(raw, [BN, NB, 8])
+        sc = (tl.reshape(sc, [BN, NB]).to(tl.float16) * 128.0)[:, :, None]
+        lo, hi = nvfp4_split(raw, USE_ASM)
+        a = tl.reshape(lo * sc, [BN, HALF])
+        b = tl.reshape(hi * sc, [BN, HALF])
+    else:
+        cols = tl.arange(0, PAGE * D)
+        if tok_mask is None:
+            x = tl.load(data_ptr + page_off[:, None] + cols[None, :])
+        else:
+            m2 = tl.reshape(tok_mask, [NPG, PAGE])
+            dm = tl.reshape(tl.broadcast_to(m2[:, :, None], [NPG, PAGE, D]), [NPG, PAGE * D])
+            x = tl.load(data_ptr + page_off[:, None] + cols[None, :], mask=dm, other=0.0)
+        a, b = tl.split(tl.permute(tl.reshape(x, [BN, 2, HALF]), [0, 2, 1]))
+        if FMT == 1:
+            a = a.to(tl.float16)
+            b = b.to(tl.float16)
+        elif INTERP:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+    return a, b
+
+
+@triton.jit
+def _nvfp4_rows(raw, sc, USE_ASM: tl.constexpr):
+    """``raw [BN, D/2]`` bytes, ``sc [BN, D/16]`` E4M3 scales -> ``[BN, D]`` fp16 (value * 2**-7 / g), natural order.
+
+    NOTE: built with join + reshape in the load layout, so the V tile reaches ``tl.dot`` as fp16 through
+    one shared-memory transpose instead of byte-wise shared-memory reads (V's dot wants token pairs).
+    """
+    BN: tl.constexpr = raw.shape[0]
+    HALF: tl.constexpr = raw.shape[1]
+    NB: tl.constexpr = HALF // 8
+    lo, hi = nvfp4_split(tl.reshape(raw, [BN, NB, 8]), USE_ASM)
+    s16 = (sc.to(tl.float16) * 128.0)[:, :, None]
+    return tl.reshape(tl.join(lo * s16, hi * s16), [BN, 2 * HALF])
+
+
+@triton.jit
+def load_v_rows(data_ptr, scale_ptr, row_off, srow_off, mask, D: tl.constexpr, FMT: tl.constexpr,
+                USE_ASM: tl.constexpr, INTERP: tl.constexpr):  # fmt: skip
+    """V rows (per-token offsets, masked rows read as zeros) -> ``[BN, D]`` in natural order.
+
+    NVFP4 -> fp16 ``value * 2**-7 / g``; FP8 -> fp16 ``value / g``; float -> own dtype (fp32 if INTERP).
+    """
+    if FMT == 2:
+        offs = tl.arange(0, D // 2)
+        raw = tl.load(data_ptr + row_off[:, None] + offs[None, :], mask=mask[:, None], other=0)
+        offs_s = tl.arange(0, D // 16)
+        sc = tl.load(scale_ptr + srow_off[:, None] + offs_s[None, :], mask=mask[:, None], other=0.0)
+        v = _nvfp4_rows(raw, sc, USE_ASM)
+    else:
+        offs = tl.arange(0, D)
+        v = tl.load(data_ptr + row_off[:, None] + offs[None, :], mask=mask[:, None], other=0.0)
+        if FMT == 1:
+            v = v.to(tl.float16)
+        elif INTERP:
+            v = v.to(tl.float32)
+    return v
+
+
+@triton.jit
+def load_v_pages(data_ptr, scale_ptr, page_off, spage_off, D: tl.constexpr, PAGE: tl.constexpr,
+                 FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr):  # fmt: skip
+    """Whole pages of V (see :func:`load_kv_pages`, no masks) -> ``[NPG * PAGE, D]`` in natural order."""
+    NPG: tl.constexpr = page_off.shape[0]
+    BN: tl.constexpr = NPG * PAGE
+    if FMT == 2:
+        cols = tl.arange(0, PAGE * (D // 2))
+        scols = tl.arange(0, PAGE * (D // 16))
+        raw = tl.load(data_ptr + page_off[:, None] + cols[None, :])
+        sc = tl.load(scale_ptr + spage_off[:, None] + scols[None, :])
+        v = _nvfp4_rows(tl.reshape(raw, [BN, D // 2]), tl.reshape(sc, [BN, D // 16]), USE_ASM)
+    else:
+        cols = tl.arange(0, PAGE * D)
+        v = tl.reshape(tl.load(data_ptr + page_off[:, None] + cols[None, :]), [BN, D])
+        if FMT == 1:
+            v = v.to(tl.float16)
+        elif INTERP:
+            v = v.to(tl.float32)
+    return v

@@ -22,10 +22,47 @@ from nibblekv.kernels._common import (
     fmt_code,
     interpreting,
     load_kv_halves,
+    load_kv_pages,
+    load_v_pages,
+    load_v_rows,
     online_softmax_step,
     scale_tensors,
 )
 from nibblekv.kernels.types import LayerKV
+
+
+@triton.jit
+def _decode_block(
+    n0, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+    head_off, shead_off, pt_ptr,
+    D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr, FMT: tl.constexpr, USE_ASM: tl.constexpr,
+    INTERP: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """Keys ``[n0, n0 + BN)`` of one KV head: load, dequantize, one online-softmax step.
+
+    MASKED=False needs ``n0 + BN <= end`` (no load masks at all); MASKED=True masks keys ``>= end``.
+    PAGED=True (whole-page tiles) needs MASKED=False.
+    """
+    idx = n0 + tl.arange(0, BN)
+    nmask = idx < end
+    if PAGED:  # whole pages: one page-table entry and one base address per page
+        NPG: tl.constexpr = BN // PAGE
+        pidx = n0 // PAGE + tl.arange(0, NPG)
+        page = tl.load(pt_ptr + pidx).to(tl.int64)
+        row = page * s_page + head_off
+        srow = page * sc_page + shead_off
+        ka, kb = load_kv_pages(k_ptr, ks_ptr, row, srow, None, D, PAGE, FMT, USE_ASM, INTERP)
+        v = load_v_pages(v_ptr, vs_ptr, row, srow, D, PAGE, FMT, USE_ASM, INTERP)
+    else:
+        # NOTE: masked keys load as zeros (page-table reads too): stale V bytes could hold NaN, and 0 * NaN
+        # would poison the sum even with p = 0.
+        page = tl.load(pt_ptr + idx // PAGE, mask=nmask, other=0).to(tl.int64)
+        tok = (idx % PAGE).to(tl.int64)
+        row = page * s_page + head_off + tok * s_tok
+        srow = page * sc_page + shead_off + tok * sc_tok
+        ka, kb = load_kv_halves(k_ptr, ks_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
+        v = load_v_rows(v_ptr, vs_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
+    return online_softmax_step(qa, qb, ka, kb, v, nmask[None, :], m, l, acc, qk_scale)
 
 
 @triton.jit
@@ -59,6 +96,7 @@ def _decode_segment(
     FMT: tl.constexpr,
     USE_ASM: tl.constexpr,
     INTERP: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     """Attend the group's query rows over tokens ``[start, end)`` of one pool; store partial o / lse."""
     HALF: tl.constexpr = D // 2
@@ -77,42 +115,36 @@ def _decode_segment(
 
     m = tl.full([BH], float("-inf"), tl.float32)
     l = tl.zeros([BH], tl.float32)
-    acc_a = tl.zeros([BH, HALF], tl.float32)
-    acc_b = tl.zeros([BH, HALF], tl.float32)
-    offs_n = tl.arange(0, BN)
+    acc = tl.zeros([BH, D], tl.float32)
     head_off = h.to(tl.int64) * s_head
     shead_off = h.to(tl.int64) * sc_head
+    # Full blocks run unmasked; the last, partial block (if any) runs once more with per-token masks.
+    full_end = start + (end - start) // BN * BN
     if INTERP:  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
         n0 = start
-        while n0 < end:
-            idx = n0 + offs_n
-            nmask = idx < end
-            page = tl.load(pt_ptr + idx // PAGE, mask=nmask, other=0).to(tl.int64)
-            tok = (idx % PAGE).to(tl.int64)
-            row = page * s_page + head_off + tok * s_tok
-            srow = page * sc_page + shead_off + tok * sc_tok
-            ka, kb = load_kv_halves(k_ptr, ks_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
-            va, vb = load_kv_halves(v_ptr, vs_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
-            m, l, acc_a, acc_b = online_softmax_step(qa, qb, ka, kb, va, vb, nmask[None, :], m, l, acc_a, acc_b, qk_scale)
+        while n0 < full_end:
+            m, l, acc = _decode_block(
+                n0, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
+                sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED, False,
+            )  # fmt: skip
             n0 += BN
     else:
-        for n0 in range(start, end, BN):
-            idx = n0 + offs_n
-            nmask = idx < end
-            page = tl.load(pt_ptr + idx // PAGE, mask=nmask, other=0).to(tl.int64)
-            tok = (idx % PAGE).to(tl.int64)
-            row = page * s_page + head_off + tok * s_tok
-            srow = page * sc_page + shead_off + tok * sc_tok
-            ka, kb = load_kv_halves(k_ptr, ks_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
-            va, vb = load_kv_halves(v_ptr, vs_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
-            m, l, acc_a, acc_b = online_softmax_step(qa, qb, ka, kb, va, vb, nmask[None, :], m, l, acc_a, acc_b, qk_scale)
+        for n0 in range(start, full_end, BN):
+            m, l, acc = _decode_block(
+                n0, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
+                sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED, False,
+            )  # fmt: skip
+    if full_end < end:
+        m, l, acc = _decode_block(
+            full_end, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
+            sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, False, True,
+        )  # fmt: skip
 
     # An empty segment stores lse = -inf and o = 0, which the combine step weighs as nothing.
-    inv = tl.where(l > 0, out_scale / l, 0.0)
+    inv = tl.where(l > 0, out_scale / tl.maximum(l, 1e-30), 0.0)
     lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
     o_rows = o_ptr + offs_g[:, None] * s_os
-    tl.store(o_rows + col_a[None, :], acc_a * inv[:, None], mask=gmask[:, None])
-    tl.store(o_rows + col_b[None, :], acc_b * inv[:, None], mask=gmask[:, None])
+    tl.store(o_rows + tl.arange(0, D)[None, :], acc * inv[:, None], mask=gmask[:, None])
     tl.store(lse_ptr + offs_g * (s_os // D), lse, mask=gmask)
 
 
@@ -127,7 +159,7 @@ def _decode_kernel(
     HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS: tl.constexpr, HAS_TAIL: tl.constexpr,
-    FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
+    FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -144,7 +176,7 @@ def _decode_kernel(
             q_base, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
             tpt_ptr + b.to(tl.int64) * s_tpt, 0, n, h, sm_scale * 1.4426950408889634, 1.0,
             o_base, lse_base, S_TOT * D,
-            G, BH, D, TPAGE, TBN, 0, False, INTERP,
+            G, BH, D, TPAGE, TBN, 0, False, INTERP, TPAGED,
         )  # fmt: skip
     else:
         n = tl.load(lens_ptr + b)
@@ -163,7 +195,7 @@ def _decode_kernel(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_base, lse_base, S_TOT * D,
-            G, BH, D, PAGE, BN, FMT, USE_ASM, INTERP,
+            G, BH, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED,
         )  # fmt: skip
 
 
@@ -212,12 +244,14 @@ def decode_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     use_asm: bool | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``decode_ref``: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (q's dtype).
 
     ``page_table [B, >= ceil(max lens / page)]`` int32/int64, ``lens [B]`` main-pool tokens; the tail
     (optional) likewise. ``num_splits`` (host int) fixes the split-K factor (default: fill the GPU);
-    ``block_n``/``num_warps``/``num_stages``/``use_asm`` override the tuned launch config.
+    ``block_n``/``num_warps``/``num_stages``/``use_asm`` override the tuned launch config; ``out``
+    (like ``q``) receives the result if given.
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -245,9 +279,14 @@ def decode_triton(
     interp = interpreting()
     cfg = _default_config(fmt, d, interp)
     bn = block_n or cfg["block_n"]
+    paged = _pages_contiguous(cache, bn)
+    tbn = cfg["tail_block_n"]
     splits = num_splits or default_num_splits(bsz, hkv, None, bn)
     s_tot = splits + int(has_tail)
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError("out must be shaped like q with unit last stride")
     if bsz == 0:
         return out
     o_part = torch.empty((bsz, hq, s_tot, d), dtype=torch.float32, device=q.device)
@@ -257,6 +296,7 @@ def decode_triton(
     if has_tail:
         assert tail is not None and tail_page_table is not None and tail_lens is not None
         tk, tv, ts, tpt, ttl, tpage = tail.k_data, tail.v_data, tail.k_data.stride(), tail_page_table, tail_lens, tail.page_size
+        tbn = max(tbn, tpage) if _pages_contiguous(tail, max(tbn, tpage)) else tbn
     else:  # placeholders, never read
         tk, tv, ts, tpt, ttl, tpage = cache.k_data, cache.v_data, (0, 0, 0), page_table, lens, lay.page_size
     g = hq // hkv
@@ -268,9 +308,10 @@ def decode_triton(
         tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
         o_part, lse_part, float(sm_scale),
         HQ=hq, G=g, BH=max(16, triton.next_power_of_2(g)), D=d,
-        PAGE=lay.page_size, TPAGE=tpage, BN=bn, TBN=cfg["tail_block_n"],
+        PAGE=lay.page_size, TPAGE=tpage, BN=bn, TBN=tbn,
         NUM_SPLITS=splits, HAS_TAIL=has_tail,
         FMT=fmt, USE_ASM=cfg["use_asm"] if use_asm is None else use_asm, INTERP=interp,
+        PAGED=paged, TPAGED=has_tail and _pages_contiguous(tail, tbn),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )  # fmt: skip
     _combine_kernel[(bsz * hq,)](
@@ -278,6 +319,17 @@ def decode_triton(
         HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, num_warps=4,
     )  # fmt: skip
     return out
+
+
+def _pages_contiguous(cache: LayerKV | None, block_n: int) -> bool:
+    """Whether whole-page tiles apply: power-of-two pages dividing the key block, tokens packed in a page."""
+    if cache is None:
+        return False
+    p, lay = cache.page_size, cache.layout
+    ok = p & (p - 1) == 0 and block_n % p == 0 and cache.k_data.stride(2) == lay.data_width
+    if cache.k_scale is not None:
+        ok = ok and cache.k_scale.stride(2) == lay.head_dim // 16
+    return ok
 
 
 def _default_config(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
