@@ -1,0 +1,163 @@
+"""The real SmolLM2 server through the official ``openai`` client and raw HTTP: completions, chat,
+streaming, info endpoints, metrics, and the request shape lm-eval's ``local-completions`` sends."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from nibblekv.model import DenseAttention
+from server_harness import ServerProcess, wait_idle
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_server: ServerProcess) -> Any:
+    return openai.OpenAI(base_url=smollm2_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_completion_string_prompt(client: Any) -> None:
+    out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0)
+    assert out.object == "text_completion" and out.model == MODEL
+    assert len(out.choices) == 1 and out.choices[0].finish_reason == "length" and out.choices[0].text
+    assert out.usage.prompt_tokens > 0 and out.usage.completion_tokens == 6
+    assert out.usage.total_tokens == out.usage.prompt_tokens + 6
+    assert out.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_completion_batch_token_ids_and_n(client: Any) -> None:
+    out = client.completions.create(model=MODEL, prompt=["Once upon a time", "Hello"], max_tokens=3, n=2, temperature=0)
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
+    by_index = {c.index: c.text for c in out.choices}
+    assert by_index[0] == by_index[1] and by_index[2] == by_index[3]  # greedy: n copies agree
+    ids = client.completions.create(model=MODEL, prompt=[504, 3458, 282], max_tokens=2, temperature=0)
+    assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 2
+
+
+def test_stop_sequence_cuts_text(client: Any) -> None:
+    full = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=8, temperature=0).choices[0].text
+    stop = full.strip()[:2]
+    cut = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=8, temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].text
+
+
+def test_chat_uses_the_template(client: Any) -> None:
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "Be brief."},
+                                                                {"role": "user", "content": "What is 2+2?"}],
+                                         max_tokens=8, temperature=0)
+    assert out.object == "chat.completion" and out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content
+    # SmolLM2's template wraps each message in <|im_start|>role ... <|im_end|> and adds the assistant header.
+    assert out.usage.prompt_tokens > 15
+
+
+def test_streaming_matches_non_streaming(client: Any) -> None:
+    kwargs: dict[str, Any] = {"model": MODEL, "max_tokens": 8, "temperature": 0}
+    whole = client.completions.create(prompt="The sky is", **kwargs).choices[0].text
+    chunks = list(client.completions.create(prompt="The sky is", stream=True,
+                                            stream_options={"include_usage": True}, **kwargs))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    msgs = [{"role": "user", "content": "Name a color."}]
+    chat_whole = client.chat.completions.create(messages=msgs, **kwargs).choices[0].message.content
+    chat_chunks = list(client.chat.completions.create(messages=msgs, stream=True, **kwargs))
+    assert chat_chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chat_chunks if c.choices) == chat_whole
+    assert chat_chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_raw_sse_ends_with_done(smollm2_server: ServerProcess) -> None:
+    body = {"prompt": "Hi", "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", smollm2_server.url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+
+
+def test_info_endpoints(smollm2_server: ServerProcess) -> None:
+    url = smollm2_server.url
+    assert httpx.get(url + "/health").status_code == 200
+    models = httpx.get(url + "/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == MODEL
+    info = httpx.get(url + "/get_model_info").json()
+    assert info["model_path"].endswith(".gguf") and info["is_generation"] and info["vocab_size"] == 49152
+    server = httpx.get(url + "/get_server_info").json()
+    assert server["max_running_requests"] == 32 and server["max_total_num_tokens"] >= 16384
+    assert server["port"] == smollm2_server.port and "api_key" not in server
+
+
+def _metric(text: str, name: str) -> float:
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert values, f"{name} missing from /metrics"
+    return values[0]
+
+
+def test_metrics_count_tokens_and_latency(client: Any, smollm2_server: ServerProcess) -> None:
+    before = httpx.get(smollm2_server.url + "/metrics").text
+    client.completions.create(model=MODEL, prompt="Count: one two", max_tokens=4, temperature=0)
+    wait_idle(smollm2_server)
+    after = httpx.get(smollm2_server.url + "/metrics").text
+    assert _metric(after, "nibblekv:generation_tokens_total") - _metric(before, "nibblekv:generation_tokens_total") == 4
+    assert _metric(after, "nibblekv:prompt_tokens_total") > _metric(before, "nibblekv:prompt_tokens_total")
+    for name in ("nibblekv:time_to_first_token_seconds_count", "nibblekv:inter_token_latency_seconds_count"):
+        assert _metric(after, name) > _metric(before, name)
+    assert _metric(after, "nibblekv:max_total_num_tokens") >= 16384
+    for gauge in ("num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate"):
+        assert _metric(after, f"nibblekv:{gauge}") >= 0
+
+
+# ---- lm-eval's local-completions, loglikelihood requests ---------------------------------------------
+
+
+def _lm_eval_parse(out: dict[str, Any], ctxlens: list[int]) -> list[tuple[float, bool]]:
+    """lm-eval's ``LocalCompletionsAPI.parse_logprobs`` (lm_eval/models/openai_completions.py)."""
+    res = []
+    for choice, ctxlen in zip(sorted(out["choices"], key=lambda c: c["index"]), ctxlens, strict=True):
+        lp = choice["logprobs"]
+        continuation = lp["token_logprobs"][ctxlen:-1]
+        is_greedy = all(tok == max(top.values()) for tok, top in zip(continuation, lp["top_logprobs"][ctxlen:-1]))
+        res.append((sum(continuation), is_greedy))
+    return res
+
+
+def test_lm_eval_loglikelihood_request_shape(smollm2_server: ServerProcess, smollm2: Any) -> None:
+    """The exact payload lm-eval sends (token-id batch, echo, logprobs=1, max_tokens=1) scores right."""
+    model, tokenizer = smollm2
+    context = tokenizer.encode("The capital of France is")
+    pairs = [(context, tokenizer.encode(" Paris", add_special_tokens=False)),
+             (context, tokenizer.encode(" a banana split", add_special_tokens=False))]
+    payload = {"model": MODEL, "prompt": [c + k for c, k in pairs], "temperature": 0, "max_tokens": 1,
+               "logprobs": 1, "seed": 1234, "echo": True}
+    out = httpx.post(smollm2_server.url + "/v1/completions", json=payload, timeout=120).json()
+    for choice, (c, k) in zip(out["choices"], pairs, strict=True):
+        assert len(choice["logprobs"]["token_logprobs"]) == len(c) + len(k) + 1  # prompt + 1 generated
+        assert choice["logprobs"]["token_logprobs"][0] is None
+    scores = _lm_eval_parse(out, [len(c) for c, _ in pairs])
+    for (server_ll, _), (c, k) in zip(scores, pairs, strict=True):
+        with torch.no_grad():
+            ids = torch.tensor(c + k)
+            hidden = model(ids, torch.arange(len(ids)), DenseAttention.single(len(ids)))
+            logprobs = torch.log_softmax(model.compute_logits(hidden).float(), dim=-1)
+        expected = sum(float(logprobs[len(c) + i - 1, t]) for i, t in enumerate(k))
+        assert math.isclose(server_ll, expected, abs_tol=2e-2 * max(1, len(k))), (server_ll, expected)
+    assert scores[0][0] > scores[1][0]  # " Paris" is far likelier
+    assert scores[0][1] in (True, False)
+
+
+def test_echo_with_zero_max_tokens(smollm2_server: ServerProcess) -> None:
+    payload = {"prompt": "Hello world, how are", "max_tokens": 0, "echo": True, "logprobs": 0}
+    out = httpx.post(smollm2_server.url + "/v1/completions", json=payload, timeout=60).json()
+    choice = out["choices"][0]
+    assert choice["text"] == "Hello world, how are" and out["usage"]["completion_tokens"] == 0
+    assert len(choice["logprobs"]["tokens"]) == out["usage"]["prompt_tokens"]
+    assert all(isinstance(x, float) for x in choice["logprobs"]["token_logprobs"][1:])
+    assert json.dumps(out)  # plain JSON, no NaN
