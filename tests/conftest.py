@@ -34,3 +34,7 @@ def smollm2(smollm2_path: Path):  # -> tuple[CausalLM, Tokenizer]
 
     with torch.no_grad():
         return load_model(str(smollm2_path), dtype=torch.float32, device="cpu")
+
+
+# --- Real `nibblekv serve` processes for the server / router tests (see tests/server_harness.py) --------
+from server_harness import _servers, small_server, smollm2_server  # noqa: E402, F401
