@@ -7,6 +7,7 @@ incremental detokenization for streaming.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 Message = Mapping[str, str]  # {"role": ..., "content": ...}
+# tokenizer_config.json classes that just run tokenizer.json
+_GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 class Tokenizer(ABC):
@@ -50,9 +53,19 @@ class HFTokenizer(Tokenizer):
 
     @staticmethod
     def from_folder(folder: str | Path, extra_eos: Sequence[int] = ()) -> HFTokenizer:
-        """Tokenizer of an HF model folder (``tokenizer.json`` / ``tokenizer_config.json``)."""
-        from transformers import AutoTokenizer
+        """Tokenizer of an HF model folder (``tokenizer.json`` / ``tokenizer_config.json``).
 
+        NOTE: a folder that declares a generic ``tokenizer.json`` tokenizer is loaded as exactly that;
+        ``AutoTokenizer`` in transformers 5 may otherwise substitute the model type's own class
+        (e.g. ``Qwen2Tokenizer``), which rebuilds the pipeline and can disagree with the file.
+        """
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        folder = Path(folder)
+        config_path = folder / "tokenizer_config.json"
+        declared = json.loads(config_path.read_text()).get("tokenizer_class") if config_path.is_file() else None
+        if declared in _GENERIC_TOKENIZERS and (folder / "tokenizer.json").is_file():
+            return HFTokenizer(PreTrainedTokenizerFast.from_pretrained(str(folder)), extra_eos)
         return HFTokenizer(AutoTokenizer.from_pretrained(str(folder)), extra_eos)
 
     @staticmethod
