@@ -1,0 +1,58 @@
+"""Tokenizers and streaming detokenization."""
+
+from __future__ import annotations
+
+import pytest
+
+from nibblekv.model import ByteTokenizer, CausalLM, DetokenizeState, Tokenizer
+
+TEXT = "Plain ascii, then ünïcödé, 你好世界, emoji 🙂👍🏽 and \u00e9\u0301 combining."
+
+
+def _stream(tok: Tokenizer, ids: list[int], prompt: list[int] | None = None) -> list[str]:
+    state = DetokenizeState(tok, prompt or [])
+    pieces = [state.push([i]) for i in ids]
+    return [*pieces, state.finish()]
+
+
+def test_byte_tokenizer_roundtrip_and_chat() -> None:
+    tok = ByteTokenizer(300)
+    ids = tok.encode(TEXT)
+    assert ids[0] == ByteTokenizer.BOS and tok.decode(ids) == TEXT
+    assert tok.encode("ab", add_special_tokens=False) == [97, 98]
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert tok.decode(chat) == "<user>: hi\n<assistant>: "
+    assert tok.eos_token_ids == [257]
+    with pytest.raises(ValueError):
+        ByteTokenizer(100)
+
+
+def test_streaming_bytes_never_emits_broken_utf8() -> None:
+    tok = ByteTokenizer(300)
+    pieces = _stream(tok, tok.encode(TEXT, add_special_tokens=False))
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == TEXT
+    assert sum(1 for p in pieces if p == "") > 10  # multi-byte characters were held back
+
+
+def test_streaming_truly_broken_bytes_flushed_at_finish() -> None:
+    tok = ByteTokenizer(300)
+    state = DetokenizeState(tok)
+    assert state.push(list(b"ok")) == "ok"
+    assert state.push([0xF0, 0x9F]) == ""  # first half of an emoji
+    assert state.finish() == "\ufffd"
+
+
+def test_streaming_real_tokenizer(smollm2: tuple[CausalLM, Tokenizer]) -> None:
+    tok = smollm2[1]
+    prompt = tok.encode("Say something:")
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    pieces = _stream(tok, ids, prompt)
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == tok.decode(ids) == TEXT
+
+
+def test_streaming_skips_special_tokens(smollm2: tuple[CausalLM, Tokenizer]) -> None:
+    tok = smollm2[1]
+    ids = [*tok.encode("Hello there", add_special_tokens=False), 2]  # 2 = <|im_end|>
+    assert "".join(_stream(tok, ids)) == "Hello there"
