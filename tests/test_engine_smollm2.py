@@ -1,0 +1,195 @@
+"""The engine end to end on the bundled SmolLM2 (fp32 on CPU, loaded once per session).
+
+Every engine built here goes through ``make_engine``, whose teardown checks that every page of
+both pools is free again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from nibblekv import Engine, SamplingParams
+from nibblekv.model import CausalLM, Tokenizer
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers and explain why they are prime.",
+]
+AUSTEN = Path(__file__).resolve().parents[2] / "shared" / "data" / "austen" / "pride_and_prejudice.txt"
+GREEDY = SamplingParams(temperature=0, max_new_tokens=32, ignore_eos=True)
+
+
+@pytest.fixture
+def make_engine(smollm2: tuple[CausalLM, Tokenizer]) -> Iterator[Callable[..., Engine]]:
+    engines: list[Engine] = []
+
+    def make(**kw: object) -> Engine:
+        kw.setdefault("max_total_tokens", 4096)
+        kw.setdefault("decode_log_interval", 0)
+        engines.append(Engine(loaded=smollm2, **kw))
+        return engines[-1]
+
+    yield make
+    for e in engines:
+        assert not e.has_unfinished() and e.pool.all_free(), "pages leaked"
+
+
+def _chat(tok: Tokenizer, text: str) -> list[int]:
+    return tok.apply_chat_template([{"role": "user", "content": text}])
+
+
+def _passage(tok: Tokenizer, n: int) -> list[int]:
+    text = AUSTEN.read_text(encoding="utf-8")
+    start = text.index("It is a truth universally acknowledged")
+    return tok.encode(text[start : start + 8 * n])[:n]
+
+
+@pytest.fixture(scope="module")
+def hf_model(smollm2_path: Path):  # -> transformers LlamaForCausalLM, fp32
+    pytest.importorskip("accelerate")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(smollm2_path.parent), gguf_file=smollm2_path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@torch.no_grad()
+def _hf_greedy(hf, prompt: list[int], steps: int) -> list[int]:
+    out: list[int] = []
+    res = hf(torch.tensor([prompt]), use_cache=True)
+    for _ in range(steps):
+        out.append(int(res.logits[0, -1].argmax()))
+        res = hf(torch.tensor([[out[-1]]]), past_key_values=res.past_key_values, use_cache=True)
+    return out
+
+
+def test_greedy_auto_kv_equals_transformers(make_engine, smollm2, hf_model) -> None:
+    tok = smollm2[1]
+    engine = make_engine(
+        kv_cache_dtype="auto", chunked_prefill_size=16
+    )  # small chunks: extend over cache too
+    prompts = [_chat(tok, p) for p in PROMPTS]
+    outs = engine.generate(prompts, GREEDY)  # all three batched together
+    assert engine.pool.spec.kv_dtype.value == "fp32"
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == _hf_greedy(hf_model, prompt, 32), out.text
+    assert "Paris" in outs[0].text
+
+
+def test_chunked_prefill_equals_unchunked_bf16(make_engine, smollm2) -> None:
+    prompt = _passage(smollm2[1], 300)
+    params = SamplingParams(temperature=0, max_new_tokens=16, ignore_eos=True)
+    whole = make_engine(kv_cache_dtype="bf16", chunked_prefill_size=0).generate([prompt], params)[0]
+    chunked = make_engine(kv_cache_dtype="bf16", chunked_prefill_size=64).generate([prompt], params)[0]
+    assert chunked.token_ids == whole.token_ids
+
+
+def _teacher_forced_top1(engine: Engine, prompt: list[int]) -> list[int]:
+    out = engine.generate([prompt], SamplingParams(max_new_tokens=0, prompt_logprobs=1))[0]
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(prompt) - 1
+    return [lp.top_logprobs[0][0] for lp in out.prompt_logprobs]
+
+
+@pytest.mark.parametrize("window", [0, 64])
+def test_nvfp4_teacher_forced_agreement_with_bf16(make_engine, smollm2, window: int) -> None:
+    """512 tokens of Austen, prefilled in 32-token chunks so every chunk attends through the cache."""
+    prompt = _passage(smollm2[1], 512)
+    assert len(prompt) == 512
+    ref = _teacher_forced_top1(make_engine(kv_cache_dtype="bf16", chunked_prefill_size=32), prompt)
+    nv = make_engine(kv_cache_dtype="nvfp4", chunked_prefill_size=32, kv_recent_window=window)
+    got = _teacher_forced_top1(nv, prompt)
+    agreement = sum(a == b for a, b in zip(ref, got)) / len(ref)
+    print(f"nvfp4 (W={window}) teacher-forced top-1 agreement with bf16: {agreement:.3f}")
+    assert agreement >= 0.90
+
+
+def test_nvfp4_decode_path_matches_extend_path(make_engine, smollm2) -> None:
+    """Decode (write, demote, attend) and 1-token extends (attend, write) read the same quantized cache."""
+    prompt = smollm2[1].encode("Once upon a time, in a small village by the sea,")
+    engine = make_engine(kv_cache_dtype="nvfp4", kv_recent_window=16, chunked_prefill_size=1)
+    gen = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=36, ignore_eos=True))[0]
+    assert len(prompt) + 36 > 16 + 2 * 16  # long enough for tail pages to be demoted twice
+    assert engine.pool.spec.recent_window == 16
+    top1 = _teacher_forced_top1(engine, prompt + gen.token_ids)
+    assert top1[len(prompt) - 1 :] == gen.token_ids
+
+
+def test_tail_only_request_equals_unquantized(make_engine, smollm2) -> None:
+    """A request shorter than the window lives in the (fp32) tail: same tokens as fp32 KV."""
+    prompt = smollm2[1].encode("The three primary colors are")
+    params = SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True)
+    ref = make_engine(kv_cache_dtype="auto").generate([prompt], params)[0]
+    got = make_engine(kv_cache_dtype="nvfp4", kv_recent_window=64).generate([prompt], params)[0]
+    assert len(prompt) + 20 < 64 and got.token_ids == ref.token_ids
+
+
+def test_preemption_tiny_pool(make_engine, smollm2) -> None:
+    tok = smollm2[1]
+    prompts = [_chat(tok, p) for p in PROMPTS] + [tok.encode("Tell me a story about a dragon.")]
+    params = SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True)
+    ref = make_engine(max_total_tokens=2048).generate(prompts, params)
+    tiny = make_engine(max_total_tokens=max(len(p) for p in prompts) + 64, chunked_prefill_size=32)
+    outs = tiny.generate(prompts, params)
+    assert tiny.scheduler.num_preemptions > 0
+    assert [o.request_id for o in outs] == [o.request_id for o in ref]  # each once, in order
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+
+
+def test_stop_strings_and_stop_tokens(make_engine, smollm2) -> None:
+    engine = make_engine()
+    prompt = _chat(smollm2[1], PROMPTS[0])
+    full = engine.generate([prompt], GREEDY)[0]
+    stop = full.text[10:14]
+    cut = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=32, stop=[stop]))[0]
+    assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.index(stop)]
+    tok_stop = engine.generate(
+        [prompt], SamplingParams(temperature=0, max_new_tokens=32, stop_token_ids=[full.token_ids[3]])
+    )[0]
+    first = full.token_ids.index(full.token_ids[3])
+    assert tok_stop.finish_reason == "stop" and tok_stop.token_ids == full.token_ids[: first + 1]
+    eos = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=200))[0]
+    assert eos.finish_reason == "stop" and eos.token_ids[-1] in smollm2[1].eos_token_ids
+
+
+def test_logprobs_prompt_and_generated_agree(make_engine, smollm2) -> None:
+    engine = make_engine()
+    prompt = _chat(smollm2[1], PROMPTS[2])
+    gen = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=4, logprobs=3))[0]
+    assert gen.logprobs is not None and len(gen.logprobs) == 4
+    assert all(lp.top_logprobs[0][0] == lp.token_id for lp in gen.logprobs)  # greedy = top-1
+    scored = engine.generate([prompt + gen.token_ids], SamplingParams(max_new_tokens=0, prompt_logprobs=2))[0]
+    tail = scored.prompt_logprobs[-4:]
+    for a, b in zip(gen.logprobs, tail):
+        assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-3
+
+
+def test_seeded_sampling_reproducible_across_batches(make_engine, smollm2) -> None:
+    engine = make_engine()
+    prompt = _chat(smollm2[1], PROMPTS[1])
+    p = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=7, max_new_tokens=16)
+    alone = engine.generate([prompt], p)[0]
+    other = SamplingParams(temperature=1.0, max_new_tokens=16)
+    batched = engine.generate([_chat(smollm2[1], PROMPTS[0]), prompt], [other, p])[1]
+    assert alone.token_ids == batched.token_ids
+
+
+def test_too_long_prompt_and_bad_ids(make_engine, smollm2) -> None:
+    engine = make_engine(context_length=64)
+    with pytest.raises(ValueError, match="context length is 64"):
+        engine.generate([[5] * 64], GREEDY)
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([[]], GREEDY)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 49152\)"):
+        engine.generate([[49152]], GREEDY)
+    out = engine.generate([[5] * 60], SamplingParams(temperature=0, max_new_tokens=100, ignore_eos=True))[0]
+    assert out.finish_reason == "length" and out.completion_tokens == 4  # clipped to the context
+    small = make_engine(max_total_tokens=32, kv_cache_dtype="bf16")
+    with pytest.raises(ValueError, match="max_total_num_tokens=32"):
+        small.generate([[5] * 40], GREEDY)
