@@ -3,7 +3,7 @@
 Fixtures (made visible to every test module by an import in ``conftest.py``):
 ``smollm2_server`` - the main server, started once per session (32 running requests, no key);
 ``small_server``   - a second replica with tight limits and an API key (401 / 503 / drain tests,
-                     and the second worker behind the router). Both start in parallel on first use.
+                     and the second worker behind the router), restarted if a test stopped it.
 """
 
 from __future__ import annotations
@@ -111,20 +111,12 @@ class ServerProcess:
 
 
 class _Servers:
-    """Starts both servers together the first time either is needed (they load in parallel)."""
+    """Both servers, each started the first time a test needs it (loading two at once on 2 cores
+    is slower than one after the other)."""
 
     def __init__(self) -> None:
         self.main = ServerProcess(MAIN_ARGS, "main")
         self.small = ServerProcess(SMALL_ARGS, "small")
-        self.started = False
-
-    def ensure(self) -> None:
-        if not self.started:
-            self.started = True
-            self.main.start()
-            self.small.start()
-            self.main.wait_ready()
-            self.small.wait_ready()
 
     def stop(self) -> None:
         for server in (self.main, self.small):
@@ -144,14 +136,12 @@ def _servers(smollm2_path: Path) -> Iterator[_Servers]:
 @pytest.fixture(scope="session")
 def smollm2_server(_servers: _Servers) -> ServerProcess:
     """The main server (bundled SmolLM2, 32 running requests, no API key, no queue limit)."""
-    _servers.ensure()
     return _servers.main.ensure_running()
 
 
 @pytest.fixture()
 def small_server(_servers: _Servers) -> ServerProcess:
     """The tight replica: 2 running + 1 queued request, API key ``SMALL_API_KEY``."""
-    _servers.ensure()
     return _servers.small.ensure_running()
 
 
