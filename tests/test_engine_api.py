@@ -1,0 +1,156 @@
+"""The async streaming interface and the ``nibblekv generate`` CLI, on a tiny random-weight model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from nibblekv.cli import main
+from nibblekv.engine import AsyncEngine, Engine, SamplingParams
+
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 320,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "bos_token_id": 256,
+    "eos_token_id": 257,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("tiny") / "config.json"
+    path.write_text(json.dumps(TINY))
+    return str(path)
+
+
+def _engine_flags(cfg: str) -> list[str]:
+    return [
+        "--load-format",
+        "dummy",
+        "--model",
+        cfg,
+        "--max-total-tokens",
+        "1024",
+        "--kv-cache-dtype",
+        "nvfp4",
+    ]
+
+
+def test_async_engine_streams_and_aborts(tiny_config: str) -> None:
+    engine = AsyncEngine(
+        load_format="dummy", model=tiny_config, max_total_tokens=1024, kv_cache_dtype="nvfp4"
+    )
+    params = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+
+    async def stream() -> list:
+        return [out async for out in engine.generate("hello", params, request_id="a")]
+
+    async def abort_after(n: int) -> list:
+        got = []
+        async for out in engine.generate("hello again", SamplingParams(max_new_tokens=200, ignore_eos=True)):
+            got.append(out)
+            if len(got) == n:
+                engine.abort(out.request_id)
+        return got
+
+    async def both() -> tuple[list, list]:
+        return await asyncio.gather(stream(), abort_after(3))
+
+    try:
+        outs, aborted = asyncio.run(both())
+        assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+        assert "".join(o.text_delta for o in outs) == outs[-1].text
+        assert outs[-1].completion_tokens == 12 and outs[-1].finish_reason == "length"
+        assert aborted[-1].finished and aborted[-1].finish_reason == "abort"
+        assert aborted[-1].completion_tokens < 200
+        stats = engine.stats()
+        assert stats["running"] == 0 and stats["queued"] == 0 and stats["used_tokens"] == 0
+        assert stats["kv_cache_dtype"] == "nvfp4" and stats["aborted_requests_total"] == 1
+        assert engine.is_healthy()
+        with pytest.raises(ValueError, match="context length"):
+            asyncio.run(anext(engine.generate([5] * 300, params)))
+        ref = Engine(
+            loaded=(engine.engine.model, engine.tokenizer), max_total_tokens=1024, kv_cache_dtype="nvfp4"
+        )
+        assert ref.generate("hello", params)[0].token_ids == outs[-1].token_ids
+    finally:
+        engine.shutdown()
+    assert not engine.is_healthy()
+
+
+def test_cli_generate_prints_text_and_summary(
+    tiny_config: str, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="nibblekv")
+    assert main(["generate", "hi there", "--max-new-tokens", "5", *_engine_flags(tiny_config)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.endswith("\n")  # the (random-weight) text
+    summary = [line for line in captured.err.splitlines() if line.startswith("[summary]")]
+    assert summary and "tokens: 5," in summary[0] and "KV dtype: nvfp4" in summary[0]
+    assert "resident-token capacity: 1024 (+" in summary[0]
+    assert "KV cache is allocated. dtype: nvfp4, #tokens: 1024, K size: " in caplog.text
+    assert "max_total_num_tokens=1024, max_running_requests=32, context_len=256, page_size=16" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--kv-cache-dtype", "int4"], "--kv-cache-dtype"),
+        (["--page-size", "0"], "--page-size"),
+        (["--mem-fraction-static", "1.5"], "--mem-fraction-static"),
+        (["--kv-recent-window", "10"], "--kv-recent-window must be a multiple of page_size"),
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+    ],
+)
+def test_cli_bad_flags_exit_2(flags: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "x", *flags])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_batch_is_resumable(tiny_config: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    rows = [{"prompt": f"prompt {i}", "sampling_params": {"max_new_tokens": 3 + i}} for i in range(4)]
+    rows[3] = {"id": "msg", "messages": [{"role": "user", "content": "hey"}]}
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["generate", "--input-jsonl", str(inp), "--output-jsonl", str(out), "--max-new-tokens", "4"]
+    argv += ["--ignore-eos", *_engine_flags(tiny_config)]
+
+    # First run: Ctrl-C after the first finished request has been written.
+    real_step = Engine.step
+
+    def interrupted_step(self: Engine) -> list:
+        if out.exists() and out.read_text():
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(Engine, "step", interrupted_step)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    first = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(first) >= 1
+    with out.open("a") as f:
+        f.write('{"id": "torn", "te')  # a line cut off mid-write
+    monkeypatch.setattr(Engine, "step", real_step)
+    assert main(argv) == 0
+    done = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(d["id"] for d in done) == ["0", "1", "2", "msg"]  # each exactly once, torn line dropped
+    assert done[: len(first)] == first
+    by_id = {d["id"]: d for d in done}
+    assert [by_id[str(i)]["completion_tokens"] for i in range(3)] == [3, 4, 5]
+    assert by_id["msg"]["completion_tokens"] == 4
