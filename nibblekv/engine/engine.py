@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nibblekv.cache import KVPool, TieredCacheManager, load_kv_scales, size_pool
+from nibblekv.cache import KVPool, PoolSpec, TieredCacheManager, load_kv_scales, size_pool
 from nibblekv.config import CPU_DEFAULT_MAX_TOTAL_TOKENS, EngineConfig
 from nibblekv.engine.model_runner import ModelRunner
 from nibblekv.engine.output import OutputProcessor
@@ -60,27 +60,30 @@ def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int | None:
     return None
 
 
-def build_pool(config: EngineConfig, model: CausalLM, max_running: int) -> KVPool:
+def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSpec:
+    """The pool :func:`build_pool` would allocate now (benchmarks size runs with it)."""
     mc = model.config
-    device = model.device
-    budget = kv_budget_bytes(config, device)
+    budget = kv_budget_bytes(config, model.device)
     max_tokens = config.max_total_tokens
     if budget is None and max_tokens is None:
         max_tokens = CPU_DEFAULT_MAX_TOTAL_TOKENS
-    model_kv = parse_kv_dtype("auto", model.dtype)
-    spec = size_pool(
+    return size_pool(
         num_layers=mc.num_layers,
         num_kv_heads=mc.num_kv_heads,
         head_dim=mc.head_dim,
         page_size=config.page_size,
         kv_dtype=parse_kv_dtype(config.kv_cache_dtype, model.dtype),
-        model_kv_dtype=model_kv,
+        model_kv_dtype=parse_kv_dtype("auto", model.dtype),
         recent_window=config.kv_recent_window,
         max_running_requests=max_running,
         budget_bytes=budget,
         max_total_tokens=max_tokens,
     )
-    return KVPool(spec, device, load_kv_scales(config.kv_scales_path, mc.num_layers, device))
+
+
+def build_pool(config: EngineConfig, model: CausalLM, max_running: int) -> KVPool:
+    scales = load_kv_scales(config.kv_scales_path, model.config.num_layers, model.device)
+    return KVPool(pool_spec(config, model, max_running), model.device, scales)
 
 
 class Engine:
@@ -131,6 +134,7 @@ class Engine:
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._live: dict[str, Request] = {}
+        self.last_batch: ScheduledBatch | None = None  # for benchmarks and tests
 
     @property
     def max_total_num_tokens(self) -> int:
@@ -199,6 +203,7 @@ class Engine:
             return [self._emit(r) for r in ended]
         result = self.runner.run(batch)
         advanced = self.scheduler.postprocess(batch, result)
+        self.last_batch = batch
         self._log(batch)
         touched = list(dict.fromkeys([*advanced, *self.scheduler.take_finished()]))
         return [self._emit(r) for r in touched]

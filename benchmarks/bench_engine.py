@@ -1,0 +1,326 @@
+"""Engine benchmarks for the GPU: offline throughput and long-context decode, per KV dtype.
+
+* throughput: N random requests (input and output lengths uniform in ranges), SmolLM2-shaped and
+  Llama-3.1-8B-shaped dummy models, for each KV dtype.
+* long: Llama-3.1-8B dummy, 32K in / 1024 out. ``matched``: every dtype runs as many requests as bf16
+  can hold; ``capacity``: each dtype runs as many as its own pool holds. Reports the decode throughput
+  at full concurrency, the median decode step and its memory floor (weights + KV bytes the step must
+  read, over the read bandwidth measured in the same run).
+
+    PYTHONPATH=. python benchmarks/bench_engine.py                  # everything, on the GPU
+    PYTHONPATH=. python benchmarks/bench_engine.py --part long --synthetic-prefill
+    PYTHONPATH=. python benchmarks/bench_engine.py --smoke          # tiny CPU run of the same code
+
+JSON goes to ``$OUT/bench_engine.json`` (or ``--out``); a table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nibblekv.config import EngineConfig
+from nibblekv.engine.engine import Engine, pool_spec
+from nibblekv.engine.request import RequestStatus
+from nibblekv.engine.sampling_params import SamplingParams
+from nibblekv.model import load_model
+
+KV_DTYPES = ("bf16", "fp8_e4m3", "nvfp4")
+# A 2-layer Llama for --smoke (CPU, reference kernels).
+TINY = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "vocab_size": 320, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "bos_token_id": 256, "eos_token_id": 257,
+}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", choices=("throughput", "long", "all"), default="all")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (checks the code path)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    p.add_argument("--kv-dtypes", nargs="+", default=list(KV_DTYPES))
+    p.add_argument("--throughput-models", nargs="+", default=["smollm2-135m", "llama-3.1-8b"])
+    p.add_argument("--long-model", default="llama-3.1-8b")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--input-range", type=int, nargs=2, default=[100, 1024])
+    p.add_argument("--output-range", type=int, nargs=2, default=[100, 1024])
+    p.add_argument("--long-input", type=int, default=32768)
+    p.add_argument("--long-output", type=int, default=1024)
+    p.add_argument("--mem-fraction-static", type=float, default=0.88)
+    p.add_argument("--max-running-requests", type=int, default=256, help="throughput part")
+    p.add_argument("--chunked-prefill-size", type=int, default=8192)
+    p.add_argument("--kv-recent-window", type=int, default=64)
+    p.add_argument("--synthetic-prefill", action="store_true", help="long part: allocate the prompts' KV pages "
+                   "without computing them (decode timing does not depend on the cached values)")  # fmt: skip
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.num_requests, args.input_range, args.output_range = 6, [8, 40], [4, 12]
+        args.long_input, args.long_output, args.chunked_prefill_size = 96, 6, 32
+        args.kv_recent_window, args.max_running_requests = 16, 8
+    return args
+
+
+def base_config(args: argparse.Namespace, model: str) -> EngineConfig:
+    common: dict[str, Any] = {
+        "load_format": "dummy", "seed": args.seed, "chunked_prefill_size": args.chunked_prefill_size,
+        "kv_recent_window": args.kv_recent_window, "disable_cuda_graph": args.disable_cuda_graph,
+        "decode_log_interval": 0,
+    }  # fmt: skip
+    if args.smoke:  # NOTE: on CPU the pool is sized from a byte budget, like the GPU's fraction rule
+        return EngineConfig(model=model, device="cpu", mem_budget_gib=1e-3, **common)
+    return EngineConfig(model=model, device="cuda", mem_fraction_static=args.mem_fraction_static, **common)
+
+
+def load(args: argparse.Namespace, name: str) -> tuple[Any, Any]:
+    """A dummy (random-weight) model; with --smoke the tiny config whatever ``name`` says."""
+    if args.smoke:
+        path = Path(tempfile.mkdtemp()) / "config.json"
+        path.write_text(json.dumps(TINY))
+        name = str(path)
+    device = "cpu" if args.smoke else "cuda"
+    return load_model(name, load_format="dummy", device=device, seed=args.seed)
+
+
+def release(engine: Engine | None) -> None:
+    del engine
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def random_prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(10, min(vocab, 32000)) for _ in range(n)]
+
+
+# ---- throughput -----------------------------------------------------------------------------------
+def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str, Any]]:
+    loaded = load(args, model_name)
+    vocab = loaded[0].config.vocab_size
+    rng = random.Random(args.seed)
+    lens = [
+        (rng.randint(*args.input_range), rng.randint(*args.output_range)) for _ in range(args.num_requests)
+    ]
+    prompts = [random_prompt(rng, i, vocab) for i, _ in lens]
+    params = [SamplingParams(temperature=0, max_new_tokens=o, ignore_eos=True) for _, o in lens]
+    rows = []
+    for kv in args.kv_dtypes:
+        cfg = replace(
+            base_config(args, model_name), kv_cache_dtype=kv, max_running_requests=args.max_running_requests
+        )
+        engine = Engine(cfg, loaded=loaded)
+        sync()
+        t0 = time.perf_counter()
+        outs = engine.generate(prompts, params)
+        sync()
+        secs = time.perf_counter() - t0
+        n_out = sum(o.completion_tokens for o in outs)
+        n_in = sum(o.prompt_tokens for o in outs)
+        assert engine.pool.all_free() and n_out == sum(o for _, o in lens)
+        rows.append({
+            "bench": "throughput", "model": model_name + (" (smoke: tiny)" if args.smoke else ""), "kv_dtype": kv, "num_requests": len(prompts),
+            "input_tokens": n_in, "output_tokens": n_out, "seconds": round(secs, 3),
+            "output_tok_s": round(n_out / secs, 1), "total_tok_s": round((n_in + n_out) / secs, 1),
+            "max_total_num_tokens": engine.max_total_num_tokens, "preemptions": engine.scheduler.num_preemptions,
+        })  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+        release(engine)
+    return rows
+
+
+# ---- long context ---------------------------------------------------------------------------------
+def read_bandwidth(device: torch.device, gib: float) -> float:
+    """Best of a full read (``x.sum()``) and a copy (read + write bytes), bytes/s."""
+    n = int(gib * (1 << 30)) // 2
+    x = torch.ones(n, dtype=torch.bfloat16, device=device)
+    y = torch.empty_like(x)
+    best = 0.0
+    for fn, nbytes in ((lambda: x.sum(), 2 * n), (lambda: y.copy_(x), 4 * n)):
+        fn()
+        times = []
+        for _ in range(10):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        best = max(best, nbytes / statistics.median(times))
+    return best
+
+
+def kv_bytes_read(engine: Engine) -> int:
+    """K/V bytes a decode step over the running requests reads (main + tail, all layers)."""
+    spec = engine.pool.spec
+    main_bpt, tail_bpt = spec.layout.bytes_per_token(), spec.tail_layout.bytes_per_token()
+    total = 0
+    for r in engine.scheduler.running:
+        main = min(r.pages.num_main, r.num_tokens)
+        total += main * main_bpt + (r.num_tokens - main) * tail_bpt
+    return total * spec.num_layers
+
+
+def capacity_requests(cfg: EngineConfig, loaded: tuple[Any, Any], per_request: int) -> int:
+    """The most requests of ``per_request`` tokens the pool holds at once.
+
+    The tail pool grows with ``max_running_requests``, so the main pool shrinks as the count grows:
+    binary-search the largest ``n`` whose pool still holds ``n`` requests.
+    """
+
+    def holds(n: int) -> bool:
+        try:
+            spec = pool_spec(replace(cfg, max_running_requests=n), loaded[0], n)
+        except ValueError:  # the tail pool alone exceeds the budget
+            return False
+        return spec.max_total_num_tokens >= n * per_request
+
+    lo, hi = 0, 1
+    while holds(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    if lo == 0:
+        raise ValueError(f"the KV pool cannot hold one request of {per_request} tokens")
+    return lo
+
+
+def synthetic_prefill(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> None:
+    """Admit every request with its prompt's pages allocated but not computed, plus one sampled token."""
+    sched = engine.scheduler
+    for p in prompts:
+        req = engine.make_request(p, params)
+        engine.enqueue(req)
+        sched.waiting.remove(req)
+        sched.cache.finish_growth(sched.cache.grow(req.pages, req.num_tokens))
+        req.status = RequestStatus.RUNNING
+        sched.running.append(req)
+        req.token_ids.append(p[-1])
+
+
+def decode_run(
+    engine: Engine, prompts: list[list[int]], params: SamplingParams, synthetic: bool, bandwidth: float
+) -> dict[str, Any]:
+    """Run to completion; time the decode steps that run the full batch."""
+    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    if synthetic:
+        synthetic_prefill(engine, prompts, params)
+    else:
+        for p in prompts:
+            engine.add_request(p, params)
+    steps: list[tuple[int, float, float]] = []  # (batch size, seconds, floor seconds)
+    while engine.has_unfinished():
+        floor = (weights + kv_bytes_read(engine)) / bandwidth
+        sync()
+        t0 = time.perf_counter()
+        engine.step()
+        sync()
+        batch = engine.last_batch
+        if batch is not None and batch.is_decode:
+            steps.append((len(batch.reqs), time.perf_counter() - t0, floor))
+    full = max(bs for bs, _, _ in steps)
+    at_full = [(bs, t, f) for bs, t, f in steps if bs == full]
+    return {
+        "running_requests": full,
+        "decode_tok_s": round(sum(bs for bs, _, _ in at_full) / sum(t for _, t, _ in at_full), 1),
+        "step_ms": round(1e3 * statistics.median(t for _, t, _ in at_full), 3),
+        "step_floor_ms": round(1e3 * statistics.median(f for _, _, f in at_full), 3),
+        "decode_steps_at_full": len(at_full),
+        "cuda_graph": engine.runner.last_used_graph,
+    }
+
+
+def bench_long(args: argparse.Namespace) -> list[dict[str, Any]]:
+    loaded = load(args, args.long_model)
+    dev = loaded[0].device
+    bandwidth = read_bandwidth(dev, 0.0625 if args.smoke else 4.0)
+    page = EngineConfig().page_size
+    per_request = (-(-(args.long_input + args.long_output) // page) + 1) * page
+    cfg = replace(
+        base_config(args, args.long_model), context_length=args.long_input + args.long_output + page
+    )
+    rng = random.Random(args.seed)
+    vocab = loaded[0].config.vocab_size
+    params = SamplingParams(temperature=0, max_new_tokens=args.long_output, ignore_eos=True)
+    matched = capacity_requests(replace(cfg, kv_cache_dtype="bf16"), loaded, per_request)
+    rows = []
+    for mode in ("matched", "capacity"):
+        for kv in args.kv_dtypes:
+            kv_cfg = replace(cfg, kv_cache_dtype=kv)
+            n = matched if mode == "matched" else capacity_requests(kv_cfg, loaded, per_request)
+            engine = Engine(replace(kv_cfg, max_running_requests=n), loaded=loaded)
+            prompts = [random_prompt(rng, args.long_input, vocab) for _ in range(n)]
+            res = decode_run(engine, prompts, params, args.synthetic_prefill, bandwidth)
+            assert engine.pool.all_free()
+            rows.append({
+                "bench": "long", "model": args.long_model + (" (smoke: tiny)" if args.smoke else ""), "kv_dtype": kv, "mode": mode, **res,
+                "max_total_num_tokens": engine.max_total_num_tokens, "input_len": args.long_input,
+                "output_len": args.long_output, "read_bandwidth_gbs": round(bandwidth / 1e9, 1),
+                "step_over_floor": round(res["step_ms"] / res["step_floor_ms"], 3),
+                "synthetic_prefill": args.synthetic_prefill,
+            })  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+            release(engine)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    cols = {
+        "throughput": ["model", "kv_dtype", "num_requests", "output_tok_s", "total_tok_s", "max_total_num_tokens",
+                       "preemptions", "seconds"],
+        "long": ["kv_dtype", "mode", "running_requests", "decode_tok_s", "max_total_num_tokens", "step_ms",
+                 "step_floor_ms", "step_over_floor"],
+    }  # fmt: skip
+    for bench, names in cols.items():
+        part = [r for r in rows if r["bench"] == bench]
+        if not part:
+            continue
+        widths = [max(len(n), *(len(str(r[n])) for r in part)) for n in names]
+        print("\n" + "  ".join(n.ljust(w) for n, w in zip(names, widths)))
+        for r in part:
+            print("  ".join(str(r[n]).ljust(w) for n, w in zip(names, widths)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        print("no CUDA device: use --smoke for the CPU check", file=sys.stderr)
+        return 2
+    rows: list[dict[str, Any]] = []
+    if args.part in ("throughput", "all"):
+        for model in args.throughput_models:
+            rows += bench_throughput(args, model)
+    if args.part in ("long", "all"):
+        rows += bench_long(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / ("bench_engine_smoke.json" if args.smoke else "bench_engine.json")
+    device = "cpu" if args.smoke else torch.cuda.get_device_name()
+    path.write_text(
+        json.dumps({"device": device, "args": vars(args) | {"out": str(args.out)}, "rows": rows}, indent=1)
+    )
+    print_table(rows)
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

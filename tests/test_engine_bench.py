@@ -1,0 +1,32 @@
+"""benchmarks/bench_engine.py --smoke: the device benchmark's code path on CPU with tiny sizes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_engine.py"
+
+
+def test_bench_engine_smoke(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("bench_engine", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--smoke", "--throughput-models", "smollm2-135m", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "bench_engine_smoke.json").read_text())["rows"]
+    thr = [r for r in rows if r["bench"] == "throughput"]
+    assert [r["kv_dtype"] for r in thr] == ["bf16", "fp8_e4m3", "nvfp4"]
+    assert all(r["output_tok_s"] > 0 and r["num_requests"] == 6 for r in thr)
+    long = {(r["mode"], r["kv_dtype"]): r for r in rows if r["bench"] == "long"}
+    assert set(long) == {(m, k) for m in ("matched", "capacity") for k in ("bf16", "fp8_e4m3", "nvfp4")}
+    for r in long.values():
+        for field in ("running_requests", "decode_tok_s", "max_total_num_tokens", "step_ms", "step_floor_ms"):
+            assert r[field] > 0
+    matched = {r["running_requests"] for (m, _), r in long.items() if m == "matched"}
+    assert len(matched) == 1  # every dtype ran bf16's count
+    assert (
+        long[("capacity", "nvfp4")]["max_total_num_tokens"]
+        > long[("capacity", "fp8_e4m3")]["max_total_num_tokens"]
+    )
