@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from nibblekv.attention.paged import PagedAttentionBackend, build_metadata, host_metadata
@@ -11,6 +13,8 @@ from nibblekv.engine.request import Request, TokenLogprob
 from nibblekv.engine.sampler import Sampler, top_logprobs
 from nibblekv.engine.scheduler import ScheduledBatch, StepResult
 from nibblekv.model import CausalLM
+
+logger = logging.getLogger("nibblekv")
 
 # Prompt-logprob rows turned into logits at once (bounds the [rows, vocab] float32 temporary).
 PROMPT_LOGITS_ROWS: int = 256
@@ -46,7 +50,11 @@ class ModelRunner:
         self._used_graph = False
         if use_cuda_graph:
             max_bs = min(cuda_graph_max_bs, max_running_requests)
-            self.graphs = CudaGraphRunner(model, self.backend, pool, max_bs, context_len)
+            try:
+                self.graphs = CudaGraphRunner(model, self.backend, pool, max_bs, context_len)
+            except RuntimeError as exc:  # e.g. a kernel that syncs with the host cannot be captured
+                logger.warning("CUDA graph capture failed, decoding eagerly: %s", exc)
+                torch.cuda.synchronize()
 
     @property
     def last_used_graph(self) -> bool:
