@@ -116,6 +116,10 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise APIError(f"the JSON body must be an object, got {type(data).__name__}")
     if _depth(data, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise APIError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:  # JSON \uXXXX escapes can smuggle in lone surrogates, which no tokenizer can encode
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(f"request body contains text that is not valid Unicode: {exc.reason}") from exc
     try:
         return model.model_validate(data)
     except ValidationError as exc:
