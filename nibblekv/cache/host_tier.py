@@ -14,6 +14,7 @@ same code runs synchronously (a second in-memory tier, so CI can test it).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -45,6 +46,24 @@ def _runs(ids: Sequence[int]) -> list[tuple[int, int, int]]:
         else:
             runs.append((h, i, 1))
     return runs
+
+
+def _host_buffer(nbytes: int, pin: bool) -> tuple[torch.Tensor, bool]:
+    """``nbytes`` of host memory, page-locked when ``pin``; True when it must be unregistered later.
+
+    NOTE: pinned via ``cudaHostRegister`` rather than ``pin_memory=True``, whose caching allocator
+    rounds a block up to a power of two (up to 2x the ``--hicache-size`` asked for).
+    """
+    buf = torch.empty(nbytes, dtype=torch.uint8)
+    if not pin:
+        return buf, False
+    if int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)) != 0:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), False
+    return buf, True
+
+
+def _unregister(buf: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
 
 
 class Transfer:
@@ -88,11 +107,19 @@ class HostTier:
         pin = cuda if pin_memory is None else pin_memory
         # NOTE: pool tensors are contiguous with pages first, so each page of a segment is a row.
         self._device: list[list[torch.Tensor]] = [self._segments(layer) for layer in pool.main]
-        self._host: list[list[torch.Tensor]] = [
-            [torch.empty((num_pages + SCRATCH_PAGES, seg.shape[1]), dtype=torch.uint8, pin_memory=pin) for seg in segs]
-            for segs in self._device
-        ]
         self.page_bytes = sum(seg.shape[1] for segs in self._device for seg in segs)
+        # One allocation carved into per-(layer, segment) tensors: rows of a segment are contiguous.
+        self._buffer, registered = _host_buffer(self.nbytes, pin)
+        if registered:  # NOTE: unpinned when the tier goes away, before the memory is freed
+            weakref.finalize(self, _unregister, self._buffer)
+        self._host: list[list[torch.Tensor]] = []
+        offset, rows = 0, num_pages + SCRATCH_PAGES
+        for segs in self._device:
+            self._host.append([])
+            for seg in segs:
+                width = seg.shape[1]
+                self._host[-1].append(self._buffer[offset : offset + rows * width].view(rows, width))
+                offset += rows * width
         self.stream: torch.cuda.Stream | None = torch.cuda.Stream(pool.device) if cuda else None
 
     @staticmethod

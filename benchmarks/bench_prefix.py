@@ -1,0 +1,372 @@
+"""Prefix-cache benchmark for the GPU: cache hit rate, output throughput and TTFT under eviction pressure.
+
+Two generated workloads, each swept over client concurrency, for every KV dtype, with and without the
+host tier (``--enable-hierarchical-cache``):
+
+* ``shared_prefix``: groups of requests sharing a long system prompt, short questions;
+* ``agentic``: sessions whose every turn resends the whole history (prompt, earlier replies, earlier
+  tool outputs) plus a new tool output of a few thousand tokens, with think time between turns.
+
+Clients are closed-loop: each sends its next request when the last one finished (plus the think time),
+so ``concurrency`` clients keep at most that many requests in flight. The engine runs in-process; TTFT is
+measured at step granularity (the time from submission to the step that returns the first token).
+
+Pool sizing: every dtype gets the same KV *byte* budget (``--kv-budget-gib``, dummy Llama-3.1-8B), so
+NVFP4 holds ~3.6x the tokens of bf16 and ~1.8x those of fp8_e4m3; the budget is chosen well below the
+agentic working set at high concurrency (``concurrency x`` final history), so eviction matters. The host
+tier gets the same byte budget for every dtype too (``--hicache-size``).
+
+    PYTHONPATH=. python benchmarks/bench_prefix.py                       # everything, on the GPU
+    PYTHONPATH=. python benchmarks/bench_prefix.py --workloads agentic --hicache off
+    PYTHONPATH=. python benchmarks/bench_prefix.py --merge a.json b.json # combine partial runs + plot
+    PYTHONPATH=. python benchmarks/bench_prefix.py --smoke               # tiny CPU run of the same code
+
+Writes ``$OUT/prefix-h200.json`` (rows: workload, kv_dtype, hicache, concurrency, hit_rate,
+output_tok_s, ttft_ms, ...) after every row, and ``prefix-h200.png`` at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nibblekv.cache import size_pool
+from nibblekv.config import EngineConfig
+from nibblekv.engine.engine import Engine
+from nibblekv.engine.sampling_params import SamplingParams
+from nibblekv.formats import parse_kv_dtype
+from nibblekv.model import load_model
+
+GIB = 1 << 30
+KV_DTYPES = ("bf16", "fp8_e4m3", "nvfp4")
+CONCURRENCY = (1, 2, 4, 8, 12, 16, 24, 32)
+TINY = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "vocab_size": 320, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "bos_token_id": 256, "eos_token_id": 257,
+}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (checks the code path)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    p.add_argument("--name", default="prefix-h200", help="output file stem")
+    p.add_argument("--merge", type=Path, nargs="+", help="combine these result files (no run) and plot")
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--workloads", nargs="+", default=["shared_prefix", "agentic"])
+    p.add_argument("--kv-dtypes", nargs="+", default=list(KV_DTYPES))
+    p.add_argument("--hicache", choices=("off", "on", "both"), default="both")
+    p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    p.add_argument("--kv-budget-gib", type=float, default=7.0, help="KV pool bytes, the same for every dtype")
+    p.add_argument("--hicache-size", type=float, default=24.0, help="host tier GiB (same for every dtype)")
+    p.add_argument("--hicache-write-policy", default="write_back")
+    p.add_argument("--kv-recent-window", type=int, default=64)
+    p.add_argument("--chunked-prefill-size", type=int, default=4096)
+    # shared_prefix
+    p.add_argument("--groups", type=int, default=32)
+    p.add_argument("--per-group", type=int, default=4)
+    p.add_argument("--system-len", type=int, default=3000)
+    p.add_argument("--question-len", type=int, default=100)
+    p.add_argument("--sp-output-len", type=int, default=64)
+    # agentic
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--agent-system-len", type=int, default=1000)
+    p.add_argument("--tool-len", type=int, nargs=2, default=[1500, 3000], help="tool output tokens (range)")
+    p.add_argument("--agent-output-len", type=int, default=128)
+    p.add_argument("--think-s", type=float, default=0.5)
+    p.add_argument("--min-sessions", type=int, default=4, help="sessions per run: max(concurrency, this)")
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.concurrency = [c for c in args.concurrency if c <= 4] or [1, 4]
+        args.kv_budget_gib, args.hicache_size = 96 * 1024 / GIB, 512 * 1024 / GIB
+        args.kv_recent_window, args.chunked_prefill_size = 16, 64
+        args.groups, args.per_group, args.system_len, args.question_len, args.sp_output_len = 4, 2, 48, 8, 4
+        args.turns, args.agent_system_len, args.tool_len, args.agent_output_len = 3, 24, [16, 32], 4
+        args.think_s, args.min_sessions = 0.01, 2
+    return args
+
+
+# ---- workloads: per client, a list of sessions; a session is its first prompt plus later tool outputs ----
+@dataclass
+class Session:
+    prompt: list[int]
+    tools: list[list[int]]  # the new input of each later turn
+    output_len: int
+
+
+def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(10, min(vocab, 32000)) for _ in range(n)]
+
+
+def shared_prefix(args: argparse.Namespace, concurrency: int, vocab: int) -> list[list[Session]]:
+    rng = random.Random(f"{args.seed}-sp-{concurrency}")
+    systems = [_tokens(rng, args.system_len, vocab) for _ in range(args.groups)]
+    reqs = [Session(s + _tokens(rng, args.question_len, vocab), [], args.sp_output_len)
+            for s in systems for _ in range(args.per_group)]  # fmt: skip
+    rng.shuffle(reqs)
+    return [reqs[i::concurrency] for i in range(concurrency)]
+
+
+def agentic(args: argparse.Namespace, concurrency: int, vocab: int) -> list[list[Session]]:
+    rng = random.Random(f"{args.seed}-ag-{concurrency}")
+    sessions = [
+        Session(
+            _tokens(rng, args.agent_system_len + 32, vocab),
+            [_tokens(rng, rng.randint(*args.tool_len), vocab) for _ in range(args.turns - 1)],
+            args.agent_output_len,
+        )
+        for _ in range(max(concurrency, args.min_sessions))
+    ]
+    return [sessions[i::concurrency] for i in range(concurrency)]
+
+
+@dataclass
+class Client:
+    sessions: list[Session]
+    think_s: float
+    history: list[int] = field(default_factory=list)
+    turn: int = 0
+    ready_at: float = 0.0
+    in_flight: bool = False
+
+    def next_prompt(self) -> tuple[list[int], int] | None:
+        if not self.sessions:
+            return None
+        s = self.sessions[0]
+        self.history = list(s.prompt) if self.turn == 0 else self.history + s.tools[self.turn - 1]
+        return self.history, s.output_len
+
+    def finished(self, output: list[int], now: float) -> None:
+        s = self.sessions[0]
+        self.in_flight = False
+        self.history = self.history + output
+        self.turn += 1
+        if self.turn > len(s.tools):
+            self.sessions.pop(0)
+            self.turn, self.history = 0, []
+            self.ready_at = now
+        else:
+            self.ready_at = now + self.think_s
+
+
+def drive(engine: Engine, clients: list[Client]) -> dict[str, float]:
+    """Run the closed loop to the end; throughput, TTFT and the cache numbers the API reported."""
+    owner: dict[str, tuple[Client, float]] = {}
+    first: set[str] = set()
+    ttfts: list[float] = []
+    n_out = n_prompt = n_cached = 0
+    t0 = time.perf_counter()
+    while True:
+        now = time.perf_counter()
+        for c in clients:
+            if not c.in_flight and now >= c.ready_at:
+                nxt = c.next_prompt()
+                if nxt is not None:
+                    prompt, out_len = nxt
+                    rid = engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=out_len, ignore_eos=True))
+                    owner[rid], c.in_flight = (c, now), True
+        if engine.has_unfinished():
+            outs = engine.step()
+            t = time.perf_counter()
+            for o in outs:
+                client, sent = owner[o.request_id]
+                if o.completion_tokens > 0 and o.request_id not in first:
+                    first.add(o.request_id)
+                    ttfts.append(t - sent)
+                if o.finished:
+                    n_out += o.completion_tokens
+                    n_prompt += o.prompt_tokens
+                    n_cached += o.cached_tokens
+                    client.finished(list(o.token_ids), t)
+            continue
+        waits = [c.ready_at for c in clients if c.sessions and not c.in_flight]
+        if not waits:
+            break
+        time.sleep(max(0.0, min(waits) - time.perf_counter()))
+    secs = time.perf_counter() - t0
+    return {
+        "hit_rate": round(n_cached / max(1, n_prompt), 4),
+        "output_tok_s": round(n_out / secs, 1),
+        "ttft_ms": round(1e3 * sum(ttfts) / max(1, len(ttfts)), 1),
+        "requests": len(owner), "prompt_tokens": n_prompt, "cached_tokens": n_cached,
+        "output_tokens": n_out, "seconds": round(secs, 2),
+    }  # fmt: skip
+
+
+# ---- engines --------------------------------------------------------------------------------------
+def load(args: argparse.Namespace) -> tuple[Any, Any]:
+    name = args.model
+    if args.smoke:
+        path = Path(tempfile.mkdtemp()) / "config.json"
+        path.write_text(json.dumps(TINY))
+        name = str(path)
+    return load_model(name, load_format="dummy", device="cpu" if args.smoke else "cuda", seed=args.seed)
+
+
+def pool_tokens(args: argparse.Namespace, model: Any, kv: str, max_running: int) -> int:
+    """Main-pool tokens that ``--kv-budget-gib`` holds for this dtype (the tail pool carved out first)."""
+    mc = model.config
+    spec = size_pool(
+        num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, page_size=16,
+        kv_dtype=parse_kv_dtype(kv, model.dtype), model_kv_dtype=parse_kv_dtype("auto", model.dtype),
+        recent_window=args.kv_recent_window, max_running_requests=max_running,
+        budget_bytes=int(args.kv_budget_gib * GIB), max_total_tokens=None,
+    )  # fmt: skip
+    return spec.max_total_num_tokens
+
+
+def make_engine(args: argparse.Namespace, loaded: tuple[Any, Any], kv: str, hicache: bool) -> Engine:
+    max_running = max(args.concurrency)
+    cfg = EngineConfig(
+        load_format="dummy", device="cpu" if args.smoke else "cuda", seed=args.seed, kv_cache_dtype=kv,
+        max_total_tokens=pool_tokens(args, loaded[0], kv, max_running), max_running_requests=max_running,
+        chunked_prefill_size=args.chunked_prefill_size, kv_recent_window=args.kv_recent_window,
+        disable_cuda_graph=args.disable_cuda_graph, decode_log_interval=0,
+        enable_hierarchical_cache=hicache, hicache_size=args.hicache_size,
+        hicache_write_policy=args.hicache_write_policy,
+    )  # fmt: skip
+    engine = Engine(cfg, loaded=loaded)
+    engine.generate([[11] * 40], SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))  # warm-up
+    return engine
+
+
+def reset(engine: Engine) -> None:
+    """Empty the prefix cache (both tiers) so runs do not share cached pages."""
+    engine.scheduler.cache.flush()
+    assert engine.pool.all_free()
+
+
+def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
+    loaded = load(args)
+    vocab = loaded[0].config.vocab_size
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.hicache]
+    rows: list[dict[str, Any]] = []
+    for kv in args.kv_dtypes:
+        for hicache in modes:
+            engine = make_engine(args, loaded, kv, hicache)
+            for workload in args.workloads:
+                make = shared_prefix if workload == "shared_prefix" else agentic
+                think = 0.0 if workload == "shared_prefix" else args.think_s
+                for c in sorted(args.concurrency):
+                    reset(engine)
+                    res = drive(engine, [Client(s, think) for s in make(args, c, vocab)])
+                    rows.append({
+                        "workload": workload, "kv_dtype": kv, "hicache": hicache, "concurrency": c, **res,
+                        "pool_tokens": engine.max_total_num_tokens, "kv_budget_gib": args.kv_budget_gib,
+                        "hicache_gib": args.hicache_size if hicache else 0.0,
+                    })  # fmt: skip
+                    print(json.dumps(rows[-1]), flush=True)
+                    write(path, args, rows)
+            reset(engine)
+            del engine
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    return rows
+
+
+# ---- results --------------------------------------------------------------------------------------
+def acceptance(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's acceptance checks, computed from the agentic rows (None where rows are missing)."""
+    ag = {(r["kv_dtype"], r["hicache"], r["concurrency"]): r for r in rows if r["workload"] == "agentic"}
+    out: dict[str, Any] = {}
+    cs = sorted({c for _, _, c in ag})
+    high = [c for c in cs if c >= 12]
+    pairs = [(ag.get(("nvfp4", False, c)), ag.get(("fp8_e4m3", False, c))) for c in cs]
+    if high and all(ag.get((k, False, c)) for k in ("nvfp4", "fp8_e4m3") for c in high):
+        out["nvfp4_beats_fp8_at_concurrency_ge_12"] = all(
+            ag[("nvfp4", False, c)]["hit_rate"] > ag[("fp8_e4m3", False, c)]["hit_rate"]
+            and ag[("nvfp4", False, c)]["output_tok_s"] > ag[("fp8_e4m3", False, c)]["output_tok_s"]
+            for c in high
+        )
+    if pairs and all(a and b for a, b in pairs):
+        out["fp8_throughput_never_above_nvfp4"] = all(b["output_tok_s"] <= a["output_tok_s"] for a, b in pairs)  # type: ignore[index]
+    if cs:
+        top = cs[-1]
+        rises = {k: (ag[(k, True, top)]["hit_rate"] > ag[(k, False, top)]["hit_rate"])
+                 for k in KV_DTYPES if (k, True, top) in ag and (k, False, top) in ag}  # fmt: skip
+        if rises:
+            out[f"hicache_raises_hit_rate_at_{top}"] = rises
+    return out
+
+
+def write(path: Path, args: argparse.Namespace | None, rows: list[dict[str, Any]]) -> None:
+    device = "cpu" if args is None or args.smoke else torch.cuda.get_device_name()
+    meta = {} if args is None else {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    path.write_text(json.dumps({"device": device, **meta, "acceptance": acceptance(rows), "rows": rows}, indent=1))
+
+
+def plot(rows: list[dict[str, Any]], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r["workload"] for r in rows})
+    metrics = [("hit_rate", "cache hit rate"), ("output_tok_s", "output tok/s"), ("ttft_ms", "mean TTFT (ms)")]
+    fig, axes = plt.subplots(len(workloads), 3, figsize=(15, 4.2 * len(workloads)), squeeze=False)
+    colors = {"bf16": "tab:blue", "fp8_e4m3": "tab:orange", "nvfp4": "tab:green"}
+    for i, w in enumerate(workloads):
+        for j, (key, label) in enumerate(metrics):
+            ax = axes[i][j]
+            for kv in KV_DTYPES:
+                for hicache in (False, True):
+                    pts = sorted((r["concurrency"], r[key]) for r in rows
+                                 if r["workload"] == w and r["kv_dtype"] == kv and r["hicache"] == hicache)  # fmt: skip
+                    if pts:
+                        ax.plot(*zip(*pts), marker="o", color=colors.get(kv), linestyle="--" if hicache else "-",
+                                label=f"{kv}{' + host tier' if hicache else ''}")  # fmt: skip
+            ax.set_title(f"{w}: {label}")
+            ax.set_xlabel("concurrency")
+            ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    names = ["workload", "kv_dtype", "hicache", "concurrency", "hit_rate", "output_tok_s", "ttft_ms", "pool_tokens"]
+    widths = [max(len(n), *(len(str(r[n])) for r in rows)) for n in names]
+    print("\n" + "  ".join(n.ljust(w) for n, w in zip(names, widths)))
+    for r in rows:
+        print("  ".join(str(r[n]).ljust(w) for n, w in zip(names, widths)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.name + ("-smoke" if args.smoke else "")
+    path = args.out / f"{stem}.json"
+    if args.merge:
+        rows = [r for f in args.merge for r in json.loads(f.read_text())["rows"]]
+        write(path, None, rows)
+    else:
+        if not args.smoke and not torch.cuda.is_available():
+            print("no CUDA device: use --smoke for the CPU check", file=sys.stderr)
+            return 2
+        rows = run(args, path)
+    plot(rows, args.out / f"{stem}.png")
+    print_table(rows)
+    print("\nacceptance:", json.dumps(acceptance(rows)))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
