@@ -38,3 +38,18 @@ def smollm2(smollm2_path: Path):  # -> tuple[CausalLM, Tokenizer]
 
 # --- Real `nibblekv serve` processes for the server / router tests (see tests/server_harness.py) --------
 from server_harness import _servers, small_server, smollm2_server  # noqa: E402, F401
+
+
+@pytest.fixture()
+def torch_single_thread():  # -> Iterator[None]
+    """Run a test on one intra-op thread (restored afterwards).
+
+    NOTE: on the shared 2-core CPU machine, small-op loops (token-by-token decoding) run ~10x slower
+    with 2 threads when other processes compete for the cores: every op waits at a thread barrier.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
