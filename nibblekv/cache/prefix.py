@@ -35,8 +35,9 @@ class _Hold:
     pages: RequestPages
     node: TreeNode  # locked
     shared: int  # leading main pages owned by the tree
-    matched_tokens: int = 0  # at admission: from the device ...
-    host_tokens: int = 0  # ... and loaded back from the host tier
+    lookup_tokens: int = 0  # at admission: the request's tokens, of which ...
+    matched_tokens: int = 0  # ... were cached on the device ...
+    host_tokens: int = 0  # ... or loaded back from the host tier
     counted: bool = False
 
 
@@ -86,7 +87,8 @@ class PrefixCacheManager(TieredCacheManager):
                 self._loads.append(load)
         self.tree.lock(match.node)
         n = len(match.pages)
-        self._holds[id(pages)] = _Hold(pages, match.node, n, device_tokens, n * self.page_size - device_tokens)
+        host_tokens = n * self.page_size - device_tokens
+        self._holds[id(pages)] = _Hold(pages, match.node, n, len(token_ids), device_tokens, host_tokens)
         pages.main = list(match.pages)
         pages.num_tokens = pages.num_main = n * self.page_size
         return pages.num_tokens
@@ -110,7 +112,7 @@ class PrefixCacheManager(TieredCacheManager):
         hold = self._holds.get(id(pages))
         if hold is not None and not hold.counted:  # NOTE: counted once, when the admission succeeds
             hold.counted = True
-            self.stats.lookup_tokens += new_len
+            self.stats.lookup_tokens += hold.lookup_tokens
             self.stats.hit_tokens += hold.matched_tokens + hold.host_tokens
             self.stats.host_hit_tokens += hold.host_tokens
         return super().grow(pages, new_len)
