@@ -116,7 +116,7 @@ def test_gguf_metadata_qwen3() -> None:
 @pytest.mark.parametrize("meta, names, message", [
     (_gguf_meta("gemma2"), set(), "architecture"),
     (_gguf_meta(**{"llama.expert_count": 8}), set(), "mixture-of-experts"),
-    (_gguf_meta(), {"rope_freqs.weight"}, "rope_freqs"),
+    (_gguf_meta(), {"rope_freqs.weight"}, "rope_freqs"),  # values not passed
     (_gguf_meta(**{"llama.rope.scaling.type": "yarn"}), set(), "RoPE"),
 ])
 def test_unsupported_gguf_rejected(meta: dict[str, Any], names: set[str], message: str) -> None:

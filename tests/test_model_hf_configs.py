@@ -4,9 +4,12 @@ transformers' own implementation with the same weights."""
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -125,3 +128,99 @@ def test_bf16_close_to_fp32(pair: tuple[Any, CausalLM, Any]) -> None:
     bf16 = bf16_model.compute_logits(bf16_model(ids, pos, DenseAttention.single(40)))
     assert bf16.dtype == torch.float32
     assert (bf16 - fp32).abs().max().item() < 0.05 * fp32.abs().max().item()
+
+
+def _llama_cpp_rope_factors(hf_config: Any, head_dim: int) -> list[float]:
+    """Per-frequency divisors as llama.cpp's convert_hf_to_gguf writes them for Llama 3 RoPE."""
+    rope = hf_config.rope_parameters
+    base, factor = rope["rope_theta"], rope["factor"]
+    low, high, old_len = rope["low_freq_factor"], rope["high_freq_factor"], rope["original_max_position_embeddings"]
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factors = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_len / high:
+            factors.append(1.0)
+        elif wavelen > old_len / low:
+            factors.append(factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors
+
+
+def _write_gguf(hf: Any, path: Path) -> None:
+    """Write ``hf`` as an F32 GGUF the way llama.cpp lays it out (names, Q/K permutation, rope_freqs)."""
+    gguf = pytest.importorskip("gguf")
+    from nibblekv.model.gguf_loader import _GLOBAL_NAMES, _LAYER_NAMES
+
+    cfg, model_type = hf.config, hf.config.model_type
+    arch = "llama" if model_type in ("llama", "mistral") else model_type
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny {model_type}")
+    for add, value in [(w.add_block_count, cfg.num_hidden_layers), (w.add_context_length, 256),
+                       (w.add_embedding_length, cfg.hidden_size), (w.add_feed_forward_length, cfg.intermediate_size),
+                       (w.add_head_count, cfg.num_attention_heads), (w.add_head_count_kv, cfg.num_key_value_heads),
+                       (w.add_layer_norm_rms_eps, cfg.rms_norm_eps), (w.add_rope_freq_base, 10000.0),
+                       (w.add_key_length, head_dim), (w.add_rope_dimension_count, head_dim),
+                       (w.add_vocab_size, cfg.vocab_size)]:
+        add(value)
+    to_gguf = {v: k for k, v in _GLOBAL_NAMES.items()}
+    for name, t in hf.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        module, _, leaf = name.rpartition(".")
+        parts = module.split(".")
+        if parts[:2] == ["model", "layers"]:
+            stem = {v: k for k, v in _LAYER_NAMES.items()}[".".join(parts[3:])]
+            gname = f"blk.{parts[2]}.{stem}.{leaf}"
+        else:
+            gname = f"{to_gguf[module]}.{leaf}"
+        data = t.detach().numpy().astype(np.float32)
+        if arch == "llama" and stem_is(gname, "attn_q"):
+            data = _permute(data, cfg.num_attention_heads)
+        elif arch == "llama" and stem_is(gname, "attn_k"):
+            data = _permute(data, cfg.num_key_value_heads)
+        w.add_tensor(gname, data)
+    if model_type == "llama":
+        w.add_tensor("rope_freqs.weight", np.array(_llama_cpp_rope_factors(cfg, head_dim), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def stem_is(gguf_name: str, stem: str) -> bool:
+    return gguf_name.split(".")[2] == stem if gguf_name.startswith("blk.") else False
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's Q/K permutation (convert_hf_to_gguf.LlamaModel.permute)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@torch.no_grad()
+def test_gguf_written_like_llama_cpp_matches(pair: tuple[Any, CausalLM, Any], tmp_path: Path) -> None:
+    """The same weights through a GGUF file: config, names, Q/K un-permutation and rope_freqs."""
+    from nibblekv.model import gguf_loader
+    from nibblekv.model.loader import _empty_model
+    from nibblekv.model.weights import load_hf_weights
+
+    hf, from_folder, _ = pair
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(hf, path)
+    reader = gguf_loader.open_gguf(path)
+    config = gguf_loader.gguf_config(reader)
+    expected_rope = "freq_factors" if hf.config.model_type == "llama" else "default"
+    assert config.rope_scaling.rope_type == expected_rope
+    # GGUF stores eps as float32 and (here) no token ids; everything else must agree with config.json.
+    assert config.rms_norm_eps == pytest.approx(1e-6)
+    assert replace(config, rope_scaling=from_folder.config.rope_scaling, bos_token_id=1, eos_token_ids=(2,),
+                   rms_norm_eps=1e-6) == replace(from_folder.config, max_position_embeddings=256)
+    ours = _empty_model(config, torch.float32, torch.device("cpu"))
+    load_hf_weights(ours, gguf_loader.iter_gguf_weights(reader, config))
+    ids = torch.randint(0, 300, (50,), generator=torch.Generator().manual_seed(2))
+    logits = ours.compute_logits(ours(ids, torch.arange(50), DenseAttention.single(50)))
+    ref = hf(ids[None]).logits[0].float()
+    assert (logits - ref).abs().max().item() < 1e-4

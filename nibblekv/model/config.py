@@ -8,7 +8,7 @@ scaling) is rejected here with a ``ValueError``, so a model never silently runs 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,8 @@ class RopeScaling:
 
     ``factor`` applies to ``linear`` and ``llama3``; the ``*_freq_factor`` and
     ``original_max_position_embeddings`` fields only to ``llama3`` (same meaning as in HF).
+    ``freq_factors`` (type ``freq_factors``) are llama.cpp's per-frequency divisors, stored in GGUF
+    files as the ``rope_freqs`` tensor (how llama.cpp encodes Llama 3.1 scaling).
     """
 
     rope_type: str = "default"
@@ -43,6 +45,7 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    freq_factors: tuple[float, ...] = ()
 
     @staticmethod
     def from_hf(raw: Mapping[str, Any] | None, max_position_embeddings: int) -> RopeScaling:
@@ -156,8 +159,11 @@ class ModelConfig:
         )
 
     @staticmethod
-    def from_gguf(meta: Mapping[str, Any], tensor_names: Collection[str]) -> ModelConfig:
-        """Build from GGUF metadata (key -> python value) and the file's tensor names.
+    def from_gguf(
+        meta: Mapping[str, Any], tensor_names: Collection[str], rope_freqs: Sequence[float] | None = None
+    ) -> ModelConfig:
+        """Build from GGUF metadata (key -> python value), the file's tensor names and, when the file
+        has a ``rope_freqs`` tensor, its values.
 
         Bias, q/k-norm and weight tying are read from which tensors exist, as llama.cpp does.
         """
@@ -166,8 +172,8 @@ class ModelConfig:
             raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: llama, qwen2, qwen3")
         if f"{arch}.expert_count" in meta and int(meta[f"{arch}.expert_count"]) > 0:
             raise ValueError("mixture-of-experts GGUF models are not supported")
-        if "rope_freqs.weight" in tensor_names:
-            raise ValueError("GGUF with rope_freqs (Llama 3.1 RoPE scaling) is not supported; use the HF folder")
+        if "rope_freqs.weight" in tensor_names and rope_freqs is None:
+            raise ValueError("this GGUF has a rope_freqs tensor: pass its values as rope_freqs")
 
         def get(key: str, default: Any = None) -> Any:
             return meta.get(f"{arch}.{key}", default)
@@ -178,6 +184,10 @@ class ModelConfig:
         if rope_type not in ("none", "linear"):
             raise ValueError(f"unsupported GGUF RoPE scaling {rope_type!r}")
         scaling = RopeScaling("linear", float(get("rope.scaling.factor"))) if rope_type == "linear" else RopeScaling()
+        if rope_freqs is not None:
+            if rope_type != "none":
+                raise ValueError("GGUF with both rope_freqs and rope.scaling.type is not supported")
+            scaling = RopeScaling("freq_factors", freq_factors=tuple(float(f) for f in rope_freqs))
         vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
         name = str(meta.get("general.name", "")).lower()
         return ModelConfig(

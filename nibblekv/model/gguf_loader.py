@@ -59,13 +59,19 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
 
 def gguf_config(reader: GGUFReader) -> ModelConfig:
     """The :class:`ModelConfig` of an opened GGUF file."""
+    from gguf.quants import dequantize
+
     meta = read_metadata(reader)
-    names = {t.name for t in reader.tensors}
+    tensors = {t.name: t for t in reader.tensors}
     arch = meta["general.architecture"]
     if f"{arch}.vocab_size" not in meta:
-        embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
-        meta[f"{arch}.vocab_size"] = int(embd.shape[-1])  # GGUF shapes are [ne0=hidden, ne1=vocab]
-    return ModelConfig.from_gguf(meta, names)
+        # GGUF shapes are [ne0=hidden, ne1=vocab]
+        meta[f"{arch}.vocab_size"] = int(tensors["token_embd.weight"].shape[-1])
+    rope_freqs = None
+    if "rope_freqs.weight" in tensors:
+        t = tensors["rope_freqs.weight"]
+        rope_freqs = dequantize(t.data, t.tensor_type).reshape(-1).tolist()
+    return ModelConfig.from_gguf(meta, tensors.keys(), rope_freqs)
 
 
 def hf_name(gguf_name: str) -> str | None:

@@ -23,6 +23,11 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
         return inv_freq / scaling.factor
     if scaling.rope_type == "llama3":
         return _llama3_scale(inv_freq, scaling)
+    if scaling.rope_type == "freq_factors":
+        factors = torch.tensor(scaling.freq_factors, dtype=torch.float32, device="cpu")
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"rope_freqs has {factors.numel()} values, head_dim {head_dim} needs {inv_freq.numel()}")
+        return inv_freq / factors  # llama.cpp: theta / freq_factor
     return inv_freq
 
 
