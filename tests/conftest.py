@@ -1,18 +1,21 @@
 """Test setup. NOTE: TRITON_INTERPRET must be set before anything imports triton."""
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+import pytest
 import torch
+
+if TYPE_CHECKING:
+    from nibblekv.model import CausalLM, Tokenizer
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 # --- Model fixtures (the real bundled model, loaded once per session) ---------------------------------
-
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +30,7 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2(smollm2_path: Path):  # -> tuple[CausalLM, Tokenizer]
+def smollm2(smollm2_path: Path) -> "tuple[CausalLM, Tokenizer]":
     """(our fp32 CPU CausalLM, its Tokenizer) for the bundled model. Treat both as read-only."""
     pytest.importorskip("gguf")
     from nibblekv.model import load_model
@@ -41,7 +44,7 @@ from server_harness import _servers, small_server, smollm2_server  # noqa: E402,
 
 
 @pytest.fixture()
-def torch_single_thread():  # -> Iterator[None]
+def torch_single_thread() -> Iterator[None]:
     """Run a test on one intra-op thread (restored afterwards).
 
     NOTE: on the shared 2-core CPU machine, small-op loops (token-by-token decoding) run ~10x slower

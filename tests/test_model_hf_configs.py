@@ -51,7 +51,7 @@ def _word_tokenizer(folder: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = "the cat sat on a mat and dog ran far away".split()
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away"]
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

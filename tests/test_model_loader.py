@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from nibblekv.model import ByteTokenizer, CausalLM, DenseAttention, ModelConfig, bundled_model_path, load_model
+from nibblekv.model import (
+    ByteTokenizer,
+    CausalLM,
+    DenseAttention,
+    ModelConfig,
+    bundled_model_path,
+    load_model,
+)
 from nibblekv.model.loader import default_dtype
 from nibblekv.model.weights import load_hf_weights
 

@@ -122,7 +122,7 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
         raise FileNotFoundError(f"no *.safetensors files in {folder}")
     for shard in shards:
         with safe_open(str(shard), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                 yield name, f.get_tensor(name)
 
 

@@ -61,7 +61,7 @@ def load_hf_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]
     pending: set[tuple[str, tuple[int, int] | None]] = set()
     for name in params:
         module = name.rpartition(".")[0]
-        if module.endswith("qkv_proj") or module.endswith("gate_up_proj"):
+        if module.endswith(("qkv_proj", "gate_up_proj")):
             shards = 3 if module.endswith("qkv_proj") else 2
             pending.update((name, _shard_bounds(model, module, s)) for s in range(shards))
         else:
