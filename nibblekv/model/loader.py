@@ -85,7 +85,9 @@ def _empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) 
     """An uninitialized model allocated directly on ``device`` (no CPU float32 copy first)."""
     with torch.device("meta"):
         model = CausalLM(config)
-    return model.to(dtype=dtype).to_empty(device=device).eval()
+    model = model.to(dtype=dtype).to_empty(device=device).eval()
+    model.rotary.prepare(model.device)
+    return model
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[CausalLM, Tokenizer]:

@@ -55,11 +55,19 @@ class RotaryEmbedding:
         self.inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
         self._on_device: dict[torch.device, torch.Tensor] = {}
 
+    def prepare(self, device: torch.device) -> torch.Tensor:
+        """The frequencies on ``device``, copied there once.
+
+        NOTE: loaders call this up front so the copy never happens inside a CUDA graph capture.
+        """
+        inv_freq = self._on_device.get(device)
+        if inv_freq is None:
+            inv_freq = self._on_device.setdefault(device, self.inv_freq.to(device))
+        return inv_freq
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions [T]`` -> ``(cos, sin)``, each ``[T, 1, head_dim]`` in ``dtype``."""
-        inv_freq = self._on_device.get(positions.device)
-        if inv_freq is None:
-            inv_freq = self._on_device.setdefault(positions.device, self.inv_freq.to(positions.device))
+        inv_freq = self.prepare(positions.device)
         freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         return emb.cos().to(dtype), emb.sin().to(dtype)

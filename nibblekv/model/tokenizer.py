@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -175,8 +176,13 @@ def _tokenizer_cache_dir(path: Path) -> Path:
 
 
 def _save_quietly(hf: Any, cache: Path) -> None:
-    """Best-effort cache write (a read-only home must not break loading)."""
+    """Best-effort, atomic cache write: save to a private folder, then rename it into place.
+
+    NOTE: concurrent loaders never see a half-written folder; a read-only home just skips caching.
+    """
+    tmp = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
     try:
-        hf.save_pretrained(str(cache))
+        hf.save_pretrained(str(tmp))
+        os.rename(tmp, cache)
     except OSError:
-        pass
+        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race, or no write access
