@@ -108,21 +108,29 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
                     await pending
 
 
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and wait until it has unwound (its ``finally`` blocks ran)."""
+    if not task.done():
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+        await task
+
+
 async def stop_on_disconnect(request: Request, source: AsyncIterator[T]) -> AsyncIterator[T]:
     """Items of ``source`` until it ends or the client disconnects (then ``source`` is closed).
 
     Starlette also cancels a streaming response on disconnect with some ASGI servers; watching
     here as well keeps a request that is still queued (no token to send yet) from living on.
+    Whichever way this ends (done, disconnect, cancellation), the pending ``anext`` is cancelled
+    first, so closing ``source`` runs its ``finally`` (the engine abort) right away.
     """
     watcher = asyncio.create_task(wait_for_disconnect(request))
+    step: asyncio.Future[T] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(source))
             done, _ = await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if step not in done:
-                step.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
-                    await step
                 return
             try:
                 item = step.result()
@@ -130,9 +138,12 @@ async def stop_on_disconnect(request: Request, source: AsyncIterator[T]) -> Asyn
                 return
             yield item
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        if step is not None:
+            await _cancel(step)
+        await _cancel(watcher)
         aclose = getattr(source, "aclose", None)
+        # NOTE: under an anyio cancel scope every await here is cancelled again; the step's own
+        # cancellation has already closed ``source`` (and aborted its engine requests) in that case.
         if aclose is not None:
-            await aclose()
+            with contextlib.suppress(RuntimeError, asyncio.CancelledError):
+                await aclose()

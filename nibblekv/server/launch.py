@@ -8,19 +8,23 @@ still running at the timeout are cancelled (their engine requests aborted), then
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from nibblekv.model import bundled_model_path
 from nibblekv.server.app import build_app
 from nibblekv.server.metrics import ServerMetrics
 from nibblekv.server.params import ModelLimits
 from nibblekv.server.state import Admission, ServerState
 
 log = logging.getLogger(__name__)
-DEFAULT_MAX_RUNNING = 256  # admission bound when the engine does not say
 
 
 def served_model_name(model: str | None, override: str | None) -> str:
@@ -32,30 +36,54 @@ def served_model_name(model: str | None, override: str | None) -> str:
     return Path(model).stem if Path(model).suffix == ".gguf" else Path(model.rstrip("/")).name or model
 
 
+def engine_facts(engine: Any) -> dict[str, Any]:
+    """The resolved limits of a started :class:`nibblekv.engine.AsyncEngine` (and what it serves)."""
+    stats = engine.stats()
+    inner = engine.engine
+    return {
+        "model_path": str(engine.config.model or bundled_model_path()),
+        "context_length": int(stats["context_len"]),
+        "vocab_size": int(inner.model.config.vocab_size),
+        "kv_capacity_tokens": int(inner.pool.capacity_tokens()),
+        "max_total_num_tokens": int(stats["max_total_num_tokens"]),
+        "max_running_requests": int(stats["max_running_requests"]),
+        "kv_cache_dtype": str(stats["kv_cache_dtype"]),
+    }
+
+
 def state_from_engine(engine: Any, args: argparse.Namespace) -> ServerState:
     """Everything the handlers need, read once from a started engine."""
     from nibblekv.engine.sampling_params import SamplingParams
 
-    info = engine.info()  # resolved limits: context length, pool size, batch size, model path
-    max_running = int(info.get("max_running_requests") or DEFAULT_MAX_RUNNING)
+    facts = engine_facts(engine)
+    max_running = facts["max_running_requests"]
     limit = None if args.max_queued_requests is None else max_running + args.max_queued_requests
     name = served_model_name(args.model, args.served_model_name)
     metrics = ServerMetrics()
-    metrics.attach_engine(engine.stats, int(info.get("max_total_tokens") or 0))
+    metrics.attach_engine(engine.stats, facts["max_total_num_tokens"])
+    # A prompt must fit the context and the KV pool with room for one new token.
+    max_prompt = min(facts["context_length"], facts["kv_capacity_tokens"])
+    public_args = {
+        k: v for k, v in vars(args).items() if k not in ("func", "api_key") and not k.startswith("_")
+    }
     return ServerState(
         engine=engine,
         tokenizer=engine.tokenizer,
         model_name=name,
-        limits=ModelLimits(int(info["context_length"]), int(engine.tokenizer.vocab_size)),
+        limits=ModelLimits(facts["context_length"], facts["vocab_size"], max_prompt),
         sampling_params=SamplingParams,
         admission=Admission(limit),
         metrics=metrics,
         api_key=args.api_key,
-        model_info={"model_path": str(info.get("model_path") or name), "served_model_name": name,
-                    "is_generation": True, "context_length": int(info["context_length"]),
-                    "vocab_size": int(engine.tokenizer.vocab_size), "kv_cache_dtype": info.get("kv_cache_dtype")},
-        server_info={**{k: v for k, v in vars(args).items() if k not in ("func", "api_key") and not k.startswith("_")},
-                     **info},
+        model_info={
+            "model_path": facts["model_path"],
+            "served_model_name": name,
+            "is_generation": True,
+            "context_length": facts["context_length"],
+            "vocab_size": facts["vocab_size"],
+            "kv_cache_dtype": facts["kv_cache_dtype"],
+        },
+        server_info={**public_args, **facts, "max_queued_requests": args.max_queued_requests},
     )
 
 
@@ -66,9 +94,24 @@ class _DrainingServer(uvicorn.Server):
         super().__init__(config)
         self._state = state
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's handlers, minus its re-raising of the signal at exit: a drained shutdown exits 0."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self._state.draining:
-            log.info("shutdown signal %s: draining %d in-flight requests", sig, self._state.admission.in_flight)
+            log.warning(
+                "shutdown signal %s: draining %d in-flight requests", sig, self._state.admission.in_flight
+            )
         self._state.draining = True
         super().handle_exit(sig, frame)
 

@@ -17,13 +17,17 @@ from nibblekv.server.protocol import ChatCompletionRequest, CompletionRequest, S
 
 @dataclass(frozen=True)
 class ModelLimits:
-    """What bounds a request: the context length and the vocabulary."""
+    """What bounds a request: the context length, the vocabulary, and the longest prompt + 1 token
+    the KV pool can hold (``kv_tokens``; at most the context length)."""
 
     context_length: int
     vocab_size: int
+    kv_tokens: int
 
 
-def completion_prompts(req: CompletionRequest, tokenizer: ServingTokenizer, limits: ModelLimits) -> list[list[int]]:
+def completion_prompts(
+    req: CompletionRequest, tokenizer: ServingTokenizer, limits: ModelLimits
+) -> list[list[int]]:
     """The request's prompts as token-id lists (a string, strings, ids, or lists of ids)."""
     raw = req.prompt
     if isinstance(raw, str):
@@ -66,6 +70,12 @@ def check_prompt_ids(ids: list[int], limits: ModelLimits) -> None:
             f"This model's maximum context length is {limits.context_length} tokens. However, your prompt "
             f"has {len(ids)} tokens, which leaves no room for a completion. Please reduce the length of "
             "the prompt.",
+            param="prompt",
+        )
+    if len(ids) >= limits.kv_tokens:
+        raise APIError(
+            f"The prompt has {len(ids)} tokens, more than this server's KV cache holds for one request "
+            f"({limits.kv_tokens - 1} tokens). Please reduce the length of the prompt.",
             param="prompt",
         )
 

@@ -63,6 +63,8 @@ async def _sse_events(request: Request, payloads: AsyncIterator[str], release: C
             yield f"data: {payload}\n\n"
     except APIError as exc:
         yield f"data: {json.dumps(error_body(exc.message, exc.status, exc.param))}\n\n"
+    except ValueError as exc:  # the engine rejected the request (validation it alone can do)
+        yield f"data: {json.dumps(error_body(str(exc), 400))}\n\n"
     except Exception as exc:  # the stream has started: report in-band, then end cleanly
         log.exception("error while streaming")
         yield f"data: {json.dumps(error_body(f'internal server error: {type(exc).__name__}', 500))}\n\n"
