@@ -1,0 +1,100 @@
+"""Server pieces that need no model: health states, engine-output deltas, admission, body parsing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+from starlette.testclient import TestClient  # noqa: E402
+
+from nibblekv.engine.request import RequestOutput, TokenLogprob  # noqa: E402
+from nibblekv.engine.sampling_params import SamplingParams  # noqa: E402
+from nibblekv.model.tokenizer import ByteTokenizer  # noqa: E402
+from nibblekv.server.app import build_app  # noqa: E402
+from nibblekv.server.engine_api import DeltaReader  # noqa: E402
+from nibblekv.server.errors import APIError  # noqa: E402
+from nibblekv.server.params import ModelLimits  # noqa: E402
+from nibblekv.server.state import Admission, ServerState  # noqa: E402
+
+
+class _DeadableEngine:
+    """Just enough engine for the health endpoint: ``alive`` is flipped by the test."""
+
+    def __init__(self) -> None:
+        self.alive = True
+        self.tokenizer = ByteTokenizer(300)
+
+    def is_healthy(self) -> bool:
+        return self.alive
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": 0, "queued": 0}
+
+    async def generate(self, prompt: Any, params: Any, request_id: str | None = None) -> AsyncIterator[Any]:
+        raise AssertionError("not used")
+        yield
+
+    def abort(self, request_id: str) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def _state(engine: _DeadableEngine) -> ServerState:
+    return ServerState(engine=engine, tokenizer=engine.tokenizer, model_name="m", limits=ModelLimits(64, 300, 64),
+                       sampling_params=SamplingParams, admission=Admission(None))
+
+
+def test_health_is_503_once_the_engine_is_dead_or_draining() -> None:
+    engine = _DeadableEngine()
+    state = _state(engine)
+    client = TestClient(build_app(state))
+    assert client.get("/health").status_code == 200
+    engine.alive = False
+    dead = client.get("/health")
+    assert dead.status_code == 503 and dead.json()["error"]["code"] == 503
+    engine.alive, state.draining = True, True
+    assert client.get("/health").status_code == 503
+
+
+def _out(ids: list[int], lps: list[TokenLogprob], prompt_lps: list[TokenLogprob] | None, done: bool) -> RequestOutput:
+    return RequestOutput("r", "", ids, done, "length" if done else None, 3, len(ids), text_delta="x",
+                         logprobs=lps, prompt_logprobs=prompt_lps)
+
+
+def test_delta_reader_turns_cumulative_outputs_into_deltas() -> None:
+    reader = DeltaReader([5, 6, 7])
+    lp = [TokenLogprob(10, -0.1, ((10, -0.1), (11, -2.0))), TokenLogprob(12, -0.5, ((13, -0.4),))]
+    prompt_lp = [TokenLogprob(6, -1.0), TokenLogprob(7, -2.0)]
+    first = reader.read(_out([10], lp[:1], prompt_lp, False))
+    assert first.token_ids == [10] and [e.logprob for e in first.logprobs] == [-0.1]
+    assert first.logprobs[0].top == [(10, -0.1), (11, -2.0)]
+    assert first.prompt_logprobs is not None
+    assert [(e.token_id, e.logprob) for e in first.prompt_logprobs] == [(5, None), (6, -1.0), (7, -2.0)]
+    second = reader.read(_out([10, 12], lp, prompt_lp, True))
+    assert second.token_ids == [12] and second.logprobs[0].token_id == 12 and second.prompt_logprobs is None
+    assert second.finished and second.finish_reason == "length" and second.completion_tokens == 2
+
+
+def test_admission_limits_and_releases_once() -> None:
+    admission = Admission(3)
+    release = admission.reserve(2)
+    with pytest.raises(APIError) as info:
+        admission.reserve(2)
+    assert info.value.status == 503
+    release()
+    release()  # idempotent: a stream closed twice must not free slots it does not hold
+    assert admission.in_flight == 0
+    with admission.slots(3):
+        assert admission.in_flight == 3
+    assert admission.in_flight == 0
+
+
+def test_deep_json_and_surrogates_are_400() -> None:
+    client = TestClient(build_app(_state(_DeadableEngine())))
+    deep = client.post("/v1/completions", content=b'{"prompt": ' + b"[" * 200 + b"]" * 200 + b"}")
+    assert deep.status_code == 400 and "nested deeper" in deep.json()["error"]["message"]
+    lone = client.post("/v1/completions", content=b'{"prompt": "\\udc80"}')
+    assert lone.status_code == 400 and "not valid unicode" in lone.json()["error"]["message"].lower()
