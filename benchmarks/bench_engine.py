@@ -97,8 +97,8 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any]:
     return load_model(name, load_format="dummy", device=device, seed=args.seed)
 
 
-def release(engine: Engine | None) -> None:
-    del engine
+def free_memory() -> None:
+    """Give a dropped engine's pool and graphs back (call after ``del engine``)."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -144,7 +144,8 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
             "max_total_num_tokens": engine.max_total_num_tokens, "preemptions": engine.scheduler.num_preemptions,
         })  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
-        release(engine)
+        del engine, outs
+        free_memory()
     return rows
 
 
@@ -279,7 +280,8 @@ def bench_long(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "synthetic_prefill": args.synthetic_prefill,
             })  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
-            release(engine)
+            del engine
+            free_memory()
     return rows
 
 

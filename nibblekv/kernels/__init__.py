@@ -1,15 +1,108 @@
 """Cache kernels: write K/V into pages, attend over them (decode, extend), demote tail pages.
 
-Public ops take the same arguments as their pure-torch twins in ``reference``.
+Public ops take the same arguments as their pure-torch twins in ``reference`` and dispatch on the
+device: Triton kernels for CUDA tensors, the reference twin for CPU tensors -- unless the environment
+sets ``NIBBLEKV_KERNELS=triton`` (Triton everywhere: the interpreter on CPU, given
+``TRITON_INTERPRET=1``) or ``NIBBLEKV_KERNELS=reference`` (the twins everywhere).
+``decode_attention`` also takes ``num_splits`` (a host int, for CUDA graphs) and ``out``.
 """
+
+from __future__ import annotations
+
+import os
+
+import torch
 
 from nibblekv.kernels.reference import decode_ref, demote_pages_ref, extend_ref, write_kv_ref
 from nibblekv.kernels.types import LayerKV
 
-# Until the Triton kernels land these are the reference twins (correct everywhere, slow on GPU).
-write_kv = write_kv_ref
-decode_attention = decode_ref
-extend_attention = extend_ref
-demote_pages = demote_pages_ref
+
+def _use_triton(t: torch.Tensor) -> bool:
+    mode = os.environ.get("NIBBLEKV_KERNELS", "auto").lower()
+    if mode == "triton":
+        return True
+    if mode == "reference":
+        return False
+    return t.is_cuda
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKV, slots: torch.Tensor) -> None:
+    """Store ``k, v [T, kv_heads, D]`` at ``slots [T]`` (-1 = skip), quantized as the cache's dtype."""
+    if _use_triton(k):
+        from nibblekv.kernels.cache_write import write_kv_triton
+
+        write_kv_triton(k, v, cache, slots)
+    else:
+        write_kv_ref(k, v, cache, slots)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    cache: LayerKV,
+    page_table: torch.Tensor,
+    lens: torch.Tensor,
+    sm_scale: float,
+    tail: LayerKV | None = None,
+    tail_page_table: torch.Tensor | None = None,
+    tail_lens: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One query token per request: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (see ``decode_ref``)."""
+    if _use_triton(q):
+        from nibblekv.kernels.decode import decode_triton
+
+        return decode_triton(q, cache, page_table, lens, sm_scale, tail, tail_page_table, tail_lens,
+                             num_splits=num_splits, out=out)  # fmt: skip
+    res = decode_ref(q, cache, page_table, lens, sm_scale, tail, tail_page_table, tail_lens)
+    if out is not None:
+        out.copy_(res)
+        return out
+    return res
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cache: LayerKV,
+    page_table: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    sm_scale: float,
+    tail: LayerKV | None = None,
+    tail_page_table: torch.Tensor | None = None,
+    tail_prefix_lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A chunk of new tokens per request over its cached prefix plus itself, causally (see ``extend_ref``)."""
+    if _use_triton(q):
+        from nibblekv.kernels.extend import extend_triton
+
+        return extend_triton(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
+                             tail, tail_page_table, tail_prefix_lens)  # fmt: skip
+    return extend_ref(
+        q,
+        k_new,
+        v_new,
+        cu_seqlens,
+        cache,
+        page_table,
+        prefix_lens,
+        sm_scale,
+        tail,
+        tail_page_table,
+        tail_prefix_lens,
+    )
+
+
+def demote_pages(tail: LayerKV, src_pages: torch.Tensor, cache: LayerKV, dst_pages: torch.Tensor) -> None:
+    """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]``."""
+    if _use_triton(src_pages if src_pages.is_cuda else tail.k_data):
+        from nibblekv.kernels.cache_write import demote_pages_triton
+
+        demote_pages_triton(tail, src_pages, cache, dst_pages)
+    else:
+        demote_pages_ref(tail, src_pages, cache, dst_pages)
+
 
 __all__ = ["LayerKV", "decode_attention", "demote_pages", "extend_attention", "write_kv"]

@@ -26,20 +26,32 @@ class PagedBatch:
     tail_lens: torch.Tensor | None
 
 
-def fill_pool(pool: LayerKV, scale: float = 1.0) -> None:
-    """Random contents for a whole pool, in place: valid codes/scales for quantized dtypes (no NaN)."""
+def fill_pool(pool: LayerKV, scale: float = 1.0, chunk_pages: int = 4096) -> None:
+    """Random contents for a whole pool, in place: valid codes/scales for quantized dtypes (no NaN).
+
+    Works ``chunk_pages`` pages at a time so multi-GB benchmark pools need no fp32 temporaries of their size.
+    """
     for data, sc in ((pool.k_data, pool.k_scale), (pool.v_data, pool.v_scale)):
-        if pool.dtype is KVDtype.NVFP4:
-            data.copy_(torch.randint(0, 256, data.shape, dtype=torch.uint8, device=data.device))
-            assert sc is not None
-            sc.copy_((torch.rand(sc.shape, device=sc.device) * 2 * scale + 0.05).to(torch.float8_e4m3fn))
-        elif pool.dtype is KVDtype.FP8:
-            data.copy_((torch.randn(data.shape, device=data.device) * scale).to(torch.float8_e4m3fn))
-        else:
-            data.normal_(0.0, scale)
+        for p0 in range(0, data.shape[0], chunk_pages):
+            d = data[p0 : p0 + chunk_pages]
+            if pool.dtype is KVDtype.NVFP4:
+                d.copy_(torch.randint(0, 256, d.shape, dtype=torch.uint8, device=d.device))
+                assert sc is not None
+                s = sc[p0 : p0 + chunk_pages]
+                s.copy_((torch.rand(s.shape, device=s.device) * 2 * scale + 0.05).to(torch.float8_e4m3fn))
+            elif pool.dtype is KVDtype.FP8:
+                d.copy_((torch.randn(d.shape, device=d.device) * scale).to(torch.float8_e4m3fn))
+            else:
+                d.normal_(0.0, scale)
 
 
-def random_pages(batch: int, pages_per_req: int, pool_pages: int, device: torch.device | str, gen: torch.Generator | None = None) -> torch.Tensor:
+def random_pages(
+    batch: int,
+    pages_per_req: int,
+    pool_pages: int,
+    device: torch.device | str,
+    gen: torch.Generator | None = None,
+) -> torch.Tensor:
     """int32 ``[batch, pages_per_req]`` distinct random page ids from ``pool_pages``."""
     perm = torch.randperm(pool_pages, generator=gen)[: batch * pages_per_req]
     return perm.reshape(batch, pages_per_req).to(torch.int32).to(device)

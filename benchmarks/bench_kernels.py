@@ -1,0 +1,338 @@
+"""Kernel benchmark on one GPU: read ceiling, paged decode (BF16/FP8/NVFP4, +-bf16 tail), extend, cache write.
+
+Usage (on the GPU machine)::
+
+    PYTHONPATH=. python benchmarks/bench_kernels.py --out DIR [--sweep] [--quick]
+
+Writes ``DIR/kernels-h200.json`` (rows: kernel, kv_dtype, batch, context, q_heads, kv_heads, head_dim,
+page_size, us, bytes, tbps, frac_of_ceiling, ...) and ``DIR/kernels-h200.png``; prints a table last.
+``bytes`` counts what a kernel must read: K+V data and scales of every context token, the bf16 tail,
+q and the page tables (outputs and partials are written, not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from nibblekv.formats.layout import KVDtype, PageLayout
+from nibblekv.kernels.cache_write import write_kv_triton
+from nibblekv.kernels.decode import decode_triton
+from nibblekv.kernels.testing import fill_pool
+from nibblekv.kernels.types import LayerKV
+
+GiB = 1 << 30
+PAGE = 16
+DTYPES = (KVDtype.BF16, KVDtype.FP8, KVDtype.NVFP4)
+NAMES = {KVDtype.BF16: "bf16", KVDtype.FP8: "fp8_e4m3", KVDtype.NVFP4: "nvfp4"}
+
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a --tiny smoke test under TRITON_INTERPRET=1
+
+
+def bench(fn, rep_ms: int = 200) -> float:  # type: ignore[no-untyped-def]
+    """Median microseconds of ``fn`` (CUDA events via triton.testing.do_bench; wall clock on CPU)."""
+    if DEV == "cpu":
+        fn()
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
+    return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")) * 1e3
+
+
+# ----------------------------------------------------------------------------- ceiling
+
+
+@triton.jit
+def _stream_read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], tl.float32)
+    base = pid.to(tl.int64) * BLOCK * ITERS
+    for i in range(ITERS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+
+def read_ceiling(nbytes: int = 4 * GiB) -> dict[str, float]:
+    x = torch.randn(nbytes // 2, dtype=torch.bfloat16, device=DEV)
+    nbytes = x.numel() * 2
+    res: dict[str, float] = {}
+    us = bench(lambda: x.sum(), 400)
+    res["torch_sum_tbps"] = nbytes / us / 1e6
+    best = 0.0
+    for block, iters, warps in ((4096, 16, 8), (8192, 8, 8), (2048, 32, 4), (8192, 16, 16)):
+        grid = triton.cdiv(x.numel(), block * iters)
+        out = torch.empty(grid, dtype=torch.float32, device=DEV)
+        us = bench(lambda: _stream_read_kernel[(grid,)](x, out, x.numel(), BLOCK=block, ITERS=iters, num_warps=warps), 400)
+        best = max(best, nbytes / us / 1e6)
+    res["triton_stream_tbps"] = best
+    del x
+    _empty_cache()
+    return res
+
+
+def _empty_cache() -> None:
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+class Pools:
+    """One big pool per (dtype, head_dim); shapes take random pages of it."""
+
+    def __init__(self, max_tokens: dict[KVDtype, int], kv_heads: int, head_dim: int) -> None:
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.pools: dict[KVDtype, LayerKV] = {}
+        for dt, toks in max_tokens.items():
+            lay = PageLayout(dt, kv_heads, head_dim, PAGE)
+            pool = LayerKV.allocate(lay, toks // PAGE, DEV, torch.tensor([0.8, 1.1], device=DEV))
+            fill_pool(pool)
+            self.pools[dt] = pool
+        tlay = PageLayout(KVDtype.BF16, kv_heads, head_dim, PAGE)
+        self.tail = LayerKV.allocate(tlay, 128 * 4 + 8, DEV)  # 4 pages of 16 = the 64-token tail
+        fill_pool(self.tail)
+
+    def fits(self, dt: KVDtype, tokens: int) -> bool:
+        return dt in self.pools and tokens // PAGE + 1 <= self.pools[dt].num_pages
+
+
+def decode_bytes(pool: LayerKV, batch: int, main: int, tail: int, q_heads: int) -> int:
+    per_tok = pool.layout.bytes_per_token()  # K+V, all KV heads, scales included
+    tail_tok = 2 * pool.layout.num_kv_heads * pool.layout.head_dim * 2
+    pt = batch * (main // PAGE + tail // PAGE + 2) * 4
+    return batch * (main * per_tok + tail * tail_tok) + batch * q_heads * pool.layout.head_dim * 2 + pt
+
+
+def run_decode(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, with_tail: bool,
+               cfg: dict[str, object] | None = None, rep_ms: int = 150) -> tuple[float, int]:  # fmt: skip
+    pool = pools.pools[dt]
+    tail = 64 if with_tail else 0
+    main = ctx - tail
+    pages = triton.cdiv(main, PAGE)
+    gen = torch.Generator().manual_seed(batch * 7919 + ctx)
+    pt = torch.randperm(pool.num_pages, generator=gen)[: batch * pages].reshape(batch, pages).to(torch.int32).to(DEV)
+    lens = torch.full((batch,), main, dtype=torch.int32, device=DEV)
+    q = torch.randn(batch, q_heads, pools.head_dim, device=DEV).to(torch.bfloat16)
+    kw: dict[str, object] = dict(cfg or {})
+    if DEV == "cpu":
+        kw["use_asm"] = False  # the interpreter cannot run inline PTX
+    if with_tail:
+        tpt = torch.randperm(pools.tail.num_pages, generator=gen)[: batch * 4].reshape(batch, 4).to(torch.int32).to(DEV)
+        kw.update(tail=pools.tail, tail_page_table=tpt, tail_lens=torch.full((batch,), tail, dtype=torch.int32, device=DEV))
+    sm = 1.0 / math.sqrt(pools.head_dim)
+    out = torch.empty_like(q)
+    fn = lambda: decode_triton(q, pool, pt, lens, sm, out=out, **kw)  # noqa: E731
+    fn()
+    us = bench(fn, rep_ms)
+    return us, decode_bytes(pool, batch, main, tail, q_heads)
+
+
+def run_sdpa(batch: int, ctx: int, q_heads: int, kv_heads: int, d: int) -> tuple[float, int]:
+    k = torch.randn(batch, kv_heads, ctx, d, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(batch, q_heads, 1, d, device=DEV, dtype=torch.bfloat16)
+    fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
+    fn()
+    us = bench(fn)
+    nbytes = 2 * k.numel() * 2 + q.numel() * 2
+    del k, v
+    return us, nbytes
+
+
+# ----------------------------------------------------------------------------- sweep
+
+
+def sweep(pools: Pools, log: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    """Try launch configs on two decode shapes per dtype; returns the best config per dtype."""
+    best: dict[str, dict[str, object]] = {}
+    shapes = [(64, 32768), (1, 131072)]
+    for dt in DTYPES:
+        space: list[dict[str, object]] = []
+        for bn in (32, 64, 128):
+            for warps in (4, 8):
+                for stages in (2, 4):
+                    for asm in ((True, False) if dt is KVDtype.NVFP4 else (False,)):
+                        if bn == 32 and warps == 8:
+                            continue
+                        space.append(dict(block_n=bn, num_warps=warps, num_stages=stages, use_asm=asm))
+        scores = []
+        for cfg in space:
+            tot = 0.0
+            try:
+                for b, c in shapes:
+                    if not pools.fits(dt, b * c):
+                        continue
+                    us, nbytes = run_decode(pools, dt, b, c, 32, False, cfg, rep_ms=60)
+                    tot += math.log(us)
+                    log.append(dict(kernel="decode_sweep", kv_dtype=NAMES[dt], batch=b, context=c, us=us, bytes=nbytes, **cfg))
+            except Exception as e:  # noqa: BLE001 - a config that fails to compile is skipped
+                print("sweep config failed", NAMES[dt], cfg, repr(e)[:200], flush=True)
+                continue
+            scores.append((tot, cfg))
+        scores.sort(key=lambda t: t[0])
+        best[NAMES[dt]] = scores[0][1]
+        print("best", NAMES[dt], scores[0][1], [round(math.exp(s / 2)) for s, _ in scores[:5]], flush=True)
+    return best
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke test of this script (interpreter)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    rows: list[dict[str, object]] = []
+    ceil = read_ceiling(1 << 20 if args.tiny else 4 * GiB)
+    print("ceiling probes", ceil, flush=True)
+
+    batches = (1, 8, 32, 64, 128)
+    ctxs = (1024, 8192, 32768, 131072)
+    if args.quick:
+        batches, ctxs = (1, 64), (8192, 32768, 131072)
+    # pools: nvfp4 1.15 KB/token (D=128, 8 KV heads), fp8 2 KB, bf16 4 KB
+    max_tok = {KVDtype.NVFP4: 128 * 131072 + 4096, KVDtype.FP8: 64 * 131072 + 4096, KVDtype.BF16: 32 * 131072 + 4096}
+    big = (8, 32768, 64, 8192, 64, 32768, 4096)
+    if args.tiny:
+        batches, ctxs = (1,), (80,)
+        max_tok = {dt: 512 for dt in DTYPES}
+        big = (1, 64, 2, 64, 2, 96, 256)
+    pools = Pools(max_tok, 8, 128)
+    print(f"pools ready {time.time() - t0:.0f}s", flush=True)
+    sweep_log: list[dict[str, object]] = []
+    cfgs: dict[str, dict[str, object]] = {}
+    if args.sweep:
+        cfgs = sweep(pools, sweep_log)
+        print(f"sweep done {time.time() - t0:.0f}s", flush=True)
+
+    def add(kernel: str, dt: str, b: int, c: int, hq: int, hkv: int, d: int, us: float, nbytes: int, **extra: object) -> None:
+        rows.append(dict(kernel=kernel, kv_dtype=dt, batch=b, context=c, q_heads=hq, kv_heads=hkv, head_dim=d,
+                         page_size=PAGE, us=round(us, 2), bytes=nbytes, tbps=round(nbytes / us / 1e6, 4), **extra))  # fmt: skip
+
+    for hq in (32,) if args.tiny else (32, 64):
+        for b in batches:
+            for c in ctxs:
+                for dt in DTYPES:
+                    if not pools.fits(dt, b * c):
+                        continue
+                    for tail in (False, True):
+                        if hq == 64 and tail:
+                            continue
+                        try:
+                            us, nb = run_decode(pools, dt, b, c, hq, tail, cfgs.get(NAMES[dt]))
+                        except torch.OutOfMemoryError:
+                            continue
+                        add("decode_tail64" if tail else "decode", NAMES[dt], b, c, hq, 8, 128, us, nb)
+    print(f"decode done {time.time() - t0:.0f}s", flush=True)
+    del pools
+    _empty_cache()
+    pools64 = Pools({dt: big[4] * big[5] + big[6] for dt in DTYPES}, 8, 64)
+    for b, c in ((big[0], big[1]),) if args.tiny else ((big[0], big[1]), (big[2], big[3]), (big[4], big[5])):
+        for dt in DTYPES:
+            us, nb = run_decode(pools64, dt, b, c, 32, False, cfgs.get(NAMES[dt]))
+            add("decode", NAMES[dt], b, c, 32, 8, 64, us, nb)
+    del pools64
+    _empty_cache()
+    for b, c in ((2, 64),) if args.tiny else ((64, 32768), (32, 8192), (8, 32768), (1, 131072)):
+        us, nb = run_sdpa(b, c, 32, 8, 128)
+        add("sdpa_bf16_contiguous", "bf16", b, c, 32, 8, 128, us, nb)
+    # cache write: T new tokens, 8 KV heads x 128
+    for dt in DTYPES:
+        pool = LayerKV.allocate(PageLayout(dt, 8, 128, PAGE), 8192 // PAGE + 8, DEV)
+        for t in (64, 256) if args.tiny else (64, 8192):
+            k = torch.randn(t, 8, 128, device=DEV).to(torch.bfloat16)
+            v = torch.randn_like(k)
+            slots = torch.randperm(pool.num_pages * PAGE, device=DEV)[:t]
+            us = bench(lambda: write_kv_triton(k, v, pool, slots))
+            add("write_kv", NAMES[dt], t, 0, 0, 8, 128, us, 2 * k.numel() * 2 + t * 8)
+    try:
+        from benchmarks.bench_extend import extend_rows
+
+        for r in extend_rows(bench, DEV, args.tiny):
+            add(**r)
+    except ImportError as e:
+        print("extend benchmark unavailable:", e)
+    print(f"all done {time.time() - t0:.0f}s", flush=True)
+
+    ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"],
+                  max(float(r["tbps"]) for r in rows if r["kernel"].startswith("decode") and r["kv_dtype"] == "bf16"))  # type: ignore[union-attr]  # fmt: skip
+    for r in rows:
+        r["frac_of_ceiling"] = round(float(r["tbps"]) / ceiling, 4)  # type: ignore[arg-type]
+    key = {(r["kernel"], r["kv_dtype"], r["batch"], r["context"], r["q_heads"], r["head_dim"]): r for r in rows}
+    for r in rows:
+        if r["kv_dtype"] == "nvfp4" and str(r["kernel"]).startswith("decode"):
+            for other, name in (("fp8_e4m3", "ratio_vs_fp8"), ("bf16", "ratio_vs_bf16")):
+                o = key.get((r["kernel"], other, r["batch"], r["context"], r["q_heads"], r["head_dim"]))
+                if o:
+                    r[name] = round(float(r["us"]) / float(o["us"]), 3)  # type: ignore[arg-type]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    doc = dict(ceiling_tbps=round(ceiling, 4), ceiling_probes=ceil, commit=commit or os.environ.get("COMMIT", "unknown"),
+               gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__, triton=triton.__version__,
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               configs=cfgs, rows=rows, sweep=sweep_log)  # fmt: skip
+    with open(os.path.join(args.out, "kernels-h200.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    plot(doc, os.path.join(args.out, "kernels-h200.png"))
+    print_table(doc)
+
+
+def plot(doc: dict[str, object], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [r for r in doc["rows"] if r["kernel"] == "decode" and r["q_heads"] == 32 and r["head_dim"] == 128]  # type: ignore[union-attr]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, ctx_set in zip(axes, ((1024, 8192), (32768, 131072))):
+        for dt, color in (("bf16", "tab:blue"), ("fp8_e4m3", "tab:orange"), ("nvfp4", "tab:green")):
+            for c, ls in zip(ctx_set, ("-", "--")):
+                pts = sorted((r["batch"], r["frac_of_ceiling"]) for r in rows if r["kv_dtype"] == dt and r["context"] == c)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, marker="o", color=color, label=f"{dt} ctx={c}")
+        ax.axhline(0.65, color="tab:green", lw=0.8, ls=":")
+        ax.axhline(0.85, color="tab:blue", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("fraction of read ceiling")
+        ax.set_ylim(0, 1.1)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"paged decode, Hq=32 Hkv=8 D=128, page 16 (ceiling {doc['ceiling_tbps']} TB/s, {doc['gpu']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def print_table(doc: dict[str, object]) -> None:
+    print(f"\nceiling {doc['ceiling_tbps']} TB/s  probes {doc['ceiling_probes']}  configs {doc['configs']}")
+    print(f"{'kernel':22s} {'dtype':9s} {'B':>4s} {'ctx':>7s} {'Hq':>3s} {'D':>4s} {'us':>9s} {'TB/s':>6s} {'frac':>5s} {'/fp8':>5s} {'/bf16':>5s}")
+    for r in doc["rows"]:  # type: ignore[union-attr]
+        print(f"{r['kernel']:22s} {r['kv_dtype']:9s} {r['batch']:4d} {r['context']:7d} {r['q_heads']:3d} {r['head_dim']:4d} "
+              f"{r['us']:9.1f} {r['tbps']:6.2f} {r['frac_of_ceiling']:5.2f} {r.get('ratio_vs_fp8', ''):>5} {r.get('ratio_vs_bf16', ''):>5}")  # fmt: skip
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

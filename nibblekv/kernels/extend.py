@@ -1,0 +1,251 @@
+"""Extend (chunked-prefill) attention: new query tokens over their cached prefix, read in the cache dtype.
+
+Grid ``(row blocks, B, kv_heads)``. A program owns ``BM`` rows of one request's chunk, a row being one
+(query token, query head of the KV head's GQA group) pair, so every K/V byte read serves all ``G``
+heads. It runs three phases with one online softmax: the main-pool prefix (NVFP4/FP8/BF16 pages,
+dequantized in registers -- no workspace), the bf16 tail prefix, then the chunk's own fresh K/V with a
+causal mask. Main-pool V is accumulated in stored units and rescaled once when that phase ends.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from nibblekv.kernels._common import (
+    FMT_NVFP4,
+    check_cache,
+    fmt_code,
+    interpreting,
+    load_kv_halves,
+    load_v_rows,
+    online_softmax_step,
+    scale_tensors,
+)
+from nibblekv.kernels.decode import _decode_block, _pages_contiguous
+from nibblekv.kernels.types import LayerKV
+
+
+@triton.jit
+def _load_q(q_ptr, rows_off, head_off, rmask, D: tl.constexpr, FMT: tl.constexpr):
+    """Query rows split the way ``load_kv_halves`` splits keys of format FMT (even/odd or halves)."""
+    HALF: tl.constexpr = D // 2
+    offs = tl.arange(0, HALF)
+    if FMT == 2:
+        ca = offs * 2
+        cb = offs * 2 + 1
+    else:
+        ca = offs
+        cb = offs + HALF
+    base = q_ptr + rows_off[:, None] + head_off[:, None]
+    qa = tl.load(base + ca[None, :], mask=rmask[:, None], other=0.0)
+    qb = tl.load(base + cb[None, :], mask=rmask[:, None], other=0.0)
+    return qa, qb
+
+
+@triton.jit
+def _prefix_phase(qa, qb, m, l, acc, qk_scale, n, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+                  head_off, shead_off, pt_ptr, D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr,
+                  FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr, PAGED: tl.constexpr):  # fmt: skip
+    """All ``n`` tokens of one pool (no causal mask): unmasked full blocks, then one masked partial block."""
+    full_end = n // BN * BN
+    if INTERP:
+        n0 = 0
+        while n0 < full_end:
+            m, l, acc = _decode_block(
+                n0, n, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED, False,
+            )  # fmt: skip
+            n0 += BN
+    else:
+        for n0 in range(0, full_end, BN):
+            m, l, acc = _decode_block(
+                n0, n, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED, False,
+            )  # fmt: skip
+    if full_end < n:
+        m, l, acc = _decode_block(
+            full_end, n, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+            head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, False, True,
+        )  # fmt: skip
+    return m, l, acc
+
+
+@triton.jit
+def _own_block(k0, kend, t, qa, qb, m, l, acc, qk_scale, kn_ptr, vn_ptr, s_kt, kv_head_off,
+               D: tl.constexpr, BN: tl.constexpr, INTERP: tl.constexpr):  # fmt: skip
+    """Chunk keys ``[k0, k0 + BN)`` (fresh rows), causal: query token ``t`` sees keys ``<= t``."""
+    idx = k0 + tl.arange(0, BN)
+    kmask = idx < kend
+    row = idx.to(tl.int64) * s_kt + kv_head_off
+    ka, kb = load_kv_halves(kn_ptr, kn_ptr, row, row, kmask, D, 0, False, INTERP)
+    v = load_v_rows(vn_ptr, vn_ptr, row, row, kmask, D, 0, False, INTERP)
+    valid = kmask[None, :] & (idx[None, :] <= t[:, None])
+    return online_softmax_step(qa, qb, ka, kb, v, valid, m, l, acc, qk_scale)
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr, s_qt, s_qh, kn_ptr, vn_ptr, s_kt, s_kh, cu_ptr, out_ptr, s_ot, s_oh,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok, pt_ptr, s_pt, plens_ptr,
+    tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr, sm_scale,
+    G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
+    BN: tl.constexpr, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, USE_ASM: tl.constexpr,
+    INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr,
+):  # fmt: skip
+    mb = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    s = tl.load(cu_ptr + b)
+    c = tl.load(cu_ptr + b + 1) - s
+    if mb * BM < c * G:
+        r = mb * BM + tl.arange(0, BM)
+        rmask = r < c * G
+        t = r // G
+        qrow = (s + t).to(tl.int64) * s_qt
+        qhead = (h * G + r % G).to(tl.int64) * s_qh
+        m = tl.full([BM], float("-inf"), tl.float32)
+        l = tl.zeros([BM], tl.float32)
+        acc = tl.zeros([BM, D], tl.float32)
+        log2e = 1.4426950408889634
+
+        # 1) main-pool prefix, in the cache dtype
+        n = tl.load(plens_ptr + b)
+        qa, qb = _load_q(q_ptr, qrow, qhead, rmask, D, FMT)
+        gk = 1.0
+        gv = 1.0
+        if FMT != 0:
+            gk = tl.load(g_ptr)
+            gv = tl.load(g_ptr + 1)
+        if FMT == 2:
+            gk = gk * 128.0
+            gv = gv * 128.0
+        m, l, acc = _prefix_phase(
+            qa, qb, m, l, acc, sm_scale * log2e * gk, n, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page,
+            sc_tok, h.to(tl.int64) * s_head, h.to(tl.int64) * sc_head, pt_ptr + b.to(tl.int64) * s_pt,
+            D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED,
+        )  # fmt: skip
+        acc = acc * gv  # main-pool V was accumulated in stored units
+
+        # 2) tail prefix (bf16), 3) the chunk itself, causally
+        if FMT != 0:
+            qa, qb = _load_q(q_ptr, qrow, qhead, rmask, D, 0)
+        if HAS_TAIL:
+            nt = tl.load(tlens_ptr + b)
+            m, l, acc = _prefix_phase(
+                qa, qb, m, l, acc, sm_scale * log2e, nt, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_tok, 0, 0,
+                h.to(tl.int64) * t_head, 0, tpt_ptr + b.to(tl.int64) * s_tpt,
+                D, TPAGE, BN, 0, False, INTERP, TPAGED,
+            )  # fmt: skip
+        t_hi = tl.minimum(c - 1, (mb * BM + BM - 1) // G)
+        kend = t_hi + 1
+        kn_base = kn_ptr + s.to(tl.int64) * s_kt
+        vn_base = vn_ptr + s.to(tl.int64) * s_kt
+        if INTERP:
+            k0 = 0
+            while k0 < kend:
+                m, l, acc = _own_block(k0, kend, t, qa, qb, m, l, acc, sm_scale * log2e, kn_base, vn_base, s_kt,
+                                       h.to(tl.int64) * s_kh, D, BN, INTERP)  # fmt: skip
+                k0 += BN
+        else:
+            for k0 in range(0, kend, BN):
+                m, l, acc = _own_block(k0, kend, t, qa, qb, m, l, acc, sm_scale * log2e, kn_base, vn_base, s_kt,
+                                       h.to(tl.int64) * s_kh, D, BN, INTERP)  # fmt: skip
+
+        o = acc / l[:, None]
+        optr = out_ptr + (s + t).to(tl.int64)[:, None] * s_ot + (h * G + r % G).to(tl.int64)[:, None] * s_oh
+        tl.store(optr + tl.arange(0, D)[None, :], o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+
+
+def extend_triton(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cache: LayerKV,
+    page_table: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    sm_scale: float,
+    tail: LayerKV | None = None,
+    tail_page_table: torch.Tensor | None = None,
+    tail_prefix_lens: torch.Tensor | None = None,
+    max_chunk: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    use_asm: bool | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Triton twin of ``extend_ref``: ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` -> ``[T, Hq, D]``.
+
+    ``max_chunk`` (host int >= the longest chunk) avoids a device sync; the rest override the config.
+    """
+    check_cache(cache, "cache")
+    lay = cache.layout
+    hkv, d = lay.num_kv_heads, lay.head_dim
+    if q.dim() != 3 or q.shape[2] != d or q.shape[1] % hkv or q.stride(-1) != 1:
+        raise ValueError(f"q must be [T, Hq, {d}] with Hq % {hkv} == 0 and unit last stride")
+    if k_new.shape != (q.shape[0], hkv, d) or v_new.shape != k_new.shape:
+        raise ValueError(f"k_new/v_new must be [T, {hkv}, {d}]")
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {d}")
+    if k_new.stride() != v_new.stride() or k_new.stride(-1) != 1:
+        k_new, v_new = k_new.contiguous(), v_new.contiguous()
+    bsz = cu_seqlens.numel() - 1
+    if page_table.dim() != 2 or page_table.shape[0] != bsz or prefix_lens.shape != (bsz,):
+        raise ValueError("page_table must be [B, pages] and prefix_lens [B]")
+    page_table = page_table.contiguous()
+    has_tail = tail is not None and tail_prefix_lens is not None
+    if has_tail:
+        assert tail is not None and tail_page_table is not None and tail_prefix_lens is not None
+        check_cache(tail, "tail")
+        if tail.dtype.quantized or (tail.layout.num_kv_heads, tail.layout.head_dim) != (hkv, d):
+            raise ValueError("tail must be an unquantized pool with the main pool's kv_heads and head_dim")
+        tail_page_table = tail_page_table.contiguous()
+    if out is None:
+        out = torch.empty_like(q)
+    if bsz == 0 or q.shape[0] == 0:
+        return out
+    interp = interpreting()
+    fmt = fmt_code(cache.dtype)
+    g = q.shape[1] // hkv
+    if max_chunk is None:
+        max_chunk = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    bm = block_m or (16 if interp else 64)
+    bm = max(bm, triton.next_power_of_2(g))
+    bn = block_n or (16 if interp else 64)
+    ks, vs, (sp, sh, st) = scale_tensors(cache)
+    ds = cache.k_data.stride()
+    if has_tail:
+        assert tail is not None and tail_page_table is not None and tail_prefix_lens is not None
+        tk, tv, ts, tpt, ttl, tpage = (
+            tail.k_data,
+            tail.v_data,
+            tail.k_data.stride(),
+            tail_page_table,
+            tail_prefix_lens,
+            tail.page_size,
+        )
+    else:
+        tk, tv, ts, tpt, ttl, tpage = (
+            cache.k_data,
+            cache.v_data,
+            (0, 0, 0),
+            page_table,
+            prefix_lens,
+            lay.page_size,
+        )
+    grid = (triton.cdiv(max_chunk * g, bm), bsz, hkv)
+    _extend_kernel[grid](
+        q, q.stride(0), q.stride(1), k_new, v_new, k_new.stride(0), k_new.stride(1), cu_seqlens, out, out.stride(0), out.stride(1),
+        cache.k_data, cache.v_data, ks, vs, cache.global_scale, ds[0], ds[1], ds[2], sp, sh, st,
+        page_table, page_table.stride(0), prefix_lens,
+        tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl, float(sm_scale),
+        G=g, BM=bm, D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, HAS_TAIL=has_tail, FMT=fmt,
+        USE_ASM=(fmt == FMT_NVFP4 and not interp) if use_asm is None else use_asm, INTERP=interp,
+        PAGED=_pages_contiguous(cache, bn), TPAGED=has_tail and _pages_contiguous(tail, bn),
+        num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else 2),
+    )  # fmt: skip
+    return out
