@@ -161,12 +161,10 @@ def sweep(pools: Pools, log: list[dict[str, object]]) -> dict[str, dict[str, obj
     shapes = [(64, 32768), (1, 131072)]
     for dt in DTYPES:
         space: list[dict[str, object]] = []
-        for bn in (32, 64, 128):
+        for bn in (64, 128):
             for warps in (4, 8):
                 for stages in (2, 4):
                     for asm in ((True, False) if dt is KVDtype.NVFP4 else (False,)):
-                        if bn == 32 and warps == 8:
-                            continue
                         space.append(dict(block_n=bn, num_warps=warps, num_stages=stages, use_asm=asm))
         scores = []
         for cfg in space:
@@ -208,9 +206,12 @@ def main() -> None:
     ctxs = (1024, 8192, 32768, 131072)
     if args.quick:
         batches, ctxs = (1, 64), (8192, 32768, 131072)
+        max_tok_quick = {KVDtype.NVFP4: 64 * 131072 + 4096, KVDtype.FP8: 64 * 131072 + 4096, KVDtype.BF16: 64 * 32768 + 4096}
     # pools: nvfp4 1.15 KB/token (D=128, 8 KV heads), fp8 2 KB, bf16 4 KB
     max_tok = {KVDtype.NVFP4: 128 * 131072 + 4096, KVDtype.FP8: 64 * 131072 + 4096, KVDtype.BF16: 32 * 131072 + 4096}
     big = (8, 32768, 64, 8192, 64, 32768, 4096)
+    if args.quick:
+        max_tok = max_tok_quick
     if args.tiny:
         batches, ctxs = (1,), (80,)
         max_tok = {dt: 512 for dt in DTYPES}
