@@ -86,6 +86,8 @@ def _tiny(**over: Any) -> dict[str, Any]:
     ({"kv_lora_rank": 512}, "latent attention"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE"),
     ({"mlp_bias": True}, "mlp_bias"),
+    ({"hidden_act": "gelu"}, "SiLU"),
+    ({"partial_rotary_factor": 0.5}, "partial rotary"),
     ({"num_key_value_heads": 3}, "multiple"),
 ])
 def test_unsupported_hf_configs_rejected(over: dict[str, Any], message: str) -> None:

@@ -224,6 +224,11 @@ def _reject_unsupported_hf(raw: Mapping[str, Any], model_type: str) -> None:
     for key in _MLA_KEYS:
         if raw.get(key):
             raise ValueError(f"multi-head latent attention is not supported ({key}={raw[key]!r})")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"only SiLU-gated MLPs are supported, got hidden_act={raw['hidden_act']!r}")
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if float(raw.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise ValueError("partial rotary embeddings are not supported")
     layer_types = raw.get("layer_types") or ()
     if any(t != "full_attention" for t in layer_types):
         raise ValueError(f"only full attention layers are supported, got layer_types {sorted(set(layer_types))}")
