@@ -25,8 +25,18 @@ import pytest
 STARTUP_TIMEOUT_S = 240.0
 SMALL_API_KEY = "test-secret-key"
 MAIN_ARGS = ["--max-running-requests", "32", "--max-total-tokens", "16384"]
-SMALL_ARGS = ["--max-running-requests", "2", "--max-queued-requests", "1", "--api-key", SMALL_API_KEY,
-              "--max-total-tokens", "4096", "--drain-timeout", "60"]
+SMALL_ARGS = [
+    "--max-running-requests",
+    "2",
+    "--max-queued-requests",
+    "1",
+    "--api-key",
+    SMALL_API_KEY,
+    "--max-total-tokens",
+    "4096",
+    "--drain-timeout",
+    "60",
+]
 
 
 def free_port() -> int:
@@ -54,8 +64,17 @@ class ServerProcess:
     def start(self) -> None:
         """Launch without waiting (see :meth:`wait_ready`)."""
         self.port = free_port()
-        cmd = [sys.executable, "-m", "nibblekv", "serve", "--port", str(self.port), "--log-level", "warning",
-               *self.extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "nibblekv",
+            "serve",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *self.extra_args,
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -23,14 +23,14 @@ import pytest
 uvicorn = pytest.importorskip("uvicorn")
 starlette_apps = pytest.importorskip("starlette.applications")
 
-from starlette.requests import Request  # noqa: E402
-from starlette.responses import JSONResponse, StreamingResponse  # noqa: E402
-from starlette.routing import Route  # noqa: E402
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
 
-from nibblekv.bench import datasets as ds  # noqa: E402
-from nibblekv.bench.client import RequestResult, Target  # noqa: E402
-from nibblekv.bench.runner import LoadShape, num_requests, run_benchmark  # noqa: E402
-from nibblekv.bench.stats import percentile, summarize  # noqa: E402
+from nibblekv.bench import datasets as ds
+from nibblekv.bench.client import RequestResult, Target
+from nibblekv.bench.runner import LoadShape, num_requests, run_benchmark
+from nibblekv.bench.stats import percentile, summarize
 
 CHUNK_DELAY_S = 0.01
 
@@ -54,8 +54,11 @@ class Stub:
                 yield f"data: {json.dumps({'choices': [choice]})}\n\n"
             prompt = body.get("prompt") or body.get("messages")
             n_prompt = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
-            usage = {"prompt_tokens": n_prompt, "completion_tokens": int(body["max_tokens"]),
-                     "prompt_tokens_details": {"cached_tokens": 1}}
+            usage = {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": int(body["max_tokens"]),
+                "prompt_tokens_details": {"cached_tokens": 1},
+            }
             yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
@@ -90,12 +93,14 @@ def _free_port() -> int:
 def stub() -> Iterator[tuple[Stub, str]]:
     """The stub served on 127.0.0.1 in a background thread; yields (stub, root URL)."""
     stub = Stub()
-    app = starlette_apps.Starlette(routes=[
-        Route("/v1/completions", stub.completions, methods=["POST"]),
-        Route("/v1/chat/completions", stub.chat, methods=["POST"]),
-        Route("/v1/models", stub.models),
-        Route("/get_model_info", stub.model_info),
-    ])
+    app = starlette_apps.Starlette(
+        routes=[
+            Route("/v1/completions", stub.completions, methods=["POST"]),
+            Route("/v1/chat/completions", stub.chat, methods=["POST"]),
+            Route("/v1/models", stub.models),
+            Route("/get_model_info", stub.model_info),
+        ]
+    )
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -108,7 +113,9 @@ def stub() -> Iterator[tuple[Stub, str]]:
     thread.join(timeout=10)
 
 
-def _run(root: str, requests: list[ds.BenchRequest], backend: str = "completions", **shape: Any) -> tuple[list[RequestResult], float]:
+def _run(
+    root: str, requests: list[ds.BenchRequest], backend: str = "completions", **shape: Any
+) -> tuple[list[RequestResult], float]:
     target = Target(root + "/v1", backend, "stub-model")
     return asyncio.run(run_benchmark(target, requests, LoadShape(progress=False, **shape)))
 
@@ -121,7 +128,10 @@ def test_random_lengths_are_fixed_or_ranged() -> None:
     assert min(ins) >= 50 and max(ins) <= 100 and len(set(ins)) > 10
     ids = ds.random_requests(5, 30, 4, 1.0, seed=0, vocab_size=500)
     assert all(isinstance(r.prompt, list) and len(r.prompt) == 30 and 100 <= min(r.prompt) for r in ids)
-    assert ds.random_requests(3, 30, 4, 1.0, seed=9)[0].prompt == ds.random_requests(3, 30, 4, 1.0, seed=9)[0].prompt
+    assert (
+        ds.random_requests(3, 30, 4, 1.0, seed=9)[0].prompt
+        == ds.random_requests(3, 30, 4, 1.0, seed=9)[0].prompt
+    )
 
 
 def test_shared_prefix_groups_share_their_system_prompt() -> None:
@@ -144,7 +154,9 @@ def test_concurrency_cap_and_statistics(stub: tuple[Stub, str]) -> None:
     assert all(len(r.itl) == 4 for r in results)  # 5 chunks -> 4 gaps
     assert m["mean_ttft_ms"] >= CHUNK_DELAY_S * 1000 * 0.9
     assert m["median_itl_ms"] >= CHUNK_DELAY_S * 1000 * 0.9
-    assert all(b.get("ignore_eos") is True and b["stream_options"]["include_usage"] for b in server.bodies[-24:])
+    assert all(
+        b.get("ignore_eos") is True and b["stream_options"]["include_usage"] for b in server.bodies[-24:]
+    )
 
 
 def test_request_rate_spaces_arrivals(stub: tuple[Stub, str]) -> None:
@@ -185,7 +197,9 @@ def test_percentile_matches_linear_interpolation() -> None:
 def test_cli_writes_json_and_does_not_import_torch(stub: tuple[Stub, str], tmp_path: Path) -> None:
     _, root = stub
     jsonl = tmp_path / "prompts.jsonl"
-    jsonl.write_text('{"prompt": "hello there"}\n{"messages": [{"role": "user", "content": "hi"}], "output_len": 3}\n')
+    jsonl.write_text(
+        '{"prompt": "hello there"}\n{"messages": [{"role": "user", "content": "hi"}], "output_len": 3}\n'
+    )
     out = tmp_path / "run.json"
     # The bench package alone (the full `nibblekv` CLI also loads engine subcommands, which need torch).
     code = (
@@ -193,9 +207,27 @@ def test_cli_writes_json_and_does_not_import_torch(stub: tuple[Stub, str], tmp_p
         "cli.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); rc = a.func(a); "
         "assert 'torch' not in sys.modules, 'bench imported torch'; sys.exit(rc)"
     )
-    args = ["bench", "serve", "--base-url", root, "--backend", "chat", "--dataset", "jsonl", "--dataset-path",
-            str(jsonl), "--num-prompts", "2", "--random-output-len", "2", "--output-file", str(out)]
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    args = [
+        "bench",
+        "serve",
+        "--base-url",
+        root,
+        "--backend",
+        "chat",
+        "--dataset",
+        "jsonl",
+        "--dataset-path",
+        str(jsonl),
+        "--num-prompts",
+        "2",
+        "--random-output-len",
+        "2",
+        "--output-file",
+        str(out),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Successful requests" in proc.stdout and "Median TTFT (ms)" in proc.stdout
     report = json.loads(out.read_text())

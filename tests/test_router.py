@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from server_harness import SMALL_API_KEY, ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
@@ -31,9 +30,26 @@ def router(smollm2_server: ServerProcess, small_server: ServerProcess) -> Iterat
     log_path = Path(tempfile.gettempdir()) / f"nibblekv-test-router-{port}.log"
     # --api-key: the router checks it on incoming requests and presents it to the workers (the small
     # replica requires it; the main one ignores it).
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-           "--worker-urls", smollm2_server.url, small_server.url, "--policy", "cache_aware",
-           "--api-key", SMALL_API_KEY, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        smollm2_server.url,
+        small_server.url,
+        "--policy",
+        "cache_aware",
+        "--api-key",
+        SMALL_API_KEY,
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+    ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -54,7 +70,9 @@ def _wait_routable(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> N
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"router exited with {proc.returncode}:\n{log_path.read_text(errors='replace')[-4000:]}")
+            pytest.fail(
+                f"router exited with {proc.returncode}:\n{log_path.read_text(errors='replace')[-4000:]}"
+            )
         try:
             if httpx.post(url + "/v1/completions", json=body, headers=HEADERS, timeout=30).status_code == 200:
                 return
@@ -75,8 +93,14 @@ def _post_together(router: str, prompts: list[str], max_tokens: int) -> list[dic
 
     async def run() -> list[dict[str, Any]]:
         async with httpx.AsyncClient(base_url=router, headers=HEADERS, timeout=120) as client:
-            rs = await asyncio.gather(*(client.post("/v1/completions", json={
-                "model": MODEL, "prompt": p, "max_tokens": max_tokens}) for p in prompts))
+            rs = await asyncio.gather(
+                *(
+                    client.post(
+                        "/v1/completions", json={"model": MODEL, "prompt": p, "max_tokens": max_tokens}
+                    )
+                    for p in prompts
+                )
+            )
         for r in rs:
             assert r.status_code == 200, r.text
         return [r.json() for r in rs]
@@ -84,8 +108,9 @@ def _post_together(router: str, prompts: list[str], max_tokens: int) -> list[dic
     return asyncio.run(run())
 
 
-def test_two_replicas_answer_through_the_router(router: str, smollm2_server: ServerProcess,
-                                                small_server: ServerProcess) -> None:
+def test_two_replicas_answer_through_the_router(
+    router: str, smollm2_server: ServerProcess, small_server: ServerProcess
+) -> None:
     requests = "nibblekv:num_requests_total{"
     before = (_counter(smollm2_server, requests), _counter(small_server, requests))
     # Unrelated prompts at once: with no cached prefix, cache_aware picks the less loaded replica.
@@ -96,14 +121,19 @@ def test_two_replicas_answer_through_the_router(router: str, smollm2_server: Ser
     assert sum(gained) == len(topics) and min(gained) >= 1, gained
 
     client = openai.OpenAI(base_url=router + "/v1", api_key=SMALL_API_KEY, max_retries=0, timeout=60)
-    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi!"}], max_tokens=3)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi!"}], max_tokens=3
+    )
     assert chat.choices[0].message.content is not None
-    streamed = list(client.completions.create(model=MODEL, prompt="Streaming via the router", max_tokens=3, stream=True))
+    streamed = list(
+        client.completions.create(model=MODEL, prompt="Streaming via the router", max_tokens=3, stream=True)
+    )
     assert streamed[-1].choices[0].finish_reason == "length"
 
 
-def test_shared_prefixes_stick_to_one_replica_each(router: str, smollm2_server: ServerProcess,
-                                                   small_server: ServerProcess) -> None:
+def test_shared_prefixes_stick_to_one_replica_each(
+    router: str, smollm2_server: ServerProcess, small_server: ServerProcess
+) -> None:
     """Two prompt families sent in concurrent pairs: each family stays on the replica that caches it."""
     family_x = "You are a meticulous assistant for the Riverside Library catalogue. " * 6
     family_y = "Act as a terse ship's navigator who answers in bearings only; never explain. " * 3

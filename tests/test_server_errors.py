@@ -7,7 +7,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from server_harness import SMALL_API_KEY, ServerProcess, wait_idle
 
 pytestmark = pytest.mark.slow
@@ -16,7 +15,9 @@ openai = pytest.importorskip("openai")
 
 def _post(server: ServerProcess, path: str, body: bytes | dict[str, Any], **headers: str) -> httpx.Response:
     kwargs: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
-    return httpx.post(server.url + path, headers={"content-type": "application/json", **headers}, timeout=60, **kwargs)
+    return httpx.post(
+        server.url + path, headers={"content-type": "application/json", **headers}, timeout=60, **kwargs
+    )
 
 
 def _assert_error(r: httpx.Response, status: int, *needles: str, param: str | None = None) -> None:
@@ -49,17 +50,29 @@ def _assert_error(r: httpx.Response, status: int, *needles: str, param: str | No
         (b"[1, 2]", ["must be an object"], None),
     ],
 )
-def test_completion_rejections(smollm2_server: ServerProcess, body: Any, needles: list[str], param: str | None) -> None:
+def test_completion_rejections(
+    smollm2_server: ServerProcess, body: Any, needles: list[str], param: str | None
+) -> None:
     _assert_error(_post(smollm2_server, "/v1/completions", body), 400, *needles, param=param)
 
 
 def test_prompt_longer_than_context(smollm2_server: ServerProcess) -> None:
     too_long = [100 + i % 1000 for i in range(9000)]  # context is 8192
-    _assert_error(_post(smollm2_server, "/v1/completions", {"prompt": too_long}), 400,
-                  "maximum context length is 8192", "9000 tokens", param="prompt")
+    _assert_error(
+        _post(smollm2_server, "/v1/completions", {"prompt": too_long}),
+        400,
+        "maximum context length is 8192",
+        "9000 tokens",
+        param="prompt",
+    )
     fits_alone = [100] * 8000
-    _assert_error(_post(smollm2_server, "/v1/completions", {"prompt": fits_alone, "max_tokens": 500}), 400,
-                  "maximum context length is 8192", "8500 tokens", param="max_tokens")
+    _assert_error(
+        _post(smollm2_server, "/v1/completions", {"prompt": fits_alone, "max_tokens": 500}),
+        400,
+        "maximum context length is 8192",
+        "8500 tokens",
+        param="max_tokens",
+    )
 
 
 def test_chat_rejections(smollm2_server: ServerProcess) -> None:
@@ -72,8 +85,12 @@ def test_chat_rejections(smollm2_server: ServerProcess) -> None:
 
 
 def test_unknown_model_and_route(smollm2_server: ServerProcess) -> None:
-    _assert_error(_post(smollm2_server, "/v1/completions", {"prompt": "hi", "model": "gpt-9"}), 404, "gpt-9",
-                  param="model")
+    _assert_error(
+        _post(smollm2_server, "/v1/completions", {"prompt": "hi", "model": "gpt-9"}),
+        404,
+        "gpt-9",
+        param="model",
+    )
     assert httpx.get(smollm2_server.url + "/v1/nothing").json()["error"]["code"] == 404
     _assert_error(httpx.get(smollm2_server.url + "/v1/completions"), 405)
 
@@ -89,7 +106,10 @@ def test_api_key(small_server: ServerProcess) -> None:
     body = {"prompt": "hi", "max_tokens": 1}
     _assert_error(_post(small_server, "/v1/completions", body), 401, "api key")
     _assert_error(_post(small_server, "/v1/completions", body, authorization="Bearer wrong"), 401, "api key")
-    assert _post(small_server, "/v1/completions", body, authorization=f"Bearer {SMALL_API_KEY}").status_code == 200
+    assert (
+        _post(small_server, "/v1/completions", body, authorization=f"Bearer {SMALL_API_KEY}").status_code
+        == 200
+    )
     assert httpx.get(small_server.url + "/health").status_code == 200  # health stays open for routers
     client = openai.OpenAI(base_url=small_server.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):

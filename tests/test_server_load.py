@@ -15,11 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-
 from pydantic import ValidationError
+from server_harness import ServerProcess, wait_idle
 
 from nibblekv.server.protocol import CompletionRequest
-from server_harness import ServerProcess, wait_idle
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +72,7 @@ def test_load_with_disconnects_leaks_nothing(smollm2_server: ServerProcess) -> N
         gate = asyncio.Semaphore(CONCURRENCY)
         limits = httpx.Limits(max_connections=CONCURRENCY + 8)
         async with httpx.AsyncClient(base_url=smollm2_server.url, timeout=300, limits=limits) as client:
+
             async def one(i: int) -> tuple[str, int]:
                 async with gate:
                     return await (_quitter if i % DISCONNECT_EVERY == 0 else _normal)(client, i)
@@ -84,7 +84,9 @@ def test_load_with_disconnects_leaks_nothing(smollm2_server: ServerProcess) -> N
     assert len(answered) == NUM_REQUESTS - NUM_REQUESTS // DISCONNECT_EVERY
     assert all(tokens == OUTPUT_TOKENS for tokens in answered)
     assert httpx.get(smollm2_server.url + "/health").status_code == 200
-    stats = wait_idle(smollm2_server, timeout=30)  # quitters asked for 400 tokens: only aborts end them this fast
+    stats = wait_idle(
+        smollm2_server, timeout=30
+    )  # quitters asked for 400 tokens: only aborts end them this fast
     assert stats["running"] == 0 and stats["queued"] == 0
     assert stats["used_tokens"] == 0 and stats["token_usage"] == 0.0
     assert stats["aborted_requests_total"] - aborted_before == NUM_REQUESTS // DISCONNECT_EVERY
@@ -105,8 +107,21 @@ def _hostile_bodies() -> list[tuple[str, bytes]]:
     msgs = [{"role": "user", "content": "hi"}]
     typed: list[tuple[str, dict[str, Any]]] = []
     wrong_values: list[Any] = [None, "x", [], {}, [1, "a"], {"a": 1}, -5, 1e308, "1" * 50]
-    for field in ("max_tokens", "temperature", "top_p", "n", "logprobs", "seed", "stop", "stream", "echo",
-                  "top_k", "min_p", "stop_token_ids", "stream_options"):
+    for field in (
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "logprobs",
+        "seed",
+        "stop",
+        "stream",
+        "echo",
+        "top_k",
+        "min_p",
+        "stop_token_ids",
+        "stream_options",
+    ):
         for value in wrong_values:
             body = {"prompt": "hi", field: value}
             if _valid(body):
@@ -131,18 +146,31 @@ def _hostile_bodies() -> list[tuple[str, bytes]]:
     ]
     bodies = [(p, json.dumps(b).encode()) for p, b in typed + huge]
     raw = [
-        (c, b""), (c, b"null"), (c, b"42"), (c, b'"str"'), (c, b"{"), (c, b"{'single': 1}"),
-        (c, b'{"prompt": "\xc3\x28"}'), (c, b"\x80\x81\x82"), (c, b'{"prompt": "\\ud800"'),
-        (c, b'{"prompt": "\\ud800 lone surrogate"}'), (ch, b'{"messages": [{"role": "user", "content": "\\udfff"}]}'),
+        (c, b""),
+        (c, b"null"),
+        (c, b"42"),
+        (c, b'"str"'),
+        (c, b"{"),
+        (c, b"{'single': 1}"),
+        (c, b'{"prompt": "\xc3\x28"}'),
+        (c, b"\x80\x81\x82"),
+        (c, b'{"prompt": "\\ud800"'),
+        (c, b'{"prompt": "\\ud800 lone surrogate"}'),
+        (ch, b'{"messages": [{"role": "user", "content": "\\udfff"}]}'),
         (c, b'{"prompt": "hi", "stop": ["\\ud800"]}'),
-        (c, b"[" * 100_000 + b"]" * 100_000), (c, b'{"a":' * 5000 + b"1" + b"}" * 5000),
+        (c, b"[" * 100_000 + b"]" * 100_000),
+        (c, b'{"a":' * 5000 + b"1" + b"}" * 5000),
         (c, b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}"),
         (ch, b'{"messages": [' + b'{"role": "user", "content": "x"},' * 3 + b"]}"),
-        (c, b'{"prompt": "hi", "temperature": Infinity}'), (c, b'{"prompt": "hi", "top_p": -Infinity}'),
+        (c, b'{"prompt": "hi", "temperature": Infinity}'),
+        (c, b'{"prompt": "hi", "top_p": -Infinity}'),
         (c, b'{"prompt": "hi", "temperature": NaN}'),
     ]
     rng = random.Random(0)
-    garbage = [(rng.choice([c, ch]), bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))) for _ in range(20)]
+    garbage = [
+        (rng.choice([c, ch]), bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))))
+        for _ in range(20)
+    ]
     return bodies + raw + garbage
 
 
@@ -156,5 +184,7 @@ def test_fuzz_hostile_bodies_get_4xx(smollm2_server: ServerProcess) -> None:
             if not 400 <= r.status_code < 500 or "error" not in r.json():
                 failures.append((path, body[:80], r.status_code, r.text[:200]))
     assert not failures, failures[:5]
-    ok = httpx.post(smollm2_server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=60)
+    ok = httpx.post(
+        smollm2_server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=60
+    )
     assert ok.status_code == 200 and httpx.get(smollm2_server.url + "/health").status_code == 200

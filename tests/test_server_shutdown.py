@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-
 from server_harness import SMALL_API_KEY, ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -25,17 +24,26 @@ def _wait_in_flight(server: ServerProcess, count: int) -> None:
 
 def test_sigterm_drains_in_flight_requests(small_server: ServerProcess) -> None:
     headers = {"Authorization": f"Bearer {SMALL_API_KEY}"}
-    body = {"prompt": "Write a poem about the sea.", "max_tokens": OUTPUT_TOKENS, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": "Write a poem about the sea.",
+        "max_tokens": OUTPUT_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     plain = {"prompt": "Count to ten:", "max_tokens": 12, "ignore_eos": True}
     plain_result: dict[str, httpx.Response] = {}
     lines: list[str] = []
     assert small_server.proc is not None
 
     def non_streamed() -> None:
-        plain_result["r"] = httpx.post(small_server.url + "/v1/completions", json=plain, headers=headers, timeout=120)
+        plain_result["r"] = httpx.post(
+            small_server.url + "/v1/completions", json=plain, headers=headers, timeout=120
+        )
 
-    with httpx.stream("POST", small_server.url + "/v1/completions", json=body, headers=headers, timeout=120) as r:
+    with httpx.stream(
+        "POST", small_server.url + "/v1/completions", json=body, headers=headers, timeout=120
+    ) as r:
         assert r.status_code == 200
         worker = threading.Thread(target=non_streamed)
         worker.start()

@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 
 pytest.importorskip("fastapi")
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from nibblekv.engine.request import RequestOutput, TokenLogprob  # noqa: E402
-from nibblekv.engine.sampling_params import SamplingParams  # noqa: E402
-from nibblekv.model.tokenizer import ByteTokenizer  # noqa: E402
-from nibblekv.server.app import build_app  # noqa: E402
-from nibblekv.server.engine_api import DeltaReader  # noqa: E402
-from nibblekv.server.errors import APIError  # noqa: E402
-from nibblekv.server.params import ModelLimits  # noqa: E402
-from nibblekv.server.state import Admission, ServerState  # noqa: E402
+from nibblekv.engine.request import RequestOutput, TokenLogprob
+from nibblekv.engine.sampling_params import SamplingParams
+from nibblekv.model.tokenizer import ByteTokenizer
+from nibblekv.server.app import build_app
+from nibblekv.server.engine_api import DeltaReader
+from nibblekv.server.errors import APIError
+from nibblekv.server.params import ModelLimits
+from nibblekv.server.state import Admission, ServerState
 
 
 class _DeadableEngine:
@@ -43,8 +43,14 @@ class _DeadableEngine:
 
 
 def _state(engine: _DeadableEngine) -> ServerState:
-    return ServerState(engine=engine, tokenizer=engine.tokenizer, model_name="m", limits=ModelLimits(64, 300, 64),
-                       sampling_params=SamplingParams, admission=Admission(None))
+    return ServerState(
+        engine=engine,
+        tokenizer=engine.tokenizer,
+        model_name="m",
+        limits=ModelLimits(64, 300, 64),
+        sampling_params=SamplingParams,
+        admission=Admission(None),
+    )
 
 
 def test_health_is_503_once_the_engine_is_dead_or_draining() -> None:
@@ -59,9 +65,21 @@ def test_health_is_503_once_the_engine_is_dead_or_draining() -> None:
     assert client.get("/health").status_code == 503
 
 
-def _out(ids: list[int], lps: list[TokenLogprob], prompt_lps: list[TokenLogprob] | None, done: bool) -> RequestOutput:
-    return RequestOutput("r", "", ids, done, "length" if done else None, 3, len(ids), text_delta="x",
-                         logprobs=lps, prompt_logprobs=prompt_lps)
+def _out(
+    ids: list[int], lps: list[TokenLogprob], prompt_lps: list[TokenLogprob] | None, done: bool
+) -> RequestOutput:
+    return RequestOutput(
+        "r",
+        "",
+        ids,
+        done,
+        "length" if done else None,
+        3,
+        len(ids),
+        text_delta="x",
+        logprobs=lps,
+        prompt_logprobs=prompt_lps,
+    )
 
 
 def test_delta_reader_turns_cumulative_outputs_into_deltas() -> None:

@@ -40,13 +40,20 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-path", default=None, help="JSONL file for --dataset jsonl")
     p.add_argument("--num-prompts", type=_positive, default=100, help="requests (agentic: sessions)")
     p.add_argument("--max-concurrency", type=_positive, default=None)
-    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s, Poisson; inf = all at once")
+    p.add_argument(
+        "--request-rate", type=float, default=math.inf, help="requests/s, Poisson; inf = all at once"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--random-input-len", type=_positive, default=1024)
     p.add_argument("--random-output-len", type=_positive, default=128)
-    p.add_argument("--random-range-ratio", type=_ratio, default=1.0, help="lengths uniform in [len*ratio, len]")
-    p.add_argument("--random-token-ids", action="store_true",
-                   help="send random token ids (exact input lengths; completions backend; vocab from the server)")
+    p.add_argument(
+        "--random-range-ratio", type=_ratio, default=1.0, help="lengths uniform in [len*ratio, len]"
+    )
+    p.add_argument(
+        "--random-token-ids",
+        action="store_true",
+        help="send random token ids (exact input lengths; completions backend; vocab from the server)",
+    )
     p.add_argument("--gsp-num-groups", type=_positive, default=8)
     p.add_argument("--gsp-prompts-per-group", type=_positive, default=16)
     p.add_argument("--gsp-system-prompt-len", type=_positive, default=1024)
@@ -67,8 +74,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add ``bench`` with its ``serve`` subcommand."""
     bench = subparsers.add_parser("bench", help="benchmarks")
     sub = bench.add_subparsers(dest="bench_command", required=True)
-    serve = sub.add_parser("serve", help="load-test an OpenAI-compatible server",
-                           description=__doc__.splitlines()[0] if __doc__ else None)
+    serve = sub.add_parser(
+        "serve",
+        help="load-test an OpenAI-compatible server",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
     _add_serve_args(serve)
     serve.set_defaults(func=run)
 
@@ -100,17 +110,35 @@ def build_requests(args: argparse.Namespace, vocab_size: int | None) -> list[Any
 
     if args.dataset == "random":
         vocab = vocab_size if args.random_token_ids else None
-        return ds.random_requests(args.num_prompts, args.random_input_len, args.random_output_len,
-                                  args.random_range_ratio, args.seed, vocab)
+        return ds.random_requests(
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            args.random_range_ratio,
+            args.seed,
+            vocab,
+        )
     if args.dataset == "shared-prefix":
         groups = max(1, min(args.gsp_num_groups, args.num_prompts))
         per_group = max(1, math.ceil(args.num_prompts / groups))
-        reqs = ds.shared_prefix_requests(groups, per_group, args.gsp_system_prompt_len, args.gsp_question_len,
-                                         args.gsp_output_len, args.seed)
+        reqs = ds.shared_prefix_requests(
+            groups,
+            per_group,
+            args.gsp_system_prompt_len,
+            args.gsp_question_len,
+            args.gsp_output_len,
+            args.seed,
+        )
         return reqs[: args.num_prompts]
     if args.dataset == "agentic":
-        return ds.agentic_sessions(args.num_prompts, args.agentic_turns, args.agentic_system_len,
-                                   args.agentic_tool_output_len, args.agentic_output_len, args.seed)
+        return ds.agentic_sessions(
+            args.num_prompts,
+            args.agentic_turns,
+            args.agentic_system_len,
+            args.agentic_tool_output_len,
+            args.agentic_output_len,
+            args.seed,
+        )
     if not args.dataset_path:
         raise SystemExit("--dataset jsonl needs --dataset-path")
     return ds.jsonl_requests(args.dataset_path, args.num_prompts, args.random_output_len)
@@ -129,16 +157,26 @@ def run(args: argparse.Namespace) -> int:
     if args.random_token_ids and not vocab:
         raise SystemExit("--random-token-ids: the server does not report vocab_size at /get_model_info")
     extra = json.loads(args.extra_request_body) if args.extra_request_body else {}
-    target = Target(root, args.backend, args.model or model or "default", args.api_key,
-                    ignore_eos=not args.disable_ignore_eos, extra_body=extra)
+    target = Target(
+        root,
+        args.backend,
+        args.model or model or "default",
+        args.api_key,
+        ignore_eos=not args.disable_ignore_eos,
+        extra_body=extra,
+    )
     requests = build_requests(args, vocab)
-    shape = LoadShape(args.request_rate, args.max_concurrency, args.seed, args.timeout, not args.disable_progress)
+    shape = LoadShape(
+        args.request_rate, args.max_concurrency, args.seed, args.timeout, not args.disable_progress
+    )
     results, duration = asyncio.run(run_benchmark(target, requests, shape))
     metrics = summarize(results, duration)
     print(format_report(metrics, f"Serving Benchmark ({args.dataset})"), flush=True)
     if args.output_file:
         config = {k: v for k, v in vars(args).items() if k not in ("func", "api_key")}
-        config["request_rate"] = None if math.isinf(args.request_rate) else args.request_rate  # JSON has no inf
+        config["request_rate"] = (
+            None if math.isinf(args.request_rate) else args.request_rate
+        )  # JSON has no inf
         payload = {"config": config, "model": target.model, **metrics}
         Path(args.output_file).write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
         print(f"wrote {args.output_file}", file=sys.stderr)

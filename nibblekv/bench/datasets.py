@@ -14,20 +14,21 @@ from pathlib import Path
 from typing import Any
 
 # Common words that are single tokens in Llama / GPT-2 / SmolLM2 style BPE vocabularies (with a space).
-WORDS: tuple[str, ...] = tuple(
-    "the of and to in is was for on that with as by at from his her it an were are which this be or "
-    "had not but have one their they all there been has when who will more if no out so said what up "
-    "its about into than them can only other new some time could these two may then do first any my "
-    "now such like our over man me even most made after also did many before must through back years "
-    "where much your way well down should because each just those people how too little state good "
-    "very make world still own see men work long get here between both life being under never day "
-    "same another know while last might us great old year off come since against go came right used "
-    "take three states himself few house use during without again place around however home small "
-    "found thought went say part once general high upon school every don does got united left number "
-    "course war until always away something fact though water less public put think almost hand enough "
-    "far took head yet government system better set told nothing night end why called didn find look "
-    "asked later knew point next program city business give group toward young days let room".split()
-)
+_WORD_TEXT = """
+the of and to in is was for on that with as by at from his her it an were are which this be or had
+not but have one their they all there been has when who will more if no out so said what up its
+about into than them can only other new some time could these two may then do first any my now such
+like our over man me even most made after also did many before must through back years where much
+your way well down should because each just those people how too little state good very make world
+still own see men work long get here between both life being under never day same another know
+while last might us great old year off come since against go came right used take three states
+himself few house use during without again place around however home small found thought went say
+part once general high upon school every don does got united left number course war until always
+away something fact though water less public put think almost hand enough far took head yet
+government system better set told nothing night end why called didn find look asked later knew
+point next program city business give group toward young days let room
+"""
+WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
 
 
 @dataclass
@@ -52,8 +53,9 @@ def _length(rng: random.Random, target: int, range_ratio: float) -> int:
     return rng.randint(low, max(low, target))
 
 
-def random_requests(num: int, input_len: int, output_len: int, range_ratio: float, seed: int,
-                    vocab_size: int | None = None) -> list[BenchRequest]:
+def random_requests(
+    num: int, input_len: int, output_len: int, range_ratio: float, seed: int, vocab_size: int | None = None
+) -> list[BenchRequest]:
     """Independent prompts; token ids in ``[100, vocab_size)`` when ``vocab_size`` is given, else words."""
     rng = random.Random(seed)
     out = []
@@ -61,28 +63,33 @@ def random_requests(num: int, input_len: int, output_len: int, range_ratio: floa
         n_in, n_out = _length(rng, input_len, range_ratio), _length(rng, output_len, range_ratio)
         # Ids below 100 hold most special tokens in common vocabularies; avoid them.
         prompt: str | list[int] = (
-            [rng.randrange(100, vocab_size) for _ in range(n_in)] if vocab_size and vocab_size > 100
+            [rng.randrange(100, vocab_size) for _ in range(n_in)]
+            if vocab_size and vocab_size > 100
             else words(rng, n_in)
         )
         out.append(BenchRequest(prompt, n_out))
     return out
 
 
-def shared_prefix_requests(num_groups: int, prompts_per_group: int, system_len: int, question_len: int,
-                           output_len: int, seed: int) -> list[BenchRequest]:
+def shared_prefix_requests(
+    num_groups: int, prompts_per_group: int, system_len: int, question_len: int, output_len: int, seed: int
+) -> list[BenchRequest]:
     """Groups of prompts sharing a long system prefix (prefix-cache and cache-aware routing load)."""
     rng = random.Random(seed)
     out = []
     for g in range(num_groups):
         system = f"System prompt {g}: " + words(rng, system_len)
         for q in range(prompts_per_group):
-            out.append(BenchRequest(f"{system}\n\nQuestion {q}: {words(rng, question_len)}\nAnswer:", output_len))
+            out.append(
+                BenchRequest(f"{system}\n\nQuestion {q}: {words(rng, question_len)}\nAnswer:", output_len)
+            )
     rng.shuffle(out)
     return out
 
 
-def agentic_sessions(num_sessions: int, turns: int, system_len: int, tool_output_len: int, output_len: int,
-                     seed: int) -> list[BenchRequest]:
+def agentic_sessions(
+    num_sessions: int, turns: int, system_len: int, tool_output_len: int, output_len: int, seed: int
+) -> list[BenchRequest]:
     """Multi-turn sessions: each later turn resends the whole history plus a new tool output.
 
     Returns one :class:`BenchRequest` per session (its first turn); ``tool_outputs`` holds the
@@ -92,7 +99,10 @@ def agentic_sessions(num_sessions: int, turns: int, system_len: int, tool_output
     sessions = []
     for s in range(num_sessions):
         messages = [
-            {"role": "system", "content": f"You are agent {s}. Tools: search, read, run. " + words(rng, system_len)},
+            {
+                "role": "system",
+                "content": f"You are agent {s}. Tools: search, read, run. " + words(rng, system_len),
+            },
             {"role": "user", "content": "Task: " + words(rng, 32)},
         ]
         tool_outputs = [f"[tool output {t}]\n" + words(rng, tool_output_len) for t in range(1, turns)]

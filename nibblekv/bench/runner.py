@@ -77,7 +77,9 @@ class _Runner:
             history = [*history, {"role": "assistant", "content": result.text}]
 
 
-async def run_benchmark(target: Target, requests: list[BenchRequest], shape: LoadShape) -> tuple[list[RequestResult], float]:
+async def run_benchmark(
+    target: Target, requests: list[BenchRequest], shape: LoadShape
+) -> tuple[list[RequestResult], float]:
     """Send the workload; return the results and the wall time in seconds."""
     total = num_requests(requests)
     bar = tqdm(total=total, desc="requests", unit="req", disable=not shape.progress)

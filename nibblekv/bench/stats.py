@@ -77,11 +77,17 @@ def format_report(metrics: dict[str, Any], title: str) -> str:
         ("Concurrency", metrics["concurrency"], ".2f"),
     ]
     lines = [f"{' ' + title + ' ':=^60}"] + [f"{label:<44}{value:>16{fmt}}" for label, value, fmt in rows]
-    for key, label in (("e2e_latency", "End-to-End Latency"), ("ttft", "Time to First Token"),
-                       ("itl", "Inter-Token Latency"), ("tpot", "Time per Output Token (excl. 1st)")):
+    for key, label in (
+        ("e2e_latency", "End-to-End Latency"),
+        ("ttft", "Time to First Token"),
+        ("itl", "Inter-Token Latency"),
+        ("tpot", "Time per Output Token (excl. 1st)"),
+    ):
         lines.append(f"{' ' + label + ' ':-^60}")
         for stat in ("mean", "median", "p99"):
-            lines.append(f"{f'{stat.capitalize()} {key.upper()} (ms)':<44}{metrics[f'{stat}_{key}_ms']:>16.2f}")
+            lines.append(
+                f"{f'{stat.capitalize()} {key.upper()} (ms)':<44}{metrics[f'{stat}_{key}_ms']:>16.2f}"
+            )
     for error in metrics["errors"]:
         lines.append(f"error: {error}")
     lines.append("=" * 60)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hmac
 
 from fastapi import FastAPI
-from starlette.requests import Request
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -34,10 +34,10 @@ class APIKeyMiddleware:
         self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(_PROTECTED_PREFIX):
-            if not self._authorized(Headers(scope=scope)):
-                await error_response("Incorrect API key provided.", 401)(scope, receive, send)
-                return
+        protected = scope["type"] == "http" and scope["path"].startswith(_PROTECTED_PREFIX)
+        if protected and not self._authorized(Headers(scope=scope)):
+            await error_response("Incorrect API key provided.", 401)(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
     def _authorized(self, headers: Headers) -> bool:
@@ -64,8 +64,11 @@ async def _metrics(request: Request) -> Response:
 
 async def _models(request: Request) -> JSONResponse:
     state = get_state(request)
-    card = ModelCard(id=state.model_name, root=state.model_info.get("model_path"),
-                     max_model_len=state.limits.context_length)
+    card = ModelCard(
+        id=state.model_name,
+        root=state.model_info.get("model_path"),
+        max_model_len=state.limits.context_length,
+    )
     return JSONResponse(dump(ModelList(data=[card])))
 
 
@@ -76,9 +79,17 @@ async def _model_info(request: Request) -> JSONResponse:
 async def _server_info(request: Request) -> JSONResponse:
     state = get_state(request)
     stats = state.engine.stats()
-    live = stats if isinstance(stats, dict) else {k: v for k, v in vars(stats).items() if not k.startswith("_")}
-    return JSONResponse({**state.server_info, "version": __version__, "engine_stats": live,
-                         "in_flight_requests": state.admission.in_flight})
+    live = (
+        stats if isinstance(stats, dict) else {k: v for k, v in vars(stats).items() if not k.startswith("_")}
+    )
+    return JSONResponse(
+        {
+            **state.server_info,
+            "version": __version__,
+            "engine_stats": live,
+            "in_flight_requests": state.admission.in_flight,
+        }
+    )
 
 
 def build_app(state: ServerState) -> FastAPI:

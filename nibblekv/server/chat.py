@@ -26,7 +26,9 @@ from nibblekv.server.responses import check_model, finish_metrics, respond, sse_
 from nibblekv.server.state import ServerState, get_state, parse_body
 
 
-def _jobs(req: ChatCompletionRequest, state: ServerState) -> tuple[list[GenerationJob], dict[int, ChoiceState]]:
+def _jobs(
+    req: ChatCompletionRequest, state: ServerState
+) -> tuple[list[GenerationJob], dict[int, ChoiceState]]:
     """``n`` engine requests for the templated conversation."""
     ids = chat_prompt(req, state.tokenizer, state.limits)
     max_new = resolve_max_tokens(req.max_new_tokens(), len(ids), state.limits)
@@ -60,8 +62,9 @@ async def create_chat_completion(request: Request) -> Response:
         )
         for i, s in sorted(states.items())
     ]
-    body = ChatCompletionResponse(id=rid, model=state.model_name, choices=choices,
-                                  usage=usage_of(list(states.values())))
+    body = ChatCompletionResponse(
+        id=rid, model=state.model_name, choices=choices, usage=usage_of(list(states.values()))
+    )
     return JSONResponse(dump(body))
 
 
@@ -74,8 +77,13 @@ async def _collect(state: ServerState, jobs: list[GenerationJob], states: dict[i
             finish_metrics(state, states[index], timers[index])
 
 
-async def _stream(req: ChatCompletionRequest, state: ServerState, jobs: list[GenerationJob],
-                  states: dict[int, ChoiceState], rid: str) -> AsyncIterator[str]:
+async def _stream(
+    req: ChatCompletionRequest,
+    state: ServerState,
+    jobs: list[GenerationJob],
+    states: dict[int, ChoiceState],
+    rid: str,
+) -> AsyncIterator[str]:
     """SSE payloads: a role chunk per choice, content deltas, finish, optional usage."""
     names = TokenNames(state.tokenizer)
     timers = {job.index: TokenTimer(state.metrics) for job in jobs}
@@ -95,8 +103,14 @@ async def _stream(req: ChatCompletionRequest, state: ServerState, jobs: list[Gen
             finish_metrics(state, choice, timers[index])
         if shown.text or finish or (req.logprobs and shown.logprobs):
             logprobs = chat_logprobs(shown.logprobs, names) if req.logprobs else None
-            yield chunk(ChatStreamChoice(index=index, delta=ChatResponseMessage(content=shown.text or None),
-                                         logprobs=logprobs, finish_reason=finish))
+            yield chunk(
+                ChatStreamChoice(
+                    index=index,
+                    delta=ChatResponseMessage(content=shown.text or None),
+                    logprobs=logprobs,
+                    finish_reason=finish,
+                )
+            )
     if req.include_usage():
         usage = usage_of(list(states.values()))
         yield json.dumps(dump(ChatCompletionChunk(id=rid, model=state.model_name, choices=[], usage=usage)))

@@ -31,10 +31,18 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=_port, default=30000)
     g.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
     g.add_argument("--served-model-name", default=None, help="the `model` name clients use")
-    g.add_argument("--max-queued-requests", type=_non_negative, default=None,
-                   help="requests waiting beyond --max-running-requests before new ones get 503 (default: no limit)")
-    g.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds SIGTERM waits for in-flight requests before cancelling them")
+    g.add_argument(
+        "--max-queued-requests",
+        type=_non_negative,
+        default=None,
+        help="requests waiting beyond --max-running-requests before new ones get 503 (default: no limit)",
+    )
+    g.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds SIGTERM waits for in-flight requests before cancelling them",
+    )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -42,8 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add ``serve``."""
     from nibblekv.config import add_engine_args
 
-    parser = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server",
-                                   description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = subparsers.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
     add_engine_args(parser)
     add_server_args(parser)
     parser.set_defaults(func=run, _parser=parser)
@@ -55,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
     from nibblekv.engine import AsyncEngine
     from nibblekv.server.launch import serve
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     config = config_from_args_or_exit(args._parser, args)
     engine = AsyncEngine(config)
     return serve(engine, args)

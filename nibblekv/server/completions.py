@@ -9,7 +9,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nibblekv.server.engine_api import Delta
-from nibblekv.server.formatting import ChoiceState, TokenNames, completion_logprobs, prompt_entries, text_length, usage_of
+from nibblekv.server.formatting import (
+    ChoiceState,
+    TokenNames,
+    completion_logprobs,
+    prompt_entries,
+    text_length,
+    usage_of,
+)
 from nibblekv.server.generation import GenerationJob, merged_streams
 from nibblekv.server.metrics import TokenTimer
 from nibblekv.server.params import completion_prompts, make_params, resolve_max_tokens, sampling_kwargs
@@ -26,7 +33,9 @@ def _jobs(req: CompletionRequest, state: ServerState) -> tuple[list[GenerationJo
     states: dict[int, ChoiceState] = {}
     for p, ids in enumerate(prompts):
         max_new = resolve_max_tokens(req.max_tokens, len(ids), state.limits)
-        kwargs = sampling_kwargs(req, max_new, logprobs, logprobs if req.echo and logprobs is not None else None)
+        kwargs = sampling_kwargs(
+            req, max_new, logprobs, logprobs if req.echo and logprobs is not None else None
+        )
         params = make_params(state.sampling_params, kwargs)
         for j in range(req.n):
             index = p * req.n + j
@@ -44,7 +53,9 @@ def _echo_text(req: CompletionRequest, state: ServerState, choice: ChoiceState) 
     return state.tokenizer.decode(choice.prompt_ids, skip_special_tokens=False)
 
 
-def _final_choice(req: CompletionRequest, state: ServerState, choice: ChoiceState, names: TokenNames) -> CompletionChoice:
+def _final_choice(
+    req: CompletionRequest, state: ServerState, choice: ChoiceState, names: TokenNames
+) -> CompletionChoice:
     text = "".join(choice.text)
     logprobs = None
     if req.logprobs is not None:
@@ -52,7 +63,9 @@ def _final_choice(req: CompletionRequest, state: ServerState, choice: ChoiceStat
         logprobs = completion_logprobs(entries, names)
     if req.echo:
         text = _echo_text(req, state, choice) + text
-    return CompletionChoice(index=choice.index, text=text, logprobs=logprobs, finish_reason=choice.finish_reason)
+    return CompletionChoice(
+        index=choice.index, text=text, logprobs=logprobs, finish_reason=choice.finish_reason
+    )
 
 
 async def create_completion(request: Request) -> Response:
@@ -71,7 +84,9 @@ async def create_completion(request: Request) -> Response:
         release()
     names = TokenNames(state.tokenizer)
     choices = [_final_choice(req, state, states[i], names) for i in sorted(states)]
-    body = CompletionResponse(id=rid, model=state.model_name, choices=choices, usage=usage_of(list(states.values())))
+    body = CompletionResponse(
+        id=rid, model=state.model_name, choices=choices, usage=usage_of(list(states.values()))
+    )
     return JSONResponse(dump(body))
 
 
@@ -90,8 +105,13 @@ def _observe(choice: ChoiceState, delta: Delta, timer: TokenTimer, state: Server
     return shown
 
 
-async def _stream(req: CompletionRequest, state: ServerState, jobs: list[GenerationJob],
-                  states: dict[int, ChoiceState], rid: str) -> AsyncIterator[str]:
+async def _stream(
+    req: CompletionRequest,
+    state: ServerState,
+    jobs: list[GenerationJob],
+    states: dict[int, ChoiceState],
+    rid: str,
+) -> AsyncIterator[str]:
     """SSE payloads: text deltas per choice, a usage chunk if asked, then ``[DONE]``."""
     names = TokenNames(state.tokenizer)
     timers = {job.index: TokenTimer(state.metrics) for job in jobs}
@@ -119,4 +139,3 @@ async def _stream(req: CompletionRequest, state: ServerState, jobs: list[Generat
     if req.include_usage():
         usage = usage_of(list(states.values()))
         yield json.dumps(dump(CompletionResponse(id=rid, model=state.model_name, choices=[], usage=usage)))
-

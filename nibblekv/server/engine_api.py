@@ -34,7 +34,9 @@ class ServingEngine(Protocol):
 
     tokenizer: Any
 
-    def generate(self, prompt: str | list[int], params: Any, request_id: str | None = None) -> AsyncIterator[Any]:
+    def generate(
+        self, prompt: str | list[int], params: Any, request_id: str | None = None
+    ) -> AsyncIterator[Any]:
         """Incremental outputs of one request."""
         ...
 

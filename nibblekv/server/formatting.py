@@ -54,8 +54,17 @@ class ChoiceState:
         if delta.finished:
             self.finish_reason = delta.finish_reason or "stop"
         if self.drop_output:
-            delta = Delta("", [], [], delta.prompt_logprobs, delta.finished, "length", delta.prompt_tokens, 0,
-                          delta.cached_tokens)
+            delta = Delta(
+                "",
+                [],
+                [],
+                delta.prompt_logprobs,
+                delta.finished,
+                "length",
+                delta.prompt_tokens,
+                0,
+                delta.cached_tokens,
+            )
             if delta.finished:
                 self.finish_reason = "length"
             return delta
@@ -78,7 +87,9 @@ def usage_of(states: list[ChoiceState]) -> UsageInfo:
     return usage
 
 
-def completion_logprobs(entries: list[TokenLogprob], names: TokenNames, offset: int = 0) -> CompletionLogprobs:
+def completion_logprobs(
+    entries: list[TokenLogprob], names: TokenNames, offset: int = 0
+) -> CompletionLogprobs:
     """Legacy completions logprobs for ``entries``; ``offset`` is the text offset of the first token."""
     out = CompletionLogprobs()
     for entry in entries:
@@ -110,8 +121,14 @@ def chat_logprobs(entries: list[TokenLogprob], names: TokenNames) -> ChatLogprob
     for entry in entries:
         token = names(entry.token_id)
         top = [TopLogprob(token=names(t), logprob=lp, bytes=list(names(t).encode())) for t, lp in entry.top]
-        content.append(ChatTokenLogprob(token=token, logprob=entry.logprob if entry.logprob is not None else 0.0,
-                                        bytes=list(token.encode()), top_logprobs=top))
+        content.append(
+            ChatTokenLogprob(
+                token=token,
+                logprob=entry.logprob if entry.logprob is not None else 0.0,
+                bytes=list(token.encode()),
+                top_logprobs=top,
+            )
+        )
     return ChatLogprobs(content=content)
 
 

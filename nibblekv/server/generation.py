@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from nibblekv.server.errors import ClientDisconnected
 from nibblekv.server.engine_api import Delta, DeltaReader, ServingEngine
+from nibblekv.server.errors import ClientDisconnected
 
 T = TypeVar("T")
 
@@ -48,7 +48,9 @@ async def generation_stream(engine: ServingEngine, job: GenerationJob) -> AsyncI
             engine.abort(request_id)
 
 
-async def merged_streams(engine: ServingEngine, jobs: Sequence[GenerationJob]) -> AsyncIterator[tuple[int, Delta]]:
+async def merged_streams(
+    engine: ServingEngine, jobs: Sequence[GenerationJob]
+) -> AsyncIterator[tuple[int, Delta]]:
     """Deltas of several engine requests as they arrive, tagged with their job index."""
     if len(jobs) == 1:  # the common case needs no tasks
         async with contextlib.aclosing(generation_stream(engine, jobs[0])) as stream:
@@ -62,7 +64,7 @@ async def merged_streams(engine: ServingEngine, jobs: Sequence[GenerationJob]) -
             async with contextlib.aclosing(generation_stream(engine, job)) as stream:
                 async for delta in stream:
                     await queue.put((job.index, delta))
-        except Exception as exc:  # re-raised in the consumer
+        except Exception as exc:  # noqa: BLE001 -- handed to the consumer, which re-raises it
             await queue.put(exc)
         await queue.put(None)
 

@@ -120,9 +120,15 @@ def serve(engine: Any, args: argparse.Namespace) -> int:
     """Serve until a shutdown signal; returns the exit code."""
     state = state_from_engine(engine, args)
     app = build_app(state)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=5,
-                            access_log=args.log_level == "debug")
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.drain_timeout,
+        timeout_keep_alive=5,
+        access_log=args.log_level == "debug",
+    )
     server = _DrainingServer(config, state)
     log.info("serving %s on http://%s:%d", state.model_name, args.host, args.port)
     try:

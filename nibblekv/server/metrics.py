@@ -19,10 +19,52 @@ from prometheus_client.registry import Collector
 disable_created_metrics()  # the *_created series only clutter the exposition
 
 # Latency buckets (seconds): sub-ms decode steps on a GPU up to minutes-long CPU prefills.
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
-_ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
-                0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
+_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+)
+_ITL_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+)
 
 
 def _stat(stats: Any, *names: str, default: float = 0.0) -> float:
@@ -44,13 +86,22 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         stats = self._stats()
-        yield _gauge("num_running_reqs", "Requests in the running batch", _stat(stats, "running", "num_running"))
-        yield _gauge("num_queue_reqs", "Requests waiting for a batch slot", _stat(stats, "queued", "num_queued"))
-        yield _gauge("num_used_tokens", "KV cache tokens in use", _stat(stats, "used_tokens", "num_used_tokens"))
+        yield _gauge(
+            "num_running_reqs", "Requests in the running batch", _stat(stats, "running", "num_running")
+        )
+        yield _gauge(
+            "num_queue_reqs", "Requests waiting for a batch slot", _stat(stats, "queued", "num_queued")
+        )
+        yield _gauge(
+            "num_used_tokens", "KV cache tokens in use", _stat(stats, "used_tokens", "num_used_tokens")
+        )
         yield _gauge("token_usage", "Fraction of the KV cache in use", _stat(stats, "token_usage"))
         yield _gauge("max_total_num_tokens", "KV cache capacity in tokens", float(self._max_total_tokens))
-        yield _gauge("cache_hit_rate", "Prompt tokens served from the prefix cache / all prompt tokens",
-                     self._counters.cache_hit_rate())
+        yield _gauge(
+            "cache_hit_rate",
+            "Prompt tokens served from the prefix cache / all prompt tokens",
+            self._counters.cache_hit_rate(),
+        )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -69,15 +120,24 @@ class ServerMetrics:
         r = self.registry
         self.prompt_tokens = Counter("nibblekv:prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("nibblekv:generation_tokens", "Tokens generated", registry=r)
-        self.cached_tokens = Counter("nibblekv:cached_tokens", "Prompt tokens served from the prefix cache",
-                                     registry=r)
-        self.requests = Counter("nibblekv:num_requests", "Finished requests by outcome", ["outcome"], registry=r)
-        self.ttft = Histogram("nibblekv:time_to_first_token_seconds", "Time to first token", registry=r,
-                              buckets=_TTFT_BUCKETS)
-        self.itl = Histogram("nibblekv:inter_token_latency_seconds", "Time between output tokens",
-                             registry=r, buckets=_ITL_BUCKETS)
-        self.e2e = Histogram("nibblekv:e2e_request_latency_seconds", "Request latency", registry=r,
-                             buckets=_TTFT_BUCKETS)
+        self.cached_tokens = Counter(
+            "nibblekv:cached_tokens", "Prompt tokens served from the prefix cache", registry=r
+        )
+        self.requests = Counter(
+            "nibblekv:num_requests", "Finished requests by outcome", ["outcome"], registry=r
+        )
+        self.ttft = Histogram(
+            "nibblekv:time_to_first_token_seconds", "Time to first token", registry=r, buckets=_TTFT_BUCKETS
+        )
+        self.itl = Histogram(
+            "nibblekv:inter_token_latency_seconds",
+            "Time between output tokens",
+            registry=r,
+            buckets=_ITL_BUCKETS,
+        )
+        self.e2e = Histogram(
+            "nibblekv:e2e_request_latency_seconds", "Request latency", registry=r, buckets=_TTFT_BUCKETS
+        )
         self._prompt_total = 0
         self._cached_total = 0
 

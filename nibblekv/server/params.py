@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nibblekv.server.errors import APIError
 from nibblekv.server.engine_api import ServingTokenizer
+from nibblekv.server.errors import APIError
 from nibblekv.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 
@@ -39,7 +39,10 @@ def completion_prompts(
     elif all(isinstance(p, list) for p in raw):
         prompts = [[int(t) for t in p] for p in raw]  # type: ignore[union-attr]
     else:
-        raise APIError("prompt must be a string, a list of strings, a list of token ids or a list of those", param="prompt")
+        raise APIError(
+            "prompt must be a string, a list of strings, a list of token ids or a list of those",
+            param="prompt",
+        )
     for ids in prompts:
         check_prompt_ids(ids, limits)
     return prompts
@@ -53,7 +56,9 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: ServingTokenizer, limits:
     except ValueError as exc:  # e.g. a template that rejects the role order
         raise APIError(f"cannot apply the chat template: {exc}", param="messages") from exc
     except Exception as exc:  # jinja2 TemplateError and friends are client-caused too
-        raise APIError(f"cannot apply the chat template: {type(exc).__name__}: {exc}", param="messages") from exc
+        raise APIError(
+            f"cannot apply the chat template: {type(exc).__name__}: {exc}", param="messages"
+        ) from exc
     check_prompt_ids(ids, limits)
     return ids
 
@@ -95,8 +100,9 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, limits: ModelLimi
     return requested
 
 
-def sampling_kwargs(req: SamplingFields, max_new_tokens: int, logprobs: int | None,
-                    prompt_logprobs: int | None) -> dict[str, Any]:
+def sampling_kwargs(
+    req: SamplingFields, max_new_tokens: int, logprobs: int | None, prompt_logprobs: int | None
+) -> dict[str, Any]:
     """Keyword arguments for ``SamplingParams``; unset fields keep the engine's defaults."""
     kwargs: dict[str, Any] = {
         # The engine generates at least one token; max_tokens=0 (lm-eval scoring) drops it later.

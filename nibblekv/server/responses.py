@@ -25,8 +25,11 @@ def check_model(state: ServerState, model: str | None) -> None:
     """Accept the served model's name, its path, or no name; anything else is a 404 like OpenAI's."""
     if model is None or model in (state.model_name, state.model_info.get("model_path"), "default"):
         return
-    raise APIError(f"The model `{model}` does not exist. This server serves `{state.model_name}`.",
-                   status=404, param="model")
+    raise APIError(
+        f"The model `{model}` does not exist. This server serves `{state.model_name}`.",
+        status=404,
+        param="model",
+    )
 
 
 def finish_metrics(state: ServerState, choice: ChoiceState, timer: TokenTimer) -> None:
@@ -45,8 +48,11 @@ class _ReleasingStream(StreamingResponse):
     """A streaming response that releases its admission slots however the stream ends."""
 
     def __init__(self, content: AsyncIterator[str], release: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -56,7 +62,9 @@ class _ReleasingStream(StreamingResponse):
             self._release()
 
 
-async def _sse_events(request: Request, payloads: AsyncIterator[str], release: Callable[[], None]) -> AsyncIterator[str]:
+async def _sse_events(
+    request: Request, payloads: AsyncIterator[str], release: Callable[[], None]
+) -> AsyncIterator[str]:
     """``data: ...`` events, an error event if generation fails, and always ``data: [DONE]``."""
     try:
         async for payload in stop_on_disconnect(request, payloads):
@@ -73,6 +81,8 @@ async def _sse_events(request: Request, payloads: AsyncIterator[str], release: C
     yield "data: [DONE]\n\n"
 
 
-def sse_response(request: Request, payloads: AsyncIterator[str], release: Callable[[], None]) -> StreamingResponse:
+def sse_response(
+    request: Request, payloads: AsyncIterator[str], release: Callable[[], None]
+) -> StreamingResponse:
     """A server-sent-events response over JSON payloads, ending with ``data: [DONE]``."""
     return _ReleasingStream(_sse_events(request, payloads, release), release)

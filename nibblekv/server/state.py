@@ -131,4 +131,8 @@ def _describe(exc: ValidationError) -> tuple[str, int, str | None]:
     first = exc.errors(include_url=False)[0]
     param = ".".join(str(p) for p in first.get("loc", ())) or None
     more = f" (and {exc.error_count() - 1} more errors)" if exc.error_count() > 1 else ""
-    return f"{param}: {first.get('msg', 'invalid value')}{more}" if param else f"{first['msg']}{more}", 400, param
+    return (
+        f"{param}: {first.get('msg', 'invalid value')}{more}" if param else f"{first['msg']}{more}",
+        400,
+        param,
+    )
