@@ -154,3 +154,26 @@ def test_cli_batch_is_resumable(tiny_config: str, tmp_path: Path, monkeypatch: p
     by_id = {d["id"]: d for d in done}
     assert [by_id[str(i)]["completion_tokens"] for i in range(3)] == [3, 4, 5]
     assert by_id["msg"]["completion_tokens"] == 4
+
+
+def test_decode_log_line_and_kv_scales(
+    tiny_config: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import re
+
+    scales = tmp_path / "scales.json"
+    scales.write_text(json.dumps({"k_scale": [0.5, 0.25], "v_scale": [2.0, 4.0]}))
+    caplog.set_level("INFO", logger="nibblekv")
+    engine = Engine(
+        load_format="dummy", model=tiny_config, max_total_tokens=512, kv_cache_dtype="fp8_e4m3",
+        kv_scales_path=str(scales), decode_log_interval=2,
+    )  # fmt: skip
+    assert engine.pool.main[1].global_scale.tolist() == [0.25, 4.0]
+    engine.generate(["a", "b", "c"], SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True))
+    pattern = (
+        r"Decode batch\. #running-req: \d+, #token: \d+, token usage: \d\.\d\d, cuda graph: False, "
+        r"gen throughput \(token/s\): [\d.]+, #queue-req: \d+"
+    )
+    lines = [m for m in caplog.messages if m.startswith("Decode batch.")]
+    assert lines and all(re.fullmatch(pattern, m) for m in lines)
+    assert "#running-req: 3," in lines[0]

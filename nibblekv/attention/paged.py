@@ -11,6 +11,7 @@ Per layer, for one forward (see ``nibblekv.cache.manager`` for the tail rule):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ import torch
 
 from nibblekv.attention.backend import AttentionBackend
 from nibblekv.cache.manager import Growth, RequestPages
+from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
 from nibblekv.kernels import LayerKV, decode_attention, demote_pages, extend_attention, write_kv
 
@@ -45,72 +47,49 @@ class PagedMetadata:
     demote_in_forward: bool = True  # False when the caller demotes before the forward (CUDA graphs)
 
 
-def _pad_rows(rows: Sequence[Sequence[int]], width: int | None = None) -> list[list[int]]:
-    # NOTE: padding uses the scratch page 0, so a kernel never sees an out-of-range page id.
-    w = max([len(r) for r in rows] + [1]) if width is None else width
-    return [list(r) + [0] * (w - len(r)) for r in rows]
-
-
 def host_metadata(
     batch: Sequence[tuple[RequestPages, Growth]], is_decode: bool, page_size: int
-) -> dict[str, list]:
-    """The batch's metadata as Python lists (the graph runner pads these into static buffers)."""
-    main_rows, tail_rows, main_lens, tail_lens = [], [], [], []
-    main_slots: list[int] = []
-    tail_slots: list[int] = []
-    cu = [0]
-    src: list[int] = []
-    dst: list[int] = []
+) -> dict[str, list[int]]:
+    """The batch's per-request lengths, per-token slots and demotions as Python lists."""
+    h: dict[str, list[int]] = {k: [] for k in ("main_lens", "tail_lens", "main_slots", "tail_slots")}
+    h.update(cu_seqlens=[0], demote_src=[], demote_dst=[])
     for pages, g in batch:
-        main_rows.append(pages.main)
-        tail_rows.append(pages.tail)
         read_len = g.new_len if is_decode else g.old_len
         main_len = min(g.num_main, read_len)
-        main_lens.append(main_len)
-        tail_lens.append(read_len - main_len)
+        h["main_lens"].append(main_len)
+        h["tail_lens"].append(read_len - main_len)
         for pos in range(g.old_len, g.new_len):
             in_main, slot = pages.slot(pos, page_size)
-            main_slots.append(slot if in_main else -1)
-            tail_slots.append(-1 if in_main else slot)
-        cu.append(cu[-1] + g.new_len - g.old_len)
-        src.extend(g.demote_src)
-        dst.extend(g.demote_dst)
-    return {
-        "page_table": main_rows,
-        "tail_page_table": tail_rows,
-        "main_lens": main_lens,
-        "tail_lens": tail_lens,
-        "main_slots": main_slots,
-        "tail_slots": tail_slots,
-        "cu_seqlens": cu,
-        "demote_src": src,
-        "demote_dst": dst,
-    }
+            h["main_slots"].append(slot if in_main else -1)
+            h["tail_slots"].append(-1 if in_main else slot)
+        h["cu_seqlens"].append(h["cu_seqlens"][-1] + g.new_len - g.old_len)
+        h["demote_src"].extend(g.demote_src)
+        h["demote_dst"].extend(g.demote_dst)
+    return h
+
+
+def to_device(lists: dict[str, list[int]], device: torch.device) -> dict[str, torch.Tensor]:
+    """int64 tensors of ``lists`` on ``device`` through ONE host-to-device copy (views of one buffer)."""
+    sizes = [len(v) for v in lists.values()]
+    flat = torch.tensor(list(itertools.chain.from_iterable(lists.values())), dtype=torch.int64)
+    return dict(zip(lists, flat.to(device, non_blocking=True).split(sizes)))
 
 
 def build_metadata(
-    batch: Sequence[tuple[RequestPages, Growth]], is_decode: bool, page_size: int, device: torch.device
+    d: dict[str, torch.Tensor], rows: torch.Tensor, is_decode: bool, table: PageTable
 ) -> PagedMetadata:
-    """Eager-mode metadata: tensors sized to this batch."""
-    h = host_metadata(batch, is_decode, page_size)
-
-    def i32(x: list) -> torch.Tensor:
-        return torch.tensor(x, dtype=torch.int32, device=device)
-
-    def i64(x: list) -> torch.Tensor:
-        return torch.tensor(x, dtype=torch.int64, device=device)
-
+    """Eager-mode metadata from :func:`to_device` output ``d`` and the batch's page-table ``rows``."""
     return PagedMetadata(
         is_decode=is_decode,
-        page_table=i32(_pad_rows(h["page_table"])),
-        main_lens=i32(h["main_lens"]),
-        tail_page_table=i32(_pad_rows(h["tail_page_table"])),
-        tail_lens=i32(h["tail_lens"]),
-        main_slots=i64(h["main_slots"]),
-        tail_slots=i64(h["tail_slots"]),
-        cu_seqlens=None if is_decode else i32(h["cu_seqlens"]),
-        demote_src=i64(h["demote_src"]),
-        demote_dst=i64(h["demote_dst"]),
+        page_table=table.main.index_select(0, rows),
+        main_lens=d["main_lens"].to(torch.int32),
+        tail_page_table=table.tail.index_select(0, rows),
+        tail_lens=d["tail_lens"].to(torch.int32),
+        main_slots=d["main_slots"],
+        tail_slots=d["tail_slots"],
+        cu_seqlens=None if is_decode else d["cu_seqlens"].to(torch.int32),
+        demote_src=d["demote_src"],
+        demote_dst=d["demote_dst"],
     )
 
 
@@ -146,7 +125,17 @@ class PagedAttentionBackend(AttentionBackend):
             )
         assert m.cu_seqlens is not None
         out = extend_attention(
-            q, k, v, m.cu_seqlens, main, m.page_table, m.main_lens, self.sm_scale, tail, m.tail_page_table, m.tail_lens
+            q,
+            k,
+            v,
+            m.cu_seqlens,
+            main,
+            m.page_table,
+            m.main_lens,
+            self.sm_scale,
+            tail,
+            m.tail_page_table,
+            m.tail_lens,
         )
         # NOTE: written after attending: the chunk attends to its fresh K/V, never to the stored copy.
         self._write(k, v, main, tail)

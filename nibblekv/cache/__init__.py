@@ -2,6 +2,7 @@
 
 from nibblekv.cache.allocator import FreeListAllocator, OutOfPagesError, PageAllocator
 from nibblekv.cache.manager import BaseCacheManager, Growth, RequestPages, TieredCacheManager, main_len_after
+from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool, PoolSpec, load_kv_scales, size_pool, tail_pages_for
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "KVPool",
     "OutOfPagesError",
     "PageAllocator",
+    "PageTable",
     "PoolSpec",
     "RequestPages",
     "TieredCacheManager",

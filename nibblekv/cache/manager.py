@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from nibblekv.cache.pool import KVPool
+
+if TYPE_CHECKING:
+    from nibblekv.cache.page_table import PageTable
 
 
 def cdiv(a: int, b: int) -> int:
@@ -38,6 +42,10 @@ class RequestPages:
     tail: list[int] = field(default_factory=list)
     num_tokens: int = 0
     num_main: int = 0
+    # Device mirror bookkeeping (see nibblekv.cache.page_table): row 0 = none yet.
+    table_row: int = 0
+    synced_main: int = 0
+    synced_tail: list[int] = field(default_factory=list)
 
     def slot(self, pos: int, page_size: int) -> tuple[bool, int]:
         """``(in_main, slot)`` of stored position ``pos``."""
@@ -101,10 +109,14 @@ class BaseCacheManager(ABC):
 
 
 class TieredCacheManager(BaseCacheManager):
-    """The tail rule over one :class:`KVPool` (main + tail allocators)."""
+    """The tail rule over one :class:`KVPool` (main + tail allocators).
 
-    def __init__(self, pool: KVPool) -> None:
+    With a :class:`PageTable`, a released request's device row is returned too.
+    """
+
+    def __init__(self, pool: KVPool, page_table: PageTable | None = None) -> None:
         self.pool = pool
+        self.page_table = page_table
         self.page_size = pool.page_size
         self.window = pool.recent_window
 
@@ -126,7 +138,8 @@ class TieredCacheManager(BaseCacheManager):
     def can_grow(self, pages: RequestPages, new_len: int, reserve_main: int = 0) -> bool:
         new_main, new_tail = self.pages_needed(pages, new_len)
         return (
-            new_main + reserve_main <= self.pool.main_alloc.num_free and new_tail <= self.pool.tail_alloc.num_free
+            new_main + reserve_main <= self.pool.main_alloc.num_free
+            and new_tail <= self.pool.tail_alloc.num_free
         )
 
     def grow(self, pages: RequestPages, new_len: int) -> Growth:
@@ -158,3 +171,5 @@ class TieredCacheManager(BaseCacheManager):
         self.pool.tail_alloc.free(pages.tail)
         pages.main, pages.tail = [], []
         pages.num_tokens = pages.num_main = 0
+        if self.page_table is not None:
+            self.page_table.free(pages)

@@ -28,6 +28,7 @@ class AsyncEngine:
 
     def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
         self.engine = Engine(config, **overrides)
+        self.engine.stream = True
         self.config = self.engine.config
         self.tokenizer = self.engine.tokenizer
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata
-from nibblekv.cache.manager import cdiv
+from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, to_device
+from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
 from nibblekv.kernels import demote_pages
 from nibblekv.model import CausalLM
@@ -28,22 +28,20 @@ class CudaGraphRunner:
     """Captures the decode forward for :func:`capture_sizes` and replays it."""
 
     def __init__(
-        self, model: CausalLM, backend: PagedAttentionBackend, pool: KVPool, max_bs: int, context_len: int
+        self, model: CausalLM, backend: PagedAttentionBackend, pool: KVPool, table: PageTable, max_bs: int
     ) -> None:
         self.model = model
         self.backend = backend
         self.pool = pool
+        self.table = table
         self.sizes = capture_sizes(max_bs)
         dev = model.device
-        p = pool.page_size
-        width = cdiv(context_len, p) + 1
-        tail_width = max(1, pool.recent_window // p + 1)
         n = self.sizes[-1]
         i32: dict = {"dtype": torch.int32, "device": dev}
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.page_table = torch.zeros(n, width, **i32)
-        self.tail_page_table = torch.zeros(n, tail_width, **i32)
+        self.page_table = torch.zeros(n, table.main.shape[1], **i32)
+        self.tail_page_table = torch.zeros(n, table.tail.shape[1], **i32)
         self.main_lens = torch.ones(n, **i32)
         self.tail_lens = torch.zeros(n, **i32)
         self.main_slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
@@ -90,39 +88,35 @@ class CudaGraphRunner:
         hidden = self.model.forward(self.input_ids[:bs], self.positions[:bs], self.backend)
         return self.model.compute_logits(hidden)
 
-    def replay(self, h: dict[str, list], input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Run the batch described by ``host_metadata`` output ``h``; returns logits ``[bs, vocab]``."""
-        bs = input_ids.shape[0]
+    def replay(self, lists: dict[str, list[int]], bs: int) -> torch.Tensor:
+        """Run the batch described by the runner's ``lists``; returns logits ``[bs, vocab]``."""
         size = next(s for s in self.sizes if s >= bs)
-        self._demote(h["demote_src"], h["demote_dst"])
-        self._fill(h, input_ids, positions, bs, size)
+        self._demote(lists["demote_src"], lists["demote_dst"])
+        self._fill(lists, bs, size)
         self.graphs[size].replay()
         return self.logits[size][:bs]
 
-    def _fill(
-        self, h: dict[str, list], input_ids: torch.Tensor, positions: torch.Tensor, bs: int, size: int
-    ) -> None:
-        dev = self.input_ids.device
-        self.input_ids[:bs].copy_(input_ids)
-        self.positions[:bs].copy_(positions)
-        self.input_ids[bs:size].zero_()
-        self.positions[bs:size].zero_()
-        for buf, rows in ((self.page_table, h["page_table"]), (self.tail_page_table, h["tail_page_table"])):
-            host = torch.zeros(size, buf.shape[1], dtype=torch.int32)
-            for i, r in enumerate(rows):
-                host[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
-            buf[:size].copy_(host.to(dev, non_blocking=True))
+    def _fill(self, lists: dict[str, list[int]], bs: int, size: int) -> None:
         pad = size - bs
-        self.main_lens[:size].copy_(torch.tensor(h["main_lens"] + [1] * pad, dtype=torch.int32).to(dev))
-        self.tail_lens[:size].copy_(torch.tensor(h["tail_lens"] + [0] * pad, dtype=torch.int32).to(dev))
-        self.main_slots[:size].copy_(torch.tensor(h["main_slots"] + [-1] * pad).to(dev))
-        self.tail_slots[:size].copy_(torch.tensor(h["tail_slots"] + [-1] * pad).to(dev))
+        # Padding rows: token 0 at position 0, reading one token of the scratch page, writing nowhere.
+        padded = {
+            "input_ids": lists["input_ids"] + [0] * pad,
+            "positions": lists["positions"] + [0] * pad,
+            "main_lens": lists["main_lens"] + [1] * pad,
+            "tail_lens": lists["tail_lens"] + [0] * pad,
+            "main_slots": lists["main_slots"] + [-1] * pad,
+            "tail_slots": lists["tail_slots"] + [-1] * pad,
+            "rows": lists["rows"] + [0] * pad,
+        }
+        d = to_device(padded, self.input_ids.device)
+        for name in ("input_ids", "positions", "main_lens", "tail_lens", "main_slots", "tail_slots"):
+            getattr(self, name)[:size].copy_(d[name])
+        torch.index_select(self.table.main, 0, d["rows"], out=self.page_table[:size])
+        torch.index_select(self.table.tail, 0, d["rows"], out=self.tail_page_table[:size])
 
     def _demote(self, src: list[int], dst: list[int]) -> None:
         if not src:
             return
-        dev = self.input_ids.device
-        s = torch.tensor(src, dtype=torch.int64, device=dev)
-        d = torch.tensor(dst, dtype=torch.int64, device=dev)
+        d = to_device({"src": src, "dst": dst}, self.input_ids.device)
         for layer in range(len(self.pool.main)):
-            demote_pages(self.pool.tail[layer], s, self.pool.main[layer], d)
+            demote_pages(self.pool.tail[layer], d["src"], self.pool.main[layer], d["dst"])

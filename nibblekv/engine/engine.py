@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nibblekv.cache import KVPool, PoolSpec, TieredCacheManager, load_kv_scales, size_pool
+from nibblekv.cache import KVPool, PageTable, PoolSpec, TieredCacheManager, load_kv_scales, size_pool
 from nibblekv.config import CPU_DEFAULT_MAX_TOTAL_TOKENS, EngineConfig
 from nibblekv.engine.model_runner import ModelRunner
 from nibblekv.engine.output import OutputProcessor
@@ -115,8 +115,13 @@ class Engine:
         self.pool = build_pool(cfg, self.model, self.max_running)
         for line in self.pool.startup_lines(self.max_running, self.context_len):
             logger.info(line)
+        # NOTE: one row per running request; each row holds up to context_len tokens of pages.
+        p = self.pool.page_size
+        self.page_table = PageTable(
+            self.max_running, -(-self.context_len // p) + 1, self.pool.recent_window // p + 1, self.device
+        )
         self.scheduler = Scheduler(
-            TieredCacheManager(self.pool),
+            TieredCacheManager(self.pool, self.page_table),
             max_running_requests=self.max_running,
             chunk_tokens=cfg.chunk_tokens,
             eos_token_ids=[*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids],
@@ -124,17 +129,18 @@ class Engine:
         self.runner = ModelRunner(
             self.model,
             self.pool,
+            self.page_table,
             seed=cfg.seed,
             use_cuda_graph=self.device.type == "cuda" and not cfg.disable_cuda_graph,
             cuda_graph_max_bs=cfg.cuda_graph_max_bs,
             max_running_requests=self.max_running,
-            context_len=self.context_len,
         )
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._live: dict[str, Request] = {}
         self.last_batch: ScheduledBatch | None = None  # for benchmarks and tests
+        self.stream = False  # True: step() returns an output for every request it advanced
 
     @property
     def max_total_num_tokens(self) -> int:
@@ -206,7 +212,9 @@ class Engine:
         self.last_batch = batch
         self._log(batch)
         touched = list(dict.fromkeys([*advanced, *self.scheduler.take_finished()]))
-        return [self._emit(r) for r in touched]
+        # NOTE: offline, a running request needs its text only to look for stop strings; skipping the
+        # rest keeps the per-step host work off the decode critical path.
+        return [self._emit(r) for r in touched if self.stream or r.finished or r.params.stop]
 
     def _emit(self, req: Request) -> RequestOutput:
         if self.outputs.update(req):

@@ -6,7 +6,8 @@ import logging
 
 import torch
 
-from nibblekv.attention.paged import PagedAttentionBackend, build_metadata, host_metadata
+from nibblekv.attention.paged import PagedAttentionBackend, build_metadata, host_metadata, to_device
+from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
 from nibblekv.engine.cuda_graph import CudaGraphRunner
 from nibblekv.engine.request import Request, TokenLogprob
@@ -34,15 +35,16 @@ class ModelRunner:
         self,
         model: CausalLM,
         pool: KVPool,
+        page_table: PageTable,
         *,
         seed: int,
         use_cuda_graph: bool,
         cuda_graph_max_bs: int,
         max_running_requests: int,
-        context_len: int,
     ) -> None:
         self.model = model
         self.pool = pool
+        self.page_table = page_table
         self.device = model.device
         self.backend = PagedAttentionBackend(pool)
         self.sampler = Sampler(self.device, seed)
@@ -51,7 +53,7 @@ class ModelRunner:
         if use_cuda_graph:
             max_bs = min(cuda_graph_max_bs, max_running_requests)
             try:
-                self.graphs = CudaGraphRunner(model, self.backend, pool, max_bs, context_len)
+                self.graphs = CudaGraphRunner(model, self.backend, pool, page_table, max_bs)
             except RuntimeError as exc:  # e.g. a kernel that syncs with the host cannot be captured
                 logger.warning("CUDA graph capture failed, decoding eagerly: %s", exc)
                 torch.cuda.synchronize()
@@ -63,23 +65,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepResult:
-        ids: list[int] = []
-        positions: list[int] = []
+        lists: dict[str, list[int]] = {"input_ids": [], "positions": []}
         for req, g in zip(batch.reqs, batch.growths):
-            ids.extend(req.token_ids[g.old_len : g.new_len])
-            positions.extend(range(g.old_len, g.new_len))
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+            lists["input_ids"].extend(req.token_ids[g.old_len : g.new_len])
+            lists["positions"].extend(range(g.old_len, g.new_len))
         pairs = [(r.pages, g) for r, g in zip(batch.reqs, batch.growths)]
+        lists.update(host_metadata(pairs, batch.is_decode, self.pool.page_size))
+        lists["rows"] = self.page_table.sync([r.pages for r in batch.reqs])
         bs = len(batch.reqs)
         self._used_graph = bool(batch.is_decode and self.graphs is not None and self.graphs.fits(bs))
         if self._used_graph:
             assert self.graphs is not None
-            h = host_metadata(pairs, True, self.pool.page_size)
-            logits = self.graphs.replay(h, input_ids, pos)
-            return self._sample(batch, logits, prompt_logprobs={})
-        self.backend.bind(build_metadata(pairs, batch.is_decode, self.pool.page_size, self.device))
-        hidden = self.model.forward(input_ids, pos, self.backend)
+            return self._sample(batch, self.graphs.replay(lists, bs), prompt_logprobs={})
+        d = to_device(lists, self.device)
+        self.backend.bind(build_metadata(d, d["rows"], batch.is_decode, self.page_table))
+        hidden = self.model.forward(d["input_ids"], d["positions"], self.backend)
         ends = torch.tensor([g.new_len - g.old_len for g in batch.growths]).cumsum(0) - 1
         sample_rows = [int(ends[i]) for i in range(bs) if batch.samples(i)]
         logits = (

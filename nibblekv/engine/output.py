@@ -35,9 +35,8 @@ class OutputProcessor:
     def update(self, req: Request) -> bool:
         """Detokenize the request's new tokens; True when a stop string was found (caller finishes it)."""
         st = self._state(req)
-        out_ids = req.output_token_ids
-        new = out_ids[st.num_detokenized :]
-        st.num_detokenized = len(out_ids)
+        new = req.token_ids[req.num_prompt_tokens + st.num_detokenized :]
+        st.num_detokenized += len(new)
         if st.stopped:
             return False
         piece = st.detok.push(new) if new else ""
@@ -75,5 +74,5 @@ class OutputProcessor:
             text_delta=delta,
             logprobs=list(req.output_logprobs) if req.params.logprobs is not None else None,
             prompt_logprobs=list(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None,
-            prompt_token_ids=req.token_ids[: req.num_prompt_tokens],
+            prompt_token_ids=req.token_ids[: req.num_prompt_tokens] if req.finished else [],
         )

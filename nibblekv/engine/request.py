@@ -93,7 +93,8 @@ class RequestOutput:
     """What :meth:`nibblekv.Engine.generate` returns for one prompt (and the streaming API per step).
 
     ``text_delta`` is the text added since the previous output of this request (streaming);
-    ``text`` the whole completion so far, stop string excluded.
+    ``text`` the whole completion so far, stop string excluded; ``prompt_token_ids`` is filled in
+    the final output only (copying long prompts every step costs real time).
     """
 
     request_id: str

@@ -1,0 +1,64 @@
+"""Device copy of every live request's page lists, so a batch's page table is one GPU gather.
+
+Row ``r`` holds one request's main pages (``main[r]``) and tail pages (``tail[r]``); row 0 stays all
+zeros (the scratch page) and pads batches. Only entries that changed since the last sync are
+written: a request gains a main page every ``page_size`` tokens, so the per-step host-to-device
+traffic is a few integers instead of the whole ``[B, pages]`` table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from nibblekv.cache.manager import RequestPages
+
+
+class PageTable:
+    """``num_rows`` request rows (plus the padding row 0) of ``main_width`` / ``tail_width`` page ids."""
+
+    def __init__(self, num_rows: int, main_width: int, tail_width: int, device: torch.device) -> None:
+        self.main = torch.zeros(num_rows + 1, main_width, dtype=torch.int32, device=device)
+        self.tail = torch.zeros(num_rows + 1, max(1, tail_width), dtype=torch.int32, device=device)
+        self._free = list(range(num_rows, 0, -1))
+
+    def sync(self, batch: Sequence[RequestPages]) -> list[int]:
+        """Give each request a row (if it has none), push changed entries; returns the rows, in order."""
+        main_idx: list[list[int]] = [[], [], []]  # rows, cols, page ids
+        tail_idx: list[list[int]] = [[], [], []]
+        rows = []
+        for p in batch:
+            if p.table_row == 0:
+                if not self._free:
+                    raise RuntimeError(
+                        "page table rows exhausted (more live requests than max_running_requests)"
+                    )
+                p.table_row, p.synced_main, p.synced_tail = self._free.pop(), 0, []
+            if len(p.main) > self.main.shape[1]:
+                raise ValueError(f"a request needs {len(p.main)} pages, more than the context length allows")
+            for col in range(p.synced_main, len(p.main)):
+                _push(main_idx, p.table_row, col, p.main[col])
+            p.synced_main = len(p.main)
+            if p.tail != p.synced_tail:
+                for col, page in enumerate(p.tail):
+                    _push(tail_idx, p.table_row, col, page)
+                p.synced_tail = list(p.tail)
+            rows.append(p.table_row)
+        for table, idx in ((self.main, main_idx), (self.tail, tail_idx)):
+            if idx[0]:
+                t = torch.tensor(idx, dtype=torch.int64).to(table.device, non_blocking=True)
+                table[t[0], t[1]] = t[2].to(torch.int32)
+        return rows
+
+    def free(self, pages: RequestPages) -> None:
+        """Return the request's row (its entries are rewritten by the next owner before use)."""
+        if pages.table_row:
+            self._free.append(pages.table_row)
+            pages.table_row, pages.synced_main, pages.synced_tail = 0, 0, []
+
+
+def _push(idx: list[list[int]], row: int, col: int, page: int) -> None:
+    idx[0].append(row)
+    idx[1].append(col)
+    idx[2].append(page)
