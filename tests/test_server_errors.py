@@ -45,6 +45,7 @@ def _assert_error(r: httpx.Response, status: int, *needles: str, param: str | No
         ({"max_tokens": 3}, ["field required"], "prompt"),
         ({"prompt": [99999999]}, ["out of range"], "prompt"),
         ({"prompt": []}, ["must not be empty"], None),
+        ({"prompt": "hi", "suffix": "the end"}, ["suffix"], "suffix"),
         (b'{"prompt": "hi",', ["malformed json"], None),
         (b"\xff\xfe{}", ["utf-8"], None),
         (b"[1, 2]", ["must be an object"], None),

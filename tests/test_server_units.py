@@ -61,6 +61,8 @@ def test_health_is_503_once_the_engine_is_dead_or_draining() -> None:
     engine.alive = False
     dead = client.get("/health")
     assert dead.status_code == 503 and dead.json()["error"]["code"] == 503
+    refused = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+    assert refused.status_code == 503 and "not running" in refused.json()["error"]["message"]
     engine.alive, state.draining = True, True
     assert client.get("/health").status_code == 503
 

@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nibblekv.server.engine_api import Delta
+from nibblekv.server.errors import APIError
 from nibblekv.server.formatting import (
     ChoiceState,
     TokenNames,
@@ -73,6 +74,8 @@ async def create_completion(request: Request) -> Response:
     state = get_state(request)
     req = await parse_body(request, CompletionRequest)
     check_model(state, req.model)
+    if req.suffix:
+        raise APIError("suffix (insertion) is not supported", param="suffix")
     jobs, states = _jobs(req, state)
     release = state.admission.reserve(len(jobs))
     rid = make_id("cmpl")

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from nibblekv.server.engine_api import Delta, DeltaReader, ServingEngine
-from nibblekv.server.errors import ClientDisconnected
+from nibblekv.server.errors import APIError, ClientDisconnected
 
 T = TypeVar("T")
 
@@ -36,6 +36,8 @@ async def generation_stream(engine: ServingEngine, job: GenerationJob) -> AsyncI
     request_id = uuid.uuid4().hex
     finished = False
     reader = DeltaReader(job.prompt_ids)
+    if not engine.is_healthy():
+        raise APIError("the engine is not running", status=503)
     try:
         async for out in engine.generate(job.prompt_ids, job.params, request_id=request_id):
             delta = reader.read(out)
