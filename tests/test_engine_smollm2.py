@@ -97,12 +97,21 @@ def _teacher_forced_top1(engine: Engine, prompt: list[int]) -> list[int]:
     return [lp.top_logprobs[0][0] for lp in out.prompt_logprobs]
 
 
-@pytest.mark.parametrize("window", [0, 64])
-def test_nvfp4_teacher_forced_agreement_with_bf16(make_engine, smollm2, window: int) -> None:
-    """512 tokens of Austen, prefilled in 32-token chunks so every chunk attends through the cache."""
+@pytest.fixture(scope="module")
+def austen_bf16_top1(smollm2) -> tuple[list[int], list[int]]:
+    """(512-token Austen passage, its teacher-forced top-1 with bf16 KV), shared by the nvfp4 cases."""
     prompt = _passage(smollm2[1], 512)
+    engine = Engine(loaded=smollm2, kv_cache_dtype="bf16", chunked_prefill_size=32, max_total_tokens=4096)
+    top1 = _teacher_forced_top1(engine, prompt)
+    assert engine.pool.all_free()
+    return prompt, top1
+
+
+@pytest.mark.parametrize("window", [0, 64])
+def test_nvfp4_teacher_forced_agreement_with_bf16(make_engine, austen_bf16_top1, window: int) -> None:
+    """512 tokens of Austen, prefilled in 32-token chunks so every chunk attends through the cache."""
+    prompt, ref = austen_bf16_top1
     assert len(prompt) == 512
-    ref = _teacher_forced_top1(make_engine(kv_cache_dtype="bf16", chunked_prefill_size=32), prompt)
     nv = make_engine(kv_cache_dtype="nvfp4", chunked_prefill_size=32, kv_recent_window=window)
     got = _teacher_forced_top1(nv, prompt)
     agreement = sum(a == b for a, b in zip(ref, got)) / len(ref)
