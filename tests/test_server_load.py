@@ -89,7 +89,10 @@ def test_load_with_disconnects_leaks_nothing(smollm2_server: ServerProcess) -> N
     )  # quitters asked for 400 tokens: only aborts end them this fast
     assert stats["running"] == 0 and stats["queued"] == 0
     assert stats["used_tokens"] == 0 and stats["token_usage"] == 0.0
-    assert stats["aborted_requests_total"] - aborted_before == NUM_REQUESTS // DISCONNECT_EVERY
+    # Every streamed quitter saw tokens, so its request was in the engine and must have been aborted;
+    # an unstreamed one may (rarely) leave before its request got there, leaving nothing to abort.
+    quitters = NUM_REQUESTS // DISCONNECT_EVERY
+    assert quitters // 2 <= stats["aborted_requests_total"] - aborted_before <= quitters
     assert httpx.get(smollm2_server.url + "/get_server_info").json()["in_flight_requests"] == 0
 
 
