@@ -110,7 +110,10 @@ class Engine:
             )
         self.model, self.tokenizer = loaded
         self.device = self.model.device
-        self.context_len = cfg.context_length or self.model.config.max_position_embeddings
+        max_pos = self.model.config.max_position_embeddings
+        self.context_len = cfg.context_length or max_pos
+        if self.context_len > max_pos:
+            logger.warning("context length %d exceeds the model's %d positions", self.context_len, max_pos)
         self.max_running = cfg.max_running_requests or DEFAULT_MAX_RUNNING.get(self.device.type, 32)
         self.pool = build_pool(cfg, self.model, self.max_running)
         for line in self.pool.startup_lines(self.max_running, self.context_len):

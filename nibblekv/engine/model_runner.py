@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
@@ -65,13 +66,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepResult:
-        lists: dict[str, list[int]] = {"input_ids": [], "positions": []}
-        for req, g in zip(batch.reqs, batch.growths):
-            lists["input_ids"].extend(req.token_ids[g.old_len : g.new_len])
-            lists["positions"].extend(range(g.old_len, g.new_len))
-        pairs = [(r.pages, g) for r, g in zip(batch.reqs, batch.growths)]
-        lists.update(host_metadata(pairs, batch.is_decode, self.pool.page_size))
-        lists["rows"] = self.page_table.sync([r.pages for r in batch.reqs])
+        """Forward the batch (a CUDA graph for decode batches that fit one) and sample."""
+        lists = self._host_inputs(batch)
         bs = len(batch.reqs)
         self._used_graph = bool(batch.is_decode and self.graphs is not None and self.graphs.fits(bs))
         if self._used_graph:
@@ -80,12 +76,23 @@ class ModelRunner:
         d = to_device(lists, self.device)
         self.backend.bind(build_metadata(d, d["rows"], batch.is_decode, self.page_table))
         hidden = self.model.forward(d["input_ids"], d["positions"], self.backend)
-        ends = torch.tensor([g.new_len - g.old_len for g in batch.growths]).cumsum(0) - 1
-        sample_rows = [int(ends[i]) for i in range(bs) if batch.samples(i)]
+        ends = [e - 1 for e in itertools.accumulate(g.new_len - g.old_len for g in batch.growths)]
+        sample_rows = [ends[i] for i in range(bs) if batch.samples(i)]
         logits = (
             self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_zeros(0, 1).float()
         )
         return self._sample(batch, logits, self._prompt_logprobs(batch, hidden, ends))
+
+    def _host_inputs(self, batch: ScheduledBatch) -> dict[str, list[int]]:
+        """Token ids, positions, attention metadata and page-table rows, as Python lists."""
+        lists: dict[str, list[int]] = {"input_ids": [], "positions": []}
+        for req, g in zip(batch.reqs, batch.growths):
+            lists["input_ids"].extend(req.token_ids[g.old_len : g.new_len])
+            lists["positions"].extend(range(g.old_len, g.new_len))
+        pairs = [(r.pages, g) for r, g in zip(batch.reqs, batch.growths)]
+        lists.update(host_metadata(pairs, batch.is_decode, self.pool.page_size))
+        lists["rows"] = self.page_table.sync([r.pages for r in batch.reqs])
+        return lists
 
     def _sample(
         self, batch: ScheduledBatch, logits: torch.Tensor, prompt_logprobs: dict[str, list[TokenLogprob]]
@@ -97,14 +104,14 @@ class ModelRunner:
         return StepResult(result.token_ids, result.logprobs, prompt_logprobs)
 
     def _prompt_logprobs(
-        self, batch: ScheduledBatch, hidden: torch.Tensor, ends: torch.Tensor
+        self, batch: ScheduledBatch, hidden: torch.Tensor, ends: list[int]
     ) -> dict[str, list[TokenLogprob]]:
         out: dict[str, list[TokenLogprob]] = {}
         for i, (req, g) in enumerate(zip(batch.reqs, batch.growths)):
             rows = _prompt_rows(req, g.old_len, g.new_len)
             if not len(rows):
                 continue
-            start = int(ends[i]) - (g.new_len - g.old_len) + 1  # row of position g.old_len in hidden
+            start = ends[i] - (g.new_len - g.old_len) + 1  # row of position g.old_len in hidden
             n = int(req.params.prompt_logprobs or 0)
             found: list[TokenLogprob] = []
             for lo in range(rows.start, rows.stop, PROMPT_LOGITS_ROWS):
