@@ -116,7 +116,9 @@ def test_grow_needs_and_release() -> None:
 
 
 def test_pool_sizing_nvfp4_vs_fp8_and_tail() -> None:
-    common = dict(num_layers=32, num_kv_heads=8, head_dim=128, page_size=16, model_kv_dtype=KVDtype.BF16)
+    common: dict = {
+        "num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "page_size": 16, "model_kv_dtype": KVDtype.BF16,
+    }  # fmt: skip
     budget = 100 << 30
     fp8 = size_pool(kv_dtype=KVDtype.FP8, recent_window=64, max_running_requests=128,
                     budget_bytes=budget, max_total_tokens=None, **common)  # fmt: skip
@@ -161,3 +163,29 @@ def test_kv_scales_file(tmp_path) -> None:
     p.write_text(json.dumps({"k_scale": [0.0], "v_scale": [1.0]}))
     with pytest.raises(ValueError, match="finite and > 0"):
         load_kv_scales(p, 1, "cpu")
+
+
+def test_page_table_mirrors_page_lists() -> None:
+    """After every sync, each request's device row equals its page lists; released rows are reused."""
+    from nibblekv.cache import PageTable
+
+    pool = _pool(num_pages=200, window=8, page=4, max_running=3)
+    table = PageTable(3, main_width=64, tail_width=3, device=torch.device("cpu"))
+    mgr = TieredCacheManager(pool, table)
+    rng = random.Random(1)
+    reqs = [RequestPages() for _ in range(3)]
+    for step in range(80):
+        r = rng.randrange(3)
+        if step % 25 == 24:
+            mgr.release(reqs[r])  # preemption / finish: the row goes back
+            continue
+        g = mgr.grow(reqs[r], reqs[r].num_tokens + rng.choice([1, 2, 7]))
+        rows = table.sync(reqs)
+        mgr.finish_growth(g)
+        assert len(set(rows)) == 3 and 0 not in rows
+        for p, row in zip(reqs, rows):
+            assert table.main[row, : len(p.main)].tolist() == p.main
+            assert table.tail[row, : len(p.tail)].tolist() == p.tail
+    for p in reqs:
+        mgr.release(p)
+    assert pool.all_free() and sorted(table._free) == [1, 2, 3]
