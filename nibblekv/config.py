@@ -121,7 +121,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Add the engine flags (shared by ``generate`` and ``serve``); see :class:`EngineConfig`."""
     d = EngineConfig()
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="GGUF file, HF directory, or preset (dummy); default: SmolLM2")
+    g.add_argument(
+        "--model", default=None, help="GGUF file, HF directory, or preset (dummy); default: SmolLM2"
+    )
     g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS)
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES, help="model dtype")
     g.add_argument("--device", default=d.device, choices=DEVICES)

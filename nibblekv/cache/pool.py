@@ -95,7 +95,9 @@ def size_pool(
     """
     window = recent_window if kv_dtype.quantized else 0
     num_tail = tail_pages_for(max_running_requests, window, page_size)
-    spec = PoolSpec(num_layers, num_kv_heads, head_dim, page_size, kv_dtype, model_kv_dtype, 0, num_tail, window)
+    spec = PoolSpec(
+        num_layers, num_kv_heads, head_dim, page_size, kv_dtype, model_kv_dtype, 0, num_tail, window
+    )
     limits: list[int] = []
     if max_total_tokens is not None:
         limits.append(math.ceil(max_total_tokens / page_size))
@@ -157,13 +159,16 @@ class KVPool:
         self.global_scales = global_scales.to(device=self.device, dtype=torch.float32)
         n_main = spec.num_pages + SCRATCH_PAGES
         self.main: list[LayerKV] = [
-            LayerKV.allocate(spec.layout, n_main, self.device, self.global_scales[i]) for i in range(spec.num_layers)
+            LayerKV.allocate(spec.layout, n_main, self.device, self.global_scales[i])
+            for i in range(spec.num_layers)
         ]
         self.tail: list[LayerKV] = []
         if spec.num_tail_pages:
             n_tail = spec.num_tail_pages + SCRATCH_PAGES
             ones = torch.ones(2, dtype=torch.float32, device=self.device)
-            self.tail = [LayerKV.allocate(spec.tail_layout, n_tail, self.device, ones) for _ in range(spec.num_layers)]
+            self.tail = [
+                LayerKV.allocate(spec.tail_layout, n_tail, self.device, ones) for _ in range(spec.num_layers)
+            ]
         self.main_alloc: PageAllocator = FreeListAllocator(spec.num_pages)
         self.tail_alloc: PageAllocator = FreeListAllocator(spec.num_tail_pages)
 
@@ -201,6 +206,8 @@ class KVPool:
             )
         return [
             line,
-            f"max_total_num_tokens={s.max_total_num_tokens}, max_running_requests={max_running_requests}, "
-            f"context_len={context_len}, page_size={s.page_size}",
+            (
+                f"max_total_num_tokens={s.max_total_num_tokens}, max_running_requests={max_running_requests}, "
+                f"context_len={context_len}, page_size={s.page_size}"
+            ),
         ]
