@@ -201,14 +201,12 @@ def test_cli_writes_json_and_does_not_import_torch(stub: tuple[Stub, str], tmp_p
         '{"prompt": "hello there"}\n{"messages": [{"role": "user", "content": "hi"}], "output_len": 3}\n'
     )
     out = tmp_path / "run.json"
-    # The bench package alone (the full `nibblekv` CLI also loads engine subcommands, which need torch).
+    # What `python -m nibblekv.bench` runs: the client alone (the `nibblekv` CLI also loads the engine's torch).
     code = (
-        "import argparse, sys; from nibblekv.bench import cli; p = argparse.ArgumentParser(); "
-        "cli.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); rc = a.func(a); "
+        "import sys; from nibblekv.bench.cli import main; rc = main(sys.argv[1:]); "
         "assert 'torch' not in sys.modules, 'bench imported torch'; sys.exit(rc)"
     )
     args = [
-        "bench",
         "serve",
         "--base-url",
         root,

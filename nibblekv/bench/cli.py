@@ -70,10 +70,8 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-progress", action="store_true")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``bench`` with its ``serve`` subcommand."""
-    bench = subparsers.add_parser("bench", help="benchmarks")
-    sub = bench.add_subparsers(dest="bench_command", required=True)
+def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the benchmark subcommands (``serve``) to a subparsers object."""
     serve = sub.add_parser(
         "serve",
         help="load-test an OpenAI-compatible server",
@@ -81,6 +79,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     _add_serve_args(serve)
     serve.set_defaults(func=run)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``bench`` with its subcommands to the ``nibblekv`` CLI."""
+    bench = subparsers.add_parser("bench", help="benchmarks")
+    add_subcommands(bench.add_subparsers(dest="bench_command", required=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m nibblekv.bench serve ...``: the client alone, without the engine's imports (torch)."""
+    parser = argparse.ArgumentParser(prog="python -m nibblekv.bench", description="nibblekv benchmarks")
+    add_subcommands(parser.add_subparsers(dest="bench_command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
 
 
 def _api_root(base_url: str) -> str:
