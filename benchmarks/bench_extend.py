@@ -37,7 +37,12 @@ def extend_rows(bench: Callable[..., float], dev: str, tiny: bool = False, hq: i
             v = torch.randn_like(k)
             out = torch.empty_like(q)
             fn = lambda: extend_triton(q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out, use_asm=None if dev == "cuda" else False)  # noqa: E731
-            us = bench(fn)
+            try:
+                us = bench(fn)
+            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: retry with fewer stages
+                print("extend default config failed:", repr(e)[:160], flush=True)
+                fn = lambda: extend_triton(q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out, num_stages=2)  # noqa: E731
+                us = bench(fn)
             nbytes = b * prefix * lay.bytes_per_token() + (q.numel() + 2 * k.numel()) * 2
             rows.append(dict(kernel="extend", dt=NAMES[dt], b=b, c=prefix, hq=hq, hkv=hkv, d=d, us=us, nbytes=nbytes, chunk=chunk))
             del pool

@@ -161,11 +161,10 @@ def sweep(pools: Pools, log: list[dict[str, object]]) -> dict[str, dict[str, obj
     shapes = [(64, 32768), (1, 131072)]
     for dt in DTYPES:
         space: list[dict[str, object]] = []
+        stage_opts = {KVDtype.NVFP4: (5, 6, 8), KVDtype.FP8: (5, 7), KVDtype.BF16: (5, 6)}[dt]
         for bn in (64, 128):
-            for warps in (4, 8):
-                for stages in (2, 4):
-                    for asm in ((True, False) if dt is KVDtype.NVFP4 else (False,)):
-                        space.append(dict(block_n=bn, num_warps=warps, num_stages=stages, use_asm=asm))
+            for stages in stage_opts:
+                space.append(dict(block_n=bn, num_warps=4, num_stages=stages, use_asm=dt is KVDtype.NVFP4))
         scores = []
         for cfg in space:
             tot = 0.0

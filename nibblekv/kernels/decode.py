@@ -218,15 +218,17 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     tl.store(out_ptr + b * s_ob + hq * s_oh + offs_d, res.to(out_ptr.dtype.element_ty))
 
 
-def default_num_splits(batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 64) -> int:
-    """Splits per request so the grid has ~2 waves of programs on the GPU (132 SMs on an H200).
+def default_num_splits(batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 128) -> int:
+    """Splits per request so the grid has ~16 programs per SM (132 SMs on an H200).
 
-    ``max_len`` (a host int, if the caller knows it) caps splits so each gets >= 4 blocks of keys.
+    Many equal programs keep the last wave short (a grid of ~1.3 waves left a third of the GPU idle in
+    our first H200 run). ``max_len`` (a host int, if the caller knows it) caps splits so each gets
+    >= 2 key blocks; empty splits exit at once, so over-splitting short contexts is cheap.
     """
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-    splits = max(1, min(64, triton.cdiv(2 * sms, batch * kv_heads)))
+    splits = max(1, min(64, triton.cdiv(16 * sms, batch * kv_heads)))
     if max_len is not None:
-        splits = max(1, min(splits, triton.cdiv(max_len, 4 * block_n)))
+        splits = max(1, min(splits, triton.cdiv(max_len, 2 * block_n)))
     return splits
 
 
@@ -333,11 +335,15 @@ def _pages_contiguous(cache: LayerKV | None, block_n: int) -> bool:
 
 
 def _default_config(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
-    """Launch config by format; the benchmark's sweep (benchmarks/bench_kernels.py) picked these."""
+    """Launch config by format (H200 sweeps in benchmarks/bench_kernels.py).
+
+    NOTE: with the page-table load in the loop, triton 3.6's pipeliner keeps ``num_stages - 3`` data
+    buffers in flight at BN=64/128 (checked in the TTGIR): stages <= 4 means no overlap at all.
+    """
     if interp:
         return {"block_n": 16, "tail_block_n": 16, "num_warps": 4, "num_stages": 1, "use_asm": False}
     if fmt == FMT_NVFP4:
-        return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 3, "use_asm": True}
+        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "use_asm": True}
     if fmt == FMT_FLOAT:
-        return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 3, "use_asm": False}
-    return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 3, "use_asm": False}
+        return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "use_asm": False}
+    return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "use_asm": False}

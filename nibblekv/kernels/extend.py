@@ -246,6 +246,6 @@ def extend_triton(
         G=g, BM=bm, D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, HAS_TAIL=has_tail, FMT=fmt,
         USE_ASM=(fmt == FMT_NVFP4 and not interp) if use_asm is None else use_asm, INTERP=interp,
         PAGED=_pages_contiguous(cache, bn), TPAGED=has_tail and _pages_contiguous(tail, bn),
-        num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else 2),
+        num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else 5),
     )  # fmt: skip
     return out
