@@ -24,7 +24,21 @@ import pytest
 
 STARTUP_TIMEOUT_S = 240.0
 SMALL_API_KEY = "test-secret-key"
-MAIN_ARGS = ["--max-running-requests", "32", "--max-total-tokens", "16384"]
+
+
+def _no_radix_cache() -> list[str]:
+    """``--disable-radix-cache`` where the engine has one: with no prefix cache holding pages, an idle
+    engine must use zero KV tokens, which makes "no page leaked" an exact check."""
+    from dataclasses import fields
+
+    from nibblekv.config import EngineConfig
+
+    return (
+        ["--disable-radix-cache"] if "disable_radix_cache" in {f.name for f in fields(EngineConfig)} else []
+    )
+
+
+MAIN_ARGS = ["--max-running-requests", "32", "--max-total-tokens", "16384", *_no_radix_cache()]
 SMALL_ARGS = [
     "--max-running-requests",
     "2",
