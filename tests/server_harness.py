@@ -50,6 +50,7 @@ SMALL_ARGS = [
     "4096",
     "--drain-timeout",
     "60",
+    *_no_radix_cache(),
 ]
 
 
