@@ -14,6 +14,9 @@ import torch
 
 from nibblekv.cache.manager import RequestPages
 
+# (main, tail) entries written by one sync, each as [row indices, column indices, page ids]
+TableUpdates = tuple[list[list[int]], list[list[int]]]
+
 
 class PageTable:
     """``num_rows`` request rows (plus the padding row 0) of ``main_width`` / ``tail_width`` page ids."""
@@ -22,6 +25,7 @@ class PageTable:
         self.main = torch.zeros(num_rows + 1, main_width, dtype=torch.int32, device=device)
         self.tail = torch.zeros(num_rows + 1, max(1, tail_width), dtype=torch.int32, device=device)
         self._free = list(range(num_rows, 0, -1))
+        self.last_updates: TableUpdates = ([[], [], []], [[], [], []])
 
     def sync(self, batch: Sequence[RequestPages]) -> list[int]:
         """Give each request a row (if it has none), push changed entries; returns the rows, in order."""
@@ -45,11 +49,19 @@ class PageTable:
                     _push(tail_idx, p.table_row, col, page)
                 p.synced_tail = list(p.tail)
             rows.append(p.table_row)
-        for table, idx in ((self.main, main_idx), (self.tail, tail_idx)):
+        self.last_updates = (main_idx, tail_idx)
+        self.apply(self.last_updates)
+        return rows
+
+    def apply(self, updates: TableUpdates) -> None:
+        """Write ``(main, tail)`` entries, each ``[rows, cols, page ids]``: what :meth:`sync` pushed.
+
+        Tensor-parallel workers replay rank 0's ``last_updates`` here to keep identical tables.
+        """
+        for table, idx in ((self.main, updates[0]), (self.tail, updates[1])):
             if idx[0]:
                 t = torch.tensor(idx, dtype=torch.int64).to(table.device, non_blocking=True)
                 table[t[0], t[1]] = t[2].to(torch.int32)
-        return rows
 
     def free(self, pages: RequestPages) -> None:
         """Return the request's row (its entries are rewritten by the next owner before use)."""
