@@ -109,7 +109,7 @@ def test_manager_with_host_tier_under_pressure(policy: str) -> None:
     rng = random.Random(5)
     gen = torch.Generator().manual_seed(0)
     pool = make_pool(KVDtype.NVFP4, num_pages=12, layers=2)
-    mgr = PrefixCacheManager(pool, HostTier(pool, 40), policy)
+    mgr = PrefixCacheManager(pool, host=HostTier(pool, 40), write_policy=policy)
     # 4 sessions, each growing by whole turns; the device pool holds about one session at a time.
     history = {s: [rng.randrange(1000) for _ in range(10)] for s in range(4)}
     fresh_bytes: dict[int, torch.Tensor] = {}

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from nibblekv.cache import KVPool, RequestPages, TieredCacheManager, main_len_after, size_pool
+from nibblekv.cache import KVPool, PageTable, RequestPages, TieredCacheManager, main_len_after, size_pool
 from nibblekv.cache.prefix import PrefixCacheManager
 from nibblekv.formats import KVDtype
 
@@ -55,16 +55,21 @@ def test_reuse_rule_keeps_the_fresh_layout(window: int) -> None:
 
 def test_duplicates_are_freed_and_shared_pages_kept() -> None:
     pool = make_pool()
-    mgr = PrefixCacheManager(pool)
+    table = PageTable(4, 8, 1, torch.device("cpu"))
+    mgr = PrefixCacheManager(pool, table)
     tokens = list(range(10))  # 2 full pages + 2 tokens
     a, b = RequestPages(), RequestPages()
     assert mgr.match_prefix(a, tokens) == 0 and mgr.match_prefix(b, tokens) == 0  # nothing cached yet
     run_prefill(mgr, a, 10)
     run_prefill(mgr, b, 10)
+    table.sync([a, b])
     used = pool.main_alloc.num_used
     mgr.cache_prefix(a, tokens)
     mgr.cache_prefix(b, tokens)  # b's 2 full pages duplicate a's: freed, b now reads a's
     assert pool.main_alloc.num_used == used - 2 and b.main[:2] == a.main[:2] and b.main[2] != a.main[2]
+    rows = table.sync([a, b])  # the device mirror follows the replaced entries
+    for row, pages in zip(rows, (a, b)):
+        assert table.main[row, : len(pages.main)].tolist() == pages.main
     mgr.check([a, b])
     assert mgr.tree.protected_pages == 2 and mgr.tree.evictable_pages == 0
     mgr.release(a, tokens + [1])

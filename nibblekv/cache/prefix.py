@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from nibblekv.cache.host_tier import HostTier, Transfer
 from nibblekv.cache.manager import Growth, RequestPages, TieredCacheManager, main_len_after
+from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
 from nibblekv.cache.radix import RadixCache, TreeNode
 
@@ -63,9 +64,18 @@ class PrefixCacheManager(TieredCacheManager):
     :meth:`take_loads` (host-tier copies into pages the batch reads).
     """
 
-    def __init__(self, pool: KVPool, host: HostTier | None = None, write_policy: str = "write_back") -> None:
-        super().__init__(pool)
+    def __init__(
+        self,
+        pool: KVPool,
+        page_table: PageTable | None = None,
+        *,
+        host: HostTier | None = None,
+        write_policy: str = "write_back",
+    ) -> None:
+        super().__init__(pool, page_table)
         self.tree = RadixCache(pool.page_size, pool.main_alloc, host, write_policy)
+        # NOTE: the pool counts the tree's unlocked pages as free (usage, leak checks): they are on demand.
+        pool.cached_pages = lambda: self.tree.evictable_pages
         self.stats = PrefixStats()
         self._holds: dict[int, _Hold] = {}
         self._loads: list[Transfer] = []
@@ -128,8 +138,11 @@ class PrefixCacheManager(TieredCacheManager):
             return
         canon, node = self.tree.insert(token_ids[: n_full * p], pages.main[:n_full])
         assert canon[:shared] == pages.main[:shared], "a request's shared pages moved"
-        duplicates = [own for own, kept in zip(pages.main[shared:n_full], canon[shared:]) if own != kept]
+        moved = [i for i in range(shared, n_full) if pages.main[i] != canon[i]]
+        duplicates = [pages.main[i] for i in moved]
         pages.main[:n_full] = canon
+        if moved:  # NOTE: the device page table must be rewritten from the first replaced entry on
+            pages.synced_main = min(pages.synced_main, moved[0])
         self.pool.main_alloc.free(duplicates)
         self.tree.lock(node)
         if hold is None:
@@ -151,6 +164,8 @@ class PrefixCacheManager(TieredCacheManager):
         self.pool.tail_alloc.free(pages.tail)
         pages.main, pages.tail = [], []
         pages.num_tokens = pages.num_main = 0
+        if self.page_table is not None:
+            self.page_table.free(pages)
 
     def flush(self) -> int:
         """Evict every unlocked page from the device (and drop the host tier's); return pages freed."""
