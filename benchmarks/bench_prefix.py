@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.concurrency = [c for c in args.concurrency if c <= 4] or [1, 4]
-        args.kv_budget_gib, args.hicache_size = 96 * 1024 / GIB, 512 * 1024 / GIB
+        args.kv_budget_gib, args.hicache_size = 256 * 1024 / GIB, 1024 * 1024 / GIB
         args.kv_recent_window, args.chunked_prefill_size = 16, 64
         args.groups, args.per_group, args.system_len, args.question_len, args.sp_output_len = 4, 2, 48, 8, 4
         args.turns, args.agent_system_len, args.tool_len, args.agent_output_len = 3, 24, [16, 32], 4
@@ -241,6 +241,7 @@ def make_engine(args: argparse.Namespace, loaded: tuple[Any, Any], kv: str, hica
         hicache_write_policy=args.hicache_write_policy,
     )  # fmt: skip
     engine = Engine(cfg, loaded=loaded)
+    engine.stream = True  # step() returns every advanced request's output (first tokens: TTFT)
     engine.generate([[11] * 40], SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))  # warm-up
     return engine
 

@@ -11,6 +11,7 @@ from nibblekv.formats import KV_DTYPE_CHOICES
 LOAD_FORMATS: tuple[str, ...] = ("auto", "gguf", "safetensors", "dummy")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+HICACHE_WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through")
 # Default for --max-total-tokens when the pool is not sized from GPU memory.
 CPU_DEFAULT_MAX_TOTAL_TOKENS: int = 16384
 
@@ -41,6 +42,10 @@ class EngineConfig:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
     decode_log_interval: int = 40  # decode steps between "Decode batch." log lines; 0 = never
+    disable_radix_cache: bool = False  # prefix reuse across requests (radix tree over main-pool pages)
+    enable_hierarchical_cache: bool = False  # evicted prefix pages go to a host-memory tier
+    hicache_size: float | None = None  # host tier GiB; None = twice the main pool's bytes
+    hicache_write_policy: str = "write_back"  # host copy at eviction, or as soon as a page is cached
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
@@ -66,6 +71,14 @@ class EngineConfig:
             _check(self.context_length >= 2, "context_length", "must be >= 2")
         _check(self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs", "must be >= 1")
         _check(self.decode_log_interval >= 0, "decode_log_interval", "must be >= 0")
+        _check(
+            not (self.disable_radix_cache and self.enable_hierarchical_cache),
+            "enable_hierarchical_cache",
+            "needs the radix cache (drop --disable-radix-cache)",
+        )
+        if self.hicache_size is not None:
+            _check(self.hicache_size > 0, "hicache_size", "must be > 0")
+        _check_choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
 
     @property
     def chunk_tokens(self) -> int | None:
@@ -146,6 +159,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--disable-cuda-graph", action="store_true")
     g.add_argument("--cuda-graph-max-bs", type=_positive_int, default=d.cuda_graph_max_bs)
     g.add_argument("--decode-log-interval", type=_non_negative_int, default=d.decode_log_interval)
+    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix reuse across requests")
+    g.add_argument(
+        "--enable-hierarchical-cache", action="store_true", help="keep evicted prefix pages in host memory"
+    )
+    g.add_argument("--hicache-size", type=_positive_float, default=None, help="host tier GiB (default: 2x pool)")
+    g.add_argument("--hicache-write-policy", default=d.hicache_write_policy, choices=HICACHE_WRITE_POLICIES)
 
 
 def config_from_args_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> EngineConfig:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from nibblekv.attention.backend import AttentionBackend
+from nibblekv.cache.host_tier import Transfer
 from nibblekv.cache.manager import Growth, RequestPages
 from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
@@ -100,6 +101,8 @@ class PagedAttentionBackend(AttentionBackend):
         self.pool = pool
         self.sm_scale = pool.spec.head_dim**-0.5
         self.meta: PagedMetadata | None = None
+        # Host-tier copies into pages this forward reads; layer i waits for layer i's copy only.
+        self.loads: Sequence[Transfer] = ()
 
     def bind(self, meta: PagedMetadata) -> None:
         self.meta = meta
@@ -116,6 +119,8 @@ class PagedAttentionBackend(AttentionBackend):
         assert m is not None, "bind() metadata before the forward"
         main = self.pool.main[layer_id]
         tail = self.pool.tail[layer_id] if self.pool.tail else None
+        for load in self.loads:
+            load.wait_layer(layer_id)
         if m.demote_in_forward:
             self.demote_layer(layer_id)
         if m.is_decode:

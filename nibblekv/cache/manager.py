@@ -11,12 +11,14 @@ forward, and freed after it. With ``W == 0`` the same formula puts every token i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from nibblekv.cache.pool import KVPool
 
 if TYPE_CHECKING:
+    from nibblekv.cache.host_tier import Transfer
     from nibblekv.cache.page_table import PageTable
 
 
@@ -104,8 +106,20 @@ class BaseCacheManager(ABC):
         """Free the demoted tail pages once the forward that read them is done."""
 
     @abstractmethod
-    def release(self, pages: RequestPages) -> None:
-        """Free all of a request's pages (finish, abort or preemption)."""
+    def release(self, pages: RequestPages, token_ids: Sequence[int] | None = None) -> None:
+        """Free all of a request's pages (finish, abort or preemption); given the request's
+        ``token_ids``, a prefix cache may keep the pages for later requests."""
+
+    def match_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> int:
+        """Give a request holding no pages its cached prefix; return its length (0: no prefix cache)."""
+        return 0
+
+    def cache_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> None:
+        """Offer a request's stored tokens to the prefix cache (no-op without one)."""
+
+    def take_loads(self) -> list[Transfer]:
+        """Copies into pages the next forward reads, to wait for per layer (none without a host tier)."""
+        return []
 
 
 class TieredCacheManager(BaseCacheManager):
@@ -166,7 +180,7 @@ class TieredCacheManager(BaseCacheManager):
         if growth.demote_src:
             self.pool.tail_alloc.free(growth.demote_src)
 
-    def release(self, pages: RequestPages) -> None:
+    def release(self, pages: RequestPages, token_ids: Sequence[int] | None = None) -> None:
         self.pool.main_alloc.free(pages.main)
         self.pool.tail_alloc.free(pages.tail)
         pages.main, pages.tail = [], []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,6 +172,8 @@ class KVPool:
             ]
         self.main_alloc: PageAllocator = FreeListAllocator(spec.num_pages)
         self.tail_alloc: PageAllocator = FreeListAllocator(spec.num_tail_pages)
+        # Main pages held only by the prefix cache (freed on demand); its manager installs the count.
+        self.cached_pages: Callable[[], int] = lambda: 0
 
     @property
     def page_size(self) -> int:
@@ -181,11 +184,12 @@ class KVPool:
         return self.spec.recent_window
 
     def all_free(self) -> bool:
-        return self.main_alloc.num_used == 0 and self.tail_alloc.num_used == 0
+        """No request holds a page (pages only the prefix cache keeps count as free)."""
+        return self.main_alloc.num_used == self.cached_pages() and self.tail_alloc.num_used == 0
 
     def used_tokens(self) -> int:
-        """Token slots held by requests, both pools (whole pages)."""
-        return (self.main_alloc.num_used + self.tail_alloc.num_used) * self.page_size
+        """Token slots held by requests, both pools (whole pages; the prefix cache's spare pages excluded)."""
+        return (self.main_alloc.num_used - self.cached_pages() + self.tail_alloc.num_used) * self.page_size
 
     def capacity_tokens(self) -> int:
         return (self.main_alloc.num_pages + self.tail_alloc.num_pages) * self.page_size

@@ -95,6 +95,7 @@ class AsyncEngine:
             "finished_requests_total": s.finished_requests,
             "aborted_requests_total": s.aborted_requests,
             "preemptions_total": e.scheduler.num_preemptions,
+            **e.cache_stats(),
         }
 
     def is_healthy(self) -> bool:

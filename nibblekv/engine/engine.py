@@ -13,7 +13,17 @@ from typing import Any
 
 import torch
 
-from nibblekv.cache import KVPool, PageTable, PoolSpec, TieredCacheManager, load_kv_scales, size_pool
+from nibblekv.cache import (
+    BaseCacheManager,
+    KVPool,
+    PageTable,
+    PoolSpec,
+    TieredCacheManager,
+    load_kv_scales,
+    size_pool,
+)
+from nibblekv.cache.host_tier import HostTier, host_pages_for
+from nibblekv.cache.prefix import PrefixCacheManager
 from nibblekv.config import CPU_DEFAULT_MAX_TOTAL_TOKENS, EngineConfig
 from nibblekv.engine.model_runner import ModelRunner
 from nibblekv.engine.output import OutputProcessor
@@ -86,6 +96,20 @@ def build_pool(config: EngineConfig, model: CausalLM, max_running: int) -> KVPoo
     return KVPool(pool_spec(config, model, max_running), model.device, scales)
 
 
+def build_cache_manager(config: EngineConfig, pool: KVPool, page_table: PageTable) -> BaseCacheManager:
+    """The tail rule alone, or with prefix reuse (a radix tree), optionally over a host-memory tier."""
+    if config.disable_radix_cache:
+        return TieredCacheManager(pool, page_table)
+    host = None
+    if config.enable_hierarchical_cache:
+        gib = config.hicache_size or 2 * pool.spec.main_bytes() / (1 << 30)  # SGLang's default ratio: 2
+        host = HostTier(pool, max(1, host_pages_for(pool.spec, gib)))
+        logger.info(
+            f"Host KV tier: {host.num_pages} pages, {host.nbytes / (1 << 30):.2f} GiB, {config.hicache_write_policy}"
+        )
+    return PrefixCacheManager(pool, page_table, host=host, write_policy=config.hicache_write_policy)
+
+
 class Engine:
     """Load a model, size the KV pool, and generate: ``Engine(model=..., kv_cache_dtype="nvfp4")``.
 
@@ -124,7 +148,7 @@ class Engine:
             self.max_running, -(-self.context_len // p) + 1, self.pool.recent_window // p + 1, self.device
         )
         self.scheduler = Scheduler(
-            TieredCacheManager(self.pool, self.page_table),
+            build_cache_manager(cfg, self.pool, self.page_table),
             max_running_requests=self.max_running,
             chunk_tokens=cfg.chunk_tokens,
             eos_token_ids=[*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids],
@@ -148,6 +172,17 @@ class Engine:
     @property
     def max_total_num_tokens(self) -> int:
         return self.pool.spec.max_total_num_tokens
+
+    def cache_stats(self) -> dict[str, float]:
+        """Prefix-cache totals; the hit rate is cached / looked-up prompt tokens at admission."""
+        cache = self.scheduler.cache
+        if not isinstance(cache, PrefixCacheManager):
+            return {"cache_hit_rate": 0.0, "cached_tokens_total": 0, "host_cached_tokens_total": 0}
+        return {
+            "cache_hit_rate": cache.stats.hit_rate,
+            "cached_tokens_total": cache.stats.hit_tokens,
+            "host_cached_tokens_total": cache.stats.host_hit_tokens,
+        }
 
     # ---- requests -------------------------------------------------------------------------------
     def make_request(
@@ -210,6 +245,7 @@ class Engine:
                 # NOTE: cannot happen by construction (add-time checks + preemption); fail loudly if it does.
                 raise RuntimeError("scheduler stalled: requests wait but none can run")
             return [self._emit(r) for r in ended]
+        self.runner.backend.loads = batch.loads  # host-tier copies this forward reads
         result = self.runner.run(batch)
         advanced = self.scheduler.postprocess(batch, result)
         self.last_batch = batch
@@ -233,7 +269,9 @@ class Engine:
         usage = self.pool.token_usage()
         if not batch.is_decode:
             logger.debug(
-                prefill_log_line(len(batch.reqs), batch.num_tokens, usage, len(s.running), len(s.waiting))
+                prefill_log_line(
+                    len(batch.reqs), batch.num_tokens, usage, len(s.running), len(s.waiting), batch.num_cached_tokens
+                )
             )
             return
         self.stats.record_decode(len(batch.reqs))

@@ -71,6 +71,7 @@ class OutputProcessor:
             finish_reason=req.finish_reason,
             prompt_tokens=req.num_prompt_tokens,
             completion_tokens=req.num_output_tokens,
+            cached_tokens=req.cached_tokens,
             text_delta=delta,
             logprobs=list(req.output_logprobs) if req.params.logprobs is not None else None,
             prompt_logprobs=list(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None,

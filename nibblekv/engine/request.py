@@ -49,6 +49,7 @@ class Request:
     # prompt_logprobs[i] is for prompt token i + 1 (token 0 has no prediction)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     num_preemptions: int = 0
+    cached_tokens: int = 0  # prompt tokens the prefix cache served at (the first) admission
     first_token_time: float | None = None
     generator: torch.Generator | None = field(default=None, repr=False)  # seeded requests only
 
@@ -104,7 +105,7 @@ class RequestOutput:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int = 0  # 0 until a prefix cache lands
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
     text_delta: str = ""
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None

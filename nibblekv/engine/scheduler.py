@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from nibblekv.cache.host_tier import Transfer
 from nibblekv.cache.manager import BaseCacheManager, Growth
 from nibblekv.engine.request import Request, RequestStatus, TokenLogprob
 
@@ -24,6 +25,8 @@ class ScheduledBatch:
     is_decode: bool
     reqs: list[Request]
     growths: list[Growth]
+    num_cached_tokens: int = 0  # prefix tokens newly admitted requests took from the cache
+    loads: list[Transfer] = field(default_factory=list)  # host-tier copies to wait for, per layer
 
     @property
     def num_tokens(self) -> int:
@@ -89,15 +92,22 @@ class Scheduler:
         reserve = sum(1 for r in self.running if r.is_decoding)
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
-            n = min(req.num_tokens, budget)
-            if not self.cache.can_grow(req.pages, n, reserve_main=reserve):
+            # NOTE: prompt logprobs need every prompt position computed, so such requests never match.
+            cached = 0 if req.wants_prompt_logprobs() else self.cache.match_prefix(req.pages, req.token_ids)
+            n = min(req.num_tokens - cached, budget)
+            if not self.cache.can_grow(req.pages, cached + n, reserve_main=reserve):
+                self.cache.release(req.pages)  # undo the match; it is retried next step
                 break
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
+            if req.num_preemptions == 0:
+                req.cached_tokens = cached
             self.running.append(req)
             batch.reqs.append(req)
-            batch.growths.append(self.cache.grow(req.pages, n))
+            batch.growths.append(self.cache.grow(req.pages, cached + n))
+            batch.num_cached_tokens += cached
             budget -= n
+        batch.loads = self.cache.take_loads()
         return self._nonempty(batch)
 
     def _schedule_decode(self) -> ScheduledBatch | None:
@@ -127,7 +137,7 @@ class Scheduler:
     def preempt(self, req: Request) -> None:
         """Free the request's pages and requeue it at the front, tokens kept, for recompute."""
         self.running.remove(req)
-        self.cache.release(req.pages)
+        self.cache.release(req.pages, req.token_ids)
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -139,7 +149,7 @@ class Scheduler:
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
-        self.cache.release(req.pages)
+        self.cache.release(req.pages, req.token_ids)
         if req.status is not RequestStatus.FINISHED:
             self._finished.append(req)
         req.status = RequestStatus.FINISHED
@@ -166,6 +176,8 @@ class Scheduler:
             advanced.append(req)
             if req.status is not RequestStatus.RUNNING:
                 continue  # aborted while the forward ran
+            if not batch.is_decode:  # the prompt (or a preempted request's tokens) is all stored now
+                self.cache.cache_prefix(req.pages, req.token_ids)
             if req.max_new_tokens == 0:
                 self.finish(req, "length")
                 continue

@@ -40,8 +40,10 @@ def decode_log_line(
     )
 
 
-def prefill_log_line(new_seqs: int, new_tokens: int, usage: float, running: int, queued: int) -> str:
+def prefill_log_line(
+    new_seqs: int, new_tokens: int, usage: float, running: int, queued: int, cached_tokens: int = 0
+) -> str:
     return (
-        f"Prefill batch. #new-seq: {new_seqs}, #new-token: {new_tokens}, #cached-token: 0, "
+        f"Prefill batch. #new-seq: {new_seqs}, #new-token: {new_tokens}, #cached-token: {cached_tokens}, "
         f"token usage: {usage:.2f}, #running-req: {running}, #queue-req: {queued}"
     )

@@ -1,0 +1,75 @@
+"""``benchmarks/bench_prefix.py --smoke``: the device benchmark's code path on CPU with a tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Single-threaded: the tiny model's ops are all overhead, several times faster on a shared box."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _bench():  # -> the bench_prefix module
+    spec = importlib.util.spec_from_file_location("bench_prefix", ROOT / "benchmarks" / "bench_prefix.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # NOTE: dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_prefix_smoke(tmp_path: Path) -> None:
+    bench = _bench()
+    assert bench.main(["--smoke", "--out", str(tmp_path), "--concurrency", "1", "4"]) == 0
+    data = json.loads((tmp_path / "prefix-h200-smoke.json").read_text())
+    rows = data["rows"]
+    keys = {(r["workload"], r["kv_dtype"], r["hicache"], r["concurrency"]) for r in rows}
+    assert keys == {(w, k, h, c) for w in ("shared_prefix", "agentic") for k in bench.KV_DTYPES
+                    for h in (False, True) for c in (1, 4)}  # fmt: skip
+    for r in rows:
+        assert 0.0 <= r["hit_rate"] < 1.0 and r["output_tok_s"] > 0 and r["ttft_ms"] > 0
+        assert r["cached_tokens"] <= r["prompt_tokens"]
+    # Every session's later turns and every group's later prompts can hit: the cache is used.
+    assert all(r["hit_rate"] > 0 for r in rows if r["concurrency"] == 1)
+    # Same byte budget: NVFP4's pool holds the most tokens, bf16's the fewest.
+    pool = {r["kv_dtype"]: r["pool_tokens"] for r in rows}
+    assert pool["nvfp4"] > pool["fp8_e4m3"] > pool["bf16"]
+    assert (tmp_path / "prefix-h200-smoke.png").stat().st_size > 10_000
+    assert set(data["acceptance"]) >= {"fp8_throughput_never_above_nvfp4"}
+    merged = tmp_path / "merged"
+    assert bench.main(["--merge", str(tmp_path / "prefix-h200-smoke.json"), "--out", str(merged)]) == 0
+    assert json.loads((merged / "prefix-h200.json").read_text())["rows"] == rows
+
+
+def test_acceptance_is_computed_from_rows() -> None:
+    bench = _bench()
+
+    def row(kv: str, hicache: bool, c: int, hit: float, tput: float) -> dict:
+        return {"workload": "agentic", "kv_dtype": kv, "hicache": hicache, "concurrency": c,
+                "hit_rate": hit, "output_tok_s": tput}  # fmt: skip
+
+    rows = [row("nvfp4", False, c, 0.9, 100) for c in (8, 12, 16)]
+    rows += [row("fp8_e4m3", False, c, 0.8, 90) for c in (8, 12, 16)]
+    rows += [row("nvfp4", True, 16, 0.95, 100), row("fp8_e4m3", True, 16, 0.7, 90)]
+    acc = bench.acceptance(rows)
+    assert acc["nvfp4_beats_fp8_at_concurrency_ge_12"] and acc["fp8_throughput_never_above_nvfp4"]
+    assert acc["hicache_raises_hit_rate_at_16"] == {"fp8_e4m3": False, "nvfp4": True}
+    rows[4]["output_tok_s"] = 120  # fp8 faster at 12
+    acc = bench.acceptance(rows)
+    assert not acc["nvfp4_beats_fp8_at_concurrency_ge_12"] and not acc["fp8_throughput_never_above_nvfp4"]
+    assert bench.acceptance([]) == {}
+
