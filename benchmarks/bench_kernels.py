@@ -285,6 +285,7 @@ def main() -> None:
                     r[name] = round(float(r["us"]) / float(o["us"]), 3)  # type: ignore[arg-type]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = os.environ.get("COMMIT") or (commit if len(commit) == 40 else "unknown")
     except OSError:
         commit = "unknown"
     doc = dict(ceiling_tbps=round(ceiling, 4), ceiling_probes=ceil, commit=commit or os.environ.get("COMMIT", "unknown"),

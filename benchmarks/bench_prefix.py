@@ -11,10 +11,16 @@ Clients are closed-loop: each sends its next request when the last one finished 
 so ``concurrency`` clients keep at most that many requests in flight. The engine runs in-process; TTFT is
 measured at step granularity (the time from submission to the step that returns the first token).
 
-Pool sizing: every dtype gets the same KV *byte* budget (``--kv-budget-gib``, dummy Llama-3.1-8B), so
-NVFP4 holds ~3.6x the tokens of bf16 and ~1.8x those of fp8_e4m3; the budget is chosen well below the
-agentic working set at high concurrency (``concurrency x`` final history), so eviction matters. The host
-tier gets the same byte budget for every dtype too (``--hicache-size``).
+Pool sizing: every dtype gets the same KV *byte* budget (``--kv-budget-gib``, default 3 GiB, dummy
+Llama-3.1-8B, 128 KiB/token in bf16), the bf16 tail pool of the quantized dtypes (W=64, 32 running
+requests: 2624 tokens, 0.32 GiB) carved out of it: bf16 holds 24,544 tokens, fp8_e4m3 43,856 and nvfp4
+77,968. An agentic session ends at ~4.1K tokens (1K system + 2 tool outputs of 1-2K + replies), so the
+working set is ~49K tokens at concurrency 12 (more than fp8 holds, less than nvfp4) and ~131K at 32
+(more than any); the shared-prefix workload has ``max(4, concurrency)`` groups of 2K-token system prompts.
+The host tier gets the same bytes for every dtype too (``--hicache-size``, default 16 GiB).
+
+Device time (rough, H200): ~1 min per (dtype, host tier) per workload, ~15 min for everything; run it in
+parts (``--workloads agentic``, ``--kv-dtypes ...``, ``--hicache off|on``) and ``--merge`` the files.
 
     PYTHONPATH=. python benchmarks/bench_prefix.py                       # everything, on the GPU
     PYTHONPATH=. python benchmarks/bench_prefix.py --workloads agentic --hicache off
@@ -70,24 +76,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-dtypes", nargs="+", default=list(KV_DTYPES))
     p.add_argument("--hicache", choices=("off", "on", "both"), default="both")
     p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
-    p.add_argument("--kv-budget-gib", type=float, default=7.0, help="KV pool bytes, the same for every dtype")
-    p.add_argument("--hicache-size", type=float, default=24.0, help="host tier GiB (same for every dtype)")
+    p.add_argument("--kv-budget-gib", type=float, default=3.0, help="KV pool bytes, the same for every dtype")
+    p.add_argument("--hicache-size", type=float, default=16.0, help="host tier GiB (same for every dtype)")
     p.add_argument("--hicache-write-policy", default="write_back")
     p.add_argument("--kv-recent-window", type=int, default=64)
-    p.add_argument("--chunked-prefill-size", type=int, default=4096)
+    p.add_argument("--chunked-prefill-size", type=int, default=8192)
     # shared_prefix
-    p.add_argument("--groups", type=int, default=32)
+    p.add_argument("--min-groups", type=int, default=4, help="groups per run: max(concurrency, this)")
     p.add_argument("--per-group", type=int, default=4)
-    p.add_argument("--system-len", type=int, default=3000)
-    p.add_argument("--question-len", type=int, default=100)
-    p.add_argument("--sp-output-len", type=int, default=64)
+    p.add_argument("--system-len", type=int, default=2000)
+    p.add_argument("--question-len", type=int, default=64)
+    p.add_argument("--sp-output-len", type=int, default=32)
     # agentic
-    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--turns", type=int, default=3)
     p.add_argument("--agent-system-len", type=int, default=1000)
-    p.add_argument("--tool-len", type=int, nargs=2, default=[1500, 3000], help="tool output tokens (range)")
-    p.add_argument("--agent-output-len", type=int, default=128)
-    p.add_argument("--think-s", type=float, default=0.5)
-    p.add_argument("--min-sessions", type=int, default=4, help="sessions per run: max(concurrency, this)")
+    p.add_argument("--tool-len", type=int, nargs=2, default=[1000, 2000], help="tool output tokens (range)")
+    p.add_argument("--agent-output-len", type=int, default=64)
+    p.add_argument("--think-s", type=float, default=0.2)
+    p.add_argument("--min-sessions", type=int, default=2, help="sessions per run: max(concurrency, this)")
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -95,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.concurrency = [c for c in args.concurrency if c <= 4] or [1, 4]
         args.kv_budget_gib, args.hicache_size = 256 * 1024 / GIB, 1024 * 1024 / GIB
         args.kv_recent_window, args.chunked_prefill_size = 16, 64
-        args.groups, args.per_group, args.system_len, args.question_len, args.sp_output_len = 4, 2, 48, 8, 4
+        args.min_groups, args.per_group, args.system_len, args.question_len, args.sp_output_len = 2, 2, 48, 8, 4
         args.turns, args.agent_system_len, args.tool_len, args.agent_output_len = 3, 24, [16, 32], 4
         args.think_s, args.min_sessions = 0.01, 2
     return args
@@ -115,7 +121,7 @@ def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
 
 def shared_prefix(args: argparse.Namespace, concurrency: int, vocab: int) -> list[list[Session]]:
     rng = random.Random(f"{args.seed}-sp-{concurrency}")
-    systems = [_tokens(rng, args.system_len, vocab) for _ in range(args.groups)]
+    systems = [_tokens(rng, args.system_len, vocab) for _ in range(max(concurrency, args.min_groups))]
     reqs = [Session(s + _tokens(rng, args.question_len, vocab), [], args.sp_output_len)
             for s in systems for _ in range(args.per_group)]  # fmt: skip
     rng.shuffle(reqs)

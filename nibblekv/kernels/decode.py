@@ -346,4 +346,4 @@ def _default_config(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
         return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "use_asm": True}
     if fmt == FMT_FLOAT:
         return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "use_asm": False}
-    return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "use_asm": False}
+    return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 5, "use_asm": False}

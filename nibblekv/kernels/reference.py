@@ -14,11 +14,23 @@ from __future__ import annotations
 
 import torch
 
-from nibblekv.formats.layout import dequantize_rows, quantize_rows
+from nibblekv.formats import nvfp4
+from nibblekv.formats.layout import KVDtype, dequantize_rows, quantize_rows
 from nibblekv.kernels.types import LayerKV
 
 
-def write_kv_ref(k: torch.Tensor, v: torch.Tensor, cache: LayerKV, slots: torch.Tensor) -> None:
+def _quantize(
+    x: torch.Tensor, cache: LayerKV, g: torch.Tensor, four_over_six: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows in the cache's format; ``four_over_six`` picks NVFP4 block scales by 4over6 (see nvfp4)."""
+    if four_over_six and cache.dtype is KVDtype.NVFP4:
+        return nvfp4.quantize(x, g, four_over_six=True)
+    return quantize_rows(x, cache.dtype, g)
+
+
+def write_kv_ref(
+    k: torch.Tensor, v: torch.Tensor, cache: LayerKV, slots: torch.Tensor, four_over_six: bool = False
+) -> None:
     """Store rows ``k, v [T, kv_heads, D]`` at ``slots [T]`` (int; -1 = skip), quantizing as the cache's dtype."""
     valid = slots >= 0
     slots = slots[valid].long()
@@ -27,7 +39,7 @@ def write_kv_ref(k: torch.Tensor, v: torch.Tensor, cache: LayerKV, slots: torch.
         (k[valid], cache.k_data, cache.k_scale, cache.global_scale[0]),
         (v[valid], cache.v_data, cache.v_scale, cache.global_scale[1]),
     ):
-        qd, qs = quantize_rows(x, cache.dtype, g)
+        qd, qs = _quantize(x, cache, g, four_over_six)
         data[pages, :, offs] = qd
         if scale is not None:
             scale[pages, :, offs] = qs
@@ -130,7 +142,9 @@ def extend_ref(
     return out
 
 
-def demote_pages_ref(tail: LayerKV, src_pages: torch.Tensor, cache: LayerKV, dst_pages: torch.Tensor) -> None:
+def demote_pages_ref(
+    tail: LayerKV, src_pages: torch.Tensor, cache: LayerKV, dst_pages: torch.Tensor, four_over_six: bool = False
+) -> None:
     """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]`` (same page size)."""
     if tail.page_size != cache.page_size:
         raise ValueError("tail and main pool must share the page size")
@@ -139,7 +153,7 @@ def demote_pages_ref(tail: LayerKV, src_pages: torch.Tensor, cache: LayerKV, dst
         (tail.k_data, cache.k_data, cache.k_scale, cache.global_scale[0]),
         (tail.v_data, cache.v_data, cache.v_scale, cache.global_scale[1]),
     ):
-        qd, qs = quantize_rows(t_data[src], cache.dtype, g)
+        qd, qs = _quantize(t_data[src], cache, g, four_over_six)
         data[dst] = qd
         if scale is not None:
             scale[dst] = qs
