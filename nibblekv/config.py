@@ -41,6 +41,7 @@ class EngineConfig:
     context_length: int | None = None
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
+    tp_size: int = 1  # tensor-parallel ranks: one process per GPU (gloo processes on CPU)
     decode_log_interval: int = 40  # decode steps between "Decode batch." log lines; 0 = never
     disable_radix_cache: bool = False  # prefix reuse across requests (radix tree over main-pool pages)
     enable_hierarchical_cache: bool = False  # evicted prefix pages go to a host-memory tier
@@ -70,6 +71,7 @@ class EngineConfig:
         if self.context_length is not None:
             _check(self.context_length >= 2, "context_length", "must be >= 2")
         _check(self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs", "must be >= 1")
+        _check(self.tp_size >= 1, "tp_size", "must be >= 1")
         _check(self.decode_log_interval >= 0, "decode_log_interval", "must be >= 0")
         _check(
             not (self.disable_radix_cache and self.enable_hierarchical_cache),
@@ -158,6 +160,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--context-length", type=_positive_int, default=None)
     g.add_argument("--disable-cuda-graph", action="store_true")
     g.add_argument("--cuda-graph-max-bs", type=_positive_int, default=d.cuda_graph_max_bs)
+    g.add_argument(
+        "--tp-size", "--tp", dest="tp_size", type=_positive_int, default=d.tp_size,
+        help="tensor-parallel ranks (NCCL, one GPU each; gloo on CPU)",
+    )  # fmt: skip
     g.add_argument("--decode-log-interval", type=_non_negative_int, default=d.decode_log_interval)
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix reuse across requests")
     g.add_argument(

@@ -106,6 +106,7 @@ class AsyncEngine:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=30)
+        self.engine.shutdown()  # tensor-parallel workers, if any
 
     def _send(self, kind: str, payload: Any) -> None:
         self._commands.put((kind, payload))

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from nibblekv.engine.scheduler import ScheduledBatch, Scheduler
 from nibblekv.engine.stats import EngineStats, decode_log_line, prefill_log_line
 from nibblekv.formats import parse_kv_dtype
 from nibblekv.model import CausalLM, Tokenizer, load_model
+
+if TYPE_CHECKING:
+    from nibblekv.engine.tp_group import TPGroup
 
 logger = logging.getLogger("nibblekv")
 
@@ -91,9 +94,24 @@ def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSp
     )
 
 
-def build_pool(config: EngineConfig, model: CausalLM, max_running: int) -> KVPool:
+def build_pool(
+    config: EngineConfig,
+    model: CausalLM,
+    max_running: int,
+    agree: Callable[[PoolSpec], PoolSpec] | None = None,
+) -> KVPool:
+    """Size and allocate the pool; ``agree`` (tensor parallel) makes every rank's page count equal."""
+    spec = pool_spec(config, model, max_running)
+    if agree is not None:
+        spec = agree(spec)
     scales = load_kv_scales(config.kv_scales_path, model.config.num_layers, model.device)
-    return KVPool(pool_spec(config, model, max_running), model.device, scales)
+    return KVPool(spec, model.device, scales)
+
+
+def make_page_table(pool: KVPool, max_running: int, context_len: int, device: torch.device) -> PageTable:
+    """One row per running request; each row holds up to ``context_len`` tokens of pages."""
+    p = pool.page_size
+    return PageTable(max_running, -(-context_len // p) + 1, pool.recent_window // p + 1, device)
 
 
 def build_cache_manager(config: EngineConfig, pool: KVPool, page_table: PageTable) -> BaseCacheManager:
@@ -125,12 +143,33 @@ class Engine:
         **overrides: Any,
     ) -> None:
         self.config = replace(config or EngineConfig(), **overrides)
+        self.tp: TPGroup | None = None  # tensor-parallel workers (ranks 1..N-1), when --tp-size > 1
+        try:
+            self._setup(loaded)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _setup(self, loaded: tuple[CausalLM, Tokenizer] | None) -> None:
         cfg = self.config
+        if cfg.tp_size > 1:
+            if loaded is not None:
+                raise ValueError("--tp-size > 1 loads its shards itself; loaded= cannot be combined with it")
+            if cfg.enable_hierarchical_cache:
+                raise ValueError("--enable-hierarchical-cache is not supported with --tp-size > 1")
+            from nibblekv.engine.tp_group import TPGroup
+
+            self.tp = TPGroup(cfg)
         if loaded is None:
-            device = resolve_device(cfg.device)
+            device = self.tp.device if self.tp is not None else resolve_device(cfg.device)
             dtype = None if cfg.dtype == "auto" else _DTYPES[cfg.dtype]
             loaded = load_model(
-                cfg.model, load_format=cfg.load_format, dtype=dtype, device=device, seed=cfg.seed
+                cfg.model,
+                load_format=cfg.load_format,
+                dtype=dtype,
+                device=device,
+                seed=cfg.seed,
+                tp=self.tp.context if self.tp is not None else None,
             )
         self.model, self.tokenizer = loaded
         self.device = self.model.device
@@ -139,14 +178,12 @@ class Engine:
         if self.context_len > max_pos:
             logger.warning("context length %d exceeds the model's %d positions", self.context_len, max_pos)
         self.max_running = cfg.max_running_requests or DEFAULT_MAX_RUNNING.get(self.device.type, 32)
-        self.pool = build_pool(cfg, self.model, self.max_running)
+        if self.tp is not None:
+            self.tp.setup(self.max_running, self.context_len)
+        self.pool = build_pool(cfg, self.model, self.max_running, self.tp.agree_pool_spec if self.tp else None)
         for line in self.pool.startup_lines(self.max_running, self.context_len):
             logger.info(line)
-        # NOTE: one row per running request; each row holds up to context_len tokens of pages.
-        p = self.pool.page_size
-        self.page_table = PageTable(
-            self.max_running, -(-self.context_len // p) + 1, self.pool.recent_window // p + 1, self.device
-        )
+        self.page_table = make_page_table(self.pool, self.max_running, self.context_len, self.device)
         self.scheduler = Scheduler(
             build_cache_manager(cfg, self.pool, self.page_table),
             max_running_requests=self.max_running,
@@ -161,13 +198,22 @@ class Engine:
             use_cuda_graph=self.device.type == "cuda" and not cfg.disable_cuda_graph,
             cuda_graph_max_bs=cfg.cuda_graph_max_bs,
             max_running_requests=self.max_running,
+            on_plan=self.tp.broadcast_plan if self.tp else None,
+            agree=self.tp.agree_graphs if self.tp else None,
         )
+        if self.tp is not None:
+            self.tp.wait_ready()
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._live: dict[str, Request] = {}
         self.last_batch: ScheduledBatch | None = None  # for benchmarks and tests
         self.stream = False  # True: step() returns an output for every request it advanced
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent; also runs at interpreter exit)."""
+        if self.tp is not None:
+            self.tp.shutdown()
 
     @property
     def max_total_num_tokens(self) -> int:
