@@ -57,7 +57,11 @@ def _host_buffer(nbytes: int, pin: bool) -> tuple[torch.Tensor, bool]:
     buf = torch.empty(nbytes, dtype=torch.uint8)
     if not pin:
         return buf, False
-    if int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)) != 0:
+    try:
+        ok = int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)) == 0
+    except (AttributeError, RuntimeError, TypeError):  # no cudart binding in this build
+        ok = False
+    if not ok:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), False
     return buf, True
 
