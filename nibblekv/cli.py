@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, str] = {
     "generate": "nibblekv.engine.cli",
     "serve": "nibblekv.server.cli",
     "bench": "nibblekv.bench.cli",
+    "eval": "nibblekv.eval.cli",
+    "calibrate": "nibblekv.eval.calibrate_cli",
 }
 
 

@@ -23,6 +23,19 @@ from nibblekv.cache.manager import Growth, RequestPages
 from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
 from nibblekv.kernels import LayerKV, decode_attention, demote_pages, extend_attention, write_kv
+from nibblekv.kernels.reference import demote_pages_ref, write_kv_ref
+
+
+def hadamard_matrix(
+    d: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The normalized ``d x d`` Sylvester Hadamard matrix (d a power of two): symmetric and orthogonal."""
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"--kv-hadamard needs a power-of-two head_dim, got {d}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < d:  # [[H, H], [H, -H]]
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return (h / d**0.5).to(device=device, dtype=dtype)
 
 
 @dataclass
@@ -101,6 +114,19 @@ class PagedAttentionBackend(AttentionBackend):
         self.pool = pool
         self.sm_scale = pool.spec.head_dim**-0.5
         self.meta: PagedMetadata | None = None
+        # --kv-hadamard: q, k, v are rotated by H before the cache ops and the output rotated back
+        # (H orthogonal and symmetric: scores and outputs are unchanged, only what is stored differs).
+        self.rotation: torch.Tensor | None = None
+        if pool.spec.hadamard:
+            dtype = pool.spec.tail_layout.torch_dtype  # the model's dtype
+            self.rotation = hadamard_matrix(pool.spec.head_dim, pool.device, dtype)
+        self.four_over_six = pool.spec.four_over_six
+        if self.four_over_six and pool.device.type == "cuda":
+            # NOTE: refuse rather than silently write standard scales through the Triton kernels.
+            raise ValueError(
+                "--kv-quant-4over6 is implemented by the reference cache writer only; the Triton "
+                "write/demote kernels do not support 4over6 block scales yet (run on CPU or drop the flag)"
+            )
         # Host-tier copies into pages this forward reads; layer i waits for layer i's copy only.
         self.loads: Sequence[Transfer] = ()
 
@@ -112,9 +138,19 @@ class PagedAttentionBackend(AttentionBackend):
         m = self.meta
         assert m is not None
         if m.demote_src.numel():
-            demote_pages(self.pool.tail[layer_id], m.demote_src, self.pool.main[layer_id], m.demote_dst)
+            tail, main = self.pool.tail[layer_id], self.pool.main[layer_id]
+            if self.four_over_six:
+                demote_pages_ref(tail, m.demote_src, main, m.demote_dst, four_over_six=True)
+            else:
+                demote_pages(tail, m.demote_src, main, m.demote_dst)
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        h = self.rotation
+        if h is None:
+            return self._forward(layer_id, q, k, v)
+        return self._forward(layer_id, q @ h, k @ h, v @ h) @ h
+
+    def _forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         m = self.meta
         assert m is not None, "bind() metadata before the forward"
         main = self.pool.main[layer_id]
@@ -149,6 +185,9 @@ class PagedAttentionBackend(AttentionBackend):
     def _write(self, k: torch.Tensor, v: torch.Tensor, main: LayerKV, tail: LayerKV | None) -> None:
         m = self.meta
         assert m is not None
-        write_kv(k, v, main, m.main_slots)
+        if self.four_over_six:
+            write_kv_ref(k, v, main, m.main_slots, four_over_six=True)
+        else:
+            write_kv(k, v, main, m.main_slots)
         if tail is not None:
             write_kv(k, v, tail, m.tail_slots)

@@ -38,6 +38,10 @@ class PoolSpec:
     num_pages: int  # main pool, scratch page excluded
     num_tail_pages: int  # 0 when the recent window is off
     recent_window: int
+    # How K/V are encoded (see nibblekv.attention.paged): rotated by the Hadamard matrix along
+    # head_dim before storing, and NVFP4 block scales chosen by 4over6. Neither changes the layout.
+    hadamard: bool = False
+    four_over_six: bool = False
 
     @property
     def layout(self) -> PageLayout:

@@ -80,7 +80,7 @@ def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSp
     max_tokens = config.max_total_tokens
     if budget is None and max_tokens is None:
         max_tokens = CPU_DEFAULT_MAX_TOTAL_TOKENS
-    return size_pool(
+    spec = size_pool(
         num_layers=mc.num_layers,
         num_kv_heads=mc.num_kv_heads,
         head_dim=mc.head_dim,
@@ -92,6 +92,7 @@ def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSp
         budget_bytes=budget,
         max_total_tokens=max_tokens,
     )
+    return replace(spec, hadamard=config.kv_hadamard, four_over_six=config.kv_quant_4over6)
 
 
 def build_pool(

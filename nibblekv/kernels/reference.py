@@ -143,7 +143,11 @@ def extend_ref(
 
 
 def demote_pages_ref(
-    tail: LayerKV, src_pages: torch.Tensor, cache: LayerKV, dst_pages: torch.Tensor, four_over_six: bool = False
+    tail: LayerKV,
+    src_pages: torch.Tensor,
+    cache: LayerKV,
+    dst_pages: torch.Tensor,
+    four_over_six: bool = False,
 ) -> None:
     """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]`` (same page size)."""
     if tail.page_size != cache.page_size:

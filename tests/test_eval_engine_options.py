@@ -1,0 +1,108 @@
+"""The accuracy options in the engine path: --kv-hadamard and --kv-quant-4over6 (phase 2 edits)."""
+
+from __future__ import annotations
+
+import argparse
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, hadamard_matrix
+from nibblekv.cache import KVPool, PoolSpec
+from nibblekv.config import EngineConfig, add_engine_args
+from nibblekv.engine import Engine, SamplingParams
+from nibblekv.formats import KVDtype, nvfp4
+from nibblekv.kernels import LayerKV
+from nibblekv.kernels.reference import demote_pages_ref, write_kv_ref
+
+
+def _spec(dtype: KVDtype, **kw: bool) -> PoolSpec:
+    return PoolSpec(2, 2, 64, 4, dtype, KVDtype.FP32, 8, 4, 4, **kw)
+
+
+def test_flags_reach_engine_config() -> None:
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    cfg = EngineConfig.from_args(p.parse_args(["--kv-hadamard", "--kv-quant-4over6"]))
+    assert cfg.kv_hadamard and cfg.kv_quant_4over6
+    d = EngineConfig.from_args(p.parse_args([]))
+    assert not d.kv_hadamard and not d.kv_quant_4over6
+
+
+def test_reference_write_and_demote_use_4over6() -> None:
+    torch.manual_seed(0)
+    layout = _spec(KVDtype.NVFP4).layout
+    cache = LayerKV.allocate(layout, 4, "cpu")
+    k, v = torch.randn(6, 2, 64) * 3, torch.randn(6, 2, 64)
+    slots = torch.arange(4, 10)
+    write_kv_ref(k, v, cache, slots, four_over_six=True)
+    packed, scales = nvfp4.quantize(k, four_over_six=True)
+    pages, offs = slots // 4, slots % 4
+    assert torch.equal(cache.k_data[pages, :, offs], packed) and torch.equal(
+        cache.k_scale[pages, :, offs].float(), scales.float()
+    )
+    plain = nvfp4.quantize(k)
+    assert not torch.equal(plain[1].float(), scales.float())  # 4over6 changed some block scales
+    tail = LayerKV.allocate(_spec(KVDtype.NVFP4).tail_layout, 3, "cpu")
+    tail.k_data[1], tail.v_data[1] = k[:4].transpose(0, 1), v[:4].transpose(0, 1)
+    demote_pages_ref(tail, torch.tensor([1]), cache, torch.tensor([3]), four_over_six=True)
+    assert torch.equal(cache.v_data[3], nvfp4.quantize(v[:4].transpose(0, 1), four_over_six=True)[0])
+
+
+def _decode_out(spec: PoolSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Write 3 tokens of one request into page 1 via decode steps and return the last step's output."""
+    pool = KVPool(spec, "cpu", torch.ones(2, 2))
+    backend = PagedAttentionBackend(pool)
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)
+    i64 = lambda x: torch.tensor(x, dtype=torch.int64)
+    out = torch.empty(0)
+    for t in range(3):
+        meta = PagedMetadata(
+            True,
+            i32([[1]]),
+            i32([t + 1]),
+            i32([[0]]),
+            i32([0]),
+            i64([4 + t]),
+            i64([-1]),
+            None,
+            i64([]),
+            i64([]),
+        )
+        backend.bind(meta)
+        out = backend.forward(0, q[t : t + 1], k[t : t + 1], v[t : t + 1])
+    return out
+
+
+def test_backend_hadamard_is_exact_unquantized_and_changes_nvfp4() -> None:
+    torch.manual_seed(1)
+    q, k, v = torch.randn(3, 4, 64), torch.randn(3, 2, 64), torch.randn(3, 2, 64)
+    base = _decode_out(PoolSpec(2, 2, 64, 4, KVDtype.FP32, KVDtype.FP32, 8, 0, 0), q, k, v)
+    rot = _decode_out(PoolSpec(2, 2, 64, 4, KVDtype.FP32, KVDtype.FP32, 8, 0, 0, hadamard=True), q, k, v)
+    assert torch.allclose(rot, base, atol=1e-5)
+    plain = _decode_out(PoolSpec(2, 2, 64, 4, KVDtype.NVFP4, KVDtype.FP32, 8, 0, 0), q, k, v)
+    had = _decode_out(PoolSpec(2, 2, 64, 4, KVDtype.NVFP4, KVDtype.FP32, 8, 0, 0, hadamard=True), q, k, v)
+    assert not torch.allclose(had, plain, atol=1e-4)
+    assert torch.allclose(hadamard_matrix(64) @ hadamard_matrix(64), torch.eye(64), atol=1e-6)
+
+
+def test_4over6_refused_on_cuda() -> None:
+    fake_pool = SimpleNamespace(spec=_spec(KVDtype.NVFP4, four_over_six=True), device=torch.device("cuda"))
+    with pytest.raises(ValueError, match="4over6"):
+        PagedAttentionBackend(fake_pool)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_engine_with_options(smollm2) -> None:  # type: ignore[no-untyped-def]
+    prompt = smollm2[1].encode("The three primary colors are")
+    params = SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True)
+    kw = {"loaded": smollm2, "max_total_tokens": 512, "decode_log_interval": 0}
+    ref = Engine(kv_cache_dtype="auto", **kw).generate([prompt], params)[0]
+    # an unquantized cache stored rotated gives the same greedy tokens
+    rot = Engine(kv_cache_dtype="auto", kv_hadamard=True, **kw)
+    assert rot.pool.spec.hadamard and rot.generate([prompt], params)[0].token_ids == ref.token_ids
+    both = Engine(kv_cache_dtype="nvfp4", kv_recent_window=0, kv_hadamard=True, kv_quant_4over6=True, **kw)
+    assert both.pool.spec.four_over_six and both.runner.backend.four_over_six
+    out = both.generate([prompt], params)[0]
+    assert len(out.token_ids) == 6 and both.pool.all_free()
