@@ -101,7 +101,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.concurrency = [c for c in args.concurrency if c <= 4] or [1, 4]
         args.kv_budget_gib, args.hicache_size = 256 * 1024 / GIB, 1024 * 1024 / GIB
         args.kv_recent_window, args.chunked_prefill_size = 16, 64
-        args.min_groups, args.per_group, args.system_len, args.question_len, args.sp_output_len = 2, 2, 48, 8, 4
+        args.min_groups, args.per_group, args.system_len, args.question_len, args.sp_output_len = (
+            2,
+            2,
+            48,
+            8,
+            4,
+        )
         args.turns, args.agent_system_len, args.tool_len, args.agent_output_len = 3, 24, [16, 32], 4
         args.think_s, args.min_sessions = 0.01, 2
     return args
@@ -184,7 +190,9 @@ def drive(engine: Engine, clients: list[Client]) -> dict[str, float]:
                 nxt = c.next_prompt()
                 if nxt is not None:
                     prompt, out_len = nxt
-                    rid = engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=out_len, ignore_eos=True))
+                    rid = engine.add_request(
+                        prompt, SamplingParams(temperature=0, max_new_tokens=out_len, ignore_eos=True)
+                    )
                     owner[rid], c.in_flight = (c, now), True
         if engine.has_unfinished():
             outs = engine.step()
@@ -302,7 +310,9 @@ def acceptance(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for c in high
         )
     if pairs and all(a and b for a, b in pairs):
-        out["fp8_throughput_never_above_nvfp4"] = all(b["output_tok_s"] <= a["output_tok_s"] for a, b in pairs)  # type: ignore[index]
+        out["fp8_throughput_never_above_nvfp4"] = all(
+            b["output_tok_s"] <= a["output_tok_s"] for a, b in pairs
+        )  # type: ignore[index]
     if cs:
         top = cs[-1]
         rises = {k: (ag[(k, True, top)]["hit_rate"] > ag[(k, False, top)]["hit_rate"])
@@ -314,8 +324,14 @@ def acceptance(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def write(path: Path, args: argparse.Namespace | None, rows: list[dict[str, Any]]) -> None:
     device = "cpu" if args is None or args.smoke else torch.cuda.get_device_name()
-    meta = {} if args is None else {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
-    path.write_text(json.dumps({"device": device, **meta, "acceptance": acceptance(rows), "rows": rows}, indent=1))
+    meta = (
+        {}
+        if args is None
+        else {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    )
+    path.write_text(
+        json.dumps({"device": device, **meta, "acceptance": acceptance(rows), "rows": rows}, indent=1)
+    )
 
 
 def plot(rows: list[dict[str, Any]], png: Path) -> None:
@@ -325,7 +341,11 @@ def plot(rows: list[dict[str, Any]], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads = sorted({r["workload"] for r in rows})
-    metrics = [("hit_rate", "cache hit rate"), ("output_tok_s", "output tok/s"), ("ttft_ms", "mean TTFT (ms)")]
+    metrics = [
+        ("hit_rate", "cache hit rate"),
+        ("output_tok_s", "output tok/s"),
+        ("ttft_ms", "mean TTFT (ms)"),
+    ]
     fig, axes = plt.subplots(len(workloads), 3, figsize=(15, 4.2 * len(workloads)), squeeze=False)
     colors = {"bf16": "tab:blue", "fp8_e4m3": "tab:orange", "nvfp4": "tab:green"}
     for i, w in enumerate(workloads):
@@ -348,7 +368,16 @@ def plot(rows: list[dict[str, Any]], png: Path) -> None:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    names = ["workload", "kv_dtype", "hicache", "concurrency", "hit_rate", "output_tok_s", "ttft_ms", "pool_tokens"]
+    names = [
+        "workload",
+        "kv_dtype",
+        "hicache",
+        "concurrency",
+        "hit_rate",
+        "output_tok_s",
+        "ttft_ms",
+        "pool_tokens",
+    ]
     widths = [max(len(n), *(len(str(r[n])) for r in rows)) for n in names]
     print("\n" + "  ".join(n.ljust(w) for n, w in zip(names, widths)))
     for r in rows:

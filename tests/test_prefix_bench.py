@@ -72,4 +72,3 @@ def test_acceptance_is_computed_from_rows() -> None:
     acc = bench.acceptance(rows)
     assert not acc["nvfp4_beats_fp8_at_concurrency_ge_12"] and not acc["fp8_throughput_never_above_nvfp4"]
     assert bench.acceptance([]) == {}
-

@@ -84,10 +84,14 @@ def same(a: list, b: list, tol: float = 0.0) -> None:
 def test_shared_prefix_outputs_equal_without_cache(make_engine, smollm2, kv: str) -> None:
     """Bit-identical when the batches have the same shapes; fp32 KV also batched (to 1e-4)."""
     ps = prompts(smollm2[1], 3)
-    ref = run_sequentially(make_engine(kv_cache_dtype=kv, kv_recent_window=0, disable_radix_cache=True), ps, GREEDY)
+    ref = run_sequentially(
+        make_engine(kv_cache_dtype=kv, kv_recent_window=0, disable_radix_cache=True), ps, GREEDY
+    )
     engine = make_engine(kv_cache_dtype=kv, kv_recent_window=0)
     if kv == "auto":
-        outs = engine.generate(ps[:1], GREEDY) + engine.generate(ps[1:], GREEDY)  # both reuse the donor's pages
+        outs = engine.generate(ps[:1], GREEDY) + engine.generate(
+            ps[1:], GREEDY
+        )  # both reuse the donor's pages
     else:
         outs = run_sequentially(engine, ps, GREEDY)
     assert [o.cached_tokens for o in outs] == [0, PREFIX, PREFIX]
@@ -104,7 +108,9 @@ def test_nvfp4_window_reuses_only_what_a_fresh_request_quantizes(make_engine, sm
     engine = make_engine(kv_cache_dtype="nvfp4", kv_recent_window=32)
     # 16 new tokens: the donor ends with 87 stored, Lq = 64, so its prefix pages are all demoted
     engine.generate([ps[0]], SamplingParams(temperature=0, max_new_tokens=16, ignore_eos=True))
-    long = (ps[1] + smollm2[1].encode(" Answer in detail and explain every step of your reasoning." * 4))[:100]
+    long = (ps[1] + smollm2[1].encode(" Answer in detail and explain every step of your reasoning." * 4))[
+        :100
+    ]
     short = ps[1][: PREFIX + 8]
     outs = engine.generate([long, short], GREEDY)
     assert [o.cached_tokens for o in outs] == [PREFIX, 48]  # Lq(100) = 80 >= 64, but Lq(72) = 48
@@ -134,10 +140,14 @@ def test_eviction_in_a_small_pool_keeps_outputs_and_pages(make_engine, smollm2) 
 def test_host_tier_restores_evicted_prefix(make_engine, smollm2, policy: str) -> None:
     tok = smollm2[1]
     ps = prompts(tok, 2)
-    fillers = [tok.encode(f"Write a list of {i} animals and their habitats, one per line.") * 3 for i in range(2)]
-    kw = dict(kv_cache_dtype="nvfp4", kv_recent_window=0, max_total_tokens=96, max_running_requests=1)
+    fillers = [
+        tok.encode(f"Write a list of {i} animals and their habitats, one per line.") * 3 for i in range(2)
+    ]
+    kw = {"kv_cache_dtype": "nvfp4", "kv_recent_window": 0, "max_total_tokens": 96, "max_running_requests": 1}
     ref = run_sequentially(make_engine(disable_radix_cache=True, **kw), [ps[0], *fillers, *ps[1:]], GREEDY)
-    engine = make_engine(enable_hierarchical_cache=True, hicache_size=0.002, hicache_write_policy=policy, **kw)
+    engine = make_engine(
+        enable_hierarchical_cache=True, hicache_size=0.002, hicache_write_policy=policy, **kw
+    )
     outs = run_sequentially(engine, [ps[0], *fillers, *ps[1:]], GREEDY)
     cache = engine.scheduler.cache
     assert cache.tree.num_loaded_back >= PREFIX // 16  # the prefix came back from the host tier
@@ -170,7 +180,9 @@ def test_stats_and_flags(smollm2) -> None:
     from nibblekv.config import EngineConfig, add_engine_args
 
     ps = prompts(smollm2[1], 2)
-    eng = AsyncEngine(loaded=smollm2, max_total_tokens=2048, decode_log_interval=0, chunked_prefill_size=PREFIX)
+    eng = AsyncEngine(
+        loaded=smollm2, max_total_tokens=2048, decode_log_interval=0, chunked_prefill_size=PREFIX
+    )
 
     async def last(p: list[int]):  # -> RequestOutput
         out = None

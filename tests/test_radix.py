@@ -151,7 +151,7 @@ def test_write_back_round_trip_and_host_lru() -> None:
     a, b = seq("abcd", "efgh"), seq("abcd", "wxyz")
     tree.insert(a, store(pool, a))
     pages_b = store(pool, b)
-    canon, _ = tree.insert(b, pages_b)
+    _canon, _ = tree.insert(b, pages_b)
     pool.main_alloc.free(pages_b[:1])
     assert tree.evict(3) == 3 and pool.main_alloc.num_used == 0  # all three nodes moved to the host
     assert tree.num_written_back == 3 and tree.host_pages == 3

@@ -160,7 +160,9 @@ class HostTier:
             self._copy_layers(dev, host, to_host, events)
         return Transfer(events)
 
-    def _copy_layers(self, dev: list[int], host: list[int], to_host: bool, events: list[torch.cuda.Event] | None) -> None:
+    def _copy_layers(
+        self, dev: list[int], host: list[int], to_host: bool, events: list[torch.cuda.Event] | None
+    ) -> None:
         idx = torch.tensor(dev, dtype=torch.int64, device=self.pool.device)
         runs = _runs(host)
         non_blocking = self.stream is not None

@@ -40,7 +40,7 @@ WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through")
 class TreeNode:
     """One edge of the tree: ``key`` (a multiple of ``P`` token ids) and where its pages are."""
 
-    __slots__ = ("key", "pages", "host", "children", "parent", "lock_ref", "last_access", "pending", "id")
+    __slots__ = ("children", "host", "id", "key", "last_access", "lock_ref", "pages", "parent", "pending")
     _ids = itertools.count()
 
     def __init__(
@@ -153,7 +153,9 @@ class RadixCache:
         Splits the last edge when the match ends inside it, so the match always ends at a node;
         refreshes the LRU time of every node on the path.
         """
-        limit = len(key) // self.page_size if max_pages is None else min(max_pages, len(key) // self.page_size)
+        limit = (
+            len(key) // self.page_size if max_pages is None else min(max_pages, len(key) // self.page_size)
+        )
         now = next(self._clock)
         node, done = self.root, 0
         dev: list[int] = []
@@ -278,7 +280,11 @@ class RadixCache:
 
     @staticmethod
     def _device_leaf(n: TreeNode) -> bool:
-        return n.pages is not None and n.lock_ref == 0 and not any(c.pages is not None for c in n.children.values())
+        return (
+            n.pages is not None
+            and n.lock_ref == 0
+            and not any(c.pages is not None for c in n.children.values())
+        )
 
     def evict(self, num_pages: int) -> int:
         """Free ``num_pages`` device pages (fewer if unlocked nodes hold fewer); return how many were freed.
@@ -352,7 +358,12 @@ class RadixCache:
             return 0
 
         def candidate(n: TreeNode) -> bool:
-            return n.host is not None and n.lock_ref == 0 and n is not keep and (n.pages is not None or not n.children)
+            return (
+                n.host is not None
+                and n.lock_ref == 0
+                and n is not keep
+                and (n.pages is not None or not n.children)
+            )
 
         heap = [n for n in self._nodes() if candidate(n)]
         heapq.heapify(heap)
