@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from nibblekv.cache import KVPool, size_pool
+from nibblekv.cache.hiradix import HiRadixCache
 from nibblekv.cache.host_tier import HostTier
 from nibblekv.cache.radix import RadixCache, TreeNode
 from nibblekv.formats import KVDtype
@@ -30,9 +31,12 @@ def make_pool(num_pages: int = 32, layers: int = 2) -> KVPool:
     return KVPool(spec, "cpu", torch.ones(layers, 2))
 
 
-def make_tree(pool: KVPool, host_pages: int = 0, policy: str = "write_back") -> RadixCache:
-    host = HostTier(pool, host_pages) if host_pages else None
-    return RadixCache(P, pool.main_alloc, host, policy)
+def make_tree(pool: KVPool) -> RadixCache:
+    return RadixCache(P, pool.main_alloc)
+
+
+def make_hi(pool: KVPool, host_pages: int, policy: str = "write_back") -> HiRadixCache:
+    return HiRadixCache(P, pool.main_alloc, HostTier(pool, host_pages), policy)
 
 
 def store(pool: KVPool, tokens: Sequence[int], start: int = 0) -> list[int]:
@@ -147,7 +151,7 @@ def test_lock_protects_and_lru_evicts_leaves_first() -> None:
 
 def test_write_back_round_trip_and_host_lru() -> None:
     pool = make_pool(num_pages=8)
-    tree = make_tree(pool, host_pages=4)
+    tree = make_hi(pool, 4)
     a, b = seq("abcd", "efgh"), seq("abcd", "wxyz")
     tree.insert(a, store(pool, a))
     pages_b = store(pool, b)
@@ -181,7 +185,7 @@ def test_write_back_round_trip_and_host_lru() -> None:
 
 def test_write_through_backs_up_on_insert() -> None:
     pool = make_pool(num_pages=8)
-    tree = make_tree(pool, host_pages=8, policy="write_through")
+    tree = make_hi(pool, 8, "write_through")
     a = seq("abcd", "efgh")
     tree.insert(a, store(pool, a))
     assert tree.host_pages == 2
@@ -195,7 +199,7 @@ def test_write_through_backs_up_on_insert() -> None:
 
 def test_load_back_is_cut_to_free_device_pages() -> None:
     pool = make_pool(num_pages=4)
-    tree = make_tree(pool, host_pages=8)
+    tree = make_hi(pool, 8)
     a = seq("aaaa", "bbbb", "cccc")
     tree.insert(a, store(pool, a))
     tree.evict(3)
@@ -221,7 +225,7 @@ def test_random_operations_keep_invariants(host_pages: int, policy: str) -> None
     """Random inserts, matches, locks, evictions and load-backs; every page accounted for throughout."""
     rng = random.Random(1234 + host_pages)
     pool = make_pool(num_pages=24)
-    tree = make_tree(pool, host_pages, policy)
+    tree = make_hi(pool, host_pages, policy) if host_pages else make_tree(pool)
     alphabet = [seq(c * P) for c in "abc"]  # 3 distinct pages: lots of shared prefixes and splits
     locks: list[TreeNode] = []
     for step in range(300):
@@ -229,7 +233,8 @@ def test_random_operations_keep_invariants(host_pages: int, policy: str) -> None
         op = rng.random()
         if op < 0.45:  # a request: match (loading back), lock, store the rest, insert, unlock
             m = tree.match_prefix(tokens)
-            m, _ = tree.load_back(m)
+            if isinstance(tree, HiRadixCache):
+                m, _ = tree.load_back(m)
             tree.lock(m.node)
             rest = len(tokens) // P - len(m.pages)
             if pool.main_alloc.num_free < rest:
@@ -252,7 +257,7 @@ def test_random_operations_keep_invariants(host_pages: int, policy: str) -> None
             tree.unlock(locks.pop(rng.randrange(len(locks))))
         elif op < 0.8:
             tree.evict(rng.randint(1, 6))
-        elif op < 0.9:
+        elif op < 0.9 and isinstance(tree, HiRadixCache):
             tree.evict_host(rng.randint(1, 4))
         else:
             tree.match_prefix(tokens, max_pages=rng.randint(0, 5))
@@ -261,13 +266,14 @@ def test_random_operations_keep_invariants(host_pages: int, policy: str) -> None
         assert len(tree.device_page_ids()) == pool.main_alloc.num_used, f"step {step}: device pages leaked"
         if tree.host is not None:
             assert tree.host_pages == tree.host.alloc.num_used, f"step {step}: host slots leaked"
-    if tree.host is not None:  # the random walk did exercise both directions
+    if isinstance(tree, HiRadixCache):  # the random walk did exercise both directions
         assert tree.num_written_back + (tree.host_pages if policy == "write_through" else 0) > 0
         assert tree.num_loaded_back > 0
     for node in locks:
         tree.unlock(node)
     tree.evict(10**6)
-    tree.evict_host(10**6)
+    if isinstance(tree, HiRadixCache):
+        tree.evict_host(10**6)
     check(tree, pool)
     assert pool.main_alloc.num_used == 0 and not tree.root.children
     assert tree.host is None or tree.host.alloc.num_used == 0

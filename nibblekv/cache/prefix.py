@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from nibblekv.cache.hiradix import HiRadixCache
 from nibblekv.cache.host_tier import HostTier, Transfer
 from nibblekv.cache.manager import Growth, RequestPages, TieredCacheManager, main_len_after
 from nibblekv.cache.page_table import PageTable
@@ -73,7 +74,11 @@ class PrefixCacheManager(TieredCacheManager):
         write_policy: str = "write_back",
     ) -> None:
         super().__init__(pool, page_table)
-        self.tree = RadixCache(pool.page_size, pool.main_alloc, host, write_policy)
+        self.tree = (
+            RadixCache(pool.page_size, pool.main_alloc)
+            if host is None
+            else HiRadixCache(pool.page_size, pool.main_alloc, host, write_policy)
+        )
         # NOTE: the pool counts the tree's unlocked pages as free (usage, leak checks): they are on demand.
         pool.cached_pages = lambda: self.tree.evictable_pages
         self.stats = PrefixStats()
@@ -92,6 +97,7 @@ class PrefixCacheManager(TieredCacheManager):
         match = self.tree.match_prefix(token_ids, self.max_reusable_pages(len(token_ids)))
         device_tokens = len(match.pages) * self.page_size
         if match.host_pages:
+            assert isinstance(self.tree, HiRadixCache)  # only it leaves host-only nodes behind
             match, load = self.tree.load_back(match)
             if load is not None:
                 self._loads.append(load)
@@ -170,7 +176,8 @@ class PrefixCacheManager(TieredCacheManager):
     def flush(self) -> int:
         """Evict every unlocked page from the device (and drop the host tier's); return pages freed."""
         freed = self.tree.evict(self.tree.evictable_pages)
-        self.tree.evict_host(self.tree.host_pages)
+        if isinstance(self.tree, HiRadixCache):
+            self.tree.evict_host(self.tree.host_pages)
         return freed
 
     # ---- checks ---------------------------------------------------------------------------------

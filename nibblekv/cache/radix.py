@@ -6,11 +6,9 @@ is shared only once every slot of it is written. Each edge of the tree is a run 
 page id names the page in every layer). Children are keyed by their first page of tokens, so two
 children of one node never share a first page and a match walks one edge per step.
 
-Two tiers: a node's pages live on the device (``pages``, main-pool page ids), in a host tier
-(``host``, host page slots, see :mod:`nibblekv.cache.host_tier`), or both. Device eviction goes
-leaf-first in LRU order over unlocked nodes; with a host tier the evicted pages are copied there
-first (write-back) unless a copy already exists (write-through), otherwise the node is dropped.
-Host eviction drops the oldest unlocked host-only leaves (or host backups of device nodes).
+Device eviction goes leaf-first in LRU order over unlocked nodes and drops them. A node may also
+hold host-tier slots (``host``): :class:`nibblekv.cache.hiradix.HiRadixCache` moves evicted pages
+there instead of dropping them; this class only keeps that state consistent.
 
 NOTE: invariants (checked by :meth:`RadixCache.check`):
 
@@ -33,8 +31,6 @@ from nibblekv.cache.allocator import PageAllocator
 
 if TYPE_CHECKING:
     from nibblekv.cache.host_tier import HostTier, Transfer
-
-WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through")
 
 
 class TreeNode:
@@ -106,29 +102,17 @@ class RadixCache:
     :meth:`load_back`.
     """
 
-    def __init__(
-        self,
-        page_size: int,
-        device_alloc: PageAllocator,
-        host: HostTier | None = None,
-        write_policy: str = "write_back",
-    ) -> None:
-        if write_policy not in WRITE_POLICIES:
-            raise ValueError(f"write policy must be one of {', '.join(WRITE_POLICIES)}, got {write_policy!r}")
+    def __init__(self, page_size: int, device_alloc: PageAllocator) -> None:
         self.page_size = page_size
         self.device_alloc = device_alloc
-        self.host = host
-        self.write_through = write_policy == "write_through"
+        self.host: HostTier | None = None  # set by HiRadixCache
         self._clock = itertools.count(1)
         self.root = TreeNode((), [], None, None)
         self.root.lock_ref = 1  # NOTE: the root is never evicted
         self.evictable_pages = 0
         self.protected_pages = 0
         self.host_pages = 0
-        # Counters for metrics (pages): moved device -> host, loaded host -> device, dropped.
-        self.num_written_back = 0
-        self.num_loaded_back = 0
-        self.num_dropped = 0
+        self.num_dropped = 0  # pages evicted for good (metrics, tests)
 
     # ---- lookups --------------------------------------------------------------------------------
     def _chunk(self, key: Sequence[int], page: int) -> tuple[int, ...]:
@@ -227,8 +211,7 @@ class RadixCache:
                 node.children[new.key[:p]] = new
                 self._count(new, +1)
                 out.extend(pages[done:])
-                if self.write_through:
-                    self._backup(new)
+                self._inserted(new)
                 return out, new
             n = self._common_pages(child, key, done, total - done)
             if n < len(child.key) // p:
@@ -307,12 +290,7 @@ class RadixCache:
                 node.pending.wait()  # a copy touching these pages must finish before they are reused
                 node.pending = None
             self._count(node, -1)
-            if self.host is not None and node.host is None and self._backup(node, keep=node):
-                self.num_written_back += len(pages)
-                assert node.pending is not None
-                node.pending.wait()  # the write-back copy must finish before the pages are reused
-                node.pending = None
-            if node.host is not None:
+            if self._offload(node):
                 node.pages = None  # stays in the tree, host-only
             else:
                 self._drop(node)
@@ -338,100 +316,12 @@ class RadixCache:
                 n.host = None
             self.num_dropped += len(n.key) // self.page_size
 
-    def _backup(self, node: TreeNode, keep: TreeNode | None = None) -> bool:
-        """Copy ``node``'s device pages to new host slots (evicting host LRU first); False if no room."""
-        assert self.host is not None and node.pages is not None and node.host is None
-        n = len(node.pages)
-        if self.host.alloc.num_free < n:
-            self.evict_host(n - self.host.alloc.num_free, keep=keep)
-        if self.host.alloc.num_free < n:
-            return False
-        slots = self.host.alloc.alloc(n)
-        node.pending = self.host.write(node.pages, slots)
-        node.host = slots
-        self.host_pages += n
-        return True
+    def _inserted(self, node: TreeNode) -> None:
+        """Hook: a new node entered the tree (the host tier backs it up under write-through)."""
 
-    def evict_host(self, num_pages: int, keep: TreeNode | None = None) -> int:
-        """Free host slots: LRU unlocked host-only leaves, or host copies of device nodes."""
-        if self.host is None:
-            return 0
-
-        def candidate(n: TreeNode) -> bool:
-            return (
-                n.host is not None
-                and n.lock_ref == 0
-                and n is not keep
-                and (n.pages is not None or not n.children)
-            )
-
-        heap = [n for n in self._nodes() if candidate(n)]
-        heapq.heapify(heap)
-        freed = 0
-        while freed < num_pages and heap:
-            node = heapq.heappop(heap)
-            assert node.host is not None
-            freed += len(node.host)
-            if node.pages is not None:  # keep the device copy, drop the backup
-                self.host.alloc.free(node.host)
-                self.host_pages -= len(node.host)
-                node.host = None
-                continue
-            parent = node.parent
-            self._drop(node)
-            if parent is not None and parent is not self.root and candidate(parent):
-                heapq.heappush(heap, parent)
-        return freed
-
-    # ---- host -> device -------------------------------------------------------------------------
-    def load_back(self, match: PrefixMatch) -> tuple[PrefixMatch, Transfer | None]:
-        """Copy the host part of ``match`` back to fresh device pages (evicting device LRU for room).
-
-        Returns the match as it now stands on the device (possibly shorter when the device is full)
-        and the copy to wait for before the pages are read (None when nothing was loaded).
-        """
-        if not match.host_pages or self.host is None:
-            return match, None
-        self.lock(match.host_node)  # NOTE: nothing on the path may be evicted while making room
-        try:
-            chain: list[TreeNode] = []
-            n: TreeNode | None = match.host_node
-            while n is not None and n is not match.node:
-                chain.append(n)
-                n = n.parent
-            chain.reverse()
-            want = len(match.host_pages)
-            if self.device_alloc.num_free < want:
-                self.evict(want - self.device_alloc.num_free)
-            room = min(want, self.device_alloc.num_free)
-        finally:
-            self.unlock(match.host_node)
-        if room == 0:
-            return PrefixMatch(match.pages, match.node, [], match.node), None
-        host_src: list[int] = []
-        loaded: list[TreeNode] = []
-        for node in chain:
-            assert node.host is not None and node.pages is None
-            take = len(node.host)
-            if len(host_src) + take > room:
-                take = room - len(host_src)
-                if take == 0:
-                    break
-                node = self._split(node, take)
-            host_src.extend(node.host or ())
-            loaded.append(node)
-        dst = self.device_alloc.alloc(len(host_src))
-        transfer = self.host.load(host_src, dst)
-        i = 0
-        for node in loaded:
-            assert node.host is not None
-            node.pages = dst[i : i + len(node.host)]
-            node.pending = transfer
-            self._count(node, +1)
-            i += len(node.host)
-        self.num_loaded_back += len(dst)
-        last = loaded[-1]
-        return PrefixMatch(match.pages + dst, last, [], last), transfer
+    def _offload(self, node: TreeNode) -> bool:
+        """Hook: keep an evicted device node's pages elsewhere; False (here: always) drops the node."""
+        return False
 
     # ---- checks ---------------------------------------------------------------------------------
     def device_page_ids(self) -> list[int]:
