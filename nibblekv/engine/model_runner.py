@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from nibblekv.attention.paged import PagedAttentionBackend, build_metadata, host_metadata, to_device
-from nibblekv.cache.page_table import PageTable
+from nibblekv.cache.page_table import PageTable, TableUpdates
 from nibblekv.cache.pool import KVPool
 from nibblekv.engine.cuda_graph import CudaGraphRunner
 from nibblekv.engine.request import Request, TokenLogprob
@@ -20,6 +22,34 @@ logger = logging.getLogger("nibblekv")
 
 # Prompt-logprob rows turned into logits at once (bounds the [rows, vocab] float32 temporary).
 PROMPT_LOGITS_ROWS: int = 256
+
+
+@dataclass(frozen=True)
+class PromptSlice:
+    """Prompt-logprob rows ``[lo, hi)`` of batch entry ``entry``, found from ``hidden[row:]``."""
+
+    entry: int
+    lo: int
+    hi: int
+    row: int
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step's forward as plain data: what rank 0 sends tensor-parallel workers.
+
+    ``lists``: host inputs (ids, positions, attention metadata, page-table ``rows``);
+    ``table_updates``: the page-table entries this step's sync wrote; ``sample_rows``: rows of the
+    hidden states whose logits are sampled; ``prompt_slices``: the later ``compute_logits`` calls.
+    """
+
+    lists: dict[str, list[int]]
+    table_updates: TableUpdates
+    is_decode: bool
+    bs: int
+    use_graph: bool
+    sample_rows: list[int]
+    prompt_slices: list[PromptSlice]
 
 
 def _prompt_rows(req: Request, old_len: int, new_len: int) -> range:
@@ -42,8 +72,13 @@ class ModelRunner:
         use_cuda_graph: bool,
         cuda_graph_max_bs: int,
         max_running_requests: int,
+        on_plan: Callable[[StepPlan], None] | None = None,
+        agree: Callable[[bool], bool] | None = None,
     ) -> None:
+        """``on_plan`` sees every step's plan before the forward (rank 0 of a tensor-parallel group
+        broadcasts it); ``agree`` turns this rank's "CUDA graphs captured" into the group's verdict."""
         self.model = model
+        self.on_plan = on_plan
         self.pool = pool
         self.page_table = page_table
         self.device = model.device
@@ -58,6 +93,9 @@ class ModelRunner:
             except RuntimeError as exc:  # e.g. a kernel that syncs with the host cannot be captured
                 logger.warning("CUDA graph capture failed, decoding eagerly: %s", exc)
                 torch.cuda.synchronize()
+        # NOTE: under TP, graphs must be all-or-none: a graphed rank gathers padded rows, an eager one not.
+        if agree is not None and not agree(self.graphs is not None):
+            self.graphs = None
 
     @property
     def last_used_graph(self) -> bool:
@@ -67,21 +105,52 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepResult:
         """Forward the batch (a CUDA graph for decode batches that fit one) and sample."""
+        plan = self.plan(batch)
+        if self.on_plan is not None:
+            self.on_plan(plan)
+        logits, hidden = self.execute(plan)
+        return self._sample(batch, logits, self._prompt_logprobs(batch, hidden, plan.prompt_slices))
+
+    def plan(self, batch: ScheduledBatch) -> StepPlan:
+        """Everything the forward needs, as plain data (syncs the page table as a side effect)."""
         lists = self._host_inputs(batch)
         bs = len(batch.reqs)
-        self._used_graph = bool(batch.is_decode and self.graphs is not None and self.graphs.fits(bs))
-        if self._used_graph:
-            assert self.graphs is not None
-            return self._sample(batch, self.graphs.replay(lists, bs), prompt_logprobs={})
-        d = to_device(lists, self.device)
-        self.backend.bind(build_metadata(d, d["rows"], batch.is_decode, self.page_table))
-        hidden = self.model.forward(d["input_ids"], d["positions"], self.backend)
         ends = [e - 1 for e in itertools.accumulate(g.new_len - g.old_len for g in batch.growths)]
-        sample_rows = [ends[i] for i in range(bs) if batch.samples(i)]
-        logits = (
-            self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_zeros(0, 1).float()
+        slices: list[PromptSlice] = []
+        for i, (req, g) in enumerate(zip(batch.reqs, batch.growths)):
+            rows = _prompt_rows(req, g.old_len, g.new_len)
+            start = ends[i] - (g.new_len - g.old_len) + 1  # row of position g.old_len in hidden
+            for lo in range(rows.start, rows.stop, PROMPT_LOGITS_ROWS):
+                hi = min(lo + PROMPT_LOGITS_ROWS, rows.stop)
+                slices.append(PromptSlice(i, lo, hi, start + lo - g.old_len))
+        return StepPlan(
+            lists=lists,
+            table_updates=self.page_table.last_updates,
+            is_decode=batch.is_decode,
+            bs=bs,
+            use_graph=bool(batch.is_decode and self.graphs is not None and self.graphs.fits(bs)),
+            sample_rows=[ends[i] for i in range(bs) if batch.samples(i)],
+            prompt_slices=slices,
         )
-        return self._sample(batch, logits, self._prompt_logprobs(batch, hidden, ends))
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the plan's forward: (logits of ``sample_rows``, hidden states or None after a graph).
+
+        Calls ``compute_logits`` once here (unless there are no sample rows) and then once per
+        prompt slice in :meth:`_prompt_logprobs`; tensor-parallel workers repeat that
+        sequence (see :func:`execute_mirror`), since each call is a collective under TP.
+        """
+        self._used_graph = plan.use_graph
+        if plan.use_graph:
+            assert self.graphs is not None
+            return self.graphs.replay(plan.lists, plan.bs), None
+        d = to_device(plan.lists, self.device)
+        self.backend.bind(build_metadata(d, d["rows"], plan.is_decode, self.page_table))
+        hidden = self.model.forward(d["input_ids"], d["positions"], self.backend)
+        if not plan.sample_rows:  # every rank sees the same plan, so all skip this collective together
+            return hidden.new_zeros(0, 1).float(), hidden
+        return self.model.compute_logits(hidden[plan.sample_rows]), hidden
 
     def _host_inputs(self, batch: ScheduledBatch) -> dict[str, list[int]]:
         """Token ids, positions, attention metadata and page-table rows, as Python lists."""
@@ -104,20 +173,27 @@ class ModelRunner:
         return StepResult(result.token_ids, result.logprobs, prompt_logprobs)
 
     def _prompt_logprobs(
-        self, batch: ScheduledBatch, hidden: torch.Tensor, ends: list[int]
+        self, batch: ScheduledBatch, hidden: torch.Tensor | None, slices: list[PromptSlice]
     ) -> dict[str, list[TokenLogprob]]:
         out: dict[str, list[TokenLogprob]] = {}
-        for i, (req, g) in enumerate(zip(batch.reqs, batch.growths)):
-            rows = _prompt_rows(req, g.old_len, g.new_len)
-            if not len(rows):
-                continue
-            start = ends[i] - (g.new_len - g.old_len) + 1  # row of position g.old_len in hidden
+        for s in slices:
+            assert hidden is not None  # prompt slices only come with extend batches (never graphed)
+            req = batch.reqs[s.entry]
             n = int(req.params.prompt_logprobs or 0)
-            found: list[TokenLogprob] = []
-            for lo in range(rows.start, rows.stop, PROMPT_LOGITS_ROWS):
-                hi = min(lo + PROMPT_LOGITS_ROWS, rows.stop)
-                lp = self.model.compute_logits(hidden[start + lo - g.old_len : start + hi - g.old_len])
-                targets = torch.tensor(req.token_ids[lo + 1 : hi + 1], device=self.device)
-                found.extend(top_logprobs(lp.log_softmax(dim=-1), targets, [n] * (hi - lo)))
-            out[req.request_id] = found
+            lp = self.model.compute_logits(hidden[s.row : s.row + s.hi - s.lo])
+            targets = torch.tensor(req.token_ids[s.lo + 1 : s.hi + 1], device=self.device)
+            out.setdefault(req.request_id, []).extend(
+                top_logprobs(lp.log_softmax(dim=-1), targets, [n] * (s.hi - s.lo))
+            )
         return out
+
+
+def execute_mirror(runner: ModelRunner, plan: StepPlan) -> None:
+    """A tensor-parallel worker's step: the same forward and ``compute_logits`` calls as rank 0's
+    :meth:`ModelRunner.run`, results dropped (rank 0 samples from its identical gathered logits)."""
+    runner.page_table.apply(plan.table_updates)
+    with torch.inference_mode():
+        _, hidden = runner.execute(plan)
+        for s in plan.prompt_slices:
+            assert hidden is not None
+            runner.model.compute_logits(hidden[s.row : s.row + s.hi - s.lo])

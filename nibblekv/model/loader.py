@@ -13,6 +13,7 @@ import torch
 
 from nibblekv.model.causal_lm import CausalLM
 from nibblekv.model.config import ModelConfig
+from nibblekv.model.parallel import TPContext, TPCausalLM, dummy_hf_weights, shard_weights
 from nibblekv.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from nibblekv.model.weights import load_hf_weights
 
@@ -50,8 +51,12 @@ def load_model(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     seed: int = 0,
+    tp: TPContext | None = None,
 ) -> tuple[CausalLM, Tokenizer]:
     """Load a model in eval mode on ``device`` in ``dtype`` (default: :func:`default_dtype`).
+
+    With ``tp``, only this rank's shard (a :class:`TPCausalLM`) is built and filled; every rank of
+    the group must call this with the same arguments (the sharded forward is a collective).
 
     ``model``: ``None`` (the bundled SmolLM2 GGUF), a ``.gguf`` file, an HF folder (``config.json`` +
     ``*.safetensors``), or with ``load_format="dummy"`` a preset name / ``config.json`` path / HF folder
@@ -62,12 +67,12 @@ def load_model(
     dev = torch.device(device)
     dtype = dtype or default_dtype(dev)
     if load_format == "dummy":
-        return _load_dummy(model, dtype, dev, seed)
+        return _load_dummy(model, dtype, dev, seed, tp)
     path = bundled_model_path() if model is None else Path(model)
     fmt = load_format if load_format != "auto" else _detect_format(path)
     if fmt == "gguf":
-        return _load_gguf(path, dtype, dev)
-    return _load_safetensors(path, dtype, dev)
+        return _load_gguf(path, dtype, dev, tp)
+    return _load_safetensors(path, dtype, dev, tp)
 
 
 def _detect_format(path: Path) -> str:
@@ -81,22 +86,33 @@ def _detect_format(path: Path) -> str:
     )
 
 
-def _empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    """An uninitialized model allocated directly on ``device`` (no CPU float32 copy first)."""
+def _empty_model(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPContext | None = None
+) -> CausalLM:
+    """An uninitialized model (``tp``: this rank's shard) allocated directly on ``device``."""
     with torch.device("meta"):
-        model = CausalLM(config)
+        model = CausalLM(config) if tp is None else TPCausalLM(config, tp)
     model = model.to(dtype=dtype).to_empty(device=device).eval()
     model.rotary.prepare(model.device)
     return model
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[CausalLM, Tokenizer]:
+def _load_weights(model: CausalLM, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Fill ``model`` from full checkpoint tensors, each cut to this rank's slice under TP."""
+    if isinstance(model, TPCausalLM):
+        weights = shard_weights(weights, model.full_config, model.shard)
+    load_hf_weights(model, weights)
+
+
+def _load_gguf(
+    path: Path, dtype: torch.dtype, device: torch.device, tp: TPContext | None
+) -> tuple[CausalLM, Tokenizer]:
     from nibblekv.model import gguf_loader
 
     reader = gguf_loader.open_gguf(path)
     config = gguf_loader.gguf_config(reader)
-    model = _empty_model(config, dtype, device)
-    load_hf_weights(model, gguf_loader.iter_gguf_weights(reader, config))
+    model = _empty_model(config, dtype, device, tp)
+    _load_weights(model, gguf_loader.iter_gguf_weights(reader, config))
     tokenizer = HFTokenizer.from_gguf(path, gguf_loader.chat_template(reader), config.eos_token_ids)
     return model, tokenizer
 
@@ -128,10 +144,12 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def _load_safetensors(folder: Path, dtype: torch.dtype, device: torch.device) -> tuple[CausalLM, Tokenizer]:
+def _load_safetensors(
+    folder: Path, dtype: torch.dtype, device: torch.device, tp: TPContext | None
+) -> tuple[CausalLM, Tokenizer]:
     config = ModelConfig.from_hf(_read_config(folder))
-    model = _empty_model(config, dtype, device)
-    load_hf_weights(model, iter_safetensors(folder))
+    model = _empty_model(config, dtype, device, tp)
+    _load_weights(model, iter_safetensors(folder))
     eos = [*config.eos_token_ids, *_generation_eos(folder)]
     return model, HFTokenizer.from_folder(folder, eos)
 
@@ -167,12 +185,15 @@ def init_dummy_weights(model: CausalLM, seed: int) -> None:
 
 
 def _load_dummy(
-    model: str | None, dtype: torch.dtype, device: torch.device, seed: int
+    model: str | None, dtype: torch.dtype, device: torch.device, seed: int, tp: TPContext | None
 ) -> tuple[CausalLM, Tokenizer]:
     raw, folder = _dummy_source(model)
     config = ModelConfig.from_hf(raw)
-    lm = _empty_model(config, dtype, device)
-    init_dummy_weights(lm, seed)
+    lm = _empty_model(config, dtype, device, tp)
+    if tp is None:
+        init_dummy_weights(lm, seed)
+    else:  # the same draws as the unsharded model, each rank keeping its slice
+        _load_weights(lm, dummy_hf_weights(config, seed, DUMMY_STD, dtype, device))
     tokenizer: Tokenizer
     if folder is not None and ((folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()):
         tokenizer = HFTokenizer.from_folder(folder, [*config.eos_token_ids, *_generation_eos(folder)])
