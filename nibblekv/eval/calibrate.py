@@ -101,7 +101,7 @@ def checkpoint_scales(model_path: str | Path | None, num_layers: int) -> KVScale
     found: dict[tuple[int, str], float] = {}
     for shard in sorted(Path(model_path).glob("*.safetensors")):
         with safe_open(str(shard), framework="pt") as f:
-            for name in f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 m = _CKPT_KEY.search(name)
                 if m:
                     found[(int(m.group(1)), m.group(2))] = float(f.get_tensor(name).float().max())

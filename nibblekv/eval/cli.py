@@ -205,6 +205,14 @@ def run_merge_cmd(args: argparse.Namespace) -> int:
         out["passkey"] = out["passkey"] + d["passkey"]
         out["passkey_summary"] = out["passkey_summary"] + d["passkey_summary"]
         out["elapsed_s"] = max(out["elapsed_s"], d["elapsed_s"])
+    # NOTE: every part runs the baseline in lockstep; identical settings give identical baseline rows.
+    seen: set[tuple[str, str]] = set()
+    rows = []
+    for r in out["rows"]:
+        if (r["config"], r["mode"]) not in seen:
+            seen.add((r["config"], r["mode"]))
+            rows.append(r)
+    out["rows"] = rows
     out["parts"] = [{"file": Path(p).name, "settings": d["settings"]} for p, d in zip(args.parts, docs)]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

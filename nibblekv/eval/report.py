@@ -86,7 +86,8 @@ def plot(doc: dict[str, Any], path: str | Path) -> None:
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
         ax.legend()
-    axes[0].set_xscale("log")
+    if configs:
+        axes[0].set_xscale("log")
     if has_passkey:
         ax = axes[2]
         summary = doc["passkey_summary"]
