@@ -199,7 +199,7 @@ class Engine:
             use_cuda_graph=self.device.type == "cuda" and not cfg.disable_cuda_graph,
             cuda_graph_max_bs=cfg.cuda_graph_max_bs,
             max_running_requests=self.max_running,
-            on_plan=self.tp.broadcast_plan if self.tp else None,
+            step_scope=self.tp.step if self.tp else None,
             agree=self.tp.agree_graphs if self.tp else None,
         )
         if self.tp is not None:
