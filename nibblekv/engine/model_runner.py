@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -72,13 +73,14 @@ class ModelRunner:
         use_cuda_graph: bool,
         cuda_graph_max_bs: int,
         max_running_requests: int,
-        on_plan: Callable[[StepPlan], None] | None = None,
+        step_scope: Callable[[StepPlan], AbstractContextManager[None]] | None = None,
         agree: Callable[[bool], bool] | None = None,
     ) -> None:
-        """``on_plan`` sees every step's plan before the forward (rank 0 of a tensor-parallel group
-        broadcasts it); ``agree`` turns this rank's "CUDA graphs captured" into the group's verdict."""
+        """``step_scope(plan)`` is entered around every step's forward and logits (rank 0 of a
+        tensor-parallel group broadcasts the plan on entry); ``agree`` turns this rank's "CUDA graphs
+        captured" into the group's verdict."""
         self.model = model
-        self.on_plan = on_plan
+        self.step_scope = step_scope
         self.pool = pool
         self.page_table = page_table
         self.device = model.device
@@ -106,10 +108,10 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> StepResult:
         """Forward the batch (a CUDA graph for decode batches that fit one) and sample."""
         plan = self.plan(batch)
-        if self.on_plan is not None:
-            self.on_plan(plan)
-        logits, hidden = self.execute(plan)
-        return self._sample(batch, logits, self._prompt_logprobs(batch, hidden, plan.prompt_slices))
+        with self.step_scope(plan) if self.step_scope is not None else nullcontext():
+            logits, hidden = self.execute(plan)
+            prompt_logprobs = self._prompt_logprobs(batch, hidden, plan.prompt_slices)
+        return self._sample(batch, logits, prompt_logprobs)
 
     def plan(self, batch: ScheduledBatch) -> StepPlan:
         """Everything the forward needs, as plain data (syncs the page table as a side effect)."""

@@ -8,7 +8,8 @@ engine process is rank 0: it runs the scheduler and the sampler and its own mode
 forward, meeting in the model's collectives.
 
 Shutdown contract: :meth:`TPGroup.shutdown` (called by ``Engine.shutdown``, at interpreter exit, and
-after SIGTERM, which is turned into ``SystemExit`` when rank 0 still has the default handler) sends
+after SIGTERM, which is turned into ``SystemExit`` at a step boundary when rank 0 still has the
+default handler) sends
 ``stop``, waits :data:`STOP_TIMEOUT_S` and kills what is left; a worker that dies on its own is
 reported as a ``RuntimeError`` by the next step. Workers also exit by themselves when rank 0 dies
 (see :mod:`nibblekv.engine.tp_worker`), so no path leaves orphans.
@@ -21,6 +22,8 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -87,8 +90,11 @@ class TPGroup:
             self.shutdown()
             raise
         self.context = TPContext(0, self.size)
+        self._in_step = False
+        self._pending_exit: int | None = None
+        self._old_sigterm: Any = None
         atexit.register(self.shutdown)
-        _exit_on_sigterm()
+        self._install_sigterm()
         logger.info("tensor parallel: %d ranks on %s", self.size, self.device.type)
 
     # ---- start-up handshakes ----------------------------------------------------------------------
@@ -112,10 +118,28 @@ class TPGroup:
         self._gather("ready")
 
     # ---- steps ------------------------------------------------------------------------------------
-    def broadcast_plan(self, plan: StepPlan) -> None:
-        """Send one step to every worker (called by rank 0's ModelRunner before its own forward)."""
+    @contextmanager
+    def step(self, plan: StepPlan) -> Iterator[None]:
+        """Rank 0's ModelRunner wraps each step's forward and logits in this: send the plan first.
+
+        A SIGTERM that arrives inside is held until the step's collectives are done (leaving in the
+        middle would strand the workers in a collective), then raised as ``SystemExit``.
+        """
         self._check_alive()
         self._send(("step", plan))
+        self._in_step = True
+        try:
+            yield
+        finally:
+            self._in_step = False
+        if self._pending_exit is not None:
+            raise SystemExit(self._pending_exit)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self._in_step:
+            self._pending_exit = 128 + signum
+            return
+        raise SystemExit(128 + signum)
 
     # ---- shutdown ---------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -143,6 +167,8 @@ class TPGroup:
             dist.destroy_process_group()
         torch.set_num_threads(self._threads)
         atexit.unregister(self.shutdown)
+        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._old_sigterm)
 
     # ---- plumbing ---------------------------------------------------------------------------------
     def _send(self, msg: tuple[str, Any]) -> None:
@@ -182,24 +208,19 @@ class TPGroup:
             if not proc.is_alive():
                 raise WorkerFailed(f"tensor-parallel worker {rank} died ({self._describe(rank)})")
 
+    def _install_sigterm(self) -> None:
+        """Turn SIGTERM into ``SystemExit`` (so atexit stops the workers) if nobody else handles it.
+
+        Only from the main thread and only over the default handler: a server that drains on SIGTERM
+        keeps its own handler and stops the engine itself.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+
     def _describe(self, rank: int) -> str:
         proc = self.procs[rank - 1]
         proc.join(0.5)
         return "still running" if proc.exitcode is None else f"exit code {proc.exitcode}"
-
-
-def _exit_on_sigterm() -> None:
-    """Turn SIGTERM into ``SystemExit`` (so atexit stops the workers) if nobody else handles it.
-
-    Only from the main thread and only over the default handler: a server that drains on SIGTERM
-    keeps its own handler and stops the engine itself.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-
-    def _raise(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _raise)
