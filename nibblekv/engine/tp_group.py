@@ -130,6 +130,12 @@ class TPGroup:
         self._in_step = True
         try:
             yield
+        except RuntimeError as exc:  # a collective failed: name the worker that took it down, if one did
+            for rank, proc in enumerate(self.procs, start=1):
+                proc.join(2.0)
+                if not proc.is_alive():
+                    raise WorkerFailed(f"tensor-parallel worker {rank} died ({self._describe(rank)})") from exc
+            raise
         finally:
             self._in_step = False
         if self._pending_exit is not None:
