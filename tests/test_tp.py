@@ -58,7 +58,7 @@ def _no_children_left() -> None:
         for p in psutil.Process().children(recursive=True)
         if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())
     ]
-    gone, alive = psutil.wait_procs(alive, timeout=10)
+    _gone, alive = psutil.wait_procs(alive, timeout=10)
     assert not alive, f"orphaned processes: {[p.cmdline() for p in alive]}"
 
 
@@ -95,7 +95,9 @@ def test_vocab_shards_pad_and_reassemble() -> None:
     assert torch.equal(parts[1][-1], torch.zeros(cfg.hidden_size))  # the padding row
     assert torch.equal(torch.cat(parts)[: cfg.vocab_size], full)
     o = torch.randn(cfg.hidden_size, cfg.q_size)
-    cols = [shard_tensor("model.layers.0.self_attn.o_proj.weight", o, cfg, partition(cfg, r, 2)) for r in range(2)]
+    cols = [
+        shard_tensor("model.layers.0.self_attn.o_proj.weight", o, cfg, partition(cfg, r, 2)) for r in range(2)
+    ]
     assert [c.shape[1] for c in cols] == [2 * cfg.head_dim, 4 * cfg.head_dim]
     assert torch.equal(torch.cat(cols, dim=1), o)
 
@@ -110,9 +112,13 @@ def _generate(engine: Engine, prompts: list[Any], params: SamplingParams) -> lis
 
 def test_tp2_equals_tp1_dummy_with_logprobs_and_chunked_prefill(tiny_config: Path) -> None:
     """Chunked prefill, prompt logprobs and several requests: every collective path of a step."""
-    kw: dict[str, Any] = dict(
-        model=str(tiny_config), load_format="dummy", seed=5, max_total_tokens=4096, chunked_prefill_size=24
-    )
+    kw: dict[str, Any] = {
+        "model": str(tiny_config),
+        "load_format": "dummy",
+        "seed": 5,
+        "max_total_tokens": 4096,
+        "chunked_prefill_size": 24,
+    }
     prompts = [list(range(1, 60)), [7, 8, 9], list(range(100, 140))]
     params = SamplingParams(max_new_tokens=16, ignore_eos=True, logprobs=2, prompt_logprobs=1)
     ref = _generate(Engine(**kw), prompts, params)
@@ -134,7 +140,9 @@ def smollm2_prompts(smollm2: tuple[CausalLM, Tokenizer]) -> list[list[int]]:
 
 
 def _smollm2_tp2(path: Path, kv: str) -> Engine:
-    return Engine(model=str(path), tp_size=2, dtype="float32", device="cpu", kv_cache_dtype=kv, max_total_tokens=4096)
+    return Engine(
+        model=str(path), tp_size=2, dtype="float32", device="cpu", kv_cache_dtype=kv, max_total_tokens=4096
+    )
 
 
 def test_smollm2_tp2_greedy_equals_tp1_bf16_kv(
@@ -142,7 +150,9 @@ def test_smollm2_tp2_greedy_equals_tp1_bf16_kv(
 ) -> None:
     """SmolLM2 (9 query / 3 KV heads) split 6+3 / 2+1 across two gloo ranks: same greedy tokens."""
     params = SamplingParams(max_new_tokens=24)
-    ref = _generate(Engine(loaded=smollm2, kv_cache_dtype="bf16", max_total_tokens=4096), smollm2_prompts, params)
+    ref = _generate(
+        Engine(loaded=smollm2, kv_cache_dtype="bf16", max_total_tokens=4096), smollm2_prompts, params
+    )
     tp = _generate(_smollm2_tp2(smollm2_path, "bf16"), smollm2_prompts, params)
     _no_children_left()
     assert [o.token_ids for o in tp] == [o.token_ids for o in ref]
@@ -156,10 +166,10 @@ def test_tp2_quantized_kv_runs_and_matches_tp1(tiny_config: Path, kv: str) -> No
     Block scales are per head and global scales per layer, so the split quantizes exactly the values
     tp=1 does and the greedy tokens match.
     """
-    kw: dict[str, Any] = dict(
-        model=str(tiny_config), load_format="dummy", seed=2, kv_cache_dtype=kv, kv_recent_window=16,
-        max_total_tokens=2048,
-    )  # fmt: skip
+    kw: dict[str, Any] = {
+        "model": str(tiny_config), "load_format": "dummy", "seed": 2, "kv_cache_dtype": kv, "kv_recent_window": 16,
+        "max_total_tokens": 2048,
+    }  # fmt: skip
     prompts = [list(range(3, 50)), [11, 12, 13, 14]]
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     ref = _generate(Engine(**kw), prompts, params)
@@ -173,12 +183,16 @@ def test_tp2_quantized_kv_runs_and_matches_tp1(tiny_config: Path, kv: str) -> No
 
 def test_unsplittable_tp_fails_cleanly(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**TINY, "num_attention_heads": 3, "num_key_value_heads": 1, "hidden_size": 48}))
+    path.write_text(
+        json.dumps({**TINY, "num_attention_heads": 3, "num_key_value_heads": 1, "hidden_size": 48})
+    )
     with pytest.raises(ValueError, match="cannot split 3 query / 1 KV heads"):
         Engine(model=str(path), load_format="dummy", tp_size=2, max_total_tokens=1024)
     _no_children_left()
     # the process group was torn down: a new TP engine can start in this process
-    outs = _generate(Engine(**_tiny_kw(tmp_path)), [[1, 2, 3]], SamplingParams(max_new_tokens=3, ignore_eos=True))
+    outs = _generate(
+        Engine(**_tiny_kw(tmp_path)), [[1, 2, 3]], SamplingParams(max_new_tokens=3, ignore_eos=True)
+    )
     assert outs[0].completion_tokens == 3
     _no_children_left()
 
@@ -186,4 +200,4 @@ def test_unsplittable_tp_fails_cleanly(tmp_path: Path) -> None:
 def _tiny_kw(tmp_path: Path) -> dict[str, Any]:
     ok = tmp_path / "ok.json"
     ok.write_text(json.dumps(TINY))
-    return dict(model=str(ok), load_format="dummy", tp_size=2, max_total_tokens=1024)
+    return {"model": str(ok), "load_format": "dummy", "tp_size": 2, "max_total_tokens": 1024}

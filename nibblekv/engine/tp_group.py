@@ -56,7 +56,9 @@ class TPGroup:
     def __init__(self, config: EngineConfig) -> None:
         """Spawn ranks 1..N-1 and join the group as rank 0 (blocks until every worker has joined)."""
         if dist.is_initialized():
-            raise RuntimeError("a torch.distributed group already exists in this process: one TP engine at a time")
+            raise RuntimeError(
+                "a torch.distributed group already exists in this process: one TP engine at a time"
+            )
         self.size = config.tp_size
         self.device = device_for(config, 0)
         self._threads = torch.get_num_threads()
@@ -134,7 +136,9 @@ class TPGroup:
             for rank, proc in enumerate(self.procs, start=1):
                 proc.join(2.0)
                 if not proc.is_alive():
-                    raise WorkerFailed(f"tensor-parallel worker {rank} died ({self._describe(rank)})") from exc
+                    raise WorkerFailed(
+                        f"tensor-parallel worker {rank} died ({self._describe(rank)})"
+                    ) from exc
             raise
         finally:
             self._in_step = False

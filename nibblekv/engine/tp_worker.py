@@ -70,7 +70,9 @@ def device_for(config: EngineConfig, rank: int) -> torch.device:
     if dev.type != "cuda":
         return torch.device("cpu")
     if rank >= torch.cuda.device_count():
-        raise ValueError(f"--tp-size {config.tp_size} needs {config.tp_size} GPUs, found {torch.cuda.device_count()}")
+        raise ValueError(
+            f"--tp-size {config.tp_size} needs {config.tp_size} GPUs, found {torch.cuda.device_count()}"
+        )
     torch.cuda.set_device(rank)
     return torch.device("cuda", rank)
 
@@ -99,7 +101,9 @@ def _ask(conn: Connection, kind: str, payload: Any) -> Any:
     return answer
 
 
-def worker_main(rank: int, size: int, port: int, config: EngineConfig, conn: Connection, parent_pid: int) -> None:
+def worker_main(
+    rank: int, size: int, port: int, config: EngineConfig, conn: Connection, parent_pid: int
+) -> None:
     """Entry point of a spawned worker (``torch.multiprocessing`` spawn); exits 0 on ``stop``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

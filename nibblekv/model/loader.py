@@ -13,7 +13,7 @@ import torch
 
 from nibblekv.model.causal_lm import CausalLM
 from nibblekv.model.config import ModelConfig
-from nibblekv.model.parallel import TPContext, TPCausalLM, dummy_hf_weights, shard_weights
+from nibblekv.model.parallel import TPCausalLM, TPContext, dummy_hf_weights, shard_weights
 from nibblekv.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from nibblekv.model.weights import load_hf_weights
 

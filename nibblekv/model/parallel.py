@@ -119,7 +119,9 @@ class RowParallelLinear(nn.Module):
     Parameter names match :class:`nn.Linear` (``weight [out, in_local]``, ``bias [out]``).
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, group: dist.ProcessGroup | None) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, group: dist.ProcessGroup | None
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
