@@ -144,7 +144,10 @@ def test_preemption_tiny_pool(make_engine, smollm2) -> None:
     prompts = [_chat(tok, p) for p in PROMPTS] + [tok.encode("Tell me a story about a dragon.")]
     params = SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True)
     ref = make_engine(max_total_tokens=2048).generate(prompts, params)
-    tiny = make_engine(max_total_tokens=max(len(p) for p in prompts) + 64, chunked_prefill_size=32)
+    # NOTE: without the radix cache: shared chat-template pages would spare the pool the preemptions.
+    tiny = make_engine(
+        max_total_tokens=max(len(p) for p in prompts) + 64, chunked_prefill_size=32, disable_radix_cache=True
+    )
     outs = tiny.generate(prompts, params)
     assert tiny.scheduler.num_preemptions > 0
     assert [o.request_id for o in outs] == [o.request_id for o in ref]  # each once, in order
