@@ -50,13 +50,17 @@ def tiny_config(tmp_path: Path) -> Path:
 def _no_children_left() -> None:
     """Every TP worker this test process started has exited.
 
+    Only spawned multiprocessing children count (TP workers run ``spawn_main``): other suites' session
+    fixtures (e.g. the test server) are children of this process too and outlive single tests.
     multiprocessing's resource tracker is exempt: it is shared by the whole process and leaves with
     it (test_tp_shutdown.py checks that nothing outlives rank 0).
     """
     alive = [
         p
         for p in psutil.Process().children(recursive=True)
-        if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())
+        if p.status() != psutil.STATUS_ZOMBIE
+        and "spawn_main" in " ".join(p.cmdline())
+        and "resource_tracker" not in " ".join(p.cmdline())
     ]
     _gone, alive = psutil.wait_procs(alive, timeout=10)
     assert not alive, f"orphaned processes: {[p.cmdline() for p in alive]}"
