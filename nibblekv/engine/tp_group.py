@@ -60,6 +60,9 @@ class TPGroup:
                 "a torch.distributed group already exists in this process: one TP engine at a time"
             )
         self.size = config.tp_size
+        self._in_step = False
+        self._pending_exit: int | None = None
+        self._old_sigterm: Any = None
         self.device = device_for(config, 0)
         self._threads = torch.get_num_threads()
         if self.device.type == "cpu":  # N processes share the cores
@@ -92,9 +95,6 @@ class TPGroup:
             self.shutdown()
             raise
         self.context = TPContext(0, self.size)
-        self._in_step = False
-        self._pending_exit: int | None = None
-        self._old_sigterm: Any = None
         atexit.register(self.shutdown)
         self._install_sigterm()
         logger.info("tensor parallel: %d ranks on %s", self.size, self.device.type)
