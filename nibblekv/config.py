@@ -113,7 +113,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _non_negative_int(text: str) -> int:
+def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
@@ -154,7 +154,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="<= 0: off")
     g.add_argument(
         "--kv-recent-window",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=d.kv_recent_window,
         help="newest tokens per request kept unquantized (multiple of --page-size; 0 = off)",
     )
@@ -176,7 +176,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--tp-size", "--tp", dest="tp_size", type=_positive_int, default=d.tp_size,
         help="tensor-parallel ranks (NCCL, one GPU each; gloo on CPU)",
     )  # fmt: skip
-    g.add_argument("--decode-log-interval", type=_non_negative_int, default=d.decode_log_interval)
+    g.add_argument("--decode-log-interval", type=non_negative_int, default=d.decode_log_interval)
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix reuse across requests")
     g.add_argument(
         "--enable-hierarchical-cache", action="store_true", help="keep evicted prefix pages in host memory"

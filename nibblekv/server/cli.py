@@ -10,13 +10,6 @@ import argparse
 import logging
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def _port(text: str) -> int:
     value = int(text)
     if not 0 < value < 65536:
@@ -26,6 +19,8 @@ def _port(text: str) -> int:
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     """The HTTP flags (engine flags come from :func:`nibblekv.config.add_engine_args`)."""
+    from nibblekv.config import non_negative_int
+
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=_port, default=30000)
@@ -33,7 +28,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--served-model-name", default=None, help="the `model` name clients use")
     g.add_argument(
         "--max-queued-requests",
-        type=_non_negative,
+        type=non_negative_int,
         default=None,
         help="requests waiting beyond --max-running-requests before new ones get 503 (default: no limit)",
     )
