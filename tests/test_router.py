@@ -134,7 +134,7 @@ def test_two_replicas_answer_through_the_router(
 def test_shared_prefixes_stick_to_one_replica_each(
     router: str, smollm2_server: ServerProcess, small_server: ServerProcess
 ) -> None:
-    """Two prompt families sent in concurrent pairs: each family stays on the replica that caches it."""
+    """Two prompt families sent in concurrent pairs: each family stays on the replica that cached it."""
     family_x = "You are a meticulous assistant for the Riverside Library catalogue. " * 6
     family_y = "Act as a terse ship's navigator who answers in bearings only; never explain. " * 3
     tokens = "nibblekv:prompt_tokens_total"
@@ -146,4 +146,7 @@ def test_shared_prefixes_stick_to_one_replica_each(
         sent["y"] += outs[1]["usage"]["prompt_tokens"]
     assert sent["x"] != sent["y"]
     gained = {_counter(smollm2_server, tokens) - before[0], _counter(small_server, tokens) - before[1]}
-    assert gained == {sent["x"], sent["y"]}, (gained, sent)  # neither family was split across replicas
+    # Neither family was split across replicas. Both may share one: when the first pair arrives the
+    # replicas tie on load and the router may send both there; cache-aware routing then keeps them.
+    together = {sent["x"] + sent["y"], 0}
+    assert gained in ({sent["x"], sent["y"]}, together), (gained, sent)
