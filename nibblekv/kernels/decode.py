@@ -10,6 +10,8 @@ softmax scale and output scale. No host syncs: the launcher is CUDA-graph captur
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -28,7 +30,18 @@ from nibblekv.kernels._common import (
     online_softmax_step,
     scale_tensors,
 )
+from nibblekv.kernels.decode_tok import decode_tok_kernel
 from nibblekv.kernels.types import LayerKV
+
+# Decode kernel variants (``decode_triton(variant=...)`` or env ``NIBBLEKV_DECODE_VARIANT``), each a name
+# optionally followed by launch overrides ``name:bn=64,tbn=64,w=4,s=4,conv=2`` (conv: NVFP4 conversion,
+# 0 plain Triton, 1 two asm blocks, 2 one asm block per 4 bytes; for "paged"/"rows" conv>0 means asm):
+#   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the measured default)
+#   rows   the same kernel, per-token addressing, K as two half-D dots (PAGED=False)
+#   tok    decode_tok: per-token gather of [BN, D] tiles, S = Q K^T (Q the A operand), one full-D dot
+#   kq     decode_tok: S^T = K Q^T (the K tile the A operand, Q^T the loop-invariant B), acc^T = V^T P^T
+DEFAULT_VARIANT = "paged"
+VARIANT_NAMES = ("paged", "rows", "tok", "kq")
 
 
 @triton.jit
@@ -158,13 +171,13 @@ def _decode_kernel(
     o_ptr, lse_ptr, sm_scale,
     HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, HAS_TAIL: tl.constexpr,
+    NUM_SPLITS, HAS_TAIL: tl.constexpr,
     FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
-    S_TOT: tl.constexpr = NUM_SPLITS + HAS_TAIL
+    S_TOT = NUM_SPLITS + HAS_TAIL  # NUM_SPLITS is a runtime int: one compile serves every split count
     q_base = q_ptr + b.to(tl.int64) * s_qb
     # partials: o [B, HQ, S_TOT, D] fp32, lse [B, HQ, S_TOT]; row (b, h*G + g, sp)
     first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp
@@ -247,13 +260,15 @@ def decode_triton(
     num_stages: int | None = None,
     use_asm: bool | None = None,
     out: torch.Tensor | None = None,
+    variant: str | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``decode_ref``: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (q's dtype).
 
     ``page_table [B, >= ceil(max lens / page)]`` int32/int64, ``lens [B]`` main-pool tokens; the tail
     (optional) likewise. ``num_splits`` (host int) fixes the split-K factor (default: fill the GPU);
     ``block_n``/``num_warps``/``num_stages``/``use_asm`` override the tuned launch config; ``out``
-    (like ``q``) receives the result if given.
+    (like ``q``) receives the result if given. ``variant`` (default: env ``NIBBLEKV_DECODE_VARIANT``, else
+    ``DEFAULT_VARIANT``) picks the kernel and may carry launch overrides (see ``VARIANT_NAMES``).
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -279,10 +294,15 @@ def decode_triton(
             tail_page_table = tail_page_table.contiguous()
     fmt = fmt_code(cache.dtype)
     interp = interpreting()
-    cfg = _default_config(fmt, d, interp)
-    bn = block_n or cfg["block_n"]
-    paged = _pages_contiguous(cache, bn)
-    tbn = cfg["tail_block_n"]
+    name, cfg = resolve_variant(variant, fmt, d, interp)
+    for key, val in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages)):
+        if val:
+            cfg[key] = val
+    if use_asm is not None:
+        cfg["conv"] = int(use_asm)
+    if interp:
+        cfg["conv"] = 0  # the interpreter cannot run inline PTX
+    bn, tbn = int(cfg["block_n"]), int(cfg["tail_block_n"])
     splits = num_splits or default_num_splits(bsz, hkv, None, bn)
     s_tot = splits + int(has_tail)
     if out is None:
@@ -295,27 +315,37 @@ def decode_triton(
     lse_part = torch.empty((bsz, hq, s_tot), dtype=torch.float32, device=q.device)
     ks, vs, (sp, sh, st) = scale_tensors(cache)
     ds = cache.k_data.stride()
+    tok = name in ("tok", "kq")
     if has_tail:
         assert tail is not None and tail_page_table is not None and tail_lens is not None
         tk, tv, ts, tpt, ttl, tpage = tail.k_data, tail.v_data, tail.k_data.stride(), tail_page_table, tail_lens, tail.page_size
-        tbn = max(tbn, tpage) if _pages_contiguous(tail, max(tbn, tpage)) else tbn
+        if not tok:
+            tbn = max(tbn, tpage) if _pages_contiguous(tail, max(tbn, tpage)) else tbn
     else:  # placeholders, never read
         tk, tv, ts, tpt, ttl, tpage = cache.k_data, cache.v_data, (0, 0, 0), page_table, lens, lay.page_size
     g = hq // hkv
-    _decode_kernel[(bsz, hkv, s_tot)](
+    args = (
         q, q.stride(0), q.stride(1),
         cache.k_data, cache.v_data, ks, vs, cache.global_scale,
         ds[0], ds[1], ds[2], sp, sh, st,
         page_table, page_table.stride(0), lens,
         tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
         o_part, lse_part, float(sm_scale),
-        HQ=hq, G=g, BH=max(16, triton.next_power_of_2(g)), D=d,
-        PAGE=lay.page_size, TPAGE=tpage, BN=bn, TBN=tbn,
-        NUM_SPLITS=splits, HAS_TAIL=has_tail,
-        FMT=fmt, USE_ASM=cfg["use_asm"] if use_asm is None else use_asm, INTERP=interp,
-        PAGED=paged, TPAGED=has_tail and _pages_contiguous(tail, tbn),
-        num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )  # fmt: skip
+    common = dict(
+        HQ=hq, G=g, BH=max(16, triton.next_power_of_2(g)), D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, TBN=tbn,
+        NUM_SPLITS=splits, HAS_TAIL=has_tail, FMT=fmt, INTERP=interp,
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
+    )  # fmt: skip
+    if tok:
+        k = decode_tok_kernel[(bsz, hkv, s_tot)](*args, CONV=int(cfg["conv"]), KQ=name == "kq", **common)
+    else:
+        paged = name == "paged" and _pages_contiguous(cache, bn)
+        k = _decode_kernel[(bsz, hkv, s_tot)](
+            *args, USE_ASM=bool(cfg["conv"]), PAGED=paged,
+            TPAGED=name == "paged" and has_tail and _pages_contiguous(tail, tbn), **common,
+        )  # fmt: skip
+    LAST_KERNEL["decode"] = k
     _combine_kernel[(bsz * hq,)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
         HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, num_warps=4,
@@ -341,9 +371,39 @@ def _default_config(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
     buffers in flight at BN=64/128 (checked in the TTGIR): stages <= 4 means no overlap at all.
     """
     if interp:
-        return {"block_n": 16, "tail_block_n": 16, "num_warps": 4, "num_stages": 1, "use_asm": False}
+        return {"block_n": 16, "tail_block_n": 16, "num_warps": 4, "num_stages": 1, "conv": 0}
     if fmt == FMT_NVFP4:
-        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "use_asm": True}
+        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "conv": 1}
     if fmt == FMT_FLOAT:
-        return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "use_asm": False}
-    return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 5, "use_asm": False}
+        return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "conv": 0}
+    return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 5, "conv": 0}
+
+
+# The compiled kernel of the last launch (benchmarks read its register / spill counts).
+LAST_KERNEL: dict[str, object] = {}
+
+
+def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
+    """Starting launch config of the per-token kernels (not yet tuned on the H200; the benchmark sweeps)."""
+    if fmt == FMT_NVFP4:
+        return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 2}
+    return {"block_n": 64 if d <= 128 else 32, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 0}
+
+
+_KEYS = {"bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv"}
+
+
+def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tuple[str, dict[str, int | bool]]:
+    """``"name[:bn=..,tbn=..,w=..,s=..,conv=..]"`` -> (kernel name, launch config); see ``VARIANT_NAMES``."""
+    spec = variant or os.environ.get("NIBBLEKV_DECODE_VARIANT") or DEFAULT_VARIANT
+    name, _, opts = spec.partition(":")
+    if name not in VARIANT_NAMES:
+        raise ValueError(f"unknown decode variant {name!r} (one of {VARIANT_NAMES})")
+    cfg = _default_config(fmt, d, interp) if name in ("paged", "rows") or interp else _tok_config(fmt, d)
+    for item in filter(None, opts.split(",")):
+        key, _, val = item.partition("=")
+        if key not in _KEYS:
+            raise ValueError(f"unknown decode variant option {key!r} in {spec!r} (one of {tuple(_KEYS)})")
+        if not interp or key == "tbn" or key == "bn":
+            cfg[_KEYS[key]] = int(val)
+    return name, cfg

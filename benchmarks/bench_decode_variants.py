@@ -1,0 +1,210 @@
+"""Decode kernel variants side by side on one GPU, in one device call (see ``decode.VARIANT_NAMES``).
+
+Usage (on the GPU machine, from the repo root)::
+
+    PYTHONPATH=. python benchmarks/bench_decode_variants.py --out $OUT [--budget-s 330] [--variants SPEC...]
+
+For each (kv dtype, variant spec) in priority order: compile + check against ``decode_ref`` on a small odd
+batch (lengths 1, 15, 16, 17, 1000, 4099; tails 0/1/32/7/64/0; Hq=32 Hkv=8 D=128), print registers and
+spills of the compiled kernel, then time the acceptance shapes (16-token pages at random places).
+A variant that fails to compile or is wrong is reported and skipped. Results are written after every
+variant (``$OUT/decode-variants.json``), so a run cut short keeps what it measured; a table comes last:
+per shape, each variant's fraction of this run's read ceiling, and the best NVFP4 / best FP8 time ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+import triton
+
+from benchmarks.bench_kernels import DEV, NAMES, Pools, bench, read_ceiling, run_decode
+from nibblekv.formats.layout import KVDtype
+from nibblekv.kernels import decode as dec
+from nibblekv.kernels.reference import decode_ref
+from nibblekv.kernels.testing import make_batch, rel_rms
+
+# Acceptance shapes (B, ctx): B*ctx >= 256K and B=1 x 128K; (32, 8192) is a mid row.
+SHAPES = [(64, 32768), (8, 32768), (1, 131072), (32, 8192)]
+
+# (dtype, spec) in priority order: baselines and the main new kernels first, tuning knobs after.
+DEFAULT_PLAN: list[tuple[KVDtype, str]] = [
+    (KVDtype.BF16, "paged"), (KVDtype.FP8, "paged"), (KVDtype.NVFP4, "paged"),
+    (KVDtype.BF16, "tok"), (KVDtype.FP8, "tok"), (KVDtype.NVFP4, "tok"),
+    (KVDtype.BF16, "kq"), (KVDtype.FP8, "kq"), (KVDtype.NVFP4, "kq"),
+    (KVDtype.BF16, "tok:s=3"), (KVDtype.BF16, "tok:s=5"), (KVDtype.BF16, "tok:bn=32"), (KVDtype.BF16, "tok:bn=128,w=8"),
+    (KVDtype.FP8, "tok:s=3"), (KVDtype.FP8, "tok:s=5"), (KVDtype.FP8, "tok:bn=128"), (KVDtype.FP8, "tok:bn=32"),
+    (KVDtype.FP8, "tok:bn=128,w=8"),
+    (KVDtype.NVFP4, "tok:bn=128"), (KVDtype.NVFP4, "tok:s=3"), (KVDtype.NVFP4, "tok:s=5"), (KVDtype.NVFP4, "tok:w=8,bn=128"),
+    (KVDtype.NVFP4, "kq:bn=128"), (KVDtype.NVFP4, "tok:conv=0"),
+    (KVDtype.BF16, "kq:bn=128"), (KVDtype.FP8, "kq:bn=128,w=8"), (KVDtype.BF16, "rows"), (KVDtype.FP8, "rows"),
+]  # fmt: skip
+
+
+def check(dt: KVDtype, spec: str, batch: object) -> tuple[float, dict[str, object]]:
+    """rel. RMS error of one variant vs decode_ref on the small odd batch (+ the compiled kernel's resources)."""
+    pb, q, ref = batch  # type: ignore[misc]
+    out = torch.full_like(q, float("nan"))
+    targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
+    dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]), **targs, out=out, variant=spec)
+    torch.cuda.synchronize() if DEV == "cuda" else None
+    k = dec.LAST_KERNEL.get("decode")
+    res: dict[str, object] = {}
+    for attr in ("n_regs", "n_spills"):
+        res[attr] = getattr(k, attr, None)
+    # the tail-free launch compiles the main-pool-only specialization that the timed shapes use
+    out2 = torch.full_like(q, float("nan"))
+    dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]), out=out2, variant=spec)
+    k2 = dec.LAST_KERNEL.get("decode")
+    res["n_regs_notail"], res["n_spills_notail"] = getattr(k2, "n_regs", None), getattr(k2, "n_spills", None)
+    ref2 = decode_ref(q.float(), pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]))
+    return max(rel_rms(out, ref), rel_rms(out2, ref2)), res
+
+
+def _pad16(t: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(t.shape[0], -(-t.shape[1] // 16) * 16, dtype=t.dtype, device=t.device)
+    out[:, : t.shape[1]] = t
+    return out
+
+
+def make_check_batch(dt: KVDtype, tiny: bool) -> object:
+    torch.manual_seed(1234)
+    lens = [1, 15, 16, 17, 100, 77] if tiny else [1, 15, 16, 17, 1000, 4099]
+    tails = [0, 1, 32, 7, 64, 0]
+    pb = make_batch(dt, lens, 8, 128, 16, DEV, tail_lens=tails, global_scale=(0.7, 1.3))
+    # NOTE: page tables padded to 16 columns, like the timed shapes', so Triton's divisibility
+    # specialization of their row stride matches and the timed launches reuse the checked compile.
+    pb.page_table, pb.tail_page_table = _pad16(pb.page_table), _pad16(pb.tail_page_table)
+    q = torch.randn(len(lens), 32, 128, device=DEV).to(torch.bfloat16)
+    ref = decode_ref(q.float(), pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(128), pb.tail, pb.tail_page_table, pb.tail_lens)
+    return pb, q, ref
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new variants after this")
+    ap.add_argument("--variants", nargs="*", default=None, help="dtype=spec items, e.g. nvfp4=tok:bn=128")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke test (interpreter)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    plan = DEFAULT_PLAN
+    if args.variants:
+        by_name = {v: k for k, v in NAMES.items()}
+        plan = [(by_name[s.split("=", 1)[0]], s.split("=", 1)[1]) for s in args.variants]
+    shapes = [(1, 96), (2, 64)] if args.tiny else SHAPES
+    ceil = read_ceiling(1 << 20 if args.tiny else 4 << 30)
+    print("ceiling probes", ceil, flush=True)
+    max_tok = max(b * c for b, c in shapes) + 4096
+    pools = Pools({dt: max_tok for dt in NAMES}, 8, 128)
+    print(f"pools ready {time.time() - t0:.0f}s", flush=True)
+    checks = {dt: make_check_batch(dt, args.tiny) for dt in NAMES}
+    print(f"check batches ready {time.time() - t0:.0f}s", flush=True)
+    doc: dict[str, object] = dict(
+        ceiling_probes=ceil, gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
+        triton=triton.__version__, commit=os.environ.get("COMMIT", "unknown"),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), variants=[], rows=[],
+    )  # fmt: skip
+    variants: list[dict[str, object]] = doc["variants"]  # type: ignore[assignment]
+    rows: list[dict[str, object]] = doc["rows"]  # type: ignore[assignment]
+
+    def save() -> None:
+        with open(os.path.join(args.out, "decode-variants.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+
+    for dt, spec in plan:
+        if time.time() - t0 > args.budget_s:
+            print(f"budget spent: skipping {NAMES[dt]} {spec}", flush=True)
+            variants.append(dict(kv_dtype=NAMES[dt], variant=spec, status="skipped (budget)"))
+            continue
+        info: dict[str, object] = dict(kv_dtype=NAMES[dt], variant=spec)
+        variants.append(info)
+        ts = time.time()
+        try:
+            err, res = check(dt, spec, checks[dt])
+            info.update(res, rel_rms=err)
+        except Exception as e:  # noqa: BLE001 - a variant that fails to compile/run is reported, not fatal
+            info.update(status="failed", error=repr(e)[:400])
+            print(f"{NAMES[dt]:9s} {spec:22s} FAILED {repr(e)[:300]}", flush=True)
+            traceback.print_exc(limit=2)
+            save()
+            continue
+        if not err <= 1e-2:
+            info.update(status="wrong")
+            print(f"{NAMES[dt]:9s} {spec:22s} WRONG rel_rms={err:.3g} {res}", flush=True)
+            save()
+            continue
+        info["status"] = "ok"
+        times = []
+        for b, c in shapes:
+            try:
+                us, nb = run_decode(pools, dt, b, c, 32, False, {"variant": spec}, rep_ms=60)
+            except Exception as e:  # noqa: BLE001
+                print(f"{NAMES[dt]:9s} {spec:22s} B={b} ctx={c} FAILED {repr(e)[:200]}", flush=True)
+                continue
+            rows.append(dict(kernel="decode", kv_dtype=NAMES[dt], variant=spec, batch=b, context=c, q_heads=32,
+                             kv_heads=8, head_dim=128, page_size=16, us=round(us, 2), bytes=nb, tbps=round(nb / us / 1e6, 4)))  # fmt: skip
+            times.append(f"B{b}x{c}:{nb / us / 1e6:.2f}TB/s")
+        print(f"{NAMES[dt]:9s} {spec:22s} ok rel_rms={err:.2e} regs={res.get('n_regs_notail')} "
+              f"spills={res.get('n_spills_notail')}/{res.get('n_spills')}(tail) {' '.join(times)} [{time.time() - ts:.0f}s]",
+              flush=True)  # fmt: skip
+        save()
+    finish(doc, ceil)
+    save()
+    print(f"done {time.time() - t0:.0f}s", flush=True)
+
+
+def finish(doc: dict[str, object], ceil: dict[str, float]) -> None:
+    rows: list[dict[str, object]] = doc["rows"]  # type: ignore[assignment]
+    best_bf16 = max((float(r["tbps"]) for r in rows if r["kv_dtype"] == "bf16"), default=0.0)  # type: ignore[arg-type]
+    ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"], best_bf16)
+    doc["ceiling_tbps"] = round(ceiling, 4)
+    for r in rows:
+        r["frac_of_ceiling"] = round(float(r["tbps"]) / ceiling, 4)  # type: ignore[arg-type]
+    print(f"\nceiling {ceiling:.3f} TB/s (probes {ceil}); frac of ceiling per variant and shape; targets nvfp4 .65 fp8 .75 bf16 .85")
+    shapes = sorted({(int(r["batch"]), int(r["context"])) for r in rows}, key=lambda s: (-s[0] * s[1], s[0]))  # type: ignore[call-overload]
+    print(f"{'dtype':9s} {'variant':22s} " + " ".join(f"{f'B{b}x{c // 1024}K':>9s}" for b, c in shapes))
+    best: dict[tuple[str, int, int], dict[str, object]] = {}
+    for v in doc["variants"]:  # type: ignore[union-attr]
+        cells = []
+        for b, c in shapes:
+            r = next((r for r in rows if r["kv_dtype"] == v["kv_dtype"] and r["variant"] == v["variant"]
+                      and r["batch"] == b and r["context"] == c), None)  # fmt: skip
+            cells.append(f"{r['frac_of_ceiling']:9.3f}" if r else f"{'-':>9s}")
+            if r:
+                key = (str(r["kv_dtype"]), b, c)
+                if key not in best or float(r["us"]) < float(best[key]["us"]):  # type: ignore[arg-type]
+                    best[key] = r
+        extra = "" if v.get("status") == "ok" else f"  {v.get('status')} {str(v.get('error', v.get('rel_rms', '')))[:80]}"
+        print(f"{v['kv_dtype']:9s} {v['variant']:22s} " + " ".join(cells) + extra)
+    print("\nbest per shape: variant (frac); nvfp4/fp8 and nvfp4/bf16 time ratios of the best rows")
+    summary = []
+    for b, c in shapes:
+        parts, s = [], dict(batch=b, context=c)
+        for dt in ("bf16", "fp8_e4m3", "nvfp4"):
+            r = best.get((dt, b, c))
+            if r:
+                parts.append(f"{dt}={r['variant']}({r['frac_of_ceiling']:.3f})")
+                s[dt] = dict(variant=r["variant"], us=r["us"], frac=r["frac_of_ceiling"])
+        n, f8, bf = best.get(("nvfp4", b, c)), best.get(("fp8_e4m3", b, c)), best.get(("bf16", b, c))
+        if n and f8:
+            s["nvfp4_over_fp8"] = round(float(n["us"]) / float(f8["us"]), 3)  # type: ignore[arg-type]
+        if n and bf:
+            s["nvfp4_over_bf16"] = round(float(n["us"]) / float(bf["us"]), 3)  # type: ignore[arg-type]
+        summary.append(s)
+        print(f"B{b}x{c // 1024}K: " + "  ".join(parts) + f"  nvfp4/fp8={s.get('nvfp4_over_fp8')} nvfp4/bf16={s.get('nvfp4_over_bf16')}")
+    doc["best"] = summary
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

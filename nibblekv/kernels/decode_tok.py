@@ -1,0 +1,269 @@
+"""Per-token paged decode (variants ``tok*`` / ``kq*`` of ``decode_triton``): the plain structure of NOTES.md.
+
+Same grid, partials and combine step as ``decode._decode_kernel`` (``(B, kv_heads, splits [+1 tail])``),
+but every key tile is gathered row by row through the page table -- ``slot = table[t // P] * P + t % P``,
+one ``[BN, D]`` load per tile -- instead of reshaping whole-page tiles ``[pages, P*D] -> [BN, D]``.
+Why: on the H200 a plain kernel of this shape read BF16 at 4.5 TB/s, while the page-tile reshape sends V
+through shared memory twice and splits K into two half dots (benchmarks/results/kernels-h200.md).
+
+Two orientations (constexpr ``KQ``):
+
+* ``KQ=False``: ``S = Q K^T`` with Q ``[BH, D]`` (the GQA group padded to 16 rows) as the A operand and
+  ``acc [BH, D] += P V``; one dot over the whole head_dim.
+* ``KQ=True``: ``S^T = K Q^T`` -- the ``[BN, D]`` K tile is the A operand (M = BN >= 64 lets Triton use
+  Hopper's wgmma, whose A may come straight from registers, so a dequantized K tile converts in place)
+  and Q^T the loop-invariant B operand; ``acc^T [D, BH] += V^T P^T``. The softmax then reduces over
+  axis 0 and the output is stored transposed.
+
+NVFP4 tiles are dequantized to natural head_dim order (``CONV``: 0 plain Triton bit ops, 1 the two-asm
+path of ``_common``, 2 one asm block per 4 bytes giving both nibbles, see ``nvfp4_split2_asm``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from nibblekv.kernels._common import nvfp4_split
+
+
+@triton.jit
+def nvfp4_split2_asm(b):
+    """uint8 bytes -> (low nibbles, high nibbles) as fp16 ``value * 2**-14``; one PTX block per 4 bytes.
+
+    Shares the two ``prmt`` between both nibbles (the two-asm path repeats them): per 4 bytes 2 prmt +
+    ~14 shift/mask/lop3 for 8 values, vs 22 instructions. Each prmt puts bytes (b0, b1) / (b2, b3) into
+    the high byte of two 16-bit lanes: then the high nibble's sign is already at bit 15 and its code at
+    [14:12] (>> 3 -> [11:9]); the low nibble's sign is at bit 11 (<< 4) and its code at [10:8] (<< 1).
+    Outputs: $0,$1 = low nibbles of (b0,b1), (b2,b3); $2,$3 = high nibbles; $4 = the 4 input bytes.
+    """
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 t, u, w, z;
+        mov.b32 z, 0;
+        prmt.b32 t, $4, z, 0x1404;
+        shr.b32 u, t, 3;
+        and.b32 u, u, 0x0E000E00;
+        and.b32 w, t, 0x80008000;
+        or.b32 $2, w, u;
+        shl.b32 u, t, 1;
+        and.b32 u, u, 0x0E000E00;
+        shl.b32 w, t, 4;
+        and.b32 w, w, 0x80008000;
+        or.b32 $0, w, u;
+        prmt.b32 t, $4, z, 0x3424;
+        shr.b32 u, t, 3;
+        and.b32 u, u, 0x0E000E00;
+        and.b32 w, t, 0x80008000;
+        or.b32 $3, w, u;
+        shl.b32 u, t, 1;
+        and.b32 u, u, 0x0E000E00;
+        shl.b32 w, t, 4;
+        and.b32 w, w, 0x80008000;
+        or.b32 $1, w, u;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r",
+        args=[b],
+        dtype=(tl.float16, tl.float16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _nvfp4_tile(raw, sc, CONV: tl.constexpr):
+    """``raw [BN, D/2]`` uint8, ``sc [BN, D/16]`` E4M3 -> ``[BN, D]`` fp16 ``value * 2**-7 / g`` in natural order.
+
+    The block scale (times 2**7, exact in fp16, see ``_common``) multiplies the tile as packed HMUL2.
+    """
+    BN: tl.constexpr = raw.shape[0]
+    HALF: tl.constexpr = raw.shape[1]
+    NB: tl.constexpr = HALF // 8
+    r3 = tl.reshape(raw, [BN, NB, 8])
+    if CONV == 2:
+        lo, hi = nvfp4_split2_asm(r3)
+    else:
+        lo, hi = nvfp4_split(r3, CONV == 1)
+    s16 = (sc.to(tl.float16) * 128.0)[:, :, None]
+    # join puts (even, odd) pairs innermost: column = block*16 + 2*e + (0 | 1) = natural order
+    return tl.reshape(tl.join(lo * s16, hi * s16), [BN, 2 * HALF])
+
+
+@triton.jit
+def _load_tile(data_ptr, scale_ptr, row, srow, nmask, D: tl.constexpr, FMT: tl.constexpr, CONV: tl.constexpr,
+               INTERP: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """``BN`` gathered rows -> ``[BN, D]`` tile for ``tl.dot``: fp16 for FP8/NVFP4, own dtype (fp32 if INTERP) else.
+
+    NOTE: masked rows read as zeros: stale V bytes could hold NaN and 0 * NaN would poison the sum.
+    """
+    if FMT == 2:
+        offs = tl.arange(0, D // 2)
+        offs_s = tl.arange(0, D // 16)
+        if MASKED:
+            raw = tl.load(data_ptr + row[:, None] + offs[None, :], mask=nmask[:, None], other=0)
+            sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :], mask=nmask[:, None], other=0.0)
+        else:
+            raw = tl.load(data_ptr + row[:, None] + offs[None, :])
+            sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :])
+        x = _nvfp4_tile(raw, sc, CONV)
+    else:
+        offs = tl.arange(0, D)
+        if MASKED:
+            x = tl.load(data_ptr + row[:, None] + offs[None, :], mask=nmask[:, None], other=0.0)
+        else:
+            x = tl.load(data_ptr + row[:, None] + offs[None, :])
+        if FMT == 1:
+            x = x.to(tl.float16)  # one cvt.rn.f16x2.e4m3x2 per 2 values on sm_90
+        elif INTERP:
+            x = x.to(tl.float32)  # NOTE: the interpreter's bf16 tl.dot is wrong
+    return x
+
+
+@triton.jit
+def _tok_block(
+    n0, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+    head_off, shead_off, pt_ptr,
+    D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr, FMT: tl.constexpr, CONV: tl.constexpr,
+    INTERP: tl.constexpr, KQ: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """Keys ``[n0, n0 + BN)``: gather, dequantize, one online-softmax step (MASKED: keys >= end masked)."""
+    idx = n0 + tl.arange(0, BN)
+    nmask = idx < end
+    if MASKED:  # NOTE: mask the page-table read too (the interpreter does not catch out-of-bounds loads)
+        page = tl.load(pt_ptr + idx // PAGE, mask=nmask, other=0).to(tl.int64)
+    else:
+        page = tl.load(pt_ptr + idx // PAGE).to(tl.int64)
+    tok = (idx % PAGE).to(tl.int64)
+    row = page * s_page + head_off + tok * s_tok
+    srow = page * sc_page + shead_off + tok * sc_tok
+    k = _load_tile(k_ptr, ks_ptr, row, srow, nmask, D, FMT, CONV, INTERP, MASKED)
+    v = _load_tile(v_ptr, vs_ptr, row, srow, nmask, D, FMT, CONV, INTERP, MASKED)
+    if KQ:  # q is Q^T [D, BH]; scores S^T [BN, BH]; acc is acc^T [D, BH]
+        s = tl.dot(k, q) * qk_scale
+        if MASKED:
+            s = tl.where(nmask[:, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[None, :])
+        l = l * alpha + tl.sum(p, axis=0)
+        acc = tl.dot(tl.trans(v), p.to(v.dtype), acc * alpha[None, :])
+    else:  # q [BH, D]; scores [BH, BN]; acc [BH, D]
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        if MASKED:
+            s = tl.where(nmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l, acc
+
+
+@triton.jit
+def _tok_segment(
+    q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
+    pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_os,
+    G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr,
+    FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, KQ: tl.constexpr,
+):  # fmt: skip
+    """Attend the group's query rows over tokens ``[start, end)`` of one pool; store partial o / lse."""
+    offs_g = tl.arange(0, BH)
+    gmask = offs_g < G
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :], mask=gmask[:, None], other=0.0)
+    if FMT != 0:
+        q = q.to(tl.float16)  # the dequantized K/V tiles are fp16
+    elif INTERP:
+        q = q.to(tl.float32)
+    m = tl.full([BH], float("-inf"), tl.float32)
+    l = tl.zeros([BH], tl.float32)
+    if KQ:
+        q = tl.trans(q)
+        acc = tl.zeros([D, BH], tl.float32)
+    else:
+        acc = tl.zeros([BH, D], tl.float32)
+    head_off = h.to(tl.int64) * s_head
+    shead_off = h.to(tl.int64) * sc_head
+    full_end = start + (end - start) // BN * BN
+    if INTERP:  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
+        n0 = start
+        while n0 < full_end:
+            m, l, acc = _tok_block(
+                n0, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, KQ, False,
+            )  # fmt: skip
+            n0 += BN
+    else:
+        for n0 in range(start, full_end, BN):
+            m, l, acc = _tok_block(
+                n0, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, KQ, False,
+            )  # fmt: skip
+    if full_end < end:
+        m, l, acc = _tok_block(
+            full_end, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+            head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, KQ, True,
+        )  # fmt: skip
+    # An empty segment stores lse = -inf and o = 0, which the combine step weighs as nothing.
+    inv = tl.where(l > 0, out_scale / tl.maximum(l, 1e-30), 0.0)
+    lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
+    if KQ:
+        o_ptrs = o_ptr + offs_g[None, :] * s_os + offs_d[:, None]
+        tl.store(o_ptrs, acc * inv[None, :], mask=gmask[None, :])
+    else:
+        o_ptrs = o_ptr + offs_g[:, None] * s_os + offs_d[None, :]
+        tl.store(o_ptrs, acc * inv[:, None], mask=gmask[:, None])
+    tl.store(lse_ptr + offs_g * (s_os // D), lse, mask=gmask)
+
+
+@triton.jit
+def decode_tok_kernel(
+    q_ptr, s_qb, s_qh,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr,
+    s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
+    pt_ptr, s_pt, lens_ptr,
+    tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr,
+    o_ptr, lse_ptr, sm_scale,
+    HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr,
+    PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
+    NUM_SPLITS, HAS_TAIL: tl.constexpr,
+    FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, KQ: tl.constexpr,
+):  # fmt: skip
+    """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.program_id(2)
+    S_TOT = NUM_SPLITS + HAS_TAIL  # NUM_SPLITS is a runtime int: one compile serves every split count
+    q_base = q_ptr + b.to(tl.int64) * s_qb
+    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp
+    o_base = o_ptr + first * D
+    lse_base = lse_ptr + first
+    if HAS_TAIL and sp == NUM_SPLITS:
+        n = tl.load(tlens_ptr + b)
+        _tok_segment(
+            q_base, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
+            tpt_ptr + b.to(tl.int64) * s_tpt, 0, n, h, sm_scale * 1.4426950408889634, 1.0,
+            o_base, lse_base, S_TOT * D,
+            G, BH, D, TPAGE, TBN, 0, 0, INTERP, KQ,
+        )  # fmt: skip
+    else:
+        n = tl.load(lens_ptr + b)
+        chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BN) * BN
+        start = sp * chunk
+        end = tl.minimum(start + chunk, n)
+        gk = 1.0
+        gv = 1.0
+        if FMT != 0:  # global scales apply to quantized pools only (as in the formats reference)
+            gk = tl.load(g_ptr)
+            gv = tl.load(g_ptr + 1)
+        if FMT == 2:
+            gk = gk * 128.0
+            gv = gv * 128.0
+        _tok_segment(
+            q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
+            pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
+            o_base, lse_base, S_TOT * D,
+            G, BH, D, PAGE, BN, FMT, CONV, INTERP, KQ,
+        )  # fmt: skip
