@@ -189,3 +189,29 @@ def test_page_table_mirrors_page_lists() -> None:
     for p in reqs:
         mgr.release(p)
     assert pool.all_free() and sorted(table._free) == [1, 2, 3]
+
+
+def test_extend_reads_the_layout_before_its_growth() -> None:
+    """Growth records the pre-growth tail: an extend attends over it (bf16), demotion comes after."""
+    pool = _pool(num_pages=8, window=8, page=4, max_running=1)
+    mgr = TieredCacheManager(pool)
+    pages = RequestPages()
+    mgr.finish_growth(mgr.grow(pages, 9))  # main [0, 4), tail [4, 9) in 2 pages
+    old_tail = tuple(pages.tail)
+    g = mgr.grow(pages, 20)  # Lq 4 -> 12: both old tail pages demoted
+    assert g.demote_src == old_tail == g.old_tail and (g.prefix_main, g.prefix_tail) == (4, 5)
+    assert pages.num_main == 12 and len(pages.tail) == 2  # [12, 20)
+    mgr.finish_growth(g)
+    g = mgr.grow(pages, 21)  # Lq 12 -> 16: one page demoted, the other still in the tail
+    assert g.old_tail[0] == g.demote_src[0] and g.old_tail[1] == pages.tail[0]
+    assert (g.prefix_main, g.prefix_tail) == (12, 8)
+    mgr.finish_growth(g)
+    mgr.release(pages)
+    assert pool.all_free()
+    # W = 0: Lq is page-rounded past the tokens, the prefix is still read from main only
+    pool0 = _pool(num_pages=8, window=0, page=4, max_running=1)
+    mgr0 = TieredCacheManager(pool0)
+    p0 = RequestPages()
+    mgr0.finish_growth(mgr0.grow(p0, 5))
+    g0 = mgr0.grow(p0, 9)
+    assert g0.old_main == 8 and (g0.prefix_main, g0.prefix_tail) == (5, 0) and g0.old_tail == ()

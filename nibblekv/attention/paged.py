@@ -2,9 +2,10 @@
 
 Per layer, for one forward (see ``nibblekv.cache.manager`` for the tail rule):
 
-* extend (a prefill chunk, with or without a cached prefix): demote aged tail pages, attend over the
-  prefix as it stands after demotion plus the chunk's fresh K/V, then write the chunk's K/V, each
-  token into the main or the tail pool (two ``write_kv`` calls, slot -1 = "the other pool");
+* extend (a prefill chunk, with or without a cached prefix): attend over the prefix as it stood
+  before this step's growth (its aged tail pages still in bf16) plus the chunk's fresh K/V, then
+  demote the aged tail pages, then write the chunk's K/V, each token into the main or the tail pool
+  (two ``write_kv`` calls, slot -1 = "the other pool");
 * decode (one token per request): demote, write the token, then attend over everything, reading the
   quantized pages and dequantizing in the kernel.
 """
@@ -42,9 +43,10 @@ def hadamard_matrix(
 class PagedMetadata:
     """Device tensors describing one batch (built by :func:`build_metadata` or the graph runner).
 
-    ``page_table [B, Pm]`` / ``tail_page_table [B, Pt]`` (int32) are each request's pages after this
-    step's growth; ``main_lens`` / ``tail_lens [B]`` (int32) the tokens to read from each pool: the
-    prefix for extend, the whole context for decode. ``main_slots`` / ``tail_slots [T]`` (int64)
+    ``page_table [B, Pm]`` (int32) is each request's main pages after this step's growth;
+    ``tail_page_table [B, Pt]`` its tail pages after the growth (decode) or before it (extend: the
+    prefix's bf16 pages, see ``Growth.old_tail``); ``main_lens`` / ``tail_lens [B]`` (int32) the
+    tokens to read from each pool: the prefix for extend, the whole context for decode. ``main_slots`` / ``tail_slots [T]`` (int64)
     place each new token (-1: it goes to the other pool). ``cu_seqlens [B+1]`` splits extend tokens.
     """
 
@@ -67,11 +69,18 @@ def host_metadata(
     """The batch's per-request lengths, per-token slots and demotions as Python lists."""
     h: dict[str, list[int]] = {k: [] for k in ("main_lens", "tail_lens", "main_slots", "tail_slots")}
     h.update(cu_seqlens=[0], demote_src=[], demote_dst=[])
+    if not is_decode:  # the prefix's tail pages, [B, width] row-major, padded with scratch page 0
+        h["prefix_tail"] = []
+        width = max([len(g.old_tail) for _, g in batch] + [1])
     for pages, g in batch:
-        read_len = g.new_len if is_decode else g.old_len
-        main_len = min(g.num_main, read_len)
-        h["main_lens"].append(main_len)
-        h["tail_lens"].append(read_len - main_len)
+        if is_decode:
+            main_len = min(g.num_main, g.new_len)
+            h["main_lens"].append(main_len)
+            h["tail_lens"].append(g.new_len - main_len)
+        else:
+            h["main_lens"].append(g.prefix_main)
+            h["tail_lens"].append(g.prefix_tail)
+            h["prefix_tail"].extend(list(g.old_tail) + [0] * (width - len(g.old_tail)))
         for pos in range(g.old_len, g.new_len):
             in_main, slot = pages.slot(pos, page_size)
             h["main_slots"].append(slot if in_main else -1)
@@ -93,11 +102,16 @@ def build_metadata(
     d: dict[str, torch.Tensor], rows: torch.Tensor, is_decode: bool, table: PageTable
 ) -> PagedMetadata:
     """Eager-mode metadata from :func:`to_device` output ``d`` and the batch's page-table ``rows``."""
+    if is_decode:
+        tail_table = table.tail.index_select(0, rows)
+    else:
+        bsz = d["main_lens"].numel()
+        tail_table = d["prefix_tail"].view(bsz, -1).to(torch.int32)
     return PagedMetadata(
         is_decode=is_decode,
         page_table=table.main.index_select(0, rows),
         main_lens=d["main_lens"].to(torch.int32),
-        tail_page_table=table.tail.index_select(0, rows),
+        tail_page_table=tail_table,
         tail_lens=d["tail_lens"].to(torch.int32),
         main_slots=d["main_slots"],
         tail_slots=d["tail_slots"],
@@ -157,9 +171,9 @@ class PagedAttentionBackend(AttentionBackend):
         tail = self.pool.tail[layer_id] if self.pool.tail else None
         for load in self.loads:
             load.wait_layer(layer_id)
-        if m.demote_in_forward:
-            self.demote_layer(layer_id)
         if m.is_decode:
+            if m.demote_in_forward:
+                self.demote_layer(layer_id)
             self._write(k, v, main, tail)
             return decode_attention(
                 q, main, m.page_table, m.main_lens, self.sm_scale, tail, m.tail_page_table, m.tail_lens
@@ -178,7 +192,11 @@ class PagedAttentionBackend(AttentionBackend):
             m.tail_page_table,
             m.tail_lens,
         )
-        # NOTE: written after attending: the chunk attends to its fresh K/V, never to the stored copy.
+        # NOTE: demoted and written after attending: the chunk attends to the pre-growth layout (aged
+        # tail pages still in bf16) and to its fresh K/V, never to a stored copy. Demotion must precede
+        # the write: a demoted page's main copy may receive some of this chunk's tokens.
+        if m.demote_in_forward:
+            self.demote_layer(layer_id)
         self._write(k, v, main, tail)
         return out
 

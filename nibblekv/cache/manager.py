@@ -6,6 +6,10 @@ size and never decreases; growing to ``L'`` sets ``Lq' = max(Lq, ceil((L' - W) /
 tail holds at most ``W`` tokens and every tail page starts page-aligned. Tail pages that fall below
 ``Lq'`` are *demoted*: copied (quantized) into fresh main pages by the attention backend during the
 forward, and freed after it. With ``W == 0`` the same formula puts every token in the main pool.
+
+NOTE: an extend step attends over the layout from *before* its growth (main ``[0, Lq)``, tail pages
+``old_tail``, still allocated until :meth:`BaseCacheManager.finish_growth`), so a chunk longer than
+``W`` still sees the newest ``<= W`` cached tokens in bf16; demotion runs after its attention.
 """
 
 from __future__ import annotations
@@ -60,8 +64,9 @@ class RequestPages:
 class Growth:
     """What one request's growth in a forward pass needs from the attention backend.
 
-    ``demote_src[j]`` (tail page) is quantized into ``demote_dst[j]`` (main page) before attention;
+    ``demote_src[j]`` (tail page) is quantized into ``demote_dst[j]`` (main page) during the forward;
     the source pages are freed by :meth:`BaseCacheManager.finish_growth` after the forward.
+    ``old_main`` / ``old_tail`` are the layout before the growth: what an extend step attends over.
     """
 
     old_len: int
@@ -69,14 +74,17 @@ class Growth:
     num_main: int  # Lq after the growth
     demote_src: tuple[int, ...]
     demote_dst: tuple[int, ...]
+    old_main: int = 0  # Lq before the growth
+    old_tail: tuple[int, ...] = ()  # tail pages holding [old_main, old_len) before the growth
 
     @property
     def prefix_main(self) -> int:
-        """Cached tokens read from the main pool before this growth's tokens (after demotion)."""
-        return min(self.num_main, self.old_len)
+        """Cached tokens an extend reads from the main pool (the layout before demotion)."""
+        return min(self.old_main, self.old_len)  # NOTE: Lq is page-rounded, it may pass the tokens
 
     @property
     def prefix_tail(self) -> int:
+        """Cached tokens an extend reads from the tail pool, through ``old_tail``."""
         return self.old_len - self.prefix_main
 
 
@@ -170,6 +178,8 @@ class TieredCacheManager(BaseCacheManager):
             num_main=lq,
             demote_src=tuple(pages.tail[:demoted]),
             demote_dst=tuple(main_new[:demoted]),
+            old_main=pages.num_main,
+            old_tail=tuple(pages.tail),
         )
         pages.main.extend(main_new)
         pages.tail = pages.tail[demoted:] + tail_new
