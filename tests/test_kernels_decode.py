@@ -33,7 +33,8 @@ def _run(dtype: KVDtype, lens: list[int], tails: list[int] | None, hkv: int, gro
 LENS = [1, P - 1, P, P + 1, 3 * P + 5]
 # Every decode kernel variant (decode.VARIANT_NAMES): the measured default, per-token addressing in the
 # same kernel, and the per-token kernels of decode_tok in both orientations.
-VARIANTS = ["paged", "rows", "tok", "kq"]
+# sv=1: V (sv=2 NVFP4: K too) as even/odd column halves (FP8/NVFP4 only; BF16 ignores it).
+VARIANTS = ["paged", "rows", "tok", "kq", "tok:sv=1", "tok:sv=2"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -46,12 +47,12 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
     assert _run(dtype, lens, tails, 3, 3, d, P, 3, variant=variant) <= 1e-2
 
 
-@pytest.mark.parametrize("variant", ["tok", "kq"])
+@pytest.mark.parametrize("variant", ["tok", "kq", "tok:sv=1", "tok:sv=2"])
 def test_decode_tok_variants_odd_page_and_block(variant: str) -> None:
     # page 5 (not a power of two), global scales != 1, a 32-key block with several full blocks per split
     for dtype in (KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16):
         err = _run(dtype, [1, 4, 5, 6, 97], [0, 5, 10, 1, 3], 2, 4, 64, 5, 2, gscale=(0.37, 2.5),
-                   variant=variant + ":bn=32,tbn=16")  # fmt: skip
+                   variant=variant + (",bn=32,tbn=16" if ":" in variant else ":bn=32,tbn=16"))  # fmt: skip
         assert err <= 1e-2, (dtype, err)
 
 
@@ -60,7 +61,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("NIBBLEKV_DECODE_VARIANT", "kq:bn=128,w=8,s=3,conv=2")
     assert resolve_variant(None, 2, 128, False) == (
-        "kq", {"block_n": 128, "tail_block_n": 64, "num_warps": 8, "num_stages": 3, "conv": 2})
+        "kq", {"block_n": 128, "tail_block_n": 64, "num_warps": 8, "num_stages": 3, "conv": 2, "split": 0})
     assert resolve_variant("paged", 0, 128, False)[0] == "paged"  # an explicit variant beats the env
     with pytest.raises(ValueError):
         resolve_variant("nope", 0, 128, False)
@@ -99,6 +100,7 @@ def test_decode_gpu_paths(d: int) -> None:
     assert _run(KVDtype.NVFP4, lens, tails, 8, 4, d, P, 3, use_asm=False, block_n=64) <= 1e-2
     for dt in (KVDtype.FP8, KVDtype.BF16):
         assert _run(dt, lens, tails, 8, 8, d, P, None) <= 1e-2
-    for variant in ("rows", "tok", "kq", "tok:bn=128", "kq:bn=128,conv=1"):
+    for variant in ("rows", "tok", "kq", "tok:bn=64,sv=0", "kq:bn=128,conv=1", "tok:sv=1,conv=2", "tok:sv=2",
+                    "tok:bn=64,sv=1,conv=1", "tok:conv=0,sv=1"):
         for dt in (KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16):
             assert _run(dt, lens, tails, 8, 4, d, P, None, variant=variant) <= 1e-2, (variant, dt)

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from nibblekv.kernels._common import (
     FMT_FLOAT,
+    FMT_FP8,
     FMT_NVFP4,
     LOG2E,
     check_cache,
@@ -34,8 +35,9 @@ from nibblekv.kernels.decode_tok import decode_tok_kernel
 from nibblekv.kernels.types import LayerKV
 
 # Decode kernel variants (``decode_triton(variant=...)`` or env ``NIBBLEKV_DECODE_VARIANT``), each a name
-# optionally followed by launch overrides ``name:bn=64,tbn=64,w=4,s=4,conv=2`` (conv: NVFP4 conversion,
-# 0 plain Triton, 1 two asm blocks, 2 one asm block per 4 bytes; for "paged"/"rows" conv>0 means asm):
+# optionally followed by launch overrides ``name:bn=64,tbn=64,w=4,s=4,conv=2,sv=1`` (conv: NVFP4 conversion,
+# 0 plain Triton, 1 two asm blocks, 2 one asm block per 4 bytes; FP8 bit 0: V through the uint16-pair asm;
+# for "paged"/"rows" conv>0 means asm. sv=1 (tok, FP8/NVFP4): V as even/odd column halves, sv=2 NVFP4 K too):
 #   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the measured default)
 #   rows   the same kernel, per-token addressing, K as two half-D dots (PAGED=False)
 #   tok    decode_tok: per-token gather of [BN, D] tiles, S = Q K^T (Q the A operand), one full-D dot
@@ -338,7 +340,10 @@ def decode_triton(
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
     )  # fmt: skip
     if tok:
-        k = decode_tok_kernel[(bsz, hkv, s_tot)](*args, CONV=int(cfg["conv"]), KQ=name == "kq", **common)
+        if fmt == FMT_NVFP4 and st != d // 16:
+            raise ValueError(f"decode variant {name!r} needs packed NVFP4 scale rows (token stride {d // 16})")
+        split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT and name == "tok" else 0
+        k = decode_tok_kernel[(bsz, hkv, s_tot)](*args, CONV=int(cfg["conv"]), KQ=name == "kq", SPLIT=split, **common)
     else:
         paged = name == "paged" and _pages_contiguous(cache, bn)
         k = _decode_kernel[(bsz, hkv, s_tot)](
@@ -384,13 +389,19 @@ LAST_KERNEL: dict[str, object] = {}
 
 
 def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
-    """Starting launch config of the per-token kernels (not yet tuned on the H200; the benchmark sweeps)."""
+    """Starting launch config of the per-token kernels (not yet measured on the H200; the benchmark sweeps).
+
+    Picked by SASS instruction counts per token-head of the main loop (benchmarks/sass_decode.py):
+    FP8 with V as uint16-pair halves (sv=1, conv=1) at BN=128 is ~20 warp-instructions vs ~30 for "paged".
+    """
     if fmt == FMT_NVFP4:
-        return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 2}
-    return {"block_n": 64 if d <= 128 else 32, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 0}
+        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 2, "split": 0}
+    if fmt == FMT_FP8:
+        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 1, "split": 1}
+    return {"block_n": 64 if d <= 128 else 32, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 0, "split": 0}
 
 
-_KEYS = {"bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv"}
+_KEYS = {"bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split"}
 
 
 def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tuple[str, dict[str, int | bool]]:
@@ -404,6 +415,6 @@ def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tupl
         key, _, val = item.partition("=")
         if key not in _KEYS:
             raise ValueError(f"unknown decode variant option {key!r} in {spec!r} (one of {tuple(_KEYS)})")
-        if not interp or key == "tbn" or key == "bn":
+        if not interp or key in ("bn", "tbn", "sv"):
             cfg[_KEYS[key]] = int(val)
     return name, cfg
