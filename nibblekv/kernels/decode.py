@@ -36,7 +36,8 @@ from nibblekv.kernels.types import LayerKV
 
 # Decode kernel variants (``decode_triton(variant=...)`` or env ``NIBBLEKV_DECODE_VARIANT``), each a name
 # optionally followed by launch overrides ``name:bn=64,tbn=64,w=4,s=4,conv=2,sv=1`` (conv: NVFP4 conversion,
-# 0 plain Triton, 1 two asm blocks, 2 one asm block per 4 bytes; FP8 bit 0: V through the uint16-pair asm;
+# 0 plain Triton, 1 two asm blocks, 2 one asm block per 4 bytes, 3 via E4M3 bytes + cvt (tok/kq only);
+# FP8 bit 0: V through the uint16-pair asm;
 # for "paged"/"rows" conv>0 means asm. sv=1 (tok, FP8/NVFP4): V as even/odd column halves, sv=2 NVFP4 K too):
 #   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the measured default)
 #   rows   the same kernel, per-token addressing, K as two half-D dots (PAGED=False)
@@ -392,10 +393,11 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
     """Starting launch config of the per-token kernels (not yet measured on the H200; the benchmark sweeps).
 
     Picked by SASS instruction counts per token-head of the main loop (benchmarks/sass_decode.py):
-    FP8 with V as uint16-pair halves (sv=1, conv=1) at BN=128 is ~20 warp-instructions vs ~30 for "paged".
+    FP8 with V as uint16-pair halves (sv=1, conv=1) at BN=128 is ~20 warp-instructions vs ~30 for "paged";
+    NVFP4 through E4M3 bytes + the FP8 converter (conv=3) ~40 vs ~45 (conv=2) and ~46 ("paged").
     """
     if fmt == FMT_NVFP4:
-        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 2, "split": 0}
+        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 3, "split": 0}
     if fmt == FMT_FP8:
         return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 1, "split": 1}
     return {"block_n": 64 if d <= 128 else 32, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 0, "split": 0}
