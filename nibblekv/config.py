@@ -39,7 +39,7 @@ class EngineConfig:
     kv_recent_window: int = 64  # newest tokens kept unquantized per request; 0 = off
     kv_scales_path: str | None = None
     kv_hadamard: bool = False  # rotate K/V (and Q, output back) by a Hadamard matrix along head_dim
-    kv_quant_4over6: bool = False  # NVFP4 block scales: better of amax/6 and amax/4 (reference writer only)
+    kv_quant_4over6: bool = False  # NVFP4 block scales: better of amax/6 and amax/4
     context_length: int | None = None
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
@@ -167,7 +167,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kv-quant-4over6",
         action="store_true",
-        help="NVFP4 block scales by 4over6 (the better of amax/6 and amax/4); CPU reference writer only",
+        help="NVFP4 block scales by 4over6 (the better of amax/6 and amax/4)",
     )
     g.add_argument("--context-length", type=_positive_int, default=None)
     g.add_argument("--disable-cuda-graph", action="store_true")

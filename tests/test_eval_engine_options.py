@@ -87,10 +87,50 @@ def test_backend_hadamard_is_exact_unquantized_and_changes_nvfp4() -> None:
     assert torch.allclose(hadamard_matrix(64) @ hadamard_matrix(64), torch.eye(64), atol=1e-6)
 
 
-def test_4over6_refused_on_cuda() -> None:
+def test_4over6_accepted_on_cuda() -> None:
+    # the Triton write/demote kernels implement 4over6: the backend no longer refuses it on CUDA
     fake_pool = SimpleNamespace(spec=_spec(KVDtype.NVFP4, four_over_six=True), device=torch.device("cuda"))
-    with pytest.raises(ValueError, match="4over6"):
-        PagedAttentionBackend(fake_pool)  # type: ignore[arg-type]
+    assert PagedAttentionBackend(fake_pool).four_over_six  # type: ignore[arg-type]
+
+
+def _clone(c: LayerKV) -> LayerKV:
+    assert c.k_scale is not None and c.v_scale is not None
+    return LayerKV(c.layout, c.k_data.clone(), c.v_data.clone(), c.k_scale.clone(), c.v_scale.clone(),
+                   c.global_scale.clone())  # fmt: skip
+
+
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_backend_writes_and_demotes_4over6(kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend passes 4over6 to the dispatching write/demote ops (triton: the interpreter on CPU)."""
+    monkeypatch.setenv("NIBBLEKV_KERNELS", kernels)
+    dev = "cuda" if kernels == "triton" and torch.cuda.is_available() else "cpu"
+    torch.manual_seed(3)
+    pool = KVPool(_spec(KVDtype.NVFP4, four_over_six=True), dev, torch.tensor([[0.5, 2.0], [1.0, 1.0]]))
+    main, tail = pool.main[0], pool.tail[0]
+    tail.k_data.copy_(torch.randn(tail.k_data.shape) * 3)
+    tail.v_data.copy_(torch.randn(tail.v_data.shape))
+    before = _clone(main)
+    k, v = (torch.randn(3, 2, 64) * 3).to(dev), torch.randn(3, 2, 64).to(dev)
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)
+    i64 = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)
+    slots, src, dst = i64([4, 6, -1]), i64([2]), i64([3])
+    backend = PagedAttentionBackend(pool)
+    backend.bind(PagedMetadata(True, i32([[1, 3]]), i32([3]), i32([[0]]), i32([0]), slots, i64([-1, -1, 1]),
+                               None, src, dst))  # fmt: skip
+    backend.demote_layer(0)
+    backend._write(k, v, main, tail)
+    want, plain = _clone(before), _clone(before)
+    demote_pages_ref(tail, src, want, dst, four_over_six=True)
+    write_kv_ref(k, v, want, slots, four_over_six=True)
+    demote_pages_ref(tail, src, plain, dst)
+    write_kv_ref(k, v, plain, slots)
+    for got, exp, std in (
+        (main.k_data, want.k_data, plain.k_data),
+        (main.v_scale, want.v_scale, plain.v_scale),
+    ):
+        got, exp, std = got.view(torch.uint8), exp.view(torch.uint8), std.view(torch.uint8)
+        assert torch.equal(got, exp)
+        assert not torch.equal(got, std)  # the flag changed what is stored
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nibblekv.formats import nvfp4
 from nibblekv.formats.layout import KVDtype, PageLayout
 from nibblekv.kernels.cache_write import demote_pages_triton, write_kv_triton
 from nibblekv.kernels.reference import demote_pages_ref, write_kv_ref
@@ -102,3 +103,113 @@ def test_demote_rejects_mismatched_pages() -> None:
     tail = LayerKV.allocate(PageLayout(KVDtype.BF16, 2, 64, 8), 2, DEVICE)
     with pytest.raises(ValueError):
         demote_pages_triton(tail, torch.tensor([0], device=DEVICE), a, torch.tensor([1], device=DEVICE))
+
+
+# --- 4over6 block scales (NVFP4): per block, the better of amax/6 and amax/4 -------------------------------
+
+# Blocks (times g, a power of two so they stay exact) whose winner is known: on the grid at scale 1 only
+# with amax mapped to 4 (amax/4 wins), only with amax mapped to 6 (amax/6 wins), and exact under both
+# (a tie: the standard amax/6 scale is kept).
+_FOUR_WINS = [4, 3, 2, 1.5, 1, 0.5, 0, -4, -3, -2, -1.5, -1, -0.5, 0, 4, -4]
+_SIX_WINS = [6, 4, 3, 2, 1.5, 1, 0.5, 0, -6, -4, -3, -2, -1.5, -1, -0.5, 0]
+_TIE = [3] + [0] * 15
+# Near-ties: the two squared errors are equal in exact arithmetic and differ only by the rounding of their
+# fp32 sums, so the winner depends on the summation order (the reference's fixed tree of adjacent pairs).
+# Under that tree amax/4 wins _ORDER_4 (a sequential sum would keep amax/6) and amax/6 keeps _ORDER_6
+# (NumPy's and torch's .sum() order would pick amax/4): a kernel summing in another order fails here.
+_NEAR = (0.19285203516483307, 2.192852020263672, 0.5571479797363281)  # fp32 values
+_ORDER_4 = [6.0, _NEAR[2], _NEAR[0], _NEAR[1]] + [0.0] * 12
+_ORDER_6 = [6.0, _NEAR[0]] + [0.0] * 6 + [_NEAR[2], _NEAR[1]] + [0.0] * 6
+
+
+def _rows_4o6(t: int, hkv: int, d: int, g: float) -> torch.Tensor:
+    """Random rows with, in distinct blocks: NaN/+-Inf/-0.0/tiny/huge, all zeros, known 4over6 winners."""
+    x = torch.randn(t, hkv, d) * 3 * g
+    x[:, :, d // 2 :] *= torch.rand(t, hkv, 1) * 4  # blocks of varied magnitude
+    x[0, 0, :8] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-30, -1e30, 0.25, 0.75])
+    x[-1, -1, 16:32] = 0.0
+    x[-1, 0, 32:48] = torch.tensor(_FOUR_WINS) * g
+    x[0, -1, 48:64] = torch.tensor(_SIX_WINS) * g
+    x[0, 1, 32:48] = torch.tensor(_TIE) * g
+    x[0, 2, 0:16] = torch.tensor(_ORDER_4) * g
+    x[-1, 2, 32:48] = torch.tensor(_ORDER_6) * g
+    x[t // 2, 1, 0:16] = torch.linspace(-1e-3, 1e-3, 16) * g  # E4M3 subnormal block scales
+    return x
+
+
+def _check_winners(x: torch.Tensor, g: float) -> None:
+    """The crafted blocks really exercise both winners and the tie (checked on the reference)."""
+    _, plain = nvfp4.quantize(x, g)
+    _, fos = nvfp4.quantize(x, g, four_over_six=True)
+    plain, fos = plain.float(), fos.float()
+    assert fos[-1, 0, 2] == 1.0 and plain[-1, 0, 2] != 1.0  # amax/4 wins
+    assert fos[0, -1, 3] == plain[0, -1, 3] == 1.0  # amax/6 wins (amax/4 would be 1.5)
+    assert fos[0, 1, 2] == plain[0, 1, 2] == 0.5  # tie (amax/4 would be 0.75, as exact): standard kept
+    assert fos[-1, -1, 1] == 0.0
+    if x.dtype == torch.float32:  # (bf16 rows lose the near-ties)
+        assert fos[0, 2, 0] == 1.5 and plain[0, 2, 0] == 1.0  # _ORDER_4: amax/4 by an ulp
+        assert fos[-1, 2, 2] == plain[-1, 2, 2] == 1.0  # _ORDER_6: amax/6 by an ulp
+    assert (fos != plain).any() and (fos == plain).sum() > 3  # random blocks go both ways too
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("src_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("t", "hkv", "page"), [(1, 3, 16), (15, 5, 16), (17, 3, 15), (16, 5, 17)])
+def test_write_kv_4over6_bit_exact(d: int, src_dtype: torch.dtype, t: int, hkv: int, page: int) -> None:
+    torch.manual_seed(d + t)
+    gs = (0.5, 2.0)
+    lay = PageLayout(KVDtype.NVFP4, hkv, d, page)
+    pages = (t + page - 1) // page + 2
+    a, b = _poisoned(lay, pages, gs)
+    k, v = _rows_4o6(t, hkv, d, gs[0]), _rows_4o6(t, hkv, d, gs[1])
+    _check_winners(k.to(src_dtype), gs[0])
+    k, v = k.to(src_dtype).to(DEVICE), v.to(src_dtype).to(DEVICE)
+    slots = torch.randperm(pages * page)[:t].to(DEVICE)
+    if t > 1:
+        slots[1] = -1  # skipped row
+    write_kv_ref(k, v, a, slots, four_over_six=True)
+    write_kv_triton(k, v, b, slots, four_over_six=True)
+    _assert_same_bytes(a, b)
+
+
+def test_write_kv_4over6_random_global_scale() -> None:
+    # a global scale that is not a power of two, and blocks of every magnitude from 1e-6 to 1e6
+    torch.manual_seed(7)
+    gs = (0.37, 1.7)
+    lay = PageLayout(KVDtype.NVFP4, 3, 64, 5)
+    a, b = _poisoned(lay, 4, gs)
+    mags = torch.exp2(torch.randint(-20, 20, (11, 3, 4, 1)).float())
+    k = (torch.randn(11, 3, 4, 16) * mags).reshape(11, 3, 64).to(DEVICE)
+    v = _rows(11, 3, 64, gs[1]).to(DEVICE)
+    slots = torch.randperm(20)[:11].to(DEVICE)
+    write_kv_ref(k, v, a, slots, four_over_six=True)
+    write_kv_triton(k, v, b, slots, four_over_six=True)
+    _assert_same_bytes(a, b)
+
+
+def test_write_kv_4over6_ignored_for_fp8() -> None:
+    lay = PageLayout(KVDtype.FP8, 3, 64, 5)
+    a, b = _poisoned(lay, 4, (0.5, 1.0))
+    k, v = _rows(7, 3, 64, 0.5).to(DEVICE), _rows(7, 3, 64, 1.0).to(DEVICE)
+    slots = torch.arange(3, 10, device=DEVICE)
+    write_kv_ref(k, v, a, slots)
+    write_kv_triton(k, v, b, slots, four_over_six=True)
+    _assert_same_bytes(a, b)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(("hkv", "page", "tail_dtype"), [(3, 15, KVDtype.BF16), (5, 17, KVDtype.FP32)])
+def test_demote_pages_4over6_bit_exact(d: int, hkv: int, page: int, tail_dtype: KVDtype) -> None:
+    torch.manual_seed(d + page)
+    gs = (0.5, 2.0)
+    a, b = _poisoned(PageLayout(KVDtype.NVFP4, hkv, d, page), 7, gs)
+    tail = LayerKV.allocate(PageLayout(tail_dtype, hkv, d, page), 4, DEVICE)
+    for data, g in ((tail.k_data, gs[0]), (tail.v_data, gs[1])):
+        rows = _rows_4o6(4 * page, hkv, d, g)  # token-major rows of the 4 tail pages, in page order
+        data.copy_(rows.reshape(4, page, hkv, d).transpose(1, 2).to(data.dtype))
+    _check_winners(tail.k_data.transpose(1, 2).reshape(4 * page, hkv, d), gs[0])
+    src = torch.tensor([3, 0, 2], device=DEVICE)
+    dst = torch.tensor([6, 1, 4], device=DEVICE)
+    demote_pages_ref(tail, src, a, dst, four_over_six=True)
+    demote_pages_triton(tail, src, b, dst, four_over_six=True)
+    _assert_same_bytes(a, b)

@@ -24,7 +24,6 @@ from nibblekv.cache.manager import Growth, RequestPages
 from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
 from nibblekv.kernels import LayerKV, decode_attention, demote_pages, extend_attention, write_kv
-from nibblekv.kernels.reference import demote_pages_ref, write_kv_ref
 
 
 def hadamard_matrix(
@@ -135,12 +134,6 @@ class PagedAttentionBackend(AttentionBackend):
             dtype = pool.spec.tail_layout.torch_dtype  # the model's dtype
             self.rotation = hadamard_matrix(pool.spec.head_dim, pool.device, dtype)
         self.four_over_six = pool.spec.four_over_six
-        if self.four_over_six and pool.device.type == "cuda":
-            # NOTE: refuse rather than silently write standard scales through the Triton kernels.
-            raise ValueError(
-                "--kv-quant-4over6 is implemented by the reference cache writer only; the Triton "
-                "write/demote kernels do not support 4over6 block scales yet (run on CPU or drop the flag)"
-            )
         # Host-tier copies into pages this forward reads; layer i waits for layer i's copy only.
         self.loads: Sequence[Transfer] = ()
 
@@ -153,10 +146,7 @@ class PagedAttentionBackend(AttentionBackend):
         assert m is not None
         if m.demote_src.numel():
             tail, main = self.pool.tail[layer_id], self.pool.main[layer_id]
-            if self.four_over_six:
-                demote_pages_ref(tail, m.demote_src, main, m.demote_dst, four_over_six=True)
-            else:
-                demote_pages(tail, m.demote_src, main, m.demote_dst)
+            demote_pages(tail, m.demote_src, main, m.demote_dst, self.four_over_six)
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         h = self.rotation
@@ -203,9 +193,6 @@ class PagedAttentionBackend(AttentionBackend):
     def _write(self, k: torch.Tensor, v: torch.Tensor, main: LayerKV, tail: LayerKV | None) -> None:
         m = self.meta
         assert m is not None
-        if self.four_over_six:
-            write_kv_ref(k, v, main, m.main_slots, four_over_six=True)
-        else:
-            write_kv(k, v, main, m.main_slots)
+        write_kv(k, v, main, m.main_slots, self.four_over_six)
         if tail is not None:
             write_kv(k, v, tail, m.tail_slots)

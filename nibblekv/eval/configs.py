@@ -56,7 +56,8 @@ FP8 = KVConfig("fp8_e4m3", kv_dtype="fp8_e4m3")
 NVFP4_PLAIN = KVConfig("nvfp4_plain")
 # The default, chosen from the measurements (docs/accuracy.md): the 64-token bf16 tail is what buys
 # most of the accuracy at a bounded decode cost. The Hadamard rotation halves KL again but its decode
-# cost is not yet measured to 3%, 4over6 has no GPU writer, calibration needs a file: all opt-in.
+# cost is not yet measured to 3%, 4over6 is not measured on the device yet, calibration needs a file: all
+# opt-in.
 DEFAULT_NVFP4 = KVConfig("nvfp4", window=64)
 
 _NAME_RE = re.compile(r"^nvfp4((?:_(?:w\d+|s\d+|cal|4o6|had))*)$")

@@ -78,7 +78,15 @@ def _encode_blocks(
 def _block_sq_error(
     blocks: torch.Tensor, codes: torch.Tensor, s: torch.Tensor, g: torch.Tensor
 ) -> torch.Tensor:
-    return ((e2m1.decode(codes) * s.float() * g - blocks) ** 2).sum(-1, keepdim=True)
+    """Squared error ``[..., n, 1]`` of each block, summed as a fixed tree of adjacent pairs.
+
+    NOTE: not ``.sum(-1)``, whose fp32 order depends on the shape and the CPU's vector width: 4over6
+    compares two of these sums, and the Triton writers must reproduce them bit for bit.
+    """
+    e = (e2m1.decode(codes) * s.float() * g - blocks) ** 2
+    while e.shape[-1] > 1:
+        e = e[..., 0::2] + e[..., 1::2]
+    return e
 
 
 def dequantize(

@@ -26,14 +26,19 @@ def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKV, slots: torch.Tensor) -> None:
-    """Store ``k, v [T, kv_heads, D]`` at ``slots [T]`` (-1 = skip), quantized as the cache's dtype."""
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, cache: LayerKV, slots: torch.Tensor, four_over_six: bool = False
+) -> None:
+    """Store ``k, v [T, kv_heads, D]`` at ``slots [T]`` (-1 = skip), quantized as the cache's dtype.
+
+    ``four_over_six``: NVFP4 block scales by 4over6 (see ``nibblekv.formats.nvfp4.quantize``).
+    """
     if _use_triton(k):
         from nibblekv.kernels.cache_write import write_kv_triton
 
-        write_kv_triton(k, v, cache, slots)
+        write_kv_triton(k, v, cache, slots, four_over_six)
     else:
-        write_kv_ref(k, v, cache, slots)
+        write_kv_ref(k, v, cache, slots, four_over_six)
 
 
 def decode_attention(
@@ -95,14 +100,21 @@ def extend_attention(
     )
 
 
-def demote_pages(tail: LayerKV, src_pages: torch.Tensor, cache: LayerKV, dst_pages: torch.Tensor) -> None:
-    """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]``."""
+def demote_pages(
+    tail: LayerKV,
+    src_pages: torch.Tensor,
+    cache: LayerKV,
+    dst_pages: torch.Tensor,
+    four_over_six: bool = False,
+) -> None:
+    """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]`` (``four_over_six``
+    as in :func:`write_kv`)."""
     if _use_triton(src_pages if src_pages.is_cuda else tail.k_data):
         from nibblekv.kernels.cache_write import demote_pages_triton
 
-        demote_pages_triton(tail, src_pages, cache, dst_pages)
+        demote_pages_triton(tail, src_pages, cache, dst_pages, four_over_six)
     else:
-        demote_pages_ref(tail, src_pages, cache, dst_pages)
+        demote_pages_ref(tail, src_pages, cache, dst_pages, four_over_six)
 
 
 __all__ = ["LayerKV", "decode_attention", "demote_pages", "extend_attention", "write_kv"]

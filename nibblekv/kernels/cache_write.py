@@ -2,8 +2,9 @@
 
 Both ops run one kernel, one program per stored row (token), that reads that row's K and V for every
 KV head, quantizes them as the destination pool's dtype with the layer's global scales, and stores
-data (+ NVFP4 block scales) at (page, head, offset). Results are bit-identical to
-``nibblekv.formats`` (``tests/test_kernels_write.py`` checks every byte).
+data (+ NVFP4 block scales) at (page, head, offset). ``four_over_six`` (a constexpr) picks NVFP4 block
+scales by 4over6. Results are bit-identical to ``nibblekv.formats`` (``tests/test_kernels_write.py``
+checks every byte).
 """
 
 from __future__ import annotations
@@ -41,6 +42,53 @@ def _round_to_bf16(x):
 
 
 @triton.jit
+def _nvfp4_encode(x, amax, g, TOP: tl.constexpr):
+    """Blocks ``x [H, NB, 16]`` (sanitized), ``amax [H, NB]`` -> (scale ``e4m3(amax / (g * TOP))`` as fp32
+    ``[H, NB]``, E2M1 grid index ``[H, NB, 16]`` int32, negative-sign flag ``[H, NB, 16]``)."""
+    s = _round_to_e4m3(tl.minimum(tl.math.div_rn(amax, g * TOP), 448.0))
+    denom = s * g
+    safe = tl.where(denom > 0, denom, 1.0)
+    q = tl.where(denom[:, :, None] > 0, tl.math.div_rn(x, safe[:, :, None]), 0.0)
+    mag = tl.abs(q)
+    # Round to the E2M1 grid, ties to the even code index ('>' sends a tie down, '>=' up).
+    idx = (
+        (mag > 0.25).to(tl.int32)
+        + (mag >= 0.75).to(tl.int32)
+        + (mag > 1.25).to(tl.int32)
+        + (mag >= 1.75).to(tl.int32)
+        + (mag > 2.5).to(tl.int32)
+        + (mag >= 3.5).to(tl.int32)
+        + (mag > 5.0).to(tl.int32)
+    )
+    return s, idx, (q < 0) & (idx > 0)
+
+
+@triton.jit
+def _nvfp4_sq_error(x, s, idx, neg, g):
+    """Per-block squared error ``[H, NB]`` of codes ``(idx, neg)`` at scale ``s`` against ``x [H, NB, 16]``.
+
+    Same fp32 operations as ``nvfp4._block_sq_error``: ``((value * s) * g - x) ** 2`` summed as the fixed
+    tree of adjacent pairs. NOTE: bit-exact only without FMA contraction (the launcher passes
+    ``enable_fp_fusion=False``) and only with this explicit order (``tl.sum``'s order is unspecified).
+    """
+    H: tl.constexpr = x.shape[0]
+    NB: tl.constexpr = x.shape[1]
+    f = idx.to(tl.float32)
+    mag = tl.where(idx < 4, f * 0.5, tl.where(idx == 7, 6.0, f - 2.0))  # grid {0, .5, 1, 1.5, 2, 3, 4, 6}
+    val = tl.where(neg, -mag, mag)
+    d = (val * s[:, :, None]) * g - x
+    e = d * d
+    a, b = tl.split(tl.reshape(e, [H, NB, 8, 2]))
+    e = a + b
+    a, b = tl.split(tl.reshape(e, [H, NB, 4, 2]))
+    e = a + b
+    a, b = tl.split(tl.reshape(e, [H, NB, 2, 2]))
+    e = a + b
+    a, b = tl.split(e)
+    return a + b
+
+
+@triton.jit
 def _quantize_store(
     src_ptr,
     dst_ptr,
@@ -57,6 +105,7 @@ def _quantize_store(
     BLOCK_H: tl.constexpr,
     D: tl.constexpr,
     FMT: tl.constexpr,
+    FOUR_OVER_SIX: tl.constexpr,
 ):
     """Quantize one token's ``[HKV, D]`` rows and store them (all heads of K or of V)."""
     offs_h = tl.arange(0, BLOCK_H)
@@ -73,23 +122,18 @@ def _quantize_store(
         x = tl.where(x != x, 0.0, x)  # NaN -> 0
         x = tl.minimum(tl.maximum(x, -limit), limit)  # +-Inf -> +-limit, finite values clamped
         amax = tl.max(tl.abs(x), axis=2)
-        s8 = _round_to_e4m3(tl.minimum(tl.math.div_rn(amax, g * 6.0), 448.0)).to(tl.float8e4nv)
-        denom = s8.to(tl.float32) * g
-        safe = tl.where(denom > 0, denom, 1.0)
-        q = tl.where(denom[:, :, None] > 0, tl.math.div_rn(x, safe[:, :, None]), 0.0)
-        mag = tl.abs(q)
-        # Round to the E2M1 grid, ties to the even code index ('>' sends a tie down, '>=' up).
-        idx = (
-            (mag > 0.25).to(tl.int32)
-            + (mag >= 0.75).to(tl.int32)
-            + (mag > 1.25).to(tl.int32)
-            + (mag >= 1.75).to(tl.int32)
-            + (mag > 2.5).to(tl.int32)
-            + (mag >= 3.5).to(tl.int32)
-            + (mag > 5.0).to(tl.int32)
-        )
+        s, idx, neg = _nvfp4_encode(x, amax, g, 6.0)
+        if FOUR_OVER_SIX:
+            # 4over6: also map each block's amax to 4 and keep the scale with the lower squared error
+            # (ties keep the standard one), exactly as ``nvfp4.quantize(..., four_over_six=True)``.
+            s4, idx4, neg4 = _nvfp4_encode(x, amax, g, 4.0)
+            better = _nvfp4_sq_error(x, s4, idx4, neg4, g) < _nvfp4_sq_error(x, s, idx, neg, g)
+            s = tl.where(better, s4, s)
+            idx = tl.where(better[:, :, None], idx4, idx)
+            neg = tl.where(better[:, :, None], neg4, neg)
+        s8 = s.to(tl.float8e4nv)  # exact: s is already an E4M3 value
         # NOTE: a value rounding to zero keeps a positive sign (code 0), as the reference does.
-        code = idx | (((q < 0) & (idx > 0)).to(tl.int32) << 3)
+        code = idx | (neg.to(tl.int32) << 3)
         pairs = tl.reshape(code, [BLOCK_H, D // 2, 2])
         even, odd = tl.split(pairs)
         packed = (even | (odd << 4)).to(tl.uint8)
@@ -138,6 +182,7 @@ def _store_rows_kernel(
     D: tl.constexpr,
     FMT: tl.constexpr,
     DEMOTE: tl.constexpr,
+    FOUR_OVER_SIX: tl.constexpr,
 ):
     """One program per destination row.
 
@@ -163,11 +208,11 @@ def _store_rows_kernel(
     sc_off = page * s_sc_page + off * s_sc_tok
     _quantize_store(
         k_src, k_dst, k_dst_scale, g_ptr, src_off, dst_off, sc_off, s_src_head, s_dst_head, s_sc_head, valid,
-        HKV, BLOCK_H, D, FMT,
+        HKV, BLOCK_H, D, FMT, FOUR_OVER_SIX,
     )  # fmt: skip
     _quantize_store(
         v_src, v_dst, v_dst_scale, g_ptr + 1, src_off, dst_off, sc_off, s_src_head, s_dst_head, s_sc_head, valid,
-        HKV, BLOCK_H, D, FMT,
+        HKV, BLOCK_H, D, FMT, FOUR_OVER_SIX,
     )  # fmt: skip
 
 
@@ -176,8 +221,13 @@ def _check_head_dim(d: int) -> None:
         raise ValueError(f"kernels need a power-of-two head_dim >= 16, got {d}")
 
 
-def write_kv_triton(k: torch.Tensor, v: torch.Tensor, cache: LayerKV, slots: torch.Tensor) -> None:
-    """Triton twin of ``write_kv_ref``: rows ``k, v [T, kv_heads, D]`` -> cache at ``slots [T]`` (-1 = skip)."""
+def write_kv_triton(
+    k: torch.Tensor, v: torch.Tensor, cache: LayerKV, slots: torch.Tensor, four_over_six: bool = False
+) -> None:
+    """Triton twin of ``write_kv_ref``: rows ``k, v [T, kv_heads, D]`` -> cache at ``slots [T]`` (-1 = skip).
+
+    ``four_over_six`` picks NVFP4 block scales by 4over6 (ignored for other dtypes, as by the reference).
+    """
     check_cache(cache, "cache")
     lay = cache.layout
     if k.shape != v.shape or k.dim() != 3 or tuple(k.shape[1:]) != (lay.num_kv_heads, lay.head_dim):
@@ -189,10 +239,12 @@ def write_kv_triton(k: torch.Tensor, v: torch.Tensor, cache: LayerKV, slots: tor
         k, v = k.contiguous(), v.contiguous()
     if k.shape[0] == 0:
         return
-    _launch(k, v, slots, slots, cache, k.stride(0), 0, k.stride(1), k.shape[0], demote=False)
+    _launch(k, v, slots, slots, cache, k.stride(0), 0, k.stride(1), k.shape[0], False, four_over_six)
 
 
-def demote_pages_triton(tail: LayerKV, src_pages: torch.Tensor, cache: LayerKV, dst_pages: torch.Tensor) -> None:
+def demote_pages_triton(
+    tail: LayerKV, src_pages: torch.Tensor, cache: LayerKV, dst_pages: torch.Tensor, four_over_six: bool = False
+) -> None:
     """Triton twin of ``demote_pages_ref``: quantize tail pages ``src_pages [N]`` into ``dst_pages [N]``."""
     check_cache(cache, "cache")
     check_cache(tail, "tail")
@@ -209,7 +261,8 @@ def demote_pages_triton(tail: LayerKV, src_pages: torch.Tensor, cache: LayerKV, 
     if n == 0:
         return
     s = tail.k_data.stride()
-    _launch(tail.k_data, tail.v_data, src_pages, dst_pages, cache, s[0], s[2], s[1], n * cache.page_size, demote=True)
+    rows = n * cache.page_size
+    _launch(tail.k_data, tail.v_data, src_pages, dst_pages, cache, s[0], s[2], s[1], rows, True, four_over_six)
 
 
 def _launch(
@@ -223,6 +276,7 @@ def _launch(
     s_src_head: int,
     rows: int,
     demote: bool,
+    four_over_six: bool,
 ) -> None:
     lay = cache.layout
     ks, vs, (sp, sh, st) = scale_tensors(cache)
@@ -232,7 +286,9 @@ def _launch(
         k_src, v_src, idx, dst_idx, cache.k_data, cache.v_data, ks, vs, cache.global_scale,
         s_src_a, s_src_tok, s_src_head, d[0], d[1], d[2], sp, sh, st,
         PAGE=lay.page_size, HKV=lay.num_kv_heads, BLOCK_H=triton.next_power_of_2(lay.num_kv_heads),
-        D=lay.head_dim, FMT=fmt, DEMOTE=demote, num_warps=4 if fmt == FMT_NVFP4 else 2,
+        D=lay.head_dim, FMT=fmt, DEMOTE=demote, FOUR_OVER_SIX=four_over_six and fmt == FMT_NVFP4,
+        num_warps=4 if fmt == FMT_NVFP4 else 2,
+        enable_fp_fusion=False,  # no FMA contraction: 4over6's error sums must round like the reference's
     )  # fmt: skip
 
 
