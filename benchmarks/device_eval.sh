@@ -1,0 +1,31 @@
+#!/bin/bash
+# Accuracy eval on the device (issue 5): `nibblekv eval kv` on the bundled SmolLM2 GGUF, every KV
+# configuration in one run, through the engine's own CUDA kernels.
+# Usage: OUT=... bash benchmarks/device_eval.sh GGUF_PATH [DATA_DIR=.data/austen] [extra eval args...]
+# The Austen texts live in ../shared/data beside the checkout, which does not travel: copy them into
+# the ignored .data/austen and carry that folder. Env: CONFIGS (names), SMOKE=1 (CPU, tiny sizes).
+set -o pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-.} HF_HUB_OFFLINE=1
+gguf=${1:?usage: device_eval.sh GGUF_PATH [DATA_DIR] [eval args...]}
+data=${2:-.data/austen}
+shift $(($# >= 2 ? 2 : 1))
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+# The acceptance rows, one option at a time on plain NVFP4, the tail sweep, and options stacked on
+# tails: the default is chosen from these (docs/accuracy.md).
+CONFIGS=${CONFIGS:-bf16 fp8_e4m3 nvfp4 nvfp4_plain nvfp4_cal nvfp4_4o6 nvfp4_had nvfp4_w16 nvfp4_w32 \
+nvfp4_w128 nvfp4_w64_had nvfp4_w128_had nvfp4_w64_4o6_had nvfp4_w64_cal_4o6_had}
+if [ "${SMOKE:-0}" = 1 ]; then
+    sizes=(--device cpu --windows 2 --window-tokens 96 --prefill-chunk 32 --decode-context 48
+        --decode-tokens 4 --batch 2 --calib-windows 1 --calib-tokens 128 --passkey-lengths 256
+        --passkey-depths 0.5)
+else
+    # 16 windows of 2048 tokens; prefill in 512-token chunks (each attends through the cache);
+    # decode: 1536 tokens of context, then 256 true tokens one at a time; passkey up to the model's 8K.
+    sizes=(--device cuda --windows 16 --window-tokens 2048 --prefill-chunk 512 --decode-context 1536
+        --decode-tokens 256 --batch 16 --passkey-lengths 1024 2048 4096 8192)
+fi
+# shellcheck disable=SC2086
+python3 -m nibblekv eval kv --model "$gguf" --data-dir "$data" --configs $CONFIGS "${sizes[@]}" \
+    --passkey-configs bf16 fp8_e4m3 nvfp4 nvfp4_plain nvfp4_w64_had nvfp4_w64_4o6_had \
+    --out "$OUT/kv-accuracy.json" "$@" 2>&1 | tee "$OUT/eval.log"
