@@ -104,7 +104,7 @@ def test_decode_gpu_paths(d: int) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX runs on the GPU only")
 @pytest.mark.parametrize(
-    "variant", ["tok", "kq", "rows", "tok:sv=2", "tok:sv=0,conv=1", "tok:bn=64,sv=1,conv=2", "tok:conv=2", "kq:conv=3"]
+    "variant", ["tok", "rows", "paged", "tok:sv=2", "tok:sv=0,conv=1", "tok:bn=64,sv=1,conv=2", "tok:conv=2"]
 )
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_decode_gpu_variants(variant: str, d: int) -> None:

@@ -39,11 +39,16 @@ from nibblekv.kernels.types import LayerKV
 # 0 plain Triton, 1 two asm blocks, 2 one asm block per 4 bytes, 3 via E4M3 bytes + cvt (tok/kq only);
 # FP8 bit 0: V through the uint16-pair asm;
 # for "paged"/"rows" conv>0 means asm. sv=1 (tok, FP8/NVFP4): V as even/odd column halves, sv=2 NVFP4 K too):
-#   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the measured default)
+#   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the default until 2026-11-29)
 #   rows   the same kernel, per-token addressing, K as two half-D dots (PAGED=False)
 #   tok    decode_tok: per-token gather of [BN, D] tiles, S = Q K^T (Q the A operand), one full-D dot
-#   kq     decode_tok: S^T = K Q^T (the K tile the A operand, Q^T the loop-invariant B), acc^T = V^T P^T
-DEFAULT_VARIANT = "paged"
+#   kq     decode_tok: S^T = K Q^T (the K tile the A operand, Q^T the loop-invariant B), acc^T = V^T P^T;
+#          right under the interpreter but WRONG on sm_90 (rel. RMS 0.21 / 0.077 on the H200): refused on GPUs
+# NOTE: "tok" is the default since the H200 run of 2026-11-29 (benchmarks/results/decode-variants-h200.*):
+# fraction of the 4.63 TB/s read ceiling at B64x32K / B8x32K / B32x8K / B1x128K, "paged" -> "tok":
+# BF16 .59/.53/.55/.43 -> .97/.88/.86/.78, FP8 .39/.36/.36/.35 -> .79/.65/.65/.60,
+# NVFP4 .24/.22/.22/.21 -> .30/.28/.27/.22 (each checked against the reference on the GPU first).
+DEFAULT_VARIANT = "tok"
 VARIANT_NAMES = ("paged", "rows", "tok", "kq")
 
 
@@ -298,6 +303,8 @@ def decode_triton(
     fmt = fmt_code(cache.dtype)
     interp = interpreting()
     name, cfg = resolve_variant(variant, fmt, d, interp)
+    if name == "kq" and not interp:
+        raise ValueError("decode variant 'kq' computes wrong results on sm_90 (H200, 2026-11-29); use 'tok'")
     for key, val in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages)):
         if val:
             cfg[key] = val
@@ -390,7 +397,7 @@ LAST_KERNEL: dict[str, object] = {}
 
 
 def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
-    """Starting launch config of the per-token kernels (not yet measured on the H200; the benchmark sweeps).
+    """Launch config of the per-token kernels (measured on the H200 at these settings, see DEFAULT_VARIANT).
 
     Picked by SASS instruction counts per token-head of the main loop (benchmarks/sass_decode.py):
     FP8 with V as uint16-pair halves (sv=1, conv=1) at BN=128 is ~20 warp-instructions vs ~30 for "paged";
