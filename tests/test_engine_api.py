@@ -177,3 +177,10 @@ def test_decode_log_line_and_kv_scales(
     lines = [m for m in caplog.messages if m.startswith("Decode batch.")]
     assert lines and all(re.fullmatch(pattern, m) for m in lines)
     assert "#running-req: 3," in lines[0]
+    prefill = (
+        r"Prefill batch\. #new-seq: \d+, #new-token: \d+, #cached-token: \d+, token usage: \d\.\d\d, "
+        r"#running-req: \d+, #queue-req: \d+"
+    )
+    plines = [m for m in caplog.messages if m.startswith("Prefill batch.")]
+    assert plines and all(re.fullmatch(prefill, m) for m in plines)
+    assert "#new-seq: 3," in plines[0]

@@ -315,7 +315,8 @@ class Engine:
         s = self.scheduler
         usage = self.pool.token_usage()
         if not batch.is_decode:
-            logger.debug(
+            # NOTE: INFO like SGLang's scheduler; decode_log_interval=0 (benchmarks) silences both lines.
+            (logger.info if self.config.decode_log_interval else logger.debug)(
                 prefill_log_line(
                     len(batch.reqs), batch.num_tokens, usage, len(s.running), len(s.waiting), batch.num_cached_tokens
                 )
