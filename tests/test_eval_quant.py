@@ -83,6 +83,14 @@ def test_fakequant_attention_limits() -> None:
     kk[1:6], vv[1:6] = nvfp4.fake_quantize(kk[1:6]), nvfp4.fake_quantize(vv[1:6])
     p = torch.softmax(kk @ q[7, 0] / d**0.5, 0)
     assert torch.allclose(out[7, 0], p @ vv, atol=1e-5)
+    # chunked prefill (chunk 4, tail 2): query 7 (chunk [4, 8)) reads keys >= 2 exact, 0..1 quantized;
+    # the first chunk reads only itself, exact
+    ch = FakeQuantAttention([0, 8], KVConfig("c", window=2), chunk=4).forward(0, q[:8], k[:8], v[:8])
+    kk, vv = k[:8, 0].clone(), v[:8, 0].clone()
+    kk[:2], vv[:2] = nvfp4.fake_quantize(kk[:2]), nvfp4.fake_quantize(vv[:2])
+    p = torch.softmax(kk @ q[7, 0] / d**0.5, 0)
+    assert torch.allclose(ch[7, 0], p @ vv, atol=1e-5)
+    assert torch.allclose(ch[:4], DenseAttention([0, 8]).forward(0, q[:8], k[:8], v[:8])[:4], atol=1e-5)
 
 
 def test_metrics_kl_top1_ppl_and_intervals() -> None:

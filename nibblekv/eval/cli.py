@@ -65,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     st.add_argument("--windows", type=int, default=8)
     st.add_argument("--window-tokens", type=int, default=512)
     st.add_argument("--batch", type=int, default=2)
+    st.add_argument("--chunk", type=int, default=0, help="model chunked prefill in chunks of this size (0: decode)")
     st.add_argument("--kv-scales-path", default=None)
     st.add_argument("--out", default="benchmarks/results/kv-accuracy.study.json")
     st.set_defaults(func=run_study_cmd)
@@ -154,9 +155,12 @@ def run_study_cmd(args: argparse.Namespace) -> int:
     model, tokenizer = load(args)
     scales = ScaleSource(model, tokenizer, args)
     windows = token_windows(tokenizer, eval_texts(data_dir), args.windows, args.window_tokens)
-    accs = run_study(model, windows, configs, scales, args.batch, progress)
+    if args.chunk < 0:
+        raise SystemExit("nibblekv eval study: error: --chunk must be >= 0")
+    accs = run_study(model, windows, configs, scales, args.batch, progress, args.chunk)
+    mode = f"fakequant_chunk{args.chunk}" if args.chunk else "fakequant"
     rows = [
-        {"config": c.name, "mode": "fakequant", **summarize(accs[c.name], accs[BASELINE_NAME])}
+        {"config": c.name, "mode": mode, **summarize(accs[c.name], accs[BASELINE_NAME])}
         for c in configs
     ]
     doc = _header(args, model, configs, scales)

@@ -6,6 +6,10 @@ the round-tripped (fake-quantized) copy, except the first ``sinks`` tokens and t
 (The engine's tail is page-granular: it holds between ``window - page_size + 1`` and ``window``
 tokens; this study keeps exactly ``window``.) The query's own key is quantized too when
 ``window == 0``, as in the engine's decode path, which writes the token before attending.
+
+With ``chunk = C > 0`` it models chunked prefill instead: a query in chunk ``[c0, c0 + C)`` reads its
+own chunk's keys exact (fresh K/V) and the cached prefix as the engine's extend path serves it, the
+``window`` tokens before ``c0`` exact (the bf16 tail) and the rest quantized.
 """
 
 from __future__ import annotations
@@ -24,13 +28,18 @@ class FakeQuantAttention(AttentionBackend):
     """
 
     def __init__(
-        self, cu_seqlens: list[int], config: KVConfig, global_scales: torch.Tensor | None = None
+        self,
+        cu_seqlens: list[int],
+        config: KVConfig,
+        global_scales: torch.Tensor | None = None,
+        chunk: int = 0,
     ) -> None:
         if config.calibrated and global_scales is None:
             raise ValueError(f"{config.name}: calibrated scales requested but none given")
         self.bounds = [int(b) for b in cu_seqlens]
         self.config = config
         self.global_scales = global_scales
+        self.chunk = chunk
 
     def _scales(self, layer_id: int) -> tuple[float | torch.Tensor, float | torch.Tensor]:
         if self.config.calibrated and self.global_scales is not None:
@@ -60,7 +69,11 @@ class FakeQuantAttention(AttentionBackend):
             i = torch.arange(n, device=q.device)
             dist = i[:, None] - i[None, :]  # query minus key position
             causal = dist >= 0
-            exact = causal & ((dist < cfg.window) | (i[None, :] < cfg.sinks))
+            if self.chunk:  # exact from the tail before the query's chunk start on
+                recent = i[None, :] >= (i[:, None] // self.chunk) * self.chunk - cfg.window
+            else:
+                recent = dist < cfg.window
+            exact = causal & (recent | (i[None, :] < cfg.sinks))
             s = torch.where(exact, qs @ ke.transpose(1, 2), qs @ kk.transpose(1, 2)) * scale
             p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
             pe = p * exact

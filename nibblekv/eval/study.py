@@ -26,6 +26,7 @@ def run_study(
     scales: Callable[[KVConfig], torch.Tensor | None],
     batch: int = 2,
     progress: Callable[[str], None] | None = None,
+    chunk: int = 0,
 ) -> dict[str, WindowAccumulator]:
     """Per-window scores of every configuration against the unquantized dense pass."""
     num, n = windows.shape
@@ -39,7 +40,7 @@ def run_study(
         cu = [i * (n - 1) for i in range(len(wids) + 1)]
         ref_lp = torch.log_softmax(model.compute_logits(model.forward(ids, pos, DenseAttention(cu))), -1)
         for cfg in configs:
-            attn = DenseAttention(cu) if not cfg.quantized else FakeQuantAttention(cu, cfg, scales(cfg))
+            attn = DenseAttention(cu) if not cfg.quantized else FakeQuantAttention(cu, cfg, scales(cfg), chunk)
             s = compare(ref_lp, model.compute_logits(model.forward(ids, pos, attn)), targets)
             for i, w in enumerate(wids):
                 sl = slice(i * (n - 1), (i + 1) * (n - 1))
