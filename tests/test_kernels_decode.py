@@ -34,7 +34,10 @@ LENS = [1, P - 1, P, P + 1, 3 * P + 5]
 # Every decode kernel variant (decode.VARIANT_NAMES): the measured default, per-token addressing in the
 # same kernel, and the per-token kernels of decode_tok in both orientations.
 # sv=1: V (sv=2 NVFP4: K too) as even/odd column halves (FP8/NVFP4 only; BF16 ignores it).
-VARIANTS = ["paged", "rows", "tok", "kq", "tok:sv=1", "tok:sv=2"]
+# bs: NVFP4 block scales outside the elementwise path (decode_blockscale; FP8/BF16 run as tok): the default
+# (K block by block, V scales on P, even/odd block order), a batched 3D K dot in natural block order, and
+# both scales on the codes (only the block order differs from tok).
+VARIANTS = ["paged", "rows", "tok", "kq", "tok:sv=1", "tok:sv=2", "bs", "bs:sc=3,ord=0", "bs:sc=0"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -47,7 +50,7 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
     assert _run(dtype, lens, tails, 3, 3, d, P, 3, variant=variant) <= 1e-2
 
 
-@pytest.mark.parametrize("variant", ["tok", "kq", "tok:sv=1", "tok:sv=2"])
+@pytest.mark.parametrize("variant", ["tok", "kq", "tok:sv=1", "tok:sv=2", "bs", "bs:sc=3"])
 def test_decode_tok_variants_odd_page_and_block(variant: str) -> None:
     # page 5 (not a power of two), global scales != 1, a 32-key block with several full blocks per split
     for dtype in (KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16):
@@ -63,6 +66,8 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_variant(None, 2, 128, False) == (
         "kq", {"block_n": 128, "tail_block_n": 64, "num_warps": 8, "num_stages": 3, "conv": 2, "split": 0})
     assert resolve_variant("paged", 0, 128, False)[0] == "paged"  # an explicit variant beats the env
+    assert resolve_variant("bs:sc=3,ord=0", 2, 128, False)[1] == {
+        "block_n": 128, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 3, "split": 0, "sc": 3, "ord": 0}
     with pytest.raises(ValueError):
         resolve_variant("nope", 0, 128, False)
     with pytest.raises(ValueError):
@@ -104,7 +109,8 @@ def test_decode_gpu_paths(d: int) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX runs on the GPU only")
 @pytest.mark.parametrize(
-    "variant", ["tok", "rows", "paged", "tok:sv=2", "tok:sv=0,conv=1", "tok:bn=64,sv=1,conv=2", "tok:conv=2"]
+    "variant", ["tok", "rows", "paged", "tok:sv=2", "tok:sv=0,conv=1", "tok:bn=64,sv=1,conv=2", "tok:conv=2", "bs",
+                "bs:sc=3", "bs:sc=2", "bs:conv=2"]
 )
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_decode_gpu_variants(variant: str, d: int) -> None:

@@ -44,12 +44,19 @@ from nibblekv.kernels.types import LayerKV
 #   tok    decode_tok: per-token gather of [BN, D] tiles, S = Q K^T (Q the A operand), one full-D dot
 #   kq     decode_tok: S^T = K Q^T (the K tile the A operand, Q^T the loop-invariant B), acc^T = V^T P^T;
 #          right under the interpreter but WRONG on sm_90 (rel. RMS 0.21 / 0.077 on the H200): refused on GPUs
+#   bs     decode_tok with NVFP4 block scales outside the elementwise path (decode_blockscale): per-16 block
+#          slices, K scales on the partial scores, V scales on P, no per-value multiply, no reorder to natural
+#          order (option sc, default 6: bit 0 K scales on the partial scores of one batched 3D dot, bit 2 the same
+#          block by block with 2D dots, bit 1 V scales on P; a clear bit scales the fp16 codes instead; ord=0
+#          natural block order, 1 (default) even dims then odd dims); FP8/BF16 pools run exactly as "tok".
+#          sm_90 SASS (benchmarks/results/decode-variants-sass.md): 47.5-78 warp-instructions per token-head
+#          vs tok's 39.6 -- the GQA group padded to 16 rows makes the score/P side as large as the codes
 # NOTE: "tok" is the default since the H200 run of 2026-11-29 (benchmarks/results/decode-variants-h200.*):
 # fraction of the 4.63 TB/s read ceiling at B64x32K / B8x32K / B32x8K / B1x128K, "paged" -> "tok":
 # BF16 .59/.53/.55/.43 -> .97/.88/.86/.78, FP8 .39/.36/.36/.35 -> .79/.65/.65/.60,
 # NVFP4 .24/.22/.22/.21 -> .30/.28/.27/.22 (each checked against the reference on the GPU first).
 DEFAULT_VARIANT = "tok"
-VARIANT_NAMES = ("paged", "rows", "tok", "kq")
+VARIANT_NAMES = ("paged", "rows", "tok", "kq", "bs")
 
 
 @triton.jit
@@ -325,7 +332,7 @@ def decode_triton(
     lse_part = torch.empty((bsz, hq, s_tot), dtype=torch.float32, device=q.device)
     ks, vs, (sp, sh, st) = scale_tensors(cache)
     ds = cache.k_data.stride()
-    tok = name in ("tok", "kq")
+    tok = name in ("tok", "kq", "bs")
     if has_tail:
         assert tail is not None and tail_page_table is not None and tail_lens is not None
         tk, tv, ts, tpt, ttl, tpage = tail.k_data, tail.v_data, tail.k_data.stride(), tail_page_table, tail_lens, tail.page_size
@@ -350,8 +357,11 @@ def decode_triton(
     if tok:
         if fmt == FMT_NVFP4 and st != d // 16:
             raise ValueError(f"decode variant {name!r} needs packed NVFP4 scale rows (token stride {d // 16})")
-        split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT and name == "tok" else 0
-        k = decode_tok_kernel[(bsz, hkv, s_tot)](*args, CONV=int(cfg["conv"]), KQ=name == "kq", SPLIT=split, **common)
+        split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT and name in ("tok", "bs") else 0
+        k = decode_tok_kernel[(bsz, hkv, s_tot)](
+            *args, CONV=int(cfg["conv"]), KQ=name == "kq", SPLIT=split, BS=name == "bs" and fmt == FMT_NVFP4,
+            SC=int(cfg.get("sc", 6)), ORD=int(cfg.get("ord", 1)), **common,
+        )  # fmt: skip
     else:
         paged = name == "paged" and _pages_contiguous(cache, bn)
         k = _decode_kernel[(bsz, hkv, s_tot)](
@@ -410,7 +420,10 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
     return {"block_n": 64 if d <= 128 else 32, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 0, "split": 0}
 
 
-_KEYS = {"bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split"}
+_KEYS = {
+    "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
+    "sc": "sc", "ord": "ord",
+}  # fmt: skip
 
 
 def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tuple[str, dict[str, int | bool]]:
@@ -424,6 +437,6 @@ def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tupl
         key, _, val = item.partition("=")
         if key not in _KEYS:
             raise ValueError(f"unknown decode variant option {key!r} in {spec!r} (one of {tuple(_KEYS)})")
-        if not interp or key in ("bn", "tbn", "sv"):
+        if not interp or key in ("bn", "tbn", "sv", "sc", "ord"):
             cfg[_KEYS[key]] = int(val)
     return name, cfg

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._common import nvfp4_split
+from nibblekv.kernels.decode_blockscale import bs_segment
 
 
 @triton.jit
@@ -465,8 +466,13 @@ def decode_tok_kernel(
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr,
     FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, KQ: tl.constexpr, SPLIT: tl.constexpr,
+    BS: tl.constexpr = False, SC: tl.constexpr = 3, ORD: tl.constexpr = 1,
 ):  # fmt: skip
-    """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them)."""
+    """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them).
+
+    ``BS`` (NVFP4 only): the main pool goes through ``decode_blockscale.bs_segment`` (scale mode ``SC``,
+    block order ``ORD``); the tail segment is the same as ever.
+    """
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
@@ -496,7 +502,14 @@ def decode_tok_kernel(
         if FMT == 2:
             gk = gk * 128.0
             gv = gv * 128.0
-        if SPLIT:
+        if BS and FMT == 2:
+            bs_segment(
+                q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head,
+                pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
+                o_base, lse_base, S_TOT * D,
+                G, BH, D, PAGE, BN, CONV, INTERP, SC, ORD,
+            )  # fmt: skip
+        elif SPLIT:
             _split_segment(
                 q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head,
                 pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
