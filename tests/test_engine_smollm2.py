@@ -124,7 +124,11 @@ def test_nvfp4_decode_path_matches_extend_path(make_engine, smollm2) -> None:
     """Decode (demote, write, attend) and 1-token extends (attend, demote, write) read the same cache,
     except on the steps that demote a page: there the extend still sees that page in bf16."""
     prompt = smollm2[1].encode("Once upon a time, in a small village by the sea,")
-    engine = make_engine(kv_cache_dtype="nvfp4", kv_recent_window=16, chunked_prefill_size=1)
+    # NOTE: rotation off: q/k/v @ H over 1 row (decode) vs a chunk (extend) may round differently,
+    # which would test matmul shape-invariance, not the two paths' cache reads.
+    engine = make_engine(
+        kv_cache_dtype="nvfp4", kv_recent_window=16, chunked_prefill_size=1, kv_hadamard=False
+    )
     gen = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=36, ignore_eos=True))[0]
     assert len(prompt) + 36 > 16 + 2 * 16  # long enough for tail pages to be demoted twice
     assert engine.pool.spec.recent_window == 16

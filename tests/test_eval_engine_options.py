@@ -27,7 +27,42 @@ def test_flags_reach_engine_config() -> None:
     cfg = EngineConfig.from_args(p.parse_args(["--kv-hadamard", "--kv-quant-4over6"]))
     assert cfg.kv_hadamard and cfg.kv_quant_4over6
     d = EngineConfig.from_args(p.parse_args([]))
-    assert not d.kv_hadamard and not d.kv_quant_4over6
+    assert d.kv_hadamard is None and d.kv_quant_4over6 is None  # the per-dtype default
+    off = EngineConfig.from_args(p.parse_args(["--no-kv-hadamard", "--no-kv-quant-4over6"]))
+    assert off.kv_hadamard is False and off.kv_quant_4over6 is False
+
+
+def test_nvfp4_default_options_and_scales_file_check(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from nibblekv.engine.engine import check_scales_file, resolve_kv_options
+
+    auto = EngineConfig()
+    assert resolve_kv_options(auto, KVDtype.NVFP4, 64) == (True, True)
+    assert resolve_kv_options(auto, KVDtype.NVFP4, 80) == (False, True)  # no Sylvester Hadamard of 80
+    assert resolve_kv_options(auto, KVDtype.FP8, 128) == (False, False)
+    assert resolve_kv_options(auto, KVDtype.BF16, 128) == (False, False)
+    off = EngineConfig(kv_hadamard=False, kv_quant_4over6=False)
+    assert resolve_kv_options(off, KVDtype.NVFP4, 64) == (False, False)
+    assert resolve_kv_options(EngineConfig(kv_hadamard=True), KVDtype.FP8, 64) == (True, False)
+    plain = tmp_path / "plain.json"
+    plain.write_text('{"k_scale": [1.0], "v_scale": [1.0], "hadamard": false}')
+    check_scales_file(str(plain), False)
+    check_scales_file(None, True)
+    with pytest.raises(ValueError, match="calibrated without the Hadamard rotation"):
+        check_scales_file(str(plain), True)
+    bare = tmp_path / "bare.json"  # a file from elsewhere (no "hadamard" field) is taken as is
+    bare.write_text('{"k_scale": [1.0], "v_scale": [1.0]}')
+    check_scales_file(str(bare), True)
+
+
+def test_engine_nvfp4_pool_defaults(smollm2) -> None:  # type: ignore[no-untyped-def]
+    kw = {"loaded": smollm2, "max_total_tokens": 256, "decode_log_interval": 0}
+    nv = Engine(kv_cache_dtype="nvfp4", **kw)  # SmolLM2: head_dim 64
+    assert nv.pool.spec.hadamard and nv.runner.backend.rotation is not None
+    assert nv.pool.spec.four_over_six and nv.runner.backend.four_over_six
+    assert "hadamard: True, 4over6: True" in nv.pool.startup_lines(4, 256)[0]
+    fp8 = Engine(kv_cache_dtype="fp8_e4m3", **kw)
+    assert not fp8.pool.spec.hadamard and fp8.runner.backend.rotation is None
+    assert Engine(kv_cache_dtype="nvfp4", kv_hadamard=False, **kw).runner.backend.rotation is None
 
 
 def test_reference_write_and_demote_use_4over6() -> None:

@@ -212,6 +212,8 @@ class KVPool:
                 f", tail pages: {s.num_tail_pages} ({s.tail_dtype.value}, W={s.recent_window}, "
                 f"{s.tail_bytes() / GIB:.2f} GiB)"
             )
+        if s.hadamard or s.four_over_six:
+            line += f", hadamard: {s.hadamard}, 4over6: {s.four_over_six}"
         return [
             line,
             (

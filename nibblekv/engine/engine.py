@@ -6,9 +6,11 @@ Request path: ``generate -> scheduler.schedule -> model_runner.run -> sampler ->
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,7 +33,7 @@ from nibblekv.engine.request import Request, RequestOutput
 from nibblekv.engine.sampling_params import SamplingParams
 from nibblekv.engine.scheduler import ScheduledBatch, Scheduler
 from nibblekv.engine.stats import EngineStats, decode_log_line, prefill_log_line
-from nibblekv.formats import parse_kv_dtype
+from nibblekv.formats import KVDtype, parse_kv_dtype
 from nibblekv.model import CausalLM, Tokenizer, load_model
 
 if TYPE_CHECKING:
@@ -92,7 +94,34 @@ def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSp
         budget_bytes=budget,
         max_total_tokens=max_tokens,
     )
-    return replace(spec, hadamard=config.kv_hadamard, four_over_six=config.kv_quant_4over6)
+    hadamard, four_over_six = resolve_kv_options(config, spec.kv_dtype, mc.head_dim)
+    return replace(spec, hadamard=hadamard, four_over_six=four_over_six)
+
+
+def resolve_kv_options(config: EngineConfig, kv_dtype: KVDtype, head_dim: int) -> tuple[bool, bool]:
+    """(Hadamard rotation, 4over6 block scales) for this pool: the flags when given, else the nvfp4
+    default chosen from the accuracy run (docs/accuracy.md): both on for nvfp4, the rotation only for
+    a power-of-two head_dim (the Sylvester construction); both off for the other dtypes."""
+    nvfp4 = kv_dtype == KVDtype.NVFP4
+    hadamard = config.kv_hadamard
+    if hadamard is None:
+        hadamard = nvfp4 and head_dim & (head_dim - 1) == 0
+    four_over_six = nvfp4 if config.kv_quant_4over6 is None else config.kv_quant_4over6
+    return hadamard, four_over_six
+
+
+def check_scales_file(path: str | None, hadamard: bool) -> None:
+    """Refuse a ``nibblekv calibrate`` file made for the other rotation (amax differs after it)."""
+    if path is None:
+        return
+    raw = json.loads(Path(path).read_text())
+    if "hadamard" in raw and bool(raw["hadamard"]) != hadamard:
+        made, use = ("with", "without") if raw["hadamard"] else ("without", "with")
+        raise ValueError(
+            f"--kv-scales-path {path}: scales were calibrated {made} the Hadamard rotation but the cache "
+            f"runs {use} it; recalibrate (`nibblekv calibrate {'--hadamard' if hadamard else '--no-hadamard'}`) "
+            f"or pass {'--kv-hadamard' if raw['hadamard'] else '--no-kv-hadamard'}"
+        )
 
 
 def build_pool(
@@ -105,6 +134,7 @@ def build_pool(
     spec = pool_spec(config, model, max_running)
     if agree is not None:
         spec = agree(spec)
+    check_scales_file(config.kv_scales_path, spec.hadamard)
     scales = load_kv_scales(config.kv_scales_path, model.config.num_layers, model.device)
     return KVPool(spec, model.device, scales)
 

@@ -13,7 +13,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_model_args(p)
     p.add_argument("--out", required=True, help="JSON to write (load it with --kv-scales-path)")
     p.add_argument(
-        "--hadamard", action="store_true", help="scales for Hadamard-rotated K/V (use with --kv-hadamard)"
+        "--hadamard",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="scales for Hadamard-rotated K/V, as the nvfp4 default stores them (--no-hadamard for "
+        "--no-kv-hadamard)",
     )
     p.set_defaults(func=run)
 
