@@ -68,6 +68,11 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_variant("paged", 0, 128, False)[0] == "paged"  # an explicit variant beats the env
     assert resolve_variant("bs:sc=3,ord=0", 2, 128, False)[1] == {
         "block_n": 128, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 3, "split": 0, "sc": 3, "ord": 0}
+    monkeypatch.delenv("NIBBLEKV_DECODE_VARIANT")
+    # the default: "tok" where a GPU run verified it (head_dim 128), "paged" elsewhere on a GPU
+    assert resolve_variant(None, 2, 128, False)[0] == "tok"
+    assert resolve_variant(None, 2, 64, False)[0] == "paged"
+    assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default
     with pytest.raises(ValueError):
         resolve_variant("nope", 0, 128, False)
     with pytest.raises(ValueError):

@@ -56,6 +56,9 @@ from nibblekv.kernels.types import LayerKV
 # BF16 .59/.53/.55/.43 -> .97/.88/.86/.78, FP8 .39/.36/.36/.35 -> .79/.65/.65/.60,
 # NVFP4 .24/.22/.22/.21 -> .30/.28/.27/.22 (each checked against the reference on the GPU first).
 DEFAULT_VARIANT = "tok"
+# NOTE: only head_dim 128 has run "tok" on a GPU (its inline-PTX paths cannot run in the interpreter);
+# other head dims keep "paged", which the GPU tests covered at 64/128/256, until a device run checks them.
+TOK_VERIFIED_HEAD_DIMS = (128,)
 VARIANT_NAMES = ("paged", "rows", "tok", "kq", "bs")
 
 
@@ -283,7 +286,7 @@ def decode_triton(
     (optional) likewise. ``num_splits`` (host int) fixes the split-K factor (default: fill the GPU);
     ``block_n``/``num_warps``/``num_stages``/``use_asm`` override the tuned launch config; ``out``
     (like ``q``) receives the result if given. ``variant`` (default: env ``NIBBLEKV_DECODE_VARIANT``, else
-    ``DEFAULT_VARIANT``) picks the kernel and may carry launch overrides (see ``VARIANT_NAMES``).
+    ``DEFAULT_VARIANT`` where ``TOK_VERIFIED_HEAD_DIMS`` allow, else ``paged``) picks the kernel and may carry launch overrides (see ``VARIANT_NAMES``).
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -428,7 +431,8 @@ _KEYS = {
 
 def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tuple[str, dict[str, int | bool]]:
     """``"name[:bn=..,tbn=..,w=..,s=..,conv=..]"`` -> (kernel name, launch config); see ``VARIANT_NAMES``."""
-    spec = variant or os.environ.get("NIBBLEKV_DECODE_VARIANT") or DEFAULT_VARIANT
+    default = DEFAULT_VARIANT if interp or d in TOK_VERIFIED_HEAD_DIMS else "paged"
+    spec = variant or os.environ.get("NIBBLEKV_DECODE_VARIANT") or default
     name, _, opts = spec.partition(":")
     if name not in VARIANT_NAMES:
         raise ValueError(f"unknown decode variant {name!r} (one of {VARIANT_NAMES})")
