@@ -213,3 +213,20 @@ def test_stats_and_flags(smollm2) -> None:
         EngineConfig(hicache_write_policy="write_around")
     with pytest.raises(SystemExit):
         parser.parse_args(["--hicache-write-policy", "write_around"])
+
+
+def test_chunks_of_a_long_prompt_are_shared_before_it_ends(make_engine, smollm2) -> None:
+    """Full pages of each prefill chunk enter the tree at once (SGLang's cache_unfinished_req): a request
+    admitted while the donor is still chunking its prompt reuses the chunks already written."""
+    tok = smollm2[1]
+    long = (prompts(tok, 1)[0] + tok.encode(" And then the story goes on and on." * 30))[: 3 * PREFIX + 5]
+    engine = make_engine(kv_cache_dtype="bf16", kv_recent_window=0)
+    params = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
+    a = engine.add_request(long, params)
+    engine.step()  # the donor's first 64-token chunk; each step's budget is one chunk
+    b = engine.add_request(long, params)  # admitted with the donor's last 5-token chunk, 3 chunks in
+    outs = {}
+    while engine.has_unfinished():
+        outs.update({o.request_id: o for o in engine.step() if o.finished})
+    assert outs[a].cached_tokens == 0 and outs[b].cached_tokens == 3 * PREFIX
+    assert outs[b].token_ids == outs[a].token_ids

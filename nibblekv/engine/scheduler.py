@@ -170,6 +170,10 @@ class Scheduler:
             if req.request_id in result.prompt_logprobs:
                 req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id])
             if not batch.samples(i):
+                # A chunk of a longer prompt: its full pages go into the prefix tree now (SGLang's
+                # cache_unfinished_req), so a request with the same prefix need not wait for the whole prompt.
+                if req.status is RequestStatus.RUNNING:
+                    self.cache.cache_prefix(req.pages, req.token_ids)
                 continue
             token, lp = result.token_ids[k], result.logprobs[k]
             k += 1
