@@ -12,8 +12,8 @@ KV, or with quantized KV when its prefill chunk boundary is where the cached pre
 then reads the quantized prefix in both runs). A request that wants prompt logprobs is not matched.
 
 Ownership: a request's ``main[:shared]`` pages belong to the tree (and are locked through the request's
-node); ``main[shared:]`` and all tail pages are its own. Pages enter the tree when the prefill completes
-(:meth:`PrefixCacheManager.cache_prefix`) and when the request is released (finish, abort, preemption);
+node); ``main[shared:]`` and all tail pages are its own. Pages enter the tree after every prefill chunk
+(:meth:`PrefixCacheManager.cache_prefix`, the full main pages so far) and when the request is released (finish, abort, preemption);
 freed pages of the tree are evicted LRU when a growth needs room.
 """
 
