@@ -125,15 +125,27 @@ def size_pool(
     )
 
 
-def load_kv_scales(path: str | Path | None, num_layers: int, device: torch.device | str) -> torch.Tensor:
+def load_kv_scales(
+    path: str | Path | None, num_layers: int, device: torch.device | str, hadamard: bool | None = None
+) -> torch.Tensor:
     """Per-layer global scales, FP32 ``[num_layers, 2]`` (K, V); all 1.0 without a file.
 
     Accepted JSON: ``{"k_scale": [floats per layer], "v_scale": [...]}`` or
-    ``{"layers": [{"k": float, "v": float}, ...]}``. Scales must be finite and > 0.
+    ``{"layers": [{"k": float, "v": float}, ...]}``. Scales must be finite and > 0. Given ``hadamard``
+    (whether the cache stores rotated K/V), a ``nibblekv calibrate`` file made for the other rotation is
+    refused (its ``"hadamard"`` field; amax differs after the rotation).
     """
     scales = torch.ones(num_layers, 2, dtype=torch.float32)
     if path is not None:
         raw = json.loads(Path(path).read_text())
+        if hadamard is not None and "hadamard" in raw and bool(raw["hadamard"]) != hadamard:
+            made, use = ("with", "without") if raw["hadamard"] else ("without", "with")
+            raise ValueError(
+                f"--kv-scales-path {path}: scales were calibrated {made} the Hadamard rotation but the "
+                f"cache runs {use} it; recalibrate (`nibblekv calibrate "
+                f"{'--hadamard' if hadamard else '--no-hadamard'}`) or pass "
+                f"{'--kv-hadamard' if raw['hadamard'] else '--no-kv-hadamard'}"
+            )
         if "layers" in raw:
             k = [float(x["k"]) for x in raw["layers"]]
             v = [float(x["v"]) for x in raw["layers"]]

@@ -6,11 +6,9 @@ Request path: ``generate -> scheduler.schedule -> model_runner.run -> sampler ->
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -110,20 +108,6 @@ def resolve_kv_options(config: EngineConfig, kv_dtype: KVDtype, head_dim: int) -
     return hadamard, four_over_six
 
 
-def check_scales_file(path: str | None, hadamard: bool) -> None:
-    """Refuse a ``nibblekv calibrate`` file made for the other rotation (amax differs after it)."""
-    if path is None:
-        return
-    raw = json.loads(Path(path).read_text())
-    if "hadamard" in raw and bool(raw["hadamard"]) != hadamard:
-        made, use = ("with", "without") if raw["hadamard"] else ("without", "with")
-        raise ValueError(
-            f"--kv-scales-path {path}: scales were calibrated {made} the Hadamard rotation but the cache "
-            f"runs {use} it; recalibrate (`nibblekv calibrate {'--hadamard' if hadamard else '--no-hadamard'}`) "
-            f"or pass {'--kv-hadamard' if raw['hadamard'] else '--no-kv-hadamard'}"
-        )
-
-
 def build_pool(
     config: EngineConfig,
     model: CausalLM,
@@ -134,8 +118,7 @@ def build_pool(
     spec = pool_spec(config, model, max_running)
     if agree is not None:
         spec = agree(spec)
-    check_scales_file(config.kv_scales_path, spec.hadamard)
-    scales = load_kv_scales(config.kv_scales_path, model.config.num_layers, model.device)
+    scales = load_kv_scales(config.kv_scales_path, model.config.num_layers, model.device, spec.hadamard)
     return KVPool(spec, model.device, scales)
 
 

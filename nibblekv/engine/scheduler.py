@@ -169,19 +169,17 @@ class Scheduler:
         for i, req in enumerate(batch.reqs):
             if req.request_id in result.prompt_logprobs:
                 req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id])
-            if not batch.samples(i):
-                # A chunk of a longer prompt: its full pages go into the prefix tree now (SGLang's
+            if not batch.is_decode and req.status is RequestStatus.RUNNING:
+                # Every extend, the last chunk or not: its full pages go into the prefix tree now (SGLang's
                 # cache_unfinished_req), so a request with the same prefix need not wait for the whole prompt.
-                if req.status is RequestStatus.RUNNING:
-                    self.cache.cache_prefix(req.pages, req.token_ids)
+                self.cache.cache_prefix(req.pages, req.token_ids)
+            if not batch.samples(i):
                 continue
             token, lp = result.token_ids[k], result.logprobs[k]
             k += 1
             advanced.append(req)
             if req.status is not RequestStatus.RUNNING:
                 continue  # aborted while the forward ran
-            if not batch.is_decode:  # the prompt (or a preempted request's tokens) is all stored now
-                self.cache.cache_prefix(req.pages, req.token_ids)
             if req.max_new_tokens == 0:
                 self.finish(req, "length")
                 continue

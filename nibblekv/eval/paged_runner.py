@@ -43,7 +43,11 @@ def paged_metadata(
         is_decode=is_decode,
         page_table=_table([p.main for p, _ in batch], device),
         main_lens=t("main_lens", torch.int32),
-        tail_page_table=_table([p.tail if is_decode else g.old_tail for p, g in batch], device),
+        tail_page_table=(
+            _table([p.tail for p, _ in batch], device)
+            if is_decode
+            else t("prefix_tail", torch.int32).view(len(batch), -1)
+        ),
         tail_lens=t("tail_lens", torch.int32),
         main_slots=t("main_slots", torch.int64),
         tail_slots=t("tail_slots", torch.int64),
