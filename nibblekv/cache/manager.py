@@ -74,8 +74,8 @@ class Growth:
     num_main: int  # Lq after the growth
     demote_src: tuple[int, ...]
     demote_dst: tuple[int, ...]
-    old_main: int = 0  # Lq before the growth
-    old_tail: tuple[int, ...] = ()  # tail pages holding [old_main, old_len) before the growth
+    old_main: int  # Lq before the growth
+    old_tail: tuple[int, ...]  # tail pages holding [old_main, old_len) before the growth
 
     @property
     def prefix_main(self) -> int:

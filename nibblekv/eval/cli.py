@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from nibblekv.config import non_negative_int
 from nibblekv.eval.common import ScaleSource, add_model_args, load, progress
 from nibblekv.eval.configs import BASELINE_NAME, FULL_RUN, KVConfig, parse_config
 from nibblekv.eval.data import eval_texts, resolve_data_dir, token_windows
@@ -65,7 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     st.add_argument("--windows", type=int, default=8)
     st.add_argument("--window-tokens", type=int, default=512)
     st.add_argument("--batch", type=int, default=2)
-    st.add_argument("--chunk", type=int, default=0, help="model chunked prefill in chunks of this size (0: decode)")
+    st.add_argument(
+        "--chunk", type=non_negative_int, default=0, help="model chunked prefill in chunks of this size (0: decode)"
+    )
     st.add_argument("--kv-scales-path", default=None)
     st.add_argument("--out", default="benchmarks/results/kv-accuracy.study.json")
     st.set_defaults(func=run_study_cmd)
@@ -155,8 +158,6 @@ def run_study_cmd(args: argparse.Namespace) -> int:
     model, tokenizer = load(args)
     scales = ScaleSource(model, tokenizer, args)
     windows = token_windows(tokenizer, eval_texts(data_dir), args.windows, args.window_tokens)
-    if args.chunk < 0:
-        raise SystemExit("nibblekv eval study: error: --chunk must be >= 0")
     accs = run_study(model, windows, configs, scales, args.batch, progress, args.chunk)
     mode = f"fakequant_chunk{args.chunk}" if args.chunk else "fakequant"
     rows = [
