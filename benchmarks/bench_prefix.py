@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     p.add_argument("--kv-budget-gib", type=float, default=3.0, help="KV pool bytes, the same for every dtype")
     p.add_argument("--hicache-kv-dtypes", nargs="+", default=None,
-                   help="with --hicache both: the dtypes that also run with the host tier (default: all)")
+                   help="the dtypes that run with the host tier (default: all)")
     p.add_argument("--hicache-size", type=float, default=16.0, help="host tier GiB (same for every dtype)")
     p.add_argument("--hicache-write-policy", default="write_back")
     p.add_argument("--kv-recent-window", type=int, default=64)
@@ -275,7 +275,7 @@ def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for kv in args.kv_dtypes:
         for hicache in modes:
-            if hicache and False in modes and args.hicache_kv_dtypes and kv not in args.hicache_kv_dtypes:
+            if hicache and args.hicache_kv_dtypes and kv not in args.hicache_kv_dtypes:
                 continue
             engine = make_engine(args, loaded, kv, hicache)
             for workload in args.workloads:
