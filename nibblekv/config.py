@@ -42,6 +42,9 @@ class EngineConfig:
     # head_dim is a power of two), off for the other dtypes. See resolve_kv_options().
     kv_hadamard: bool | None = None  # rotate K/V (and Q, output back) by a Hadamard matrix along head_dim
     kv_quant_4over6: bool | None = None  # NVFP4 block scales: better of amax/6 and amax/4
+    # bf16 copy of each request's first page (the attention sinks) in the tail pool: 0 or 1; None = the
+    # measured default (1 for nvfp4, 0 otherwise); no effect without the tail. See resolve_sink_pages().
+    kv_sink_pages: int | None = None
     context_length: int | None = None
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
@@ -67,6 +70,8 @@ class EngineConfig:
         if self.max_running_requests is not None:
             _check(self.max_running_requests >= 1, "max_running_requests", "must be >= 1")
         _check(self.kv_recent_window >= 0, "kv_recent_window", "must be >= 0")
+        if self.kv_sink_pages is not None:
+            _check(self.kv_sink_pages in (0, 1), "kv_sink_pages", f"must be 0 or 1, got {self.kv_sink_pages}")
         _check(
             self.kv_recent_window % self.page_size == 0,
             "kv_recent_window",
@@ -122,6 +127,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def _sink_pages(text: str) -> int:
+    value = int(text)
+    if value not in (0, 1):
+        raise argparse.ArgumentTypeError(f"must be 0 or 1 (bf16 sink pages per request), got {value}")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0.0 < value < 1.0:
@@ -173,6 +185,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="NVFP4 block scales by 4over6, the better of amax/6 and amax/4 (default: on for nvfp4)",
+    )
+    g.add_argument(
+        "--kv-sink-pages",
+        type=_sink_pages,
+        default=None,
+        help="keep a bf16 copy of each request's first page (attention sinks) in the tail pool: 0 or 1 "
+        "(default: 1 for nvfp4, 0 otherwise; needs --kv-recent-window > 0; see docs/accuracy.md)",
     )
     g.add_argument("--context-length", type=_positive_int, default=None)
     g.add_argument("--disable-cuda-graph", action="store_true")

@@ -21,7 +21,9 @@ from nibblekv.cache import (
 from nibblekv.formats import KVDtype
 
 
-def _pool(num_pages: int = 64, window: int = 32, page: int = 4, max_running: int = 4) -> KVPool:
+def _pool(
+    num_pages: int = 64, window: int = 32, page: int = 4, max_running: int = 4, sink_pages: int = 0
+) -> KVPool:
     spec = size_pool(
         num_layers=2,
         num_kv_heads=1,
@@ -33,6 +35,7 @@ def _pool(num_pages: int = 64, window: int = 32, page: int = 4, max_running: int
         max_running_requests=max_running,
         budget_bytes=None,
         max_total_tokens=num_pages * page,
+        sink_pages=sink_pages,
     )
     return KVPool(spec, "cpu", torch.ones(2, 2))
 
@@ -65,13 +68,15 @@ def _check_invariants(pages: RequestPages, page: int, window: int) -> None:
     assert pages.num_main % page == 0
 
 
-@pytest.mark.parametrize("window", [0, 8, 32])
-def test_tail_rule_random_growth(window: int) -> None:
-    """Random chunk sizes: invariants hold, every slot is unique, demotion maps tail -> the right main page."""
+@pytest.mark.parametrize("window,sinks", [(0, 0), (8, 0), (32, 0), (0, 1), (8, 1), (32, 1)])
+def test_tail_rule_random_growth(window: int, sinks: int) -> None:
+    """Random chunk sizes: invariants hold, every slot is unique, demotion maps tail -> the right main page;
+    with sink pages, each request with main pages holds exactly one sink and free counts add up."""
     page = 4
-    pool = _pool(num_pages=200, window=window, page=page)
+    pool = _pool(num_pages=200, window=window, page=page, sink_pages=sinks)
+    assert pool.spec.sink_pages == (sinks if window else 0)  # NOTE: no tail pool, no sink page
     mgr = TieredCacheManager(pool)
-    rng = random.Random(window)
+    rng = random.Random(window + sinks)
     reqs = [RequestPages() for _ in range(3)]
     owner: dict[tuple[bool, int], tuple[int, int]] = {}  # (pool, slot) -> (request, position)
     for _ in range(60):
@@ -93,9 +98,62 @@ def test_tail_rule_random_growth(window: int) -> None:
             assert key not in owner
             owner[key] = (r, pos)
         mgr.finish_growth(g)
+        _check_sinks(pool, reqs, page)
     for pages in reqs:
         mgr.release(pages)
     assert pool.all_free()
+
+
+def _check_sinks(pool: KVPool, reqs: list[RequestPages], page: int) -> None:
+    """Sink bookkeeping between steps: one sink per request with main pages, no tail page leaked."""
+    held = [t for p in reqs for t in p.attn_tail()]
+    assert len(set(held)) == len(held) == pool.tail_alloc.num_used
+    for p in reqs:
+        assert (p.sink is not None) == bool(pool.spec.sink_pages and p.main)
+        if p.sink is not None:
+            assert p.attn_main() == p.main[1:] and p.attn_tail() == [p.sink, *p.tail]
+
+
+def test_sink_page_made_by_demotion_or_written_beside_page_0() -> None:
+    """Page 0's sink: the demoted tail page is kept (a partly filled one gets the chunk's tokens too),
+    or a fresh tail page when a first chunk longer than W + P writes page 0 straight to the main pool."""
+    from nibblekv.attention.paged import host_metadata
+
+    pool = _pool(num_pages=16, window=8, page=4, max_running=2, sink_pages=1)
+    mgr = TieredCacheManager(pool)
+    a, b = RequestPages(), RequestPages()
+    mgr.finish_growth(mgr.grow(a, 2))  # [0, 2) in tail page t0
+    t0 = a.tail[0]
+    assert mgr.pages_needed(a, 12) == (1, 2)  # demotion keeps t0: no extra tail page
+    g = mgr.grow(a, 12)  # Lq 0 -> 4: t0 demoted into main page 0 and kept as the sink
+    assert (g.old_sink, g.sink, a.sink) == (None, t0, t0) and g.demote_src == (t0,) and g.freed_tail == ()
+    h = host_metadata([(a, g)], False, 4)
+    # positions 2, 3 go to main page 0 and to the sink (t0 holds only [0, 2) so far)
+    assert h["tail_slots"][:2] == [t0 * 4 + 2, t0 * 4 + 3]
+    assert h["main_slots"][:2] == [a.main[0] * 4 + 2, a.main[0] * 4 + 3]
+    assert (h["main_lens"], h["tail_lens"], h["prefix_tail"]) == ([0], [2], [t0])  # the old layout
+    mgr.finish_growth(g)
+    assert pool.tail_alloc.num_used == 1 + len(a.tail)  # the sink stays allocated
+    g = mgr.grow(a, 13)  # decode, Lq 4 -> 8: main is read from main[1:], the sink leads the tail
+    assert g.freed_tail == g.demote_src and len(g.demote_src) == 1
+    h = host_metadata([(a, g)], True, 4)
+    assert (h["main_lens"], h["tail_lens"]) == ([4], [9])
+    mgr.finish_growth(g)
+    g = mgr.grow(a, 20)  # a later extend reads the sink as its first prefix tail page
+    h = host_metadata([(a, g)], False, 4)
+    assert (h["main_lens"], h["tail_lens"]) == ([4], [9]) and h["prefix_tail"][:2] == [t0, g.old_tail[0]]
+    assert all(slot == -1 or slot // 4 != t0 for slot in h["tail_slots"])  # the sink is never rewritten
+    mgr.finish_growth(g)
+    assert mgr.pages_needed(b, 13) == (2, 3)  # [0, 8) main + page 0's sink, [8, 13) in 2 tail pages
+    g = mgr.grow(b, 13)
+    assert g.demote_src == () and b.sink is not None and b.sink not in b.tail
+    h = host_metadata([(b, g)], False, 4)
+    assert h["tail_slots"][:5] == [b.sink * 4 + i for i in range(4)] + [-1] and h["main_slots"][8] == -1
+    mgr.finish_growth(g)
+    _check_sinks(pool, [a, b], 4)
+    mgr.release(a)
+    mgr.release(b)
+    assert pool.all_free() and pool.tail_alloc.num_used == 0
 
 
 def test_grow_needs_and_release() -> None:
@@ -129,6 +187,17 @@ def test_pool_sizing_nvfp4_vs_fp8_and_tail() -> None:
     assert bf16.recent_window == 0 and bf16.num_tail_pages == 0  # no tail for unquantized KV
     assert fp8.num_tail_pages == 128 * 5 + 4
     assert nv.num_tail_pages == 128 * 5 + 4
+    sink = size_pool(kv_dtype=KVDtype.NVFP4, recent_window=64, max_running_requests=128,
+                     budget_bytes=budget, max_total_tokens=None, sink_pages=1, **common)  # fmt: skip
+    assert sink.sink_pages == 1 and sink.num_tail_pages == 128 * 6 + 4  # one more page per request
+    assert sink.main_bytes() + sink.tail_bytes() <= budget < nv.main_bytes() + sink.tail_bytes()
+    for kv, w in ((KVDtype.BF16, 64), (KVDtype.NVFP4, 0)):  # no tail pool: no sink pages
+        none = size_pool(kv_dtype=kv, recent_window=w, max_running_requests=128, budget_bytes=budget,
+                         max_total_tokens=None, sink_pages=1, **common)  # fmt: skip
+        assert none.sink_pages == 0 and none.num_tail_pages == 0
+    with pytest.raises(ValueError, match="sink_pages must be 0 or 1"):
+        size_pool(kv_dtype=KVDtype.NVFP4, recent_window=64, max_running_requests=1, budget_bytes=budget,
+                  max_total_tokens=None, sink_pages=2, **common)  # fmt: skip
     assert nv.main_bytes() + nv.tail_bytes() <= budget
     assert nv.max_total_num_tokens >= 1.75 * fp8.max_total_num_tokens
     capped = size_pool(kv_dtype=KVDtype.NVFP4, recent_window=64, max_running_requests=128,
@@ -149,6 +218,8 @@ def test_pool_layers_and_startup_lines() -> None:
     assert lines[0].startswith("KV cache is allocated. dtype: nvfp4, #tokens: 32, K size: ")
     assert "tail pages: 8 (fp32, W=8" in lines[0]
     assert lines[1] == "max_total_num_tokens=32, max_running_requests=2, context_len=128, page_size=4"
+    sink = _pool(num_pages=8, window=8, page=4, max_running=2, sink_pages=1)
+    assert "tail pages: 10 (fp32, W=8, sink pages: 1, " in sink.startup_lines(2, 128)[0]
 
 
 def test_kv_scales_file(tmp_path) -> None:
@@ -165,12 +236,14 @@ def test_kv_scales_file(tmp_path) -> None:
         load_kv_scales(p, 1, "cpu")
 
 
-def test_page_table_mirrors_page_lists() -> None:
-    """After every sync, each request's device row equals its page lists; released rows are reused."""
+@pytest.mark.parametrize("sinks", [0, 1])
+def test_page_table_mirrors_page_lists(sinks: int) -> None:
+    """After every sync, each request's device row equals the pages attention reads (with a sink page:
+    main from page 1, the sink first in the tail row); released rows are reused."""
     from nibblekv.cache import PageTable
 
-    pool = _pool(num_pages=200, window=8, page=4, max_running=3)
-    table = PageTable(3, main_width=64, tail_width=3, device=torch.device("cpu"))
+    pool = _pool(num_pages=200, window=8, page=4, max_running=3, sink_pages=sinks)
+    table = PageTable(3, main_width=64, tail_width=3 + sinks, device=torch.device("cpu"))
     mgr = TieredCacheManager(pool, table)
     rng = random.Random(1)
     reqs = [RequestPages() for _ in range(3)]
@@ -184,8 +257,10 @@ def test_page_table_mirrors_page_lists() -> None:
         mgr.finish_growth(g)
         assert len(set(rows)) == 3 and 0 not in rows
         for p, row in zip(reqs, rows):
-            assert table.main[row, : len(p.main)].tolist() == p.main
-            assert table.tail[row, : len(p.tail)].tolist() == p.tail
+            main, tail = p.attn_main(), p.attn_tail()
+            assert table.main[row, : len(main)].tolist() == main
+            assert table.tail[row, : len(tail)].tolist() == tail
+            assert (p.sink is not None) == bool(sinks and p.main)
     for p in reqs:
         mgr.release(p)
     assert pool.all_free() and sorted(table._free) == [1, 2, 3]

@@ -14,11 +14,11 @@ from nibblekv.formats import KVDtype
 PAGE = 4
 
 
-def _scheduler(num_pages: int, window: int, max_running: int, chunk: int | None) -> Scheduler:
+def _scheduler(num_pages: int, window: int, max_running: int, chunk: int | None, sinks: int = 0) -> Scheduler:
     spec = size_pool(
         num_layers=1, num_kv_heads=1, head_dim=16, page_size=PAGE, kv_dtype=KVDtype.NVFP4,
         model_kv_dtype=KVDtype.FP32, recent_window=window, max_running_requests=max_running,
-        budget_bytes=None, max_total_tokens=num_pages * PAGE,
+        budget_bytes=None, max_total_tokens=num_pages * PAGE, sink_pages=sinks,
     )  # fmt: skip
     pool = KVPool(spec, "cpu", torch.ones(1, 2))
     return Scheduler(
@@ -63,7 +63,7 @@ def _drive(sched: Scheduler, reqs: list[Request]) -> dict[str, int]:
         seen["max_running"] = max(seen["max_running"], len(sched.running))
         # NOTE: every allocated page belongs to exactly one running request.
         assert pool.main_alloc.num_used == sum(len(r.pages.main) for r in sched.running)
-        assert pool.tail_alloc.num_used == sum(len(r.pages.tail) for r in sched.running)
+        assert pool.tail_alloc.num_used == sum(len(r.pages.attn_tail()) for r in sched.running)  # + sinks
         assert len({id(r) for r in sched.running} | {id(r) for r in sched.waiting}) == len(
             sched.running
         ) + len(sched.waiting)
@@ -79,9 +79,9 @@ def _expected(req: Request) -> list[int]:
     return ref.output_token_ids
 
 
-@pytest.mark.parametrize("window", [0, 8])
-def test_preemption_loses_and_duplicates_nothing(window: int) -> None:
-    sched = _scheduler(num_pages=24, window=window, max_running=8, chunk=16)
+@pytest.mark.parametrize("window,sinks", [(0, 0), (8, 0), (8, 1)])
+def test_preemption_loses_and_duplicates_nothing(window: int, sinks: int) -> None:
+    sched = _scheduler(num_pages=24, window=window, max_running=8, chunk=16, sinks=sinks)
     reqs = _requests(8, prompt_len=10, new=30)
     expected = {r.request_id: _expected(r) for r in reqs}
     _drive(sched, reqs)

@@ -15,11 +15,11 @@ from nibblekv.formats import KVDtype
 P = 4
 
 
-def make_pool(num_pages: int = 32, window: int = 0, max_running: int = 4) -> KVPool:
+def make_pool(num_pages: int = 32, window: int = 0, max_running: int = 4, sink_pages: int = 0) -> KVPool:
     spec = size_pool(
         num_layers=1, num_kv_heads=1, head_dim=16, page_size=P, kv_dtype=KVDtype.NVFP4,
         model_kv_dtype=KVDtype.FP32, recent_window=window, max_running_requests=max_running,
-        budget_bytes=None, max_total_tokens=num_pages * P,
+        budget_bytes=None, max_total_tokens=num_pages * P, sink_pages=sink_pages,
     )  # fmt: skip
     return KVPool(spec, "cpu", torch.ones(1, 2))
 
@@ -128,11 +128,11 @@ def test_stats_count_each_admission_once() -> None:
     mgr.release(b)
 
 
-@pytest.mark.parametrize("window", [0, 8])
-def test_random_request_stream_never_leaks(window: int) -> None:
+@pytest.mark.parametrize("window,sinks", [(0, 0), (8, 0), (8, 1)])
+def test_random_request_stream_never_leaks(window: int, sinks: int) -> None:
     """Admissions, decode steps (with demotions), finishes, preemptions and aborts in random order."""
     rng = random.Random(window)
-    pool = make_pool(num_pages=40, window=window, max_running=4)
+    pool = make_pool(num_pages=40, window=window, max_running=4, sink_pages=sinks)
     mgr = PrefixCacheManager(pool)
     systems = [[rng.randrange(50) for _ in range(rng.randint(4, 20))] for _ in range(3)]
     running: list[tuple[RequestPages, list[int]]] = []
@@ -164,4 +164,39 @@ def test_random_request_stream_never_leaks(window: int) -> None:
         mgr.release(pages, tokens[: pages.num_tokens])
     mgr.flush()
     mgr.check([])
+    assert pool.all_free()
+
+
+def test_sink_page_stays_with_its_request_and_a_prefix_hit_has_none() -> None:
+    """The tree holds main pages only: a request keeps (and frees) its own sink page even when its page 0
+    is replaced by the tree's copy; a request whose page 0 is a prefix hit has no sink page."""
+    pool = make_pool(window=8, sink_pages=1)
+    table = PageTable(4, 16, 8 // P + 2, torch.device("cpu"))
+    mgr = PrefixCacheManager(pool, table)
+    tokens = list(range(30))
+    a, b = RequestPages(), RequestPages()
+    assert mgr.match_prefix(a, tokens) == 0 and mgr.match_prefix(b, tokens) == 0
+    run_prefill(mgr, a, 30)
+    run_prefill(mgr, b, 30)
+    assert a.sink is not None and b.sink is not None
+    table.sync([a, b])
+    mgr.cache_prefix(a, tokens)
+    mgr.cache_prefix(b, tokens)  # b's main pages duplicate a's: b now reads a's page 0 but keeps its sink
+    assert b.main[0] == a.main[0] and b.sink not in (a.sink, None)
+    rows = table.sync([a, b])
+    for row, pages in zip(rows, (a, b)):
+        main, tail = pages.attn_main(), pages.attn_tail()
+        assert table.main[row, : len(main)].tolist() == main and table.tail[row, : len(tail)].tolist() == tail
+    mgr.check([a, b])
+    mgr.release(a, tokens)
+    mgr.release(b, tokens)
+    mgr.check([])
+    assert pool.tail_alloc.num_used == 0  # both sinks were freed with their requests
+    c = RequestPages()
+    assert mgr.match_prefix(c, tokens) > 0
+    run_prefill(mgr, c, 30)
+    assert c.sink is None and c.attn_main() == c.main  # page 0 from the tree: read quantized
+    mgr.check([c])
+    mgr.release(c, tokens)
+    mgr.flush()
     assert pool.all_free()

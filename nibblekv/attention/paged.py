@@ -44,7 +44,8 @@ class PagedMetadata:
 
     ``page_table [B, Pm]`` (int32) is each request's main pages after this step's growth;
     ``tail_page_table [B, Pt]`` its tail pages after the growth (decode) or before it (extend: the
-    prefix's bf16 pages, see ``Growth.old_tail``); ``main_lens`` / ``tail_lens [B]`` (int32) the
+    prefix's bf16 pages, see ``Growth.old_tail``); with a sink page, the main row starts at page 1
+    and the sink page leads the tail row (``RequestPages.attn_main`` / ``attn_tail``); ``main_lens`` / ``tail_lens [B]`` (int32) the
     tokens to read from each pool: the prefix for extend, the whole context for decode. ``main_slots`` / ``tail_slots [T]`` (int64)
     place each new token (-1: it goes to the other pool). ``cu_seqlens [B+1]`` splits extend tokens.
     """
@@ -70,24 +71,45 @@ def host_metadata(
     h.update(cu_seqlens=[0], demote_src=[], demote_dst=[])
     if not is_decode:  # the prefix's tail pages, [B, width] row-major, padded with scratch page 0
         h["prefix_tail"] = []
-        width = max([len(g.old_tail) for _, g in batch] + [1])
+        width = max([len(_prefix_tail(g)) for _, g in batch] + [1])
     for pages, g in batch:
-        if is_decode:
-            main_len = min(g.num_main, g.new_len)
-            h["main_lens"].append(main_len)
-            h["tail_lens"].append(g.new_len - main_len)
-        else:
-            h["main_lens"].append(g.prefix_main)
-            h["tail_lens"].append(g.prefix_tail)
-            h["prefix_tail"].extend(list(g.old_tail) + [0] * (width - len(g.old_tail)))
+        main_len, tail_len = _read_lens(g, is_decode, page_size)
+        h["main_lens"].append(main_len)
+        h["tail_lens"].append(tail_len)
+        if not is_decode:
+            rows = _prefix_tail(g)
+            h["prefix_tail"].extend(rows + [0] * (width - len(rows)))
         for pos in range(g.old_len, g.new_len):
             in_main, slot = pages.slot(pos, page_size)
             h["main_slots"].append(slot if in_main else -1)
             h["tail_slots"].append(-1 if in_main else slot)
+            if g.sink is not None and pos < page_size:  # NOTE: only in the growth that made the sink
+                h["tail_slots"][-1] = g.sink * page_size + pos  # page 0's bf16 copy, beside main
         h["cu_seqlens"].append(h["cu_seqlens"][-1] + g.new_len - g.old_len)
         h["demote_src"].extend(g.demote_src)
         h["demote_dst"].extend(g.demote_dst)
     return h
+
+
+def _read_lens(g: Growth, is_decode: bool, page_size: int) -> tuple[int, int]:
+    """(main, tail) tokens attention reads: the whole context (decode) or the cached prefix (extend).
+
+    NOTE: with a sink page, main page 0 is read from the tail pool instead: the page table's main row
+    starts at page 1 and the sink leads the tail row (key order does not matter to attention).
+    """
+    if is_decode:
+        main_len, sink = min(g.num_main, g.new_len), g.sink
+    else:
+        main_len, sink = g.prefix_main, g.old_sink
+    tail_len = (g.new_len if is_decode else g.old_len) - main_len
+    if sink is not None:
+        main_len, tail_len = main_len - page_size, tail_len + page_size
+    return main_len, tail_len
+
+
+def _prefix_tail(g: Growth) -> list[int]:
+    """The tail pages an extend's prefix is read from: the sink page (if any), then ``old_tail``."""
+    return list(g.old_tail) if g.old_sink is None else [g.old_sink, *g.old_tail]
 
 
 def to_device(lists: dict[str, list[int]], device: torch.device) -> dict[str, torch.Tensor]:

@@ -10,6 +10,14 @@ forward, and freed after it. With ``W == 0`` the same formula puts every token i
 NOTE: an extend step attends over the layout from *before* its growth (main ``[0, Lq)``, tail pages
 ``old_tail``, still allocated until :meth:`BaseCacheManager.finish_growth`), so a chunk longer than
 ``W`` still sees the newest ``<= W`` cached tokens in bf16; demotion runs after its attention.
+
+Sink pages (``--kv-sink-pages 1``, pool ``sink_pages``): when a request's first main page is made, a
+bf16 copy of it (positions ``[0, P)``, the attention sinks) is kept in the tail pool: the demoted tail
+page itself (not freed), or, when page 0 goes straight to the main pool, a fresh tail page written
+beside it. Attention over cached keys does not depend on their order, so the backend reads the main
+pool from the request's *second* page (``main[1:]``, ``num_main - P`` tokens) and the tail pool as
+``[sink] + tail`` (``tail tokens + P``): the sinks are never read quantized. A request whose page 0
+came from the prefix cache has no sink (see ``nibblekv.cache.prefix``).
 """
 
 from __future__ import annotations
@@ -41,13 +49,16 @@ class RequestPages:
 
     NOTE: invariants: ``len(main) * page_size == num_main``; ``len(tail) ==
     ceil(max(num_tokens - num_main, 0) / page_size)``; token ``i < num_main`` is at
-    ``main[i // P]``, token ``i >= num_main`` at ``tail[(i - num_main) // P]``, offset ``i % P``.
+    ``main[i // P]``, token ``i >= num_main`` at ``tail[(i - num_main) // P]``, offset ``i % P``;
+    ``sink`` (a tail-pool page) is set only while ``main`` is not empty and then holds a bf16 copy of
+    positions ``[0, P)``, and it never changes until the request is released.
     """
 
     main: list[int] = field(default_factory=list)
     tail: list[int] = field(default_factory=list)
     num_tokens: int = 0
     num_main: int = 0
+    sink: int | None = None  # bf16 copy of main[0], in the tail pool (see the module docstring)
     # Device mirror bookkeeping (see nibblekv.cache.page_table): row 0 = none yet.
     table_row: int = 0
     synced_main: int = 0
@@ -59,6 +70,19 @@ class RequestPages:
             return True, self.main[pos // page_size] * page_size + pos % page_size
         return False, self.tail[(pos - self.num_main) // page_size] * page_size + pos % page_size
 
+    def attn_main(self) -> list[int]:
+        """The main pages attention reads (the device page-table row): all but page 0 when it has a sink."""
+        return self.main[1:] if self.sink is not None else self.main
+
+    def attn_tail(self) -> list[int]:
+        """The tail pages attention reads: the sink page first (when there is one), then the tail."""
+        return self.tail if self.sink is None else [self.sink, *self.tail]
+
+    def resync_main_from(self, index: int) -> None:
+        """Make the next page-table sync rewrite main entries from ``main[index]`` on."""
+        col = index - (self.sink is not None)  # NOTE: main[0] is not in the row when there is a sink
+        self.synced_main = min(self.synced_main, max(col, 0))
+
 
 @dataclass(frozen=True)
 class Growth:
@@ -66,7 +90,9 @@ class Growth:
 
     ``demote_src[j]`` (tail page) is quantized into ``demote_dst[j]`` (main page) during the forward;
     the source pages are freed by :meth:`BaseCacheManager.finish_growth` after the forward.
-    ``old_main`` / ``old_tail`` are the layout before the growth: what an extend step attends over.
+    ``old_main`` / ``old_tail`` / ``old_sink`` are the layout before the growth: what an extend step
+    attends over. ``sink`` is the request's sink page after the growth; when this growth made it,
+    the chunk's positions below ``P`` are written into it too (a demoted page 0 may be partly filled).
     """
 
     old_len: int
@@ -76,6 +102,8 @@ class Growth:
     demote_dst: tuple[int, ...]
     old_main: int  # Lq before the growth
     old_tail: tuple[int, ...]  # tail pages holding [old_main, old_len) before the growth
+    old_sink: int | None  # the sink page before the growth
+    sink: int | None  # the sink page after the growth
 
     @property
     def prefix_main(self) -> int:
@@ -86,6 +114,11 @@ class Growth:
     def prefix_tail(self) -> int:
         """Cached tokens an extend reads from the tail pool, through ``old_tail``."""
         return self.old_len - self.prefix_main
+
+    @property
+    def freed_tail(self) -> tuple[int, ...]:
+        """Tail pages to free after the forward: the demoted ones, except one kept as the sink."""
+        return tuple(p for p in self.demote_src if p != self.sink)
 
 
 class BaseCacheManager(ABC):
@@ -141,9 +174,13 @@ class TieredCacheManager(BaseCacheManager):
         self.page_table = page_table
         self.page_size = pool.page_size
         self.window = pool.recent_window
+        self.sinks = pool.spec.sink_pages > 0  # NOTE: PoolSpec keeps it 0 without a tail pool
 
-    def _plan(self, pages: RequestPages, new_len: int) -> tuple[int, int, int, int]:
-        """(Lq', #demoted, #new main, #new tail) for growing to ``new_len``."""
+    def _plan(self, pages: RequestPages, new_len: int) -> tuple[int, int, int, int, bool]:
+        """(Lq', #demoted, #new main, #new tail, whether main page 0 gets a sink) for ``new_len``.
+
+        ``#new tail`` counts a fresh sink page when page 0 is not a demoted tail page.
+        """
         if new_len < pages.num_tokens:
             raise ValueError(f"cannot shrink a request from {pages.num_tokens} to {new_len} tokens")
         p = self.page_size
@@ -151,10 +188,11 @@ class TieredCacheManager(BaseCacheManager):
         demoted = min((lq - pages.num_main) // p, len(pages.tail))
         new_main = lq // p - len(pages.main)
         new_tail = cdiv(max(new_len - lq, 0), p) - (len(pages.tail) - demoted)
-        return lq, demoted, new_main, new_tail
+        make_sink = self.sinks and not pages.main and new_main > 0
+        return lq, demoted, new_main, new_tail + int(make_sink and demoted == 0), make_sink
 
     def pages_needed(self, pages: RequestPages, new_len: int) -> tuple[int, int]:
-        _, _, new_main, new_tail = self._plan(pages, new_len)
+        _, _, new_main, new_tail, _ = self._plan(pages, new_len)
         return new_main, new_tail
 
     def can_grow(self, pages: RequestPages, new_len: int, reserve_main: int = 0) -> bool:
@@ -165,13 +203,17 @@ class TieredCacheManager(BaseCacheManager):
         )
 
     def grow(self, pages: RequestPages, new_len: int) -> Growth:
-        lq, demoted, n_main, n_tail = self._plan(pages, new_len)
+        lq, demoted, n_main, n_tail, make_sink = self._plan(pages, new_len)
         main_new = self.pool.main_alloc.alloc(n_main)
         try:
             tail_new = self.pool.tail_alloc.alloc(n_tail)
         except Exception:
             self.pool.main_alloc.free(main_new)
             raise
+        old_sink = pages.sink
+        if make_sink:
+            # NOTE: with main empty, tail[0] holds positions [0, P): demoted, it stays as the sink.
+            pages.sink = pages.tail[0] if demoted else tail_new.pop()
         growth = Growth(
             old_len=pages.num_tokens,
             new_len=new_len,
@@ -180,6 +222,8 @@ class TieredCacheManager(BaseCacheManager):
             demote_dst=tuple(main_new[:demoted]),
             old_main=pages.num_main,
             old_tail=tuple(pages.tail),
+            old_sink=old_sink,
+            sink=pages.sink,
         )
         pages.main.extend(main_new)
         pages.tail = pages.tail[demoted:] + tail_new
@@ -187,13 +231,17 @@ class TieredCacheManager(BaseCacheManager):
         return growth
 
     def finish_growth(self, growth: Growth) -> None:
-        if growth.demote_src:
-            self.pool.tail_alloc.free(growth.demote_src)
+        if growth.freed_tail:
+            self.pool.tail_alloc.free(growth.freed_tail)
 
     def release(self, pages: RequestPages, token_ids: Sequence[int] | None = None) -> None:
         self.pool.main_alloc.free(pages.main)
-        self.pool.tail_alloc.free(pages.tail)
-        pages.main, pages.tail = [], []
+        self._clear(pages)
+
+    def _clear(self, pages: RequestPages) -> None:
+        """Free the request's tail and sink pages, empty its lists and return its page-table row."""
+        self.pool.tail_alloc.free(pages.tail if pages.sink is None else [*pages.tail, pages.sink])
+        pages.main, pages.tail, pages.sink = [], [], None
         pages.num_tokens = pages.num_main = 0
         if self.page_table is not None:
             self.page_table.free(pages)

@@ -1,7 +1,9 @@
 """Device copy of every live request's page lists, so a batch's page table is one GPU gather.
 
-Row ``r`` holds one request's main pages (``main[r]``) and tail pages (``tail[r]``); row 0 stays all
-zeros (the scratch page) and pads batches. Only entries that changed since the last sync are
+Row ``r`` holds the main pages (``main[r]``) and tail pages (``tail[r]``) attention reads for one
+request: :meth:`RequestPages.attn_main` / :meth:`RequestPages.attn_tail` (with a sink page, main page 0
+is left out and the sink leads the tail row); row 0 stays all zeros (the scratch page) and pads batches.
+NOTE: a request's sink page is set when its main list is still empty, so the main row never shifts. Only entries that changed since the last sync are
 written: a request gains a main page every ``page_size`` tokens, so the per-step host-to-device
 traffic is a few integers instead of the whole ``[B, pages]`` table.
 """
@@ -39,15 +41,16 @@ class PageTable:
                         "page table rows exhausted (more live requests than max_running_requests)"
                     )
                 p.table_row, p.synced_main, p.synced_tail = self._free.pop(), 0, []
-            if len(p.main) > self.main.shape[1]:
-                raise ValueError(f"a request needs {len(p.main)} pages, more than the context length allows")
-            for col in range(p.synced_main, len(p.main)):
-                _push(main_idx, p.table_row, col, p.main[col])
-            p.synced_main = len(p.main)
-            if p.tail != p.synced_tail:
-                for col, page in enumerate(p.tail):
+            main, tail = p.attn_main(), p.attn_tail()
+            if len(main) > self.main.shape[1]:
+                raise ValueError(f"a request needs {len(main)} pages, more than the context length allows")
+            for col in range(p.synced_main, len(main)):
+                _push(main_idx, p.table_row, col, main[col])
+            p.synced_main = len(main)
+            if tail != p.synced_tail:
+                for col, page in enumerate(tail):
                     _push(tail_idx, p.table_row, col, page)
-                p.synced_tail = list(p.tail)
+                p.synced_tail = tail
             rows.append(p.table_row)
         self.last_updates = (main_idx, tail_idx)
         self.apply(self.last_updates)

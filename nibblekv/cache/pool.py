@@ -3,7 +3,8 @@
 Sizing follows SGLang: on CUDA the weights plus the KV pool take ``--mem-fraction-static`` of GPU
 memory; elsewhere ``--max-total-tokens`` (or ``--mem-budget-gib``) sets it. The tail pool (pages for
 each running request's newest ``--kv-recent-window`` tokens, in the model's dtype) is carved out of
-the same budget first; ``max_total_num_tokens`` counts main-pool tokens only.
+the same budget first; ``max_total_num_tokens`` counts main-pool tokens only. With sink pages
+(``--kv-sink-pages``) the tail pool also holds one bf16 copy of each running request's first page.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -42,6 +43,9 @@ class PoolSpec:
     # head_dim before storing, and NVFP4 block scales chosen by 4over6. Neither changes the layout.
     hadamard: bool = False
     four_over_six: bool = False
+    # bf16 copies of each request's first page kept in the tail pool (nibblekv.cache.manager); 0 or 1.
+    # NOTE: size_pool() makes it 0 without a tail pool, and num_tail_pages counts them.
+    sink_pages: int = 0
 
     @property
     def layout(self) -> PageLayout:
@@ -67,17 +71,19 @@ class PoolSpec:
         return self.tail_tokens * self.tail_layout.bytes_per_token() * self.num_layers
 
 
-def tail_pages_for(max_running_requests: int, recent_window: int, page_size: int) -> int:
-    """Tail pages so every running request can hold its window.
+def tail_pages_for(
+    max_running_requests: int, recent_window: int, page_size: int, sink_pages: int = 0
+) -> int:
+    """Tail pages so every running request can hold its window (and its sink pages).
 
     Each request gets ``W/P + 1`` pages (+1: during a decode step the page being demoted is still
-    held while the next one is written), plus ``W/P`` for the one chunked prefill in flight, whose
-    old window stays allocated while the next chunk's window is written.
+    held while the next one is written) plus ``sink_pages``, plus ``W/P`` for the one chunked
+    prefill in flight, whose old window stays allocated while the next chunk's window is written.
     """
     if recent_window == 0:
         return 0
     per_window = recent_window // page_size
-    return max_running_requests * (per_window + 1) + per_window
+    return max_running_requests * (per_window + 1 + sink_pages) + per_window
 
 
 def size_pool(
@@ -92,17 +98,23 @@ def size_pool(
     max_running_requests: int,
     budget_bytes: int | None,
     max_total_tokens: int | None,
+    sink_pages: int = 0,
 ) -> PoolSpec:
     """Decide the pool's page counts from a byte budget and/or a token cap (the smaller wins).
 
-    ``recent_window`` is forced to 0 for unquantized KV dtypes (there is nothing to keep exact).
-    Raises ``ValueError`` when the budget does not leave room for one main page.
+    ``recent_window`` is forced to 0 for unquantized KV dtypes (there is nothing to keep exact), and
+    ``sink_pages`` to 0 without a tail pool (they live there). Raises ``ValueError`` when the budget
+    does not leave room for one main page.
     """
+    if sink_pages not in (0, 1):
+        raise ValueError(f"sink_pages must be 0 or 1, got {sink_pages}")
     window = recent_window if kv_dtype.quantized else 0
-    num_tail = tail_pages_for(max_running_requests, window, page_size)
+    sinks = sink_pages if window else 0
+    num_tail = tail_pages_for(max_running_requests, window, page_size, sinks)
     spec = PoolSpec(
-        num_layers, num_kv_heads, head_dim, page_size, kv_dtype, model_kv_dtype, 0, num_tail, window
-    )
+        num_layers, num_kv_heads, head_dim, page_size, kv_dtype, model_kv_dtype, 0, num_tail, window,
+        sink_pages=sinks,
+    )  # fmt: skip
     limits: list[int] = []
     if max_total_tokens is not None:
         limits.append(math.ceil(max_total_tokens / page_size))
@@ -120,9 +132,7 @@ def size_pool(
             f"tail pool {spec.tail_bytes() / GIB:.3f} GiB; raise --mem-fraction-static or lower "
             "--max-running-requests / --kv-recent-window"
         )
-    return PoolSpec(
-        num_layers, num_kv_heads, head_dim, page_size, kv_dtype, model_kv_dtype, num_pages, num_tail, window
-    )
+    return replace(spec, num_pages=num_pages)
 
 
 def load_kv_scales(
@@ -220,8 +230,9 @@ class KVPool:
         line = f"KV cache is allocated. dtype: {s.kv_dtype.value}, #tokens: {s.max_total_num_tokens}, "
         line += f"K size: {half:.2f} GiB, V size: {half:.2f} GiB"
         if s.num_tail_pages:
+            sinks = f", sink pages: {s.sink_pages}" if s.sink_pages else ""
             line += (
-                f", tail pages: {s.num_tail_pages} ({s.tail_dtype.value}, W={s.recent_window}, "
+                f", tail pages: {s.num_tail_pages} ({s.tail_dtype.value}, W={s.recent_window}{sinks}, "
                 f"{s.tail_bytes() / GIB:.2f} GiB)"
             )
         if s.hadamard or s.four_over_six:

@@ -12,9 +12,15 @@ KV, or with quantized KV when its prefill chunk boundary is where the cached pre
 then reads the quantized prefix in both runs). A request that wants prompt logprobs is not matched.
 
 Ownership: a request's ``main[:shared]`` pages belong to the tree (and are locked through the request's
-node); ``main[shared:]`` and all tail pages are its own. Pages enter the tree after every prefill chunk
+node); ``main[shared:]``, all tail pages and its sink page are its own. Pages enter the tree after every prefill chunk
 (:meth:`PrefixCacheManager.cache_prefix`, the full main pages so far) and when the request is released (finish, abort, preemption);
 freed pages of the tree are evicted LRU when a growth needs room.
+
+Sink pages (``--kv-sink-pages``, see ``nibblekv.cache.manager``): the tree and the host tier hold main
+pages only. A request keeps the sink page it made while its page 0 is shared through the tree (the
+sink holds the same tokens' K/V) and frees it when released; a request whose page 0 is a prefix hit
+has no sink and reads its page 0 quantized, as without sink pages (so its outputs may differ slightly
+from a cold run's, which reads page 0 in bf16).
 """
 
 from __future__ import annotations
@@ -148,7 +154,7 @@ class PrefixCacheManager(TieredCacheManager):
         duplicates = [pages.main[i] for i in moved]
         pages.main[:n_full] = canon
         if moved:  # NOTE: the device page table must be rewritten from the first replaced entry on
-            pages.synced_main = min(pages.synced_main, moved[0])
+            pages.resync_main_from(moved[0])
         self.pool.main_alloc.free(duplicates)
         self.tree.lock(node)
         if hold is None:
@@ -167,11 +173,7 @@ class PrefixCacheManager(TieredCacheManager):
             self.tree.unlock(hold.node)
             shared = hold.shared
         self.pool.main_alloc.free(pages.main[shared:])
-        self.pool.tail_alloc.free(pages.tail)
-        pages.main, pages.tail = [], []
-        pages.num_tokens = pages.num_main = 0
-        if self.page_table is not None:
-            self.page_table.free(pages)
+        self._clear(pages)  # NOTE: the sink page is the request's own: freed here, never cached
 
     def flush(self) -> int:
         """Evict every unlocked page from the device (and drop the host tier's); return pages freed."""
@@ -204,7 +206,7 @@ class PrefixCacheManager(TieredCacheManager):
                     n = n.parent
                 assert path == pages.main[:shared], "shared pages are not the locked path's pages"
             owned.extend(pages.main[shared:])
-            tail.extend(pages.tail)
+            tail.extend(pages.attn_tail())  # the tail pages and the sink page
         assert len(set(owned)) == len(owned), "a main page is owned twice"
         assert len(owned) == self.pool.main_alloc.num_used, (
             f"main pages leaked: {self.pool.main_alloc.num_used} used, {len(owned)} owned"

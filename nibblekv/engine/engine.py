@@ -91,6 +91,7 @@ def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSp
         max_running_requests=max_running,
         budget_bytes=budget,
         max_total_tokens=max_tokens,
+        sink_pages=resolve_sink_pages(config, parse_kv_dtype(config.kv_cache_dtype, model.dtype)),
     )
     hadamard, four_over_six = resolve_kv_options(config, spec.kv_dtype, mc.head_dim)
     return replace(spec, hadamard=hadamard, four_over_six=four_over_six)
@@ -106,6 +107,14 @@ def resolve_kv_options(config: EngineConfig, kv_dtype: KVDtype, head_dim: int) -
         hadamard = nvfp4 and head_dim & (head_dim - 1) == 0
     four_over_six = nvfp4 if config.kv_quant_4over6 is None else config.kv_quant_4over6
     return hadamard, four_over_six
+
+
+def resolve_sink_pages(config: EngineConfig, kv_dtype: KVDtype) -> int:
+    """bf16 sink pages per request: the flag when given, else 1 for nvfp4 (the chunked-prefill accuracy
+    run in docs/accuracy.md) and 0 for the other dtypes. ``size_pool`` drops them without a tail."""
+    if config.kv_sink_pages is not None:
+        return config.kv_sink_pages
+    return int(kv_dtype == KVDtype.NVFP4)
 
 
 def build_pool(
@@ -125,7 +134,9 @@ def build_pool(
 def make_page_table(pool: KVPool, max_running: int, context_len: int, device: torch.device) -> PageTable:
     """One row per running request; each row holds up to ``context_len`` tokens of pages."""
     p = pool.page_size
-    return PageTable(max_running, -(-context_len // p) + 1, pool.recent_window // p + 1, device)
+    # NOTE: a tail row holds the window, the page being demoted and the sink page(s).
+    tail_width = pool.recent_window // p + 1 + pool.spec.sink_pages
+    return PageTable(max_running, -(-context_len // p) + 1, tail_width, device)
 
 
 def build_cache_manager(config: EngineConfig, pool: KVPool, page_table: PageTable) -> BaseCacheManager:
