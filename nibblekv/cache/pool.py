@@ -71,9 +71,7 @@ class PoolSpec:
         return self.tail_tokens * self.tail_layout.bytes_per_token() * self.num_layers
 
 
-def tail_pages_for(
-    max_running_requests: int, recent_window: int, page_size: int, sink_pages: int = 0
-) -> int:
+def tail_pages_for(max_running_requests: int, recent_window: int, page_size: int, sink_pages: int = 0) -> int:
     """Tail pages so every running request can hold its window (and its sink pages).
 
     Each request gets ``W/P + 1`` pages (+1: during a decode step the page being demoted is still

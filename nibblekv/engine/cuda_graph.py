@@ -119,4 +119,6 @@ class CudaGraphRunner:
             return
         d = to_device({"src": src, "dst": dst}, self.input_ids.device)
         for layer in range(len(self.pool.main)):
-            demote_pages(self.pool.tail[layer], d["src"], self.pool.main[layer], d["dst"], self.backend.four_over_six)
+            demote_pages(
+                self.pool.tail[layer], d["src"], self.pool.main[layer], d["dst"], self.backend.four_over_six
+            )
