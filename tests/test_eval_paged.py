@@ -85,6 +85,10 @@ def test_runner_rejects_what_the_cache_cannot_do(smollm2) -> None:  # type: igno
         PagedRunner(model, parse_config("nvfp4_w8"), max_requests=1, max_len=16)
     with pytest.raises(ValueError, match="calibrated"):
         PagedRunner(model, parse_config("nvfp4_cal"), max_requests=1, max_len=16)
+    with pytest.raises(ValueError, match="needs _w"):
+        parse_config("nvfp4_sink")  # the sink page lives in the tail pool
+    sink = parse_config("nvfp4_w64_4o6_had_sink")
+    assert sink.sink_pages == 1 and sink.sink_tokens == 16 and sink.renamed("nvfp4") == parse_config("nvfp4")
 
 
 def test_lockstep_eval_both_modes(smollm2, windows: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
@@ -92,7 +96,7 @@ def test_lockstep_eval_both_modes(smollm2, windows: torch.Tensor) -> None:  # ty
     settings = EvalSettings(
         windows=2, window_tokens=80, prefill_chunk=32, decode_context=48, decode_tokens=8, batch=2
     )
-    configs = [parse_config(n) for n in ("bf16", "nvfp4_plain", "nvfp4_w16", "nvfp4_w48")]
+    configs = [parse_config(n) for n in ("bf16", "nvfp4_plain", "nvfp4_w16", "nvfp4_w48", "nvfp4_w16_sink")]
     ev = LockstepEval(model, configs, settings, lambda c: None)
     pre, dec = ev.run_prefill(windows), ev.run_decode(windows)
     # prefill scores the tokens after the first chunk, decode every step
@@ -109,5 +113,8 @@ def test_lockstep_eval_both_modes(smollm2, windows: torch.Tensor) -> None:  # ty
     # keeps the newest 16 cached tokens in bf16 for it (they are demoted after the chunk attends).
     assert summary[("nvfp4_w16", "prefill")]["kl"] < summary[("nvfp4_plain", "prefill")]["kl"]
     assert summary[("nvfp4_w16", "decode")]["kl"] < summary[("nvfp4_plain", "decode")]["kl"]
+    # The sink page: later chunks and decode steps read page 0 (the attention sinks) in bf16.
+    for mode in ("prefill", "decode"):
+        assert summary[("nvfp4_w16_sink", mode)]["kl"] < summary[("nvfp4_w16", mode)]["kl"]
     with pytest.raises(ValueError):
         LockstepEval(model, configs[1:], settings, lambda c: None)

@@ -2,9 +2,9 @@
 
 A configuration is a storage dtype plus the accuracy options of issue 5: calibrated global scales,
 4over6 block scales, a Hadamard rotation of K/V along head_dim, bf16 sink tokens and the bf16 tail
-window. Names are what the results JSON carries in ``config``: ``bf16`` (the unquantized baseline in
-the model's dtype), ``fp8_e4m3``, ``nvfp4`` (the chosen default), ``nvfp4_plain`` and descriptive
-names such as ``nvfp4_w64_cal_had`` for the rest.
+window, and the engine's bf16 sink page (``--kv-sink-pages``). Names are what the results JSON carries
+in ``config``: ``bf16`` (the unquantized baseline in the model's dtype), ``fp8_e4m3``, ``nvfp4`` (the
+chosen default), ``nvfp4_plain`` and descriptive names such as ``nvfp4_w64_cal_had`` for the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 
 # The unquantized baseline's name in the results (the issue's; it is the model's dtype).
 BASELINE_NAME = "bf16"
+# Tokens in one sink page: the engine's default page size (the eval's PagedRunner uses it too).
+SINK_PAGE_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class KVConfig:
 
     ``kv_dtype`` is an ``--kv-cache-dtype`` value (``auto`` = the model's dtype); ``window`` the bf16
     tail (``--kv-recent-window``); ``sinks`` the first tokens kept exact (fake-quant study only);
+    ``sink_pages`` the engine's bf16 copy of the first page (``--kv-sink-pages``, needs the tail);
     ``calibrated`` uses per-layer global scales amax / (6 * 448) instead of 1.0; ``four_over_six``
     picks per 16-value block the better of the amax/6 and amax/4 scales; ``hadamard`` rotates K and V
     (and Q, and the output back) by the normalized Hadamard matrix of size head_dim.
@@ -34,6 +37,7 @@ class KVConfig:
     calibrated: bool = False
     four_over_six: bool = False
     hadamard: bool = False
+    sink_pages: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in ("auto", "fp8_e4m3", "nvfp4"):
@@ -42,6 +46,15 @@ class KVConfig:
             raise ValueError(f"{self.name}: window and sinks must be >= 0")
         if self.kv_dtype != "nvfp4" and (self.four_over_six or self.hadamard or self.window or self.sinks):
             raise ValueError(f"{self.name}: 4over6, Hadamard, tail and sinks apply to nvfp4 only")
+        if self.sink_pages not in (0, 1) or (self.sink_pages and not self.window):
+            raise ValueError(
+                f"{self.name}: a sink page (0 or 1) is kept in the bf16 tail pool: it needs _w<N>"
+            )
+
+    @property
+    def sink_tokens(self) -> int:
+        """The first tokens kept exact: the study's ``sinks`` or the sink page's tokens."""
+        return max(self.sinks, self.sink_pages * SINK_PAGE_TOKENS)
 
     @property
     def quantized(self) -> bool:
@@ -55,20 +68,22 @@ BASELINE = KVConfig(BASELINE_NAME, kv_dtype="auto")
 FP8 = KVConfig("fp8_e4m3", kv_dtype="fp8_e4m3")
 NVFP4_PLAIN = KVConfig("nvfp4_plain")
 # The default, chosen from the H200 run (docs/accuracy.md): the 64-token bf16 tail, 4over6 block scales
-# and the Hadamard rotation (decode KL 0.0061 vs 0.0125 for the tail alone, prefill 0.0046 vs 0.0083).
-# Calibrated scales bought nothing measurable and need a file: opt-in. The engine's nvfp4 default
-# (EngineConfig with kv_hadamard / kv_quant_4over6 left None) is the same configuration.
-DEFAULT_NVFP4 = KVConfig("nvfp4", window=64, four_over_six=True, hadamard=True)
+# and the Hadamard rotation (decode KL 0.0061 vs 0.0125 for the tail alone, prefill 0.0046 vs 0.0083),
+# plus the bf16 sink page (the CPU chunked-prefill run in docs/accuracy.md). Calibrated scales bought
+# nothing measurable and need a file: opt-in. The engine's nvfp4 default (EngineConfig with
+# kv_hadamard / kv_quant_4over6 / kv_sink_pages left None) is the same configuration.
+DEFAULT_NVFP4 = KVConfig("nvfp4", window=64, four_over_six=True, hadamard=True, sink_pages=1)
 
-_NAME_RE = re.compile(r"^nvfp4((?:_(?:w\d+|s\d+|cal|4o6|had))*)$")
+_NAME_RE = re.compile(r"^nvfp4((?:_(?:w\d+|s\d+|sink|cal|4o6|had))*)$")
 
 
 def parse_config(name: str) -> KVConfig:
     """A configuration from its name.
 
     ``bf16``, ``fp8_e4m3``, ``nvfp4`` (the default), ``nvfp4_plain``, or ``nvfp4`` followed by any of
-    ``_w<N>`` (bf16 tail of N tokens), ``_s<N>`` (N sink tokens), ``_cal`` (calibrated global
-    scales), ``_4o6`` (4over6 block scales), ``_had`` (Hadamard rotation), e.g. ``nvfp4_w64_cal``.
+    ``_w<N>`` (bf16 tail of N tokens), ``_s<N>`` (N sink tokens, fake-quant study only), ``_sink``
+    (the engine's bf16 sink page, needs ``_w<N>``), ``_cal`` (calibrated global scales), ``_4o6``
+    (4over6 block scales), ``_had`` (Hadamard rotation), e.g. ``nvfp4_w64_cal``, ``nvfp4_w64_4o6_had_sink``.
     """
     fixed = {c.name: c for c in (BASELINE, FP8, NVFP4_PLAIN, DEFAULT_NVFP4)}
     if name in fixed:
@@ -77,13 +92,15 @@ def parse_config(name: str) -> KVConfig:
     if m is None:
         raise ValueError(
             f"unknown KV configuration {name!r}: use bf16, fp8_e4m3, nvfp4, nvfp4_plain or "
-            "nvfp4 with suffixes _w<N>, _s<N>, _cal, _4o6, _had"
+            "nvfp4 with suffixes _w<N>, _s<N>, _sink, _cal, _4o6, _had"
         )
-    window = sinks = 0
+    window = sinks = sink_pages = 0
     cal = fos = had = False
     for part in m.group(1).split("_")[1:]:
         if part.startswith("w"):
             window = int(part[1:])
+        elif part == "sink":
+            sink_pages = 1
         elif part.startswith("s"):
             sinks = int(part[1:])
         elif part == "cal":
@@ -92,7 +109,7 @@ def parse_config(name: str) -> KVConfig:
             fos = True
         elif part == "had":
             had = True
-    return KVConfig(name, "nvfp4", window, sinks, cal, fos, had)
+    return KVConfig(name, "nvfp4", window, sinks, cal, fos, had, sink_pages)
 
 
 # The full run's set: the acceptance rows, then one option at a time on plain NVFP4, the tail sweep,

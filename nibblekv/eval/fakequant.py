@@ -73,7 +73,7 @@ class FakeQuantAttention(AttentionBackend):
                 recent = i[None, :] >= (i[:, None] // self.chunk) * self.chunk - cfg.window
             else:
                 recent = dist < cfg.window
-            exact = causal & (recent | (i[None, :] < cfg.sinks))
+            exact = causal & (recent | (i[None, :] < cfg.sink_tokens))
             s = torch.where(exact, qs @ ke.transpose(1, 2), qs @ kk.transpose(1, 2)) * scale
             p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
             pe = p * exact

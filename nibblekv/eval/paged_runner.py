@@ -1,7 +1,7 @@
 """Drive a model teacher-forced through the engine's own KV pool and paged attention backend.
 
 This is the engine's path minus the scheduler and sampler: the same :class:`KVPool` (with the
-``--kv-hadamard`` / ``--kv-quant-4over6`` encodings), the same tail rule (:class:`TieredCacheManager`),
+``--kv-hadamard`` / ``--kv-quant-4over6`` encodings), the same tail rule and sink pages (:class:`TieredCacheManager`),
 the same :class:`PagedAttentionBackend` calling the same kernels (the pure-torch reference twins on
 CPU, the Triton kernels on GPU). The eval chooses which tokens
 each request feeds per step, so it can force chunked prefill or one-token decode steps.
@@ -41,10 +41,10 @@ def paged_metadata(
 
     return PagedMetadata(
         is_decode=is_decode,
-        page_table=_table([p.main for p, _ in batch], device),
+        page_table=_table([p.attn_main() for p, _ in batch], device),
         main_lens=t("main_lens", torch.int32),
         tail_page_table=(
-            _table([p.tail for p, _ in batch], device)
+            _table([p.attn_tail() for p, _ in batch], device)
             if is_decode
             else t("prefix_tail", torch.int32).view(len(batch), -1)
         ),
@@ -77,7 +77,8 @@ class PagedRunner:
     ) -> None:
         if config.sinks:
             raise ValueError(
-                f"{config.name}: bf16 sink tokens are not supported by the engine's cache (fake-quant study only)"
+                f"{config.name}: bf16 sink tokens (_s<N>) are a fake-quant study option; the engine's "
+                "cache keeps a whole sink page (_sink)"
             )
         if config.window % page_size:
             raise ValueError(f"{config.name}: the tail window must be a multiple of page_size ({page_size})")
@@ -87,7 +88,8 @@ class PagedRunner:
         self.page_size = page_size
         kv_dtype = parse_kv_dtype(config.kv_dtype, model.dtype)
         window = config.window if kv_dtype.quantized else 0
-        tail_pages = max_requests * (2 * _cdiv(window, page_size) + 1) if window else 0
+        sinks = config.sink_pages if window else 0
+        tail_pages = max_requests * (2 * _cdiv(window, page_size) + 1 + sinks) if window else 0
         spec = PoolSpec(
             num_layers=mc.num_layers,
             num_kv_heads=mc.num_kv_heads,
@@ -100,6 +102,7 @@ class PagedRunner:
             recent_window=window,
             hadamard=config.hadamard,
             four_over_six=config.four_over_six,
+            sink_pages=sinks,
         )
         scales = torch.ones(mc.num_layers, 2)
         if config.calibrated:
