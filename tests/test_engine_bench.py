@@ -6,10 +6,20 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_engine.py"
 
 
-def test_bench_engine_smoke(tmp_path: Path) -> None:
+def test_bench_engine_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # NOTE: the smoke's long requests are 102 tokens with an fp32 tail of W=16: there the nvfp4 default's
+    # bf16 sink page (16 fp32 tokens per request) costs more than NVFP4 saves over FP8 in the main pool,
+    # so nvfp4 would hold fewer requests than fp8 (31 vs 32) -- a smoke-size artifact (at the benchmark's
+    # 32K contexts a sink page is < 0.2% of a request). The capacity check below is about the main-pool
+    # format, so the smoke runs without sink pages.
+    import nibblekv.engine.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "resolve_sink_pages", lambda config, kv_dtype: 0)
     spec = importlib.util.spec_from_file_location("bench_engine", BENCH)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
