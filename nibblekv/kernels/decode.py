@@ -31,6 +31,7 @@ from nibblekv.kernels._common import (
     online_softmax_step,
     scale_tensors,
 )
+from nibblekv.kernels.decode_mma import decode_mma_kernel
 from nibblekv.kernels.decode_tok import decode_tok_kernel
 from nibblekv.kernels.types import LayerKV
 
@@ -59,7 +60,9 @@ DEFAULT_VARIANT = "tok"
 # NOTE: only head_dim 128 has run "tok" on a GPU (its inline-PTX paths cannot run in the interpreter);
 # other head dims keep "paged", which the GPU tests covered at 64/128/256, until a device run checks them.
 TOK_VERIFIED_HEAD_DIMS = (128,)
-VARIANT_NAMES = ("paged", "rows", "tok", "kq", "bs")
+#   mma    decode_mma (NVFP4, head_dim 128, GQA group <= 8): hand-placed mma.sync fragments, one 16-token tile
+#          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for)
+VARIANT_NAMES = ("paged", "rows", "tok", "kq", "bs", "mma")
 
 
 @triton.jit
@@ -240,16 +243,27 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     mx = tl.max(lse, axis=0)
     w = tl.where(smask & (lse > float("-inf")), tl.exp2(lse - mx), 0.0)
     total = tl.sum(w, axis=0)
-    w = w / tl.where(total > 0, total, 1.0)  # an empty context yields zeros, never NaN
+    inv = 1.0 / tl.where(total > 0, total, 1.0)  # an empty context yields zeros, never NaN
     offs_d = tl.arange(0, D)
-    o = tl.load(o_part + (r * S + offs_s)[:, None] * D + offs_d[None, :], mask=smask[:, None], other=0.0)
-    res = tl.sum(o * w[:, None], axis=0)
+    # NOTE: slots in chunks of CH: a [BS, D] tile in registers spills once BS reaches ~128 (decode_mma
+    # writes one slot per warp, up to 257 per head)
+    CH: tl.constexpr = 32 if BS > 32 else BS
+    res = tl.zeros([D], tl.float32)
+    for s0 in range(0, BS, CH):
+        offs_c = s0 + tl.arange(0, CH)
+        cmask = offs_c < S
+        lse_c = tl.load(lse_part + r * S + offs_c, mask=cmask, other=float("-inf"))
+        w_c = tl.where(cmask & (lse_c > float("-inf")), tl.exp2(lse_c - mx), 0.0) * inv
+        o = tl.load(o_part + (r * S + offs_c)[:, None] * D + offs_d[None, :], mask=cmask[:, None], other=0.0)
+        res += tl.sum(o * w_c[:, None], axis=0)
     b = r // HQ
     hq = r % HQ
     tl.store(out_ptr + b * s_ob + hq * s_oh + offs_d, res.to(out_ptr.dtype.element_ty))
 
 
-def default_num_splits(batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 128) -> int:
+def default_num_splits(
+    batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 128, per_sm: int = 16, cap: int = 64
+) -> int:
     """Splits per request so the grid has ~16 programs per SM (132 SMs on an H200).
 
     Many equal programs keep the last wave short (a grid of ~1.3 waves left a third of the GPU idle in
@@ -257,7 +271,7 @@ def default_num_splits(batch: int, kv_heads: int, max_len: int | None = None, bl
     >= 2 key blocks; empty splits exit at once, so over-splitting short contexts is cheap.
     """
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-    splits = max(1, min(64, triton.cdiv(16 * sms, batch * kv_heads)))
+    splits = max(1, min(cap, triton.cdiv(per_sm * sms, batch * kv_heads)))
     if max_len is not None:
         splits = max(1, min(splits, triton.cdiv(max_len, 2 * block_n)))
     return splits
@@ -312,7 +326,14 @@ def decode_triton(
             tail_page_table = tail_page_table.contiguous()
     fmt = fmt_code(cache.dtype)
     interp = interpreting()
+    explicit = bool(variant or os.environ.get("NIBBLEKV_DECODE_VARIANT"))
     name, cfg = resolve_variant(variant, fmt, d, interp)
+    if name == "mma":
+        why = _mma_unsupported(cache, hq // hkv)
+        if why and explicit:
+            raise ValueError(f"decode variant 'mma' {why}")
+        if why:  # the default where mma does not apply (a GQA group > 8, unaligned pools): the per-token kernel
+            name, cfg = "tok", _tok_config(fmt, d)
     if name == "kq" and not interp:
         raise ValueError("decode variant 'kq' computes wrong results on sm_90 (H200, 2026-11-29); use 'tok'")
     for key, val in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages)):
@@ -323,8 +344,12 @@ def decode_triton(
     if interp:
         cfg["conv"] = 0  # the interpreter cannot run inline PTX
     bn, tbn = int(cfg["block_n"]), int(cfg["tail_block_n"])
-    splits = num_splits or default_num_splits(bsz, hkv, None, bn)
-    s_tot = splits + int(has_tail)
+    if name == "mma":
+        splits = num_splits or mma_num_splits(bsz, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]))
+    else:
+        splits = num_splits or default_num_splits(bsz, hkv, None, bn)
+    # NOTE: "mma" writes one partial slot per warp of each split
+    s_tot = splits * (int(cfg["num_warps"]) if name == "mma" else 1) + int(has_tail)
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.stride(-1) != 1:
@@ -357,7 +382,11 @@ def decode_triton(
         NUM_SPLITS=splits, HAS_TAIL=has_tail, FMT=fmt, INTERP=interp,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
     )  # fmt: skip
-    if tok:
+    if name == "mma":
+        k = decode_mma_kernel[(bsz, hkv, splits + int(has_tail))](
+            *args, NW=int(cfg["num_warps"]), TPI=int(cfg["tpi"]), PF=int(cfg["pf"]), **common
+        )
+    elif tok:
         if fmt == FMT_NVFP4 and st != d // 16:
             raise ValueError(f"decode variant {name!r} needs packed NVFP4 scale rows (token stride {d // 16})")
         split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT and name in ("tok", "bs") else 0
@@ -377,6 +406,33 @@ def decode_triton(
         HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, num_warps=4,
     )  # fmt: skip
     return out
+
+
+def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
+    """Why ``decode_mma`` cannot run on this pool (None if it can): NVFP4, head_dim 128, GQA group <= 8,
+    packed rows, pages and heads 8-byte aligned (the kernel reads them as uint64 / uint16 words)."""
+    lay = cache.layout
+    if fmt_code(cache.dtype) != FMT_NVFP4 or lay.head_dim != 128 or g > 8 or cache.k_scale is None:
+        return "needs an NVFP4 pool, head_dim 128 and a GQA group <= 8"
+    ds, ss = cache.k_data.stride(), cache.k_scale.stride()
+    packed = ds[2] == lay.head_dim // 2 and ss[2] == lay.head_dim // 16
+    aligned = all(x % 8 == 0 for x in ds[:2]) and all(x % 2 == 0 for x in ss[:2])
+    aligned = aligned and cache.k_data.data_ptr() % 8 == 0 and cache.v_data.data_ptr() % 8 == 0
+    if not (packed and aligned) or cache.k_scale.data_ptr() % 2:
+        return "needs packed NVFP4 rows with 8-byte aligned pages and heads"
+    return None
+
+
+def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int) -> int:
+    """Splits for ``decode_mma``: ``per_sm`` warps per SM in all, rounded DOWN (whole waves).
+
+    Every warp has the same work, so the grid should be whole waves: with ~16 warps resident per SM (128
+    registers), a grid of 1.1 waves ran at 0.50 of the H200's read ceiling and 2.06 waves at 0.57
+    (B=32 x 8K, 2026-11-29). Capped at 256 partial slots per head (each warp writes one; the combine
+    step reads them all).
+    """
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    return max(1, min(256 // num_warps, per_sm * sms // (batch * kv_heads * num_warps)))
 
 
 def _pages_contiguous(cache: LayerKV | None, block_n: int) -> bool:
@@ -409,6 +465,12 @@ def _default_config(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
 LAST_KERNEL: dict[str, object] = {}
 
 
+def _mma_config() -> dict[str, int | bool]:
+    """``mma`` (decode_mma): 16-token tiles per warp, ``num_warps`` warps per program, no Triton pipelining
+    (the kernel prefetches the next tile itself); ``tail_block_n`` is the bf16 tail's ``tl.dot`` block."""
+    return {"block_n": 16, "tail_block_n": 64, "num_warps": 1, "num_stages": 1, "conv": 0, "ppsm": 32, "tpi": 2, "pf": 1}
+
+
 def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
     """Launch config of the per-token kernels (measured on the H200 at these settings, see DEFAULT_VARIANT).
 
@@ -419,28 +481,38 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
     if fmt == FMT_NVFP4:
         return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 3, "split": 0}
     if fmt == FMT_FP8:
-        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 1, "split": 1}
+        # NOTE: num_stages 5 (2 buffers in flight): 0.92 / 0.74 / 0.74 / 0.67 of the H200's read ceiling at
+        # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (2026-11-29, same run)
+        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 5, "conv": 1, "split": 1}
     return {"block_n": 64 if d <= 128 else 32, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 0, "split": 0}
 
 
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
-    "sc": "sc", "ord": "ord",
+    "sc": "sc", "ord": "ord", "ppsm": "ppsm", "tpi": "tpi", "pf": "pf",
 }  # fmt: skip
 
 
 def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tuple[str, dict[str, int | bool]]:
     """``"name[:bn=..,tbn=..,w=..,s=..,conv=..]"`` -> (kernel name, launch config); see ``VARIANT_NAMES``."""
-    default = DEFAULT_VARIANT if interp or d in TOK_VERIFIED_HEAD_DIMS else "paged"
+    if fmt == FMT_NVFP4 and d == 128 and not interp:
+        default = "mma"  # decode_triton falls back to "tok" where the pool or GQA group rules it out
+    else:
+        default = DEFAULT_VARIANT if interp or d in TOK_VERIFIED_HEAD_DIMS else "paged"
     spec = variant or os.environ.get("NIBBLEKV_DECODE_VARIANT") or default
     name, _, opts = spec.partition(":")
     if name not in VARIANT_NAMES:
         raise ValueError(f"unknown decode variant {name!r} (one of {VARIANT_NAMES})")
-    cfg = _default_config(fmt, d, interp) if name in ("paged", "rows") or interp else _tok_config(fmt, d)
+    if name == "mma":
+        cfg = _mma_config()
+    elif name in ("paged", "rows") or interp:
+        cfg = _default_config(fmt, d, interp)
+    else:
+        cfg = _tok_config(fmt, d)
     for item in filter(None, opts.split(",")):
         key, _, val = item.partition("=")
         if key not in _KEYS:
             raise ValueError(f"unknown decode variant option {key!r} in {spec!r} (one of {tuple(_KEYS)})")
-        if not interp or key in ("bn", "tbn", "sv", "sc", "ord"):
+        if not interp or name == "mma" or key in ("bn", "tbn", "sv", "sc", "ord"):
             cfg[_KEYS[key]] = int(val)
     return name, cfg

@@ -1,0 +1,687 @@
+"""NVFP4 paged decode with hand-placed tensor-core fragments (variant ``mma`` of ``decode_triton``).
+
+Why: Triton's ``tl.dot`` path (``decode_tok``) pads the GQA group to 16 rows, re-reads Q from shared
+memory every block and sends the dequantized V tile through shared memory for a transpose; at 4 bits
+that glue, not the bytes, sets the speed (0.22-0.31 of the H200's read ceiling). Here every value goes
+from global memory straight into the register that ``mma.sync.m16n8k16`` reads, converted in place:
+
+* The program is ``NW`` warps; each warp owns 16-token tiles and keeps its own softmax state, written
+  as its own split (slot ``sp * NW + warp``; ``decode._combine_kernel`` merges all slots).
+* Every tensor is ``[32 * NW]``: one element per thread (Triton's default 1-D layout), so lane ``L``
+  (``g = L // 4``, ``t = L % 4``) holds exactly its PTX fragment registers. NOTE: this holds only while
+  no op gives these tensors another layout -- addresses are never contiguous across lanes (no vectorized
+  load layout), and there are no Triton reductions; the warp-collective steps are inline PTX.
+* Scores as ``S^T = K Q^T``: the K tile ``[16 tokens, 16 dims]`` is the A operand (rows = tokens ``g``,
+  ``g + 8``), ``Q^T`` the loop-invariant B operand ``[16 dims, 8 heads]`` (GQA groups up to 8, no
+  16-row padding). Lane ``t`` loads bytes ``[16t, 16t + 16)`` of each key row (blocks ``2t``, ``2t + 1``):
+  k-step ``kk`` uses word ``kk // 2``; Q is gathered once in the same permuted dim order.
+* ``O^T += V^T P^T``: V's A operand wants token pairs per register; lane ``(g, t)`` loads block ``g``
+  (8 bytes) of tokens ``2t, 2t+1, 2t+8, 2t+9`` and ``prmt`` interleaves two tokens' bytes, so each
+  converted half2 is (token ``2t``, token ``2t+1``) of one dim, and the V block scales of those two tokens
+  form one half2 too. ``P^T`` comes from the score fragment by one ``movmatrix.trans`` per 8 tokens.
+* Nibbles become fp16 through E4M3 bytes (``s 0 0 e1 e0 m 0 0`` = value * 2**-6, exact) and
+  ``cvt.rn.f16x2.e4m3x2``; the block scale multiplies as half2 (exact: <= 6 significant bits).
+
+GPU only (sm_89+: E4M3 conversion, ``movmatrix``); head_dim 128, GQA group <= 8, NVFP4 pools with packed
+scale rows. Under the interpreter each PTX helper has a Triton twin on the same packed registers.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from nibblekv.kernels._common import interpreting
+from nibblekv.kernels.decode_tok import _tok_segment
+
+
+# ----------------------------------------------------------------------------------------------------
+# per-lane PTX helpers (each is elementwise for Triton; the warp-collective ones need all 32 lanes)
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _split64(x):
+    """uint64 -> (low, high) uint32."""
+    return tl.inline_asm_elementwise(
+        "mov.b64 {$0, $1}, $2;", "=r,=r,l", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _scale_h2(s):
+    """Low 16 bits = two E4M3 bytes -> half2 (byte 0 low, byte 1 high)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 a; cvt.u16.u32 a, $1; cvt.rn.f16x2.e4m3x2 $0, a; }",
+        "=r,r", [s], dtype=tl.uint32, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _bcast_h2(s):
+    """half2 (a, b) -> ((a, a), (b, b))."""
+    return tl.inline_asm_elementwise(
+        "prmt.b32 $0, $2, 0, 0x1010; prmt.b32 $1, $2, 0, 0x3232;",
+        "=r,=r,r", [s], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _interleave(a, b):
+    """Bytes (a0..a3), (b0..b3) -> (a0 b0 a1 b1), (a2 b2 a3 b3): two tokens' bytes side by side."""
+    return tl.inline_asm_elementwise(
+        "prmt.b32 $0, $2, $3, 0x5140; prmt.b32 $1, $2, $3, 0x7362;",
+        "=r,=r,r,r", [a, b], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _cvt_word(x, s):
+    """4 bytes = 8 E2M1 nibbles -> 4 half2 ``value * 2**-6 * s``: (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3).
+
+    ``lo_i``/``hi_i`` = low/high nibble of byte ``i``; ``s`` is a half2 multiplier (one per half).
+    """
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 u, h, l;
+        .reg .b16 l0, l1, h0, h1;
+        shr.b32 u, $4, 2;
+        and.b32 u, u, 0x1C1C1C1C;
+        and.b32 h, $4, 0x80808080;
+        or.b32 h, h, u;
+        shl.b32 u, $4, 4;
+        and.b32 l, u, 0x80808080;
+        shl.b32 u, $4, 2;
+        and.b32 u, u, 0x1C1C1C1C;
+        or.b32 l, l, u;
+        mov.b32 {l0, l1}, l;
+        mov.b32 {h0, h1}, h;
+        cvt.rn.f16x2.e4m3x2 $0, l0;
+        cvt.rn.f16x2.e4m3x2 $1, l1;
+        cvt.rn.f16x2.e4m3x2 $2, h0;
+        cvt.rn.f16x2.e4m3x2 $3, h1;
+        mul.rn.f16x2 $0, $0, $5;
+        mul.rn.f16x2 $1, $1, $5;
+        mul.rn.f16x2 $2, $2, $5;
+        mul.rn.f16x2 $3, $3, $5;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r",
+        args=[x, s],
+        dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """One ``mma.sync.m16n8k16`` (f16 x f16 -> f32): D = A B + C on this lane's fragment registers."""
+    return tl.inline_asm_elementwise(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
+        "{$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _max8(x, y):
+    """Max of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4`` (one fragment column)."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .f32 a, b;
+        shfl.sync.bfly.b32 a, $2, 4, 0x1f, 0xffffffff;
+        shfl.sync.bfly.b32 b, $3, 4, 0x1f, 0xffffffff;
+        max.f32 $0, $2, a;
+        max.f32 $1, $3, b;
+        shfl.sync.bfly.b32 a, $0, 8, 0x1f, 0xffffffff;
+        shfl.sync.bfly.b32 b, $1, 8, 0x1f, 0xffffffff;
+        max.f32 $0, $0, a;
+        max.f32 $1, $1, b;
+        shfl.sync.bfly.b32 a, $0, 16, 0x1f, 0xffffffff;
+        shfl.sync.bfly.b32 b, $1, 16, 0x1f, 0xffffffff;
+        max.f32 $0, $0, a;
+        max.f32 $1, $1, b;
+        }
+        """,
+        constraints="=f,=f,f,f",
+        args=[x, y],
+        dtype=(tl.float32, tl.float32),
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _sum8(x, y):
+    """Sum of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4``."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .f32 a, b;
+        shfl.sync.bfly.b32 a, $2, 4, 0x1f, 0xffffffff;
+        shfl.sync.bfly.b32 b, $3, 4, 0x1f, 0xffffffff;
+        add.f32 $0, $2, a;
+        add.f32 $1, $3, b;
+        shfl.sync.bfly.b32 a, $0, 8, 0x1f, 0xffffffff;
+        shfl.sync.bfly.b32 b, $1, 8, 0x1f, 0xffffffff;
+        add.f32 $0, $0, a;
+        add.f32 $1, $1, b;
+        shfl.sync.bfly.b32 a, $0, 16, 0x1f, 0xffffffff;
+        shfl.sync.bfly.b32 b, $1, 16, 0x1f, 0xffffffff;
+        add.f32 $0, $0, a;
+        add.f32 $1, $1, b;
+        }
+        """,
+        constraints="=f,=f,f,f",
+        args=[x, y],
+        dtype=(tl.float32, tl.float32),
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _pack_h2(a, b):
+    """fp32 (a, b) -> half2 (a low, b high)."""
+    return tl.inline_asm_elementwise(
+        "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [a, b], dtype=tl.uint32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _p_frag(a, b):
+    """Score-fragment pair (token g; heads 2t, 2t+1) -> P^T B-fragment (tokens 2t, 2t+1; head g), fp16."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 p; cvt.rn.f16x2.f32 p, $2, $1; movmatrix.sync.aligned.m8n8.trans.b16 $0, p; }",
+        "=r,f,f", [a, b], dtype=tl.uint32, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+
+if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (_mma_twins)
+    from nibblekv.kernels import _mma_twins as _tw
+
+    _split64, _scale_h2, _bcast_h2, _interleave, _cvt_word = _tw.split64, _tw.scale_h2, _tw.bcast_h2, _tw.interleave, _tw.cvt_word
+    _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
+
+# ----------------------------------------------------------------------------------------------------
+# fragments of one 16-token tile
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _k_row(lo, hi, sc):
+    """Key row bytes ``[16t, 16t + 16)`` (two uint64 = blocks 2t, 2t+1) + their 2 scale bytes -> 16 half2.
+
+    Output ``2 * kk + j`` is this row's A-fragment register for k-step ``kk`` (j = 0: cols 2t..2t+1,
+    j = 1: cols 2t+8..2t+9): word ``kk // 2``, even ``kk`` its low nibbles, odd ``kk`` its high nibbles.
+    """
+    w0, w1 = _split64(lo)
+    w2, w3 = _split64(hi)
+    sa, sb = _bcast_h2(_scale_h2(sc))
+    a0, a1, a2, a3 = _cvt_word(w0, sa)
+    b0, b1, b2, b3 = _cvt_word(w1, sa)
+    c0, c1, c2, c3 = _cvt_word(w2, sb)
+    d0, d1, d2, d3 = _cvt_word(w3, sb)
+    return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
+
+
+@triton.jit
+def _v_pair(x, y, sc):
+    """Block ``g`` (uint64) of two tokens + their block scales (2 bytes) -> 16 half2 (token x, token y).
+
+    Output ``i`` holds dim ``16g + [0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15][i]``; m-tile
+    ``mt`` takes outputs ``2mt`` (fragment row g) and ``2mt + 1`` (row g + 8).
+    """
+    x0, x1 = _split64(x)
+    y0, y1 = _split64(y)
+    s = _scale_h2(sc)
+    p, q = _interleave(x0, y0)
+    a0, a1, a2, a3 = _cvt_word(p, s)
+    b0, b1, b2, b3 = _cvt_word(q, s)
+    p, q = _interleave(x1, y1)
+    c0, c1, c2, c3 = _cvt_word(p, s)
+    d0, d1, d2, d3 = _cvt_word(q, s)
+    return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
+
+
+@triton.jit
+def _row_base(pt_ptr, idx, lim, s_page, sc_page, PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr):
+    """Token index -> (data byte offset, scale byte offset, valid) of its row (head offsets not added)."""
+    valid = idx < lim
+    if MASKED:  # NOTE: mask the page-table read too (masked-off tokens may lie past the table)
+        page = tl.load(pt_ptr + idx // PAGE, mask=valid, other=0).to(tl.int64)
+    else:
+        page = tl.load(pt_ptr + idx // PAGE).to(tl.int64)
+    tok = (idx % PAGE).to(tl.int64)
+    return page * s_page + tok * (D // 2), page * sc_page + tok * (D // 16), valid
+
+
+@triton.jit
+def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, hoff, shoff, s_page, sc_page, g, t,
+               PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """This lane's raw bytes of the tile at ``n0`` (per lane): K rows g, g+8; V rows 2t, 2t+1, 2t+8, 2t+9.
+
+    Returns 4 K uint64, 2 K scale pairs, 4 V uint64, 2 V scale pairs (uint32); masked rows read as 0.
+    NOTE: data offsets are in bytes, divided by 8 (2) for the uint64 (uint16) views; the launcher checks
+    that pages and heads are aligned for that.
+    """
+    R8: tl.constexpr = D // 16  # uint64 words per row (D/2 bytes); also scale bytes per row
+    if PAGE % 16 == 0:  # tiles start at multiples of 16 tokens: one page holds the whole tile
+        d0, s0, _ = _row_base(pt_ptr, n0, lim, s_page, sc_page, PAGE, D, MASKED)
+        kp = k64 + ((d0 + hoff) >> 3) + (g * R8 + 2 * t)
+        vp = v64 + ((d0 + hoff) >> 3) + (2 * t * R8 + g)
+        ksp = ks16 + ((s0 + shoff) >> 1) + (g * (R8 // 2) + t)
+        vsp = vs8 + (s0 + shoff) + (2 * t * R8 + g)
+        kp8, ksp8 = kp + 8 * R8, ksp + 4 * R8
+        vpb, vpc, vpd = vp + R8, vp + 8 * R8, vp + 9 * R8
+        vspb, vspc, vspd = vsp + R8, vsp + 8 * R8, vsp + 9 * R8
+        mg, m8, ma = n0 + g < lim, n0 + g + 8 < lim, n0 + 2 * t < lim
+        mb, mc, md = n0 + 2 * t + 1 < lim, n0 + 2 * t + 8 < lim, n0 + 2 * t + 9 < lim
+    else:
+        dg, sg, mg = _row_base(pt_ptr, n0 + g, lim, s_page, sc_page, PAGE, D, MASKED)
+        d8, s8, m8 = _row_base(pt_ptr, n0 + g + 8, lim, s_page, sc_page, PAGE, D, MASKED)
+        da, sa, ma = _row_base(pt_ptr, n0 + 2 * t, lim, s_page, sc_page, PAGE, D, MASKED)
+        db, sb, mb = _row_base(pt_ptr, n0 + 2 * t + 1, lim, s_page, sc_page, PAGE, D, MASKED)
+        dc, sc, mc = _row_base(pt_ptr, n0 + 2 * t + 8, lim, s_page, sc_page, PAGE, D, MASKED)
+        dd, sd, md = _row_base(pt_ptr, n0 + 2 * t + 9, lim, s_page, sc_page, PAGE, D, MASKED)
+        kp, kp8 = k64 + ((dg + hoff) >> 3) + 2 * t, k64 + ((d8 + hoff) >> 3) + 2 * t
+        ksp, ksp8 = ks16 + ((sg + shoff) >> 1) + t, ks16 + ((s8 + shoff) >> 1) + t
+        vp, vpb = v64 + ((da + hoff) >> 3) + g, v64 + ((db + hoff) >> 3) + g
+        vpc, vpd = v64 + ((dc + hoff) >> 3) + g, v64 + ((dd + hoff) >> 3) + g
+        vsp, vspb, vspc, vspd = vs8 + sa + shoff + g, vs8 + sb + shoff + g, vs8 + sc + shoff + g, vs8 + sd + shoff + g
+    if MASKED:
+        kg0 = tl.load(kp, mask=mg, other=0)
+        kg1 = tl.load(kp + 1, mask=mg, other=0)
+        k80 = tl.load(kp8, mask=m8, other=0)
+        k81 = tl.load(kp8 + 1, mask=m8, other=0)
+        ksg = tl.load(ksp, mask=mg, other=0).to(tl.uint32)
+        ks8 = tl.load(ksp8, mask=m8, other=0).to(tl.uint32)
+        va = tl.load(vp, mask=ma, other=0)
+        vb = tl.load(vpb, mask=mb, other=0)
+        vc = tl.load(vpc, mask=mc, other=0)
+        vd = tl.load(vpd, mask=md, other=0)
+        sva = tl.load(vsp, mask=ma, other=0).to(tl.uint32)
+        svb = tl.load(vspb, mask=mb, other=0).to(tl.uint32)
+        svc = tl.load(vspc, mask=mc, other=0).to(tl.uint32)
+        svd = tl.load(vspd, mask=md, other=0).to(tl.uint32)
+    else:
+        kg0 = tl.load(kp)
+        kg1 = tl.load(kp + 1)
+        k80 = tl.load(kp8)
+        k81 = tl.load(kp8 + 1)
+        ksg = tl.load(ksp).to(tl.uint32)
+        ks8 = tl.load(ksp8).to(tl.uint32)
+        va = tl.load(vp)
+        vb = tl.load(vpb)
+        vc = tl.load(vpc)
+        vd = tl.load(vpd)
+        sva = tl.load(vsp).to(tl.uint32)
+        svb = tl.load(vspb).to(tl.uint32)
+        svc = tl.load(vspc).to(tl.uint32)
+        svd = tl.load(vspd).to(tl.uint32)
+    return kg0, kg1, k80, k81, ksg, ks8, va, vb, vc, vd, sva | (svb << 8), svc | (svd << 8)
+
+
+@triton.jit
+def _scores(raw, qk_scale, n0, lim,
+    q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+            MASKED: tl.constexpr):  # fmt: skip
+    """S^T fragment of one tile, times ``qk_scale``: (token g, head 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+
+    Masked (MASKED: token >= lim) scores are -inf. ``n0`` is this warp's tile start.
+    """
+    kga, kgb, k8a, k8b, ksg, ks8 = raw[0], raw[1], raw[2], raw[3], raw[4], raw[5]
+    kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15 = _k_row(kga, kgb, ksg)
+    k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815 = _k_row(k8a, k8b, ks8)
+    z = tl.zeros_like(qk_scale)
+    e0, e1, e2, e3 = z, z, z, z
+    f0, f1, f2, f3 = z, z, z, z
+    e0, e1, e2, e3 = _mma(kg0, k80, kg1, k81, q0, q1, e0, e1, e2, e3)
+    f0, f1, f2, f3 = _mma(kg2, k82, kg3, k83, q2, q3, f0, f1, f2, f3)
+    e0, e1, e2, e3 = _mma(kg4, k84, kg5, k85, q4, q5, e0, e1, e2, e3)
+    f0, f1, f2, f3 = _mma(kg6, k86, kg7, k87, q6, q7, f0, f1, f2, f3)
+    e0, e1, e2, e3 = _mma(kg8, k88, kg9, k89, q8, q9, e0, e1, e2, e3)
+    f0, f1, f2, f3 = _mma(kg10, k810, kg11, k811, q10, q11, f0, f1, f2, f3)
+    e0, e1, e2, e3 = _mma(kg12, k812, kg13, k813, q12, q13, e0, e1, e2, e3)
+    f0, f1, f2, f3 = _mma(kg14, k814, kg15, k815, q14, q15, f0, f1, f2, f3)
+    s0 = (e0 + f0) * qk_scale
+    s1 = (e1 + f1) * qk_scale
+    s2 = (e2 + f2) * qk_scale
+    s3 = (e3 + f3) * qk_scale
+    if MASKED:
+        g = (tl.arange(0, s0.shape[0]) % 32) // 4
+        s0 = tl.where(n0 + g < lim, s0, float("-inf"))
+        s1 = tl.where(n0 + g < lim, s1, float("-inf"))
+        s2 = tl.where(n0 + g + 8 < lim, s2, float("-inf"))
+        s3 = tl.where(n0 + g + 8 < lim, s3, float("-inf"))
+    return s0, s1, s2, s3
+
+
+@triton.jit
+def _pv(raw, pa, pb,
+    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ):  # fmt: skip
+    """O^T += V^T P^T for one tile (``pa``/``pb``: P^T fragments of tokens 2t, 2t+1 / 2t+8, 2t+9)."""
+    va_, vb_, vc_, vd_, sv01, sv89 = raw[6], raw[7], raw[8], raw[9], raw[10], raw[11]
+    va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15 = _v_pair(va_, vb_, sv01)
+    vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15 = _v_pair(vc_, vd_, sv89)
+    o00, o01, o02, o03 = _mma(va0, va1, vb0, vb1, pa, pb, o00, o01, o02, o03)
+    o10, o11, o12, o13 = _mma(va2, va3, vb2, vb3, pa, pb, o10, o11, o12, o13)
+    o20, o21, o22, o23 = _mma(va4, va5, vb4, vb5, pa, pb, o20, o21, o22, o23)
+    o30, o31, o32, o33 = _mma(va6, va7, vb6, vb7, pa, pb, o30, o31, o32, o33)
+    o40, o41, o42, o43 = _mma(va8, va9, vb8, vb9, pa, pb, o40, o41, o42, o43)
+    o50, o51, o52, o53 = _mma(va10, va11, vb10, vb11, pa, pb, o50, o51, o52, o53)
+    o60, o61, o62, o63 = _mma(va12, va13, vb12, vb13, pa, pb, o60, o61, o62, o63)
+    o70, o71, o72, o73 = _mma(va14, va15, vb14, vb15, pa, pb, o70, o71, o72, o73)
+    return (
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
+
+
+@triton.jit
+def _rescale(al0, al1,
+             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
+             o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+             ):  # fmt: skip
+    """O^T columns of heads 2t (``al0``) and 2t+1 (``al1``) times the softmax correction."""
+    o00, o01, o02, o03 = o00 * al0, o01 * al1, o02 * al0, o03 * al1
+    o10, o11, o12, o13 = o10 * al0, o11 * al1, o12 * al0, o13 * al1
+    o20, o21, o22, o23 = o20 * al0, o21 * al1, o22 * al0, o23 * al1
+    o30, o31, o32, o33 = o30 * al0, o31 * al1, o32 * al0, o33 * al1
+    o40, o41, o42, o43 = o40 * al0, o41 * al1, o42 * al0, o43 * al1
+    o50, o51, o52, o53 = o50 * al0, o51 * al1, o52 * al0, o53 * al1
+    o60, o61, o62, o63 = o60 * al0, o61 * al1, o62 * al0, o63 * al1
+    o70, o71, o72, o73 = o70 * al0, o71 * al1, o72 * al0, o73 * al1
+    return (
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
+
+
+@triton.jit
+def _softmax(m0, m1, l0, l1, x0, x1):
+    """New running max ``n0/n1`` from the tiles' column max ``x0/x1``; returns (n0, n1, c0, c1, al0, al1).
+
+    ``c`` is the max to subtract: NOTE a warp's masked tile may hold no valid token (max -inf), then 0.
+    """
+    n0 = tl.maximum(m0, x0)
+    n1 = tl.maximum(m1, x1)
+    c0 = tl.where(n0 > float("-inf"), n0, 0.0)
+    c1 = tl.where(n1 > float("-inf"), n1, 0.0)
+    return n0, n1, c0, c1, tl.exp2(m0 - c0), tl.exp2(m1 - c1)
+
+
+@triton.jit
+def _run_step(
+    rawA, rawB, nb, lim, qk_scale, m0, m1, l0, l1,
+    q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    TPI: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One softmax step over ``TPI`` tiles (``rawA``, ``rawB``) of this warp at ``nb``; returns the new
+    (m0, m1, l0, l1, O^T fragments)."""
+    if TPI == 2:
+        sA0, sA1, sA2, sA3 = _scores(
+            rawA, qk_scale, nb + 0, lim, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+            MASKED,
+        )  # fmt: skip
+        sB0, sB1, sB2, sB3 = _scores(
+            rawB, qk_scale, nb + 16, lim, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+            MASKED,
+        )  # fmt: skip
+        mx0 = tl.maximum(tl.maximum(sA0, sA2), tl.maximum(sB0, sB2))
+        mx1 = tl.maximum(tl.maximum(sA1, sA3), tl.maximum(sB1, sB3))
+        x0, x1 = _max8(mx0, mx1)
+        m0, m1, c0, c1, al0, al1 = _softmax(m0, m1, l0, l1, x0, x1)
+        (
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _rescale(
+            al0, al1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41,
+            o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        )  # fmt: skip
+        pA0, pA1 = tl.exp2(sA0 - c0), tl.exp2(sA1 - c1)
+        pA2, pA3 = tl.exp2(sA2 - c0), tl.exp2(sA3 - c1)
+        pB0, pB1 = tl.exp2(sB0 - c0), tl.exp2(sB1 - c1)
+        pB2, pB3 = tl.exp2(sB2 - c0), tl.exp2(sB3 - c1)
+        l0 = l0 * al0 + (pA0 + pA2 + pB0 + pB2)
+        l1 = l1 * al1 + (pA1 + pA3 + pB1 + pB3)
+        (
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _pv(
+            rawA, _p_frag(pA0, pA1), _p_frag(pA2, pA3), o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22,
+            o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72,
+            o73,
+        )  # fmt: skip
+        (
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _pv(
+            rawB, _p_frag(pB0, pB1), _p_frag(pB2, pB3), o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22,
+            o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72,
+            o73,
+        )  # fmt: skip
+    else:
+        sA0, sA1, sA2, sA3 = _scores(
+            rawA, qk_scale, nb + 0, lim, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+            MASKED,
+        )  # fmt: skip
+        x0, x1 = _max8(tl.maximum(sA0, sA2), tl.maximum(sA1, sA3))
+        m0, m1, c0, c1, al0, al1 = _softmax(m0, m1, l0, l1, x0, x1)
+        (
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _rescale(
+            al0, al1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41,
+            o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        )  # fmt: skip
+        pA0, pA1 = tl.exp2(sA0 - c0), tl.exp2(sA1 - c1)
+        pA2, pA3 = tl.exp2(sA2 - c0), tl.exp2(sA3 - c1)
+        l0 = l0 * al0 + (pA0 + pA2)
+        l1 = l1 * al1 + (pA1 + pA3)
+        (
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _pv(
+            rawA, _p_frag(pA0, pA1), _p_frag(pA2, pA3), o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22,
+            o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72,
+            o73,
+        )  # fmt: skip
+    return (
+        m0, m1, l0, l1,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
+
+@triton.jit
+def _q_pair(qrow, d, qm):
+    """half2 (Q[d], Q[d + 2]) of this lane's head (zeros past the GQA group)."""
+    a = tl.load(qrow + d, mask=qm, other=0.0).to(tl.float32)
+    b = tl.load(qrow + d + 2, mask=qm, other=0.0).to(tl.float32)
+    return _pack_h2(a, b)
+
+
+@triton.jit
+def _store_pair(ptr, a, b, c, d, s_oh, hm0, hm1):
+    """O^T fragment -> partial output: (head 2t, dim), (2t+1, dim), (2t, dim + 2), (2t+1, dim + 2)."""
+    tl.store(ptr, a, mask=hm0)
+    tl.store(ptr + s_oh, b, mask=hm1)
+    tl.store(ptr + 2, c, mask=hm0)
+    tl.store(ptr + s_oh + 2, d, mask=hm1)
+
+
+@triton.jit
+def _mma_segment(
+    q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
+    pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
+    G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
+):  # fmt: skip
+    """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
+    the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
+    ``lse_ptr + w`` (``s_oh`` = elements between two heads' partials)."""
+    lane = tl.arange(0, 32 * NW)
+    warp = lane // 32
+    g = (lane % 32) // 4
+    t = lane % 4
+    k64 = k_ptr.to(tl.pointer_type(tl.uint64))
+    v64 = v_ptr.to(tl.pointer_type(tl.uint64))
+    ks16 = ks_ptr.to(tl.pointer_type(tl.uint16))  # E4M3 scale bytes, read as raw bits
+    vs8 = vs_ptr.to(tl.pointer_type(tl.uint8))
+    hoff = h.to(tl.int64) * s_head
+    shoff = h.to(tl.int64) * sc_head
+    # Q^T B-fragments, loop-invariant: lane (g, t) holds head g, dims [32t, 32t + 32) in k-step order
+    qm = g < G
+    qrow = q_ptr + (h * G + g) * s_qh
+    qd = 32 * t
+    q0 = _q_pair(qrow, qd + 0, qm)
+    q1 = _q_pair(qrow, qd + 4, qm)
+    q2 = _q_pair(qrow, qd + 1, qm)
+    q3 = _q_pair(qrow, qd + 5, qm)
+    q4 = _q_pair(qrow, qd + 8, qm)
+    q5 = _q_pair(qrow, qd + 12, qm)
+    q6 = _q_pair(qrow, qd + 9, qm)
+    q7 = _q_pair(qrow, qd + 13, qm)
+    q8 = _q_pair(qrow, qd + 16, qm)
+    q9 = _q_pair(qrow, qd + 20, qm)
+    q10 = _q_pair(qrow, qd + 17, qm)
+    q11 = _q_pair(qrow, qd + 21, qm)
+    q12 = _q_pair(qrow, qd + 24, qm)
+    q13 = _q_pair(qrow, qd + 28, qm)
+    q14 = _q_pair(qrow, qd + 25, qm)
+    q15 = _q_pair(qrow, qd + 29, qm)
+    m0 = tl.full([32 * NW], float("-inf"), tl.float32)
+    m1 = m0
+    z = tl.zeros([32 * NW], tl.float32)
+    l0, l1 = z, z
+    o00, o01, o02, o03 = z, z, z, z
+    o10, o11, o12, o13 = z, z, z, z
+    o20, o21, o22, o23 = z, z, z, z
+    o30, o31, o32, o33 = z, z, z, z
+    o40, o41, o42, o43 = z, z, z, z
+    o50, o51, o52, o53 = z, z, z, z
+    o60, o61, o62, o63 = z, z, z, z
+    o70, o71, o72, o73 = z, z, z, z
+    STEP: tl.constexpr = 16 * NW * TPI
+    full_end = start + (end - start) // STEP * STEP
+    lim = full_end
+    if PF:
+        nb = start + 16 * TPI * warp
+        rawA = _load_tile(k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, True)
+        rawB = rawA
+        if TPI == 2:
+            rawB = _load_tile(k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, True)
+    n0 = start
+    while n0 < full_end:  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
+        nb = n0 + 16 * TPI * warp
+        if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
+            nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
+            nextA = _load_tile(k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False)
+            nextB = nextA
+            if TPI == 2:
+                nextB = _load_tile(k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False)
+        else:
+            rawA = _load_tile(k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False)
+            rawB = rawA
+            if TPI == 2:
+                rawB = _load_tile(k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False)
+        (
+            m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _run_step(
+            rawA, rawB, nb, lim, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
+            q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False,
+        )  # fmt: skip
+        if PF:
+            rawA = nextA
+            rawB = nextB
+        n0 += STEP
+    # the rest (< STEP tokens): one masked tile per warp and step
+    lim = end
+    while n0 < end:
+        nb = n0 + 16 * warp
+        rawA = _load_tile(k64, v64, ks16, vs8, pt_ptr, nb, end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, True)
+        (
+            m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _run_step(
+            rawA, rawA, nb, lim, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
+            q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True,
+        )  # fmt: skip
+        n0 += 16 * NW
+    l0, l1 = _sum8(l0, l1)
+    # An empty warp stores lse = -inf and o = 0, which the combine step weighs as nothing.
+    i0 = tl.where(l0 > 0, out_scale / tl.maximum(l0, 1e-30), 0.0)
+    i1 = tl.where(l1 > 0, out_scale / tl.maximum(l1, 1e-30), 0.0)
+    hm0 = 2 * t < G
+    hm1 = 2 * t + 1 < G
+    obase = o_ptr + (2 * t) * s_oh + warp * D
+    _store_pair(obase + (16 * g + 0), o00 * i0, o01 * i1, o02 * i0, o03 * i1, s_oh, hm0, hm1)
+    _store_pair(obase + (16 * g + 1), o10 * i0, o11 * i1, o12 * i0, o13 * i1, s_oh, hm0, hm1)
+    _store_pair(obase + (16 * g + 4), o20 * i0, o21 * i1, o22 * i0, o23 * i1, s_oh, hm0, hm1)
+    _store_pair(obase + (16 * g + 5), o30 * i0, o31 * i1, o32 * i0, o33 * i1, s_oh, hm0, hm1)
+    _store_pair(obase + (16 * g + 8), o40 * i0, o41 * i1, o42 * i0, o43 * i1, s_oh, hm0, hm1)
+    _store_pair(obase + (16 * g + 9), o50 * i0, o51 * i1, o52 * i0, o53 * i1, s_oh, hm0, hm1)
+    _store_pair(obase + (16 * g + 12), o60 * i0, o61 * i1, o62 * i0, o63 * i1, s_oh, hm0, hm1)
+    _store_pair(obase + (16 * g + 13), o70 * i0, o71 * i1, o72 * i0, o73 * i1, s_oh, hm0, hm1)
+    lse0 = tl.where(l0 > 0, m0 + tl.log2(tl.maximum(l0, 1e-30)), float("-inf"))
+    lse1 = tl.where(l1 > 0, m1 + tl.log2(tl.maximum(l1, 1e-30)), float("-inf"))
+    lbase = lse_ptr + (2 * t) * (s_oh // D) + warp
+    tl.store(lbase, lse0, mask=hm0 & (g == 0))
+    tl.store(lbase + s_oh // D, lse1, mask=hm1 & (g == 0))
+
+
+@triton.jit
+def decode_mma_kernel(
+    q_ptr, s_qb, s_qh,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr,
+    s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
+    pt_ptr, s_pt, lens_ptr,
+    tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr,
+    o_ptr, lse_ptr, sm_scale,
+    HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr,
+    PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
+    NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
+    TPI: tl.constexpr = 1, PF: tl.constexpr = 1,
+):  # fmt: skip
+    """``decode._decode_kernel``'s arguments; grid ``(B, kv_heads, NUM_SPLITS [+1])``, ``NW`` warps.
+
+    Partial slots per head: ``NUM_SPLITS * NW`` (split ``sp``, warp ``w`` -> slot ``sp * NW + w``) then the
+    tail's slot (``decode_tok._tok_segment``, plain ``tl.dot`` over bf16 pages). ``BN`` is unused here
+    (tiles are 16 tokens); ``s_tok``/``sc_tok`` must be ``D / 2`` / ``D / 16`` (checked by the launcher).
+    """
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.program_id(2)
+    S_TOT = NUM_SPLITS * NW + HAS_TAIL
+    q_base = q_ptr + b.to(tl.int64) * s_qb
+    if HAS_TAIL and sp == NUM_SPLITS:
+        first = (b.to(tl.int64) * HQ + h * G) * S_TOT + NUM_SPLITS * NW
+        n = tl.load(tlens_ptr + b)
+        _tok_segment(
+            q_base, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
+            tpt_ptr + b.to(tl.int64) * s_tpt, 0, n, h, sm_scale * 1.4426950408889634, 1.0,
+            o_ptr + first * D, lse_ptr + first, S_TOT * D,
+            G, BH, D, TPAGE, TBN, 0, 0, INTERP, False,
+        )  # fmt: skip
+    else:
+        first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW
+        n = tl.load(lens_ptr + b)
+        chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), 16) * 16
+        start = sp * chunk
+        end = tl.maximum(tl.minimum(start + chunk, n), start)  # NOTE: an empty split has end == start
+        # E4M3-byte codes are value * 2**-6: fold 2**6 and the global scales into the fp32 factors
+        gk = tl.load(g_ptr) * 64.0
+        gv = tl.load(g_ptr + 1) * 64.0
+        _mma_segment(
+            q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
+            pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
+            o_ptr + first * D, lse_ptr + first, S_TOT * D,
+            G, D, PAGE, NW, TPI, PF,
+        )  # fmt: skip
