@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--synthetic-prefill", action="store_true", help="long part: allocate the prompts' KV pages "
                    "without computing them (decode timing does not depend on the cached values)")  # fmt: skip
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--profile-steps", type=int, default=0, help="long part: profile this many decode steps "
+                   "(after 3) with the torch profiler and report the top GPU kernels")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.smoke:
@@ -218,9 +220,28 @@ def synthetic_prefill(engine: Engine, prompts: list[list[int]], params: Sampling
         req.token_ids.append(p[-1])
 
 
+def profiled(engine: Engine, n: int) -> list[dict[str, Any]]:
+    """Run ``n`` engine steps under the torch profiler; the 12 GPU kernels with the most total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+            engine.step()
+        sync()
+    rows = []
+    for ev in prof.key_averages():
+        us = ev.device_time_total if gpu else ev.self_cpu_time_total
+        if us > 0:
+            rows.append({"kernel": ev.key[:90], "ms_per_step": round(us / 1e3 / n, 3), "calls_per_step": ev.count / n})
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    return rows[:12]
+
+
 def decode_run(
-    engine: Engine, prompts: list[list[int]], params: SamplingParams, synthetic: bool, bandwidth: float
-) -> dict[str, Any]:
+    engine: Engine, prompts: list[list[int]], params: SamplingParams, synthetic: bool, bandwidth: float,
+    profile_steps: int = 0,
+) -> dict[str, Any]:  # fmt: skip
     """Run to completion; time the decode steps that run the full batch."""
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
     if synthetic:
@@ -229,20 +250,30 @@ def decode_run(
         for p in prompts:
             engine.add_request(p, params)
     steps: list[tuple[int, float, float]] = []  # (batch size, seconds, floor seconds)
+    kernels: list[dict[str, Any]] = []
     while engine.has_unfinished():
         floor = (weights + kv_bytes_read(engine)) / bandwidth
+        profile = profile_steps > 0 and len(steps) == 3  # after the first steps' compiles and graph captures
         sync()
         t0 = time.perf_counter()
-        engine.step()
+        if profile:
+            kernels = profiled(engine, profile_steps)
+        else:
+            engine.step()
         sync()
         batch = engine.last_batch
-        if batch is not None and batch.is_decode:
+        if batch is not None and batch.is_decode and not profile:
             steps.append((len(batch.reqs), time.perf_counter() - t0, floor))
     full = max(bs for bs, _, _ in steps)
     at_full = [(bs, t, f) for bs, t, f in steps if bs == full]
+    # NOTE: the first full step pays one-time costs (Triton compiles, CUDA-graph capture): reported apart
+    timed = at_full[1:] or at_full
     return {
         "running_requests": full,
-        "decode_tok_s": round(sum(bs for bs, _, _ in at_full) / sum(t for _, t, _ in at_full), 1),
+        "decode_tok_s": round(sum(bs for bs, _, _ in timed) / sum(t for _, t, _ in timed), 1),
+        "first_step_ms": round(1e3 * at_full[0][1], 3),
+        "max_step_ms": round(1e3 * max(t for _, t, _ in timed), 3),
+        "top_kernels": kernels,
         "step_ms": round(1e3 * statistics.median(t for _, t, _ in at_full), 3),
         "step_floor_ms": round(1e3 * statistics.median(f for _, _, f in at_full), 3),
         "decode_steps_at_full": len(at_full),
@@ -270,7 +301,7 @@ def bench_long(args: argparse.Namespace) -> list[dict[str, Any]]:
             n = matched if mode == "matched" else capacity_requests(kv_cfg, loaded, per_request)
             engine = Engine(replace(kv_cfg, max_running_requests=n), loaded=loaded)
             prompts = [random_prompt(rng, args.long_input, vocab) for _ in range(n)]
-            res = decode_run(engine, prompts, params, args.synthetic_prefill, bandwidth)
+            res = decode_run(engine, prompts, params, args.synthetic_prefill, bandwidth, args.profile_steps)
             assert engine.pool.all_free()
             rows.append({
                 "bench": "long", "model": args.long_model + (" (smoke: tiny)" if args.smoke else ""), "kv_dtype": kv, "mode": mode, **res,
@@ -290,7 +321,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         "throughput": ["model", "kv_dtype", "num_requests", "output_tok_s", "total_tok_s", "max_total_num_tokens",
                        "preemptions", "seconds"],
         "long": ["kv_dtype", "mode", "running_requests", "decode_tok_s", "max_total_num_tokens", "step_ms",
-                 "step_floor_ms", "step_over_floor"],
+                 "step_floor_ms", "step_over_floor", "first_step_ms", "max_step_ms"],
     }  # fmt: skip
     for bench, names in cols.items():
         part = [r for r in rows if r["bench"] == bench]

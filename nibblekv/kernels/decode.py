@@ -234,8 +234,15 @@ def _decode_kernel(
 
 
 @triton.jit
-def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: tl.constexpr, BS: tl.constexpr, D: tl.constexpr):
-    """Merge the split partials of one (request, query head): weights ``2**(lse_s - max lse)``."""
+def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
+                    D: tl.constexpr, DB: tl.constexpr):  # fmt: skip
+    """Merge the split partials of one (request, query head) for dims ``[DB * pid1, DB * (pid1 + 1))``:
+    weights ``2**(lse_s - max lse)``.
+
+    NOTE: slots go in chunks of CH and dims in blocks of DB: a ``[BS, D]`` tile in registers spills once BS
+    reaches ~128 (decode_mma writes one slot per warp, up to 257 per head), and a single program per head
+    looping over many chunks is latency-bound when the batch is small (B=1: 32 programs).
+    """
     r = tl.program_id(0).to(tl.int64)  # r = b * HQ + head
     offs_s = tl.arange(0, BS)
     smask = offs_s < S
@@ -244,11 +251,9 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     w = tl.where(smask & (lse > float("-inf")), tl.exp2(lse - mx), 0.0)
     total = tl.sum(w, axis=0)
     inv = 1.0 / tl.where(total > 0, total, 1.0)  # an empty context yields zeros, never NaN
-    offs_d = tl.arange(0, D)
-    # NOTE: slots in chunks of CH: a [BS, D] tile in registers spills once BS reaches ~128 (decode_mma
-    # writes one slot per warp, up to 257 per head)
-    CH: tl.constexpr = 32 if BS > 32 else BS
-    res = tl.zeros([D], tl.float32)
+    offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
+    CH: tl.constexpr = 128 if BS > 128 else BS
+    res = tl.zeros([DB], tl.float32)
     for s0 in range(0, BS, CH):
         offs_c = s0 + tl.arange(0, CH)
         cmask = offs_c < S
@@ -401,9 +406,10 @@ def decode_triton(
             TPAGED=name == "paged" and has_tail and _pages_contiguous(tail, tbn), **common,
         )  # fmt: skip
     LAST_KERNEL["decode"] = k
-    _combine_kernel[(bsz * hq,)](
+    db = 16 if s_tot > 16 else d  # many slots: split the dims over programs too (see _combine_kernel)
+    _combine_kernel[(bsz * hq, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
-        HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, num_warps=4,
+        HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, DB=db, num_warps=4,
     )  # fmt: skip
     return out
 
