@@ -233,7 +233,9 @@ def profiled(engine: Engine, n: int) -> list[dict[str, Any]]:
     for ev in prof.key_averages():
         us = ev.device_time_total if gpu else ev.self_cpu_time_total
         if us > 0:
-            rows.append({"kernel": ev.key[:90], "ms_per_step": round(us / 1e3 / n, 3), "calls_per_step": ev.count / n})
+            rows.append(
+                {"kernel": ev.key[:90], "ms_per_step": round(us / 1e3 / n, 3), "calls_per_step": ev.count / n}
+            )
     rows.sort(key=lambda r: -r["ms_per_step"])
     return rows[:12]
 

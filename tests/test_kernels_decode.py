@@ -57,7 +57,8 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0"]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
-    if DEVICE == "cuda" else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0", 3, 5)]
+    if DEVICE == "cuda"
+    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0", 3, 5)]
 )
 
 
@@ -107,17 +108,35 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("NIBBLEKV_DECODE_VARIANT", "kq:bn=128,w=8,s=3,conv=2")
     assert resolve_variant(None, 2, 128, False) == (
-        "kq", {"block_n": 128, "tail_block_n": 64, "num_warps": 8, "num_stages": 3, "conv": 2, "split": 0})
+        "kq",
+        {"block_n": 128, "tail_block_n": 64, "num_warps": 8, "num_stages": 3, "conv": 2, "split": 0},
+    )
     assert resolve_variant("paged", 0, 128, False)[0] == "paged"  # an explicit variant beats the env
     assert resolve_variant("bs:sc=3,ord=0", 2, 128, False)[1] == {
-        "block_n": 128, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 3, "split": 0, "sc": 3, "ord": 0}
+        "block_n": 128,
+        "tail_block_n": 64,
+        "num_warps": 4,
+        "num_stages": 4,
+        "conv": 3,
+        "split": 0,
+        "sc": 3,
+        "ord": 0,
+    }
     monkeypatch.delenv("NIBBLEKV_DECODE_VARIANT")
     # the default: "tok" where a GPU run verified it (head_dim 128), "paged" elsewhere on a GPU
     # NVFP4 at head_dim 128 on a GPU: decode_mma (decode_triton falls back to "tok" where it cannot run)
     assert resolve_variant(None, 2, 128, False)[0] == "mma"
     assert resolve_variant(None, 1, 128, False)[0] == "tok"
     assert resolve_variant("mma:w=2,tpi=1,pf=0,ppsm=16", 2, 128, False)[1] == {
-        "block_n": 16, "tail_block_n": 64, "num_warps": 2, "num_stages": 1, "conv": 0, "ppsm": 16, "tpi": 1, "pf": 0}
+        "block_n": 16,
+        "tail_block_n": 64,
+        "num_warps": 2,
+        "num_stages": 1,
+        "conv": 0,
+        "ppsm": 16,
+        "tpi": 1,
+        "pf": 0,
+    }
     assert resolve_variant(None, 2, 64, False)[0] == "paged"
     assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default
     with pytest.raises(ValueError):
@@ -161,8 +180,20 @@ def test_decode_gpu_paths(d: int) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX runs on the GPU only")
 @pytest.mark.parametrize(
-    "variant", ["tok", "rows", "paged", "tok:sv=2", "tok:sv=0,conv=1", "tok:bn=64,sv=1,conv=2", "tok:conv=2", "bs",
-                "bs:sc=3", "bs:sc=2", "bs:conv=2"]
+    "variant",
+    [
+        "tok",
+        "rows",
+        "paged",
+        "tok:sv=2",
+        "tok:sv=0,conv=1",
+        "tok:bn=64,sv=1,conv=2",
+        "tok:conv=2",
+        "bs",
+        "bs:sc=3",
+        "bs:sc=2",
+        "bs:conv=2",
+    ],
 )
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_decode_gpu_variants(variant: str, d: int) -> None:

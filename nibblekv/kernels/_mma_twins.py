@@ -27,7 +27,14 @@ def _f32_to_u16(x):
 @triton.jit
 def _e4m3_to_u16(b):
     """Low byte (an E4M3) -> fp16 bits in a uint32."""
-    return (b & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32)
+    return (
+        (b & 0xFF)
+        .to(tl.uint8)
+        .to(tl.float8e4nv, bitcast=True)
+        .to(tl.float16)
+        .to(tl.uint16, bitcast=True)
+        .to(tl.uint32)
+    )
 
 
 @triton.jit
@@ -76,7 +83,9 @@ def cvt_word(x, s):
 @triton.jit
 def _halves(r0, r1):
     """Two packed registers -> fp32 ``[N, 2 (register), 2 (half)]`` flattened per warp: ``[NW, 32 * 4]``."""
-    x = tl.join(tl.join(_u16_to_f32(r0), _u16_to_f32(r0 >> 16)), tl.join(_u16_to_f32(r1), _u16_to_f32(r1 >> 16)))
+    x = tl.join(
+        tl.join(_u16_to_f32(r0), _u16_to_f32(r0 >> 16)), tl.join(_u16_to_f32(r1), _u16_to_f32(r1 >> 16))
+    )
     # x[i, half, reg]: join puts the new axis last
     n: tl.constexpr = r0.shape[0]
     return tl.reshape(tl.permute(x, [0, 2, 1]), [n // 32, 32 * 4])

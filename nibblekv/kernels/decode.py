@@ -154,7 +154,9 @@ def _decode_segment(
     shead_off = h.to(tl.int64) * sc_head
     # Full blocks run unmasked; the last, partial block (if any) runs once more with per-token masks.
     full_end = start + (end - start) // BN * BN
-    if INTERP:  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
+    if (
+        INTERP
+    ):  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
         n0 = start
         while n0 < full_end:
             m, l, acc = _decode_block(
@@ -337,7 +339,9 @@ def decode_triton(
         why = _mma_unsupported(cache, hq // hkv)
         if why and explicit:
             raise ValueError(f"decode variant 'mma' {why}")
-        if why:  # the default where mma does not apply (a GQA group > 8, unaligned pools): the per-token kernel
+        if (
+            why
+        ):  # the default where mma does not apply (a GQA group > 8, unaligned pools): the per-token kernel
             name, cfg = "tok", _tok_config(fmt, d)
     if name == "kq" and not interp:
         raise ValueError("decode variant 'kq' computes wrong results on sm_90 (H200, 2026-11-29); use 'tok'")
@@ -368,7 +372,14 @@ def decode_triton(
     tok = name in ("tok", "kq", "bs")
     if has_tail:
         assert tail is not None and tail_page_table is not None and tail_lens is not None
-        tk, tv, ts, tpt, ttl, tpage = tail.k_data, tail.v_data, tail.k_data.stride(), tail_page_table, tail_lens, tail.page_size
+        tk, tv, ts, tpt, ttl, tpage = (
+            tail.k_data,
+            tail.v_data,
+            tail.k_data.stride(),
+            tail_page_table,
+            tail_lens,
+            tail.page_size,
+        )
         if not tok:
             tbn = max(tbn, tpage) if _pages_contiguous(tail, max(tbn, tpage)) else tbn
     else:  # placeholders, never read
@@ -393,7 +404,9 @@ def decode_triton(
         )
     elif tok:
         if fmt == FMT_NVFP4 and st != d // 16:
-            raise ValueError(f"decode variant {name!r} needs packed NVFP4 scale rows (token stride {d // 16})")
+            raise ValueError(
+                f"decode variant {name!r} needs packed NVFP4 scale rows (token stride {d // 16})"
+            )
         split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT and name in ("tok", "bs") else 0
         k = decode_tok_kernel[(bsz, hkv, s_tot)](
             *args, CONV=int(cfg["conv"]), KQ=name == "kq", SPLIT=split, BS=name == "bs" and fmt == FMT_NVFP4,
@@ -461,10 +474,22 @@ def _default_config(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
     if interp:
         return {"block_n": 16, "tail_block_n": 16, "num_warps": 4, "num_stages": 1, "conv": 0}
     if fmt == FMT_NVFP4:
-        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "conv": 1}
+        return {
+            "block_n": 128 if d <= 128 else 64,
+            "tail_block_n": 64,
+            "num_warps": 4,
+            "num_stages": 6,
+            "conv": 1,
+        }
     if fmt == FMT_FLOAT:
         return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "conv": 0}
-    return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 5, "conv": 0}
+    return {
+        "block_n": 128 if d <= 128 else 64,
+        "tail_block_n": 64,
+        "num_warps": 4,
+        "num_stages": 5,
+        "conv": 0,
+    }
 
 
 # The compiled kernel of the last launch (benchmarks read its register / spill counts).
@@ -474,7 +499,16 @@ LAST_KERNEL: dict[str, object] = {}
 def _mma_config() -> dict[str, int | bool]:
     """``mma`` (decode_mma): 16-token tiles per warp, ``num_warps`` warps per program, no Triton pipelining
     (the kernel prefetches the next tile itself); ``tail_block_n`` is the bf16 tail's ``tl.dot`` block."""
-    return {"block_n": 16, "tail_block_n": 64, "num_warps": 1, "num_stages": 1, "conv": 0, "ppsm": 32, "tpi": 2, "pf": 1}
+    return {
+        "block_n": 16,
+        "tail_block_n": 64,
+        "num_warps": 1,
+        "num_stages": 1,
+        "conv": 0,
+        "ppsm": 32,
+        "tpi": 2,
+        "pf": 1,
+    }
 
 
 def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
@@ -485,12 +519,33 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
     NVFP4 through E4M3 bytes + the FP8 converter (conv=3) ~40 vs ~45 (conv=2) and ~46 ("paged").
     """
     if fmt == FMT_NVFP4:
-        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 3, "split": 0}
+        return {
+            "block_n": 128 if d <= 128 else 64,
+            "tail_block_n": 64,
+            "num_warps": 4,
+            "num_stages": 4,
+            "conv": 3,
+            "split": 0,
+        }
     if fmt == FMT_FP8:
         # NOTE: num_stages 5 (2 buffers in flight): 0.92 / 0.74 / 0.74 / 0.67 of the H200's read ceiling at
         # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (2026-11-29, same run)
-        return {"block_n": 128 if d <= 128 else 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 5, "conv": 1, "split": 1}
-    return {"block_n": 64 if d <= 128 else 32, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 0, "split": 0}
+        return {
+            "block_n": 128 if d <= 128 else 64,
+            "tail_block_n": 64,
+            "num_warps": 4,
+            "num_stages": 5,
+            "conv": 1,
+            "split": 1,
+        }
+    return {
+        "block_n": 64 if d <= 128 else 32,
+        "tail_block_n": 64,
+        "num_warps": 4,
+        "num_stages": 4,
+        "conv": 0,
+        "split": 0,
+    }
 
 
 _KEYS = {

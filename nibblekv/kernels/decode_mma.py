@@ -199,12 +199,18 @@ def _p_frag(a, b):
     )  # fmt: skip
 
 
-
 if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (_mma_twins)
     from nibblekv.kernels import _mma_twins as _tw
 
-    _split64, _scale_h2, _bcast_h2, _interleave, _cvt_word = _tw.split64, _tw.scale_h2, _tw.bcast_h2, _tw.interleave, _tw.cvt_word
+    _split64, _scale_h2, _bcast_h2, _interleave, _cvt_word = (
+        _tw.split64,
+        _tw.scale_h2,
+        _tw.bcast_h2,
+        _tw.interleave,
+        _tw.cvt_word,
+    )
     _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
+
 
 # ----------------------------------------------------------------------------------------------------
 # fragments of one 16-token tile
@@ -289,7 +295,12 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, hoff, shoff, s_page, sc_pag
         ksp, ksp8 = ks16 + ((sg + shoff) >> 1) + t, ks16 + ((s8 + shoff) >> 1) + t
         vp, vpb = v64 + ((da + hoff) >> 3) + g, v64 + ((db + hoff) >> 3) + g
         vpc, vpd = v64 + ((dc + hoff) >> 3) + g, v64 + ((dd + hoff) >> 3) + g
-        vsp, vspb, vspc, vspd = vs8 + sa + shoff + g, vs8 + sb + shoff + g, vs8 + sc + shoff + g, vs8 + sd + shoff + g
+        vsp, vspb, vspc, vspd = (
+            vs8 + sa + shoff + g,
+            vs8 + sb + shoff + g,
+            vs8 + sc + shoff + g,
+            vs8 + sd + shoff + g,
+        )
     if MASKED:
         kg0 = tl.load(kp, mask=mg, other=0)
         kg1 = tl.load(kp + 1, mask=mg, other=0)
@@ -332,8 +343,12 @@ def _scores(raw, qk_scale, n0, lim,
     Masked (MASKED: token >= lim) scores are -inf. ``n0`` is this warp's tile start.
     """
     kga, kgb, k8a, k8b, ksg, ks8 = raw[0], raw[1], raw[2], raw[3], raw[4], raw[5]
-    kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15 = _k_row(kga, kgb, ksg)
-    k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815 = _k_row(k8a, k8b, ks8)
+    kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15 = _k_row(
+        kga, kgb, ksg
+    )
+    k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815 = _k_row(
+        k8a, k8b, ks8
+    )
     z = tl.zeros_like(qk_scale)
     e0, e1, e2, e3 = z, z, z, z
     f0, f1, f2, f3 = z, z, z, z
@@ -365,8 +380,12 @@ def _pv(raw, pa, pb,
         ):  # fmt: skip
     """O^T += V^T P^T for one tile (``pa``/``pb``: P^T fragments of tokens 2t, 2t+1 / 2t+8, 2t+9)."""
     va_, vb_, vc_, vd_, sv01, sv89 = raw[6], raw[7], raw[8], raw[9], raw[10], raw[11]
-    va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15 = _v_pair(va_, vb_, sv01)
-    vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15 = _v_pair(vc_, vd_, sv89)
+    va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15 = _v_pair(
+        va_, vb_, sv01
+    )
+    vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15 = _v_pair(
+        vc_, vd_, sv89
+    )
     o00, o01, o02, o03 = _mma(va0, va1, vb0, vb1, pa, pb, o00, o01, o02, o03)
     o10, o11, o12, o13 = _mma(va2, va3, vb2, vb3, pa, pb, o10, o11, o12, o13)
     o20, o21, o22, o23 = _mma(va4, va5, vb4, vb5, pa, pb, o20, o21, o22, o23)
@@ -498,6 +517,7 @@ def _run_step(
         o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
     )  # fmt: skip
 
+
 @triton.jit
 def _q_pair(qrow, d, qm):
     """half2 (Q[d], Q[d + 2]) of this lane's head (zeros past the GQA group)."""
@@ -571,24 +591,83 @@ def _mma_segment(
     lim = full_end
     if PF:
         nb = start + 16 * TPI * warp
-        rawA = _load_tile(k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, True)
+        rawA = _load_tile(
+            k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, True
+        )
         rawB = rawA
         if TPI == 2:
-            rawB = _load_tile(k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, True)
+            rawB = _load_tile(
+                k64,
+                v64,
+                ks16,
+                vs8,
+                pt_ptr,
+                nb + 16,
+                full_end,
+                hoff,
+                shoff,
+                s_page,
+                sc_page,
+                g,
+                t,
+                PAGE,
+                D,
+                True,
+            )
     n0 = start
-    while n0 < full_end:  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
+    while (
+        n0 < full_end
+    ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
         nb = n0 + 16 * TPI * warp
         if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
-            nextA = _load_tile(k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False)
+            nextA = _load_tile(
+                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False
+            )
             nextB = nextA
             if TPI == 2:
-                nextB = _load_tile(k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False)
+                nextB = _load_tile(
+                    k64,
+                    v64,
+                    ks16,
+                    vs8,
+                    pt_ptr,
+                    nxt + 16,
+                    full_end,
+                    hoff,
+                    shoff,
+                    s_page,
+                    sc_page,
+                    g,
+                    t,
+                    PAGE,
+                    D,
+                    False,
+                )
         else:
-            rawA = _load_tile(k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False)
+            rawA = _load_tile(
+                k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False
+            )
             rawB = rawA
             if TPI == 2:
-                rawB = _load_tile(k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False)
+                rawB = _load_tile(
+                    k64,
+                    v64,
+                    ks16,
+                    vs8,
+                    pt_ptr,
+                    nb + 16,
+                    full_end,
+                    hoff,
+                    shoff,
+                    s_page,
+                    sc_page,
+                    g,
+                    t,
+                    PAGE,
+                    D,
+                    False,
+                )
         (
             m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
             o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
@@ -605,7 +684,9 @@ def _mma_segment(
     lim = end
     while n0 < end:
         nb = n0 + 16 * warp
-        rawA = _load_tile(k64, v64, ks16, vs8, pt_ptr, nb, end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, True)
+        rawA = _load_tile(
+            k64, v64, ks16, vs8, pt_ptr, nb, end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, True
+        )
         (
             m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
             o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
