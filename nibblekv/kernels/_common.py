@@ -29,6 +29,23 @@ NVFP4_RESIDUAL: float = 128.0
 LOG2E: float = 1.4426950408889634
 
 
+def nibbles_to_e4m3_ptx(src: str, lo: str, hi: str, tmp: str) -> str:
+    """PTX text: the 8 E2M1 nibbles of b32 ``src`` -> E4M3 bytes ``s 0 0 e1 e0 m 0 0`` (= value * 2**-6, exact
+    for all 16 codes; code 1, 0.5, lands on an E4M3 subnormal): low nibbles into ``lo``, high into ``hi``
+    (byte i of each from byte i of ``src``). Shared by the inline-PTX converters of ``decode_tok`` / ``decode_mma``.
+    """
+    return f"""
+        shr.b32 {tmp}, {src}, 2;
+        and.b32 {tmp}, {tmp}, 0x1C1C1C1C;
+        and.b32 {hi}, {src}, 0x80808080;
+        or.b32 {hi}, {hi}, {tmp};
+        shl.b32 {tmp}, {src}, 4;
+        and.b32 {lo}, {tmp}, 0x80808080;
+        shl.b32 {tmp}, {src}, 2;
+        and.b32 {tmp}, {tmp}, 0x1C1C1C1C;
+        or.b32 {lo}, {lo}, {tmp};"""
+
+
 def fmt_code(dtype: KVDtype) -> int:
     """Kernel constexpr for a KV dtype."""
     if dtype is KVDtype.NVFP4:

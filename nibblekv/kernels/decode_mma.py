@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import interpreting
+from nibblekv.kernels._common import interpreting, nibbles_to_e4m3_ptx
 from nibblekv.kernels.decode_tok import _tok_segment
 
 
@@ -73,26 +73,11 @@ def _interleave(a, b):
     )  # fmt: skip
 
 
-@triton.jit
-def _cvt_word(x, s):
-    """4 bytes = 8 E2M1 nibbles -> 4 half2 ``value * 2**-6 * s``: (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3).
-
-    ``lo_i``/``hi_i`` = low/high nibble of byte ``i``; ``s`` is a half2 multiplier (one per half).
-    """
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 u, h, l;
-        .reg .b16 l0, l1, h0, h1;
-        shr.b32 u, $4, 2;
-        and.b32 u, u, 0x1C1C1C1C;
-        and.b32 h, $4, 0x80808080;
-        or.b32 h, h, u;
-        shl.b32 u, $4, 4;
-        and.b32 l, u, 0x80808080;
-        shl.b32 u, $4, 2;
-        and.b32 u, u, 0x1C1C1C1C;
-        or.b32 l, l, u;
+# $4 = 4 bytes, $5 = half2 multiplier -> $0..$3 = (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3) times $5
+_CVT_WORD_PTX = tl.constexpr(
+    "{ .reg .b32 u, h, l; .reg .b16 l0, l1, h0, h1;"
+    + nibbles_to_e4m3_ptx("$4", "l", "h", "u")
+    + """
         mov.b32 {l0, l1}, l;
         mov.b32 {h0, h1}, h;
         cvt.rn.f16x2.e4m3x2 $0, l0;
@@ -103,8 +88,18 @@ def _cvt_word(x, s):
         mul.rn.f16x2 $1, $1, $5;
         mul.rn.f16x2 $2, $2, $5;
         mul.rn.f16x2 $3, $3, $5;
-        }
-        """,
+        }"""
+)
+
+
+@triton.jit
+def _cvt_word(x, s):
+    """4 bytes = 8 E2M1 nibbles -> 4 half2 ``value * 2**-6 * s``: (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3).
+
+    ``lo_i``/``hi_i`` = low/high nibble of byte ``i``; ``s`` is a half2 multiplier (one per half).
+    """
+    return tl.inline_asm_elementwise(
+        asm=_CVT_WORD_PTX,
         constraints="=r,=r,=r,=r,r,r",
         args=[x, s],
         dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
@@ -124,32 +119,28 @@ def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     )  # fmt: skip
 
 
+def _column_reduce_ptx(op: str) -> str:
+    """PTX: $0/$1 = ``op`` (max or add) of $2/$3 over the 8 lanes sharing ``L % 4`` (xor 4, 8, 16)."""
+    body = "".join(
+        f"""
+        shfl.sync.bfly.b32 a, {x}, {m}, 0x1f, 0xffffffff;
+        shfl.sync.bfly.b32 b, {y}, {m}, 0x1f, 0xffffffff;
+        {op}.f32 $0, {x}, a;
+        {op}.f32 $1, {y}, b;"""
+        for m, x, y in ((4, "$2", "$3"), (8, "$0", "$1"), (16, "$0", "$1"))
+    )
+    return "{ .reg .f32 a, b;" + body + "\n        }"
+
+
+_MAX8_PTX = tl.constexpr(_column_reduce_ptx("max"))
+_SUM8_PTX = tl.constexpr(_column_reduce_ptx("add"))
+
+
 @triton.jit
 def _max8(x, y):
     """Max of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4`` (one fragment column)."""
     return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .f32 a, b;
-        shfl.sync.bfly.b32 a, $2, 4, 0x1f, 0xffffffff;
-        shfl.sync.bfly.b32 b, $3, 4, 0x1f, 0xffffffff;
-        max.f32 $0, $2, a;
-        max.f32 $1, $3, b;
-        shfl.sync.bfly.b32 a, $0, 8, 0x1f, 0xffffffff;
-        shfl.sync.bfly.b32 b, $1, 8, 0x1f, 0xffffffff;
-        max.f32 $0, $0, a;
-        max.f32 $1, $1, b;
-        shfl.sync.bfly.b32 a, $0, 16, 0x1f, 0xffffffff;
-        shfl.sync.bfly.b32 b, $1, 16, 0x1f, 0xffffffff;
-        max.f32 $0, $0, a;
-        max.f32 $1, $1, b;
-        }
-        """,
-        constraints="=f,=f,f,f",
-        args=[x, y],
-        dtype=(tl.float32, tl.float32),
-        is_pure=True,
-        pack=1,
+        _MAX8_PTX, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
     )
 
 
@@ -157,28 +148,7 @@ def _max8(x, y):
 def _sum8(x, y):
     """Sum of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4``."""
     return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .f32 a, b;
-        shfl.sync.bfly.b32 a, $2, 4, 0x1f, 0xffffffff;
-        shfl.sync.bfly.b32 b, $3, 4, 0x1f, 0xffffffff;
-        add.f32 $0, $2, a;
-        add.f32 $1, $3, b;
-        shfl.sync.bfly.b32 a, $0, 8, 0x1f, 0xffffffff;
-        shfl.sync.bfly.b32 b, $1, 8, 0x1f, 0xffffffff;
-        add.f32 $0, $0, a;
-        add.f32 $1, $1, b;
-        shfl.sync.bfly.b32 a, $0, 16, 0x1f, 0xffffffff;
-        shfl.sync.bfly.b32 b, $1, 16, 0x1f, 0xffffffff;
-        add.f32 $0, $0, a;
-        add.f32 $1, $1, b;
-        }
-        """,
-        constraints="=f,=f,f,f",
-        args=[x, y],
-        dtype=(tl.float32, tl.float32),
-        is_pure=True,
-        pack=1,
+        _SUM8_PTX, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
     )
 
 

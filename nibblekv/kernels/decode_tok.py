@@ -24,8 +24,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import nvfp4_split
+from nibblekv.kernels._common import nibbles_to_e4m3_ptx, nvfp4_split
 from nibblekv.kernels.decode_blockscale import bs_segment
+
+
+# $4 = 4 bytes -> $0, $1 = low nibbles of bytes (0, 1), (2, 3) as f16x2; $2, $3 = the high nibbles
+_SPLIT_E4M3_PTX = tl.constexpr(
+    "{ .reg .b32 h, l, u; .reg .b16 h0, h1, l0, l1;"
+    + nibbles_to_e4m3_ptx("$4", "l", "h", "u")
+    + """
+        mov.b32 {l0, l1}, l;
+        mov.b32 {h0, h1}, h;
+        cvt.rn.f16x2.e4m3x2 $0, l0;
+        cvt.rn.f16x2.e4m3x2 $1, l1;
+        cvt.rn.f16x2.e4m3x2 $2, h0;
+        cvt.rn.f16x2.e4m3x2 $3, h1;
+        }"""
+)
 
 
 @triton.jit
@@ -83,27 +98,7 @@ def nvfp4_split_e4m3_asm(b):
     bit placement -- cheaper if the F2FP pipe keeps up (untested on the H200; hence a variant).
     """
     return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 h, l, u;
-        .reg .b16 h0, h1, l0, l1;
-        shr.b32 u, $4, 2;
-        and.b32 u, u, 0x1C1C1C1C;
-        and.b32 h, $4, 0x80808080;
-        or.b32 h, h, u;
-        shl.b32 u, $4, 4;
-        and.b32 l, u, 0x80808080;
-        shl.b32 u, $4, 2;
-        and.b32 u, u, 0x1C1C1C1C;
-        or.b32 l, l, u;
-        mov.b32 {l0, l1}, l;
-        mov.b32 {h0, h1}, h;
-        cvt.rn.f16x2.e4m3x2 $0, l0;
-        cvt.rn.f16x2.e4m3x2 $1, l1;
-        cvt.rn.f16x2.e4m3x2 $2, h0;
-        cvt.rn.f16x2.e4m3x2 $3, h1;
-        }
-        """,
+        asm=_SPLIT_E4M3_PTX,
         constraints="=r,=r,=r,=r,r",
         args=[b],
         dtype=(tl.float16, tl.float16),
@@ -291,7 +286,9 @@ def _tok_segment(
     head_off = h.to(tl.int64) * s_head
     shead_off = h.to(tl.int64) * sc_head
     full_end = start + (end - start) // BN * BN
-    if INTERP:  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
+    if (
+        INTERP
+    ):  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
         n0 = start
         while n0 < full_end:
             m, l, acc = _tok_block(
@@ -388,7 +385,9 @@ def _split_block(
         s = tl.dot(qa, tl.trans(ka))
         s = tl.dot(qb, tl.trans(kb), s)
     else:
-        k = _load_tile(k_ptr, ks_ptr, row, srow, nmask, D, FMT, CONV if FMT == 2 else 0, INTERP, MASKED, False)
+        k = _load_tile(
+            k_ptr, ks_ptr, row, srow, nmask, D, FMT, CONV if FMT == 2 else 0, INTERP, MASKED, False
+        )
         s = tl.dot(q, tl.trans(k))
     s = s * qk_scale
     if MASKED:
@@ -427,7 +426,9 @@ def _split_segment(
     head_off = h.to(tl.int64) * s_head
     shead_off = h.to(tl.int64) * sc_head
     full_end = start + (end - start) // BN * BN
-    if INTERP:  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
+    if (
+        INTERP
+    ):  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
         n0 = start
         while n0 < full_end:
             m, l, acc_a, acc_b = _split_block(
