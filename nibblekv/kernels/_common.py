@@ -29,21 +29,30 @@ NVFP4_RESIDUAL: float = 128.0
 LOG2E: float = 1.4426950408889634
 
 
-def nibbles_to_e4m3_ptx(src: str, lo: str, hi: str, tmp: str) -> str:
-    """PTX text: the 8 E2M1 nibbles of b32 ``src`` -> E4M3 bytes ``s 0 0 e1 e0 m 0 0`` (= value * 2**-6, exact
-    for all 16 codes; code 1, 0.5, lands on an E4M3 subnormal): low nibbles into ``lo``, high into ``hi``
-    (byte i of each from byte i of ``src``). Shared by the inline-PTX converters of ``decode_tok`` / ``decode_mma``.
+def nibbles_to_f16x2_ptx(src: str, outs: tuple[str, str, str, str]) -> str:
+    """PTX text (declares its own registers): the 8 E2M1 nibbles of b32 ``src`` -> 4 f16x2 ``value * 2**-6``:
+    ``outs`` = (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3) (low/high nibble of byte i). Each nibble goes
+    through the E4M3 byte ``s 0 0 e1 e0 m 0 0`` (exact for all 16 codes; code 1, 0.5, lands on an E4M3
+    subnormal), then ``cvt.rn.f16x2.e4m3x2``. Shared by the converters of ``decode_tok`` / ``decode_mma``.
     """
     return f"""
-        shr.b32 {tmp}, {src}, 2;
-        and.b32 {tmp}, {tmp}, 0x1C1C1C1C;
-        and.b32 {hi}, {src}, 0x80808080;
-        or.b32 {hi}, {hi}, {tmp};
-        shl.b32 {tmp}, {src}, 4;
-        and.b32 {lo}, {tmp}, 0x80808080;
-        shl.b32 {tmp}, {src}, 2;
-        and.b32 {tmp}, {tmp}, 0x1C1C1C1C;
-        or.b32 {lo}, {lo}, {tmp};"""
+        .reg .b32 u, h, l;
+        .reg .b16 l0, l1, h0, h1;
+        shr.b32 u, {src}, 2;
+        and.b32 u, u, 0x1C1C1C1C;
+        and.b32 h, {src}, 0x80808080;
+        or.b32 h, h, u;
+        shl.b32 u, {src}, 4;
+        and.b32 l, u, 0x80808080;
+        shl.b32 u, {src}, 2;
+        and.b32 u, u, 0x1C1C1C1C;
+        or.b32 l, l, u;
+        mov.b32 {{l0, l1}}, l;
+        mov.b32 {{h0, h1}}, h;
+        cvt.rn.f16x2.e4m3x2 {outs[0]}, l0;
+        cvt.rn.f16x2.e4m3x2 {outs[1]}, l1;
+        cvt.rn.f16x2.e4m3x2 {outs[2]}, h0;
+        cvt.rn.f16x2.e4m3x2 {outs[3]}, h1;"""
 
 
 def fmt_code(dtype: KVDtype) -> int:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import interpreting, nibbles_to_e4m3_ptx
+from nibblekv.kernels._common import interpreting, nibbles_to_f16x2_ptx
 from nibblekv.kernels.decode_tok import _tok_segment
 
 
@@ -75,15 +75,9 @@ def _interleave(a, b):
 
 # $4 = 4 bytes, $5 = half2 multiplier -> $0..$3 = (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3) times $5
 _CVT_WORD_PTX = tl.constexpr(
-    "{ .reg .b32 u, h, l; .reg .b16 l0, l1, h0, h1;"
-    + nibbles_to_e4m3_ptx("$4", "l", "h", "u")
+    "{"
+    + nibbles_to_f16x2_ptx("$4", ("$0", "$1", "$2", "$3"))
     + """
-        mov.b32 {l0, l1}, l;
-        mov.b32 {h0, h1}, h;
-        cvt.rn.f16x2.e4m3x2 $0, l0;
-        cvt.rn.f16x2.e4m3x2 $1, l1;
-        cvt.rn.f16x2.e4m3x2 $2, h0;
-        cvt.rn.f16x2.e4m3x2 $3, h1;
         mul.rn.f16x2 $0, $0, $5;
         mul.rn.f16x2 $1, $1, $5;
         mul.rn.f16x2 $2, $2, $5;

@@ -24,23 +24,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import nibbles_to_e4m3_ptx, nvfp4_split
+from nibblekv.kernels._common import nibbles_to_f16x2_ptx, nvfp4_split
 from nibblekv.kernels.decode_blockscale import bs_segment
 
 
 # $4 = 4 bytes -> $0, $1 = low nibbles of bytes (0, 1), (2, 3) as f16x2; $2, $3 = the high nibbles
-_SPLIT_E4M3_PTX = tl.constexpr(
-    "{ .reg .b32 h, l, u; .reg .b16 h0, h1, l0, l1;"
-    + nibbles_to_e4m3_ptx("$4", "l", "h", "u")
-    + """
-        mov.b32 {l0, l1}, l;
-        mov.b32 {h0, h1}, h;
-        cvt.rn.f16x2.e4m3x2 $0, l0;
-        cvt.rn.f16x2.e4m3x2 $1, l1;
-        cvt.rn.f16x2.e4m3x2 $2, h0;
-        cvt.rn.f16x2.e4m3x2 $3, h1;
-        }"""
-)
+_SPLIT_E4M3_PTX = tl.constexpr("{" + nibbles_to_f16x2_ptx("$4", ("$0", "$1", "$2", "$3")) + "\n        }")
 
 
 @triton.jit
