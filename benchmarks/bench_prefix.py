@@ -24,6 +24,7 @@ parts (``--workloads agentic``, ``--kv-dtypes ...``, ``--hicache off|on``) and `
 
     PYTHONPATH=. python benchmarks/bench_prefix.py                       # everything, on the GPU
     PYTHONPATH=. python benchmarks/bench_prefix.py --workloads agentic --hicache off
+    PYTHONPATH=. python benchmarks/bench_prefix.py --workloads agentic --top-only hicache+bf16  # acceptance, ~8 min
     PYTHONPATH=. python benchmarks/bench_prefix.py --merge a.json b.json # combine partial runs + plot
     PYTHONPATH=. python benchmarks/bench_prefix.py --smoke               # tiny CPU run of the same code
 
@@ -77,8 +78,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hicache", choices=("off", "on", "both"), default="both")
     p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     p.add_argument("--kv-budget-gib", type=float, default=3.0, help="KV pool bytes, the same for every dtype")
-    p.add_argument("--hicache-kv-dtypes", nargs="+", default=None,
-                   help="the dtypes that run with the host tier (default: all)")
+    p.add_argument(
+        "--hicache-kv-dtypes",
+        nargs="+",
+        default=None,
+        help="the dtypes that run with the host tier (default: all)",
+    )
+    p.add_argument("--top-only", choices=("none", "hicache", "hicache+bf16"), default="none",
+                   help="run only the highest concurrency for host-tier engines (hicache) and also for bf16 "
+                   "without it (hicache+bf16): the rows the acceptance checks need, so one device call "
+                   "holds the whole agentic sweep")  # fmt: skip
     p.add_argument("--hicache-size", type=float, default=16.0, help="host tier GiB (same for every dtype)")
     p.add_argument("--hicache-write-policy", default="write_back")
     p.add_argument("--kv-recent-window", type=int, default=64)
@@ -268,6 +277,13 @@ def reset(engine: Engine) -> None:
     assert engine.pool.all_free()
 
 
+def concurrencies(args: argparse.Namespace, kv: str, hicache: bool) -> list[int]:
+    """The concurrency sweep of one engine: all of ``--concurrency``, or its top per ``--top-only``."""
+    sweep = sorted(args.concurrency)
+    top = hicache or (args.top_only == "hicache+bf16" and kv == "bf16")
+    return sweep[-1:] if args.top_only != "none" and top else sweep
+
+
 def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     loaded = load(args)
     vocab = loaded[0].config.vocab_size
@@ -286,7 +302,7 @@ def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                 warm = argparse.Namespace(**{**vars(args), "seed": f"{args.seed}-warm-up"})
                 reset(engine)
                 drive(engine, [Client(s, 0.0) for s in make(warm, 2, vocab)])
-                for c in sorted(args.concurrency):
+                for c in concurrencies(args, kv, hicache):
                     reset(engine)
                     res = drive(engine, [Client(s, think) for s in make(args, c, vocab)])
                     rows.append({

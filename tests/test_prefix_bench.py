@@ -72,3 +72,16 @@ def test_acceptance_is_computed_from_rows() -> None:
     acc = bench.acceptance(rows)
     assert not acc["nvfp4_beats_fp8_at_concurrency_ge_12"] and not acc["fp8_throughput_never_above_nvfp4"]
     assert bench.acceptance([]) == {}
+
+
+def test_top_only_runs_the_acceptance_rows_alone() -> None:
+    bench = _bench()
+    args = bench.parse_args(["--concurrency", "12", "1", "32", "--top-only", "hicache+bf16"])
+    assert bench.concurrencies(args, "nvfp4", False) == [1, 12, 32]
+    assert bench.concurrencies(args, "nvfp4", True) == [32]
+    assert bench.concurrencies(args, "bf16", False) == [32]
+    args = bench.parse_args(["--concurrency", "12", "1", "32", "--top-only", "hicache"])
+    assert bench.concurrencies(args, "bf16", False) == [1, 12, 32]
+    assert bench.concurrencies(args, "fp8_e4m3", True) == [32]
+    args = bench.parse_args(["--concurrency", "4", "2"])
+    assert bench.concurrencies(args, "bf16", True) == [2, 4]
