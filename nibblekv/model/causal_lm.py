@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nibblekv.attention.backend import AttentionBackend
+from nibblekv.kernels import _use_triton
 from nibblekv.model.config import ModelConfig
 from nibblekv.model.layers import DecoderLayer, RMSNorm
 from nibblekv.model.rope import RotaryEmbedding
@@ -40,16 +41,32 @@ class CausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
         """``input_ids [T]``, ``positions [T]`` (each token's index in its own request) -> ``[T, hidden]``.
 
         Returns the final-normed hidden states; call :meth:`compute_logits` on the rows you sample from.
         """
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
+        if _use_triton(h):
+            return self._forward_fused(h, cos, sin, attn)
         for layer in self.model.layers:
             h = layer(h, cos, sin, attn)
         return self.model.norm(h)
+
+    def _forward_fused(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        """The layers with fused Triton kernels (see ``nibblekv.model.layers``): same math as the eager loop.
+
+        NOTE: the residual stream runs alongside ``h``; the last layer's add fuses into the final norm.
+        """
+        residual: torch.Tensor | None = None
+        for layer in self.model.layers:
+            h, residual = layer.forward_fused(h, residual, cos, sin, attn)
+        return self.model.norm.forward_fused(h, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [N, hidden]`` -> float32 logits ``[N, vocab]`` (matmul in the model dtype, as HF)."""

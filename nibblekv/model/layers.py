@@ -2,6 +2,13 @@
 
 Module names mirror HF's (``self_attn``, ``mlp``, ``input_layernorm`` ...) so checkpoint names map
 onto ours with only the fused projections renamed (see :mod:`nibblekv.model.weights`).
+
+NOTE: two paths with the same math. Eager torch (CPU tensors, and ``NIBBLEKV_KERNELS=reference``) is
+HF's code, which the equivalence tests compare against. CUDA tensors (or ``NIBBLEKV_KERNELS=triton``)
+take the fused Triton kernels of :mod:`nibblekv.kernels.fused` instead: a decode step is dominated by
+launches of tiny kernels, and RMSNorm, the residual add, SiLU * mul and RoPE are ~25 of them per layer.
+The fused path keeps a running residual (``forward_fused``, SGLang style) so that each residual add
+rides along with the next RMSNorm. It is imported lazily: the eager path never needs triton.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nibblekv.attention.backend import AttentionBackend
+from nibblekv.kernels import _use_triton
 from nibblekv.model.config import ModelConfig
 from nibblekv.model.rope import apply_rope
 
@@ -28,6 +36,14 @@ class RMSNorm(nn.Module):
         xf = x.to(torch.float32)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(in_dtype)
+
+    def forward_fused(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)`` in one kernel (``residual=None``: ``(norm(x), x)``)."""
+        from nibblekv.kernels.fused import add_rms_norm
+
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -60,15 +76,35 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``."""
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        qkv = self.qkv_proj(x)
+        # NOTE: q/k norm (Qwen3) is not fused: those models keep the eager split, norm and RoPE.
+        if self.q_norm is None and _use_triton(qkv):
+            q, k, v = self._qkv_fused(qkv, cos, sin)
+        else:
+            q, k, v = self._qkv_eager(qkv, cos, sin)
+        out = attn.forward(self.layer_id, q, k, v)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+    def _qkv_eager(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Split ``qkv`` into heads, q/k norm, RoPE; v contiguous (HF's code)."""
+        t = qkv.shape[0]
+        q, k, v = qkv.split(self.split, dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attn.forward(self.layer_id, q, k, v.contiguous())
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous()
+
+    def _qkv_fused(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_qkv_eager` without q/k norm as one kernel (bit-exact with it)."""
+        from nibblekv.kernels.fused import rope_qk
+
+        return rope_qk(qkv, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
 
 
 class GatedMLP(nn.Module):
@@ -81,7 +117,12 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if _use_triton(gate_up):
+            from nibblekv.kernels.fused import silu_and_mul
+
+            return self.down_proj(silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -100,3 +141,21 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward_fused(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` with a running residual: returns ``(mlp_out, residual)`` whose sum is its output.
+
+        ``h`` is the previous layer's MLP output not yet added to ``residual`` (on the first layer:
+        the embeddings, ``residual=None``). Each add is done by the next RMSNorm's kernel.
+        """
+        x, residual = self.input_layernorm.forward_fused(h, residual)
+        h = self.self_attn(x, cos, sin, attn)
+        x, residual = self.post_attention_layernorm.forward_fused(h, residual)
+        return self.mlp(x), residual

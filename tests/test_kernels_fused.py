@@ -1,0 +1,219 @@
+"""Fused add + RMSNorm, SiLU * mul and RoPE kernels against their twins (the interpreter on CPU, see
+conftest), and the model forward with them against the eager forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nibblekv.kernels.fused import add_rms_norm, rope_qk, silu_and_mul
+from nibblekv.kernels.fused_ref import add_rms_norm_ref, rope_qk_ref, silu_and_mul_ref
+from nibblekv.model import CausalLM, DenseAttention, ModelConfig
+from nibblekv.model.rope import apply_rope
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int16 if x.element_size() == 2 else torch.int32)
+
+
+def _assert_bit_exact(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype
+    diff = (_bits(got) != _bits(want)).nonzero()
+    assert diff.numel() == 0, f"{diff.shape[0]} elements differ, first at {diff[0].tolist()}"
+
+
+def _assert_close(got: torch.Tensor, want: torch.Tensor, ulps: int = 1) -> None:
+    """bf16: at most ``ulps`` bf16 ulps apart (ulp of the larger magnitude); float32: rtol 1e-5."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert not got.isnan().any()
+    g, w = got.float(), want.float()
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        return
+    mag = torch.maximum(g.abs(), w.abs()).clamp_min(2.0**-120)
+    ulp = torch.exp2(torch.floor(torch.log2(mag)) - 7)
+    bad = ((g - w).abs() > ulps * ulp).nonzero()
+    assert bad.numel() == 0, f"{bad.shape[0]} elements over {ulps} ulp, first at {bad[0].tolist()}"
+
+
+def _cos_sin(t: int, d: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[T, 1, D]`` for random positions, computed as ``RotaryEmbedding.cos_sin``."""
+    pos = torch.randint(0, 4096, (t,)).float()
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
+    emb = torch.cat((pos[:, None] * inv, pos[:, None] * inv), dim=-1)[:, None, :]
+    return emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
+
+
+# ----------------------------------------------------------------------------- add + RMSNorm
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("h", [72, 576, 4096])
+@pytest.mark.parametrize("t", [1, 3, 17])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_add_rms_norm(dtype: torch.dtype, h: int, t: int, with_residual: bool) -> None:
+    torch.manual_seed(h + t)
+    x = (torch.randn(t, h) * 2).to(dtype).to(DEVICE)
+    res = torch.randn(t, h).to(dtype).to(DEVICE) if with_residual else None
+    w = (1 + 0.2 * torch.randn(h)).to(dtype).to(DEVICE)
+    out, new_res = add_rms_norm(x, res, w, 1e-6)
+    want, want_res = add_rms_norm_ref(x, res, w, 1e-6)
+    _assert_bit_exact(new_res, want_res)  # the add is plain elementwise
+    _assert_close(out, want)
+    if res is None:
+        assert new_res is x
+
+
+def test_add_rms_norm_strided_rows_and_mixed_weight() -> None:
+    # rows with a larger stride than H; an fp32 weight promotes the output to fp32 (as torch does)
+    torch.manual_seed(1)
+    base = torch.randn(5, 100).to(torch.bfloat16).to(DEVICE)
+    x, res = base[:, :72], base[:, 20:92]
+    w = (1 + 0.2 * torch.randn(72)).to(DEVICE)
+    out, new_res = add_rms_norm(x, res, w, 1e-5)
+    want, want_res = add_rms_norm_ref(x, res, w, 1e-5)
+    assert out.dtype == torch.float32 and new_res.is_contiguous()
+    _assert_bit_exact(new_res, want_res)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- SiLU * mul
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("t", "inter"), [(1, 40), (3, 40), (5, 1536), (2, 14336)])
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # numpy exp(90) = inf
+def test_silu_and_mul(dtype: torch.dtype, t: int, inter: int) -> None:
+    torch.manual_seed(inter + t)
+    gate_up = (torch.randn(t, 2 * inter) * 4).to(dtype).to(DEVICE)
+    gate_up[0, :4] = torch.tensor([0.0, -0.0, 90.0, -90.0])  # exp overflow / underflow
+    out = silu_and_mul(gate_up)
+    want = silu_and_mul_ref(gate_up)
+    # expf differs from torch's CPU exp by an ulp at times: float32 rtol 1e-5, bf16 one ulp
+    _assert_close(out, want)
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("d", [16, 64, 128])
+@pytest.mark.parametrize(("hq", "hkv"), [(9, 3), (4, 1), (32, 8)])
+@pytest.mark.parametrize("t", [1, 5])
+def test_rope_qk_bit_exact(dtype: torch.dtype, d: int, hq: int, hkv: int, t: int) -> None:
+    torch.manual_seed(d * hq + t)
+    qkv = (torch.randn(t, (hq + 2 * hkv) * d) * 3).to(dtype).to(DEVICE)
+    cos, sin = _cos_sin(t, d, dtype, DEVICE)
+    q, k, v = rope_qk(qkv, cos, sin, hq, hkv, d)
+    wq, wk, wv = rope_qk_ref(qkv, cos, sin, hq, hkv, d)
+    for got, want in ((q, wq), (k, wk), (v, wv)):
+        assert got.is_contiguous()
+        _assert_bit_exact(got, want)
+    # the twin is the model's own apply_rope
+    _assert_bit_exact(q, apply_rope(qkv[:, : hq * d].reshape(t, hq, d), cos, sin))
+
+
+def test_rope_qk_strided_rows_and_odd_half() -> None:
+    # head_dim 24 (half 12: a masked tile), rows with a larger stride than the qkv width
+    torch.manual_seed(2)
+    base = torch.randn(3, 6 * 24 + 8).to(torch.bfloat16).to(DEVICE)
+    qkv = base[:, : 6 * 24]
+    cos, sin = _cos_sin(3, 24, torch.bfloat16, DEVICE)
+    for got, want in zip(rope_qk(qkv, cos, sin, 2, 2, 24), rope_qk_ref(qkv, cos, sin, 2, 2, 24)):
+        _assert_bit_exact(got, want)
+
+
+def test_launch_checks() -> None:
+    x = torch.randn(3, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="residual must match"):
+        add_rms_norm(x, x.to(torch.bfloat16), torch.ones(8, device=DEVICE), 1e-6)
+    with pytest.raises(ValueError, match="weight"):
+        add_rms_norm(x, None, torch.ones(9, device=DEVICE), 1e-6)
+    with pytest.raises(ValueError, match="unit last stride"):
+        silu_and_mul(x.t())
+    with pytest.raises(ValueError, match="even number"):
+        silu_and_mul(torch.randn(2, 7, device=DEVICE))
+    cos, sin = _cos_sin(3, 4, torch.float32, DEVICE)
+    with pytest.raises(ValueError, match="columns"):
+        rope_qk(torch.randn(3, 20, device=DEVICE), cos, sin, 2, 1, 4)
+    with pytest.raises(ValueError, match="cos must be"):
+        rope_qk(torch.randn(3, 16, device=DEVICE), cos.to(torch.bfloat16), sin, 2, 1, 4)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def _tiny_model(qk_norm: bool, dtype: torch.dtype) -> CausalLM:
+    """A seeded random 2-layer Llama-shaped model (hidden 64, heads 4/2, head_dim 16)."""
+    config = ModelConfig(
+        architecture="qwen3" if qk_norm else "llama", num_layers=2, hidden_size=64, intermediate_size=96,
+        num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=256,
+        rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=qk_norm, qk_norm=qk_norm,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = CausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p))
+    return model.to(dtype).to(DEVICE).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_model_forward_fused_matches_eager(
+    dtype: torch.dtype, qk_norm: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _tiny_model(qk_norm, dtype)
+    ids = torch.randint(0, 300, (7,), device=DEVICE)
+    positions = torch.tensor([0, 1, 2, 3, 0, 1, 2], device=DEVICE)
+    attn = DenseAttention([0, 4, 7])
+    with torch.no_grad():
+        monkeypatch.setenv("NIBBLEKV_KERNELS", "reference")
+        eager = model(ids, positions, attn)
+        monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")
+        fused = model(ids, positions, attn)
+    assert fused.dtype == dtype and not fused.isnan().any()
+    if dtype == torch.float32:
+        torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5)
+    else:  # RMSNorm's bf16 ulps (reduction order) propagate through the layers
+        torch.testing.assert_close(fused, eager, rtol=2e-2, atol=2e-2)
+        assert (fused.float() - eager.float()).abs().mean() < 2e-3
+
+
+# ----------------------------------------------------------------------------- GPU, Llama-8B sizes
+
+
+@cuda_only
+@pytest.mark.parametrize("t", [1, 7, 300])
+def test_gpu_llama8b_sizes(t: int) -> None:
+    torch.manual_seed(t)
+    bf = torch.bfloat16
+    x, res = torch.randn(t, 4096, device="cuda", dtype=bf), torch.randn(t, 4096, device="cuda", dtype=bf)
+    w = (1 + 0.2 * torch.randn(4096, device="cuda")).to(bf)
+    out, new_res = add_rms_norm(x, res, w, 1e-5)
+    want, want_res = add_rms_norm_ref(x, res, w, 1e-5)
+    _assert_bit_exact(new_res, want_res)
+    _assert_close(out, want)
+    gate_up = torch.randn(t, 2 * 14336, device="cuda", dtype=bf) * 4
+    _assert_close(silu_and_mul(gate_up), silu_and_mul_ref(gate_up))
+    qkv = torch.randn(t, 48 * 128, device="cuda", dtype=bf) * 3
+    cos, sin = _cos_sin(t, 128, bf, "cuda")
+    for got, want in zip(rope_qk(qkv, cos, sin, 32, 8, 128), rope_qk_ref(qkv, cos, sin, 32, 8, 128)):
+        _assert_bit_exact(got, want)
+
+
+@cuda_only
+def test_gpu_float32_rope_bit_exact_silu_within_an_ulp() -> None:
+    # no FMA contraction in RoPE; SiLU uses libdevice expf + IEEE division like torch's CUDA kernel
+    # (expected bit-exact, asserted to an ulp)
+    torch.manual_seed(3)
+    qkv = torch.randn(9, 48 * 128, device="cuda") * 3
+    cos, sin = _cos_sin(9, 128, torch.float32, "cuda")
+    for got, want in zip(rope_qk(qkv, cos, sin, 32, 8, 128), rope_qk_ref(qkv, cos, sin, 32, 8, 128)):
+        _assert_bit_exact(got, want)
+    gate_up = torch.randn(9, 2 * 14336, device="cuda") * 4
+    got, want = silu_and_mul(gate_up), silu_and_mul_ref(gate_up)
+    assert (_bits(got) - _bits(want)).abs().max() <= 1
