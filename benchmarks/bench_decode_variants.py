@@ -60,7 +60,9 @@ def check(dt: KVDtype, spec: str, batch: object) -> tuple[float, dict[str, objec
     pb, q, ref = batch  # type: ignore[misc]
     out = torch.full_like(q, float("nan"))
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
-    dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]), **targs, out=out, variant=spec)
+    dec.decode_triton(
+        q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]), **targs, out=out, variant=spec
+    )
     torch.cuda.synchronize() if DEV == "cuda" else None
     k = dec.LAST_KERNEL.get("decode")
     res: dict[str, object] = {}
@@ -90,7 +92,16 @@ def make_check_batch(dt: KVDtype, tiny: bool) -> object:
     # specialization of their row stride matches and the timed launches reuse the checked compile.
     pb.page_table, pb.tail_page_table = _pad16(pb.page_table), _pad16(pb.tail_page_table)
     q = torch.randn(len(lens), 32, 128, device=DEV).to(torch.bfloat16)
-    ref = decode_ref(q.float(), pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(128), pb.tail, pb.tail_page_table, pb.tail_lens)
+    ref = decode_ref(
+        q.float(),
+        pb.cache,
+        pb.page_table,
+        pb.lens,
+        1 / math.sqrt(128),
+        pb.tail,
+        pb.tail_page_table,
+        pb.tail_lens,
+    )
     return pb, q, ref
 
 
@@ -100,6 +111,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new variants after this")
     ap.add_argument("--variants", nargs="*", default=None, help="dtype=spec items, e.g. nvfp4=tok:bn=128")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test (interpreter)")
+    ap.add_argument(
+        "--shapes", nargs="*", default=None, help="BxCTX items, e.g. 1x4096 12x3072 (default: SHAPES)"
+    )
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -108,6 +122,8 @@ def main() -> None:
         by_name = {v: k for k, v in NAMES.items()}
         plan = [(by_name[s.split("=", 1)[0]], s.split("=", 1)[1]) for s in args.variants]
     shapes = [(1, 96), (2, 64)] if args.tiny else SHAPES
+    if args.shapes:
+        shapes = [(int(b), int(c)) for b, c in (x.split("x") for x in args.shapes)]
     ceil = read_ceiling(1 << 20 if args.tiny else 4 << 30)
     print("ceiling probes", ceil, flush=True)
     probe_ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"])  # per-line fractions use this
@@ -178,7 +194,9 @@ def finish(doc: dict[str, object], ceil: dict[str, float]) -> None:
     doc["ceiling_tbps"] = round(ceiling, 4)
     for r in rows:
         r["frac_of_ceiling"] = round(float(r["tbps"]) / ceiling, 4)  # type: ignore[arg-type]
-    print(f"\nceiling {ceiling:.3f} TB/s (probes {ceil}); frac of ceiling per variant and shape; targets nvfp4 .65 fp8 .75 bf16 .85")
+    print(
+        f"\nceiling {ceiling:.3f} TB/s (probes {ceil}); frac of ceiling per variant and shape; targets nvfp4 .65 fp8 .75 bf16 .85"
+    )
     shapes = sorted({(int(r["batch"]), int(r["context"])) for r in rows}, key=lambda s: (-s[0] * s[1], s[0]))  # type: ignore[call-overload]
     print(f"{'dtype':9s} {'variant':22s} " + " ".join(f"{f'B{b}x{c // 1024}K':>9s}" for b, c in shapes))
     best: dict[tuple[str, int, int], dict[str, object]] = {}
@@ -192,7 +210,11 @@ def finish(doc: dict[str, object], ceil: dict[str, float]) -> None:
                 key = (str(r["kv_dtype"]), b, c)
                 if key not in best or float(r["us"]) < float(best[key]["us"]):  # type: ignore[arg-type]
                     best[key] = r
-        extra = "" if v.get("status") == "ok" else f"  {v.get('status')} {str(v.get('error', v.get('rel_rms', '')))[:80]}"
+        extra = (
+            ""
+            if v.get("status") == "ok"
+            else f"  {v.get('status')} {str(v.get('error', v.get('rel_rms', '')))[:80]}"
+        )
         print(f"{v['kv_dtype']:9s} {v['variant']:22s} " + " ".join(cells) + extra)
     print("\nbest per shape: variant (frac); nvfp4/fp8 and nvfp4/bf16 time ratios of the best rows")
     summary = []
@@ -209,7 +231,11 @@ def finish(doc: dict[str, object], ceil: dict[str, float]) -> None:
         if n and bf:
             s["nvfp4_over_bf16"] = round(float(n["us"]) / float(bf["us"]), 3)  # type: ignore[arg-type]
         summary.append(s)
-        print(f"B{b}x{c // 1024}K: " + "  ".join(parts) + f"  nvfp4/fp8={s.get('nvfp4_over_fp8')} nvfp4/bf16={s.get('nvfp4_over_bf16')}")
+        print(
+            f"B{b}x{c // 1024}K: "
+            + "  ".join(parts)
+            + f"  nvfp4/fp8={s.get('nvfp4_over_fp8')} nvfp4/bf16={s.get('nvfp4_over_bf16')}"
+        )
     doc["best"] = summary
     sys.stdout.flush()
 

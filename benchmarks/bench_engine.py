@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-range", type=int, nargs=2, default=[100, 1024])
     p.add_argument("--long-input", type=int, default=32768)
     p.add_argument("--long-output", type=int, default=1024)
+    p.add_argument("--long-requests", type=int, nargs="+", default=None,
+                   help="long part: run these request counts instead of matched/capacity")  # fmt: skip
     p.add_argument("--mem-fraction-static", type=float, default=0.88)
     p.add_argument("--max-running-requests", type=int, default=256, help="throughput part")
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
@@ -308,12 +310,16 @@ def bench_long(args: argparse.Namespace) -> list[dict[str, Any]]:
     rng = random.Random(args.seed)
     vocab = loaded[0].config.vocab_size
     params = SamplingParams(temperature=0, max_new_tokens=args.long_output, ignore_eos=True)
-    matched = capacity_requests(replace(cfg, kv_cache_dtype="bf16"), loaded, per_request)
+    if args.long_requests:  # fixed batch sizes, e.g. the small batches of a low-concurrency server
+        runs = [(f"requests={n}", n) for n in args.long_requests]
+    else:
+        runs = [("matched", capacity_requests(replace(cfg, kv_cache_dtype="bf16"), loaded, per_request)),
+                ("capacity", 0)]  # fmt: skip
     rows = []
-    for mode in ("matched", "capacity"):
+    for mode, fixed in runs:
         for kv in args.kv_dtypes:
             kv_cfg = replace(cfg, kv_cache_dtype=kv)
-            n = matched if mode == "matched" else capacity_requests(kv_cfg, loaded, per_request)
+            n = fixed or capacity_requests(kv_cfg, loaded, per_request)
             engine = Engine(replace(kv_cfg, max_running_requests=n), loaded=loaded)
             prompts = [random_prompt(rng, args.long_input, vocab) for _ in range(n)]
             res = decode_run(engine, prompts, params, args.synthetic_prefill, bandwidth, args.profile_steps)

@@ -54,11 +54,11 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 
 # decode_mma: (spec, GQA group, page size). The interpreter runs its PTX twins slowly (~15 s per launch),
 # so CPU runs two cases; GPUs run every spec x group x page.
-MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0"]
+MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64"]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
     if DEVICE == "cuda"
-    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0", 3, 5)]
+    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5)]  # minc: later splits stay empty
 )
 
 
@@ -127,7 +127,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     # NVFP4 at head_dim 128 on a GPU: decode_mma (decode_triton falls back to "tok" where it cannot run)
     assert resolve_variant(None, 2, 128, False)[0] == "mma"
     assert resolve_variant(None, 1, 128, False)[0] == "tok"
-    assert resolve_variant("mma:w=2,tpi=1,pf=0,ppsm=16", 2, 128, False)[1] == {
+    assert resolve_variant("mma:w=2,tpi=1,pf=0,ppsm=16,minc=64", 2, 128, False)[1] == {
         "block_n": 16,
         "tail_block_n": 64,
         "num_warps": 2,
@@ -136,6 +136,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "ppsm": 16,
         "tpi": 1,
         "pf": 0,
+        "minc": 64,
     }
     assert resolve_variant(None, 2, 64, False)[0] == "paged"
     assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default

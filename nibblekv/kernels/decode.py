@@ -61,7 +61,8 @@ DEFAULT_VARIANT = "tok"
 # other head dims keep "paged", which the GPU tests covered at 64/128/256, until a device run checks them.
 TOK_VERIFIED_HEAD_DIMS = (128,)
 #   mma    decode_mma (NVFP4, head_dim 128, GQA group <= 8): hand-placed mma.sync fragments, one 16-token tile
-#          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for)
+#          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
+#          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split)
 VARIANT_NAMES = ("paged", "rows", "tok", "kq", "bs", "mma")
 
 
@@ -354,6 +355,10 @@ def decode_triton(
         cfg["conv"] = 0  # the interpreter cannot run inline PTX
     bn, tbn = int(cfg["block_n"]), int(cfg["tail_block_n"])
     if name == "mma":
+        if int(cfg["minc"]) < 16 or int(cfg["minc"]) % 16:
+            raise ValueError(
+                f"decode variant 'mma': minc must be a positive multiple of 16, got {cfg['minc']}"
+            )
         splits = num_splits or mma_num_splits(bsz, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]))
     else:
         splits = num_splits or default_num_splits(bsz, hkv, None, bn)
@@ -400,7 +405,12 @@ def decode_triton(
     )  # fmt: skip
     if name == "mma":
         k = decode_mma_kernel[(bsz, hkv, splits + int(has_tail))](
-            *args, NW=int(cfg["num_warps"]), TPI=int(cfg["tpi"]), PF=int(cfg["pf"]), **common
+            *args,
+            NW=int(cfg["num_warps"]),
+            TPI=int(cfg["tpi"]),
+            PF=int(cfg["pf"]),
+            MINC=int(cfg["minc"]),
+            **common,
         )
     elif tok:
         if fmt == FMT_NVFP4 and st != d // 16:
@@ -508,6 +518,7 @@ def _mma_config() -> dict[str, int | bool]:
         "ppsm": 32,
         "tpi": 2,
         "pf": 1,
+        "minc": 16,
     }
 
 
@@ -551,6 +562,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "sc": "sc", "ord": "ord", "ppsm": "ppsm", "tpi": "tpi", "pf": "pf",
+    "minc": "minc",
 }  # fmt: skip
 
 

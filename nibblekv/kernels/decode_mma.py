@@ -693,7 +693,7 @@ def decode_mma_kernel(
     HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
-    TPI: tl.constexpr = 1, PF: tl.constexpr = 1,
+    TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments; grid ``(B, kv_heads, NUM_SPLITS [+1])``, ``NW`` warps.
 
@@ -718,7 +718,9 @@ def decode_mma_kernel(
     else:
         first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW
         n = tl.load(lens_ptr + b)
-        chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), 16) * 16
+        # NOTE: splits are fixed per batch size (CUDA graphs); at least MINC tokens each keeps a short
+        # context from spreading one tile per warp over all of them (the later splits stay empty)
+        chunk = tl.maximum(tl.cdiv(tl.cdiv(n, NUM_SPLITS), 16) * 16, MINC)
         start = sp * chunk
         end = tl.maximum(tl.minimum(start + chunk, n), start)  # NOTE: an empty split has end == start
         # E4M3-byte codes are value * 2**-6: fold 2**6 and the global scales into the fp32 factors
