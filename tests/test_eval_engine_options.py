@@ -61,12 +61,12 @@ def test_nvfp4_default_options_and_scales_file_check(tmp_path) -> None:  # type:
 def test_engine_nvfp4_pool_defaults(smollm2) -> None:  # type: ignore[no-untyped-def]
     kw = {"loaded": smollm2, "max_total_tokens": 256, "decode_log_interval": 0}
     nv = Engine(kv_cache_dtype="nvfp4", **kw)  # SmolLM2: head_dim 64
-    assert nv.pool.spec.hadamard and nv.runner.backend.rotation is not None
+    assert nv.pool.spec.hadamard and nv.runner.backend.qkv_rotation is not None
     assert nv.pool.spec.four_over_six and nv.runner.backend.four_over_six
     assert "hadamard: True, 4over6: True" in nv.pool.startup_lines(4, 256)[0]
     fp8 = Engine(kv_cache_dtype="fp8_e4m3", **kw)
-    assert not fp8.pool.spec.hadamard and fp8.runner.backend.rotation is None
-    assert Engine(kv_cache_dtype="nvfp4", kv_hadamard=False, **kw).runner.backend.rotation is None
+    assert not fp8.pool.spec.hadamard and fp8.runner.backend.qkv_rotation is None
+    assert Engine(kv_cache_dtype="nvfp4", kv_hadamard=False, **kw).runner.backend.qkv_rotation is None
 
 
 def test_reference_write_and_demote_use_4over6() -> None:

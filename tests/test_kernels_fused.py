@@ -116,6 +116,32 @@ def test_rope_qk_bit_exact(dtype: torch.dtype, d: int, hq: int, hkv: int, t: int
     _assert_bit_exact(q, apply_rope(qkv[:, : hq * d].reshape(t, hq, d), cos, sin))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("d", "hq", "hkv", "t"), [(32, 9, 3, 1), (64, 4, 1, 3), (32, 32, 8, 2)])
+def test_rope_qk_rotated(dtype: torch.dtype, d: int, hq: int, hkv: int, t: int) -> None:
+    # the KV cache's Hadamard rotation fused in: q, k after RoPE and v, each times H (head groups of 16
+    # rows: 15 and 6 heads leave masked rows; 48 heads fill three groups)
+    from nibblekv.attention.paged import hadamard_matrix
+
+    torch.manual_seed(d + hq + t)
+    qkv = (torch.randn(t, (hq + 2 * hkv) * d) * 3).to(dtype).to(DEVICE)
+    cos, sin = _cos_sin(t, d, dtype, DEVICE)
+    h = hadamard_matrix(d, DEVICE, dtype)
+    got = rope_qk(qkv, cos, sin, hq, hkv, d, h)
+    for g, want, plain in zip(
+        got, rope_qk_ref(qkv, cos, sin, hq, hkv, d, h), rope_qk_ref(qkv, cos, sin, hq, hkv, d)
+    ):
+        assert g.is_contiguous()
+        _assert_close(g, want)
+        assert not torch.allclose(g.float(), plain.float())  # it did rotate
+    with pytest.raises(ValueError, match="head_dim >= 32"):
+        rope_qk(
+            qkv[:, : (hq + 2 * hkv) * 16], cos[..., :16], sin[..., :16], hq, hkv, 16, h[:16, :16].contiguous()
+        )
+    with pytest.raises(ValueError, match="rotation"):
+        rope_qk(qkv, cos, sin, hq, hkv, d, h.t())  # not contiguous
+
+
 def test_rope_qk_strided_rows_and_odd_half() -> None:
     # head_dim 24 (half 12: a masked tile), rows with a larger stride than the qkv width
     torch.manual_seed(2)
@@ -146,11 +172,11 @@ def test_launch_checks() -> None:
 # ----------------------------------------------------------------------------- the model
 
 
-def _tiny_model(qk_norm: bool, dtype: torch.dtype) -> CausalLM:
+def _tiny_model(qk_norm: bool, dtype: torch.dtype, head_dim: int = 16) -> CausalLM:
     """A seeded random 2-layer Llama-shaped model (hidden 64, heads 4/2, head_dim 16)."""
     config = ModelConfig(
         architecture="qwen3" if qk_norm else "llama", num_layers=2, hidden_size=64, intermediate_size=96,
-        num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=256,
+        num_heads=4, num_kv_heads=2, head_dim=head_dim, vocab_size=300, max_position_embeddings=256,
         rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=qk_norm, qk_norm=qk_norm,
     )  # fmt: skip
     torch.manual_seed(0)
@@ -183,6 +209,46 @@ def test_model_forward_fused_matches_eager(
         assert (fused.float() - eager.float()).abs().mean() < 2e-3
 
 
+class _RotatedDense(DenseAttention):
+    """Dense attention that declares a Hadamard ``qkv_rotation`` (as the paged backend does for nvfp4)
+    and counts which entry the model used."""
+
+    def __init__(self, cu: list[int], rotation: torch.Tensor) -> None:
+        super().__init__(cu)
+        self.qkv_rotation = rotation
+        self.calls: list[str] = []
+
+    def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.calls.append("forward")
+        return super().forward(layer_id, q, k, v)
+
+    def forward_rotated(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        self.calls.append("rotated")
+        # attention is invariant under a shared orthogonal rotation of q and k; v's comes back out
+        return super().forward(layer_id, q, k, v) @ self.qkv_rotation
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_forward_fused_rotation(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fused path hands the backend pre-rotated q, k, v (rotation inside the RoPE kernel): same output
+    from nibblekv.attention.paged import hadamard_matrix
+
+    model = _tiny_model(False, dtype, head_dim=32)
+    ids = torch.randint(0, 300, (7,), device=DEVICE)
+    positions = torch.tensor([0, 1, 2, 3, 0, 1, 2], device=DEVICE)
+    attn = _RotatedDense([0, 4, 7], hadamard_matrix(32, DEVICE, dtype))
+    with torch.no_grad():
+        monkeypatch.setenv("NIBBLEKV_KERNELS", "reference")
+        eager = model(ids, positions, DenseAttention([0, 4, 7]))
+        monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")
+        fused = model(ids, positions, attn)
+    assert attn.calls == ["rotated", "rotated"]
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(fused, eager, rtol=tol, atol=tol)
+
+
 # ----------------------------------------------------------------------------- GPU, Llama-8B sizes
 
 
@@ -203,6 +269,11 @@ def test_gpu_llama8b_sizes(t: int) -> None:
     cos, sin = _cos_sin(t, 128, bf, "cuda")
     for got, want in zip(rope_qk(qkv, cos, sin, 32, 8, 128), rope_qk_ref(qkv, cos, sin, 32, 8, 128)):
         _assert_bit_exact(got, want)
+    from nibblekv.attention.paged import hadamard_matrix
+
+    h = hadamard_matrix(128, "cuda", bf)
+    for got, want in zip(rope_qk(qkv, cos, sin, 32, 8, 128, h), rope_qk_ref(qkv, cos, sin, 32, 8, 128, h)):
+        _assert_close(got, want)
 
 
 @cuda_only

@@ -14,6 +14,18 @@ class AttentionBackend(ABC):
     flattened: ``T`` tokens of all requests, in the order the engine laid them out.
     """
 
+    #: An orthogonal ``[D, D]`` matrix ``R`` (model dtype) the backend stores K/V multiplied by, or None.
+    #: Callers that can apply it more cheaply (fused with RoPE) pass ``q @ R, k @ R, v @ R`` to
+    #: :meth:`forward_rotated`; :meth:`forward` applies it itself.
+    qkv_rotation: torch.Tensor | None = None
+
+    def forward_rotated(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`forward` for ``q, k, v`` already multiplied on the right by :attr:`qkv_rotation`;
+        returns the same (un-rotated) output. Only called when ``qkv_rotation`` is not None."""
+        raise NotImplementedError(f"{type(self).__name__} has no qkv_rotation")
+
     @abstractmethod
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store ``k, v [T, kv_heads, D]`` (after RoPE) in the cache and attend.

@@ -151,10 +151,9 @@ class PagedAttentionBackend(AttentionBackend):
         self.meta: PagedMetadata | None = None
         # --kv-hadamard: q, k, v are rotated by H before the cache ops and the output rotated back
         # (H orthogonal and symmetric: scores and outputs are unchanged, only what is stored differs).
-        self.rotation: torch.Tensor | None = None
         if pool.spec.hadamard:
             dtype = pool.spec.tail_layout.torch_dtype  # the model's dtype
-            self.rotation = hadamard_matrix(pool.spec.head_dim, pool.device, dtype)
+            self.qkv_rotation = hadamard_matrix(pool.spec.head_dim, pool.device, dtype)
         self.four_over_six = pool.spec.four_over_six
         # Host-tier copies into pages this forward reads; layer i waits for layer i's copy only.
         self.loads: Sequence[Transfer] = ()
@@ -171,10 +170,17 @@ class PagedAttentionBackend(AttentionBackend):
             demote_pages(tail, m.demote_src, main, m.demote_dst, self.four_over_six)
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        h = self.rotation
+        h = self.qkv_rotation
         if h is None:
             return self._forward(layer_id, q, k, v)
-        return self._forward(layer_id, q @ h, k @ h, v @ h) @ h
+        return self.forward_rotated(layer_id, q @ h, k @ h, v @ h)
+
+    def forward_rotated(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        h = self.qkv_rotation
+        assert h is not None
+        return self._forward(layer_id, q, k, v) @ h  # H symmetric and orthogonal: its own inverse
 
     def _forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         m = self.meta

@@ -245,6 +245,54 @@ def _rope_qkv_kernel(
     tl.store(v_ptr + dst + HALF, x2, mask=vm)
 
 
+@triton.jit
+def _rope_qkv_rot_kernel(
+    qkv_ptr, cos_ptr, sin_ptr, rot_ptr, q_ptr, k_ptr, v_ptr,
+    stride_qkv, stride_cos, stride_sin,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BF16_BITS: tl.constexpr,
+    IEEE: tl.constexpr,
+):  # fmt: skip
+    """:func:`_rope_qkv_kernel`, then every row (q and k after RoPE, v as is) times ``rot [D, D]``.
+
+    ``rows @ rot`` = ``first_half @ rot[:D/2] + second_half @ rot[D/2:]``: two ``tl.dot`` over ``BH >= 16``
+    head rows of the rounded RoPE output (as the eager ``q @ rot`` sees it), float32 accumulation.
+    """
+    HALF: tl.constexpr = D // 2
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BH + tl.arange(0, BH)
+    cols = tl.arange(0, HALF)
+    is_q = heads < HQ
+    is_k = (heads >= HQ) & (heads < HQ + HKV)
+    is_v = (heads >= HQ + HKV) & (heads < HQ + 2 * HKV)
+    m = (is_q | is_k | is_v)[:, None]
+    src = qkv_ptr + t * stride_qkv + heads[:, None] * D + cols[None, :]
+    x1 = tl.load(src, mask=m, other=0.0)
+    x2 = tl.load(src + HALF, mask=m, other=0.0)
+    c1 = tl.load(cos_ptr + t * stride_cos + cols).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + t * stride_cos + HALF + cols).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + t * stride_sin + cols).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + t * stride_sin + HALF + cols).to(tl.float32)[None, :]
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    qk = (is_q | is_k)[:, None]
+    y1 = tl.where(qk, _rope_pair(a, -b, c1, s1, qkv_ptr, BF16_BITS).to(tl.float32), a)
+    y2 = tl.where(qk, _rope_pair(b, a, c2, s2, qkv_ptr, BF16_BITS).to(tl.float32), b)
+    rr = tl.arange(0, HALF)[:, None] * D + tl.arange(0, D)[None, :]
+    r1 = tl.load(rot_ptr + rr)
+    r2 = tl.load(rot_ptr + HALF * D + rr)
+    if IEEE:  # float32 activations (and the interpreter, whose bf16 dot is unreliable): exact fp32 products
+        acc = tl.dot(y1, r1.to(tl.float32), input_precision="ieee")
+        acc = tl.dot(y2, r2.to(tl.float32), acc, input_precision="ieee")
+    else:  # y1, y2 hold bf16/fp16 values exactly: the dot sees what the eager matmul sees
+        acc = tl.dot(y1.to(r1.dtype), r1)
+        acc = tl.dot(y2.to(r2.dtype), r2, acc)
+    out = _round(acc, qkv_ptr, BF16_BITS)
+    rows = tl.where(is_q, t * HQ + heads, tl.where(is_k, t * HKV + heads - HQ, t * HKV + heads - HQ - HKV))
+    dst = tl.where(m, rows[:, None] * D + tl.arange(0, D)[None, :], 0)
+    tl.store(q_ptr + dst, out, mask=is_q[:, None])
+    tl.store(k_ptr + dst, out, mask=is_k[:, None])
+    tl.store(v_ptr + dst, out, mask=is_v[:, None])
+
+
 def rope_qk(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -252,8 +300,13 @@ def rope_qk(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    rotation: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split the fused qkv projection and apply NeoX (rotate-half) RoPE to q and k, in one kernel.
+
+    ``rotation [D, D]`` (optional, ``qkv``'s dtype, contiguous; ``D`` a power of two >= 32): q, k (after
+    RoPE) and v come back multiplied by it on the right (the KV cache's Hadamard rotation), as the eager
+    ``q @ rotation`` computes them up to float32 summation order.
 
     ``qkv [T, (Hq + 2 Hkv) * D]``: rows ``[q | k | v]``, unit last stride (any row stride);
     ``cos, sin [T, 1, D]`` as ``RotaryEmbedding.cos_sin`` returns them, in ``qkv``'s dtype.
@@ -285,6 +338,9 @@ def rope_qk(
     v = torch.empty((t, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q, k, v
+    if rotation is not None:
+        _launch_rotated(qkv, cos, sin, rotation, q, k, v, num_heads, num_kv_heads, head_dim)
+        return q, k, v
     half_block = triton.next_power_of_2(head_dim // 2)
     bh = max(1, min(triton.next_power_of_2(nh), 512 // half_block))
     # NOTE: enable_fp_fusion=False: float32 x * cos + r * sin must not contract to an FMA (eager rounds
@@ -296,6 +352,35 @@ def rope_qk(
         BF16_BITS=_bf16_bits(qkv.dtype), num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
     return q, k, v
+
+
+def _launch_rotated(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rotation: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> None:
+    d = head_dim
+    if d < 32 or d & (d - 1):
+        raise ValueError(f"rope_qk: a rotation needs a power-of-two head_dim >= 32, got {d}")
+    if rotation.shape != (d, d) or not rotation.is_contiguous():
+        raise ValueError(f"rotation must be a contiguous [{d}, {d}] matrix, got {tuple(rotation.shape)}")
+    if rotation.dtype != qkv.dtype or rotation.device != qkv.device:
+        raise ValueError(f"rotation must be {qkv.dtype} on {qkv.device} like qkv, got {rotation.dtype}")
+    nh = num_heads + 2 * num_kv_heads
+    bh = 16  # tl.dot's smallest M
+    _rope_qkv_rot_kernel[(qkv.shape[0], triton.cdiv(nh, bh))](
+        qkv, cos, sin, rotation, q, k, v,
+        qkv.stride(0), cos.stride(0), sin.stride(0),
+        HQ=num_heads, HKV=num_kv_heads, D=d, BH=bh, BF16_BITS=_bf16_bits(qkv.dtype),
+        IEEE=qkv.dtype == torch.float32 or interpreting(), num_warps=4, enable_fp_fusion=False,
+    )  # fmt: skip
 
 
 __all__ = ["add_rms_norm", "rope_qk", "silu_and_mul"]

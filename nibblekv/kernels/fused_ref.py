@@ -49,16 +49,21 @@ def rope_qk_ref(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    rotation: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``qkv [T, (Hq + 2 Hkv) * D]`` (rows ``[q | k | v]``), ``cos, sin [T, 1, D]`` in ``qkv``'s dtype
-    -> ``q [T, Hq, D]``, ``k [T, Hkv, D]`` rotated and ``v [T, Hkv, D]`` (contiguous)."""
+    -> ``q [T, Hq, D]``, ``k [T, Hkv, D]`` rotated and ``v [T, Hkv, D]`` (contiguous); with ``rotation
+    [D, D]``, all three times it on the right (as ``PagedAttentionBackend.forward`` rotates them)."""
     t = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
     q = q.reshape(t, num_heads, head_dim)
     k = k.reshape(t, num_kv_heads, head_dim)
     v = v.reshape(t, num_kv_heads, head_dim)
-    return _rotate(q, cos, sin), _rotate(k, cos, sin), v.contiguous()
+    q, k, v = _rotate(q, cos, sin), _rotate(k, cos, sin), v.contiguous()
+    if rotation is not None:
+        q, k, v = q @ rotation, k @ rotation, v @ rotation
+    return q, k, v
 
 
 __all__ = ["add_rms_norm_ref", "rope_qk_ref", "silu_and_mul_ref"]

@@ -78,11 +78,18 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         # NOTE: q/k norm (Qwen3) is not fused: those models keep the eager split, norm and RoPE.
+        rot = attn.qkv_rotation
         if self.q_norm is None and _use_triton(qkv):
-            q, k, v = self._qkv_fused(qkv, cos, sin)
+            # NOTE: the cache's rotation (if any) rides along in the RoPE kernel: no extra launches
+            fuse_rot = rot is not None and self.head_dim >= 32
+            q, k, v = self._qkv_fused(qkv, cos, sin, rot if fuse_rot else None)
+            if fuse_rot:
+                out = attn.forward_rotated(self.layer_id, q, k, v)
+            else:
+                out = attn.forward(self.layer_id, q, k, v)
         else:
             q, k, v = self._qkv_eager(qkv, cos, sin)
-        out = attn.forward(self.layer_id, q, k, v)
+            out = attn.forward(self.layer_id, q, k, v)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
     def _qkv_eager(
@@ -99,12 +106,12 @@ class Attention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous()
 
     def _qkv_fused(
-        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotation: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`_qkv_eager` without q/k norm as one kernel (bit-exact with it)."""
+        """:meth:`_qkv_eager` without q/k norm as one kernel (bit-exact with it), then times ``rotation``."""
         from nibblekv.kernels.fused import rope_qk
 
-        return rope_qk(qkv, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
+        return rope_qk(qkv, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim, rotation)
 
 
 class GatedMLP(nn.Module):
