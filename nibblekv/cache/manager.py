@@ -72,7 +72,13 @@ class RequestPages:
 
     def attn_main(self) -> list[int]:
         """The main pages attention reads (the device page-table row): all but page 0 when it has a sink."""
-        return self.main[1:] if self.sink is not None else self.main
+        return self.main[self.attn_main_start :]
+
+    @property
+    def attn_main_start(self) -> int:
+        """Index in ``main`` of the page-table row's first entry (1 with a sink page: page 0 is read
+        from the tail pool). NOTE: lets the per-step page-table sync index ``main`` without copying it."""
+        return 1 if self.sink is not None else 0
 
     def attn_tail(self) -> list[int]:
         """The tail pages attention reads: the sink page first (when there is one), then the tail."""

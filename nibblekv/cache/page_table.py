@@ -41,12 +41,13 @@ class PageTable:
                         "page table rows exhausted (more live requests than max_running_requests)"
                     )
                 p.table_row, p.synced_main, p.synced_tail = self._free.pop(), 0, []
-            main, tail = p.attn_main(), p.attn_tail()
-            if len(main) > self.main.shape[1]:
-                raise ValueError(f"a request needs {len(main)} pages, more than the context length allows")
-            for col in range(p.synced_main, len(main)):
-                _push(main_idx, p.table_row, col, main[col])
-            p.synced_main = len(main)
+            start, tail = p.attn_main_start, p.attn_tail()
+            n = len(p.main) - start  # the row's length: p.attn_main() without copying a long list
+            if n > self.main.shape[1]:
+                raise ValueError(f"a request needs {n} pages, more than the context length allows")
+            for col in range(p.synced_main, n):
+                _push(main_idx, p.table_row, col, p.main[start + col])
+            p.synced_main = n
             if tail != p.synced_tail:
                 for col, page in enumerate(tail):
                     _push(tail_idx, p.table_row, col, page)
