@@ -1,9 +1,24 @@
-"""Extend-kernel rows for bench_kernels.py: a chunk of new tokens per request over a cached prefix."""
+"""Extend-kernel rows for bench_kernels.py: a chunk of new tokens per request over a cached prefix.
+
+Standalone, it sweeps launch configs (prefix splits x pipeline stages) against the run's read ceiling:
+
+    PYTHONPATH=. python benchmarks/bench_extend.py --configs 1:0 4:0 4:3 8:2 --out DIR   # on the GPU
+    PYTHONPATH=. python benchmarks/bench_extend.py --tiny                               # CPU smoke (interpreter)
+
+``SPLITS:STAGES`` (0 stages = the default); writes ``DIR/extend-sweep.json``.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
-from typing import Callable
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -19,8 +34,11 @@ SHAPES = ((32, 8192, 16), (64, 8192, 4), (8, 8192, 128), (4, 32768, 64), (1, 327
 TINY = ((1, 80, 5),)
 
 
-def extend_rows(bench: Callable[..., float], dev: str, tiny: bool = False, hq: int = 32, hkv: int = 8, d: int = 128) -> list[dict[str, object]]:
-    """Time extend_triton per (dtype, shape); rows carry the keys bench_kernels' ``add`` takes."""
+def extend_rows(
+    bench: Callable[..., float], dev: str, tiny: bool = False, hq: int = 32, hkv: int = 8, d: int = 128,
+    configs: Sequence[tuple[int, int]] = ((1, 0),),
+) -> list[dict[str, object]]:  # fmt: skip
+    """Time extend_triton per (dtype, shape, (splits, stages)); rows carry the keys bench_kernels' ``add`` takes."""
     rows: list[dict[str, object]] = []
     for b, prefix, chunk in TINY if tiny else SHAPES:
         for dt in (KVDtype.BF16, KVDtype.FP8, KVDtype.NVFP4):
@@ -36,14 +54,51 @@ def extend_rows(bench: Callable[..., float], dev: str, tiny: bool = False, hq: i
             k = torch.randn(t, hkv, d, device=dev).to(torch.bfloat16)
             v = torch.randn_like(k)
             out = torch.empty_like(q)
-            fn = lambda: extend_triton(q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out, use_asm=None if dev == "cuda" else False)  # noqa: E731
-            try:
-                us = bench(fn)
-            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: retry with fewer stages
-                print("extend default config failed:", repr(e)[:160], flush=True)
-                fn = lambda: extend_triton(q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out, num_stages=2)  # noqa: E731
-                us = bench(fn)
-            nbytes = b * prefix * lay.bytes_per_token() + (q.numel() + 2 * k.numel()) * 2
-            rows.append(dict(kernel="extend", dt=NAMES[dt], b=b, c=prefix, hq=hq, hkv=hkv, d=d, us=us, nbytes=nbytes, chunk=chunk))
+            for splits, stages in configs:
+                kw = {"num_splits": splits, "num_stages": stages or None}
+                fn = partial(
+                    extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
+                    use_asm=None if dev == "cuda" else False, **kw,
+                )  # fmt: skip
+                try:
+                    us = bench(fn)
+                except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: reported, not fatal
+                    print(
+                        f"extend {NAMES[dt]} B{b} prefix {prefix} chunk {chunk} {kw} failed: {repr(e)[:160]}",
+                        flush=True,
+                    )
+                    continue
+                nbytes = b * prefix * lay.bytes_per_token() + (q.numel() + 2 * k.numel()) * 2
+                rows.append({"kernel": "extend", "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv, "d": d,
+                             "us": us, "nbytes": nbytes, "chunk": chunk, "splits": splits, "stages": stages})  # fmt: skip
             del pool
     return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.bench_kernels import DEV, GiB, bench, read_ceiling
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
+    ap.add_argument("--configs", nargs="+", default=["1:0"], help="SPLITS:STAGES items (0 stages = default)")
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args(argv)
+    configs = [(int(a), int(b)) for a, b in (c.split(":") for c in args.configs)]
+    t0 = time.time()
+    ceil = read_ceiling(1 << 20 if args.tiny else 4 * GiB)
+    ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"])
+    rows = extend_rows(bench, DEV, args.tiny, configs=configs)
+    for r in rows:
+        tb = float(r["nbytes"]) / float(r["us"]) / 1e6  # type: ignore[arg-type]
+        r.update(tbps=round(tb, 4), frac_of_ceiling=round(tb / ceiling, 4), us=round(float(r["us"]), 2))  # type: ignore[arg-type]
+        print(f"{r['dt']:9s} B{r['b']} prefix {r['c']} chunk {r['chunk']} splits {r['splits']} stages {r['stages']}: "
+              f"{r['us']} us, {tb:.2f} TB/s ({tb / ceiling:.2f})", flush=True)  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "extend-sweep.json").write_text(json.dumps({"ceiling_probes": ceil, "rows": rows}, indent=1))
+    print(f"done {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

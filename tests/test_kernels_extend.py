@@ -37,7 +37,10 @@ def _run(dtype: KVDtype, prefix: list[int], chunks: list[int], tails: list[int] 
 @pytest.mark.parametrize("group", [1, 3, 4])
 def test_extend_matches_reference(dtype: KVDtype, group: int) -> None:
     # ragged: prefixes 0 / P-1 / P / P+1 / several pages, chunks 1..19, tails 0 / 1 / W
-    assert _run(dtype, [0, P - 1, P, P + 1, 2 * P + 3], [3, 1, 19, 6, 2], [5, 0, 1, 2 * P, 0], 2, group, 64) <= 1e-2
+    assert (
+        _run(dtype, [0, P - 1, P, P + 1, 2 * P + 3], [3, 1, 19, 6, 2], [5, 0, 1, 2 * P, 0], 2, group, 64)
+        <= 1e-2
+    )
 
 
 @pytest.mark.parametrize("dtype", [KVDtype.NVFP4, KVDtype.FP8])
@@ -49,8 +52,23 @@ def test_extend_odd_page_size() -> None:
     assert _run(KVDtype.NVFP4, [4, 11], [3, 7], [2, 0], 2, 2, 64, page=5) <= 1e-2
 
 
+@pytest.mark.parametrize("dtype", [KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16])
+def test_extend_split_prefix(dtype: KVDtype) -> None:
+    # the main-pool prefix split over 3 programs (empty splits for the short prefixes, one block each for
+    # the long one), merged by the combine step; tails 0 / 1 / W in the last split
+    assert _run(dtype, [0, P - 1, 3 * P + 5], [2, 5, 17], [3, 1, 2 * P], 2, 3, 64, num_splits=3) <= 1e-2
+
+
+def test_extend_split_env_and_odd_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIBBLEKV_EXTEND_SPLITS", "2")
+    assert _run(KVDtype.NVFP4, [4, 41], [3, 7], [2, 0], 1, 4, 64, page=5) <= 1e-2
+    with pytest.raises(ValueError, match="num_splits"):
+        _run(KVDtype.BF16, [4], [3], None, 1, 1, 64, num_splits=-1)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only shapes")
 @pytest.mark.parametrize("dtype", [KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_extend_gpu_long(dtype: KVDtype, d: int) -> None:
     assert _run(dtype, [0, 1000, 4099], [300, 17, 129], [0, 64, 33], 8, 4, d) <= 1e-2
+    assert _run(dtype, [0, 1000, 4099], [300, 17, 129], [0, 64, 33], 8, 4, d, num_splits=5) <= 1e-2

@@ -5,9 +5,14 @@ Grid ``(row blocks, B, kv_heads)``. A program owns ``BM`` rows of one request's 
 heads. It runs three phases with one online softmax: the main-pool prefix (NVFP4/FP8/BF16 pages,
 dequantized in registers -- no workspace), the bf16 tail prefix, then the chunk's own fresh K/V with a
 causal mask. Main-pool V is accumulated in stored units and rescaled once when that phase ends.
+With ``num_splits = S > 1`` the grid's last axis is ``kv_heads * S``: split ``sp`` reads its share of
+the main-pool prefix, the last split also the tail and the chunk, and each stores a partial (o, lse)
+that decode's combine step merges.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -23,7 +28,7 @@ from nibblekv.kernels._common import (
     online_softmax_step,
     scale_tensors,
 )
-from nibblekv.kernels.decode import _decode_block, _pages_contiguous
+from nibblekv.kernels.decode import _combine_kernel, _decode_block, _pages_contiguous
 from nibblekv.kernels.types import LayerKV
 
 
@@ -45,13 +50,14 @@ def _load_q(q_ptr, rows_off, head_off, rmask, D: tl.constexpr, FMT: tl.constexpr
 
 
 @triton.jit
-def _prefix_phase(qa, qb, m, l, acc, qk_scale, n, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
-                  head_off, shead_off, pt_ptr, D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr,
+def _prefix_phase(qa, qb, m, l, acc, qk_scale, start, n, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page,
+                  sc_tok, head_off, shead_off, pt_ptr, D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr,
                   FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr, PAGED: tl.constexpr):  # fmt: skip
-    """All ``n`` tokens of one pool (no causal mask): unmasked full blocks, then one masked partial block."""
-    full_end = n // BN * BN
+    """Tokens ``[start, n)`` of one pool (no causal mask; ``start`` a multiple of ``BN``): unmasked full
+    blocks, then one masked partial block."""
+    full_end = start + (n - start) // BN * BN
     if INTERP:
-        n0 = 0
+        n0 = start
         while n0 < full_end:
             m, l, acc = _decode_block(
                 n0, n, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
@@ -59,7 +65,7 @@ def _prefix_phase(qa, qb, m, l, acc, qk_scale, n, k_ptr, v_ptr, ks_ptr, vs_ptr, 
             )  # fmt: skip
             n0 += BN
     else:
-        for n0 in range(0, full_end, BN):
+        for n0 in range(start, full_end, BN):
             m, l, acc = _decode_block(
                 n0, n, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
                 head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED, False,
@@ -89,14 +95,15 @@ def _own_block(k0, kend, t, qa, qb, m, l, acc, qk_scale, kn_ptr, vn_ptr, s_kt, k
 def _extend_kernel(
     q_ptr, s_qt, s_qh, kn_ptr, vn_ptr, s_kt, s_kh, cu_ptr, out_ptr, s_ot, s_oh,
     k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok, pt_ptr, s_pt, plens_ptr,
-    tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr, sm_scale,
-    G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
+    tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr, sm_scale, o_part, lse_part,
+    HQ: tl.constexpr, S: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BN: tl.constexpr, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, USE_ASM: tl.constexpr,
     INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr,
 ):  # fmt: skip
     mb = tl.program_id(0)
     b = tl.program_id(1)
-    h = tl.program_id(2)
+    h = tl.program_id(2) // S
+    sp = tl.program_id(2) % S  # split of the main-pool prefix; the last one also runs phases 2 and 3
     s = tl.load(cu_ptr + b)
     c = tl.load(cu_ptr + b + 1) - s
     if mb * BM < c * G:
@@ -121,8 +128,11 @@ def _extend_kernel(
         if FMT == 2:
             gk = gk * 128.0
             gv = gv * 128.0
+        chunk = tl.cdiv(tl.cdiv(n, S), BN) * BN
+        start = tl.minimum(sp * chunk, n)
         m, l, acc = _prefix_phase(
-            qa, qb, m, l, acc, sm_scale * log2e * gk, n, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page,
+            qa, qb, m, l, acc, sm_scale * log2e * gk, start, tl.minimum(start + chunk, n), k_ptr, v_ptr, ks_ptr,
+            vs_ptr, s_page, s_tok, sc_page,
             sc_tok, h.to(tl.int64) * s_head, h.to(tl.int64) * sc_head, pt_ptr + b.to(tl.int64) * s_pt,
             D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED,
         )  # fmt: skip
@@ -131,15 +141,16 @@ def _extend_kernel(
         # 2) tail prefix (bf16), 3) the chunk itself, causally
         if FMT != 0:
             qa, qb = _load_q(q_ptr, qrow, qhead, rmask, D, 0)
-        if HAS_TAIL:
+        last = sp == S - 1
+        if HAS_TAIL and last:
             nt = tl.load(tlens_ptr + b)
             m, l, acc = _prefix_phase(
-                qa, qb, m, l, acc, sm_scale * log2e, nt, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_tok, 0, 0,
+                qa, qb, m, l, acc, sm_scale * log2e, 0, nt, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_tok, 0, 0,
                 h.to(tl.int64) * t_head, 0, tpt_ptr + b.to(tl.int64) * s_tpt,
                 D, TPAGE, BN, 0, False, INTERP, TPAGED,
             )  # fmt: skip
         t_hi = tl.minimum(c - 1, (mb * BM + BM - 1) // G)
-        kend = t_hi + 1
+        kend = tl.where(last, t_hi + 1, 0)  # NOTE: the chunk's own keys belong to the last split alone
         kn_base = kn_ptr + s.to(tl.int64) * s_kt
         vn_base = vn_ptr + s.to(tl.int64) * s_kt
         if INTERP:
@@ -153,9 +164,20 @@ def _extend_kernel(
                 m, l, acc = _own_block(k0, kend, t, qa, qb, m, l, acc, sm_scale * log2e, kn_base, vn_base, s_kt,
                                        h.to(tl.int64) * s_kh, D, BN, INTERP)  # fmt: skip
 
-        o = acc / l[:, None]
-        optr = out_ptr + (s + t).to(tl.int64)[:, None] * s_ot + (h * G + r % G).to(tl.int64)[:, None] * s_oh
-        tl.store(optr + tl.arange(0, D)[None, :], o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+        if S == 1:
+            o = acc / l[:, None]
+            optr = (
+                out_ptr + (s + t).to(tl.int64)[:, None] * s_ot + (h * G + r % G).to(tl.int64)[:, None] * s_oh
+            )
+            tl.store(optr + tl.arange(0, D)[None, :], o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+        else:  # a partial (o, lse) per split, merged by decode's combine step; an empty split weighs nothing
+            inv = tl.where(l > 0, 1.0 / tl.maximum(l, 1e-30), 0.0)
+            lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
+            slot = ((s + t).to(tl.int64) * HQ + h * G + r % G) * S + sp
+            tl.store(
+                o_part + slot[:, None] * D + tl.arange(0, D)[None, :], acc * inv[:, None], mask=rmask[:, None]
+            )
+            tl.store(lse_part + slot, lse, mask=rmask)
 
 
 def _default_stages(d: int) -> int:
@@ -183,10 +205,14 @@ def extend_triton(
     num_stages: int | None = None,
     use_asm: bool | None = None,
     out: torch.Tensor | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``extend_ref``: ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` -> ``[T, Hq, D]``.
 
     ``max_chunk`` (host int >= the longest chunk) avoids a device sync; the rest override the config.
+    ``num_splits`` (default ``NIBBLEKV_EXTEND_SPLITS`` or 1) splits each request's main-pool prefix over
+    that many programs (flash-decoding for extend: a small batch of short chunks otherwise runs
+    ``B * kv_heads`` programs, each streaming the whole prefix), merged by decode's combine step.
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -243,15 +269,30 @@ def extend_triton(
             prefix_lens,
             lay.page_size,
         )
-    grid = (triton.cdiv(max_chunk * g, bm), bsz, hkv)
+    splits = num_splits or int(os.environ.get("NIBBLEKV_EXTEND_SPLITS", "1"))
+    if splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {splits}")
+    hq, t = q.shape[1], q.shape[0]
+    if splits > 1:
+        o_part = torch.empty((t, hq, splits, d), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((t, hq, splits), dtype=torch.float32, device=q.device)
+    else:
+        o_part = lse_part = out  # unused
+    grid = (triton.cdiv(max_chunk * g, bm), bsz, hkv * splits)
     _extend_kernel[grid](
         q, q.stride(0), q.stride(1), k_new, v_new, k_new.stride(0), k_new.stride(1), cu_seqlens, out, out.stride(0), out.stride(1),
         cache.k_data, cache.v_data, ks, vs, cache.global_scale, ds[0], ds[1], ds[2], sp, sh, st,
         page_table, page_table.stride(0), prefix_lens,
-        tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl, float(sm_scale),
-        G=g, BM=bm, D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, HAS_TAIL=has_tail, FMT=fmt,
+        tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl, float(sm_scale), o_part, lse_part,
+        HQ=hq, S=splits, G=g, BM=bm, D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, HAS_TAIL=has_tail, FMT=fmt,
         USE_ASM=(fmt == FMT_NVFP4 and not interp) if use_asm is None else use_asm, INTERP=interp,
         PAGED=_pages_contiguous(cache, bn), TPAGED=has_tail and _pages_contiguous(tail, bn),
         num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else _default_stages(d)),
     )  # fmt: skip
+    if splits > 1:
+        db = 16 if splits > 16 else d  # see decode's combine step
+        _combine_kernel[(t * hq, d // db)](
+            o_part, lse_part, out, out.stride(0), out.stride(1),
+            HQ=hq, S=splits, BS=triton.next_power_of_2(splits), D=d, DB=db, num_warps=4,
+        )  # fmt: skip
     return out

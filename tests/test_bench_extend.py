@@ -1,0 +1,21 @@
+"""benchmarks/bench_extend.py --tiny: the device sweep's code path on CPU (Triton interpreter)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import bench_extend  # noqa: E402
+
+
+def test_extend_sweep_tiny(tmp_path: Path) -> None:
+    assert bench_extend.main(["--tiny", "--configs", "2:0", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "extend-sweep.json").read_text())
+    rows = doc["rows"]
+    assert {r["dt"] for r in rows} == {"bf16", "fp8_e4m3", "nvfp4"}
+    assert all(r["splits"] == 2 and r["us"] > 0 and r["nbytes"] > 0 and "frac_of_ceiling" in r for r in rows)
+    assert not torch.cuda.is_available() or doc["ceiling_probes"]
