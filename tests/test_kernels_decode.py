@@ -74,6 +74,11 @@ def test_decode_mma(spec: str, group: int, page: int) -> None:
     assert err <= 1e-2, err
 
 
+def test_decode_mma_no_tail() -> None:
+    # no bf16 tail pool: no tail program in the grid (with one, it is program 0 of the split axis)
+    assert _run(KVDtype.NVFP4, [1, P - 1, P, P + 1, 70], None, 1, 4, 128, P, 3, variant="mma:tpi=2") <= 1e-2
+
+
 def test_decode_combine_many_slots() -> None:
     # 40 splits (> the combine step's 32-slot chunk): most are empty for the short request
     assert _run(KVDtype.BF16, [1, 300], [0, 3], 1, 2, 64, P, 40) <= 1e-2

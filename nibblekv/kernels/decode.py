@@ -359,7 +359,7 @@ def decode_triton(
             raise ValueError(
                 f"decode variant 'mma': minc must be a positive multiple of 16, got {cfg['minc']}"
             )
-        splits = num_splits or mma_num_splits(bsz, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]))
+        splits = num_splits or mma_num_splits(bsz, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]), has_tail)
     else:
         splits = num_splits or default_num_splits(bsz, hkv, None, bn)
     # NOTE: "mma" writes one partial slot per warp of each split
@@ -452,16 +452,17 @@ def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
     return None
 
 
-def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int) -> int:
+def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int, has_tail: bool = False) -> int:
     """Splits for ``decode_mma``: ``per_sm`` warps per SM in all, rounded DOWN (whole waves).
 
     Every warp has the same work, so the grid should be whole waves: with ~16 warps resident per SM (128
     registers), a grid of 1.1 waves ran at 0.50 of the H200's read ceiling and 2.06 waves at 0.57
-    (B=32 x 8K, 2026-11-29). Capped at 256 partial slots per head (each warp writes one; the combine
-    step reads them all).
+    (B=32 x 8K, 2026-11-29). The bf16 tail's program per (request, head) counts too (without it, B=24
+    gave 2.09 waves). Capped at 256 partial slots per head (each warp writes one; the combine step reads
+    them all).
     """
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-    return max(1, min(256 // num_warps, per_sm * sms // (batch * kv_heads * num_warps)))
+    return max(1, min(256 // num_warps, per_sm * sms // (batch * kv_heads * num_warps) - int(has_tail)))
 
 
 def _pages_contiguous(cache: LayerKV | None, block_n: int) -> bool:

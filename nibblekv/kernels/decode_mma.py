@@ -695,18 +695,20 @@ def decode_mma_kernel(
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16,
 ):  # fmt: skip
-    """``decode._decode_kernel``'s arguments; grid ``(B, kv_heads, NUM_SPLITS [+1])``, ``NW`` warps.
+    """``decode._decode_kernel``'s arguments; grid ``(B, kv_heads, [1 +] NUM_SPLITS)``, ``NW`` warps.
 
     Partial slots per head: ``NUM_SPLITS * NW`` (split ``sp``, warp ``w`` -> slot ``sp * NW + w``) then the
     tail's slot (``decode_tok._tok_segment``, plain ``tl.dot`` over bf16 pages). ``BN`` is unused here
     (tiles are 16 tokens); ``s_tok``/``sc_tok`` must be ``D / 2`` / ``D / 16`` (checked by the launcher).
+    NOTE: the tail is program 0 of the last grid axis, so it is scheduled in the first wave: as the last
+    index it ran after every split, a short extra wave on the critical path.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
-    sp = tl.program_id(2)
+    sp = tl.program_id(2) - HAS_TAIL
     S_TOT = NUM_SPLITS * NW + HAS_TAIL
     q_base = q_ptr + b.to(tl.int64) * s_qb
-    if HAS_TAIL and sp == NUM_SPLITS:
+    if HAS_TAIL and sp < 0:
         first = (b.to(tl.int64) * HQ + h * G) * S_TOT + NUM_SPLITS * NW
         n = tl.load(tlens_ptr + b)
         _tok_segment(
