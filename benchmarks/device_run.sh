@@ -1,6 +1,7 @@
 #!/bin/bash
-# One device call: GPU correctness tests (odd lengths, all paths, decode variants at D 64/128/256, the engine
-# with CUDA graphs and the nvfp4 defaults), then the kernel benchmark.
+# One device call: GPU correctness tests (odd lengths, all paths, decode variants at D 64/128/256, the fused
+# model kernels, the engine with CUDA graphs and the nvfp4 defaults), the extend launch-config sweep, then
+# the kernel benchmark.
 # Usage on the GPU machine: bash benchmarks/device_run.sh [bench_kernels.py args...]; results land in $OUT.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -8,5 +9,9 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,memory.used --format=csv
 timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -x -q tests/test_kernels_write.py tests/test_kernels_decode.py \
-    tests/test_kernels_extend.py tests/test_kernels_dispatch.py tests/test_engine_gpu.py 2>&1 | tee "$OUT/tests.log" | tail -15
+    tests/test_kernels_extend.py tests/test_kernels_dispatch.py tests/test_kernels_fused.py tests/test_engine_gpu.py \
+    2>&1 | tee "$OUT/tests.log" | tail -15
+# extend launch configs (prefix splits x pipeline stages), then the whole kernel benchmark
+timeout "${EXTEND_TIMEOUT:-150}" python3 benchmarks/bench_extend.py --out "$OUT" \
+    --configs ${EXTEND_CONFIGS:-1:0 4:0 8:0 4:3 8:3 16:2} 2>&1 | tee "$OUT/extend.log" | tail -40
 python3 benchmarks/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
