@@ -6,6 +6,8 @@ End-to-end engines here spawn a real worker process (rank 1) next to the test pr
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +207,23 @@ def _tiny_kw(tmp_path: Path) -> dict[str, Any]:
     ok = tmp_path / "ok.json"
     ok.write_text(json.dumps(TINY))
     return {"model": str(ok), "load_format": "dummy", "tp_size": 2, "max_total_tokens": 1024}
+
+
+def _worker_dies_at_start(rank: int, size: int, port: int, config: Any, conn: Any, parent_pid: int) -> None:
+    """Stands in for ``worker_main`` in a spawned worker: reports an error and exits before joining."""
+    conn.send(("error", f"worker {rank} could not start (test)"))
+    os._exit(1)
+
+
+def test_worker_dying_before_the_group_forms_fails_fast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # rank 0 must not sit in init_process_group for COLLECTIVE_TIMEOUT waiting for a dead worker
+    from nibblekv.engine import tp_group
+
+    monkeypatch.setattr(tp_group, "worker_main", _worker_dies_at_start)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker 1 could not start"):
+        Engine(**_tiny_kw(tmp_path))
+    assert time.monotonic() - t0 < 60
+    _no_children_left()

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -37,7 +38,7 @@ import torch.multiprocessing as mp
 from nibblekv.cache import PoolSpec
 from nibblekv.config import EngineConfig
 from nibblekv.engine.model_runner import StepPlan
-from nibblekv.engine.tp_worker import COLLECTIVE_TIMEOUT, WorkerSetup, device_for, worker_main
+from nibblekv.engine.tp_worker import COLLECTIVE_TIMEOUT, WorkerSetup, device_for, worker_main, worker_up_key
 from nibblekv.model.parallel import TPContext
 
 logger = logging.getLogger("nibblekv")
@@ -87,6 +88,7 @@ class TPGroup:
                 theirs.close()  # so our recv sees EOF when the worker dies
                 self.conns.append(ours)
                 self.procs.append(proc)
+            self._wait_for_workers(store)
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(
                 backend, store=store, rank=0, world_size=self.size, timeout=COLLECTIVE_TIMEOUT
@@ -98,6 +100,20 @@ class TPGroup:
         atexit.register(self.shutdown)
         self._install_sigterm()
         logger.info("tensor parallel: %d ranks on %s", self.size, self.device.type)
+
+    def _wait_for_workers(self, store: dist.TCPStore) -> None:
+        """Block until every worker is about to join the group, failing fast if one exits first.
+
+        NOTE: ``init_process_group`` would wait ``COLLECTIVE_TIMEOUT`` for a worker that already died
+        (say, while importing or picking its GPU), with nothing on rank 0's output meanwhile.
+        """
+        deadline = time.monotonic() + STARTUP_TIMEOUT.total_seconds()
+        keys = [worker_up_key(rank) for rank in range(1, self.size)]
+        while not store.check(keys):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise WorkerFailed(f"tensor-parallel workers did not start within {STARTUP_TIMEOUT}")
+            time.sleep(0.05)
 
     # ---- start-up handshakes ----------------------------------------------------------------------
     def setup(self, max_running: int, context_len: int) -> None:

@@ -77,9 +77,15 @@ def device_for(config: EngineConfig, rank: int) -> torch.device:
     return torch.device("cuda", rank)
 
 
+def worker_up_key(rank: int) -> str:
+    """The store key a worker sets right before joining the process group (rank 0 waits for them)."""
+    return f"nibblekv/tp-worker-up/{rank}"
+
+
 def init_distributed(rank: int, size: int, port: int, device: torch.device) -> None:
     """Join the default process group through rank 0's TCP store at ``127.0.0.1:port``."""
     store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=COLLECTIVE_TIMEOUT)
+    store.set(worker_up_key(rank), "1")
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT)
 
