@@ -200,14 +200,16 @@ def _decode_kernel(
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
-    sp = tl.program_id(2)
+    # NOTE: the tail is program 0 of the split axis (scheduled first, not as a short last wave); its
+    # partial slot stays the last one
+    sp = tl.program_id(2) - HAS_TAIL
     S_TOT = NUM_SPLITS + HAS_TAIL  # NUM_SPLITS is a runtime int: one compile serves every split count
     q_base = q_ptr + b.to(tl.int64) * s_qb
     # partials: o [B, HQ, S_TOT, D] fp32, lse [B, HQ, S_TOT]; row (b, h*G + g, sp)
-    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp
+    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + tl.where(sp < 0, NUM_SPLITS, sp)
     o_base = o_ptr + first * D
     lse_base = lse_ptr + first
-    if HAS_TAIL and sp == NUM_SPLITS:
+    if HAS_TAIL and sp < 0:
         n = tl.load(tlens_ptr + b)
         _decode_segment(
             q_base, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
