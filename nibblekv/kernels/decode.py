@@ -31,7 +31,7 @@ from nibblekv.kernels._common import (
     online_softmax_step,
     scale_tensors,
 )
-from nibblekv.kernels.decode_mma import decode_mma_kernel
+from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel
 from nibblekv.kernels.decode_tok import decode_tok_kernel
 from nibblekv.kernels.types import LayerKV
 
@@ -361,7 +361,7 @@ def decode_triton(
             raise ValueError(
                 f"decode variant 'mma': minc must be a positive multiple of 16, got {cfg['minc']}"
             )
-        splits = num_splits or mma_num_splits(bsz, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]), has_tail)
+        splits = num_splits or mma_num_splits(bsz, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]))
     else:
         splits = num_splits or default_num_splits(bsz, hkv, None, bn)
     # NOTE: "mma" writes one partial slot per warp of each split
@@ -406,7 +406,13 @@ def decode_triton(
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
     )  # fmt: skip
     if name == "mma":
-        k = decode_mma_kernel[(bsz, hkv, splits + int(has_tail))](
+        if has_tail:  # its own launch: see decode_tail_kernel
+            decode_tail_kernel[(bsz, hkv)](
+                q, q.stride(0), q.stride(1), tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
+                o_part, lse_part, float(sm_scale), s_tot, s_tot - 1,
+                HQ=hq, G=g, BH=common["BH"], D=d, TPAGE=tpage, TBN=tbn, INTERP=interp, num_warps=4,
+            )  # fmt: skip
+        k = decode_mma_kernel[(bsz, hkv, splits)](
             *args,
             NW=int(cfg["num_warps"]),
             TPI=int(cfg["tpi"]),
@@ -454,17 +460,16 @@ def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
     return None
 
 
-def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int, has_tail: bool = False) -> int:
+def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int) -> int:
     """Splits for ``decode_mma``: ``per_sm`` warps per SM in all, rounded DOWN (whole waves).
 
     Every warp has the same work, so the grid should be whole waves: with ~16 warps resident per SM (128
     registers), a grid of 1.1 waves ran at 0.50 of the H200's read ceiling and 2.06 waves at 0.57
-    (B=32 x 8K, 2026-11-29). The bf16 tail's program per (request, head) counts too (without it, B=24
-    gave 2.09 waves). Capped at 256 partial slots per head (each warp writes one; the combine step reads
-    them all).
+    (B=32 x 8K, 2026-11-29). The bf16 tail runs in its own launch (``decode_tail_kernel``), outside these
+    waves. Capped at 256 partial slots per head (each warp writes one; the combine step reads them all).
     """
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-    return max(1, min(256 // num_warps, per_sm * sms // (batch * kv_heads * num_warps) - int(has_tail)))
+    return max(1, min(256 // num_warps, per_sm * sms // (batch * kv_heads * num_warps)))
 
 
 def _pages_contiguous(cache: LayerKV | None, block_n: int) -> bool:

@@ -683,6 +683,31 @@ def _mma_segment(
 
 
 @triton.jit
+def decode_tail_kernel(
+    q_ptr, s_qb, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr,
+    o_ptr, lse_ptr, sm_scale, S_TOT, SLOT,
+    HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr, TPAGE: tl.constexpr,
+    TBN: tl.constexpr, INTERP: tl.constexpr,
+):  # fmt: skip
+    """The bf16 tail of each (request, KV head) into partial slot ``SLOT`` of ``S_TOT``; grid ``(B, kv_heads)``.
+
+    NOTE: its own launch, not a program of ``decode_mma_kernel``: a one-warp ``tl.dot`` tail inside that
+    kernel made the whole kernel 255 registers with ~1 KB of spills (sm_90, 2026-11-30) against 128 and
+    none without it, halving the warps per SM of every split.
+    """
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + SLOT
+    n = tl.load(tlens_ptr + b)
+    _tok_segment(
+        q_ptr + b.to(tl.int64) * s_qb, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
+        tpt_ptr + b.to(tl.int64) * s_tpt, 0, n, h, sm_scale * 1.4426950408889634, 1.0,
+        o_ptr + first * D, lse_ptr + first, S_TOT * D,
+        G, BH, D, TPAGE, TBN, 0, 0, INTERP, False,
+    )  # fmt: skip
+
+
+@triton.jit
 def decode_mma_kernel(
     q_ptr, s_qb, s_qh,
     k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr,
@@ -695,42 +720,32 @@ def decode_mma_kernel(
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16,
 ):  # fmt: skip
-    """``decode._decode_kernel``'s arguments; grid ``(B, kv_heads, [1 +] NUM_SPLITS)``, ``NW`` warps.
+    """``decode._decode_kernel``'s arguments (the tail ones unused); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
+    warps.
 
-    Partial slots per head: ``NUM_SPLITS * NW`` (split ``sp``, warp ``w`` -> slot ``sp * NW + w``) then the
-    tail's slot (``decode_tok._tok_segment``, plain ``tl.dot`` over bf16 pages). ``BN`` is unused here
-    (tiles are 16 tokens); ``s_tok``/``sc_tok`` must be ``D / 2`` / ``D / 16`` (checked by the launcher).
-    NOTE: the tail is program 0 of the last grid axis, so it is scheduled in the first wave: as the last
-    index it ran after every split, a short extra wave on the critical path.
+    Partial slots per head: ``NUM_SPLITS * NW`` (split ``sp``, warp ``w`` -> slot ``sp * NW + w``), then with
+    ``HAS_TAIL`` the tail's slot, written by :func:`decode_tail_kernel` (launched separately). ``BN`` is
+    unused here (tiles are 16 tokens); ``s_tok``/``sc_tok`` must be ``D / 2`` / ``D / 16`` (checked by the
+    launcher).
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
-    sp = tl.program_id(2) - HAS_TAIL
+    sp = tl.program_id(2)
     S_TOT = NUM_SPLITS * NW + HAS_TAIL
     q_base = q_ptr + b.to(tl.int64) * s_qb
-    if HAS_TAIL and sp < 0:
-        first = (b.to(tl.int64) * HQ + h * G) * S_TOT + NUM_SPLITS * NW
-        n = tl.load(tlens_ptr + b)
-        _tok_segment(
-            q_base, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
-            tpt_ptr + b.to(tl.int64) * s_tpt, 0, n, h, sm_scale * 1.4426950408889634, 1.0,
-            o_ptr + first * D, lse_ptr + first, S_TOT * D,
-            G, BH, D, TPAGE, TBN, 0, 0, INTERP, False,
-        )  # fmt: skip
-    else:
-        first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW
-        n = tl.load(lens_ptr + b)
-        # NOTE: splits are fixed per batch size (CUDA graphs); at least MINC tokens each keeps a short
-        # context from spreading one tile per warp over all of them (the later splits stay empty)
-        chunk = tl.maximum(tl.cdiv(tl.cdiv(n, NUM_SPLITS), 16) * 16, MINC)
-        start = sp * chunk
-        end = tl.maximum(tl.minimum(start + chunk, n), start)  # NOTE: an empty split has end == start
-        # E4M3-byte codes are value * 2**-6: fold 2**6 and the global scales into the fp32 factors
-        gk = tl.load(g_ptr) * 64.0
-        gv = tl.load(g_ptr + 1) * 64.0
-        _mma_segment(
-            q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
-            pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
-            o_ptr + first * D, lse_ptr + first, S_TOT * D,
-            G, D, PAGE, NW, TPI, PF,
-        )  # fmt: skip
+    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW
+    n = tl.load(lens_ptr + b)
+    # NOTE: splits are fixed per batch size (CUDA graphs); at least MINC tokens each keeps a short
+    # context from spreading one tile per warp over all of them (the later splits stay empty)
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(n, NUM_SPLITS), 16) * 16, MINC)
+    start = sp * chunk
+    end = tl.maximum(tl.minimum(start + chunk, n), start)  # NOTE: an empty split has end == start
+    # E4M3-byte codes are value * 2**-6: fold 2**6 and the global scales into the fp32 factors
+    gk = tl.load(g_ptr) * 64.0
+    gv = tl.load(g_ptr + 1) * 64.0
+    _mma_segment(
+        q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
+        pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
+        o_ptr + first * D, lse_ptr + first, S_TOT * D,
+        G, D, PAGE, NW, TPI, PF,
+    )  # fmt: skip
