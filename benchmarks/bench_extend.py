@@ -5,7 +5,9 @@ Standalone, it sweeps launch configs (prefix splits x pipeline stages) against t
     PYTHONPATH=. python benchmarks/bench_extend.py --configs 1:0 4:0 4:3 8:2 --out DIR   # on the GPU
     PYTHONPATH=. python benchmarks/bench_extend.py --tiny                               # CPU smoke (interpreter)
 
-``SPLITS:STAGES`` (0 stages = the default); writes ``DIR/extend-sweep.json``.
+``SPLITS:STAGES[:WARPS[:BM[:BN]]]`` (0 = the default); writes ``DIR/extend-sweep.json``. At BM = BN = 64,
+head_dim 128, the default 5 stages take 180 KB of shared memory (one program per SM) and ~254 registers
+(sm_90 compile, 2026-11-30): fewer stages / more warps are what splitting needs to pay off.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ TINY = ((1, 80, 5),)
 
 def extend_rows(
     bench: Callable[..., float], dev: str, tiny: bool = False, hq: int = 32, hkv: int = 8, d: int = 128,
-    configs: Sequence[tuple[int, int]] = ((1, 0),),
+    configs: Sequence[tuple[int, ...]] = ((1, 0),),
 ) -> list[dict[str, object]]:  # fmt: skip
-    """Time extend_triton per (dtype, shape, (splits, stages)); rows carry the keys bench_kernels' ``add`` takes."""
+    """Time extend_triton per (dtype, shape, (splits, stages[, warps[, bm[, bn]]])); rows carry the keys
+    bench_kernels' ``add`` takes (0 = the launcher's default)."""
     rows: list[dict[str, object]] = []
     for b, prefix, chunk in TINY if tiny else SHAPES:
         for dt in (KVDtype.BF16, KVDtype.FP8, KVDtype.NVFP4):
@@ -54,8 +57,10 @@ def extend_rows(
             k = torch.randn(t, hkv, d, device=dev).to(torch.bfloat16)
             v = torch.randn_like(k)
             out = torch.empty_like(q)
-            for splits, stages in configs:
-                kw = {"num_splits": splits, "num_stages": stages or None}
+            for cfg in configs:
+                splits, stages, warps, bm, bn = (*cfg, 0, 0, 0)[:5]
+                kw = {"num_splits": splits, "num_stages": stages or None, "num_warps": warps or None,
+                      "block_m": bm or None, "block_n": bn or None}  # fmt: skip
                 fn = partial(
                     extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
                     use_asm=None if dev == "cuda" else False, **kw,
@@ -70,7 +75,8 @@ def extend_rows(
                     continue
                 nbytes = b * prefix * lay.bytes_per_token() + (q.numel() + 2 * k.numel()) * 2
                 rows.append({"kernel": "extend", "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv, "d": d,
-                             "us": us, "nbytes": nbytes, "chunk": chunk, "splits": splits, "stages": stages})  # fmt: skip
+                             "us": us, "nbytes": nbytes, "chunk": chunk, "splits": splits, "stages": stages, "warps": warps,
+                             "bm": bm, "bn": bn})  # fmt: skip
             del pool
     return rows
 
@@ -81,10 +87,12 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
-    ap.add_argument("--configs", nargs="+", default=["1:0"], help="SPLITS:STAGES items (0 stages = default)")
+    ap.add_argument(
+        "--configs", nargs="+", default=["1:0"], help="SPLITS:STAGES[:WARPS[:BM[:BN]]] (0 = default)"
+    )
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args(argv)
-    configs = [(int(a), int(b)) for a, b in (c.split(":") for c in args.configs)]
+    configs = [tuple(int(x) for x in c.split(":")) for c in args.configs]
     t0 = time.time()
     ceil = read_ceiling(1 << 20 if args.tiny else 4 * GiB)
     ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"])
@@ -92,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         tb = float(r["nbytes"]) / float(r["us"]) / 1e6  # type: ignore[arg-type]
         r.update(tbps=round(tb, 4), frac_of_ceiling=round(tb / ceiling, 4), us=round(float(r["us"]), 2))  # type: ignore[arg-type]
-        print(f"{r['dt']:9s} B{r['b']} prefix {r['c']} chunk {r['chunk']} splits {r['splits']} stages {r['stages']}: "
+        print(f"{r['dt']:9s} B{r['b']} prefix {r['c']} chunk {r['chunk']} splits/stages/warps/bm/bn "
+              f"{r['splits']}/{r['stages']}/{r['warps']}/{r['bm']}/{r['bn']}: "
               f"{r['us']} us, {tb:.2f} TB/s ({tb / ceiling:.2f})", flush=True)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "extend-sweep.json").write_text(json.dumps({"ceiling_probes": ceil, "rows": rows}, indent=1))

@@ -13,5 +13,5 @@ timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -x -q tests/test_kernels_write.
     2>&1 | tee "$OUT/tests.log" | tail -15
 # extend launch configs (prefix splits x pipeline stages), then the whole kernel benchmark
 timeout "${EXTEND_TIMEOUT:-150}" python3 benchmarks/bench_extend.py --out "$OUT" \
-    --configs ${EXTEND_CONFIGS:-1:0 4:0 8:0 4:3 8:3 16:2} 2>&1 | tee "$OUT/extend.log" | tail -40
+    --configs ${EXTEND_CONFIGS:-1:0 4:2 8:2 4:2:8 8:3:8 16:2:8 8:2:4:32} 2>&1 | tee "$OUT/extend.log" | tail -40
 python3 benchmarks/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
