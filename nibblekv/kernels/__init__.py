@@ -17,7 +17,8 @@ from nibblekv.kernels.reference import decode_ref, demote_pages_ref, extend_ref,
 from nibblekv.kernels.types import LayerKV
 
 
-def _use_triton(t: torch.Tensor) -> bool:
+def use_triton(t: torch.Tensor) -> bool:
+    """Whether ops on ``t`` run the Triton kernels (CUDA tensors, or ``NIBBLEKV_KERNELS=triton``)."""
     mode = os.environ.get("NIBBLEKV_KERNELS", "auto").lower()
     if mode == "triton":
         return True
@@ -33,7 +34,7 @@ def write_kv(
 
     ``four_over_six``: NVFP4 block scales by 4over6 (see ``nibblekv.formats.nvfp4.quantize``).
     """
-    if _use_triton(k):
+    if use_triton(k):
         from nibblekv.kernels.cache_write import write_kv_triton
 
         write_kv_triton(k, v, cache, slots, four_over_six)
@@ -54,7 +55,7 @@ def decode_attention(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per request: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (see ``decode_ref``)."""
-    if _use_triton(q):
+    if use_triton(q):
         from nibblekv.kernels.decode import decode_triton
 
         return decode_triton(q, cache, page_table, lens, sm_scale, tail, tail_page_table, tail_lens,
@@ -80,7 +81,7 @@ def extend_attention(
     tail_prefix_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A chunk of new tokens per request over its cached prefix plus itself, causally (see ``extend_ref``)."""
-    if _use_triton(q):
+    if use_triton(q):
         from nibblekv.kernels.extend import extend_triton
 
         return extend_triton(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
@@ -109,7 +110,7 @@ def demote_pages(
 ) -> None:
     """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]`` (``four_over_six``
     as in :func:`write_kv`)."""
-    if _use_triton(src_pages if src_pages.is_cuda else tail.k_data):
+    if use_triton(src_pages if src_pages.is_cuda else tail.k_data):
         from nibblekv.kernels.cache_write import demote_pages_triton
 
         demote_pages_triton(tail, src_pages, cache, dst_pages, four_over_six)
@@ -117,4 +118,4 @@ def demote_pages(
         demote_pages_ref(tail, src_pages, cache, dst_pages, four_over_six)
 
 
-__all__ = ["LayerKV", "decode_attention", "demote_pages", "extend_attention", "write_kv"]
+__all__ = ["LayerKV", "decode_attention", "demote_pages", "extend_attention", "use_triton", "write_kv"]

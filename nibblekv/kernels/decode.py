@@ -527,8 +527,8 @@ def _mma_config() -> dict[str, int | bool]:
         "tpi": 2,
         "pf": 1,
         # NOTE: >= 4 tiles per split: in the engine at B=1 x 3K (CUDA graphs, 256 splits) one tile per
-        # warp took 27.7 us a layer vs FP8's 10.7 (H200, 2026-11-30); minc 64 was the fastest of 16/64/128/256
-        # at B=1/4 x 4K and changes nothing at B*ctx >= 256K (chunks >= 512 there)
+        # warp took 27.7 us a layer, minc 64 23.9 (FP8: 10.7; H200, 2026-11-30, with the tail still inside
+        # the kernel); no effect at B*ctx >= 256K (chunks >= 512 there)
         "minc": 64,
     }
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nibblekv.attention.backend import AttentionBackend
-from nibblekv.kernels import _use_triton
+from nibblekv.kernels import use_triton
 from nibblekv.model.config import ModelConfig
 from nibblekv.model.layers import DecoderLayer, RMSNorm
 from nibblekv.model.rope import RotaryEmbedding
@@ -50,7 +50,7 @@ class CausalLM(nn.Module):
         """
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
-        if _use_triton(h):
+        if use_triton(h):
             return self._forward_fused(h, cos, sin, attn)
         for layer in self.model.layers:
             h = layer(h, cos, sin, attn)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nibblekv.attention.backend import AttentionBackend
-from nibblekv.kernels import _use_triton
+from nibblekv.kernels import use_triton
 from nibblekv.model.config import ModelConfig
 from nibblekv.model.rope import apply_rope
 
@@ -79,7 +79,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         # NOTE: q/k norm (Qwen3) is not fused: those models keep the eager split, norm and RoPE.
         rot = attn.qkv_rotation
-        if self.q_norm is None and _use_triton(qkv):
+        if self.q_norm is None and use_triton(qkv):
             # NOTE: the cache's rotation (if any) rides along in the RoPE kernel: no extra launches
             fuse_rot = rot is not None and self.head_dim >= 32
             q, k, v = self._qkv_fused(qkv, cos, sin, rot if fuse_rot else None)
@@ -125,7 +125,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if _use_triton(gate_up):
+        if use_triton(gate_up):
             from nibblekv.kernels.fused import silu_and_mul
 
             return self.down_proj(silu_and_mul(gate_up))
