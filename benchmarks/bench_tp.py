@@ -10,7 +10,8 @@ the cached values; ``--real-prefill`` computes them, which takes minutes per dty
     PYTHONPATH=. python benchmarks/bench_tp.py --smoke          # tiny model, 2 gloo ranks on CPU
 
 JSON goes to ``$OUT/bench_tp.json`` (or ``--out``), meant to be committed under
-``benchmarks/results/``; a table is printed. Not run yet: no multi-GPU device time was left.
+``benchmarks/results/``; a table is printed. No results yet: two calls on an H200 x2 (2026-11-30) printed
+no row within 170-330 s; run it through ``benchmarks/device_tp.sh``, which logs each step to a file.
 """
 
 from __future__ import annotations
