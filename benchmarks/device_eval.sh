@@ -6,6 +6,13 @@
 # the ignored .data/austen and carry that folder. Env: CONFIGS (names), SMOKE=1 (CPU, tiny sizes).
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-.} HF_HUB_OFFLINE=1
+# The device has no `gguf` package and a pip install there does not persist between calls: import it from
+# its carried wheel (a zip of pure Python) when one is in .whl/.
+if ! python3 -c "import gguf" 2>/dev/null; then
+    for w in "$PWD"/.whl/gguf-*.whl; do
+        [ -f "$w" ] && export PYTHONPATH="$PYTHONPATH:$w"
+    done
+fi
 gguf=${1:?usage: device_eval.sh GGUF_PATH [DATA_DIR] [eval args...]}
 data=${2:-.data/austen}
 shift $(($# >= 2 ? 2 : 1))
