@@ -101,6 +101,24 @@ def scale_tensors(cache: LayerKV) -> tuple[torch.Tensor, torch.Tensor, tuple[int
     return cache.k_scale, cache.v_scale, (s[0], s[1], s[2])
 
 
+TailOperands = tuple[torch.Tensor, torch.Tensor, tuple[int, ...], torch.Tensor, torch.Tensor, int]
+
+
+def tail_operands(
+    tail: LayerKV | None,
+    tail_page_table: torch.Tensor | None,
+    tail_lens: torch.Tensor | None,
+    cache: LayerKV,
+    page_table: torch.Tensor,
+    lens: torch.Tensor,
+) -> TailOperands:
+    """(k data, v data, data strides, page table, lengths, page size) of the bf16 tail pool for a launch;
+    without a tail, the main pool's tensors stand in (the kernel never reads them: ``HAS_TAIL`` is off)."""
+    if tail is None or tail_page_table is None or tail_lens is None:
+        return cache.k_data, cache.v_data, (0, 0, 0), page_table, lens, cache.page_size
+    return tail.k_data, tail.v_data, tail.k_data.stride(), tail_page_table, tail_lens, tail.page_size
+
+
 # ----------------------------------------------------------------------------- in-register dequant
 
 

@@ -138,9 +138,13 @@ def _quantize_store(
         even, odd = tl.split(pairs)
         packed = (even | (odd << 4)).to(tl.uint8)
         offs_j = tl.arange(0, D // 2)
-        tl.store(dst_ptr + dst_off + offs_h[:, None] * s_dst_head + offs_j[None, :], packed, mask=hmask[:, None])
         tl.store(
-            dst_scale_ptr + dst_scale_off + offs_h[:, None] * s_scale_head + offs_b[None, :], s8, mask=hmask[:, None]
+            dst_ptr + dst_off + offs_h[:, None] * s_dst_head + offs_j[None, :], packed, mask=hmask[:, None]
+        )
+        tl.store(
+            dst_scale_ptr + dst_scale_off + offs_h[:, None] * s_scale_head + offs_b[None, :],
+            s8,
+            mask=hmask[:, None],
         )
     else:
         offs_d = tl.arange(0, D)
@@ -231,7 +235,9 @@ def write_kv_triton(
     check_cache(cache, "cache")
     lay = cache.layout
     if k.shape != v.shape or k.dim() != 3 or tuple(k.shape[1:]) != (lay.num_kv_heads, lay.head_dim):
-        raise ValueError(f"k/v must be [T, {lay.num_kv_heads}, {lay.head_dim}], got {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"k/v must be [T, {lay.num_kv_heads}, {lay.head_dim}], got {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if slots.dim() != 1 or slots.shape[0] != k.shape[0] or slots.dtype not in (torch.int32, torch.int64):
         raise ValueError("slots must be int32/int64 [T]")
     _check_head_dim(lay.head_dim)
@@ -243,7 +249,11 @@ def write_kv_triton(
 
 
 def demote_pages_triton(
-    tail: LayerKV, src_pages: torch.Tensor, cache: LayerKV, dst_pages: torch.Tensor, four_over_six: bool = False
+    tail: LayerKV,
+    src_pages: torch.Tensor,
+    cache: LayerKV,
+    dst_pages: torch.Tensor,
+    four_over_six: bool = False,
 ) -> None:
     """Triton twin of ``demote_pages_ref``: quantize tail pages ``src_pages [N]`` into ``dst_pages [N]``."""
     check_cache(cache, "cache")
@@ -262,7 +272,9 @@ def demote_pages_triton(
         return
     s = tail.k_data.stride()
     rows = n * cache.page_size
-    _launch(tail.k_data, tail.v_data, src_pages, dst_pages, cache, s[0], s[2], s[1], rows, True, four_over_six)
+    _launch(
+        tail.k_data, tail.v_data, src_pages, dst_pages, cache, s[0], s[2], s[1], rows, True, four_over_six
+    )
 
 
 def _launch(

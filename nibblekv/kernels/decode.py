@@ -30,6 +30,7 @@ from nibblekv.kernels._common import (
     load_v_rows,
     online_softmax_step,
     scale_tensors,
+    tail_operands,
 )
 from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel
 from nibblekv.kernels.decode_tok import decode_tok_kernel
@@ -377,20 +378,9 @@ def decode_triton(
     ks, vs, (sp, sh, st) = scale_tensors(cache)
     ds = cache.k_data.stride()
     tok = name in ("tok", "kq", "bs")
-    if has_tail:
-        assert tail is not None and tail_page_table is not None and tail_lens is not None
-        tk, tv, ts, tpt, ttl, tpage = (
-            tail.k_data,
-            tail.v_data,
-            tail.k_data.stride(),
-            tail_page_table,
-            tail_lens,
-            tail.page_size,
-        )
-        if not tok:
-            tbn = max(tbn, tpage) if _pages_contiguous(tail, max(tbn, tpage)) else tbn
-    else:  # placeholders, never read
-        tk, tv, ts, tpt, ttl, tpage = cache.k_data, cache.v_data, (0, 0, 0), page_table, lens, lay.page_size
+    tk, tv, ts, tpt, ttl, tpage = tail_operands(tail, tail_page_table, tail_lens, cache, page_table, lens)
+    if has_tail and not tok:
+        tbn = max(tbn, tpage) if _pages_contiguous(tail, max(tbn, tpage)) else tbn
     g = hq // hkv
     args = (
         q, q.stride(0), q.stride(1),

@@ -139,7 +139,9 @@ def _bs_block(
             kb = _bs_load_slice(k_ptr, row, nmask, b, MASKED)
             ksb = _bs_load_scale(ks_ptr, srow, nmask, b, MASKED)
             blo, bhi = _bs_codes(kb, CONV)
-            kb = tl.reshape(_bs_order(tl.reshape(blo, [BN, 1, 8]), tl.reshape(bhi, [BN, 1, 8]), ORD), [BN, 16])
+            kb = tl.reshape(
+                _bs_order(tl.reshape(blo, [BN, 1, 8]), tl.reshape(bhi, [BN, 1, 8]), ORD), [BN, 16]
+            )
             qb = tl.load(q_rows[:, None] + (b * 16 + _bs_col(tl.arange(0, 16), ORD))[None, :],
                          mask=gmask[:, None], other=0.0).to(tl.float16)  # fmt: skip
             s += tl.dot(qb, tl.trans(kb)) * ksb[None, :]
@@ -212,7 +214,9 @@ def bs_segment(
     head_off = h.to(tl.int64) * s_head
     shead_off = h.to(tl.int64) * sc_head
     full_end = start + (end - start) // BN * BN
-    if INTERP:  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
+    if (
+        INTERP
+    ):  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
         n0 = start
         while n0 < full_end:
             m, l, acc = _bs_block(
@@ -236,7 +240,9 @@ def bs_segment(
     lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
     o_rows = o_ptr + offs_g * s_os
     if SC & 2:
-        tl.store(o_rows[None, :, None] + colb[:, None, :], acc * inv[None, :, None], mask=gmask[None, :, None])
+        tl.store(
+            o_rows[None, :, None] + colb[:, None, :], acc * inv[None, :, None], mask=gmask[None, :, None]
+        )
     else:
         tl.store(o_rows[:, None] + tl.reshape(colb, [D])[None, :], acc * inv[:, None], mask=gmask[:, None])
     tl.store(lse_ptr + offs_g * (s_os // D), lse, mask=gmask)

@@ -27,6 +27,7 @@ from nibblekv.kernels._common import (
     load_v_rows,
     online_softmax_step,
     scale_tensors,
+    tail_operands,
 )
 from nibblekv.kernels.decode import _combine_kernel, _decode_block, _pages_contiguous
 from nibblekv.kernels.types import LayerKV
@@ -250,25 +251,9 @@ def extend_triton(
     bn = block_n or (16 if interp else 64)
     ks, vs, (sp, sh, st) = scale_tensors(cache)
     ds = cache.k_data.stride()
-    if has_tail:
-        assert tail is not None and tail_page_table is not None and tail_prefix_lens is not None
-        tk, tv, ts, tpt, ttl, tpage = (
-            tail.k_data,
-            tail.v_data,
-            tail.k_data.stride(),
-            tail_page_table,
-            tail_prefix_lens,
-            tail.page_size,
-        )
-    else:
-        tk, tv, ts, tpt, ttl, tpage = (
-            cache.k_data,
-            cache.v_data,
-            (0, 0, 0),
-            page_table,
-            prefix_lens,
-            lay.page_size,
-        )
+    tk, tv, ts, tpt, ttl, tpage = tail_operands(
+        tail, tail_page_table, tail_prefix_lens, cache, page_table, prefix_lens
+    )
     splits = num_splits or int(os.environ.get("NIBBLEKV_EXTEND_SPLITS", "1"))
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")

@@ -78,7 +78,9 @@ def _context(
     return k, v
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, mask: torch.Tensor | None) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, mask: torch.Tensor | None
+) -> torch.Tensor:
     """q [Tq, Hq, D], k/v [Tk, Hkv, D] (float32) -> [Tq, Hq, D] float32."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)

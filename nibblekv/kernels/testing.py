@@ -96,7 +96,9 @@ def make_batch(
         fill_pool(cache)
     tail = tpt = tl_t = None
     if tail_lens is not None:
-        tlay = PageLayout(KVDtype.BF16 if tail_dtype == torch.bfloat16 else KVDtype.FP32, kv_heads, head_dim, page_size)
+        tlay = PageLayout(
+            KVDtype.BF16 if tail_dtype == torch.bfloat16 else KVDtype.FP32, kv_heads, head_dim, page_size
+        )
         tper = max(1, -(-max(max(tail_lens), 1) // page_size))
         tpool = b * tper + spare_pages
         tail = LayerKV.allocate(tlay, tpool, device)

@@ -40,7 +40,10 @@ class LayerKV:
 
     @staticmethod
     def allocate(
-        layout: PageLayout, num_pages: int, device: torch.device | str, global_scale: torch.Tensor | None = None
+        layout: PageLayout,
+        num_pages: int,
+        device: torch.device | str,
+        global_scale: torch.Tensor | None = None,
     ) -> "LayerKV":
         k_data, k_scale = layout.allocate(num_pages, device)
         v_data, v_scale = layout.allocate(num_pages, device)
