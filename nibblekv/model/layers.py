@@ -78,17 +78,16 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         # NOTE: q/k norm (Qwen3) is not fused: those models keep the eager split, norm and RoPE.
-        rot = attn.qkv_rotation
+        rot = None
         if self.q_norm is None and use_triton(qkv):
             # NOTE: the cache's rotation (if any) rides along in the RoPE kernel: no extra launches
-            fuse_rot = rot is not None and self.head_dim >= 32
-            q, k, v = self._qkv_fused(qkv, cos, sin, rot if fuse_rot else None)
-            if fuse_rot:
-                out = attn.forward_rotated(self.layer_id, q, k, v)
-            else:
-                out = attn.forward(self.layer_id, q, k, v)
+            rot = attn.qkv_rotation if self.head_dim >= 32 else None
+            q, k, v = self._qkv_fused(qkv, cos, sin, rot)
         else:
             q, k, v = self._qkv_eager(qkv, cos, sin)
+        if rot is not None:
+            out = attn.forward_rotated(self.layer_id, q, k, v)
+        else:  # the backend applies its rotation itself, if it has one
             out = attn.forward(self.layer_id, q, k, v)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
