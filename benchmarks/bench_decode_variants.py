@@ -37,15 +37,12 @@ SHAPES = [(64, 32768), (8, 32768), (1, 131072), (32, 8192)]
 
 # (dtype, spec) in priority order (a run that hits --budget-s skips the rest): baselines, the new kernels'
 # defaults (decode._tok_config: FP8 = tok:bn=128,sv=1,conv=1, NVFP4 = tok:bn=128,conv=3, BF16 = tok:bn=64),
-# then block size, orientation, pipeline depth, and the ablations of the FP8 V path.
+# then block size, pipeline depth, and the ablations of the FP8 V path.
 DEFAULT_PLAN: list[tuple[KVDtype, str]] = [
-    # first: NVFP4 with block scales outside the elementwise path (decode_blockscale; sm_90 SASS 56.5 / 47.5 /
-    # 78.2 warp-instructions per token-head vs tok's 39.6: measured to check the proxy), then the baselines
-    (KVDtype.NVFP4, "bs"), (KVDtype.NVFP4, "bs:sc=2"), (KVDtype.NVFP4, "bs:sc=3"),
+    # (the removed variants bs and kq were measured and dropped as dead ends; mma supersedes them)
     (KVDtype.BF16, "paged"), (KVDtype.FP8, "paged"), (KVDtype.NVFP4, "paged"),
     (KVDtype.BF16, "tok"), (KVDtype.FP8, "tok"), (KVDtype.NVFP4, "tok"), (KVDtype.NVFP4, "tok:conv=2"),
     (KVDtype.BF16, "tok:bn=128"), (KVDtype.FP8, "tok:bn=64"), (KVDtype.NVFP4, "tok:bn=64"),
-    # "kq" is not planned: wrong on sm_90 (refused by the launcher on GPUs)
     (KVDtype.BF16, "tok:s=3"), (KVDtype.FP8, "tok:s=3"), (KVDtype.NVFP4, "tok:s=3"),
     (KVDtype.BF16, "tok:s=5"), (KVDtype.FP8, "tok:s=5"), (KVDtype.NVFP4, "tok:s=5"),
     (KVDtype.FP8, "tok:sv=0,conv=1"), (KVDtype.FP8, "tok:sv=0,conv=0"), (KVDtype.NVFP4, "tok:sv=1"),

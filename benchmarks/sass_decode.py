@@ -2,7 +2,7 @@
 
 Usage (CPU; no CUDA needed)::
 
-    PYTHONPATH=. python benchmarks/sass_decode.py [--variants tok,kq:bn=128 ...] [--dtypes nvfp4,fp8_e4m3,bf16]
+    PYTHONPATH=. python benchmarks/sass_decode.py [--variants tok,tok:bn=128 ...] [--dtypes nvfp4,fp8_e4m3,bf16]
         [--dump DIR]
 
 A fake Triton driver reports an sm_90 target and the launcher's kernel launches become compile-only
@@ -105,7 +105,7 @@ def opcode_histogram(ins: list[tuple[int, str]], lo: int, hi: int) -> list[tuple
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="paged,rows,tok,kq")
+    ap.add_argument("--variants", default="paged,rows,tok")
     ap.add_argument("--dtypes", default="nvfp4,fp8_e4m3,bf16")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--group", type=int, default=4)

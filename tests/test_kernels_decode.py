@@ -31,21 +31,16 @@ def _run(dtype: KVDtype, lens: list[int], tails: list[int] | None, hkv: int, gro
 
 
 LENS = [1, P - 1, P, P + 1, 3 * P + 5]
-# Every decode kernel variant (decode.VARIANT_NAMES): the measured default, per-token addressing in the
-# same kernel, and the per-token kernels of decode_tok in both orientations.
+# Every decode kernel variant but mma (decode.VARIANT_NAMES; mma has its own tests below): the measured
+# default, per-token addressing in the same kernel, and the per-token kernel of decode_tok.
 # sv=1: V (sv=2 NVFP4: K too) as even/odd column halves (FP8/NVFP4 only; BF16 ignores it).
-# bs: NVFP4 block scales outside the elementwise path (decode_blockscale; FP8/BF16 run as tok): the default
-# (K block by block, V scales on P, even/odd block order), a batched 3D K dot in natural block order, and
-# both scales on the codes (only the block order differs from tok).
-VARIANTS = ["paged", "rows", "tok", "kq", "tok:sv=1", "tok:sv=2", "bs", "bs:sc=3,ord=0", "bs:sc=0"]
+VARIANTS = ["paged", "rows", "tok", "tok:sv=1", "tok:sv=2"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", [KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
-    if variant == "kq" and DEVICE == "cuda":
-        pytest.skip("kq computes wrong results on sm_90: the launcher refuses it on GPUs (see decode.py)")
     # odd shapes: lengths 1, P-1, P, P+1; tails 0, 1, W; non-power-of-two heads (Hkv 3, group 3 -> Hq 9);
     # 3 splits (ragged, some empty); d=256 runs fewer requests to keep the interpreter quick
     lens, tails = (LENS, [0, 1, W, 5, W]) if d < 256 else ([1, P + 1, 2 * P + 3], [W, 0, 1])
@@ -99,7 +94,7 @@ def test_decode_mma_refuses_other_pools() -> None:
         _run(KVDtype.NVFP4, [5], None, 1, 16, 128, P, 1, variant="mma")
 
 
-@pytest.mark.parametrize("variant", ["tok", "kq", "tok:sv=1", "tok:sv=2", "bs", "bs:sc=3"])
+@pytest.mark.parametrize("variant", ["tok", "tok:sv=1", "tok:sv=2"])
 def test_decode_tok_variants_odd_page_and_block(variant: str) -> None:
     # page 5 (not a power of two), global scales != 1, a 32-key block with several full blocks per split
     for dtype in (KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16):
@@ -111,22 +106,12 @@ def test_decode_tok_variants_odd_page_and_block(variant: str) -> None:
 def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     from nibblekv.kernels.decode import resolve_variant
 
-    monkeypatch.setenv("NIBBLEKV_DECODE_VARIANT", "kq:bn=128,w=8,s=3,conv=2")
+    monkeypatch.setenv("NIBBLEKV_DECODE_VARIANT", "tok:bn=128,w=8,s=3,conv=2")
     assert resolve_variant(None, 2, 128, False) == (
-        "kq",
+        "tok",
         {"block_n": 128, "tail_block_n": 64, "num_warps": 8, "num_stages": 3, "conv": 2, "split": 0},
     )
     assert resolve_variant("paged", 0, 128, False)[0] == "paged"  # an explicit variant beats the env
-    assert resolve_variant("bs:sc=3,ord=0", 2, 128, False)[1] == {
-        "block_n": 128,
-        "tail_block_n": 64,
-        "num_warps": 4,
-        "num_stages": 4,
-        "conv": 3,
-        "split": 0,
-        "sc": 3,
-        "ord": 0,
-    }
     monkeypatch.delenv("NIBBLEKV_DECODE_VARIANT")
     # the default: "tok" where a GPU run verified it (head_dim 128), "paged" elsewhere on a GPU
     # NVFP4 at head_dim 128 on a GPU: decode_mma (decode_triton falls back to "tok" where it cannot run)
@@ -149,6 +134,9 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_variant("nope", 0, 128, False)
     with pytest.raises(ValueError):
         resolve_variant("tok:x=1", 0, 128, False)
+    for gone in ("kq", "bs", "tok:sc=3", "tok:ord=0"):  # the removed variants kq / bs and bs's options
+        with pytest.raises(ValueError):
+            resolve_variant(gone, 2, 128, False)
 
 
 @pytest.mark.parametrize("dtype", [KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16])
@@ -195,15 +183,11 @@ def test_decode_gpu_paths(d: int) -> None:
         "tok:sv=0,conv=1",
         "tok:bn=64,sv=1,conv=2",
         "tok:conv=2",
-        "bs",
-        "bs:sc=3",
-        "bs:sc=2",
-        "bs:conv=2",
     ],
 )
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_decode_gpu_variants(variant: str, d: int) -> None:
-    # the per-token kernels' GPU-only paths (inline-PTX conversions, wgmma orientation); d 64/256 for the
+    # the per-token kernel's GPU-only paths (inline-PTX conversions); d 64/256 for the
     # launcher defaults only, to keep compiles few
     if d != 128 and variant != "tok":
         pytest.skip("head_dim 64/256 run for the default per-token config only")

@@ -38,21 +38,14 @@ from nibblekv.kernels.types import LayerKV
 
 # Decode kernel variants (``decode_triton(variant=...)`` or env ``NIBBLEKV_DECODE_VARIANT``), each a name
 # optionally followed by launch overrides ``name:bn=64,tbn=64,w=4,s=4,conv=2,sv=1`` (conv: NVFP4 conversion,
-# 0 plain Triton, 1 two asm blocks, 2 one asm block per 4 bytes, 3 via E4M3 bytes + cvt (tok/kq only);
+# 0 plain Triton, 1 two asm blocks, 2 one asm block per 4 bytes, 3 via E4M3 bytes + cvt (tok only);
 # FP8 bit 0: V through the uint16-pair asm;
 # for "paged"/"rows" conv>0 means asm. sv=1 (tok, FP8/NVFP4): V as even/odd column halves, sv=2 NVFP4 K too):
 #   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the default until 2026-11-29)
 #   rows   the same kernel, per-token addressing, K as two half-D dots (PAGED=False)
 #   tok    decode_tok: per-token gather of [BN, D] tiles, S = Q K^T (Q the A operand), one full-D dot
-#   kq     decode_tok: S^T = K Q^T (the K tile the A operand, Q^T the loop-invariant B), acc^T = V^T P^T;
-#          right under the interpreter but WRONG on sm_90 (rel. RMS 0.21 / 0.077 on the H200): refused on GPUs
-#   bs     decode_tok with NVFP4 block scales outside the elementwise path (decode_blockscale): per-16 block
-#          slices, K scales on the partial scores, V scales on P, no per-value multiply, no reorder to natural
-#          order (option sc, default 6: bit 0 K scales on the partial scores of one batched 3D dot, bit 2 the same
-#          block by block with 2D dots, bit 1 V scales on P; a clear bit scales the fp16 codes instead; ord=0
-#          natural block order, 1 (default) even dims then odd dims); FP8/BF16 pools run exactly as "tok".
-#          sm_90 SASS (benchmarks/results/decode-variants-sass.md): 47.5-78 warp-instructions per token-head
-#          vs tok's 39.6 -- the GQA group padded to 16 rows makes the score/P side as large as the codes
+# (kq -- S^T = K Q^T, wrong on sm_90 -- and bs -- NVFP4 block scales outside the elementwise path, more SASS
+# than tok -- were measured and removed as dead ends; mma supersedes them, see decode-variants-sass.md.)
 # NOTE: "tok" is the default since the H200 run of 2026-11-29 (benchmarks/results/decode-variants-h200.*):
 # fraction of the 4.63 TB/s read ceiling at B64x32K / B8x32K / B32x8K / B1x128K, "paged" -> "tok":
 # BF16 .59/.53/.55/.43 -> .97/.88/.86/.78, FP8 .39/.36/.36/.35 -> .79/.65/.65/.60,
@@ -64,7 +57,7 @@ TOK_VERIFIED_HEAD_DIMS = (128,)
 #   mma    decode_mma (NVFP4, head_dim 128, GQA group <= 8): hand-placed mma.sync fragments, one 16-token tile
 #          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split)
-VARIANT_NAMES = ("paged", "rows", "tok", "kq", "bs", "mma")
+VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 
 
 @triton.jit
@@ -347,8 +340,6 @@ def decode_triton(
             why
         ):  # the default where mma does not apply (a GQA group > 8, unaligned pools): the per-token kernel
             name, cfg = "tok", _tok_config(fmt, d)
-    if name == "kq" and not interp:
-        raise ValueError("decode variant 'kq' computes wrong results on sm_90 (H200, 2026-11-29); use 'tok'")
     for key, val in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages)):
         if val:
             cfg[key] = val
@@ -377,7 +368,7 @@ def decode_triton(
     lse_part = torch.empty((bsz, hq, s_tot), dtype=torch.float32, device=q.device)
     ks, vs, (sp, sh, st) = scale_tensors(cache)
     ds = cache.k_data.stride()
-    tok = name in ("tok", "kq", "bs")
+    tok = name == "tok"
     tk, tv, ts, tpt, ttl, tpage = tail_operands(tail, tail_page_table, tail_lens, cache, page_table, lens)
     if has_tail and not tok:
         tbn = max(tbn, tpage) if _pages_contiguous(tail, max(tbn, tpage)) else tbn
@@ -415,11 +406,8 @@ def decode_triton(
             raise ValueError(
                 f"decode variant {name!r} needs packed NVFP4 scale rows (token stride {d // 16})"
             )
-        split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT and name in ("tok", "bs") else 0
-        k = decode_tok_kernel[(bsz, hkv, s_tot)](
-            *args, CONV=int(cfg["conv"]), KQ=name == "kq", SPLIT=split, BS=name == "bs" and fmt == FMT_NVFP4,
-            SC=int(cfg.get("sc", 6)), ORD=int(cfg.get("ord", 1)), **common,
-        )  # fmt: skip
+        split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT else 0
+        k = decode_tok_kernel[(bsz, hkv, s_tot)](*args, CONV=int(cfg["conv"]), SPLIT=split, **common)
     else:
         paged = name == "paged" and _pages_contiguous(cache, bn)
         k = _decode_kernel[(bsz, hkv, s_tot)](
@@ -562,8 +550,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
-    "sc": "sc", "ord": "ord", "ppsm": "ppsm", "tpi": "tpi", "pf": "pf",
-    "minc": "minc",
+    "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc",
 }  # fmt: skip
 
 
@@ -587,6 +574,6 @@ def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tupl
         key, _, val = item.partition("=")
         if key not in _KEYS:
             raise ValueError(f"unknown decode variant option {key!r} in {spec!r} (one of {tuple(_KEYS)})")
-        if not interp or name == "mma" or key in ("bn", "tbn", "sv", "sc", "ord"):
+        if not interp or name == "mma" or key in ("bn", "tbn", "sv"):
             cfg[_KEYS[key]] = int(val)
     return name, cfg

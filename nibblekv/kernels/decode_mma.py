@@ -703,7 +703,7 @@ def decode_tail_kernel(
         q_ptr + b.to(tl.int64) * s_qb, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
         tpt_ptr + b.to(tl.int64) * s_tpt, 0, n, h, sm_scale * 1.4426950408889634, 1.0,
         o_ptr + first * D, lse_ptr + first, S_TOT * D,
-        G, BH, D, TPAGE, TBN, 0, 0, INTERP, False,
+        G, BH, D, TPAGE, TBN, 0, 0, INTERP,
     )  # fmt: skip
 
 

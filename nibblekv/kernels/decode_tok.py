@@ -1,4 +1,4 @@
-"""Per-token paged decode (variants ``tok*`` / ``kq*`` of ``decode_triton``): the plain structure of NOTES.md.
+"""Per-token paged decode (variant ``tok*`` of ``decode_triton``): the plain structure of NOTES.md.
 
 Same grid, partials and combine step as ``decode._decode_kernel`` (``(B, kv_heads, splits [+1 tail])``),
 but every key tile is gathered row by row through the page table -- ``slot = table[t // P] * P + t % P``,
@@ -6,14 +6,9 @@ one ``[BN, D]`` load per tile -- instead of reshaping whole-page tiles ``[pages,
 Why: on the H200 a plain kernel of this shape read BF16 at 4.5 TB/s, while the page-tile reshape sends V
 through shared memory twice and splits K into two half dots (benchmarks/results/kernels-h200.md).
 
-Two orientations (constexpr ``KQ``):
-
-* ``KQ=False``: ``S = Q K^T`` with Q ``[BH, D]`` (the GQA group padded to 16 rows) as the A operand and
-  ``acc [BH, D] += P V``; one dot over the whole head_dim.
-* ``KQ=True``: ``S^T = K Q^T`` -- the ``[BN, D]`` K tile is the A operand (M = BN >= 64 lets Triton use
-  Hopper's wgmma, whose A may come straight from registers, so a dequantized K tile converts in place)
-  and Q^T the loop-invariant B operand; ``acc^T [D, BH] += V^T P^T``. The softmax then reduces over
-  axis 0 and the output is stored transposed.
+``S = Q K^T`` with Q ``[BH, D]`` (the GQA group padded to 16 rows) as the A operand and
+``acc [BH, D] += P V``; one dot over the whole head_dim. (The transposed ``S^T = K Q^T``, variant ``kq``,
+was wrong on sm_90 with triton 3.6 and was removed; ``decode_mma`` supersedes it.)
 
 NVFP4 tiles are dequantized to natural head_dim order (``CONV``: 0 plain Triton bit ops, 1 the two-asm
 path of ``_common``, 2 one asm block per 4 bytes giving both nibbles, see ``nvfp4_split2_asm``).
@@ -25,7 +20,6 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._common import nibbles_to_f16x2_ptx, nvfp4_split
-from nibblekv.kernels.decode_blockscale import bs_segment
 
 
 # $4 = 4 bytes -> $0, $1 = low nibbles of bytes (0, 1), (2, 3) as f16x2; $2, $3 = the high nibbles
@@ -208,7 +202,7 @@ def _tok_block(
     n0, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
     head_off, shead_off, pt_ptr,
     D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr, FMT: tl.constexpr, CONV: tl.constexpr,
-    INTERP: tl.constexpr, KQ: tl.constexpr, MASKED: tl.constexpr,
+    INTERP: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """Keys ``[n0, n0 + BN)``: gather, dequantize, one online-softmax step (MASKED: keys >= end masked)."""
     idx = n0 + tl.arange(0, BN)
@@ -228,24 +222,15 @@ def _tok_block(
         srow = row
     k = _load_tile(k_ptr, ks_ptr, row, srow, nmask, D, FMT, CONV, INTERP, MASKED, False)
     v = _load_tile(v_ptr, vs_ptr, row, srow, nmask, D, FMT, CONV, INTERP, MASKED, True)
-    if KQ:  # q is Q^T [D, BH]; scores S^T [BN, BH]; acc is acc^T [D, BH]
-        s = tl.dot(k, q) * qk_scale
-        if MASKED:
-            s = tl.where(nmask[:, None], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[None, :])
-        l = l * alpha + tl.sum(p, axis=0)
-        acc = tl.dot(tl.trans(v), p.to(v.dtype), acc * alpha[None, :])
-    else:  # q [BH, D]; scores [BH, BN]; acc [BH, D]
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        if MASKED:
-            s = tl.where(nmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    # q [BH, D]; scores [BH, BN]; acc [BH, D]
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        s = tl.where(nmask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return m_new, l, acc
 
 
@@ -254,7 +239,7 @@ def _tok_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
     pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_os,
     G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr,
-    FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, KQ: tl.constexpr,
+    FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """Attend the group's query rows over tokens ``[start, end)`` of one pool; store partial o / lse."""
     offs_g = tl.arange(0, BH)
@@ -267,11 +252,7 @@ def _tok_segment(
         q = q.to(tl.float32)
     m = tl.full([BH], float("-inf"), tl.float32)
     l = tl.zeros([BH], tl.float32)
-    if KQ:
-        q = tl.trans(q)
-        acc = tl.zeros([D, BH], tl.float32)
-    else:
-        acc = tl.zeros([BH, D], tl.float32)
+    acc = tl.zeros([BH, D], tl.float32)
     head_off = h.to(tl.int64) * s_head
     shead_off = h.to(tl.int64) * sc_head
     full_end = start + (end - start) // BN * BN
@@ -282,29 +263,25 @@ def _tok_segment(
         while n0 < full_end:
             m, l, acc = _tok_block(
                 n0, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
-                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, KQ, False,
+                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, False,
             )  # fmt: skip
             n0 += BN
     else:
         for n0 in range(start, full_end, BN):
             m, l, acc = _tok_block(
                 n0, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
-                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, KQ, False,
+                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, False,
             )  # fmt: skip
     if full_end < end:
         m, l, acc = _tok_block(
             full_end, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
-            head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, KQ, True,
+            head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, True,
         )  # fmt: skip
     # An empty segment stores lse = -inf and o = 0, which the combine step weighs as nothing.
     inv = tl.where(l > 0, out_scale / tl.maximum(l, 1e-30), 0.0)
     lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
-    if KQ:
-        o_ptrs = o_ptr + offs_g[None, :] * s_os + offs_d[:, None]
-        tl.store(o_ptrs, acc * inv[None, :], mask=gmask[None, :])
-    else:
-        o_ptrs = o_ptr + offs_g[:, None] * s_os + offs_d[None, :]
-        tl.store(o_ptrs, acc * inv[:, None], mask=gmask[:, None])
+    o_ptrs = o_ptr + offs_g[:, None] * s_os + offs_d[None, :]
+    tl.store(o_ptrs, acc * inv[:, None], mask=gmask[:, None])
     tl.store(lse_ptr + offs_g * (s_os // D), lse, mask=gmask)
 
 
@@ -455,14 +432,9 @@ def decode_tok_kernel(
     HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr,
-    FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, KQ: tl.constexpr, SPLIT: tl.constexpr,
-    BS: tl.constexpr = False, SC: tl.constexpr = 3, ORD: tl.constexpr = 1,
+    FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them).
-
-    ``BS`` (NVFP4 only): the main pool goes through ``decode_blockscale.bs_segment`` (scale mode ``SC``,
-    block order ``ORD``); the tail segment is the same as ever.
-    """
+    """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     # NOTE: the tail is program 0 of the split axis (scheduled first, not as a short last wave); its
@@ -479,7 +451,7 @@ def decode_tok_kernel(
             q_base, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
             tpt_ptr + b.to(tl.int64) * s_tpt, 0, n, h, sm_scale * 1.4426950408889634, 1.0,
             o_base, lse_base, S_TOT * D,
-            G, BH, D, TPAGE, TBN, 0, 0, INTERP, KQ,
+            G, BH, D, TPAGE, TBN, 0, 0, INTERP,
         )  # fmt: skip
     else:
         n = tl.load(lens_ptr + b)
@@ -494,14 +466,7 @@ def decode_tok_kernel(
         if FMT == 2:
             gk = gk * 128.0
             gv = gv * 128.0
-        if BS and FMT == 2:
-            bs_segment(
-                q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head,
-                pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
-                o_base, lse_base, S_TOT * D,
-                G, BH, D, PAGE, BN, CONV, INTERP, SC, ORD,
-            )  # fmt: skip
-        elif SPLIT:
+        if SPLIT:
             _split_segment(
                 q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head,
                 pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
@@ -513,5 +478,5 @@ def decode_tok_kernel(
                 q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
                 pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
                 o_base, lse_base, S_TOT * D,
-                G, BH, D, PAGE, BN, FMT, CONV, INTERP, KQ,
+                G, BH, D, PAGE, BN, FMT, CONV, INTERP,
             )  # fmt: skip
