@@ -167,7 +167,7 @@ def main() -> None:
         times = []
         for b, c in shapes:
             try:
-                us, nb = run_decode(pools, dt, b, c, 32, False, {"variant": spec}, rep_ms=60)
+                us, nb = run_decode(pools, dt, b, c, 32, False, {"variant": spec})
             except Exception as e:  # noqa: BLE001
                 print(f"{NAMES[dt]:9s} {spec:22s} B={b} ctx={c} FAILED {repr(e)[:200]}", flush=True)
                 continue
