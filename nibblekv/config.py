@@ -14,6 +14,9 @@ DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 HICACHE_WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through")
 # Default for --max-total-tokens when the pool is not sized from GPU memory.
 CPU_DEFAULT_MAX_TOTAL_TOKENS: int = 16384
+# The default prefill window covers the previous chunk up to this many tokens (bf16 pages held by the one
+# chunked prefill in flight: 2 x 2112 tokens, 0.55 GiB for Llama-3.1-8B).
+MAX_DEFAULT_PREFILL_CHUNK: int = 2048
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,10 @@ class EngineConfig:
     # bf16 copy of each request's first page (the attention sinks) in the tail pool: 0 or 1; None = the
     # measured default (1 for nvfp4, 0 otherwise); no effect without the tail. See resolve_sink_pages().
     kv_sink_pages: int | None = None
+    # Tail tokens a prompt keeps unquantized while it is prefilled in chunks (its last chunk demotes them
+    # down to kv_recent_window); None = min(chunked_prefill_size, 2048) + kv_recent_window, so every
+    # chunk attends to the previous one in bf16. See resolve_prefill_window() and docs/accuracy.md.
+    kv_prefill_window: int | None = None
     context_length: int | None = None
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
@@ -77,6 +84,13 @@ class EngineConfig:
             "kv_recent_window",
             f"must be a multiple of page_size ({self.page_size})",
         )
+        if self.kv_prefill_window is not None:
+            _check(self.kv_prefill_window >= 0, "kv_prefill_window", "must be >= 0")
+            _check(
+                self.kv_prefill_window % self.page_size == 0,
+                "kv_prefill_window",
+                f"must be a multiple of page_size ({self.page_size})",
+            )
         if self.context_length is not None:
             _check(self.context_length >= 2, "context_length", "must be >= 2")
         _check(self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs", "must be >= 1")
@@ -95,6 +109,15 @@ class EngineConfig:
     def chunk_tokens(self) -> int | None:
         """Prefill tokens per step, or None for unchunked."""
         return self.chunked_prefill_size if self.chunked_prefill_size > 0 else None
+
+    def resolve_prefill_window(self) -> int:
+        """``kv_prefill_window`` with its default applied (no less than ``kv_recent_window``)."""
+        if self.kv_prefill_window is not None:
+            return max(self.kv_prefill_window, self.kv_recent_window)
+        chunk = self.chunk_tokens
+        if chunk is None or self.kv_recent_window == 0:
+            return self.kv_recent_window  # NOTE: unchunked prompts never grow with a prefill window
+        return min(chunk, MAX_DEFAULT_PREFILL_CHUNK) + self.kv_recent_window
 
     @staticmethod
     def from_args(args: argparse.Namespace) -> EngineConfig:
@@ -192,6 +215,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="keep a bf16 copy of each request's first page (attention sinks) in the tail pool: 0 or 1 "
         "(default: 1 for nvfp4, 0 otherwise; needs --kv-recent-window > 0; see docs/accuracy.md)",
+    )
+    g.add_argument(
+        "--kv-prefill-window",
+        type=non_negative_int,
+        default=None,
+        help="tail tokens a prompt keeps unquantized while it is prefilled in chunks, so each chunk attends "
+        "to the previous one in bf16; its last chunk demotes them (default: min(--chunked-prefill-size, "
+        "2048) + --kv-recent-window; multiple of --page-size; see docs/accuracy.md)",
     )
     g.add_argument("--context-length", type=_positive_int, default=None)
     g.add_argument("--disable-cuda-graph", action="store_true")

@@ -22,7 +22,12 @@ from nibblekv.formats import KVDtype
 
 
 def _pool(
-    num_pages: int = 64, window: int = 32, page: int = 4, max_running: int = 4, sink_pages: int = 0
+    num_pages: int = 64,
+    window: int = 32,
+    page: int = 4,
+    max_running: int = 4,
+    sink_pages: int = 0,
+    prefill_window: int = 0,
 ) -> KVPool:
     spec = size_pool(
         num_layers=2,
@@ -36,6 +41,7 @@ def _pool(
         budget_bytes=None,
         max_total_tokens=num_pages * page,
         sink_pages=sink_pages,
+        prefill_window=prefill_window,
     )
     return KVPool(spec, "cpu", torch.ones(2, 2))
 
@@ -185,11 +191,11 @@ def test_pool_sizing_nvfp4_vs_fp8_and_tail() -> None:
     bf16 = size_pool(kv_dtype=KVDtype.BF16, recent_window=64, max_running_requests=128,
                      budget_bytes=budget, max_total_tokens=None, **common)  # fmt: skip
     assert bf16.recent_window == 0 and bf16.num_tail_pages == 0  # no tail for unquantized KV
-    assert fp8.num_tail_pages == 128 * 5 + 4
-    assert nv.num_tail_pages == 128 * 5 + 4
+    assert fp8.num_tail_pages == 128 * 5 + 2 * 5  # + old and new window of the chunked prefill
+    assert nv.num_tail_pages == 128 * 5 + 2 * 5
     sink = size_pool(kv_dtype=KVDtype.NVFP4, recent_window=64, max_running_requests=128,
                      budget_bytes=budget, max_total_tokens=None, sink_pages=1, **common)  # fmt: skip
-    assert sink.sink_pages == 1 and sink.num_tail_pages == 128 * 6 + 4  # one more page per request
+    assert sink.sink_pages == 1 and sink.num_tail_pages == 128 * 6 + 2 * 5  # one more page per request
     assert sink.main_bytes() + sink.tail_bytes() <= budget < nv.main_bytes() + sink.tail_bytes()
     for kv, w in ((KVDtype.BF16, 64), (KVDtype.NVFP4, 0)):  # no tail pool: no sink pages
         none = size_pool(kv_dtype=kv, recent_window=w, max_running_requests=128, budget_bytes=budget,
@@ -216,10 +222,10 @@ def test_pool_layers_and_startup_lines() -> None:
     assert float(pool.main[1].global_scale[0]) == 2.0  # each layer's scale is a view
     lines = pool.startup_lines(2, 128)
     assert lines[0].startswith("KV cache is allocated. dtype: nvfp4, #tokens: 32, K size: ")
-    assert "tail pages: 8 (fp32, W=8" in lines[0]
+    assert "tail pages: 12 (fp32, W=8" in lines[0]  # 2 x (2 + 1) + 2 x 3 for the chunked prefill
     assert lines[1] == "max_total_num_tokens=32, max_running_requests=2, context_len=128, page_size=4"
     sink = _pool(num_pages=8, window=8, page=4, max_running=2, sink_pages=1)
-    assert "tail pages: 10 (fp32, W=8, sink pages: 1, " in sink.startup_lines(2, 128)[0]
+    assert "tail pages: 14 (fp32, W=8, sink pages: 1, " in sink.startup_lines(2, 128)[0]
 
 
 def test_kv_scales_file(tmp_path) -> None:
@@ -290,3 +296,41 @@ def test_extend_reads_the_layout_before_its_growth() -> None:
     mgr0.finish_growth(mgr0.grow(p0, 5))
     g0 = mgr0.grow(p0, 9)
     assert g0.old_main == 8 and (g0.prefix_main, g0.prefix_tail) == (5, 0) and g0.old_tail == ()
+
+
+def test_prefill_window_keeps_the_previous_chunk_in_the_tail() -> None:
+    # W = 8, Wp = 24, pages of 4: non-final chunks keep their newest 24 tokens in bf16, the last chunk
+    # demotes down to W at once, and the tail pool is sized for it.
+    pool = _pool(num_pages=64, window=8, page=4, max_running=2, prefill_window=24)
+    assert pool.spec.prefill_window == 24
+    assert pool.spec.num_tail_pages == 2 * (2 + 1) + 2 * (6 + 1)
+    mgr = TieredCacheManager(pool)
+    pages = RequestPages()
+    mgr.finish_growth(mgr.grow(pages, 16, prefilling=True))  # chunk 1: all 16 tokens in the tail
+    assert pages.num_main == 0 and len(pages.tail) == 4
+    g = mgr.grow(pages, 32, prefilling=True)  # chunk 2 attends to chunk 1 in bf16 (old_tail)
+    assert g.prefix_main == 0 and g.prefix_tail == 16 and len(g.old_tail) == 4
+    assert pages.num_main == 8 and len(g.demote_src) == 2  # Lq = 32 - 24
+    mgr.finish_growth(g)
+    assert mgr.pages_needed(pages, 48, prefilling=True) == (4, 4)
+    g = mgr.grow(pages, 48)  # the last chunk: reads [8, 32) from the tail, then back to W = 8
+    assert g.prefix_main == 8 and g.prefix_tail == 24
+    assert pages.num_main == 40 and len(pages.tail) == 2 and len(g.demote_src) == 6
+    mgr.finish_growth(g)
+    mgr.finish_growth(mgr.grow(pages, 49))  # decode: the window rule as before
+    assert pages.num_main == 44 and len(pages.tail) == 2
+    mgr.release(pages)
+    assert pool.all_free()
+
+
+def test_prefill_window_defaults_to_the_recent_window() -> None:
+    pool = _pool(window=8, page=4, prefill_window=0)
+    mgr = TieredCacheManager(pool)
+    a, b = RequestPages(), RequestPages()
+    mgr.finish_growth(mgr.grow(a, 30, prefilling=True))
+    mgr.finish_growth(mgr.grow(b, 30))
+    assert (a.num_main, len(a.tail)) == (b.num_main, len(b.tail)) == (24, 2)
+    mgr.release(a)
+    mgr.release(b)
+    no_tail = _pool(window=0, prefill_window=64)  # no tail pool: nothing to keep
+    assert no_tail.spec.prefill_window == 0 and no_tail.spec.num_tail_pages == 0

@@ -127,7 +127,11 @@ def test_nvfp4_decode_path_matches_extend_path(make_engine, smollm2) -> None:
     # NOTE: rotation off: q/k/v @ H over 1 row (decode) vs a chunk (extend) may round differently,
     # which would test matmul shape-invariance, not the two paths' cache reads.
     engine = make_engine(
-        kv_cache_dtype="nvfp4", kv_recent_window=16, chunked_prefill_size=1, kv_hadamard=False
+        kv_cache_dtype="nvfp4",
+        kv_recent_window=16,
+        chunked_prefill_size=1,
+        kv_hadamard=False,
+        kv_prefill_window=0,  # the window rule alone (the one-token chunks below are prefill chunks)
     )
     gen = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=36, ignore_eos=True))[0]
     assert len(prompt) + 36 > 16 + 2 * 16  # long enough for tail pages to be demoted twice
@@ -152,6 +156,30 @@ def test_tail_only_request_equals_unquantized(make_engine, smollm2) -> None:
     ref = make_engine(kv_cache_dtype="auto").generate([prompt], params)[0]
     got = make_engine(kv_cache_dtype="nvfp4", kv_recent_window=64).generate([prompt], params)[0]
     assert len(prompt) + 20 < 64 and got.token_ids == ref.token_ids
+
+
+def test_prefill_window_reads_earlier_chunks_unquantized(make_engine, smollm2) -> None:
+    """With a prefill window covering the prompt, every chunk of an nvfp4 chunked prefill reads the
+    earlier chunks from the (fp32) tail: its prompt logprobs are the unchunked prefill's, which attends
+    to fresh K/V only. With the window off the quantized prefix shows; the default lies between."""
+    prompt = _passage(smollm2[1], 300)
+    params = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True, prompt_logprobs=1)
+
+    def run(**kw: object) -> tuple[torch.Tensor, list[int]]:
+        out = make_engine(kv_cache_dtype="nvfp4", **kw).generate([prompt], params)[0]
+        assert out.prompt_logprobs is not None
+        return torch.tensor([lp.logprob for lp in out.prompt_logprobs]), out.token_ids
+
+    whole, _ = run(chunked_prefill_size=0)
+    covered, tokens = run(chunked_prefill_size=64, kv_prefill_window=320)
+    off, _ = run(chunked_prefill_size=64, kv_prefill_window=0)
+    default, _ = run(chunked_prefill_size=64)  # the previous chunk + W = 128 tokens in the tail
+    assert len(tokens) == 4  # decoding after the last chunk's demotion works
+    err = {name: float((x - whole).abs().max()) for name, x in (("covered", covered), ("off", off), ("default", default))}
+    assert err["covered"] < 1e-4, err
+    assert err["off"] > 1e-2, err
+    rms = {name: float((x - whole).pow(2).mean().sqrt()) for name, x in (("off", off), ("default", default))}
+    assert rms["default"] < 0.7 * rms["off"], rms
 
 
 def test_preemption_tiny_pool(make_engine, smollm2) -> None:

@@ -87,7 +87,9 @@ def test_runner_rejects_what_the_cache_cannot_do(smollm2) -> None:  # type: igno
         PagedRunner(model, parse_config("nvfp4_cal"), max_requests=1, max_len=16)
     with pytest.raises(ValueError, match="needs _w"):
         parse_config("nvfp4_sink")  # the sink page lives in the tail pool
-    sink = parse_config("nvfp4_w64_4o6_had_sink")
+    with pytest.raises(ValueError, match="needs _w"):
+        parse_config("nvfp4_pw")  # the prefill window extends the tail
+    sink = parse_config("nvfp4_w64_4o6_had_sink_pw")
     assert sink.sink_pages == 1 and sink.sink_tokens == 16 and sink.renamed("nvfp4") == parse_config("nvfp4")
 
 
@@ -96,7 +98,8 @@ def test_lockstep_eval_both_modes(smollm2, windows: torch.Tensor) -> None:  # ty
     settings = EvalSettings(
         windows=2, window_tokens=80, prefill_chunk=32, decode_context=48, decode_tokens=8, batch=2
     )
-    configs = [parse_config(n) for n in ("bf16", "nvfp4_plain", "nvfp4_w16", "nvfp4_w48", "nvfp4_w16_sink")]
+    names = ("bf16", "nvfp4_plain", "nvfp4_w16", "nvfp4_w48", "nvfp4_w16_sink", "nvfp4_w16_pw")
+    configs = [parse_config(n) for n in names]
     ev = LockstepEval(model, configs, settings, lambda c: None)
     pre, dec = ev.run_prefill(windows), ev.run_decode(windows)
     # prefill scores the tokens after the first chunk, decode every step
@@ -116,5 +119,9 @@ def test_lockstep_eval_both_modes(smollm2, windows: torch.Tensor) -> None:  # ty
     # The sink page: later chunks and decode steps read page 0 (the attention sinks) in bf16.
     for mode in ("prefill", "decode"):
         assert summary[("nvfp4_w16_sink", mode)]["kl"] < summary[("nvfp4_w16", mode)]["kl"]
+    # The prefill window: each non-final chunk keeps itself + W = 48 tokens in bf16, so chunk 2 reads all
+    # of chunk 1 unquantized; decode's context is one (final) chunk: no difference there.
+    assert summary[("nvfp4_w16_pw", "prefill")]["kl"] < 0.5 * summary[("nvfp4_w16", "prefill")]["kl"]
+    assert summary[("nvfp4_w16_pw", "decode")]["kl"] == summary[("nvfp4_w16", "decode")]["kl"]
     with pytest.raises(ValueError):
         LockstepEval(model, configs[1:], settings, lambda c: None)

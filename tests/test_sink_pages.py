@@ -150,8 +150,10 @@ def test_engine_pools_and_generation_leave_nothing_behind(smollm2) -> None:  # t
     kw = {"loaded": smollm2, "max_total_tokens": 512, "decode_log_interval": 0, "max_running_requests": 4}
     nv = Engine(kv_cache_dtype="nvfp4", chunked_prefill_size=32, **kw)
     spec = nv.pool.spec
-    assert spec.sink_pages == 1 and spec.num_tail_pages == 4 * (64 // 16 + 2) + 64 // 16
-    assert nv.page_table.tail.shape[1] == 64 // 16 + 2
+    # the default prefill window: the 32-token chunk + W = 96 tokens while a prompt is chunked
+    assert spec.sink_pages == 1 and spec.prefill_window == 96
+    assert spec.num_tail_pages == 4 * (64 // 16 + 2) + 2 * (96 // 16 + 1)
+    assert nv.page_table.tail.shape[1] == 96 // 16 + 1 + 1
     assert "sink pages: 1" in nv.pool.startup_lines(4, 256)[0]
     prompts = [list(range(200, 300)), list(range(300, 390)), list(range(200, 290))]
     outs = nv.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True))

@@ -7,6 +7,13 @@ tail holds at most ``W`` tokens and every tail page starts page-aligned. Tail pa
 ``Lq'`` are *demoted*: copied (quantized) into fresh main pages by the attention backend during the
 forward, and freed after it. With ``W == 0`` the same formula puts every token in the main pool.
 
+The prefill window (``--kv-prefill-window``, pool ``prefill_window``): a growth that leaves the
+prompt unfinished (a non-final chunk of a chunked prefill, ``prefilling=True``) uses ``Wp >= W``
+instead of ``W``, so the next chunk attends to the whole previous chunk unquantized (prefill logits
+and the prompt's K/V are computed as with a bf16 cache over the newest ``Wp`` tokens). The prompt's
+last chunk grows with ``W`` again: the formula demotes everything older at once. Only the one chunked
+prefill in flight holds such a window (see ``tail_pages_for``).
+
 NOTE: an extend step attends over the layout from *before* its growth (main ``[0, Lq)``, tail pages
 ``old_tail``, still allocated until :meth:`BaseCacheManager.finish_growth`), so a chunk longer than
 ``W`` still sees the newest ``<= W`` cached tokens in bf16; demotion runs after its attention.
@@ -137,15 +144,19 @@ class BaseCacheManager(ABC):
     """
 
     @abstractmethod
-    def pages_needed(self, pages: RequestPages, new_len: int) -> tuple[int, int]:
-        """New (main, tail) pages growing ``pages`` to ``new_len`` tokens would take."""
+    def pages_needed(self, pages: RequestPages, new_len: int, prefilling: bool = False) -> tuple[int, int]:
+        """New (main, tail) pages growing ``pages`` to ``new_len`` tokens would take.
+
+        ``prefilling``: the prompt continues past ``new_len`` (the prefill window applies)."""
 
     @abstractmethod
-    def can_grow(self, pages: RequestPages, new_len: int, reserve_main: int = 0) -> bool:
+    def can_grow(
+        self, pages: RequestPages, new_len: int, reserve_main: int = 0, prefilling: bool = False
+    ) -> bool:
         """Whether the growth fits, leaving ``reserve_main`` main pages free."""
 
     @abstractmethod
-    def grow(self, pages: RequestPages, new_len: int) -> Growth:
+    def grow(self, pages: RequestPages, new_len: int, prefilling: bool = False) -> Growth:
         """Allocate for tokens ``[pages.num_tokens, new_len)`` and update ``pages``."""
 
     @abstractmethod
@@ -180,9 +191,12 @@ class TieredCacheManager(BaseCacheManager):
         self.page_table = page_table
         self.page_size = pool.page_size
         self.window = pool.recent_window
+        self.prefill_window = max(pool.spec.prefill_window, self.window)
         self.sinks = pool.spec.sink_pages > 0  # NOTE: PoolSpec keeps it 0 without a tail pool
 
-    def _plan(self, pages: RequestPages, new_len: int) -> tuple[int, int, int, int, bool]:
+    def _plan(
+        self, pages: RequestPages, new_len: int, prefilling: bool = False
+    ) -> tuple[int, int, int, int, bool]:
         """(Lq', #demoted, #new main, #new tail, whether main page 0 gets a sink) for ``new_len``.
 
         ``#new tail`` counts a fresh sink page when page 0 is not a demoted tail page.
@@ -190,26 +204,28 @@ class TieredCacheManager(BaseCacheManager):
         if new_len < pages.num_tokens:
             raise ValueError(f"cannot shrink a request from {pages.num_tokens} to {new_len} tokens")
         p = self.page_size
-        lq = main_len_after(pages.num_main, new_len, self.window, p)
+        lq = main_len_after(pages.num_main, new_len, self.prefill_window if prefilling else self.window, p)
         demoted = min((lq - pages.num_main) // p, len(pages.tail))
         new_main = lq // p - len(pages.main)
         new_tail = cdiv(max(new_len - lq, 0), p) - (len(pages.tail) - demoted)
         make_sink = self.sinks and not pages.main and new_main > 0
         return lq, demoted, new_main, new_tail + int(make_sink and demoted == 0), make_sink
 
-    def pages_needed(self, pages: RequestPages, new_len: int) -> tuple[int, int]:
-        _, _, new_main, new_tail, _ = self._plan(pages, new_len)
+    def pages_needed(self, pages: RequestPages, new_len: int, prefilling: bool = False) -> tuple[int, int]:
+        _, _, new_main, new_tail, _ = self._plan(pages, new_len, prefilling)
         return new_main, new_tail
 
-    def can_grow(self, pages: RequestPages, new_len: int, reserve_main: int = 0) -> bool:
-        new_main, new_tail = self.pages_needed(pages, new_len)
+    def can_grow(
+        self, pages: RequestPages, new_len: int, reserve_main: int = 0, prefilling: bool = False
+    ) -> bool:
+        new_main, new_tail = self.pages_needed(pages, new_len, prefilling)
         return (
             new_main + reserve_main <= self.pool.main_alloc.num_free
             and new_tail <= self.pool.tail_alloc.num_free
         )
 
-    def grow(self, pages: RequestPages, new_len: int) -> Growth:
-        lq, demoted, n_main, n_tail, make_sink = self._plan(pages, new_len)
+    def grow(self, pages: RequestPages, new_len: int, prefilling: bool = False) -> Growth:
+        lq, demoted, n_main, n_tail, make_sink = self._plan(pages, new_len, prefilling)
         main_new = self.pool.main_alloc.alloc(n_main)
         try:
             tail_new = self.pool.tail_alloc.alloc(n_tail)

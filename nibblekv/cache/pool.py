@@ -46,6 +46,9 @@ class PoolSpec:
     # bf16 copies of each request's first page kept in the tail pool (nibblekv.cache.manager); 0 or 1.
     # NOTE: size_pool() makes it 0 without a tail pool, and num_tail_pages counts them.
     sink_pages: int = 0
+    # The tail a prompt keeps while it is prefilled in chunks (nibblekv.cache.manager); 0 = the
+    # recent window. NOTE: size_pool() makes it 0 without a tail pool, and num_tail_pages counts it.
+    prefill_window: int = 0
 
     @property
     def layout(self) -> PageLayout:
@@ -71,17 +74,22 @@ class PoolSpec:
         return self.tail_tokens * self.tail_layout.bytes_per_token() * self.num_layers
 
 
-def tail_pages_for(max_running_requests: int, recent_window: int, page_size: int, sink_pages: int = 0) -> int:
+def tail_pages_for(
+    max_running_requests: int, recent_window: int, page_size: int, sink_pages: int = 0, prefill_window: int = 0
+) -> int:
     """Tail pages so every running request can hold its window (and its sink pages).
 
     Each request gets ``W/P + 1`` pages (+1: during a decode step the page being demoted is still
-    held while the next one is written) plus ``sink_pages``, plus ``W/P`` for the one chunked
-    prefill in flight, whose old window stays allocated while the next chunk's window is written.
+    held while the next one is written) plus ``sink_pages``. The one chunked prefill in flight holds
+    up to ``Wp' = ceil(max(Wp, W) / P) + 1`` pages between steps, and during a step its old window
+    stays allocated while the next chunk is written; a step that ends one chunked prompt may start
+    the next: ``2 * Wp'`` pages on top cover both.
     """
     if recent_window == 0:
         return 0
     per_window = recent_window // page_size
-    return max_running_requests * (per_window + 1 + sink_pages) + per_window
+    per_prefill = -(-max(prefill_window, recent_window) // page_size) + 1
+    return max_running_requests * (per_window + 1 + sink_pages) + 2 * per_prefill
 
 
 def size_pool(
@@ -97,21 +105,25 @@ def size_pool(
     budget_bytes: int | None,
     max_total_tokens: int | None,
     sink_pages: int = 0,
+    prefill_window: int = 0,
 ) -> PoolSpec:
     """Decide the pool's page counts from a byte budget and/or a token cap (the smaller wins).
 
     ``recent_window`` is forced to 0 for unquantized KV dtypes (there is nothing to keep exact), and
-    ``sink_pages`` to 0 without a tail pool (they live there). Raises ``ValueError`` when the budget
-    does not leave room for one main page.
+    ``sink_pages`` / ``prefill_window`` to 0 without a tail pool (they live there). Raises
+    ``ValueError`` when the budget does not leave room for one main page.
     """
     if sink_pages not in (0, 1):
         raise ValueError(f"sink_pages must be 0 or 1, got {sink_pages}")
+    if prefill_window < 0:
+        raise ValueError(f"prefill_window must be >= 0, got {prefill_window}")
     window = recent_window if kv_dtype.quantized else 0
     sinks = sink_pages if window else 0
-    num_tail = tail_pages_for(max_running_requests, window, page_size, sinks)
+    prefill = max(prefill_window, window) if window else 0
+    num_tail = tail_pages_for(max_running_requests, window, page_size, sinks, prefill)
     spec = PoolSpec(
         num_layers, num_kv_heads, head_dim, page_size, kv_dtype, model_kv_dtype, 0, num_tail, window,
-        sink_pages=sinks,
+        sink_pages=sinks, prefill_window=prefill,
     )  # fmt: skip
     limits: list[int] = []
     if max_total_tokens is not None:
@@ -229,6 +241,8 @@ class KVPool:
         line += f"K size: {half:.2f} GiB, V size: {half:.2f} GiB"
         if s.num_tail_pages:
             sinks = f", sink pages: {s.sink_pages}" if s.sink_pages else ""
+            if s.prefill_window > s.recent_window:
+                sinks += f", prefill W={s.prefill_window}"
             line += (
                 f", tail pages: {s.num_tail_pages} ({s.tail_dtype.value}, W={s.recent_window}{sinks}, "
                 f"{s.tail_bytes() / GIB:.2f} GiB)"

@@ -121,13 +121,15 @@ class PrefixCacheManager(TieredCacheManager):
         return out
 
     # ---- growth with eviction -------------------------------------------------------------------
-    def can_grow(self, pages: RequestPages, new_len: int, reserve_main: int = 0) -> bool:
-        new_main, new_tail = self.pages_needed(pages, new_len)
+    def can_grow(
+        self, pages: RequestPages, new_len: int, reserve_main: int = 0, prefilling: bool = False
+    ) -> bool:
+        new_main, new_tail = self.pages_needed(pages, new_len, prefilling)
         free_main = self.pool.main_alloc.num_free + self.tree.evictable_pages
         return new_main + reserve_main <= free_main and new_tail <= self.pool.tail_alloc.num_free
 
-    def grow(self, pages: RequestPages, new_len: int) -> Growth:
-        new_main, _ = self.pages_needed(pages, new_len)
+    def grow(self, pages: RequestPages, new_len: int, prefilling: bool = False) -> Growth:
+        new_main, _ = self.pages_needed(pages, new_len, prefilling)
         short = new_main - self.pool.main_alloc.num_free
         if short > 0:
             self.tree.evict(short)
@@ -137,7 +139,7 @@ class PrefixCacheManager(TieredCacheManager):
             self.stats.lookup_tokens += hold.lookup_tokens
             self.stats.hit_tokens += hold.matched_tokens + hold.host_tokens
             self.stats.host_hit_tokens += hold.host_tokens
-        return super().grow(pages, new_len)
+        return super().grow(pages, new_len, prefilling)
 
     # ---- into the tree --------------------------------------------------------------------------
     def cache_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> None:

@@ -92,6 +92,7 @@ def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSp
         budget_bytes=budget,
         max_total_tokens=max_tokens,
         sink_pages=resolve_sink_pages(config, parse_kv_dtype(config.kv_cache_dtype, model.dtype)),
+        prefill_window=config.resolve_prefill_window(),
     )
     hadamard, four_over_six = resolve_kv_options(config, spec.kv_dtype, mc.head_dim)
     return replace(spec, hadamard=hadamard, four_over_six=four_over_six)
@@ -134,8 +135,9 @@ def build_pool(
 def make_page_table(pool: KVPool, max_running: int, context_len: int, device: torch.device) -> PageTable:
     """One row per running request; each row holds up to ``context_len`` tokens of pages."""
     p = pool.page_size
-    # NOTE: a tail row holds the window, the page being demoted and the sink page(s).
-    tail_width = pool.recent_window // p + 1 + pool.spec.sink_pages
+    # NOTE: a tail row holds the window (the prefill window while a prompt is chunked), the page being
+    # demoted and the sink page(s).
+    tail_width = -(-max(pool.recent_window, pool.spec.prefill_window) // p) + 1 + pool.spec.sink_pages
     return PageTable(max_running, -(-context_len // p) + 1, tail_width, device)
 
 

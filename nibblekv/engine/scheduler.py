@@ -83,10 +83,11 @@ class Scheduler:
         # NOTE: at most one running request is mid-prefill (a chunk stops the loop), and it goes first.
         for req in [r for r in self.running if not r.is_decoding]:
             n = min(req.num_tokens - req.num_cached, budget)
-            if not self.cache.can_grow(req.pages, req.num_cached + n):
+            more = req.num_cached + n < req.num_tokens  # a non-final chunk: the prefill window applies
+            if not self.cache.can_grow(req.pages, req.num_cached + n, prefilling=more):
                 return self._nonempty(batch)
             batch.reqs.append(req)
-            batch.growths.append(self.cache.grow(req.pages, req.num_cached + n))
+            batch.growths.append(self.cache.grow(req.pages, req.num_cached + n, prefilling=more))
             budget -= n
         # Headroom of one main page per decoding request, so admission does not force a preemption.
         reserve = sum(1 for r in self.running if r.is_decoding)
@@ -95,7 +96,8 @@ class Scheduler:
             # NOTE: prompt logprobs need every prompt position computed, so such requests never match.
             cached = 0 if req.wants_prompt_logprobs() else self.cache.match_prefix(req.pages, req.token_ids)
             n = min(req.num_tokens - cached, budget)
-            if not self.cache.can_grow(req.pages, cached + n, reserve_main=reserve):
+            more = cached + n < req.num_tokens
+            if not self.cache.can_grow(req.pages, cached + n, reserve_main=reserve, prefilling=more):
                 self.cache.release(req.pages)  # undo the match; it is retried next step
                 break
             self.waiting.popleft()
@@ -104,7 +106,7 @@ class Scheduler:
                 req.cached_tokens = cached
             self.running.append(req)
             batch.reqs.append(req)
-            batch.growths.append(self.cache.grow(req.pages, cached + n))
+            batch.growths.append(self.cache.grow(req.pages, cached + n, prefilling=more))
             batch.num_cached_tokens += cached
             budget -= n
         batch.loads = self.cache.take_loads()

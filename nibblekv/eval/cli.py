@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from nibblekv.config import non_negative_int
+from nibblekv.eval.calibrate import KVMeans, KVScales, calibrate, calibrate_means
 from nibblekv.eval.common import ScaleSource, add_model_args, load, progress
 from nibblekv.eval.configs import BASELINE_NAME, FULL_RUN, KVConfig, parse_config
 from nibblekv.eval.data import eval_texts, resolve_data_dir, token_windows
@@ -32,6 +33,60 @@ STUDY_CONFIGS: tuple[str, ...] = (
 def _configs(names: list[str]) -> list[KVConfig]:
     configs = [parse_config(n) for n in dict.fromkeys([BASELINE_NAME, *names])]
     return configs
+
+
+class SmoothingSource:
+    """K/V means for mean-smoothed (``_smk`` / ``_smv``) study configurations, and global scales.
+
+    Means come from the calibration windows ``scales`` uses (computed on first use). A calibrated
+    smoothed configuration gets scales from the amax of its smoothed (and, with ``_had``, rotated)
+    K/V; every other configuration gets ``scales(config)``.
+    """
+
+    def __init__(self, scales: ScaleSource) -> None:
+        self.base = scales
+        self.stats: KVMeans | None = None
+        self._scales: dict[tuple[bool, bool, bool], KVScales] = {}
+
+    def _stats(self) -> KVMeans:
+        if self.stats is None:
+            progress(f"calibrating K/V means on {self.base.args.calib_windows} windows")
+            self.stats = calibrate_means(self.base.model, self.base.windows())
+        return self.stats
+
+    def means(self, config: KVConfig) -> torch.Tensor | None:
+        """``[layers, 2, kv_heads, D]`` with the unsmoothed side zeroed, or None when not smoothed."""
+        if not config.smoothed:
+            return None
+        mu = self._stats().tensor().clone()
+        if not config.smooth_k:
+            mu[:, 0] = 0.0
+        if not config.smooth_v:
+            mu[:, 1] = 0.0
+        return mu
+
+    def __call__(self, config: KVConfig) -> torch.Tensor | None:
+        if not (config.calibrated and config.smoothed):
+            return self.base(config)
+        key = (config.hadamard, config.smooth_k, config.smooth_v)
+        if key not in self._scales:
+            progress(f"calibrating K/V scales of smoothed K/V for {config.name}")
+            self._scales[key] = calibrate(
+                self.base.model, self.base.windows(), rotate=config.hadamard, means=self.means(config)
+            )
+        return self._scales[key].tensor()
+
+    def to_json(self) -> dict[str, Any]:
+        """Provenance and the DC ratio ``||mean|| / rms`` per layer and KV head (K and V)."""
+        if self.stats is None:
+            return {}
+        r = self.stats.dc_ratio()
+        return {
+            "num_tokens": self.stats.num_tokens,
+            "dc_ratio_k": [[round(x, 4) for x in row] for row in r[..., 0].tolist()],
+            "dc_ratio_v": [[round(x, 4) for x in row] for row in r[..., 1].tolist()],
+            "scales": {"_".join(map(str, k)): v.to_json() for k, v in self._scales.items()},
+        }
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -116,6 +171,9 @@ def run_kv(args: argparse.Namespace) -> int:
     )
     data_dir = resolve_data_dir(args.data_dir)
     configs = _configs(args.configs)
+    smoothed = [c.name for c in configs if c.smoothed]
+    if smoothed:
+        raise SystemExit(f"mean smoothing (_smk/_smv) is a fake-quant study option: {smoothed}")
     model, tokenizer = load(args)
     scales = ScaleSource(model, tokenizer, args)
     windows = token_windows(tokenizer, eval_texts(data_dir), settings.windows, settings.window_tokens)
@@ -158,7 +216,8 @@ def run_study_cmd(args: argparse.Namespace) -> int:
     model, tokenizer = load(args)
     scales = ScaleSource(model, tokenizer, args)
     windows = token_windows(tokenizer, eval_texts(data_dir), args.windows, args.window_tokens)
-    accs = run_study(model, windows, configs, scales, args.batch, progress, args.chunk)
+    smoothing = SmoothingSource(scales)
+    accs = run_study(model, windows, configs, smoothing, args.batch, progress, args.chunk, smoothing.means)
     mode = f"fakequant_chunk{args.chunk}" if args.chunk else "fakequant"
     rows = [
         {"config": c.name, "mode": mode, **summarize(accs[c.name], accs[BASELINE_NAME])}
@@ -168,8 +227,11 @@ def run_study_cmd(args: argparse.Namespace) -> int:
     doc["settings"] = {
         "windows": args.windows,
         "window_tokens": args.window_tokens,
+        "chunk": args.chunk,
         "data_dir": str(data_dir),
     }
+    if smoothing.stats is not None:
+        doc["smoothing"] = smoothing.to_json()
     doc["rows"] = rows
     doc["elapsed_s"] = round(time.time() - t0, 1)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,11 @@ class KVConfig:
     ``sink_pages`` the engine's bf16 copy of the first page (``--kv-sink-pages``, needs the tail);
     ``calibrated`` uses per-layer global scales amax / (6 * 448) instead of 1.0; ``four_over_six``
     picks per 16-value block the better of the amax/6 and amax/4 scales; ``hadamard`` rotates K and V
-    (and Q, and the output back) by the normalized Hadamard matrix of size head_dim.
+    (and Q, and the output back) by the normalized Hadamard matrix of size head_dim. ``smooth_k`` /
+    ``smooth_v`` subtract calibrated per-layer, per-KV-head means from K / V before quantization
+    (exact: softmax ignores a per-query constant, and the V mean is added back to the output);
+    fake-quant study only. ``prefill_window``: a prompt prefilled in chunks keeps the engine's default
+    prefill window, the chunk + ``window`` tokens, in bf16 until its last chunk (``--kv-prefill-window``).
     """
 
     name: str
@@ -38,14 +42,21 @@ class KVConfig:
     four_over_six: bool = False
     hadamard: bool = False
     sink_pages: int = 0
+    smooth_k: bool = False
+    smooth_v: bool = False
+    prefill_window: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in ("auto", "fp8_e4m3", "nvfp4"):
             raise ValueError(f"{self.name}: kv_dtype must be auto, fp8_e4m3 or nvfp4, got {self.kv_dtype!r}")
         if self.window < 0 or self.sinks < 0:
             raise ValueError(f"{self.name}: window and sinks must be >= 0")
-        if self.kv_dtype != "nvfp4" and (self.four_over_six or self.hadamard or self.window or self.sinks):
-            raise ValueError(f"{self.name}: 4over6, Hadamard, tail and sinks apply to nvfp4 only")
+        if self.kv_dtype != "nvfp4" and (
+            self.four_over_six or self.hadamard or self.window or self.sinks or self.smoothed
+        ):
+            raise ValueError(f"{self.name}: 4over6, Hadamard, tail, sinks and smoothing apply to nvfp4 only")
+        if self.prefill_window and not self.window:
+            raise ValueError(f"{self.name}: the prefill window (_pw) extends the bf16 tail: it needs _w<N>")
         if self.sink_pages not in (0, 1) or (self.sink_pages and not self.window):
             raise ValueError(
                 f"{self.name}: a sink page (0 or 1) is kept in the bf16 tail pool: it needs _w<N>"
@@ -55,6 +66,11 @@ class KVConfig:
     def sink_tokens(self) -> int:
         """The first tokens kept exact: the study's ``sinks`` or the sink page's tokens."""
         return max(self.sinks, self.sink_pages * SINK_PAGE_TOKENS)
+
+    @property
+    def smoothed(self) -> bool:
+        """Whether K or V is mean-smoothed (needs calibrated means)."""
+        return self.smooth_k or self.smooth_v
 
     @property
     def quantized(self) -> bool:
@@ -72,9 +88,11 @@ NVFP4_PLAIN = KVConfig("nvfp4_plain")
 # plus the bf16 sink page (the CPU chunked-prefill run in docs/accuracy.md). Calibrated scales bought
 # nothing measurable and need a file: opt-in. The engine's nvfp4 default (EngineConfig with
 # kv_hadamard / kv_quant_4over6 / kv_sink_pages left None) is the same configuration.
-DEFAULT_NVFP4 = KVConfig("nvfp4", window=64, four_over_six=True, hadamard=True, sink_pages=1)
+DEFAULT_NVFP4 = KVConfig(
+    "nvfp4", window=64, four_over_six=True, hadamard=True, sink_pages=1, prefill_window=True
+)
 
-_NAME_RE = re.compile(r"^nvfp4((?:_(?:w\d+|s\d+|sink|cal|4o6|had))*)$")
+_NAME_RE = re.compile(r"^nvfp4((?:_(?:w\d+|s\d+|sink|cal|4o6|had|smk|smv|pw))*)$")
 
 
 def parse_config(name: str) -> KVConfig:
@@ -83,7 +101,9 @@ def parse_config(name: str) -> KVConfig:
     ``bf16``, ``fp8_e4m3``, ``nvfp4`` (the default), ``nvfp4_plain``, or ``nvfp4`` followed by any of
     ``_w<N>`` (bf16 tail of N tokens), ``_s<N>`` (N sink tokens, fake-quant study only), ``_sink``
     (the engine's bf16 sink page, needs ``_w<N>``), ``_cal`` (calibrated global scales), ``_4o6``
-    (4over6 block scales), ``_had`` (Hadamard rotation), e.g. ``nvfp4_w64_cal``, ``nvfp4_w64_4o6_had_sink``.
+    (4over6 block scales), ``_had`` (Hadamard rotation), ``_smk`` / ``_smv`` (K / V mean smoothing,
+    fake-quant study only), ``_pw`` (the prefill window, needs ``_w<N>``), e.g. ``nvfp4_w64_cal``,
+    ``nvfp4_w64_4o6_had_sink_pw``.
     """
     fixed = {c.name: c for c in (BASELINE, FP8, NVFP4_PLAIN, DEFAULT_NVFP4)}
     if name in fixed:
@@ -92,15 +112,21 @@ def parse_config(name: str) -> KVConfig:
     if m is None:
         raise ValueError(
             f"unknown KV configuration {name!r}: use bf16, fp8_e4m3, nvfp4, nvfp4_plain or "
-            "nvfp4 with suffixes _w<N>, _s<N>, _sink, _cal, _4o6, _had"
+            "nvfp4 with suffixes _w<N>, _s<N>, _sink, _cal, _4o6, _had, _smk, _smv, _pw"
         )
     window = sinks = sink_pages = 0
-    cal = fos = had = False
+    cal = fos = had = smk = smv = pw = False
     for part in m.group(1).split("_")[1:]:
         if part.startswith("w"):
             window = int(part[1:])
         elif part == "sink":
             sink_pages = 1
+        elif part == "pw":
+            pw = True
+        elif part == "smk":
+            smk = True
+        elif part == "smv":
+            smv = True
         elif part.startswith("s"):
             sinks = int(part[1:])
         elif part == "cal":
@@ -109,7 +135,9 @@ def parse_config(name: str) -> KVConfig:
             fos = True
         elif part == "had":
             had = True
-    return KVConfig(name, "nvfp4", window, sinks, cal, fos, had, sink_pages)
+    return KVConfig(
+        name, "nvfp4", window, sinks, cal, fos, had, sink_pages, smooth_k=smk, smooth_v=smv, prefill_window=pw
+    )
 
 
 # The full run's set: the acceptance rows, then one option at a time on plain NVFP4, the tail sweep,

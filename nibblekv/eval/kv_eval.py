@@ -77,7 +77,12 @@ class LockstepEval:
         self.progress = progress or (lambda _msg: None)
         self.runners = [
             PagedRunner(
-                model, c, max_requests=settings.batch, max_len=settings.window_tokens, global_scales=scales(c)
+                model,
+                c,
+                max_requests=settings.batch,
+                max_len=settings.window_tokens,
+                global_scales=scales(c),
+                prefill_chunk=settings.prefill_chunk,
             )
             for c in self.configs
         ]
@@ -101,11 +106,12 @@ class LockstepEval:
                 c1 = min(c0 + s.prefill_chunk, n - 1)  # the last token has no target: never fed
                 chunks = [windows[w, c0:c1].tolist() for w in wids]
                 targets = windows[wids, c0 + 1 : c1 + 1].reshape(-1).to(self.model.device)
-                ref = self.runners[0].step(chunks)
+                more = c1 < n - 1  # a non-final chunk of the window's prompt
+                ref = self.runners[0].step(chunks, more)
                 scored = c0 > 0
                 ref_lp = torch.log_softmax(self._logits(ref), -1) if scored else None
                 for cfg, runner in zip(self.configs, self.runners):
-                    hidden = ref if runner is self.runners[0] else runner.step(chunks)
+                    hidden = ref if runner is self.runners[0] else runner.step(chunks, more)
                     if ref_lp is not None:
                         _scores_into(accs[cfg.name], wids, ref_lp, self._logits(hidden), targets, c1 - c0)
             self.progress(f"prefill: windows {wids[0]}..{wids[-1]} done")

@@ -62,7 +62,9 @@ class PagedRunner:
 
     ``max_requests`` requests of up to ``max_len`` tokens each fit at once. The tail pool is sized for
     every request prefilling a chunk at the same time (old and new window both held during the
-    forward), which the engine's own sizing (one chunked prefill at a time) does not need.
+    forward), which the engine's own sizing (one chunked prefill at a time) does not need. With
+    ``config.prefill_window``, non-final chunks (``step(..., prefilling=True)``) keep the engine's
+    default prefill window, ``prefill_chunk + W`` tokens (``--kv-prefill-window``).
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class PagedRunner:
         max_len: int,
         global_scales: torch.Tensor | None = None,
         page_size: int = 16,
+        prefill_chunk: int = 0,
     ) -> None:
         if config.sinks:
             raise ValueError(
@@ -89,7 +92,8 @@ class PagedRunner:
         kv_dtype = parse_kv_dtype(config.kv_dtype, model.dtype)
         window = config.window if kv_dtype.quantized else 0
         sinks = config.sink_pages if window else 0
-        tail_pages = max_requests * (2 * _cdiv(window, page_size) + 1 + sinks) if window else 0
+        prefill = window + prefill_chunk if window and config.prefill_window else window
+        tail_pages = max_requests * (2 * _cdiv(prefill, page_size) + 1 + sinks) if window else 0
         spec = PoolSpec(
             num_layers=mc.num_layers,
             num_kv_heads=mc.num_kv_heads,
@@ -103,6 +107,7 @@ class PagedRunner:
             hadamard=config.hadamard,
             four_over_six=config.four_over_six,
             sink_pages=sinks,
+            prefill_window=prefill,
         )
         scales = torch.ones(mc.num_layers, 2)
         if config.calibrated:
@@ -125,11 +130,12 @@ class PagedRunner:
         self.requests = []
 
     @torch.inference_mode()
-    def step(self, chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+    def step(self, chunks: Sequence[Sequence[int]], prefilling: bool = False) -> torch.Tensor:
         """Feed ``chunks[i]`` (token ids, >= 1) to request ``i``; final hidden states ``[sum len, hidden]``.
 
         A step where every request feeds one token after earlier ones runs the decode path (write,
-        then attend over the cache); any other step is an extend (prefill chunk) step.
+        then attend over the cache); any other step is an extend (prefill chunk) step. ``prefilling``:
+        the prompts go on after these chunks (the prefill window applies, as in the engine).
         """
         if len(chunks) != len(self.requests) or any(len(c) == 0 for c in chunks):
             raise ValueError("one non-empty chunk per started request")
@@ -139,7 +145,9 @@ class PagedRunner:
         for c, pages in zip(chunks, self.requests):
             ids.extend(int(t) for t in c)
             positions.extend(range(pages.num_tokens, pages.num_tokens + len(c)))
-        growths = [self.manager.grow(p, p.num_tokens + len(c)) for c, p in zip(chunks, self.requests)]
+        growths = [
+            self.manager.grow(p, p.num_tokens + len(c), prefilling) for c, p in zip(chunks, self.requests)
+        ]
         device = self.model.device
         self.paged.bind(paged_metadata(list(zip(self.requests, growths)), is_decode, self.page_size, device))
         try:

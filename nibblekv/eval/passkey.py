@@ -90,12 +90,17 @@ def run_passkey(
     for length in sorted({c.length for c in cases}):
         group = [c for c in cases if c.length == length]
         runner = PagedRunner(
-            model, config, max_requests=len(group), max_len=length + new_tokens, global_scales=global_scales
+            model,
+            config,
+            max_requests=len(group),
+            max_len=length + new_tokens,
+            global_scales=global_scales,
+            prefill_chunk=chunk,
         )
         runner.start(len(group))
         hidden = torch.empty(0)
         for c0 in range(0, length, chunk):
-            hidden = runner.step([c.prompt[c0 : c0 + chunk] for c in group])
+            hidden = runner.step([c.prompt[c0 : c0 + chunk] for c in group], c0 + chunk < length)
         rows = len(group[0].prompt[c0 : c0 + chunk])
         last = hidden.view(len(group), rows, -1)[:, -1]
         out: list[list[int]] = [[] for _ in group]

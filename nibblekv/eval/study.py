@@ -27,8 +27,11 @@ def run_study(
     batch: int = 2,
     progress: Callable[[str], None] | None = None,
     chunk: int = 0,
+    means: Callable[[KVConfig], torch.Tensor | None] | None = None,
 ) -> dict[str, WindowAccumulator]:
-    """Per-window scores of every configuration against the unquantized dense pass."""
+    """Per-window scores of every configuration against the unquantized dense pass.
+
+    ``means`` gives a smoothed configuration its K/V means (see :class:`FakeQuantAttention`)."""
     num, n = windows.shape
     accs = {c.name: WindowAccumulator(num) for c in configs}
     dev = model.device
@@ -40,7 +43,10 @@ def run_study(
         cu = [i * (n - 1) for i in range(len(wids) + 1)]
         ref_lp = torch.log_softmax(model.compute_logits(model.forward(ids, pos, DenseAttention(cu))), -1)
         for cfg in configs:
-            attn = DenseAttention(cu) if not cfg.quantized else FakeQuantAttention(cu, cfg, scales(cfg), chunk)
+            mu = means(cfg) if means is not None else None
+            attn = (
+                FakeQuantAttention(cu, cfg, scales(cfg), chunk, mu) if cfg.quantized else DenseAttention(cu)
+            )
             s = compare(ref_lp, model.compute_logits(model.forward(ids, pos, attn)), targets)
             for i, w in enumerate(wids):
                 sl = slice(i * (n - 1), (i + 1) * (n - 1))
