@@ -501,7 +501,9 @@ def _mma_config() -> dict[str, int | bool]:
         "num_warps": 1,
         "num_stages": 1,
         "conv": 0,
-        "ppsm": 32,
+        # NOTE: one wave of 16 one-warp programs per SM (128 registers): 0.63 of the H200's read ceiling at
+        # B8x32K / B32x8K vs 0.60 at 32 (two waves), 0.57 at 24 or 48, equal at B64x32K (2026-11-30)
+        "ppsm": 16,
         "tpi": 2,
         "pf": 1,
         # NOTE: >= 4 tiles per split: in the engine at B=1 x 3K (CUDA graphs, 256 splits) one tile per
