@@ -297,11 +297,14 @@ def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
             for workload in args.workloads:
                 make = shared_prefix if workload == "shared_prefix" else agentic
                 think = 0.0 if workload == "shared_prefix" else args.think_s
-                # NOTE: a discarded pass of the same workload first, so Triton's JIT compiles (one per new
-                # specialization of the extend/decode kernels) are not timed in the first rows.
+                # NOTE: a discarded pass of the same workload first, at the sweep's top concurrency, so
+                # Triton's JIT compiles (one per new specialization of the extend/decode kernels: batch
+                # sizes, chunk shapes) are not timed in the rows. With 2 warm-up sessions (before
+                # 2026-11-30) both dtypes' 8-session rows fell to 147-157 tok/s from 325-348 at 4.
                 warm = argparse.Namespace(**{**vars(args), "seed": f"{args.seed}-warm-up"})
                 reset(engine)
-                drive(engine, [Client(s, 0.0) for s in make(warm, 2, vocab)])
+                top = max(concurrencies(args, kv, hicache))
+                drive(engine, [Client(s, 0.0) for s in make(warm, top, vocab)])
                 for c in concurrencies(args, kv, hicache):
                     reset(engine)
                     res = drive(engine, [Client(s, think) for s in make(args, c, vocab)])

@@ -83,6 +83,8 @@ def test_runner_rejects_what_the_cache_cannot_do(smollm2) -> None:  # type: igno
         PagedRunner(model, parse_config("nvfp4_s4"), max_requests=1, max_len=16)
     with pytest.raises(ValueError, match="multiple of page_size"):
         PagedRunner(model, parse_config("nvfp4_w8"), max_requests=1, max_len=16)
+    with pytest.raises(ValueError, match="smoothing"):
+        PagedRunner(model, parse_config("nvfp4_w64_smk"), max_requests=1, max_len=16)  # passkey too
     with pytest.raises(ValueError, match="calibrated"):
         PagedRunner(model, parse_config("nvfp4_cal"), max_requests=1, max_len=16)
     with pytest.raises(ValueError, match="needs _w"):

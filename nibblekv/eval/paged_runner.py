@@ -83,6 +83,11 @@ class PagedRunner:
                 f"{config.name}: bf16 sink tokens (_s<N>) are a fake-quant study option; the engine's "
                 "cache keeps a whole sink page (_sink)"
             )
+        if config.smoothed:
+            raise ValueError(
+                f"{config.name}: K/V mean smoothing (_smk/_smv) is a fake-quant study option; the engine's "
+                "cache does not smooth"
+            )
         if config.window % page_size:
             raise ValueError(f"{config.name}: the tail window must be a multiple of page_size ({page_size})")
         mc = model.config
