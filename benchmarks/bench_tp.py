@@ -84,22 +84,31 @@ def pool_row(engine: Engine) -> dict[str, Any]:
     }
 
 
-def run_dtype(args: argparse.Namespace, kv: str, requests: int | None, bandwidth: float) -> dict[str, Any]:
-    """One engine (all ranks) for ``kv``: its pool, then a decode run of ``requests`` (None: capacity)."""
+def run_dtype(
+    args: argparse.Namespace, kv: str, requests: list[int | None], bandwidth: float
+) -> list[dict[str, Any]]:
+    """One engine (all ranks) for ``kv``: its pool, then a decode run per entry of ``requests`` (None:
+    as many as the pool holds). NOTE: one start-up per dtype -- a TP engine's start (worker processes,
+    dummy weights, NCCL, CUDA-graph capture on every rank) is the slow part at 70B."""
     engine = Engine(engine_config(args, kv, args.max_running_requests))
+    rows: list[dict[str, Any]] = []
     try:
-        row: dict[str, Any] = {"kv_dtype": kv, "tp": args.tp, **pool_row(engine)}
+        pool = pool_row(engine)
         per_request = args.context + args.output_len
         capacity = min(args.max_running_requests, engine.max_total_num_tokens // per_request)
-        row["capacity_requests"] = capacity
-        n = capacity if requests is None else min(requests, capacity)
-        rng = random.Random(args.seed)
         vocab = engine.model.config.vocab_size
-        prompts = [[rng.randrange(vocab) for _ in range(args.context)] for _ in range(n)]
         params = SamplingParams(max_new_tokens=args.output_len, ignore_eos=True)
-        row["mode"] = "capacity" if requests is None else "matched"
-        row.update(decode_run(engine, prompts, params, not args.real_prefill, bandwidth))
-        return row
+        for want in requests:
+            n = capacity if want is None else min(want, capacity)
+            rng = random.Random(args.seed)
+            prompts = [[rng.randrange(vocab) for _ in range(args.context)] for _ in range(n)]
+            row: dict[str, Any] = {"kv_dtype": kv, "tp": args.tp, **pool, "capacity_requests": capacity}
+            row["mode"] = "capacity" if want is None else "matched"
+            row.update(decode_run(engine, prompts, params, not args.real_prefill, bandwidth))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            assert engine.pool.all_free(), "pages leaked between runs"
+        return rows
     finally:
         engine.shutdown()
         del engine
@@ -114,10 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     bf16_requests: int | None = None
     for kv in args.kv_dtypes:
-        runs = [None] if kv == "bf16" or bf16_requests is None else [None, bf16_requests]
-        for requests in runs:
-            rows.append(run_dtype(args, kv, requests, bandwidth))
-            print(json.dumps(rows[-1]), flush=True)
+        runs: list[int | None] = [None] if kv == "bf16" or bf16_requests is None else [None, bf16_requests]
+        rows.extend(run_dtype(args, kv, runs, bandwidth))
         if kv == "bf16":
             bf16_requests = rows[-1]["running_requests"]
     args.out.mkdir(parents=True, exist_ok=True)
