@@ -83,7 +83,7 @@ def extend_rows(
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks.bench_kernels import DEV, GiB, bench, read_ceiling
+    from benchmarks.bench_kernels import DEV, GiB, bench_graph, read_ceiling
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     ceil = read_ceiling(1 << 20 if args.tiny else 4 * GiB)
     ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"])
-    rows = extend_rows(bench, DEV, args.tiny, configs=configs)
+    rows = extend_rows(bench_graph, DEV, args.tiny, configs=configs)  # kernel time (no launcher host work)
     for r in rows:
         tb = float(r["nbytes"]) / float(r["us"]) / 1e6  # type: ignore[arg-type]
         r.update(tbps=round(tb, 4), frac_of_ceiling=round(tb / ceiling, 4), us=round(float(r["us"]), 2))  # type: ignore[arg-type]
