@@ -5,7 +5,8 @@ Standalone, it sweeps launch configs (prefix splits x pipeline stages) against t
     PYTHONPATH=. python benchmarks/bench_extend.py --configs 1:0 4:0 4:3 8:2 --out DIR   # on the GPU
     PYTHONPATH=. python benchmarks/bench_extend.py --tiny                               # CPU smoke (interpreter)
 
-``SPLITS:STAGES[:WARPS[:BM[:BN]]]`` (0 = the default); writes ``DIR/extend-sweep.json``. At BM = BN = 64,
+``SPLITS:STAGES[:WARPS[:BM[:BN[:OWN]]]]`` (0 = the default; OWN = the own-chunk loop's stages); writes
+``DIR/extend-sweep.json``. At BM = BN = 64,
 head_dim 128, the default 5 stages take 180 KB of shared memory (one program per SM) and ~254 registers
 (sm_90 compile, 2026-11-30): fewer stages / more warps are what splitting needs to pay off.
 """
@@ -58,9 +59,9 @@ def extend_rows(
             v = torch.randn_like(k)
             out = torch.empty_like(q)
             for cfg in configs:
-                splits, stages, warps, bm, bn = (*cfg, 0, 0, 0)[:5]
+                splits, stages, warps, bm, bn, own = (*cfg, 0, 0, 0, 0)[:6]
                 kw = {"num_splits": splits, "num_stages": stages or None, "num_warps": warps or None,
-                      "block_m": bm or None, "block_n": bn or None}  # fmt: skip
+                      "block_m": bm or None, "block_n": bn or None, "own_stages": own or None}  # fmt: skip
                 fn = partial(
                     extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
                     use_asm=None if dev == "cuda" else False, **kw,
@@ -76,7 +77,7 @@ def extend_rows(
                 nbytes = b * prefix * lay.bytes_per_token() + (q.numel() + 2 * k.numel()) * 2
                 rows.append({"kernel": "extend", "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv, "d": d,
                              "us": us, "nbytes": nbytes, "chunk": chunk, "splits": splits, "stages": stages, "warps": warps,
-                             "bm": bm, "bn": bn})  # fmt: skip
+                             "bm": bm, "bn": bn, "own_stages": own})  # fmt: skip
             del pool
     return rows
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument(
-        "--configs", nargs="+", default=["1:0"], help="SPLITS:STAGES[:WARPS[:BM[:BN]]] (0 = default)"
+        "--configs", nargs="+", default=["1:0"], help="SPLITS:STAGES[:WARPS[:BM[:BN[:OWN]]]] (0 = default)"
     )
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args(argv)
@@ -100,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         tb = float(r["nbytes"]) / float(r["us"]) / 1e6  # type: ignore[arg-type]
         r.update(tbps=round(tb, 4), frac_of_ceiling=round(tb / ceiling, 4), us=round(float(r["us"]), 2))  # type: ignore[arg-type]
-        print(f"{r['dt']:9s} B{r['b']} prefix {r['c']} chunk {r['chunk']} splits/stages/warps/bm/bn "
-              f"{r['splits']}/{r['stages']}/{r['warps']}/{r['bm']}/{r['bn']}: "
+        print(f"{r['dt']:9s} B{r['b']} prefix {r['c']} chunk {r['chunk']} splits/stages/warps/bm/bn/own "
+              f"{r['splits']}/{r['stages']}/{r['warps']}/{r['bm']}/{r['bn']}/{r['own_stages']}: "
               f"{r['us']} us, {tb:.2f} TB/s ({tb / ceiling:.2f})", flush=True)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "extend-sweep.json").write_text(json.dumps({"ceiling_probes": ceil, "rows": rows}, indent=1))

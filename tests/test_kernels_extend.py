@@ -72,3 +72,7 @@ def test_extend_split_env_and_odd_page(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_extend_gpu_long(dtype: KVDtype, d: int) -> None:
     assert _run(dtype, [0, 1000, 4099], [300, 17, 129], [0, 64, 33], 8, 4, d) <= 1e-2
     assert _run(dtype, [0, 1000, 4099], [300, 17, 129], [0, 64, 33], 8, 4, d, num_splits=5) <= 1e-2
+    # the own-chunk loop pipelined apart (1 stage), with a deeper prefix pipeline where it fits
+    stages = 7 if d <= 128 and dtype != KVDtype.BF16 else 3
+    kw = {"own_stages": 1, "num_stages": stages}
+    assert _run(dtype, [0, 1000, 4099], [300, 17, 129], [0, 64, 33], 8, 4, d, **kw) <= 1e-2

@@ -99,7 +99,7 @@ def _extend_kernel(
     tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr, sm_scale, o_part, lse_part,
     HQ: tl.constexpr, S: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BN: tl.constexpr, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, USE_ASM: tl.constexpr,
-    INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr,
+    INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr, OWN_STAGES: tl.constexpr = 0,
 ):  # fmt: skip
     mb = tl.program_id(0)
     b = tl.program_id(1)
@@ -160,6 +160,11 @@ def _extend_kernel(
                 m, l, acc = _own_block(k0, kend, t, qa, qb, m, l, acc, sm_scale * log2e, kn_base, vn_base, s_kt,
                                        h.to(tl.int64) * s_kh, D, BN, INTERP)  # fmt: skip
                 k0 += BN
+        elif OWN_STAGES > 0:  # NOTE: its own pipeline depth: at the kernel's 5 stages this loop's buffers
+            # take 160 of 176 KiB of shared memory (one program per SM; benchmarks/results/extend-sass.md)
+            for k0 in tl.range(0, kend, BN, num_stages=OWN_STAGES):
+                m, l, acc = _own_block(k0, kend, t, qa, qb, m, l, acc, sm_scale * log2e, kn_base, vn_base, s_kt,
+                                       h.to(tl.int64) * s_kh, D, BN, INTERP)  # fmt: skip
         else:
             for k0 in range(0, kend, BN):
                 m, l, acc = _own_block(k0, kend, t, qa, qb, m, l, acc, sm_scale * log2e, kn_base, vn_base, s_kt,
@@ -207,6 +212,7 @@ def extend_triton(
     use_asm: bool | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    own_stages: int | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``extend_ref``: ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` -> ``[T, Hq, D]``.
 
@@ -214,6 +220,8 @@ def extend_triton(
     ``num_splits`` (default ``NIBBLEKV_EXTEND_SPLITS`` or 1) splits each request's main-pool prefix over
     that many programs (flash-decoding for extend: a small batch of short chunks otherwise runs
     ``B * kv_heads`` programs, each streaming the whole prefix), merged by decode's combine step.
+    ``own_stages`` (default: the kernel's ``num_stages``) pipelines the loop over the chunk's own keys
+    apart from the prefix loops (its buffers set the kernel's shared memory; unmeasured on a GPU yet).
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -272,6 +280,7 @@ def extend_triton(
         HQ=hq, S=splits, G=g, BM=bm, D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, HAS_TAIL=has_tail, FMT=fmt,
         USE_ASM=(fmt == FMT_NVFP4 and not interp) if use_asm is None else use_asm, INTERP=interp,
         PAGED=_pages_contiguous(cache, bn), TPAGED=has_tail and _pages_contiguous(tail, bn),
+        OWN_STAGES=0 if interp or own_stages is None else own_stages,
         num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else _default_stages(d)),
     )  # fmt: skip
     if splits > 1:
