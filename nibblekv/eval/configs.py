@@ -114,30 +114,19 @@ def parse_config(name: str) -> KVConfig:
             f"unknown KV configuration {name!r}: use bf16, fp8_e4m3, nvfp4, nvfp4_plain or "
             "nvfp4 with suffixes _w<N>, _s<N>, _sink, _cal, _4o6, _had, _smk, _smv, _pw"
         )
-    window = sinks = sink_pages = 0
-    cal = fos = had = smk = smv = pw = False
+    window = sinks = 0
+    flags: set[str] = set()
     for part in m.group(1).split("_")[1:]:
-        if part.startswith("w"):
+        if part[0] == "w" and part[1:].isdigit():
             window = int(part[1:])
-        elif part == "sink":
-            sink_pages = 1
-        elif part == "pw":
-            pw = True
-        elif part == "smk":
-            smk = True
-        elif part == "smv":
-            smv = True
-        elif part.startswith("s"):
+        elif part[0] == "s" and part[1:].isdigit():
             sinks = int(part[1:])
-        elif part == "cal":
-            cal = True
-        elif part == "4o6":
-            fos = True
-        elif part == "had":
-            had = True
+        else:  # NOTE: the regex admits only the named flags here
+            flags.add(part)
     return KVConfig(
-        name, "nvfp4", window, sinks, cal, fos, had, sink_pages, smooth_k=smk, smooth_v=smv, prefill_window=pw
-    )
+        name, "nvfp4", window, sinks, "cal" in flags, "4o6" in flags, "had" in flags, int("sink" in flags),
+        smooth_k="smk" in flags, smooth_v="smv" in flags, prefill_window="pw" in flags,
+    )  # fmt: skip
 
 
 # The full run's set: the acceptance rows, then one option at a time on plain NVFP4, the tail sweep,
