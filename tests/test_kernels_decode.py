@@ -74,6 +74,14 @@ def test_decode_mma_no_tail() -> None:
     assert _run(KVDtype.NVFP4, [1, P - 1, P, P + 1, 70], None, 1, 4, 128, P, 3, variant="mma:tpi=2") <= 1e-2
 
 
+def test_decode_mma_empty_splits_and_tail_only() -> None:
+    # 12 splits for contexts of 0..70 tokens: most splits past the context write nothing and the combine
+    # step must skip them (partials are NaN-filled under the interpreter); a request with no main-pool token
+    # is its tail alone, and one with neither is zeros
+    err = _run(KVDtype.NVFP4, [0, 1, 70, 0, 33], [3, 0, W, 0, 1], 1, 4, 128, P, 12, variant="mma:minc=16")
+    assert err <= 1e-2, err
+
+
 def test_decode_combine_many_slots() -> None:
     # 40 splits (> the combine step's 32-slot chunk): most are empty for the short request
     assert _run(KVDtype.BF16, [1, 300], [0, 3], 1, 2, 64, P, 40) <= 1e-2

@@ -10,6 +10,7 @@ softmax scale and output scale. No host syncs: the launcher is CUDA-graph captur
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -32,7 +33,7 @@ from nibblekv.kernels._common import (
     scale_tensors,
     tail_operands,
 )
-from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel
+from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel, mma_chunk
 from nibblekv.kernels.decode_tok import decode_tok_kernel
 from nibblekv.kernels.types import LayerKV
 
@@ -234,7 +235,8 @@ def _decode_kernel(
 
 @triton.jit
 def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
-                    D: tl.constexpr, DB: tl.constexpr):  # fmt: skip
+                    D: tl.constexpr, DB: tl.constexpr, lens_ptr=None, MMA_SPLITS: tl.constexpr = 0,
+                    MMA_NW: tl.constexpr = 1, MINC: tl.constexpr = 16, HAS_TAIL: tl.constexpr = 0):  # fmt: skip
     """Merge the split partials of one (request, query head) for dims ``[DB * pid1, DB * (pid1 + 1))``:
     weights ``2**(lse_s - max lse)``.
 
@@ -244,7 +246,11 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     """
     r = tl.program_id(0).to(tl.int64)  # r = b * HQ + head
     offs_s = tl.arange(0, BS)
-    smask = offs_s < S
+    n_valid = S
+    if MMA_SPLITS > 0:  # decode_mma skips splits past the context: only cdiv(n, chunk) of them wrote slots
+        n = tl.load(lens_ptr + r // HQ)
+        n_valid = tl.cdiv(n, mma_chunk(n, MMA_SPLITS, MINC)) * MMA_NW
+    smask = (offs_s < n_valid) | ((offs_s == S - 1) & (HAS_TAIL > 0))
     lse = tl.load(lse_part + r * S + offs_s, mask=smask, other=float("-inf"))
     mx = tl.max(lse, axis=0)
     w = tl.where(smask & (lse > float("-inf")), tl.exp2(lse - mx), 0.0)
@@ -255,7 +261,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     res = tl.zeros([DB], tl.float32)
     for s0 in range(0, BS, CH):
         offs_c = s0 + tl.arange(0, CH)
-        cmask = offs_c < S
+        cmask = (offs_c < n_valid) | ((offs_c == S - 1) & (HAS_TAIL > 0))
         lse_c = tl.load(lse_part + r * S + offs_c, mask=cmask, other=float("-inf"))
         w_c = tl.where(cmask & (lse_c > float("-inf")), tl.exp2(lse_c - mx), 0.0) * inv
         o = tl.load(o_part + (r * S + offs_c)[:, None] * D + offs_d[None, :], mask=cmask[:, None], other=0.0)
@@ -366,6 +372,9 @@ def decode_triton(
         return out
     o_part = torch.empty((bsz, hq, s_tot, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((bsz, hq, s_tot), dtype=torch.float32, device=q.device)
+    if interp:  # NOTE: CPU tests see any partial slot the combine step reads but no program wrote
+        o_part.fill_(float("nan"))
+        lse_part.fill_(float("nan"))
     ks, vs, (sp, sh, st) = scale_tensors(cache)
     ds = cache.k_data.stride()
     tok = name == "tok"
@@ -386,13 +395,18 @@ def decode_triton(
         NUM_SPLITS=splits, HAS_TAIL=has_tail, FMT=fmt, INTERP=interp,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
     )  # fmt: skip
+    side = None
     if name == "mma":
-        if has_tail:  # its own launch: see decode_tail_kernel
-            decode_tail_kernel[(bsz, hkv)](
-                q, q.stride(0), q.stride(1), tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
-                o_part, lse_part, float(sm_scale), s_tot, s_tot - 1,
-                HQ=hq, G=g, BH=common["BH"], D=d, TPAGE=tpage, TBN=tbn, INTERP=interp, num_warps=4,
-            )  # fmt: skip
+        if has_tail:  # its own launch (see decode_tail_kernel), beside the main kernel on a side stream
+            side = side_stream(q.device)
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream(q.device))
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                decode_tail_kernel[(bsz, hkv)](
+                    q, q.stride(0), q.stride(1), tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
+                    o_part, lse_part, float(sm_scale), s_tot, s_tot - 1,
+                    HQ=hq, G=g, BH=common["BH"], D=d, TPAGE=tpage, TBN=tbn, INTERP=interp, num_warps=4,
+                )  # fmt: skip
         k = decode_mma_kernel[(bsz, hkv, splits)](
             *args,
             NW=int(cfg["num_warps"]),
@@ -400,6 +414,10 @@ def decode_triton(
             PF=int(cfg["pf"]),
             MINC=int(cfg["minc"]),
             **common,
+            # NOTE: a GQA group of 8 compiled to 130 registers (15 warps per SM; 128 for 4) on sm_90, so the
+            # one-wave grid (ppsm 16) ran as two: 0.44-0.59 of the H200's ceiling vs 0.64-0.73 (2026-11-30).
+            # Capped at 128 it has no spills; not for 4, where the cap reorders the loop (+2% SASS)
+            **({"maxnreg": 128} if g > 4 and not interp else {}),
         )
     elif tok:
         if fmt == FMT_NVFP4 and st != d // 16:
@@ -415,12 +433,35 @@ def decode_triton(
             TPAGED=name == "paged" and has_tail and _pages_contiguous(tail, tbn), **common,
         )  # fmt: skip
     LAST_KERNEL["decode"] = k
+    if side is not None:
+        torch.cuda.current_stream(q.device).wait_stream(side)
     db = 16 if s_tot > 16 else d  # many slots: split the dims over programs too (see _combine_kernel)
+    mma = name == "mma"
     _combine_kernel[(bsz * hq, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
-        HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, DB=db, num_warps=4,
+        HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, DB=db, lens_ptr=lens,
+        MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) if mma else 1,
+        MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), num_warps=4,
     )  # fmt: skip
     return out
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A second stream per GPU for small launches that overlap the main one (None off CUDA).
+
+    NOTE: the bf16 tail's launch is independent of decode_mma's until the combine step; run in sequence
+    at B=1 it added ~5 us a layer (H200, 2026-11-30). The caller forks (``wait_stream``) before and
+    joins after, which CUDA-graph capture records as two parallel branches.
+    """
+    if device.type != "cuda" or interpreting():
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SIDE_STREAMS:
+        _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return _SIDE_STREAMS[idx]
 
 
 def _mma_unsupported(cache: LayerKV, g: int) -> str | None:

@@ -708,6 +708,12 @@ def decode_tail_kernel(
 
 
 @triton.jit
+def mma_chunk(n, num_splits, MINC: tl.constexpr):
+    """Tokens per split of a ``n``-token context (16-token tiles, >= ``MINC``); shared with the combine step."""
+    return tl.maximum(tl.cdiv(tl.cdiv(n, num_splits), 16) * 16, MINC)
+
+
+@triton.jit
 def decode_mma_kernel(
     q_ptr, s_qb, s_qh,
     k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr,
@@ -737,9 +743,11 @@ def decode_mma_kernel(
     n = tl.load(lens_ptr + b)
     # NOTE: splits are fixed per batch size (CUDA graphs); at least MINC tokens each keeps a short
     # context from spreading one tile per warp over all of them (the later splits stay empty)
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(n, NUM_SPLITS), 16) * 16, MINC)
+    chunk = mma_chunk(n, NUM_SPLITS, MINC)
     start = sp * chunk
-    end = tl.maximum(tl.minimum(start + chunk, n), start)  # NOTE: an empty split has end == start
+    if start >= n:  # NOTE: writes nothing; the combine step reads only the first cdiv(n, chunk) splits
+        return
+    end = tl.minimum(start + chunk, n)
     # E4M3-byte codes are value * 2**-6: fold 2**6 and the global scales into the fp32 factors
     gk = tl.load(g_ptr) * 64.0
     gv = tl.load(g_ptr + 1) * 64.0

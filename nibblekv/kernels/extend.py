@@ -192,6 +192,9 @@ def _default_stages(d: int) -> int:
     return 5 if d <= 128 else 2
 
 
+DEFAULT_OWN_STAGES = 1
+
+
 def extend_triton(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -220,8 +223,8 @@ def extend_triton(
     ``num_splits`` (default ``NIBBLEKV_EXTEND_SPLITS`` or 1) splits each request's main-pool prefix over
     that many programs (flash-decoding for extend: a small batch of short chunks otherwise runs
     ``B * kv_heads`` programs, each streaming the whole prefix), merged by decode's combine step.
-    ``own_stages`` (default: the kernel's ``num_stages``) pipelines the loop over the chunk's own keys
-    apart from the prefix loops (its buffers set the kernel's shared memory; unmeasured on a GPU yet).
+    ``own_stages`` (default 1; 0 = the kernel's ``num_stages``) pipelines the loop over the chunk's own keys
+    apart from the prefix loops.
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -280,7 +283,10 @@ def extend_triton(
         HQ=hq, S=splits, G=g, BM=bm, D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, HAS_TAIL=has_tail, FMT=fmt,
         USE_ASM=(fmt == FMT_NVFP4 and not interp) if use_asm is None else use_asm, INTERP=interp,
         PAGED=_pages_contiguous(cache, bn), TPAGED=has_tail and _pages_contiguous(tail, bn),
-        OWN_STAGES=0 if interp or own_stages is None else own_stages,
+        # NOTE: at the kernel's num_stages the own-key loop's buffers took 160 of 176 KiB of shared memory (one
+        # program per SM); 1 stage: two per SM, 1.4-1.55x faster for every dtype and shape (H200, 2026-11-30,
+        # benchmarks/results/extend-sweep-h200.json: B32 x 8K prefix, 16-token chunks, bf16 417 -> 274 us)
+        OWN_STAGES=0 if interp else (DEFAULT_OWN_STAGES if own_stages is None else own_stages),
         num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else _default_stages(d)),
     )  # fmt: skip
     if splits > 1:
