@@ -2,7 +2,8 @@
 
 For bf16 / fp8_e4m3 / nvfp4 it reports each rank's KV pool (tokens, GiB; every rank holds half the
 KV heads, so a token costs each GPU half its tp=1 bytes) and the decode throughput at 32K context:
-``capacity`` runs as many 32K requests as the dtype's pool holds, ``matched`` runs bf16's count.
+``capacity`` runs as many 32K requests as the dtype's pool holds, ``matched`` runs each earlier dtype's
+capacity count (nvfp4 at bf16's and at fp8_e4m3's).
 Prompts' KV pages are allocated without being computed by default (decode timing does not depend on
 the cached values; ``--real-prefill`` computes them, which takes minutes per dtype at 70B).
 
@@ -121,12 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         args.context, args.output_len, args.max_running_requests = 200, 8, 4
     bandwidth = read_bandwidth(torch.device("cuda"), 4.0) if torch.cuda.is_available() else 50e9
     rows: list[dict[str, Any]] = []
-    bf16_requests: int | None = None
+    earlier: dict[str, int] = {}  # dtype -> requests its pool held
     for kv in args.kv_dtypes:
-        runs: list[int | None] = [None] if kv == "bf16" or bf16_requests is None else [None, bf16_requests]
-        rows.extend(run_dtype(args, kv, runs, bandwidth))
-        if kv == "bf16":
-            bf16_requests = rows[-1]["running_requests"]
+        # matched: each earlier (larger per-token) dtype's capacity count, e.g. nvfp4 at fp8_e4m3's
+        matched = sorted(set(earlier.values()))
+        new_rows = run_dtype(args, kv, [None, *matched], bandwidth)
+        for row in new_rows[1:]:
+            row["matched_to"] = [k for k, v in earlier.items() if v == row["running_requests"]]
+        rows.extend(new_rows)
+        earlier[kv] = new_rows[0]["running_requests"]
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / ("bench_tp_smoke.json" if args.smoke else "bench_tp.json")
     meta = {
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "output_len": args.output_len,
     }
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    cols = ["kv_dtype", "mode", "max_total_num_tokens", "pool_gib_per_rank", "capacity_requests",
+    cols = ["kv_dtype", "mode", "matched_to", "max_total_num_tokens", "pool_gib_per_rank", "capacity_requests",
             "running_requests", "decode_tok_s", "step_ms"]  # fmt: skip
     print(" | ".join(cols))
     for r in rows:
