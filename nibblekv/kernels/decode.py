@@ -414,10 +414,11 @@ def decode_triton(
             PF=int(cfg["pf"]),
             MINC=int(cfg["minc"]),
             **common,
-            # NOTE: a GQA group of 8 compiled to 130 registers (15 warps per SM; 128 for 4) on sm_90, so the
-            # one-wave grid (ppsm 16) ran as two: 0.44-0.59 of the H200's ceiling vs 0.64-0.73 (2026-11-30).
-            # Capped at 128 it has no spills; not for 4, where the cap reorders the loop (+2% SASS)
-            **({"maxnreg": 128} if g > 4 and not interp else {}),
+            # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
+            # resident (128 at 16). Uncapped, sm_90 compiles drifted to 130 (GQA 8) and 166 (no tail, after
+            # an early return was added): 15 / 12 warps per SM, two waves, 0.44-0.59 of the H200's ceiling
+            # instead of 0.64-0.73 (2026-11-30). Capped at 128 none spills (tests/test_kernels_sass.py).
+            **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
         )
     elif tok:
         if fmt == FMT_NVFP4 and st != d // 16:
@@ -477,6 +478,11 @@ def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
     if not (packed and aligned) or cache.k_scale.data_ptr() % 2:
         return "needs packed NVFP4 rows with 8-byte aligned pages and heads"
     return None
+
+
+def _mma_max_registers(per_sm: int) -> int:
+    """Registers per thread that let ``per_sm`` one-warp programs share an SM's 64K (allocated in 8s)."""
+    return max(24, min(255, 65536 // (32 * per_sm)) // 8 * 8)
 
 
 def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int) -> int:

@@ -1,0 +1,31 @@
+"""decode_mma's sm_90 compile (CPU only: a fake driver and the triton wheel's ptxas, see
+benchmarks/sass_decode.py): its launch grid is one wave of 16 one-warp programs per SM, which holds only
+while every build fits 128 registers without spills. Uncapped builds drifted to 130 and 166 registers
+(2026-11-30) and ran 10-25% slower on the H200."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
+@pytest.mark.parametrize("group,tail", [(4, False), (8, True)])
+def test_decode_mma_fits_128_registers(group: int, tail: bool) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "sass_decode.py"), "--variants", "mma", "--dtypes", "nvfp4",
+           "--group", str(group)] + (["--tail"] if tail else [])  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600).stdout
+    m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)
+    assert m, out[-2000:]
+    assert int(m.group(1)) == 0 and int(m.group(2)) <= 128, m.group(0)
