@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny model, 2 gloo ranks on CPU (checks the code)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    p.add_argument("--matched-requests", type=int, nargs="*", default=[],
+                   help="also run each dtype at these counts (e.g. fp8_e4m3's capacity from an earlier call)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -91,7 +95,9 @@ def run_dtype(
     """One engine (all ranks) for ``kv``: its pool, then a decode run per entry of ``requests`` (None:
     as many as the pool holds). NOTE: one start-up per dtype -- a TP engine's start (worker processes,
     dummy weights, NCCL, CUDA-graph capture on every rank) is the slow part at 70B."""
+    t0 = time.perf_counter()
     engine = Engine(engine_config(args, kv, args.max_running_requests))
+    print(f"{kv}: engine up in {time.perf_counter() - t0:.0f} s", flush=True)
     rows: list[dict[str, Any]] = []
     try:
         pool = pool_row(engine)
@@ -118,27 +124,26 @@ def run_dtype(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # NOTE: phase times in the log (weights, graph capture, each run): a 600 s device call once printed a
+    # single row of three, with nothing saying where the time went (H200 x2, 2026-11-30)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.smoke:
         args.context, args.output_len, args.max_running_requests = 200, 8, 4
     bandwidth = read_bandwidth(torch.device("cuda"), 4.0) if torch.cuda.is_available() else 50e9
     rows: list[dict[str, Any]] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / ("bench_tp_smoke.json" if args.smoke else "bench_tp.json")
+    meta = {"model": "tiny" if args.smoke else args.model, "context": args.context, "output_len": args.output_len}
     earlier: dict[str, int] = {}  # dtype -> requests its pool held
     for kv in args.kv_dtypes:
         # matched: each earlier (larger per-token) dtype's capacity count, e.g. nvfp4 at fp8_e4m3's
-        matched = sorted(set(earlier.values()))
+        matched = sorted(set(earlier.values()) | set(args.matched_requests))
         new_rows = run_dtype(args, kv, [None, *matched], bandwidth)
         for row in new_rows[1:]:
             row["matched_to"] = [k for k, v in earlier.items() if v == row["running_requests"]]
         rows.extend(new_rows)
         earlier[kv] = new_rows[0]["running_requests"]
-    args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / ("bench_tp_smoke.json" if args.smoke else "bench_tp.json")
-    meta = {
-        "model": "tiny" if args.smoke else args.model,
-        "context": args.context,
-        "output_len": args.output_len,
-    }
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))  # after each dtype: a cut run keeps it
     cols = ["kv_dtype", "mode", "matched_to", "max_total_num_tokens", "pool_gib_per_rank", "capacity_requests",
             "running_requests", "decode_tok_s", "step_ms"]  # fmt: skip
     print(" | ".join(cols))

@@ -7,6 +7,9 @@ variable size, so it runs eagerly before the replay, for every layer (the graph 
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
 from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, to_device
@@ -14,6 +17,8 @@ from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
 from nibblekv.kernels import demote_pages
 from nibblekv.model import CausalLM
+
+logger = logging.getLogger("nibblekv")
 
 
 def capture_sizes(max_bs: int) -> list[int]:
@@ -73,6 +78,7 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def _capture_all(self) -> None:
         # Largest first, so smaller graphs reuse its memory pool.
+        t0 = time.perf_counter()
         for bs in reversed(self.sizes):
             self.backend.bind(self._meta(bs))
             for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
@@ -83,6 +89,9 @@ class CudaGraphRunner:
                 self.logits[bs] = self._forward(bs)
             self.graphs[bs] = graph
         torch.cuda.synchronize()
+        logger.info(
+            "Capture cuda graph end. Time elapsed: %.1f s, bs: %s", time.perf_counter() - t0, self.sizes
+        )
 
     def _forward(self, bs: int) -> torch.Tensor:
         hidden = self.model.forward(self.input_ids[:bs], self.positions[:bs], self.backend)

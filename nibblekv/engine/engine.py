@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -187,6 +188,7 @@ class Engine:
             from nibblekv.engine.tp_group import TPGroup
 
             self.tp = TPGroup(cfg)
+        t0 = time.perf_counter()
         if loaded is None:
             device = self.tp.device if self.tp is not None else resolve_device(cfg.device)
             dtype = None if cfg.dtype == "auto" else _DTYPES[cfg.dtype]
@@ -200,6 +202,7 @@ class Engine:
             )
         self.model, self.tokenizer = loaded
         self.device = self.model.device
+        logger.info("Load weight end. Time elapsed: %.1f s", time.perf_counter() - t0)
         max_pos = self.model.config.max_position_embeddings
         self.context_len = cfg.context_length or max_pos
         if self.context_len > max_pos:
