@@ -61,6 +61,17 @@ def test_filters_top_k_top_p_min_p() -> None:
     assert torch.isfinite(one).sum() == 1  # the best token always survives
 
 
+def test_unfiltered_rows_skip_the_sort_and_match_the_filtered_path() -> None:
+    # no top-k/top-p/min-p anywhere: the fast path (no sort) equals the general path with neutral filters
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    params = [SamplingParams(temperature=t) for t in (0.7, 1.0, 1.3)]
+    fast = filter_logits(logits, params)
+    slow = filter_logits(torch.cat([logits, logits[:1]]), params + [SamplingParams(top_k=10)])  # forces the sort
+    assert torch.allclose(fast, slow[:3]) and torch.isfinite(fast).all()
+    assert torch.isfinite(filter_logits(logits, [SamplingParams(top_k=50)] * 3)).all()  # k = vocab keeps all
+
+
 def test_temperature_scales_logits() -> None:
     logits = torch.tensor([[2.0, 1.0]])
     out = filter_logits(logits, [SamplingParams(temperature=0.5)])
