@@ -76,3 +76,12 @@ def test_extend_gpu_long(dtype: KVDtype, d: int) -> None:
     stages = 7 if d <= 128 and dtype != KVDtype.BF16 else 3
     kw = {"own_stages": 1, "num_stages": stages}
     assert _run(dtype, [0, 1000, 4099], [300, 17, 129], [0, 64, 33], 8, 4, d, **kw) <= 1e-2
+
+
+def test_auto_extend_splits_only_for_grids_smaller_than_the_gpu() -> None:
+    from nibblekv.kernels.extend import auto_extend_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    assert auto_extend_splits(sms + 1) == 1 and auto_extend_splits(10 * sms) == 1
+    assert auto_extend_splits(sms) == 2 and auto_extend_splits(1) == 8
+    assert 2 <= auto_extend_splits(sms // 2) <= 8

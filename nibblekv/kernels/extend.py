@@ -195,6 +195,21 @@ def _default_stages(d: int) -> int:
 DEFAULT_OWN_STAGES = 1
 
 
+def auto_extend_splits(grid_programs: int) -> int:
+    """Prefix splits for a grid of ``grid_programs`` (one per query block, request and KV head).
+
+    NOTE: split only a grid that cannot give every SM a program: B=4 x 32K prefix with 64-token chunks
+    (128 programs) ran 787 us at 1 split and 605 at 4; B=1 x 32K with a 512-token chunk (256 programs)
+    1061 at 1 and 1218 at 4; B=32 x 8K with 16-token chunks (256) 285 at 1 and 383 at 4 (H200,
+    2026-11-30, benchmarks/results/extend-sweep-h200.json). Aim at two programs per SM (the default
+    launch's occupancy).
+    """
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    if grid_programs > sms:
+        return 1
+    return max(1, min(8, triton.cdiv(2 * sms, max(1, grid_programs))))
+
+
 def extend_triton(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -220,9 +235,10 @@ def extend_triton(
     """Triton twin of ``extend_ref``: ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` -> ``[T, Hq, D]``.
 
     ``max_chunk`` (host int >= the longest chunk) avoids a device sync; the rest override the config.
-    ``num_splits`` (default ``NIBBLEKV_EXTEND_SPLITS`` or 1) splits each request's main-pool prefix over
-    that many programs (flash-decoding for extend: a small batch of short chunks otherwise runs
-    ``B * kv_heads`` programs, each streaming the whole prefix), merged by decode's combine step.
+    ``num_splits`` (default ``NIBBLEKV_EXTEND_SPLITS``, else :func:`auto_extend_splits`) splits each
+    request's main-pool prefix over that many programs (flash-decoding for extend: a small batch of short
+    chunks otherwise runs ``B * kv_heads`` programs, each streaming the whole prefix), merged by decode's
+    combine step.
     ``own_stages`` (default 1; 0 = the kernel's ``num_stages``) pipelines the loop over the chunk's own keys
     apart from the prefix loops.
     """
@@ -265,7 +281,9 @@ def extend_triton(
     tk, tv, ts, tpt, ttl, tpage = tail_operands(
         tail, tail_page_table, tail_prefix_lens, cache, page_table, prefix_lens
     )
-    splits = num_splits or int(os.environ.get("NIBBLEKV_EXTEND_SPLITS", "1"))
+    grid_programs = triton.cdiv(max_chunk * g, bm) * bsz * hkv
+    splits = num_splits or int(os.environ.get("NIBBLEKV_EXTEND_SPLITS", "0"))
+    splits = splits or (1 if interp else auto_extend_splits(grid_programs))
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     hq, t = q.shape[1], q.shape[0]
