@@ -283,6 +283,7 @@ def main() -> None:
                             continue
                         add("decode_tail64" if tail else "decode", NAMES[dt], b, c, hq, 8, 128, us, nb)
     print(f"decode done {time.time() - t0:.0f}s", flush=True)
+    write_results(rows, ceil, cfgs, sweep_log, args.out)
     del pools
     _empty_cache()
     pools64 = Pools({dt: big[4] * big[5] + big[6] for dt in DTYPES}, 8, 64)
@@ -313,6 +314,20 @@ def main() -> None:
         print("extend benchmark unavailable:", e)
     print(f"all done {time.time() - t0:.0f}s", flush=True)
 
+    doc = write_results(rows, ceil, cfgs, sweep_log, args.out)
+    plot(doc, os.path.join(args.out, "kernels-h200.png"))
+    print_table(doc)
+
+
+def write_results(
+    rows: list[dict[str, object]], ceil: dict[str, float], cfgs: dict[str, dict[str, object]],
+    sweep_log: list[dict[str, object]], out: str,
+) -> dict[str, object]:
+    """Fractions of the ceiling and NVFP4 time ratios on ``rows``; writes ``kernels-h200.json`` under ``out``.
+
+    NOTE: called after the decode rows too, so a call that times out later keeps them (2026-11-30: a
+    120 s limit cut a run after its decode rows and nothing was written).
+    """
     ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"],
                   max(float(r["tbps"]) for r in rows if r["kernel"].startswith("decode") and r["kv_dtype"] == "bf16"))  # type: ignore[union-attr]  # fmt: skip
     for r in rows:
@@ -334,10 +349,11 @@ def main() -> None:
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                timing="decode and extend: CUDA-graph replay, L2 flushed per call (bench_graph); others: triton do_bench",
                configs=cfgs, rows=rows, sweep=sweep_log)  # fmt: skip
-    with open(os.path.join(args.out, "kernels-h200.json"), "w") as f:
+    with open(os.path.join(out, "kernels-h200.json"), "w") as f:
         json.dump(doc, f, indent=1)
-    plot(doc, os.path.join(args.out, "kernels-h200.png"))
-    print_table(doc)
+    return doc
+
+
 
 
 def plot(doc: dict[str, object], path: str) -> None:
