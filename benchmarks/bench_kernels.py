@@ -291,6 +291,9 @@ def main() -> None:
         for dt in DTYPES:
             us, nb = run_decode(pools64, dt, b, c, 32, False, cfgs.get(NAMES[dt]))
             add("decode", NAMES[dt], b, c, 32, 8, 64, us, nb)
+        if not args.tiny:  # decode_mma reading head_dim 64 two tokens a row (opt-in until measured here)
+            us, nb = run_decode(pools64, KVDtype.NVFP4, b, c, 32, False, {"variant": "mma"})
+            add("decode_mma", "nvfp4", b, c, 32, 8, 64, us, nb)
     del pools64
     _empty_cache()
     for b, c in ((2, 64),) if args.tiny else ((64, 32768), (32, 8192), (8, 32768), (1, 131072)):

@@ -74,6 +74,17 @@ def test_decode_mma_no_tail() -> None:
     assert _run(KVDtype.NVFP4, [1, P - 1, P, P + 1, 70], None, 1, 4, 128, P, 3, variant="mma:tpi=2") <= 1e-2
 
 
+@pytest.mark.parametrize("group,page", [(3, P), (4, 2 * P), (1, 6)])
+def test_decode_mma_head_dim_64(group: int, page: int) -> None:
+    # head_dim 64 read as 128 with two tokens a row (PAIR): odd and even lengths (the last row's second
+    # token absent), 1, P-1, P, P+1, a multi-step context; tails 0, 1, W; GQA 3 (SmolLM2), 4 and 1; pages
+    # of 16 (two 8-row pages a tile), 32 (one) and 6 (per-row lookups); global scales != 1; 3 splits
+    lens = [1, P - 1, P, P + 1, 70, 33] if DEVICE == "cpu" else LENS + [1001, 4099]
+    tails = [0, 1, W, 5, W, 3, 0][: len(lens)] + [0] * max(0, len(lens) - 7)
+    err = _run(KVDtype.NVFP4, lens, tails, 2, group, 64, page, 3, gscale=(0.37, 2.5), variant="mma:minc=16")
+    assert err <= 1e-2, err
+
+
 def test_decode_mma_empty_splits_and_tail_only() -> None:
     # 12 splits for contexts of 0..70 tokens: most splits past the context write nothing and the combine
     # step must skip them (partials are NaN-filled under the interpreter); a request with no main-pool token
@@ -97,7 +108,9 @@ def test_decode_mma_refuses_other_pools() -> None:
     with pytest.raises(ValueError, match="mma"):
         _run(KVDtype.FP8, [5], None, 1, 2, 128, P, 1, variant="mma")
     with pytest.raises(ValueError, match="mma"):
-        _run(KVDtype.NVFP4, [5], None, 1, 2, 64, P, 1, variant="mma")
+        _run(KVDtype.NVFP4, [5], None, 1, 8, 64, P, 1, variant="mma")  # head_dim 64: groups <= 4
+    with pytest.raises(ValueError, match="mma"):
+        _run(KVDtype.NVFP4, [5], None, 1, 2, 64, 5, 1, variant="mma")  # head_dim 64: even pages
     with pytest.raises(ValueError, match="mma"):
         _run(KVDtype.NVFP4, [5], None, 1, 16, 128, P, 1, variant="mma")
 

@@ -55,7 +55,11 @@ DEFAULT_VARIANT = "tok"
 # NOTE: only head_dim 128 has run "tok" on a GPU (its inline-PTX paths cannot run in the interpreter);
 # other head dims keep "paged", which the GPU tests covered at 64/128/256, until a device run checks them.
 TOK_VERIFIED_HEAD_DIMS = (128,)
-#   mma    decode_mma (NVFP4, head_dim 128, GQA group <= 8): hand-placed mma.sync fragments, one 16-token tile
+# NOTE: decode_mma at head_dim 64 (two tokens a row) is checked by the interpreter tests and compiles for
+# sm_90 to 128 registers without spills, but has not run on a GPU yet: opt-in ("mma") until it has.
+MMA_VERIFIED_HEAD_DIMS = (128,)
+#   mma    decode_mma (NVFP4; head_dim 128 with GQA groups <= 8, or 64 with groups <= 4 read as 128 with two
+#          tokens a row, see PAIR in decode_mma._mma_segment): hand-placed mma.sync fragments, one 16-token tile
 #          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
@@ -236,7 +240,8 @@ def _decode_kernel(
 @triton.jit
 def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
                     D: tl.constexpr, DB: tl.constexpr, lens_ptr=None, MMA_SPLITS: tl.constexpr = 0,
-                    MMA_NW: tl.constexpr = 1, MINC: tl.constexpr = 16, HAS_TAIL: tl.constexpr = 0):  # fmt: skip
+                    MMA_NW: tl.constexpr = 1, MINC: tl.constexpr = 16, HAS_TAIL: tl.constexpr = 0,
+                    PAIR: tl.constexpr = 0):  # fmt: skip
     """Merge the split partials of one (request, query head) for dims ``[DB * pid1, DB * (pid1 + 1))``:
     weights ``2**(lse_s - max lse)``.
 
@@ -249,6 +254,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     n_valid = S
     if MMA_SPLITS > 0:  # decode_mma skips splits past the context: only cdiv(n, chunk) of them wrote slots
         n = tl.load(lens_ptr + r // HQ)
+        n = (n + PAIR) // (1 + PAIR)  # PAIR: rows of two tokens (decode_mma_kernel)
         n_valid = tl.cdiv(n, mma_chunk(n, MMA_SPLITS, MINC)) * MMA_NW
     smask = (offs_s < n_valid) | ((offs_s == S - 1) & (HAS_TAIL > 0))
     lse = tl.load(lse_part + r * S + offs_s, mask=smask, other=float("-inf"))
@@ -342,10 +348,9 @@ def decode_triton(
         why = _mma_unsupported(cache, hq // hkv)
         if why and explicit:
             raise ValueError(f"decode variant 'mma' {why}")
-        if (
-            why
-        ):  # the default where mma does not apply (a GQA group > 8, unaligned pools): the per-token kernel
-            name, cfg = "tok", _tok_config(fmt, d)
+        if why:  # the default where mma does not apply (a GQA group > 8, unaligned pools, odd pages)
+            name = DEFAULT_VARIANT if d in TOK_VERIFIED_HEAD_DIMS else "paged"
+            cfg = _tok_config(fmt, d) if name == "tok" else _default_config(fmt, d, interp)
     for key, val in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages)):
         if val:
             cfg[key] = val
@@ -362,8 +367,9 @@ def decode_triton(
         splits = num_splits or mma_num_splits(bsz, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]))
     else:
         splits = num_splits or default_num_splits(bsz, hkv, None, bn)
-    # NOTE: "mma" writes one partial slot per warp of each split
-    s_tot = splits * (int(cfg["num_warps"]) if name == "mma" else 1) + int(has_tail)
+    # NOTE: "mma" writes one partial slot per warp of each split, two at head_dim 64 (PAIR in decode_mma)
+    pair = int(name == "mma" and d == 64)
+    s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + int(has_tail)
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.stride(-1) != 1:
@@ -407,13 +413,15 @@ def decode_triton(
                     o_part, lse_part, float(sm_scale), s_tot, s_tot - 1,
                     HQ=hq, G=g, BH=common["BH"], D=d, TPAGE=tpage, TBN=tbn, INTERP=interp, num_warps=4,
                 )  # fmt: skip
+        mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
         k = decode_mma_kernel[(bsz, hkv, splits)](
             *args,
             NW=int(cfg["num_warps"]),
             TPI=int(cfg["tpi"]),
             PF=int(cfg["pf"]),
             MINC=int(cfg["minc"]),
-            **common,
+            PAIR=pair,
+            **mma_common,
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
             # resident (128 at 16). Uncapped, sm_90 compiles drifted to 130 (GQA 8) and 166 (no tail, after
             # an early return was added): 15 / 12 warps per SM, two waves, 0.44-0.59 of the H200's ceiling
@@ -441,8 +449,8 @@ def decode_triton(
     _combine_kernel[(bsz * hq, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
         HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, DB=db, lens_ptr=lens,
-        MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) if mma else 1,
-        MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), num_warps=4,
+        MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
+        MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), PAIR=pair, num_warps=4,
     )  # fmt: skip
     return out
 
@@ -466,11 +474,14 @@ def side_stream(device: torch.device) -> torch.cuda.Stream | None:
 
 
 def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
-    """Why ``decode_mma`` cannot run on this pool (None if it can): NVFP4, head_dim 128, GQA group <= 8,
-    packed rows, pages and heads 8-byte aligned (the kernel reads them as uint64 / uint16 words)."""
+    """Why ``decode_mma`` cannot run on this pool (None if it can): NVFP4, head_dim 128 with a GQA group
+    <= 8 or head_dim 64 with a group <= 4 and an even page size (two tokens a row), packed rows, pages and
+    heads 8-byte aligned (the kernel reads them as uint64 / uint16 words)."""
     lay = cache.layout
-    if fmt_code(cache.dtype) != FMT_NVFP4 or lay.head_dim != 128 or g > 8 or cache.k_scale is None:
-        return "needs an NVFP4 pool, head_dim 128 and a GQA group <= 8"
+    d = lay.head_dim
+    fits = (d == 128 and g <= 8) or (d == 64 and g <= 4 and lay.page_size % 2 == 0)
+    if fmt_code(cache.dtype) != FMT_NVFP4 or not fits or cache.k_scale is None:
+        return "needs an NVFP4 pool with head_dim 128 and a GQA group <= 8, or head_dim 64, a group <= 4 and even pages"
     ds, ss = cache.k_data.stride(), cache.k_scale.stride()
     packed = ds[2] == lay.head_dim // 2 and ss[2] == lay.head_dim // 16
     aligned = all(x % 8 == 0 for x in ds[:2]) and all(x % 2 == 0 for x in ss[:2])
@@ -605,7 +616,7 @@ _KEYS = {
 
 def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tuple[str, dict[str, int | bool]]:
     """``"name[:bn=..,tbn=..,w=..,s=..,conv=..]"`` -> (kernel name, launch config); see ``VARIANT_NAMES``."""
-    if fmt == FMT_NVFP4 and d == 128 and not interp:
+    if fmt == FMT_NVFP4 and d in MMA_VERIFIED_HEAD_DIMS and not interp:
         default = "mma"  # decode_triton falls back to "tok" where the pool or GQA group rules it out
     else:
         default = DEFAULT_VARIANT if interp or d in TOK_VERIFIED_HEAD_DIMS else "paged"

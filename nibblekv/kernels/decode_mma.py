@@ -228,26 +228,42 @@ def _row_base(pt_ptr, idx, lim, s_page, sc_page, PAGE: tl.constexpr, D: tl.const
 
 
 @triton.jit
-def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, hoff, shoff, s_page, sc_page, g, t,
-               PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, sc_page, g, t,
+               PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, PAIR: tl.constexpr = 0):  # fmt: skip
     """This lane's raw bytes of the tile at ``n0`` (per lane): K rows g, g+8; V rows 2t, 2t+1, 2t+8, 2t+9.
 
     Returns 4 K uint64, 2 K scale pairs, 4 V uint64, 2 V scale pairs (uint32); masked rows read as 0.
+    With ``PAIR`` a row is two tokens (see ``_mma_segment``): bytes of the second one (K blocks 4-7, i.e.
+    lanes ``t >= 2``; V block ``g >= 4``) are masked against ``lim1``.
     NOTE: data offsets are in bytes, divided by 8 (2) for the uint64 (uint16) views; the launcher checks
     that pages and heads are aligned for that.
     """
     R8: tl.constexpr = D // 16  # uint64 words per row (D/2 bytes); also scale bytes per row
-    if PAGE % 16 == 0:  # tiles start at multiples of 16 tokens: one page holds the whole tile
+    klim = lim
+    vlim = lim
+    if PAIR:
+        klim = tl.where(t >= 2, lim1, lim)
+        vlim = tl.where(g >= 4, lim1, lim)
+    if PAGE % 16 == 0 or PAGE == 8:  # tiles start at multiples of 16 rows: one page, or two of 8 rows
         d0, s0, _ = _row_base(pt_ptr, n0, lim, s_page, sc_page, PAGE, D, MASKED)
         kp = k64 + ((d0 + hoff) >> 3) + (g * R8 + 2 * t)
         vp = v64 + ((d0 + hoff) >> 3) + (2 * t * R8 + g)
         ksp = ks16 + ((s0 + shoff) >> 1) + (g * (R8 // 2) + t)
         vsp = vs8 + (s0 + shoff) + (2 * t * R8 + g)
-        kp8, ksp8 = kp + 8 * R8, ksp + 4 * R8
-        vpb, vpc, vpd = vp + R8, vp + 8 * R8, vp + 9 * R8
-        vspb, vspc, vspd = vsp + R8, vsp + 8 * R8, vsp + 9 * R8
-        mg, m8, ma = n0 + g < lim, n0 + g + 8 < lim, n0 + 2 * t < lim
-        mb, mc, md = n0 + 2 * t + 1 < lim, n0 + 2 * t + 8 < lim, n0 + 2 * t + 9 < lim
+        if PAGE == 8:  # rows 8-15 on the next page
+            d1, s1, _ = _row_base(pt_ptr, n0 + 8, lim, s_page, sc_page, PAGE, D, MASKED)
+            kp8 = k64 + ((d1 + hoff) >> 3) + (g * R8 + 2 * t)
+            ksp8 = ks16 + ((s1 + shoff) >> 1) + (g * (R8 // 2) + t)
+            vpc = v64 + ((d1 + hoff) >> 3) + (2 * t * R8 + g)
+            vspc = vs8 + (s1 + shoff) + (2 * t * R8 + g)
+            vpb, vpd = vp + R8, vpc + R8
+            vspb, vspd = vsp + R8, vspc + R8
+        else:
+            kp8, ksp8 = kp + 8 * R8, ksp + 4 * R8
+            vpb, vpc, vpd = vp + R8, vp + 8 * R8, vp + 9 * R8
+            vspb, vspc, vspd = vsp + R8, vsp + 8 * R8, vsp + 9 * R8
+        mg, m8, ma = n0 + g < klim, n0 + g + 8 < klim, n0 + 2 * t < vlim
+        mb, mc, md = n0 + 2 * t + 1 < vlim, n0 + 2 * t + 8 < vlim, n0 + 2 * t + 9 < vlim
     else:
         dg, sg, mg = _row_base(pt_ptr, n0 + g, lim, s_page, sc_page, PAGE, D, MASKED)
         d8, s8, m8 = _row_base(pt_ptr, n0 + g + 8, lim, s_page, sc_page, PAGE, D, MASKED)
@@ -255,6 +271,10 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, hoff, shoff, s_page, sc_pag
         db, sb, mb = _row_base(pt_ptr, n0 + 2 * t + 1, lim, s_page, sc_page, PAGE, D, MASKED)
         dc, sc, mc = _row_base(pt_ptr, n0 + 2 * t + 8, lim, s_page, sc_page, PAGE, D, MASKED)
         dd, sd, md = _row_base(pt_ptr, n0 + 2 * t + 9, lim, s_page, sc_page, PAGE, D, MASKED)
+        if PAIR:
+            mg, m8 = n0 + g < klim, n0 + g + 8 < klim
+            ma, mb = n0 + 2 * t < vlim, n0 + 2 * t + 1 < vlim
+            mc, md = n0 + 2 * t + 8 < vlim, n0 + 2 * t + 9 < vlim
         kp, kp8 = k64 + ((dg + hoff) >> 3) + 2 * t, k64 + ((d8 + hoff) >> 3) + 2 * t
         ksp, ksp8 = ks16 + ((sg + shoff) >> 1) + t, ks16 + ((s8 + shoff) >> 1) + t
         vp, vpb = v64 + ((da + hoff) >> 3) + g, v64 + ((db + hoff) >> 3) + g
@@ -299,12 +319,13 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, hoff, shoff, s_page, sc_pag
 
 
 @triton.jit
-def _scores(raw, qk_scale, n0, lim,
+def _scores(raw, qk_scale, n0, lim, lim1,
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
             MASKED: tl.constexpr):  # fmt: skip
     """S^T fragment of one tile, times ``qk_scale``: (token g, head 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
 
-    Masked (MASKED: token >= lim) scores are -inf. ``n0`` is this warp's tile start.
+    Masked (MASKED: token >= lim; columns 2t+1 token >= lim1, see PAIR in ``_mma_segment``) scores are
+    -inf. ``n0`` is this warp's tile start.
     """
     kga, kgb, k8a, k8b, ksg, ks8 = raw[0], raw[1], raw[2], raw[3], raw[4], raw[5]
     kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15 = _k_row(
@@ -331,9 +352,9 @@ def _scores(raw, qk_scale, n0, lim,
     if MASKED:
         g = (tl.arange(0, s0.shape[0]) % 32) // 4
         s0 = tl.where(n0 + g < lim, s0, float("-inf"))
-        s1 = tl.where(n0 + g < lim, s1, float("-inf"))
+        s1 = tl.where(n0 + g < lim1, s1, float("-inf"))
         s2 = tl.where(n0 + g + 8 < lim, s2, float("-inf"))
-        s3 = tl.where(n0 + g + 8 < lim, s3, float("-inf"))
+        s3 = tl.where(n0 + g + 8 < lim1, s3, float("-inf"))
     return s0, s1, s2, s3
 
 
@@ -399,7 +420,7 @@ def _softmax(m0, m1, l0, l1, x0, x1):
 
 @triton.jit
 def _run_step(
-    rawA, rawB, nb, lim, qk_scale, m0, m1, l0, l1,
+    rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1,
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
@@ -409,11 +430,11 @@ def _run_step(
     (m0, m1, l0, l1, O^T fragments)."""
     if TPI == 2:
         sA0, sA1, sA2, sA3 = _scores(
-            rawA, qk_scale, nb + 0, lim, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+            rawA, qk_scale, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
             MASKED,
         )  # fmt: skip
         sB0, sB1, sB2, sB3 = _scores(
-            rawB, qk_scale, nb + 16, lim, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+            rawB, qk_scale, nb + 16, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
             MASKED,
         )  # fmt: skip
         mx0 = tl.maximum(tl.maximum(sA0, sA2), tl.maximum(sB0, sB2))
@@ -451,7 +472,7 @@ def _run_step(
         )  # fmt: skip
     else:
         sA0, sA1, sA2, sA3 = _scores(
-            rawA, qk_scale, nb + 0, lim, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+            rawA, qk_scale, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
             MASKED,
         )  # fmt: skip
         x0, x1 = _max8(tl.maximum(sA0, sA2), tl.maximum(sA1, sA3))
@@ -502,12 +523,22 @@ def _store_pair(ptr, a, b, c, d, s_oh, hm0, hm1):
 @triton.jit
 def _mma_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
-    pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
+    pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
+    PAIR: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
-    ``lse_ptr + w`` (``s_oh`` = elements between two heads' partials)."""
+    ``lse_ptr + w`` (``s_oh`` = elements between two heads' partials).
+
+    ``PAIR``: a head_dim-64 pool read as head_dim 128 -- each "row" is two consecutive tokens (their bytes
+    and scale bytes are adjacent), rows ``[start, end)``, the second token valid below row ``end1``. The 8
+    fragment columns are (head ``c // 2``, token parity ``c % 2``): Q of head ``c // 2`` sits in dims
+    ``[64 p, 64 p + 64)`` and zeros elsewhere, so column (h, p) scores exactly the tokens of parity p, and
+    its output is dims ``[64 p, 64 p + 64)`` of O^T (the other half mixes the wrong tokens and is dropped).
+    Each (head, parity) is its own softmax partial: slots ``2 w`` and ``2 w + 1`` of ``D / 2`` dims; the
+    combine step merges them like splits. GQA groups <= 4.
+    """
     lane = tl.arange(0, 32 * NW)
     warp = lane // 32
     g = (lane % 32) // 4
@@ -519,8 +550,12 @@ def _mma_segment(
     hoff = h.to(tl.int64) * s_head
     shoff = h.to(tl.int64) * sc_head
     # Q^T B-fragments, loop-invariant: lane (g, t) holds head g, dims [32t, 32t + 32) in k-step order
-    qm = g < G
-    qrow = q_ptr + (h * G + g) * s_qh
+    if PAIR:  # column g = (head g // 2, parity g % 2): dims [64 p, 64 p + 64) hold that head's Q
+        qm = (g // 2 < G) & (t // 2 == g % 2)
+        qrow = q_ptr + (h * G + g // 2) * s_qh - 64 * (g % 2)
+    else:
+        qm = g < G
+        qrow = q_ptr + (h * G + g) * s_qh
     qd = 32 * t
     q0 = _q_pair(qrow, qd + 0, qm)
     q1 = _q_pair(qrow, qd + 4, qm)
@@ -551,32 +586,20 @@ def _mma_segment(
     o60, o61, o62, o63 = z, z, z, z
     o70, o71, o72, o73 = z, z, z, z
     STEP: tl.constexpr = 16 * NW * TPI
-    full_end = start + (end - start) // STEP * STEP
+    full_end = start + (end1 - start) // STEP * STEP  # NOTE: end1 == end unless PAIR
     lim = full_end
+    lim1 = full_end
     if PF:
         nb = start + 16 * TPI * warp
         rawA = _load_tile(
-            k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, True
+            k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+            PAGE, D, True, PAIR,
         )
         rawB = rawA
         if TPI == 2:
             rawB = _load_tile(
-                k64,
-                v64,
-                ks16,
-                vs8,
-                pt_ptr,
-                nb + 16,
-                full_end,
-                hoff,
-                shoff,
-                s_page,
-                sc_page,
-                g,
-                t,
-                PAGE,
-                D,
-                True,
+                k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                PAGE, D, True, PAIR,
             )
     n0 = start
     while (
@@ -586,57 +609,31 @@ def _mma_segment(
         if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
             nextA = _load_tile(
-                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False
+                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                PAGE, D, False, PAIR,
             )
             nextB = nextA
             if TPI == 2:
                 nextB = _load_tile(
-                    k64,
-                    v64,
-                    ks16,
-                    vs8,
-                    pt_ptr,
-                    nxt + 16,
-                    full_end,
-                    hoff,
-                    shoff,
-                    s_page,
-                    sc_page,
-                    g,
-                    t,
-                    PAGE,
-                    D,
-                    False,
+                    k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                    PAGE, D, False, PAIR,
                 )
         else:
             rawA = _load_tile(
-                k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False
+                k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                PAGE, D, False, PAIR,
             )
             rawB = rawA
             if TPI == 2:
                 rawB = _load_tile(
-                    k64,
-                    v64,
-                    ks16,
-                    vs8,
-                    pt_ptr,
-                    nb + 16,
-                    full_end,
-                    hoff,
-                    shoff,
-                    s_page,
-                    sc_page,
-                    g,
-                    t,
-                    PAGE,
-                    D,
-                    False,
+                    k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                    PAGE, D, False, PAIR,
                 )
         (
             m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
             o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ) = _run_step(
-            rawA, rawB, nb, lim, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
+            rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
             q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
             o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False,
         )  # fmt: skip
@@ -646,16 +643,18 @@ def _mma_segment(
         n0 += STEP
     # the rest (< STEP tokens): one masked tile per warp and step
     lim = end
+    lim1 = end1
     while n0 < end:
         nb = n0 + 16 * warp
         rawA = _load_tile(
-            k64, v64, ks16, vs8, pt_ptr, nb, end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, True
+            k64, v64, ks16, vs8, pt_ptr, nb, end, end1, hoff, shoff, s_page, sc_page, g, t,
+            PAGE, D, True, PAIR,
         )
         (
             m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
             o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ) = _run_step(
-            rawA, rawA, nb, lim, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
+            rawA, rawA, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
             q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
             o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True,
         )  # fmt: skip
@@ -664,22 +663,36 @@ def _mma_segment(
     # An empty warp stores lse = -inf and o = 0, which the combine step weighs as nothing.
     i0 = tl.where(l0 > 0, out_scale / tl.maximum(l0, 1e-30), 0.0)
     i1 = tl.where(l1 > 0, out_scale / tl.maximum(l1, 1e-30), 0.0)
-    hm0 = 2 * t < G
-    hm1 = 2 * t + 1 < G
-    obase = o_ptr + (2 * t) * s_oh + warp * D
-    _store_pair(obase + (16 * g + 0), o00 * i0, o01 * i1, o02 * i0, o03 * i1, s_oh, hm0, hm1)
-    _store_pair(obase + (16 * g + 1), o10 * i0, o11 * i1, o12 * i0, o13 * i1, s_oh, hm0, hm1)
-    _store_pair(obase + (16 * g + 4), o20 * i0, o21 * i1, o22 * i0, o23 * i1, s_oh, hm0, hm1)
-    _store_pair(obase + (16 * g + 5), o30 * i0, o31 * i1, o32 * i0, o33 * i1, s_oh, hm0, hm1)
-    _store_pair(obase + (16 * g + 8), o40 * i0, o41 * i1, o42 * i0, o43 * i1, s_oh, hm0, hm1)
-    _store_pair(obase + (16 * g + 9), o50 * i0, o51 * i1, o52 * i0, o53 * i1, s_oh, hm0, hm1)
-    _store_pair(obase + (16 * g + 12), o60 * i0, o61 * i1, o62 * i0, o63 * i1, s_oh, hm0, hm1)
-    _store_pair(obase + (16 * g + 13), o70 * i0, o71 * i1, o72 * i0, o73 * i1, s_oh, hm0, hm1)
+    if PAIR:  # columns 2t / 2t+1 = head t, parity 0 / 1: dims [0, 64) of slot 2w / [64, 128) of slot 2w+1
+        DO: tl.constexpr = D // 2
+        hm0 = (t < G) & (g < 4)
+        hm1 = (t < G) & (g >= 4)
+        obase = o_ptr + t * s_oh + (2 * warp) * DO  # NOTE: both parities land at + 16 g + j (see above)
+        s_col = 0
+    else:
+        DO: tl.constexpr = D
+        hm0 = 2 * t < G
+        hm1 = 2 * t + 1 < G
+        obase = o_ptr + (2 * t) * s_oh + warp * D
+        s_col = s_oh
+    _store_pair(obase + (16 * g + 0), o00 * i0, o01 * i1, o02 * i0, o03 * i1, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 1), o10 * i0, o11 * i1, o12 * i0, o13 * i1, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 4), o20 * i0, o21 * i1, o22 * i0, o23 * i1, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 5), o30 * i0, o31 * i1, o32 * i0, o33 * i1, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 8), o40 * i0, o41 * i1, o42 * i0, o43 * i1, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 9), o50 * i0, o51 * i1, o52 * i0, o53 * i1, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 12), o60 * i0, o61 * i1, o62 * i0, o63 * i1, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 13), o70 * i0, o71 * i1, o72 * i0, o73 * i1, s_col, hm0, hm1)
     lse0 = tl.where(l0 > 0, m0 + tl.log2(tl.maximum(l0, 1e-30)), float("-inf"))
     lse1 = tl.where(l1 > 0, m1 + tl.log2(tl.maximum(l1, 1e-30)), float("-inf"))
-    lbase = lse_ptr + (2 * t) * (s_oh // D) + warp
-    tl.store(lbase, lse0, mask=hm0 & (g == 0))
-    tl.store(lbase + s_oh // D, lse1, mask=hm1 & (g == 0))
+    if PAIR:
+        lbase = lse_ptr + t * (s_oh // DO) + 2 * warp
+        tl.store(lbase, lse0, mask=(t < G) & (g == 0))
+        tl.store(lbase + 1, lse1, mask=(t < G) & (g == 0))
+    else:
+        lbase = lse_ptr + (2 * t) * (s_oh // D) + warp
+        tl.store(lbase, lse0, mask=hm0 & (g == 0))
+        tl.store(lbase + s_oh // D, lse1, mask=hm1 & (g == 0))
 
 
 @triton.jit
@@ -724,10 +737,11 @@ def decode_mma_kernel(
     HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
-    TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16,
+    TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16, PAIR: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones unused); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
-    warps.
+    warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
+    rows per page, ``lens`` still in tokens; see ``_mma_segment``): twice the slots, ``D / 2`` dims each.
 
     Partial slots per head: ``NUM_SPLITS * NW`` (split ``sp``, warp ``w`` -> slot ``sp * NW + w``), then with
     ``HAS_TAIL`` the tail's slot, written by :func:`decode_tail_kernel` (launched separately). ``BN`` is
@@ -737,23 +751,28 @@ def decode_mma_kernel(
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
-    S_TOT = NUM_SPLITS * NW + HAS_TAIL
+    S_TOT = NUM_SPLITS * NW * (1 + PAIR) + HAS_TAIL
+    DO: tl.constexpr = D // (1 + PAIR)
     q_base = q_ptr + b.to(tl.int64) * s_qb
-    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW
+    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW * (1 + PAIR)
     n = tl.load(lens_ptr + b)
+    rows = (n + PAIR) // (1 + PAIR)
     # NOTE: splits are fixed per batch size (CUDA graphs); at least MINC tokens each keeps a short
     # context from spreading one tile per warp over all of them (the later splits stay empty)
-    chunk = mma_chunk(n, NUM_SPLITS, MINC)
+    chunk = mma_chunk(rows, NUM_SPLITS, MINC)
     start = sp * chunk
-    if start >= n:  # NOTE: writes nothing; the combine step reads only the first cdiv(n, chunk) splits
+    if start >= rows:  # NOTE: writes nothing; the combine step reads only the first cdiv(rows, chunk) splits
         return
-    end = tl.minimum(start + chunk, n)
+    end = tl.minimum(start + chunk, rows)
+    end1 = end
+    if PAIR:
+        end1 = tl.minimum(end, n // 2)  # an odd count: the last row's second token is not there
     # E4M3-byte codes are value * 2**-6: fold 2**6 and the global scales into the fp32 factors
     gk = tl.load(g_ptr) * 64.0
     gv = tl.load(g_ptr + 1) * 64.0
     _mma_segment(
         q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
-        pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
-        o_ptr + first * D, lse_ptr + first, S_TOT * D,
-        G, D, PAGE, NW, TPI, PF,
+        pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
+        o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
+        G, D, PAGE, NW, TPI, PF, PAIR,
     )  # fmt: skip
