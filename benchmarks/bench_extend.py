@@ -59,9 +59,10 @@ def extend_rows(
             v = torch.randn_like(k)
             out = torch.empty_like(q)
             for cfg in configs:
-                splits, stages, warps, bm, bn, own = (*cfg, 0, 0, 0, 0)[:6]
+                splits, stages, warps, bm, bn, own, regs = (*cfg, 0, 0, 0, 0, 0, 0)[:7]
                 kw = {"num_splits": splits, "num_stages": stages or None, "num_warps": warps or None,
-                      "block_m": bm or None, "block_n": bn or None, "own_stages": own or None}  # fmt: skip
+                      "block_m": bm or None, "block_n": bn or None, "own_stages": own or None,
+                      "max_registers": regs or None}  # fmt: skip
                 fn = partial(
                     extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
                     use_asm=None if dev == "cuda" else False, **kw,
@@ -77,7 +78,7 @@ def extend_rows(
                 nbytes = b * prefix * lay.bytes_per_token() + (q.numel() + 2 * k.numel()) * 2
                 rows.append({"kernel": "extend", "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv, "d": d,
                              "us": us, "nbytes": nbytes, "chunk": chunk, "splits": splits, "stages": stages, "warps": warps,
-                             "bm": bm, "bn": bn, "own_stages": own})  # fmt: skip
+                             "bm": bm, "bn": bn, "own_stages": own, "max_registers": regs})  # fmt: skip
             del pool
     return rows
 
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument(
-        "--configs", nargs="+", default=["1:0"], help="SPLITS:STAGES[:WARPS[:BM[:BN[:OWN]]]] (0 = default)"
+        "--configs", nargs="+", default=["1:0"],
+        help="SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS]]]]] (0 = default; REGS caps registers per thread)",
     )
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args(argv)
@@ -101,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         tb = float(r["nbytes"]) / float(r["us"]) / 1e6  # type: ignore[arg-type]
         r.update(tbps=round(tb, 4), frac_of_ceiling=round(tb / ceiling, 4), us=round(float(r["us"]), 2))  # type: ignore[arg-type]
-        print(f"{r['dt']:9s} B{r['b']} prefix {r['c']} chunk {r['chunk']} splits/stages/warps/bm/bn/own "
-              f"{r['splits']}/{r['stages']}/{r['warps']}/{r['bm']}/{r['bn']}/{r['own_stages']}: "
+        print(f"{r['dt']:9s} B{r['b']} prefix {r['c']} chunk {r['chunk']} splits/stages/warps/bm/bn/own/regs "
+              f"{r['splits']}/{r['stages']}/{r['warps']}/{r['bm']}/{r['bn']}/{r['own_stages']}/{r['max_registers']}: "
               f"{r['us']} us, {tb:.2f} TB/s ({tb / ceiling:.2f})", flush=True)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "extend-sweep.json").write_text(json.dumps({"ceiling_probes": ceil, "rows": rows}, indent=1))

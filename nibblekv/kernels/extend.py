@@ -231,6 +231,7 @@ def extend_triton(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     own_stages: int | None = None,
+    max_registers: int | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``extend_ref``: ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` -> ``[T, Hq, D]``.
 
@@ -240,7 +241,8 @@ def extend_triton(
     chunks otherwise runs ``B * kv_heads`` programs, each streaming the whole prefix), merged by decode's
     combine step.
     ``own_stages`` (default 1; 0 = the kernel's ``num_stages``) pipelines the loop over the chunk's own keys
-    apart from the prefix loops.
+    apart from the prefix loops. ``max_registers`` (default env ``NIBBLEKV_EXTEND_MAXNREG``, else the
+    compiler's choice) caps registers per thread, to fit more programs per SM.
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -293,6 +295,7 @@ def extend_triton(
     else:
         o_part = lse_part = out  # unused
     grid = (triton.cdiv(max_chunk * g, bm), bsz, hkv * splits)
+    maxnreg = max_registers or int(os.environ.get("NIBBLEKV_EXTEND_MAXNREG", "0"))
     _extend_kernel[grid](
         q, q.stride(0), q.stride(1), k_new, v_new, k_new.stride(0), k_new.stride(1), cu_seqlens, out, out.stride(0), out.stride(1),
         cache.k_data, cache.v_data, ks, vs, cache.global_scale, ds[0], ds[1], ds[2], sp, sh, st,
@@ -306,6 +309,7 @@ def extend_triton(
         # benchmarks/results/extend-sweep-h200.json: B32 x 8K prefix, 16-token chunks, bf16 417 -> 274 us)
         OWN_STAGES=0 if interp else (DEFAULT_OWN_STAGES if own_stages is None else own_stages),
         num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else _default_stages(d)),
+        **({} if interp or not maxnreg else {"maxnreg": maxnreg}),
     )  # fmt: skip
     if splits > 1:
         db = 16 if splits > 16 else d  # see decode's combine step
