@@ -1,0 +1,209 @@
+"""Decode launch configuration: the kernel variants, their tuned launch configs and split counts.
+
+Which kernel ``decode_triton`` runs for a pool (``resolve_variant``, ``_mma_unsupported``) and with what
+launch parameters; every number here was measured on an H200 (the NOTEs say when and where).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from nibblekv.kernels._common import FMT_FLOAT, FMT_FP8, FMT_NVFP4, fmt_code
+from nibblekv.kernels.types import LayerKV
+
+# Decode kernel variants (``decode_triton(variant=...)`` or env ``NIBBLEKV_DECODE_VARIANT``), each a name
+# optionally followed by launch overrides ``name:bn=64,tbn=64,w=4,s=4,conv=2,sv=1`` (conv: NVFP4 conversion,
+# 0 plain Triton, 1 two asm blocks, 2 one asm block per 4 bytes, 3 via E4M3 bytes + cvt (tok only);
+# FP8 bit 0: V through the uint16-pair asm;
+# for "paged"/"rows" conv>0 means asm. sv=1 (tok, FP8/NVFP4): V as even/odd column halves, sv=2 NVFP4 K too):
+#   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the default until 2026-11-29)
+#   rows   the same kernel, per-token addressing, K as two half-D dots (PAGED=False)
+#   tok    decode_tok: per-token gather of [BN, D] tiles, S = Q K^T (Q the A operand), one full-D dot
+# (kq -- S^T = K Q^T, wrong on sm_90 -- and bs -- NVFP4 block scales outside the elementwise path, more SASS
+# than tok -- were measured and removed as dead ends; mma supersedes them, see decode-variants-sass.md.)
+# NOTE: "tok" is the default since the H200 run of 2026-11-29 (benchmarks/results/decode-variants-h200.*):
+# fraction of the 4.63 TB/s read ceiling at B64x32K / B8x32K / B32x8K / B1x128K, "paged" -> "tok":
+# BF16 .59/.53/.55/.43 -> .97/.88/.86/.78, FP8 .39/.36/.36/.35 -> .79/.65/.65/.60,
+# NVFP4 .24/.22/.22/.21 -> .30/.28/.27/.22 (each checked against the reference on the GPU first).
+DEFAULT_VARIANT = "tok"
+# NOTE: only head_dim 128 has run "tok" on a GPU (its inline-PTX paths cannot run in the interpreter);
+# other head dims keep "paged", which the GPU tests covered at 64/128/256, until a device run checks them.
+TOK_VERIFIED_HEAD_DIMS = (128,)
+# NOTE: decode_mma at head_dim 64 (two tokens a row) is checked by the interpreter tests and compiles for
+# sm_90 to 128 registers without spills, but has not run on a GPU yet: opt-in ("mma") until it has.
+MMA_VERIFIED_HEAD_DIMS = (128,)
+#   mma    decode_mma (NVFP4; head_dim 128 with GQA groups <= 8, or 64 with groups <= 4 read as 128 with two
+#          tokens a row, see PAIR in decode_mma._mma_segment): hand-placed mma.sync fragments, one 16-token tile
+#          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
+#          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split)
+VARIANT_NAMES = ("paged", "rows", "tok", "mma")
+
+
+def default_num_splits(
+    batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 128, per_sm: int = 16, cap: int = 64
+) -> int:
+    """Splits per request so the grid has ~16 programs per SM (132 SMs on an H200).
+
+    Many equal programs keep the last wave short (a grid of ~1.3 waves left a third of the GPU idle in
+    our first H200 run). ``max_len`` (a host int, if the caller knows it) caps splits so each gets
+    >= 2 key blocks; empty splits exit at once, so over-splitting short contexts is cheap.
+    """
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    splits = max(1, min(cap, triton.cdiv(per_sm * sms, batch * kv_heads)))
+    if max_len is not None:
+        splits = max(1, min(splits, triton.cdiv(max_len, 2 * block_n)))
+    return splits
+
+
+def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
+    """Why ``decode_mma`` cannot run on this pool (None if it can): NVFP4, head_dim 128 with a GQA group
+    <= 8 or head_dim 64 with a group <= 4 and an even page size (two tokens a row), packed rows, pages and
+    heads 8-byte aligned (the kernel reads them as uint64 / uint16 words)."""
+    lay = cache.layout
+    d = lay.head_dim
+    fits = (d == 128 and g <= 8) or (d == 64 and g <= 4 and lay.page_size % 2 == 0)
+    if fmt_code(cache.dtype) != FMT_NVFP4 or not fits or cache.k_scale is None:
+        return "needs an NVFP4 pool with head_dim 128 and a GQA group <= 8, or head_dim 64, a group <= 4 and even pages"
+    ds, ss = cache.k_data.stride(), cache.k_scale.stride()
+    packed = ds[2] == lay.head_dim // 2 and ss[2] == lay.head_dim // 16
+    aligned = all(x % 8 == 0 for x in ds[:2]) and all(x % 2 == 0 for x in ss[:2])
+    aligned = aligned and cache.k_data.data_ptr() % 8 == 0 and cache.v_data.data_ptr() % 8 == 0
+    if not (packed and aligned) or cache.k_scale.data_ptr() % 2:
+        return "needs packed NVFP4 rows with 8-byte aligned pages and heads"
+    return None
+
+
+def _mma_max_registers(per_sm: int) -> int:
+    """Registers per thread that let ``per_sm`` one-warp programs share an SM's 64K (allocated in 8s)."""
+    return max(24, min(255, 65536 // (32 * per_sm)) // 8 * 8)
+
+
+def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int) -> int:
+    """Splits for ``decode_mma``: ``per_sm`` warps per SM in all, rounded DOWN (whole waves).
+
+    Every warp has the same work, so the grid should be whole waves: with ~16 warps resident per SM (128
+    registers), a grid of 1.1 waves ran at 0.50 of the H200's read ceiling and 2.06 waves at 0.57
+    (B=32 x 8K, 2026-11-29). The bf16 tail runs in its own launch (``decode_tail_kernel``), outside these
+    waves. Capped at 256 partial slots per head (each warp writes one; the combine step reads them all).
+    """
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    return max(1, min(256 // num_warps, per_sm * sms // (batch * kv_heads * num_warps)))
+
+
+def _default_config(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
+    """Launch config by format (H200 sweeps in benchmarks/bench_kernels.py).
+
+    NOTE: with the page-table load in the loop, triton 3.6's pipeliner keeps ``num_stages - 3`` data
+    buffers in flight at BN=64/128 (checked in the TTGIR): stages <= 4 means no overlap at all.
+    """
+    if interp:
+        return {"block_n": 16, "tail_block_n": 16, "num_warps": 4, "num_stages": 1, "conv": 0}
+    if fmt == FMT_NVFP4:
+        return {
+            "block_n": 128 if d <= 128 else 64,
+            "tail_block_n": 64,
+            "num_warps": 4,
+            "num_stages": 6,
+            "conv": 1,
+        }
+    if fmt == FMT_FLOAT:
+        return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "conv": 0}
+    return {
+        "block_n": 128 if d <= 128 else 64,
+        "tail_block_n": 64,
+        "num_warps": 4,
+        "num_stages": 5,
+        "conv": 0,
+    }
+
+
+def _mma_config() -> dict[str, int | bool]:
+    """``mma`` (decode_mma): 16-token tiles per warp, ``num_warps`` warps per program, no Triton pipelining
+    (the kernel prefetches the next tile itself); ``tail_block_n`` is the bf16 tail's ``tl.dot`` block."""
+    return {
+        "block_n": 16,
+        "tail_block_n": 64,
+        "num_warps": 1,
+        "num_stages": 1,
+        "conv": 0,
+        # NOTE: one wave of 16 one-warp programs per SM (128 registers): 0.63 of the H200's read ceiling at
+        # B8x32K / B32x8K vs 0.60 at 32 (two waves), 0.57 at 24 or 48, equal at B64x32K (2026-11-30)
+        "ppsm": 16,
+        "tpi": 2,
+        "pf": 1,
+        # NOTE: >= 4 tiles per split: in the engine at B=1 x 3K (CUDA graphs, 256 splits) one tile per
+        # warp took 27.7 us a layer, minc 64 23.9 (FP8: 10.7; H200, 2026-11-30, with the tail still inside
+        # the kernel); no effect at B*ctx >= 256K (chunks >= 512 there)
+        "minc": 64,
+    }
+
+
+def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
+    """Launch config of the per-token kernels (measured on the H200 at these settings, see DEFAULT_VARIANT).
+
+    Picked by SASS instruction counts per token-head of the main loop (benchmarks/sass_decode.py):
+    FP8 with V as uint16-pair halves (sv=1, conv=1) at BN=128 is ~20 warp-instructions vs ~30 for "paged";
+    NVFP4 through E4M3 bytes + the FP8 converter (conv=3) ~40 vs ~45 (conv=2) and ~46 ("paged").
+    """
+    if fmt == FMT_NVFP4:
+        return {
+            "block_n": 128 if d <= 128 else 64,
+            "tail_block_n": 64,
+            "num_warps": 4,
+            "num_stages": 4,
+            "conv": 3,
+            "split": 0,
+        }
+    if fmt == FMT_FP8:
+        # NOTE: num_stages 5 (2 buffers in flight): 0.92 / 0.74 / 0.74 / 0.67 of the H200's read ceiling at
+        # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (2026-11-29, same run)
+        return {
+            "block_n": 128 if d <= 128 else 64,
+            "tail_block_n": 64,
+            "num_warps": 4,
+            "num_stages": 5,
+            "conv": 1,
+            "split": 1,
+        }
+    return {
+        "block_n": 64 if d <= 128 else 32,
+        "tail_block_n": 64,
+        "num_warps": 4,
+        "num_stages": 4,
+        "conv": 0,
+        "split": 0,
+    }
+
+
+_KEYS = {
+    "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
+    "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc",
+}  # fmt: skip
+
+
+def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tuple[str, dict[str, int | bool]]:
+    """``"name[:bn=..,tbn=..,w=..,s=..,conv=..]"`` -> (kernel name, launch config); see ``VARIANT_NAMES``."""
+    if fmt == FMT_NVFP4 and d in MMA_VERIFIED_HEAD_DIMS and not interp:
+        default = "mma"  # decode_triton falls back to "tok" where the pool or GQA group rules it out
+    else:
+        default = DEFAULT_VARIANT if interp or d in TOK_VERIFIED_HEAD_DIMS else "paged"
+    spec = variant or os.environ.get("NIBBLEKV_DECODE_VARIANT") or default
+    name, _, opts = spec.partition(":")
+    if name not in VARIANT_NAMES:
+        raise ValueError(f"unknown decode variant {name!r} (one of {VARIANT_NAMES})")
+    if name == "mma":
+        cfg = _mma_config()
+    elif name in ("paged", "rows") or interp:
+        cfg = _default_config(fmt, d, interp)
+    else:
+        cfg = _tok_config(fmt, d)
+    for item in filter(None, opts.split(",")):
+        key, _, val = item.partition("=")
+        if key not in _KEYS:
+            raise ValueError(f"unknown decode variant option {key!r} in {spec!r} (one of {tuple(_KEYS)})")
+        if not interp or name == "mma" or key in ("bn", "tbn", "sv"):
+            cfg[_KEYS[key]] = int(val)
+    return name, cfg
