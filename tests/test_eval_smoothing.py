@@ -8,6 +8,7 @@ from itertools import pairwise
 
 import pytest
 import torch
+from model_helpers import random_causal_lm
 
 from nibblekv.eval import fakequant
 from nibblekv.eval.calibrate import MeanRecorder, calibrate_means
@@ -263,12 +264,7 @@ def _tiny_model() -> CausalLM:
         num_kv_heads=2, head_dim=16, vocab_size=100, max_position_embeddings=128, rms_norm_eps=1e-6,
         rope_theta=10000.0,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = CausalLM(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
-    return model.eval()
+    return random_causal_lm(config, 0.3)
 
 
 def test_calibrate_means_of_post_rope_k_and_v(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_helpers import random_causal_lm
 
 from nibblekv.kernels.fused import add_rms_norm, rope_qk, silu_and_mul
 from nibblekv.kernels.fused_ref import add_rms_norm_ref, rope_qk_ref, silu_and_mul_ref
@@ -179,12 +180,7 @@ def _tiny_model(qk_norm: bool, dtype: torch.dtype, head_dim: int = 16) -> Causal
         num_heads=4, num_kv_heads=2, head_dim=head_dim, vocab_size=300, max_position_embeddings=256,
         rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=qk_norm, qk_norm=qk_norm,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = CausalLM(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p))
-    return model.to(dtype).to(DEVICE).eval()
+    return random_causal_lm(config, 0.1).to(dtype).to(DEVICE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
