@@ -80,21 +80,21 @@ def _pad16(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def make_check_batch(dt: KVDtype, tiny: bool) -> object:
+def make_check_batch(dt: KVDtype, tiny: bool, head_dim: int = 128) -> object:
     torch.manual_seed(1234)
     lens = [1, 15, 16, 17, 100, 77] if tiny else [1, 15, 16, 17, 1000, 4099]
     tails = [0, 1, 32, 7, 64, 0]
-    pb = make_batch(dt, lens, 8, 128, 16, DEV, tail_lens=tails, global_scale=(0.7, 1.3))
+    pb = make_batch(dt, lens, 8, head_dim, 16, DEV, tail_lens=tails, global_scale=(0.7, 1.3))
     # NOTE: page tables padded to 16 columns, like the timed shapes', so Triton's divisibility
     # specialization of their row stride matches and the timed launches reuse the checked compile.
     pb.page_table, pb.tail_page_table = _pad16(pb.page_table), _pad16(pb.tail_page_table)
-    q = torch.randn(len(lens), 32, 128, device=DEV).to(torch.bfloat16)
+    q = torch.randn(len(lens), 32, head_dim, device=DEV).to(torch.bfloat16)
     ref = decode_ref(
         q.float(),
         pb.cache,
         pb.page_table,
         pb.lens,
-        1 / math.sqrt(128),
+        1 / math.sqrt(head_dim),
         pb.tail,
         pb.tail_page_table,
         pb.tail_lens,
@@ -111,6 +111,7 @@ def main() -> None:
     ap.add_argument(
         "--shapes", nargs="*", default=None, help="BxCTX items, e.g. 1x4096 12x3072 (default: SHAPES)"
     )
+    ap.add_argument("--head-dim", type=int, default=128, help="64: e.g. nvfp4=mma (two tokens a row) vs tok")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -125,9 +126,9 @@ def main() -> None:
     print("ceiling probes", ceil, flush=True)
     probe_ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"])  # per-line fractions use this
     max_tok = max(b * c for b, c in shapes) + 4096
-    pools = Pools({dt: max_tok for dt in NAMES}, 8, 128)
+    pools = Pools({dt: max_tok for dt in NAMES}, 8, args.head_dim)
     print(f"pools ready {time.time() - t0:.0f}s", flush=True)
-    checks = {dt: make_check_batch(dt, args.tiny) for dt in NAMES}
+    checks = {dt: make_check_batch(dt, args.tiny, args.head_dim) for dt in NAMES}
     print(f"check batches ready {time.time() - t0:.0f}s", flush=True)
     doc: dict[str, object] = dict(
         ceiling_probes=ceil, gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
@@ -172,7 +173,7 @@ def main() -> None:
                 print(f"{NAMES[dt]:9s} {spec:22s} B={b} ctx={c} FAILED {repr(e)[:200]}", flush=True)
                 continue
             rows.append(dict(kernel="decode", kv_dtype=NAMES[dt], variant=spec, batch=b, context=c, q_heads=32,
-                             kv_heads=8, head_dim=128, page_size=16, us=round(us, 2), bytes=nb, tbps=round(nb / us / 1e6, 4)))  # fmt: skip
+                             kv_heads=8, head_dim=args.head_dim, page_size=16, us=round(us, 2), bytes=nb, tbps=round(nb / us / 1e6, 4)))  # fmt: skip
             tb = nb / us / 1e6
             times.append(f"B{b}x{c // 1024}K:{tb:.2f}TB/s({tb / probe_ceiling:.2f})")
         print(f"{NAMES[dt]:9s} {spec:22s} ok rel_rms={err:.2e} regs={res.get('n_regs_notail')} "
