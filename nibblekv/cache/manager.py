@@ -138,7 +138,8 @@ class BaseCacheManager(ABC):
     """Allocates and frees the pages of requests' KV.
 
     Contract: :meth:`grow` either allocates everything the growth needs and updates ``pages`` or
-    raises and changes nothing (call :meth:`can_grow` first); between :meth:`grow` and
+    raises and changes nothing (call :meth:`can_grow` first, or use :meth:`try_grow`, which plans the
+    growth once and returns None where it does not fit); between :meth:`grow` and
     :meth:`finish_growth` the demoted source pages stay allocated (the forward reads them);
     :meth:`release` frees every page a request holds, after which ``pages`` is empty.
     """
@@ -158,6 +159,13 @@ class BaseCacheManager(ABC):
     @abstractmethod
     def grow(self, pages: RequestPages, new_len: int, prefilling: bool = False) -> Growth:
         """Allocate for tokens ``[pages.num_tokens, new_len)`` and update ``pages``."""
+
+    @abstractmethod
+    def try_grow(
+        self, pages: RequestPages, new_len: int, reserve_main: int = 0, prefilling: bool = False
+    ) -> Growth | None:
+        """:meth:`grow` if :meth:`can_grow` (one plan for both: the scheduler calls it per request and
+        step); None, changing nothing, otherwise."""
 
     @abstractmethod
     def finish_growth(self, growth: Growth) -> None:
@@ -218,14 +226,25 @@ class TieredCacheManager(BaseCacheManager):
     def can_grow(
         self, pages: RequestPages, new_len: int, reserve_main: int = 0, prefilling: bool = False
     ) -> bool:
-        new_main, new_tail = self.pages_needed(pages, new_len, prefilling)
-        return (
-            new_main + reserve_main <= self.pool.main_alloc.num_free
-            and new_tail <= self.pool.tail_alloc.num_free
-        )
+        _, _, new_main, new_tail, _ = self._plan(pages, new_len, prefilling)
+        return self._fits(new_main + reserve_main, new_tail)
 
     def grow(self, pages: RequestPages, new_len: int, prefilling: bool = False) -> Growth:
-        lq, demoted, n_main, n_tail, make_sink = self._plan(pages, new_len, prefilling)
+        return self._apply(pages, new_len, self._plan(pages, new_len, prefilling))
+
+    def try_grow(
+        self, pages: RequestPages, new_len: int, reserve_main: int = 0, prefilling: bool = False
+    ) -> Growth | None:
+        plan = self._plan(pages, new_len, prefilling)
+        return self._apply(pages, new_len, plan) if self._fits(plan[2] + reserve_main, plan[3]) else None
+
+    def _fits(self, new_main: int, new_tail: int) -> bool:
+        """Whether that many new main / tail pages can be had now."""
+        return new_main <= self.pool.main_alloc.num_free and new_tail <= self.pool.tail_alloc.num_free
+
+    def _apply(self, pages: RequestPages, new_len: int, plan: tuple[int, int, int, int, bool]) -> Growth:
+        """Carry out a :meth:`_plan` of ``pages`` growing to ``new_len``."""
+        lq, demoted, n_main, n_tail, make_sink = plan
         main_new = self.pool.main_alloc.alloc(n_main)
         try:
             tail_new = self.pool.tail_alloc.alloc(n_tail)

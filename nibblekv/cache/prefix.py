@@ -121,16 +121,13 @@ class PrefixCacheManager(TieredCacheManager):
         return out
 
     # ---- growth with eviction -------------------------------------------------------------------
-    def can_grow(
-        self, pages: RequestPages, new_len: int, reserve_main: int = 0, prefilling: bool = False
-    ) -> bool:
-        new_main, new_tail = self.pages_needed(pages, new_len, prefilling)
+    def _fits(self, new_main: int, new_tail: int) -> bool:
+        """Unlocked cached pages count as free: growth evicts them (LRU) as needed."""
         free_main = self.pool.main_alloc.num_free + self.tree.evictable_pages
-        return new_main + reserve_main <= free_main and new_tail <= self.pool.tail_alloc.num_free
+        return new_main <= free_main and new_tail <= self.pool.tail_alloc.num_free
 
-    def grow(self, pages: RequestPages, new_len: int, prefilling: bool = False) -> Growth:
-        new_main, _ = self.pages_needed(pages, new_len, prefilling)
-        short = new_main - self.pool.main_alloc.num_free
+    def _apply(self, pages: RequestPages, new_len: int, plan: tuple[int, int, int, int, bool]) -> Growth:
+        short = plan[2] - self.pool.main_alloc.num_free
         if short > 0:
             self.tree.evict(short)
         hold = self._holds.get(id(pages))
@@ -139,7 +136,7 @@ class PrefixCacheManager(TieredCacheManager):
             self.stats.lookup_tokens += hold.lookup_tokens
             self.stats.hit_tokens += hold.matched_tokens + hold.host_tokens
             self.stats.host_hit_tokens += hold.host_tokens
-        return super().grow(pages, new_len, prefilling)
+        return super()._apply(pages, new_len, plan)
 
     # ---- into the tree --------------------------------------------------------------------------
     def cache_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> None:

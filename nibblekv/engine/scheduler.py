@@ -84,10 +84,11 @@ class Scheduler:
         for req in [r for r in self.running if not r.is_decoding]:
             n = min(req.num_tokens - req.num_cached, budget)
             more = req.num_cached + n < req.num_tokens  # a non-final chunk: the prefill window applies
-            if not self.cache.can_grow(req.pages, req.num_cached + n, prefilling=more):
+            growth = self.cache.try_grow(req.pages, req.num_cached + n, prefilling=more)
+            if growth is None:
                 return self._nonempty(batch)
             batch.reqs.append(req)
-            batch.growths.append(self.cache.grow(req.pages, req.num_cached + n, prefilling=more))
+            batch.growths.append(growth)
             budget -= n
         # Headroom of one main page per decoding request, so admission does not force a preemption.
         reserve = sum(1 for r in self.running if r.is_decoding)
@@ -97,7 +98,8 @@ class Scheduler:
             cached = 0 if req.wants_prompt_logprobs() else self.cache.match_prefix(req.pages, req.token_ids)
             n = min(req.num_tokens - cached, budget)
             more = cached + n < req.num_tokens
-            if not self.cache.can_grow(req.pages, cached + n, reserve_main=reserve, prefilling=more):
+            growth = self.cache.try_grow(req.pages, cached + n, reserve_main=reserve, prefilling=more)
+            if growth is None:
                 self.cache.release(req.pages)  # undo the match; it is retried next step
                 break
             self.waiting.popleft()
@@ -106,7 +108,7 @@ class Scheduler:
                 req.cached_tokens = cached
             self.running.append(req)
             batch.reqs.append(req)
-            batch.growths.append(self.cache.grow(req.pages, cached + n, prefilling=more))
+            batch.growths.append(growth)
             batch.num_cached_tokens += cached
             budget -= n
         batch.loads = self.cache.take_loads()
@@ -118,7 +120,8 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING or not req.is_decoding:
                 continue  # preempted in this loop, or still prefilling
             new_len = req.num_cached + 1
-            while not self.cache.can_grow(req.pages, new_len):
+            growth = self.cache.try_grow(req.pages, new_len)
+            while growth is None:
                 victim = self.running[-1]
                 if victim is req and len(self.running) == 1:
                     # Alone and still out of pages: the pool cannot hold this request at all.
@@ -127,9 +130,10 @@ class Scheduler:
                 self.preempt(victim)
                 if victim is req:
                     break
-            if req.status is RequestStatus.RUNNING:
+                growth = self.cache.try_grow(req.pages, new_len)
+            if growth is not None:
                 batch.reqs.append(req)
-                batch.growths.append(self.cache.grow(req.pages, new_len))
+                batch.growths.append(growth)
         return self._nonempty(batch)
 
     @staticmethod
