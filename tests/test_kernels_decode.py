@@ -216,3 +216,12 @@ def test_decode_gpu_variants(variant: str, d: int) -> None:
     tails = [0, 1, W, 7, W, 0]
     for dt in (KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16):
         assert _run(dt, lens, tails, 8, 4, d, P, None, variant=variant) <= 1e-2, (variant, dt)
+
+
+def test_combine_dim_block_splits_dims_only_for_small_grids() -> None:
+    from nibblekv.kernels.decode import combine_dim_block
+
+    assert combine_dim_block(32, 257, 128) == 16  # B=1 x 32 heads: 8 programs per head
+    assert combine_dim_block(4096, 33, 128) == 128  # a big grid: one program per head
+    assert combine_dim_block(8, 12, 64) == 64  # <= 16 slots: never split
+    assert combine_dim_block(1, 300, 256) == 16

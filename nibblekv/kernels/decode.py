@@ -229,9 +229,10 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     """Merge the split partials of one (request, query head) for dims ``[DB * pid1, DB * (pid1 + 1))``:
     weights ``2**(lse_s - max lse)``.
 
-    NOTE: slots go in chunks of CH and dims in blocks of DB: a ``[BS, D]`` tile in registers spills once BS
-    reaches ~128 (decode_mma writes one slot per warp, up to 257 per head), and a single program per head
-    looping over many chunks is latency-bound when the batch is small (B=1: 32 programs).
+    NOTE: slots go in chunks of CH and dims in blocks of DB (``combine_dim_block``): a ``[BS, D]`` tile in
+    registers spills once BS reaches ~128 (decode_mma writes one slot per warp, up to 257 per head), and a
+    single program per head looping over many chunks is latency-bound when the batch is small (B=1: 32
+    programs).
     """
     r = tl.program_id(0).to(tl.int64)  # r = b * HQ + head
     offs_s = tl.arange(0, BS)
@@ -247,7 +248,8 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     total = tl.sum(w, axis=0)
     inv = 1.0 / tl.where(total > 0, total, 1.0)  # an empty context yields zeros, never NaN
     offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
-    CH: tl.constexpr = 128 if BS > 128 else BS
+    CH_MAX: tl.constexpr = 4096 // DB  # a [CH, DB] fp32 chunk: 32 registers per thread (4 warps)
+    CH: tl.constexpr = BS if BS < CH_MAX else CH_MAX
     res = tl.zeros([DB], tl.float32)
     for s0 in range(0, BS, CH):
         offs_c = s0 + tl.arange(0, CH)
@@ -412,7 +414,7 @@ def decode_triton(
     LAST_KERNEL["decode"] = k
     if side is not None:
         torch.cuda.current_stream(q.device).wait_stream(side)
-    db = 16 if s_tot > 16 else d  # many slots: split the dims over programs too (see _combine_kernel)
+    db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hq, s_tot, d)
     mma = name == "mma"
     _combine_kernel[(bsz * hq, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
@@ -424,6 +426,21 @@ def decode_triton(
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def combine_dim_block(rows: int, slots: int, d: int) -> int:
+    """Dims per combine program for ``rows`` (request, head) pairs of ``slots`` partials each.
+
+    NOTE: split the dims only as far as the grid needs to cover the GPU (~2 programs per SM): one program
+    per head looping over 256 slots was latency-bound at B=1 (32 programs), while splitting every head 8
+    ways whenever slots > 16 gave B=8 x GQA 8 4096 programs for 33 slots (until 2026-11-30; the time per
+    launch is not measured apart -- compare with variant option ``cdb=16``).
+    """
+    if slots <= 16:
+        return d
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    ways = min(d // 16, triton.next_power_of_2(triton.cdiv(2 * sms, max(rows, 1))))
+    return d // ways
 
 
 def side_stream(device: torch.device) -> torch.cuda.Stream | None:

@@ -180,7 +180,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
-    "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc",
+    "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db",
 }  # fmt: skip
 
 

@@ -29,7 +29,7 @@ from nibblekv.kernels._common import (
     scale_tensors,
     tail_operands,
 )
-from nibblekv.kernels.decode import _combine_kernel, _decode_block, _pages_contiguous
+from nibblekv.kernels.decode import _combine_kernel, _decode_block, _pages_contiguous, combine_dim_block
 from nibblekv.kernels.types import LayerKV
 
 
@@ -312,7 +312,7 @@ def extend_triton(
         **({} if interp or not maxnreg else {"maxnreg": maxnreg}),
     )  # fmt: skip
     if splits > 1:
-        db = 16 if splits > 16 else d  # see decode's combine step
+        db = combine_dim_block(t * hq, splits, d)
         _combine_kernel[(t * hq, d // db)](
             o_part, lse_part, out, out.stride(0), out.stride(1),
             HQ=hq, S=splits, BS=triton.next_power_of_2(splits), D=d, DB=db, num_warps=4,
