@@ -10,6 +10,7 @@ E4M3 scale, subnormal scales included (it has <= 5 significant bits and is >= 2*
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -62,6 +63,14 @@ def fmt_code(dtype: KVDtype) -> int:
     if dtype is KVDtype.FP8:
         return FMT_FP8
     return FMT_FLOAT
+
+
+@functools.cache
+def num_sms() -> int:
+    """Streaming multiprocessors of GPU 0 (132, an H200's, without CUDA: CPU tests size grids the same way).
+
+    NOTE: cached -- launchers ask on every call, and ``get_device_properties`` is host work per layer."""
+    return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 
 def interpreting() -> bool:

@@ -27,6 +27,7 @@ from nibblekv.kernels._common import (
     load_kv_pages,
     load_v_pages,
     load_v_rows,
+    num_sms,
     online_softmax_step,
     scale_tensors,
     tail_operands,
@@ -438,7 +439,7 @@ def combine_dim_block(rows: int, slots: int, d: int) -> int:
     """
     if slots <= 16:
         return d
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    sms = num_sms()
     ways = min(d // 16, triton.next_power_of_2(triton.cdiv(2 * sms, max(rows, 1))))
     return d // ways
 

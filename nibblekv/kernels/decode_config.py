@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import os
 
-import torch
 import triton
 
-from nibblekv.kernels._common import FMT_FLOAT, FMT_FP8, FMT_NVFP4, fmt_code
+from nibblekv.kernels._common import FMT_FLOAT, FMT_FP8, FMT_NVFP4, fmt_code, num_sms
 from nibblekv.kernels.types import LayerKV
 
 # Decode kernel variants (``decode_triton(variant=...)`` or env ``NIBBLEKV_DECODE_VARIANT``), each a name
@@ -51,7 +50,7 @@ def default_num_splits(
     our first H200 run). ``max_len`` (a host int, if the caller knows it) caps splits so each gets
     >= 2 key blocks; empty splits exit at once, so over-splitting short contexts is cheap.
     """
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    sms = num_sms()
     splits = max(1, min(cap, triton.cdiv(per_sm * sms, batch * kv_heads)))
     if max_len is not None:
         splits = max(1, min(splits, triton.cdiv(max_len, 2 * block_n)))
@@ -89,7 +88,7 @@ def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int) -> in
     (B=32 x 8K, 2026-11-29). The bf16 tail runs in its own launch (``decode_tail_kernel``), outside these
     waves. Capped at 256 partial slots per head (each warp writes one; the combine step reads them all).
     """
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    sms = num_sms()
     return max(1, min(256 // num_warps, per_sm * sms // (batch * kv_heads * num_warps)))
 
 

@@ -25,6 +25,7 @@ from nibblekv.kernels._common import (
     interpreting,
     load_kv_halves,
     load_v_rows,
+    num_sms,
     online_softmax_step,
     scale_tensors,
     tail_operands,
@@ -204,7 +205,7 @@ def auto_extend_splits(grid_programs: int) -> int:
     2026-11-30, benchmarks/results/extend-sweep-h200.json). Aim at two programs per SM (the default
     launch's occupancy).
     """
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    sms = num_sms()
     if grid_programs > sms:
         return 1
     return max(1, min(8, triton.cdiv(2 * sms, max(1, grid_programs))))
