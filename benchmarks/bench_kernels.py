@@ -306,7 +306,7 @@ def main() -> None:
             k = torch.randn(t, 8, 128, device=DEV).to(torch.bfloat16)
             v = torch.randn_like(k)
             slots = torch.randperm(pool.num_pages * PAGE, device=DEV)[:t]
-            us = bench(lambda: write_kv_triton(k, v, pool, slots))
+            us = bench_graph(lambda: write_kv_triton(k, v, pool, slots))  # kernel time, as for decode
             add("write_kv", NAMES[dt], t, 0, 0, 8, 128, us, 2 * k.numel() * 2 + t * 8)
     try:
         from benchmarks.bench_extend import extend_rows
@@ -350,7 +350,7 @@ def write_results(
     doc = dict(ceiling_tbps=round(ceiling, 4), ceiling_probes=ceil, commit=commit or os.environ.get("COMMIT", "unknown"),
                gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__, triton=triton.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               timing="decode and extend: CUDA-graph replay, L2 flushed per call (bench_graph); others: triton do_bench",
+               timing="decode, extend and write_kv: CUDA-graph replay, L2 flushed per call (bench_graph); sdpa: triton do_bench",
                configs=cfgs, rows=rows, sweep=sweep_log)  # fmt: skip
     with open(os.path.join(out, "kernels-h200.json"), "w") as f:
         json.dump(doc, f, indent=1)
