@@ -11,8 +11,9 @@ the cached values; ``--real-prefill`` computes them, which takes minutes per dty
     PYTHONPATH=. python benchmarks/bench_tp.py --smoke          # tiny model, 2 gloo ranks on CPU
 
 JSON goes to ``$OUT/bench_tp.json`` (or ``--out``), meant to be committed under
-``benchmarks/results/``; a table is printed. No results yet: two calls on an H200 x2 (2026-11-30) printed
-no row within 170-330 s; run it through ``benchmarks/device_tp.sh``, which logs each step to a file.
+``benchmarks/results/``; a table is printed. At the 70B shape one dtype's engine start and runs take
+minutes (a 580 s call on an H200 x2 returned bf16 only, ``tp-h200x2-partial.log``): run one dtype per call
+through ``benchmarks/device_tp.sh`` (``TP_ARGS``), which logs each step to a file.
 """
 
 from __future__ import annotations
