@@ -1,4 +1,4 @@
-"""Decode kernel variants side by side on one GPU, in one device call (see ``decode.VARIANT_NAMES``).
+"""Decode kernel variants side by side on one GPU, in one device call (see ``decode_config.VARIANT_NAMES``).
 
 Usage (on the GPU machine, from the repo root)::
 

@@ -31,7 +31,7 @@ def _run(dtype: KVDtype, lens: list[int], tails: list[int] | None, hkv: int, gro
 
 
 LENS = [1, P - 1, P, P + 1, 3 * P + 5]
-# Every decode kernel variant but mma (decode.VARIANT_NAMES; mma has its own tests below): the measured
+# Every decode kernel variant but mma (decode_config.VARIANT_NAMES; mma has its own tests below): the measured
 # default, per-token addressing in the same kernel, and the per-token kernel of decode_tok.
 # sv=1: V (sv=2 NVFP4: K too) as even/odd column halves (FP8/NVFP4 only; BF16 ignores it).
 VARIANTS = ["paged", "rows", "tok", "tok:sv=1", "tok:sv=2"]
@@ -225,3 +225,10 @@ def test_combine_dim_block_splits_dims_only_for_small_grids() -> None:
     assert combine_dim_block(4096, 33, 128) == 128  # a big grid: one program per head
     assert combine_dim_block(8, 12, 64) == 64  # <= 16 slots: never split
     assert combine_dim_block(1, 300, 256) == 16
+
+
+def test_non_mma_default_is_the_fallback_where_mma_cannot_run() -> None:
+    from nibblekv.kernels.decode_config import non_mma_default, resolve_variant
+
+    assert non_mma_default(128, False) == "tok" and non_mma_default(64, False) == "paged"
+    assert resolve_variant(None, 1, 64, False)[0] == non_mma_default(64, False)  # FP8 at 64: the same rule

@@ -32,17 +32,12 @@ from nibblekv.kernels._common import (
     scale_tensors,
     tail_operands,
 )
-from nibblekv.kernels.decode_config import (  # noqa: F401 - VARIANT_NAMES etc. re-exported
-    DEFAULT_VARIANT,
-    MMA_VERIFIED_HEAD_DIMS,
-    TOK_VERIFIED_HEAD_DIMS,
-    VARIANT_NAMES,
-    _default_config,
+from nibblekv.kernels.decode_config import (
     _mma_max_registers,
     _mma_unsupported,
-    _tok_config,
     default_num_splits,
     mma_num_splits,
+    non_mma_default,
     resolve_variant,
 )
 from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel, mma_chunk
@@ -287,7 +282,8 @@ def decode_triton(
     (optional) likewise. ``num_splits`` (host int) fixes the split-K factor (default: fill the GPU);
     ``block_n``/``num_warps``/``num_stages``/``use_asm`` override the tuned launch config; ``out``
     (like ``q``) receives the result if given. ``variant`` (default: env ``NIBBLEKV_DECODE_VARIANT``, else
-    ``DEFAULT_VARIANT`` where ``TOK_VERIFIED_HEAD_DIMS`` allow, else ``paged``) picks the kernel and may carry launch overrides (see ``VARIANT_NAMES``).
+    ``decode_config.resolve_variant``'s default) picks the kernel and may carry launch overrides (see
+    ``decode_config.VARIANT_NAMES``).
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -320,8 +316,7 @@ def decode_triton(
         if why and explicit:
             raise ValueError(f"decode variant 'mma' {why}")
         if why:  # the default where mma does not apply (a GQA group > 8, unaligned pools, odd pages)
-            name = DEFAULT_VARIANT if d in TOK_VERIFIED_HEAD_DIMS else "paged"
-            cfg = _tok_config(fmt, d) if name == "tok" else _default_config(fmt, d, interp)
+            name, cfg = resolve_variant(non_mma_default(d, interp), fmt, d, interp)
     for key, val in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages)):
         if val:
             cfg[key] = val

@@ -183,12 +183,17 @@ _KEYS = {
 }  # fmt: skip
 
 
+def non_mma_default(d: int, interp: bool) -> str:
+    """The default variant where ``mma`` is not (or cannot run): ``tok`` where verified, else ``paged``."""
+    return DEFAULT_VARIANT if interp or d in TOK_VERIFIED_HEAD_DIMS else "paged"
+
+
 def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tuple[str, dict[str, int | bool]]:
     """``"name[:bn=..,tbn=..,w=..,s=..,conv=..]"`` -> (kernel name, launch config); see ``VARIANT_NAMES``."""
     if fmt == FMT_NVFP4 and d in MMA_VERIFIED_HEAD_DIMS and not interp:
-        default = "mma"  # decode_triton falls back to "tok" where the pool or GQA group rules it out
+        default = "mma"  # decode_triton falls back to non_mma_default where the pool or GQA group rules it out
     else:
-        default = DEFAULT_VARIANT if interp or d in TOK_VERIFIED_HEAD_DIMS else "paged"
+        default = non_mma_default(d, interp)
     spec = variant or os.environ.get("NIBBLEKV_DECODE_VARIANT") or default
     name, _, opts = spec.partition(":")
     if name not in VARIANT_NAMES:
