@@ -219,7 +219,7 @@ def test_decode_gpu_variants(variant: str, d: int) -> None:
 
 
 def test_combine_dim_block_splits_dims_only_for_small_grids() -> None:
-    from nibblekv.kernels.decode import combine_dim_block
+    from nibblekv.kernels.decode_config import combine_dim_block
 
     assert combine_dim_block(32, 257, 128) == 16  # B=1 x 32 heads: 8 programs per head
     assert combine_dim_block(4096, 33, 128) == 128  # a big grid: one program per head

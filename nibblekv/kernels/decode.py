@@ -27,7 +27,6 @@ from nibblekv.kernels._common import (
     load_kv_pages,
     load_v_pages,
     load_v_rows,
-    num_sms,
     online_softmax_step,
     scale_tensors,
     tail_operands,
@@ -35,6 +34,7 @@ from nibblekv.kernels._common import (
 from nibblekv.kernels.decode_config import (
     _mma_max_registers,
     _mma_unsupported,
+    combine_dim_block,
     default_num_splits,
     mma_num_splits,
     non_mma_default,
@@ -422,21 +422,6 @@ def decode_triton(
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def combine_dim_block(rows: int, slots: int, d: int) -> int:
-    """Dims per combine program for ``rows`` (request, head) pairs of ``slots`` partials each.
-
-    NOTE: split the dims only as far as the grid needs to cover the GPU (~2 programs per SM): one program
-    per head looping over 256 slots was latency-bound at B=1 (32 programs), while splitting every head 8
-    ways whenever slots > 16 gave B=8 x GQA 8 4096 programs for 33 slots (until 2026-11-30; the time per
-    launch is not measured apart -- compare with variant option ``cdb=16``).
-    """
-    if slots <= 16:
-        return d
-    sms = num_sms()
-    ways = min(d // 16, triton.next_power_of_2(triton.cdiv(2 * sms, max(rows, 1))))
-    return d // ways
 
 
 def side_stream(device: torch.device) -> torch.cuda.Stream | None:

@@ -92,6 +92,21 @@ def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int) -> in
     return max(1, min(256 // num_warps, per_sm * sms // (batch * kv_heads * num_warps)))
 
 
+def combine_dim_block(rows: int, slots: int, d: int) -> int:
+    """Dims per combine program for ``rows`` (request, head) pairs of ``slots`` partials each.
+
+    NOTE: split the dims only as far as the grid needs to cover the GPU (~2 programs per SM): one program
+    per head looping over 256 slots was latency-bound at B=1 (32 programs), while splitting every head 8
+    ways whenever slots > 16 gave B=8 x GQA 8 4096 programs for 33 slots (until 2026-11-30; the time per
+    launch is not measured apart -- compare with variant option ``cdb=16``).
+    """
+    if slots <= 16:
+        return d
+    sms = num_sms()
+    ways = min(d // 16, triton.next_power_of_2(triton.cdiv(2 * sms, max(rows, 1))))
+    return d // ways
+
+
 def _default_config(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
     """Launch config by format (H200 sweeps in benchmarks/bench_kernels.py).
 
@@ -191,7 +206,7 @@ def non_mma_default(d: int, interp: bool) -> str:
 def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tuple[str, dict[str, int | bool]]:
     """``"name[:bn=..,tbn=..,w=..,s=..,conv=..]"`` -> (kernel name, launch config); see ``VARIANT_NAMES``."""
     if fmt == FMT_NVFP4 and d in MMA_VERIFIED_HEAD_DIMS and not interp:
-        default = "mma"  # decode_triton falls back to non_mma_default where the pool or GQA group rules it out
+        default = "mma"  # decode_triton falls back to non_mma_default where the pool rules it out
     else:
         default = non_mma_default(d, interp)
     spec = variant or os.environ.get("NIBBLEKV_DECODE_VARIANT") or default
