@@ -228,7 +228,12 @@ def test_combine_dim_block_splits_dims_only_for_small_grids() -> None:
 
 
 def test_non_mma_default_is_the_fallback_where_mma_cannot_run() -> None:
+    from nibblekv.kernels._common import FMT_NVFP4
     from nibblekv.kernels.decode_config import non_mma_default, resolve_variant
 
-    assert non_mma_default(128, False) == "tok" and non_mma_default(64, False) == "paged"
+    assert resolve_variant(None, FMT_NVFP4, 64, False)[0] == "mma"  # GPU default at 64 and 128
+
+    assert non_mma_default(128, False) == "tok" and non_mma_default(64, False) == "tok"
+    assert non_mma_default(256, False) == "paged"
     assert resolve_variant(None, 1, 64, False)[0] == non_mma_default(64, False)  # FP8 at 64: the same rule
+    assert resolve_variant(None, 1, 256, False)[0] == non_mma_default(256, False)

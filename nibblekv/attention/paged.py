@@ -61,6 +61,8 @@ class PagedMetadata:
     demote_src: torch.Tensor
     demote_dst: torch.Tensor
     demote_in_forward: bool = True  # False when the caller demotes before the forward (CUDA graphs)
+    # extend: the longest chunk as a host int (else every layer's extend reads it back: a device sync)
+    max_chunk: int | None = None
 
 
 def host_metadata(
@@ -119,10 +121,22 @@ def to_device(lists: dict[str, list[int]], device: torch.device) -> dict[str, to
     return dict(zip(lists, flat.to(device, non_blocking=True).split(sizes)))
 
 
+def longest_chunk(cu_seqlens: Sequence[int] | None) -> int | None:
+    """The longest chunk of host ``cu_seqlens`` (None without one)."""
+    if not cu_seqlens or len(cu_seqlens) < 2:
+        return None
+    return max(b - a for a, b in itertools.pairwise(cu_seqlens))
+
+
 def build_metadata(
-    d: dict[str, torch.Tensor], rows: torch.Tensor, is_decode: bool, table: PageTable
+    d: dict[str, torch.Tensor],
+    rows: torch.Tensor,
+    is_decode: bool,
+    table: PageTable,
+    cu_seqlens: Sequence[int] | None = None,
 ) -> PagedMetadata:
-    """Eager-mode metadata from :func:`to_device` output ``d`` and the batch's page-table ``rows``."""
+    """Eager-mode metadata from :func:`to_device` output ``d`` and the batch's page-table ``rows``
+    (``cu_seqlens``: the host list of :func:`host_metadata`, for the extend's longest chunk)."""
     if is_decode:
         tail_table = table.tail.index_select(0, rows)
     else:
@@ -139,6 +153,7 @@ def build_metadata(
         cu_seqlens=None if is_decode else d["cu_seqlens"].to(torch.int32),
         demote_src=d["demote_src"],
         demote_dst=d["demote_dst"],
+        max_chunk=longest_chunk(cu_seqlens),
     )
 
 
@@ -209,6 +224,7 @@ class PagedAttentionBackend(AttentionBackend):
             tail,
             m.tail_page_table,
             m.tail_lens,
+            max_chunk=m.max_chunk,
         )
         # NOTE: demoted and written after attending: the chunk attends to the pre-growth layout (aged
         # tail pages still in bf16) and to its fresh K/V, never to a stored copy. Demotion must precede

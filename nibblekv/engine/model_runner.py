@@ -148,7 +148,8 @@ class ModelRunner:
             assert self.graphs is not None
             return self.graphs.replay(plan.lists, plan.bs), None
         d = to_device(plan.lists, self.device)
-        self.backend.bind(build_metadata(d, d["rows"], plan.is_decode, self.page_table))
+        cu = None if plan.is_decode else plan.lists["cu_seqlens"]
+        self.backend.bind(build_metadata(d, d["rows"], plan.is_decode, self.page_table, cu))
         hidden = self.model.forward(d["input_ids"], d["positions"], self.backend)
         if not plan.sample_rows:  # every rank sees the same plan, so all skip this collective together
             return hidden.new_zeros(0, 1).float(), hidden

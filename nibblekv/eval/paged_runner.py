@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, host_metadata
+from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, host_metadata, longest_chunk
 from nibblekv.cache import Growth, KVPool, PoolSpec, RequestPages, TieredCacheManager
 from nibblekv.eval.configs import KVConfig
 from nibblekv.formats import parse_kv_dtype
@@ -54,6 +54,7 @@ def paged_metadata(
         cu_seqlens=None if is_decode else t("cu_seqlens", torch.int32),
         demote_src=t("demote_src", torch.int64),
         demote_dst=t("demote_dst", torch.int64),
+        max_chunk=None if is_decode else longest_chunk(h["cu_seqlens"]),
     )
 
 

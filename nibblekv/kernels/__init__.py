@@ -79,13 +79,16 @@ def extend_attention(
     tail: LayerKV | None = None,
     tail_page_table: torch.Tensor | None = None,
     tail_prefix_lens: torch.Tensor | None = None,
+    max_chunk: int | None = None,
 ) -> torch.Tensor:
-    """A chunk of new tokens per request over its cached prefix plus itself, causally (see ``extend_ref``)."""
+    """A chunk of new tokens per request over its cached prefix plus itself, causally (see ``extend_ref``).
+
+    ``max_chunk`` (host int >= the longest chunk, optional) spares the Triton launcher a device sync."""
     if use_triton(q):
         from nibblekv.kernels.extend import extend_triton
 
         return extend_triton(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
-                             tail, tail_page_table, tail_prefix_lens)  # fmt: skip
+                             tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk)  # fmt: skip
     return extend_ref(
         q,
         k_new,

@@ -28,12 +28,14 @@ from nibblekv.kernels.types import LayerKV
 # BF16 .59/.53/.55/.43 -> .97/.88/.86/.78, FP8 .39/.36/.36/.35 -> .79/.65/.65/.60,
 # NVFP4 .24/.22/.22/.21 -> .30/.28/.27/.22 (each checked against the reference on the GPU first).
 DEFAULT_VARIANT = "tok"
-# NOTE: only head_dim 128 has run "tok" on a GPU (its inline-PTX paths cannot run in the interpreter);
-# other head dims keep "paged", which the GPU tests covered at 64/128/256, until a device run checks them.
-TOK_VERIFIED_HEAD_DIMS = (128,)
-# NOTE: decode_mma at head_dim 64 (two tokens a row) is checked by the interpreter tests and compiles for
-# sm_90 to 128 registers without spills, but has not run on a GPU yet: opt-in ("mma") until it has.
-MMA_VERIFIED_HEAD_DIMS = (128,)
+# NOTE: head dims where "tok" is the default (its inline-PTX paths cannot run in the interpreter; 64 and
+# 128 passed the GPU tests and were timed): at 64 (H200, 2026-11-30, benchmarks/results/decode-variants-d64-h200.json,
+# B64x32K / B8x32K / B32x8K / B1x128K) "paged" -> "tok": FP8 .43/.39/.39/.38 -> .91/.69/.69/.61,
+# BF16 .54/.48/.50/.49 -> .93/.75/.77/.73. 256 keeps "paged" (tested on the GPU, never timed).
+TOK_VERIFIED_HEAD_DIMS = (64, 128)
+# NOTE: decode_mma at head_dim 64 (two tokens a row) is the NVFP4 default since the same run: "paged"
+# .23/.20/.20/.16 -> .69/.56/.55/.45 (3x); it matched the reference on the GPU (rel. RMS 1.7e-3).
+MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #   mma    decode_mma (NVFP4; head_dim 128 with GQA groups <= 8, or 64 with groups <= 4 read as 128 with two
 #          tokens a row, see PAIR in decode_mma._mma_segment): hand-placed mma.sync fragments, one 16-token tile
 #          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),

@@ -94,12 +94,15 @@ def _own_block(k0, kend, t, qa, qb, m, l, acc, qk_scale, kn_ptr, vn_ptr, s_kt, k
     return online_softmax_step(qa, qb, ka, kb, v, valid, m, l, acc, qk_scale)
 
 
-@triton.jit
+# NOTE: S (prefix splits) is a runtime argument, not a constexpr: the launcher picks it per batch from the
+# grid size, and a serving engine sees many batch shapes -- as a constexpr each new value was a JIT compile
+# of this kernel (seconds) inside a running step (the 2026-11-30 agentic sweep lost 7-10 s per row so).
+@triton.jit(do_not_specialize=["S"])
 def _extend_kernel(
     q_ptr, s_qt, s_qh, kn_ptr, vn_ptr, s_kt, s_kh, cu_ptr, out_ptr, s_ot, s_oh,
     k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok, pt_ptr, s_pt, plens_ptr,
     tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr, sm_scale, o_part, lse_part,
-    HQ: tl.constexpr, S: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
+    HQ: tl.constexpr, S, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BN: tl.constexpr, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, USE_ASM: tl.constexpr,
     INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr, OWN_STAGES: tl.constexpr = 0,
 ):  # fmt: skip
@@ -209,7 +212,8 @@ def auto_extend_splits(grid_programs: int) -> int:
     sms = num_sms()
     if grid_programs > sms:
         return 1
-    return max(1, min(8, triton.cdiv(2 * sms, max(1, grid_programs))))
+    # a power of two: the combine step compiles once per split count (its slot tile is a constexpr)
+    return min(8, triton.next_power_of_2(triton.cdiv(2 * sms, max(1, grid_programs))))
 
 
 def extend_triton(
