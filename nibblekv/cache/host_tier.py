@@ -3,8 +3,11 @@
 A host page holds one main-pool page of every layer in its stored form: K and V data plus, for
 NVFP4, the block scales, byte for byte, so a round trip restores identical pages (the per-layer
 global scales stay on the device and are not part of a page). Layout: one contiguous uint8 tensor
-``[host_pages + 1, page_bytes]`` per (layer, segment), where the segments are K data, V data and
-(NVFP4) K and V scales, so a run of consecutive host slots of one segment is one copy.
+``[host_pages + 1, layer_page_bytes]`` per layer, a row holding the page's segments side by side (K data,
+V data and, for NVFP4, K and V scales). A transfer moves a layer through a device staging row per page:
+one gather/scatter launch (``kernels.gather_pages``) plus one copy per run of consecutive host slots,
+whatever the dtype (NOTE: a tensor per segment cost NVFP4 twice FP8's calls: ``segments * (runs + 1)``
+per layer, with runs ~ pages once host slots fragment).
 
 On CUDA the memory is pinned and copies run on a side stream: the side stream first waits for the
 current stream (the pages are final), and each :class:`Transfer` records an event per layer, so the
@@ -21,7 +24,7 @@ import torch
 
 from nibblekv.cache.allocator import FreeListAllocator
 from nibblekv.cache.pool import SCRATCH_PAGES, KVPool, PoolSpec
-from nibblekv.kernels import LayerKV
+from nibblekv.kernels import LayerKV, gather_pages, scatter_pages
 
 GIB: int = 1 << 30
 
@@ -111,19 +114,17 @@ class HostTier:
         pin = cuda if pin_memory is None else pin_memory
         # NOTE: pool tensors are contiguous with pages first, so each page of a segment is a row.
         self._device: list[list[torch.Tensor]] = [self._segments(layer) for layer in pool.main]
-        self.page_bytes = sum(seg.shape[1] for segs in self._device for seg in segs)
-        # One allocation carved into per-(layer, segment) tensors: rows of a segment are contiguous.
+        self._widths = [sum(seg.shape[1] for seg in segs) for segs in self._device]
+        self.page_bytes = sum(self._widths)
+        # One allocation carved into per-layer tensors [rows, layer page bytes].
         self._buffer, registered = _host_buffer(self.nbytes, pin)
         if registered:  # NOTE: unpinned when the tier goes away, before the memory is freed
             weakref.finalize(self, _unregister, self._buffer)
-        self._host: list[list[torch.Tensor]] = []
+        self._host: list[torch.Tensor] = []
         offset, rows = 0, num_pages + SCRATCH_PAGES
-        for segs in self._device:
-            self._host.append([])
-            for seg in segs:
-                width = seg.shape[1]
-                self._host[-1].append(self._buffer[offset : offset + rows * width].view(rows, width))
-                offset += rows * width
+        for width in self._widths:
+            self._host.append(self._buffer[offset : offset + rows * width].view(rows, width))
+            offset += rows * width
         self.stream: torch.cuda.Stream | None = torch.cuda.Stream(pool.device) if cuda else None
 
     @staticmethod
@@ -166,16 +167,16 @@ class HostTier:
         idx = torch.tensor(dev, dtype=torch.int64, device=self.pool.device)
         runs = _runs(host)
         non_blocking = self.stream is not None
-        for layer, (dsegs, hsegs) in enumerate(zip(self._device, self._host)):
-            for dseg, hseg in zip(dsegs, hsegs):
-                if to_host:
-                    rows = dseg.index_select(0, idx)  # gathered on the device, one copy per host run
-                    for first, at, n in runs:
-                        hseg[first : first + n].copy_(rows[at : at + n], non_blocking=non_blocking)
-                else:
-                    rows = torch.empty((len(dev), dseg.shape[1]), dtype=torch.uint8, device=dseg.device)
-                    for first, at, n in runs:
-                        rows[at : at + n].copy_(hseg[first : first + n], non_blocking=non_blocking)
-                    dseg.index_copy_(0, idx, rows)
+        for layer, (dsegs, hrows) in enumerate(zip(self._device, self._host)):
+            # NOTE: one staging row per page (all segments), allocated on the copy stream
+            rows = torch.empty((len(dev), self._widths[layer]), dtype=torch.uint8, device=self.pool.device)
+            if to_host:
+                gather_pages(dsegs, idx, rows)
+                for first, at, n in runs:
+                    hrows[first : first + n].copy_(rows[at : at + n], non_blocking=non_blocking)
+            else:
+                for first, at, n in runs:
+                    rows[at : at + n].copy_(hrows[first : first + n], non_blocking=non_blocking)
+                scatter_pages(rows, dsegs, idx)
             if events is not None:
                 events[layer].record()

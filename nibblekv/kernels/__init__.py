@@ -10,6 +10,7 @@ sets ``NIBBLEKV_KERNELS=triton`` (Triton everywhere: the interpreter on CPU, giv
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -104,6 +105,20 @@ def extend_attention(
     )
 
 
+def gather_pages(segs: Sequence[torch.Tensor], idx: torch.Tensor, out: torch.Tensor) -> None:
+    """``out [N, sum widths]`` (uint8) = the pages ``idx [N]`` of every segment ``[pages, width]``, side by side."""
+    from nibblekv.kernels import page_copy
+
+    (page_copy.gather_pages_triton if use_triton(idx) else page_copy.gather_pages_ref)(segs, idx, out)
+
+
+def scatter_pages(src: torch.Tensor, segs: Sequence[torch.Tensor], idx: torch.Tensor) -> None:
+    """The inverse of :func:`gather_pages`: rows of ``src`` into the pages ``idx`` of every segment."""
+    from nibblekv.kernels import page_copy
+
+    (page_copy.scatter_pages_triton if use_triton(idx) else page_copy.scatter_pages_ref)(src, segs, idx)
+
+
 def demote_pages(
     tail: LayerKV,
     src_pages: torch.Tensor,
@@ -121,4 +136,13 @@ def demote_pages(
         demote_pages_ref(tail, src_pages, cache, dst_pages, four_over_six)
 
 
-__all__ = ["LayerKV", "decode_attention", "demote_pages", "extend_attention", "use_triton", "write_kv"]
+__all__ = [
+    "LayerKV",
+    "decode_attention",
+    "demote_pages",
+    "extend_attention",
+    "gather_pages",
+    "scatter_pages",
+    "use_triton",
+    "write_kv",
+]
