@@ -39,7 +39,7 @@ TINY = ((1, 80, 5),)
 
 def extend_rows(
     bench: Callable[..., float], dev: str, tiny: bool = False, hq: int = 32, hkv: int = 8, d: int = 128,
-    configs: Sequence[tuple[int, ...]] = ((1, 0),),
+    configs: Sequence[tuple[int, ...]] = ((0, 0),),
 ) -> list[dict[str, object]]:  # fmt: skip
     """Time extend_triton per (dtype, shape, (splits, stages[, warps[, bm[, bn]]])); rows carry the keys
     bench_kernels' ``add`` takes (0 = the launcher's default)."""
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument(
-        "--configs", nargs="+", default=["1:0"],
+        "--configs", nargs="+", default=["0:0"],
         help="SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS]]]]] (0 = default; REGS caps registers per thread)",
     )
     ap.add_argument("--tiny", action="store_true")
