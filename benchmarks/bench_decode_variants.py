@@ -80,7 +80,7 @@ def _pad16(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def make_check_batch(dt: KVDtype, tiny: bool, head_dim: int = 128) -> object:
+def make_check_batch(dt: KVDtype, tiny: bool, head_dim: int = 128, q_heads: int = 32) -> object:
     torch.manual_seed(1234)
     lens = [1, 15, 16, 17, 100, 77] if tiny else [1, 15, 16, 17, 1000, 4099]
     tails = [0, 1, 32, 7, 64, 0]
@@ -88,7 +88,7 @@ def make_check_batch(dt: KVDtype, tiny: bool, head_dim: int = 128) -> object:
     # NOTE: page tables padded to 16 columns, like the timed shapes', so Triton's divisibility
     # specialization of their row stride matches and the timed launches reuse the checked compile.
     pb.page_table, pb.tail_page_table = _pad16(pb.page_table), _pad16(pb.tail_page_table)
-    q = torch.randn(len(lens), 32, head_dim, device=DEV).to(torch.bfloat16)
+    q = torch.randn(len(lens), q_heads, head_dim, device=DEV).to(torch.bfloat16)
     ref = decode_ref(
         q.float(),
         pb.cache,
@@ -112,6 +112,8 @@ def main() -> None:
         "--shapes", nargs="*", default=None, help="BxCTX items, e.g. 1x4096 12x3072 (default: SHAPES)"
     )
     ap.add_argument("--head-dim", type=int, default=128, help="64: e.g. nvfp4=mma (two tokens a row) vs tok")
+    ap.add_argument("--q-heads", type=int, default=32, help="query heads over the 8 KV heads (64: GQA 8)")
+    ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -128,7 +130,7 @@ def main() -> None:
     max_tok = max(b * c for b, c in shapes) + 4096
     pools = Pools({dt: max_tok for dt in NAMES}, 8, args.head_dim)
     print(f"pools ready {time.time() - t0:.0f}s", flush=True)
-    checks = {dt: make_check_batch(dt, args.tiny, args.head_dim) for dt in NAMES}
+    checks = {dt: make_check_batch(dt, args.tiny, args.head_dim, args.q_heads) for dt in NAMES}
     print(f"check batches ready {time.time() - t0:.0f}s", flush=True)
     doc: dict[str, object] = dict(
         ceiling_probes=ceil, gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
@@ -168,12 +170,16 @@ def main() -> None:
         times = []
         for b, c in shapes:
             try:
-                us, nb = run_decode(pools, dt, b, c, 32, False, {"variant": spec})
+                prof: dict[str, float] | None = {} if args.breakdown else None
+                us, nb = run_decode(pools, dt, b, c, args.q_heads, False, {"variant": spec}, profile=prof)
             except Exception as e:  # noqa: BLE001
                 print(f"{NAMES[dt]:9s} {spec:22s} B={b} ctx={c} FAILED {repr(e)[:200]}", flush=True)
                 continue
-            rows.append(dict(kernel="decode", kv_dtype=NAMES[dt], variant=spec, batch=b, context=c, q_heads=32,
-                             kv_heads=8, head_dim=args.head_dim, page_size=16, us=round(us, 2), bytes=nb, tbps=round(nb / us / 1e6, 4)))  # fmt: skip
+            rows.append(dict(kernel="decode", kv_dtype=NAMES[dt], variant=spec, batch=b, context=c,
+                             q_heads=args.q_heads, kv_heads=8, head_dim=args.head_dim, page_size=16, us=round(us, 2),
+                             bytes=nb, tbps=round(nb / us / 1e6, 4), **({"kernels_us": prof} if prof else {})))  # fmt: skip
+            if prof:
+                print(f"    B{b}x{c // 1024}K {us:.1f} us (graph): {prof}", flush=True)
             tb = nb / us / 1e6
             times.append(f"B{b}x{c // 1024}K:{tb:.2f}TB/s({tb / probe_ceiling:.2f})")
         print(f"{NAMES[dt]:9s} {spec:22s} ok rel_rms={err:.2e} regs={res.get('n_regs_notail')} "

@@ -91,6 +91,32 @@ def bench_graph(fn, reps: int = 20, trials: int = 7) -> float:  # type: ignore[n
     return max(med[0] - med[1], 0.0) * 1e3 / reps
 
 
+def kernel_breakdown(fn, reps: int = 10) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Mean GPU microseconds per call of each kernel ``fn`` launches (torch.profiler, eager launches, L2
+    flushed before every call; the flush's own kernel left out): where a launcher's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 << 20, dtype=torch.int8, device=DEV)
+    with profile(activities=[ProfilerActivity.CUDA]) as p0:  # the flush alone: which kernel names to drop
+        _FLUSH.zero_()
+        torch.cuda.synchronize()
+    flush_names = {e.key for e in p0.key_averages()}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            _FLUSH.zero_()
+            fn()
+        torch.cuda.synchronize()
+    res: dict[str, float] = {}
+    for e in prof.key_averages():
+        t = float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0))
+        if e.key in flush_names or t <= 0:
+            continue
+        res[e.key[:60]] = round(t / reps, 2)
+    return dict(sorted(res.items(), key=lambda kv: -kv[1]))
+
+
 # ----------------------------------------------------------------------------- ceiling
 
 
@@ -158,7 +184,9 @@ def decode_bytes(pool: LayerKV, batch: int, main: int, tail: int, q_heads: int) 
 
 
 def run_decode(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, with_tail: bool,
-               cfg: dict[str, object] | None = None) -> tuple[float, int]:  # fmt: skip
+               cfg: dict[str, object] | None = None, profile: dict[str, float] | None = None,
+               ) -> tuple[float, int]:  # fmt: skip
+    """Median microseconds and bytes read of one decode call; ``profile`` (CUDA) gets its per-kernel times."""
     pool = pools.pools[dt]
     tail = 64 if with_tail else 0
     main = ctx - tail
@@ -178,6 +206,8 @@ def run_decode(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, wi
     fn = lambda: decode_triton(q, pool, pt, lens, sm, out=out, **kw)  # noqa: E731
     fn()
     us = bench_graph(fn)
+    if profile is not None and DEV == "cuda":
+        profile.update(kernel_breakdown(fn))
     return us, decode_bytes(pool, batch, main, tail, q_heads)
 
 

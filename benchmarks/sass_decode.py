@@ -143,7 +143,8 @@ def main() -> None:
             main_len = lp[0][2] if lp else 0
             per_th = main_len * int(cfg["num_warps"]) / int(cfg["block_n"])
             rows.append((dname, spec, per_th))
-            print(f"{dname:9s} {spec:28s} cfg={cfg} | {usage} | LDL/STL {spill_ins} | loops {[n for _, _, n in lp[:4]]}"
+            smem = getattr(k.metadata, "shared", "?")  # type: ignore[attr-defined]
+            print(f"{dname:9s} {spec:28s} cfg={cfg} | {usage} | smem {smem} B | LDL/STL {spill_ins} | loops {[n for _, _, n in lp[:4]]}"
                   f" | main loop {main_len} SASS/iter -> {per_th:.1f} warp-instr per token-head", flush=True)  # fmt: skip
             if args.hist and lp:
                 print("    ", opcode_histogram(ins, lp[0][0], lp[0][1]))

@@ -78,6 +78,8 @@ def test_extend_gpu_long(dtype: KVDtype, d: int) -> None:
     assert _run(dtype, [0, 1000, 4099], [300, 17, 129], [0, 64, 33], 8, 4, d, **kw) <= 1e-2
     # registers capped for 3 programs per SM (spills, but must stay correct)
     assert _run(dtype, [0, 1000, 4099], [300, 17, 129], [0, 64, 33], 8, 4, d, max_registers=168) <= 1e-2
+    # short chunks in a 16-row block (chunk x GQA 4 <= 16 rows: the default 64-row block is 3/4 padding)
+    assert _run(dtype, [0, 1000, 4099], [4, 1, 3], [0, 64, 33], 8, 4, d, block_m=16) <= 1e-2
 
 
 def test_auto_extend_splits_only_for_grids_smaller_than_the_gpu() -> None:
