@@ -145,7 +145,7 @@ def test_cuda_side_stream_round_trip() -> None:  # pragma: no cover - GPU only
     for layer in pool.main:
         layer.k_data.random_(0, 256)
     host = HostTier(pool, 8)
-    assert host._host[0][0].is_pinned()
+    assert host._host[0].is_pinned()
     before = pool.main[0].k_data[[1, 2]].clone()
     host.write([1, 2], [3, 4]).wait()
     pool.main[0].k_data[[1, 2]] = 0

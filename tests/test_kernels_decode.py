@@ -134,7 +134,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert resolve_variant("paged", 0, 128, False)[0] == "paged"  # an explicit variant beats the env
     monkeypatch.delenv("NIBBLEKV_DECODE_VARIANT")
-    # the default: "tok" where a GPU run verified it (head_dim 128), "paged" elsewhere on a GPU
+    # the default: "tok" where a GPU run verified it (head_dim 64 and 128), "paged" elsewhere on a GPU
     # NVFP4 at head_dim 128 on a GPU: decode_mma (decode_triton falls back to "tok" where it cannot run)
     assert resolve_variant(None, 2, 128, False)[0] == "mma"
     assert resolve_variant(None, 1, 128, False)[0] == "tok"
@@ -149,7 +149,8 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "pf": 0,
         "minc": 64,
     }
-    assert resolve_variant(None, 2, 64, False)[0] == "paged"
+    assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (2026-11-30 run)
+    assert resolve_variant(None, 2, 256, False)[0] == "paged"  # never timed on a GPU
     assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default
     with pytest.raises(ValueError):
         resolve_variant("nope", 0, 128, False)

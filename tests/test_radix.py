@@ -76,7 +76,7 @@ def check(tree: RadixCache, pool: KVPool) -> None:
                 assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v), f"{node!r}: device bytes"
             if node.host is not None and (node.pending is None or node.pending.done()):
                 assert host is not None
-                k_rows = host._host[layer_id][0][node.host].view(torch.bfloat16).view(-1, P, 16)[:, :, :3]
+                k_rows = host.host_segment(layer_id, 0)[node.host].view(torch.bfloat16).view(-1, P, 16)[:, :, :3]
                 assert torch.equal(k_rows.reshape(-1, 3).float(), want_k), f"{node!r}: host bytes"
 
 

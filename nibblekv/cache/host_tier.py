@@ -134,6 +134,11 @@ class HostTier:
             tensors += [layer.k_scale, layer.v_scale]
         return [t.view(t.shape[0], -1).view(torch.uint8) for t in tensors]
 
+    def host_segment(self, layer: int, seg: int) -> torch.Tensor:
+        """Host rows ``[slots, width]`` of one segment of a layer (a column view; for tests and tools)."""
+        lo = sum(s.shape[1] for s in self._device[layer][:seg])
+        return self._host[layer][:, lo : lo + self._device[layer][seg].shape[1]]
+
     @property
     def nbytes(self) -> int:
         return self.page_bytes * (self.num_pages + SCRATCH_PAGES)
