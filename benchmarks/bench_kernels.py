@@ -341,7 +341,8 @@ def main() -> None:
     try:
         from benchmarks.bench_extend import extend_rows
 
-        for r in extend_rows(bench_graph, DEV, args.tiny):  # kernel time, as for decode
+        # kernel time, as for decode: the default extend, and extend_mma (NVFP4, short chunks) where it applies
+        for r in extend_rows(bench_graph, DEV, args.tiny, configs=((0, 0), (0, 0, 0, 0, 0, 0, 0, 1))):
             add(**r)
     except ImportError as e:
         print("extend benchmark unavailable:", e)

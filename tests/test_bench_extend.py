@@ -13,9 +13,12 @@ from benchmarks import bench_extend  # noqa: E402
 
 
 def test_extend_sweep_tiny(tmp_path: Path) -> None:
-    assert bench_extend.main(["--tiny", "--configs", "2:0", "--out", str(tmp_path)]) == 0
+    assert bench_extend.main(["--tiny", "--configs", "2:0", "3:0:0:0:0:0:0:1", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "extend-sweep.json").read_text())
     rows = doc["rows"]
-    assert {r["dt"] for r in rows} == {"bf16", "fp8_e4m3", "nvfp4"}
-    assert all(r["splits"] == 2 and r["us"] > 0 and r["nbytes"] > 0 and "frac_of_ceiling" in r for r in rows)
+    ext = [r for r in rows if r["kernel"] == "extend"]
+    assert {r["dt"] for r in ext} == {"bf16", "fp8_e4m3", "nvfp4"}
+    assert all(r["splits"] == 2 and r["us"] > 0 and r["nbytes"] > 0 and "frac_of_ceiling" in r for r in ext)
+    # extend_mma: NVFP4 only (decode_mma reads NVFP4 pools)
+    assert [(r["dt"], r["splits"]) for r in rows if r["kernel"] == "extend_mma"] == [("nvfp4", 3)]
     assert not torch.cuda.is_available() or doc["ceiling_probes"]

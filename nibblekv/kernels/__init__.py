@@ -84,9 +84,20 @@ def extend_attention(
 ) -> torch.Tensor:
     """A chunk of new tokens per request over its cached prefix plus itself, causally (see ``extend_ref``).
 
-    ``max_chunk`` (host int >= the longest chunk, optional) spares the Triton launcher a device sync."""
+    ``max_chunk`` (host int >= the longest chunk, optional) spares the Triton launcher a device sync.
+    With env ``NIBBLEKV_EXTEND_VARIANT=mma`` (opt-in until timed on a GPU), short chunks over an NVFP4 pool
+    that decode_mma reads go through ``extend_mma`` (see there); everything else takes ``extend_triton``."""
     if use_triton(q):
+        from nibblekv.kernels import extend_mma as em
         from nibblekv.kernels.extend import extend_triton
+
+        if (
+            max_chunk is not None
+            and os.environ.get("NIBBLEKV_EXTEND_VARIANT", "") == "mma"
+            and em.extend_mma_unsupported(q, cache, max_chunk) is None
+        ):
+            return em.extend_mma(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale, max_chunk,
+                                 tail, tail_page_table, tail_prefix_lens)  # fmt: skip
 
         return extend_triton(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
                              tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk)  # fmt: skip

@@ -221,9 +221,10 @@ def _decode_kernel(
 def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
                     D: tl.constexpr, DB: tl.constexpr, lens_ptr=None, MMA_SPLITS: tl.constexpr = 0,
                     MMA_NW: tl.constexpr = 1, MINC: tl.constexpr = 16, HAS_TAIL: tl.constexpr = 0,
-                    PAIR: tl.constexpr = 0):  # fmt: skip
+                    PAIR: tl.constexpr = 0, lse_out=None, WRITE_LSE: tl.constexpr = 0):  # fmt: skip
     """Merge the split partials of one (request, query head) for dims ``[DB * pid1, DB * (pid1 + 1))``:
-    weights ``2**(lse_s - max lse)``.
+    weights ``2**(lse_s - max lse)``. ``WRITE_LSE``: also ``lse_out[r]`` = the merged log2-sum-exp2 of the
+    scores (-inf for an empty context), for a caller that merges this result with another partial.
 
     NOTE: slots go in chunks of CH and dims in blocks of DB (``combine_dim_block``): a ``[BS, D]`` tile in
     registers spills once BS reaches ~128 (decode_mma writes one slot per warp, up to 257 per head), and a
@@ -243,6 +244,9 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     w = tl.where(smask & (lse > float("-inf")), tl.exp2(lse - mx), 0.0)
     total = tl.sum(w, axis=0)
     inv = 1.0 / tl.where(total > 0, total, 1.0)  # an empty context yields zeros, never NaN
+    if WRITE_LSE:
+        if tl.program_id(1) == 0:
+            tl.store(lse_out + r, tl.where(total > 0, mx + tl.log2(tl.maximum(total, 1e-30)), float("-inf")))
     offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
     CH_MAX: tl.constexpr = 4096 // DB  # a [CH, DB] fp32 chunk: 32 registers per thread (4 warps)
     CH: tl.constexpr = BS if BS < CH_MAX else CH_MAX
@@ -275,6 +279,7 @@ def decode_triton(
     use_asm: bool | None = None,
     out: torch.Tensor | None = None,
     variant: str | None = None,
+    lse_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``decode_ref``: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (q's dtype).
 
@@ -340,6 +345,8 @@ def decode_triton(
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.stride(-1) != 1:
         raise ValueError("out must be shaped like q with unit last stride")
+    if lse_out is not None and (lse_out.shape != (bsz, hq) or lse_out.dtype != torch.float32 or not lse_out.is_contiguous()):
+        raise ValueError(f"lse_out must be contiguous float32 [{bsz}, {hq}]")
     if bsz == 0:
         return out
     o_part = torch.empty((bsz, hq, s_tot, d), dtype=torch.float32, device=q.device)
@@ -416,7 +423,8 @@ def decode_triton(
         o_part, lse_part, out, out.stride(0), out.stride(1),
         HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, DB=db, lens_ptr=lens,
         MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
-        MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), PAIR=pair, num_warps=4,
+        MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), PAIR=pair,
+        lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
     )  # fmt: skip
     return out
 

@@ -101,10 +101,11 @@ def _own_block(k0, kend, t, qa, qb, m, l, acc, qk_scale, kn_ptr, vn_ptr, s_kt, k
 def _extend_kernel(
     q_ptr, s_qt, s_qh, kn_ptr, vn_ptr, s_kt, s_kh, cu_ptr, out_ptr, s_ot, s_oh,
     k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok, pt_ptr, s_pt, plens_ptr,
-    tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr, sm_scale, o_part, lse_part,
+    tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr, sm_scale, o_part, lse_part, lse_out,
     HQ: tl.constexpr, S, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BN: tl.constexpr, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, USE_ASM: tl.constexpr,
     INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr, OWN_STAGES: tl.constexpr = 0,
+    WRITE_LSE: tl.constexpr = 0,
 ):  # fmt: skip
     mb = tl.program_id(0)
     b = tl.program_id(1)
@@ -181,6 +182,8 @@ def _extend_kernel(
                 out_ptr + (s + t).to(tl.int64)[:, None] * s_ot + (h * G + r % G).to(tl.int64)[:, None] * s_oh
             )
             tl.store(optr + tl.arange(0, D)[None, :], o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+            if WRITE_LSE:  # l > 0 always: a query token sees at least itself
+                tl.store(lse_out + (s + t).to(tl.int64) * HQ + h * G + r % G, m + tl.log2(l), mask=rmask)
         else:  # a partial (o, lse) per split, merged by decode's combine step; an empty split weighs nothing
             inv = tl.where(l > 0, 1.0 / tl.maximum(l, 1e-30), 0.0)
             lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
@@ -238,6 +241,7 @@ def extend_triton(
     num_splits: int | None = None,
     own_stages: int | None = None,
     max_registers: int | None = None,
+    lse_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``extend_ref``: ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` -> ``[T, Hq, D]``.
 
@@ -248,7 +252,8 @@ def extend_triton(
     combine step.
     ``own_stages`` (default 1; 0 = the kernel's ``num_stages``) pipelines the loop over the chunk's own keys
     apart from the prefix loops. ``max_registers`` (default env ``NIBBLEKV_EXTEND_MAXNREG``, else the
-    compiler's choice) caps registers per thread, to fit more programs per SM.
+    compiler's choice) caps registers per thread, to fit more programs per SM. ``lse_out`` (fp32
+    ``[T, Hq]``, contiguous) receives each row's log2-sum-exp2 of its scaled scores, for merging.
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -274,6 +279,8 @@ def extend_triton(
         tail_page_table = tail_page_table.contiguous()
     if out is None:
         out = torch.empty_like(q)
+    if lse_out is not None and (lse_out.shape != q.shape[:2] or lse_out.dtype != torch.float32 or not lse_out.is_contiguous()):
+        raise ValueError(f"lse_out must be contiguous float32 {list(q.shape[:2])}")
     if bsz == 0 or q.shape[0] == 0:
         return out
     interp = interpreting()
@@ -307,7 +314,7 @@ def extend_triton(
         cache.k_data, cache.v_data, ks, vs, cache.global_scale, ds[0], ds[1], ds[2], sp, sh, st,
         page_table, page_table.stride(0), prefix_lens,
         tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl, float(sm_scale), o_part, lse_part,
-        HQ=hq, S=splits, G=g, BM=bm, D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, HAS_TAIL=has_tail, FMT=fmt,
+        lse_out if lse_out is not None else lse_part, HQ=hq, S=splits, G=g, BM=bm, D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, HAS_TAIL=has_tail, FMT=fmt,
         USE_ASM=(fmt == FMT_NVFP4 and not interp) if use_asm is None else use_asm, INTERP=interp,
         PAGED=_pages_contiguous(cache, bn), TPAGED=has_tail and _pages_contiguous(tail, bn),
         # NOTE: at the kernel's num_stages the own-key loop's buffers took 160 of 176 KiB of shared memory (one
@@ -315,12 +322,14 @@ def extend_triton(
         # benchmarks/results/extend-sweep-h200.json: B32 x 8K prefix, 16-token chunks, bf16 417 -> 274 us)
         OWN_STAGES=0 if interp else (DEFAULT_OWN_STAGES if own_stages is None else own_stages),
         num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else _default_stages(d)),
+        WRITE_LSE=int(lse_out is not None and splits == 1),
         **({} if interp or not maxnreg else {"maxnreg": maxnreg}),
     )  # fmt: skip
     if splits > 1:
         db = combine_dim_block(t * hq, splits, d)
         _combine_kernel[(t * hq, d // db)](
             o_part, lse_part, out, out.stride(0), out.stride(1),
-            HQ=hq, S=splits, BS=triton.next_power_of_2(splits), D=d, DB=db, num_warps=4,
+            HQ=hq, S=splits, BS=triton.next_power_of_2(splits), D=d, DB=db,
+            lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
         )  # fmt: skip
     return out

@@ -1,0 +1,106 @@
+"""Extend through decode_mma (short chunks over an NVFP4 prefix) against the fp32 reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nibblekv.formats.layout import KVDtype
+from nibblekv.kernels.extend_mma import extend_mma, extend_mma_unsupported
+from nibblekv.kernels.reference import extend_ref
+from nibblekv.kernels.testing import make_batch, rel_rms
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+P = 16
+W = 2 * P
+
+
+def _run(prefix: list[int], chunks: list[int], tails: list[int] | None, hkv: int, group: int, d: int,
+         page: int = P, gscale: tuple[float, float] = (0.37, 2.5)) -> float:  # fmt: skip
+    torch.manual_seed(hash((tuple(prefix), tuple(chunks), hkv, group, d, page)) % 2**31)
+    pb = make_batch(KVDtype.NVFP4, prefix, hkv, d, page, DEVICE, tail_lens=tails, global_scale=gscale)
+    t = sum(chunks)
+    cu = torch.tensor([0] + list(torch.tensor(chunks).cumsum(0)), dtype=torch.int32, device=DEVICE)
+    q = torch.randn(t, hkv * group, d, device=DEVICE).to(torch.bfloat16)
+    k = torch.randn(t, hkv, d, device=DEVICE).to(torch.bfloat16)
+    v = torch.randn(t, hkv, d, device=DEVICE).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    sm = 1.0 / math.sqrt(d)
+    targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_prefix_lens=pb.tail_lens)
+    splits = 3 if DEVICE == "cpu" else None  # the interpreter runs every (mostly empty) split program
+    extend_mma(q, k, v, cu, pb.cache, pb.page_table, pb.lens, sm, max(chunks), **targs, out=out,  # type: ignore[arg-type]
+               num_splits=splits)  # fmt: skip
+    ref = extend_ref(q.float(), k, v, cu, pb.cache, pb.page_table, pb.lens, sm, **targs)
+    return rel_rms(out, ref)
+
+
+# ragged batches: prefixes 0 / 1 / P-1 / P+1 / several tiles; chunks 1..4 (one and two column groups,
+# columns past a chunk); tails 0 / 1 / W; GQA 1, 3 (SmolLM2) and 4
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_extend_mma_head_dim_128(group: int) -> None:
+    chunks = [1, 2, 1, 2] if group == 4 else [1, 4, 2, 3] if group == 1 else [2, 1, 2, 1]
+    assert _run([0, P - 1, P + 1, 40], chunks, [5, 1, W, 0], 1, group, 128) <= 1e-2
+
+
+def test_extend_mma_head_dim_64_and_no_tail() -> None:
+    # head_dim 64: two tokens a row in decode_mma (4 columns a group); odd prefixes; no tail pool
+    assert _run([0, 1, P, 33], [1, 2, 1, 2], [0, 1, W, 3], 1, 3, 64) <= 1e-2
+    assert _run([1, P + 1, 40], [2, 1, 4], None, 2, 1, 128) <= 1e-2
+
+
+def test_extend_mma_refuses_what_it_cannot_serve() -> None:
+    pb = make_batch(KVDtype.NVFP4, [20], 2, 128, P, DEVICE)
+    q = torch.randn(4, 8, 128)
+    assert extend_mma_unsupported(q, pb.cache, 4) is None  # 16 columns = 2 groups of 8
+    assert "columns" in (extend_mma_unsupported(q, pb.cache, 5) or "")
+    fp8 = make_batch(KVDtype.FP8, [20], 2, 128, P, DEVICE)
+    assert "NVFP4" in (extend_mma_unsupported(q, fp8.cache, 1) or "")
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="extend variant 'mma'"):
+        extend_mma(q[:5].repeat(2, 1, 1)[:5], q[:5, :2], q[:5, :2], cu, pb.cache, pb.page_table, pb.lens, 0.1, 5)
+
+
+def test_extend_attention_routes_short_nvfp4_chunks_when_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the dispatch only: extend_mma itself is checked above
+    from nibblekv.kernels import extend_attention
+    from nibblekv.kernels import extend_mma as em
+
+    calls: list[int] = []
+    monkeypatch.setattr(em, "extend_mma", lambda *a, **k: calls.append(a[8]) or a[0])
+    monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")
+    pb = make_batch(KVDtype.NVFP4, [20, 3], 2, 128, P, DEVICE)
+    q = torch.randn(3, 8, 128, device=DEVICE).to(torch.bfloat16)
+    kv = torch.randn(3, 2, 128, device=DEVICE).to(torch.bfloat16)
+    cu = torch.tensor([0, 2, 3], dtype=torch.int32, device=DEVICE)
+    args = (q, kv, kv, cu, pb.cache, pb.page_table, pb.lens, 0.1)
+    extend_attention(*args, max_chunk=2)
+    assert calls == []  # not opted in
+    monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "mma")
+    extend_attention(*args, max_chunk=2)
+    assert calls == [2]
+    extend_attention(*args, max_chunk=5)  # 20 columns: the tl.dot path
+    assert calls == [2]
+
+
+def test_extend_lse_out_is_the_same_with_and_without_splits() -> None:
+    # the S == 1 store and the combine step's lse agree (extend_mma merges by them)
+    from nibblekv.kernels.extend import extend_triton
+
+    pb = make_batch(KVDtype.NVFP4, [0, 40], 1, 64, P, DEVICE, tail_lens=[3, W])
+    q = torch.randn(5, 4, 64, device=DEVICE).to(torch.bfloat16)
+    k, v = torch.randn(2, 5, 1, 64, device=DEVICE).to(torch.bfloat16)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=DEVICE)
+    lse = [torch.full((5, 4), float("nan"), device=DEVICE) for _ in range(2)]
+    for splits, out in zip((1, 3), lse):
+        extend_triton(q, k, v, cu, pb.cache, pb.page_table, pb.lens, 0.125, pb.tail, pb.tail_page_table, pb.tail_lens,
+                      max_chunk=3, num_splits=splits, lse_out=out)  # fmt: skip
+    assert torch.isfinite(lse[0]).all() and torch.allclose(lse[0], lse[1], atol=1e-4)
+    # and it is the log2-sum-exp2 of the scaled scores: a query token alone sees only itself
+    one = make_batch(KVDtype.NVFP4, [0], 1, 64, P, DEVICE)
+    out1 = torch.empty(1, 4, device=DEVICE)
+    q1, k1 = q[:1], k[:1]
+    extend_triton(q1, k1, v[:1], cu[:2] // 2, one.cache, one.page_table, one.lens, 0.125, max_chunk=1, lse_out=out1)
+    want = (q1.float() * k1.float().expand(1, 4, 64)).sum(-1) * 0.125 * 1.4426950408889634
+    assert torch.allclose(out1, want, atol=1e-3)
