@@ -1,13 +1,14 @@
 #!/bin/bash
 # One device call: the GPU tests (kernels at odd shapes incl. inline-PTX paths, the engine with CUDA graphs,
 # the host tier's side stream). They compile many Triton specializations: ~10 min, so they run in a call
-# of their own (on 2026-11-30, inside device_run.sh's 300 s, they were cut at 38%).
+# of their own (on 2026-11-30, inside device_run.sh's 300 s, they were cut at 38%). Newest first: the
+# decode file (the largest, most of it run on GPUs before) goes last.
 # Usage on the GPU machine: bash benchmarks/device_tests.sh; the log lands in $OUT/tests.log.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 timeout "${TEST_TIMEOUT:-570}" python3 -m pytest -q -rfE --durations=15 \
-    tests/test_kernels_decode.py tests/test_kernels_extend.py tests/test_kernels_write.py \
-    tests/test_kernels_page_copy.py tests/test_kernels_extend_mma.py tests/test_kernels_dispatch.py tests/test_kernels_fused.py \
-    tests/test_engine_gpu.py tests/test_hicache.py ${TESTS_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
+    tests/test_kernels_extend_mma.py tests/test_kernels_page_copy.py tests/test_hicache.py tests/test_engine_gpu.py \
+    tests/test_kernels_extend.py tests/test_kernels_write.py tests/test_kernels_dispatch.py tests/test_kernels_fused.py \
+    tests/test_kernels_decode.py ${TESTS_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
