@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -17,7 +18,9 @@ P = 16
 
 
 def _run(dtype: KVDtype, prefix: list[int], chunks: list[int], tails: list[int] | None, hkv: int, group: int,
-         d: int, page: int = P, gscale: tuple[float, float] = (1.0, 1.0), **kw: object) -> float:  # fmt: skip
+         d: int, page: int = P, gscale: tuple[float, float] = (1.0, 1.0), fn: Callable[..., object] = extend_triton,
+         **kw: object) -> float:  # fmt: skip
+    """rel. RMS error of ``fn`` (extend_triton's signature) against extend_ref on a random ragged batch."""
     torch.manual_seed(hash((dtype.value, tuple(prefix), tuple(chunks), hkv, group, d)) % 2**31)
     pb = make_batch(dtype, prefix, hkv, d, page, DEVICE, tail_lens=tails, global_scale=gscale)
     t = sum(chunks)
@@ -28,7 +31,7 @@ def _run(dtype: KVDtype, prefix: list[int], chunks: list[int], tails: list[int] 
     out = torch.full_like(q, float("nan"))
     sm = 1.0 / math.sqrt(d)
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_prefix_lens=pb.tail_lens)
-    extend_triton(q, k, v, cu, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, **kw)  # type: ignore[arg-type]
+    fn(q, k, v, cu, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, **kw)
     ref = extend_ref(q.float(), k, v, cu, pb.cache, pb.page_table, pb.lens, sm, **targs)
     return rel_rms(out, ref)
 

@@ -2,38 +2,32 @@
 
 from __future__ import annotations
 
-import math
+from functools import partial
 
 import pytest
 import torch
+from test_kernels_extend import _run as run_extend
 
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels.extend_mma import extend_mma, extend_mma_unsupported
-from nibblekv.kernels.reference import extend_ref
-from nibblekv.kernels.testing import make_batch, rel_rms
+from nibblekv.kernels.testing import make_batch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 P = 16
 W = 2 * P
 
 
-def _run(prefix: list[int], chunks: list[int], tails: list[int] | None, hkv: int, group: int, d: int,
-         page: int = P, gscale: tuple[float, float] = (0.37, 2.5)) -> float:  # fmt: skip
-    torch.manual_seed(hash((tuple(prefix), tuple(chunks), hkv, group, d, page)) % 2**31)
-    pb = make_batch(KVDtype.NVFP4, prefix, hkv, d, page, DEVICE, tail_lens=tails, global_scale=gscale)
-    t = sum(chunks)
-    cu = torch.tensor([0] + list(torch.tensor(chunks).cumsum(0)), dtype=torch.int32, device=DEVICE)
-    q = torch.randn(t, hkv * group, d, device=DEVICE).to(torch.bfloat16)
-    k = torch.randn(t, hkv, d, device=DEVICE).to(torch.bfloat16)
-    v = torch.randn(t, hkv, d, device=DEVICE).to(torch.bfloat16)
-    out = torch.full_like(q, float("nan"))
-    sm = 1.0 / math.sqrt(d)
-    targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_prefix_lens=pb.tail_lens)
+def _run(prefix: list[int], chunks: list[int], tails: list[int] | None, hkv: int, group: int, d: int) -> float:
     splits = 3 if DEVICE == "cpu" else None  # the interpreter runs every (mostly empty) split program
-    extend_mma(q, k, v, cu, pb.cache, pb.page_table, pb.lens, sm, max(chunks), **targs, out=out,  # type: ignore[arg-type]
-               num_splits=splits)  # fmt: skip
-    ref = extend_ref(q.float(), k, v, cu, pb.cache, pb.page_table, pb.lens, sm, **targs)
-    return rel_rms(out, ref)
+    return run_extend(KVDtype.NVFP4, prefix, chunks, tails, hkv, group, d, gscale=(0.37, 2.5),
+                      fn=partial(extend_mma_fn, num_splits=splits))  # fmt: skip
+
+
+def extend_mma_fn(*args: object, num_splits: int | None = None, **kw: object) -> object:
+    """extend_mma behind extend_triton's signature (``max_chunk`` from ``cu_seqlens``, the 4th argument)."""
+    cu = args[3]
+    assert isinstance(cu, torch.Tensor)
+    return extend_mma(*args, int((cu[1:] - cu[:-1]).max()), num_splits=num_splits, **kw)  # type: ignore[arg-type]
 
 
 # ragged batches: prefixes 0 / 1 / P-1 / P+1 / several tiles; chunks 1..4 (one and two column groups,
