@@ -19,11 +19,14 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
-@pytest.mark.parametrize("group,tail,head_dim", [(4, False, 128), (8, True, 128), (3, True, 64)])
-def test_decode_mma_fits_128_registers(group: int, tail: bool, head_dim: int) -> None:
+@pytest.mark.parametrize(
+    "group,tail,head_dim,spec",
+    [(4, False, 128, "mma"), (8, True, 128, "mma"), (3, True, 64, "mma"), (8, False, 128, "mma:vst=1")],
+)
+def test_decode_mma_fits_128_registers(group: int, tail: bool, head_dim: int, spec: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "sass_decode.py"), "--variants", "mma", "--dtypes", "nvfp4",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "sass_decode.py"), "--variants", spec, "--dtypes", "nvfp4",
            "--group", str(group), "--head-dim", str(head_dim)] + (["--tail"] if tail else [])  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600).stdout
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)

@@ -166,3 +166,13 @@ def p_frag(a, b):
     lo = tl.reshape(_gather_warp(src, (4 * (2 * t) + g // 2) * 2 + g % 2), [n])
     hi = tl.reshape(_gather_warp(src, (4 * (2 * t + 1) + g // 2) * 2 + g % 2), [n])
     return pack_h2(lo, hi)
+
+
+@triton.jit
+def st4(ptr, a, b, c, d, m):
+    """Four consecutive fp32 at ``ptr`` where ``m`` (one vector store on the GPU)."""
+    tl.store(ptr, a, mask=m)
+    tl.store(ptr + 1, b, mask=m)
+    tl.store(ptr + 2, c, mask=m)
+    tl.store(ptr + 3, d, mask=m)
+    return tl.zeros_like(a).to(tl.int32)

@@ -394,6 +394,7 @@ def decode_triton(
             PF=int(cfg["pf"]),
             MINC=int(cfg["minc"]),
             PAIR=pair,
+            VST=int(cfg["vst"]),
             **mma_common,
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
             # resident (128 at 16). Uncapped, sm_90 compiles drifted to 130 (GQA 8) and 166 (no tail, after

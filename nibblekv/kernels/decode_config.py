@@ -39,7 +39,8 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #   mma    decode_mma (NVFP4; head_dim 128 with GQA groups <= 8, or 64 with groups <= 4 read as 128 with two
 #          tokens a row, see PAIR in decode_mma._mma_segment): hand-placed mma.sync fragments, one 16-token tile
 #          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
-#          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split)
+#          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
+#          (1: partial outputs as 16-byte vector stores)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 
 
@@ -154,6 +155,8 @@ def _mma_config() -> dict[str, int | bool]:
         # warp took 27.7 us a layer, minc 64 23.9 (FP8: 10.7; H200, 2026-11-30, with the tail still inside
         # the kernel); no effect at B*ctx >= 256K (chunks >= 512 there)
         "minc": 64,
+        # NOTE: 1 = the partial o as 16-byte vector stores (decode_mma's VST); opt-in until timed
+        "vst": 0,
     }
 
 
@@ -196,7 +199,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
-    "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db",
+    "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst",
 }  # fmt: skip
 
 

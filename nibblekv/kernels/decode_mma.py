@@ -163,6 +163,15 @@ def _p_frag(a, b):
     )  # fmt: skip
 
 
+@triton.jit
+def _st4(ptr, a, b, c, d, m):
+    """``st.global.v4.f32``: four consecutive fp32 at ``ptr`` (16-byte aligned) where ``m``."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $6, 0; @p st.global.v4.f32 [$1], {$2, $3, $4, $5}; mov.b32 $0, 0; }",
+        "=r,l,f,f,f,f,r", [ptr.to(tl.int64), a, b, c, d, m.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
 if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (_mma_twins)
     from nibblekv.kernels import _mma_twins as _tw
 
@@ -174,6 +183,7 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
         _tw.cvt_word,
     )
     _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
+    _st4 = _tw.st4
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -521,11 +531,54 @@ def _store_pair(ptr, a, b, c, d, s_oh, hm0, hm1):
 
 
 @triton.jit
+def _store_all(obase, g, s_col, hm0, hm1,
+               a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33,
+               a40, a41, a42, a43, a50, a51, a52, a53, a60, a61, a62, a63, a70, a71, a72, a73):  # fmt: skip
+    """The O^T fragments (already normalized) as scalar stores: dims ``16 g + {0, 1, 4, 5, 8, 9, 12, 13}`` (+2)."""
+    _store_pair(obase + (16 * g + 0), a00, a01, a02, a03, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 1), a10, a11, a12, a13, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 4), a20, a21, a22, a23, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 5), a30, a31, a32, a33, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 8), a40, a41, a42, a43, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 9), a50, a51, a52, a53, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 12), a60, a61, a62, a63, s_col, hm0, hm1)
+    _store_pair(obase + (16 * g + 13), a70, a71, a72, a73, s_col, hm0, hm1)
+
+
+@triton.jit
+def _store_rows(ptr, s_col, hm0, hm1, PAIR: tl.constexpr,
+                e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15,
+                f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15):  # fmt: skip
+    """16 consecutive dims at ``ptr`` of the even column (``e``) and, ``s_col`` further, the odd one (``f``),
+    as 4 + 4 vector stores. ``PAIR``: one row per lane -- the even column where ``hm0``, else the odd one."""
+    if PAIR:
+        e0, e1, e2, e3 = tl.where(hm0, e0, f0), tl.where(hm0, e1, f1), tl.where(hm0, e2, f2), tl.where(hm0, e3, f3)
+        e4, e5, e6, e7 = tl.where(hm0, e4, f4), tl.where(hm0, e5, f5), tl.where(hm0, e6, f6), tl.where(hm0, e7, f7)
+        e8, e9, e10, e11 = tl.where(hm0, e8, f8), tl.where(hm0, e9, f9), tl.where(hm0, e10, f10), tl.where(hm0, e11, f11)
+        e12, e13 = tl.where(hm0, e12, f12), tl.where(hm0, e13, f13)
+        e14, e15 = tl.where(hm0, e14, f14), tl.where(hm0, e15, f15)
+        m = hm0 | hm1
+        _st4(ptr, e0, e1, e2, e3, m)
+        _st4(ptr + 4, e4, e5, e6, e7, m)
+        _st4(ptr + 8, e8, e9, e10, e11, m)
+        _st4(ptr + 12, e12, e13, e14, e15, m)
+    else:
+        _st4(ptr, e0, e1, e2, e3, hm0)
+        _st4(ptr + 4, e4, e5, e6, e7, hm0)
+        _st4(ptr + 8, e8, e9, e10, e11, hm0)
+        _st4(ptr + 12, e12, e13, e14, e15, hm0)
+        _st4(ptr + s_col, f0, f1, f2, f3, hm1)
+        _st4(ptr + s_col + 4, f4, f5, f6, f7, hm1)
+        _st4(ptr + s_col + 8, f8, f9, f10, f11, hm1)
+        _st4(ptr + s_col + 12, f12, f13, f14, f15, hm1)
+
+
+@triton.jit
 def _mma_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
-    PAIR: tl.constexpr = 0,
+    PAIR: tl.constexpr = 0, VST: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
@@ -538,6 +591,9 @@ def _mma_segment(
     its output is dims ``[64 p, 64 p + 64)`` of O^T (the other half mixes the wrong tokens and is dropped).
     Each (head, parity) is its own softmax partial: slots ``2 w`` and ``2 w + 1`` of ``D / 2`` dims; the
     combine step merges them like splits. GQA groups <= 4.
+
+    ``VST``: the partial o as 16-byte vector stores (8 per lane) instead of 32 scalar ones, each of which
+    touches 32 sectors -- the whole grid stores at once at its end (one wave), so the epilogue is a burst.
     """
     lane = tl.arange(0, 32 * NW)
     warp = lane // 32
@@ -675,14 +731,19 @@ def _mma_segment(
         hm1 = 2 * t + 1 < G
         obase = o_ptr + (2 * t) * s_oh + warp * D
         s_col = s_oh
-    _store_pair(obase + (16 * g + 0), o00 * i0, o01 * i1, o02 * i0, o03 * i1, s_col, hm0, hm1)
-    _store_pair(obase + (16 * g + 1), o10 * i0, o11 * i1, o12 * i0, o13 * i1, s_col, hm0, hm1)
-    _store_pair(obase + (16 * g + 4), o20 * i0, o21 * i1, o22 * i0, o23 * i1, s_col, hm0, hm1)
-    _store_pair(obase + (16 * g + 5), o30 * i0, o31 * i1, o32 * i0, o33 * i1, s_col, hm0, hm1)
-    _store_pair(obase + (16 * g + 8), o40 * i0, o41 * i1, o42 * i0, o43 * i1, s_col, hm0, hm1)
-    _store_pair(obase + (16 * g + 9), o50 * i0, o51 * i1, o52 * i0, o53 * i1, s_col, hm0, hm1)
-    _store_pair(obase + (16 * g + 12), o60 * i0, o61 * i1, o62 * i0, o63 * i1, s_col, hm0, hm1)
-    _store_pair(obase + (16 * g + 13), o70 * i0, o71 * i1, o72 * i0, o73 * i1, s_col, hm0, hm1)
+    if VST:  # NOTE: lane (g, t) holds dims [16 g, 16 g + 16) of both its columns: 16-byte vector stores
+        _store_rows(obase + 16 * g, s_col, hm0, hm1, PAIR,
+                    o00 * i0, o10 * i0, o02 * i0, o12 * i0, o20 * i0, o30 * i0, o22 * i0, o32 * i0,
+                    o40 * i0, o50 * i0, o42 * i0, o52 * i0, o60 * i0, o70 * i0, o62 * i0, o72 * i0,
+                    o01 * i1, o11 * i1, o03 * i1, o13 * i1, o21 * i1, o31 * i1, o23 * i1, o33 * i1,
+                    o41 * i1, o51 * i1, o43 * i1, o53 * i1, o61 * i1, o71 * i1, o63 * i1, o73 * i1)  # fmt: skip
+    else:
+        _store_all(obase, g, s_col, hm0, hm1,
+                   o00 * i0, o01 * i1, o02 * i0, o03 * i1, o10 * i0, o11 * i1, o12 * i0, o13 * i1,
+                   o20 * i0, o21 * i1, o22 * i0, o23 * i1, o30 * i0, o31 * i1, o32 * i0, o33 * i1,
+                   o40 * i0, o41 * i1, o42 * i0, o43 * i1, o50 * i0, o51 * i1, o52 * i0, o53 * i1,
+                   o60 * i0, o61 * i1, o62 * i0, o63 * i1, o70 * i0, o71 * i1, o72 * i0, o73 * i1)  # fmt: skip
+
     lse0 = tl.where(l0 > 0, m0 + tl.log2(tl.maximum(l0, 1e-30)), float("-inf"))
     lse1 = tl.where(l1 > 0, m1 + tl.log2(tl.maximum(l1, 1e-30)), float("-inf"))
     if PAIR:
@@ -738,6 +799,7 @@ def decode_mma_kernel(
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16, PAIR: tl.constexpr = 0,
+    VST: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones unused); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -774,5 +836,5 @@ def decode_mma_kernel(
         q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
         pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
         o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-        G, D, PAGE, NW, TPI, PF, PAIR,
+        G, D, PAGE, NW, TPI, PF, PAIR, VST,
     )  # fmt: skip
