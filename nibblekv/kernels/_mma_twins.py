@@ -176,3 +176,15 @@ def st4(ptr, a, b, c, d, m):
     tl.store(ptr + 2, c, mask=m)
     tl.store(ptr + 3, d, mask=m)
     return tl.zeros_like(a).to(tl.int32)
+
+
+@triton.jit
+def ld4(ptr, m):
+    """16 bytes at ``ptr`` as four uint32 where ``m``, else zeros (one vector load on the GPU)."""
+    p = ptr.to(tl.pointer_type(tl.uint32))
+    return (
+        tl.load(p, mask=m, other=0),
+        tl.load(p + 1, mask=m, other=0),
+        tl.load(p + 2, mask=m, other=0),
+        tl.load(p + 3, mask=m, other=0),
+    )

@@ -395,6 +395,9 @@ def decode_triton(
             MINC=int(cfg["minc"]),
             PAIR=pair,
             VST=int(cfg["vst"]),
+            # vector Q loads need bf16 rows at 16-byte aligned addresses (else the scalar loads)
+            VQ=int(cfg["vq"]) * int(q.dtype == torch.bfloat16 and q.data_ptr() % 16 == 0
+                                    and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0),  # fmt: skip
             **mma_common,
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
             # resident (128 at 16). Uncapped, sm_90 compiles drifted to 130 (GQA 8) and 166 (no tail, after

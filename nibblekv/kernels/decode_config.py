@@ -40,7 +40,7 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          tokens a row, see PAIR in decode_mma._mma_segment): hand-placed mma.sync fragments, one 16-token tile
 #          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
-#          (1: partial outputs as 16-byte vector stores)
+#          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 
 
@@ -157,6 +157,8 @@ def _mma_config() -> dict[str, int | bool]:
         "minc": 64,
         # NOTE: 1 = the partial o as 16-byte vector stores (decode_mma's VST); opt-in until timed
         "vst": 0,
+        # NOTE: 1 = Q as 16-byte vector loads (decode_mma's VQ); opt-in until timed
+        "vq": 0,
     }
 
 
@@ -199,7 +201,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
-    "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst",
+    "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
 }  # fmt: skip
 
 

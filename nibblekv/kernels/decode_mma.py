@@ -172,6 +172,17 @@ def _st4(ptr, a, b, c, d, m):
     )  # fmt: skip
 
 
+@triton.jit
+def _ld4(ptr, m):
+    """``ld.global.v4.u32``: 16 bytes at ``ptr`` (16-byte aligned) as four uint32 where ``m``, else zeros."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; "
+        "@p ld.global.v4.u32 {$0, $1, $2, $3}, [$4]; }",
+        "=r,=r,=r,=r,l,r", [ptr.to(tl.int64), m.to(tl.int32)], dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+        is_pure=True, pack=1,
+    )  # fmt: skip
+
+
 if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (_mma_twins)
     from nibblekv.kernels import _mma_twins as _tw
 
@@ -183,7 +194,7 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
         _tw.cvt_word,
     )
     _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
-    _st4 = _tw.st4
+    _st4, _ld4 = _tw.st4, _tw.ld4
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -522,6 +533,38 @@ def _q_pair(qrow, d, qm):
 
 
 @triton.jit
+def _bf16_lo(w):
+    """The low bf16 of a uint32 -> fp32 (exact)."""
+    return (w << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bf16_hi(w):
+    """The high bf16 of a uint32 -> fp32 (exact)."""
+    return ((w >> 16) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _q_frags_vec(qrow, qm):
+    """``_q_pair``'s 16 B-fragments from 4 vector loads of bf16 Q dims ``[0, 32)`` at ``qrow`` (word ``k`` =
+    dims ``2k, 2k + 1``): fragment ``i`` = (Q[o], Q[o + 2]), o = ``[0, 4, 1, 5, 8, 12, 9, 13, ...][i]``."""
+    w0, w1, w2, w3 = _ld4(qrow, qm)
+    w4, w5, w6, w7 = _ld4(qrow + 8, qm)
+    w8, w9, w10, w11 = _ld4(qrow + 16, qm)
+    w12, w13, w14, w15 = _ld4(qrow + 24, qm)
+    return (
+        _pack_h2(_bf16_lo(w0), _bf16_lo(w1)), _pack_h2(_bf16_lo(w2), _bf16_lo(w3)),
+        _pack_h2(_bf16_hi(w0), _bf16_hi(w1)), _pack_h2(_bf16_hi(w2), _bf16_hi(w3)),
+        _pack_h2(_bf16_lo(w4), _bf16_lo(w5)), _pack_h2(_bf16_lo(w6), _bf16_lo(w7)),
+        _pack_h2(_bf16_hi(w4), _bf16_hi(w5)), _pack_h2(_bf16_hi(w6), _bf16_hi(w7)),
+        _pack_h2(_bf16_lo(w8), _bf16_lo(w9)), _pack_h2(_bf16_lo(w10), _bf16_lo(w11)),
+        _pack_h2(_bf16_hi(w8), _bf16_hi(w9)), _pack_h2(_bf16_hi(w10), _bf16_hi(w11)),
+        _pack_h2(_bf16_lo(w12), _bf16_lo(w13)), _pack_h2(_bf16_lo(w14), _bf16_lo(w15)),
+        _pack_h2(_bf16_hi(w12), _bf16_hi(w13)), _pack_h2(_bf16_hi(w14), _bf16_hi(w15)),
+    )  # fmt: skip
+
+
+@triton.jit
 def _store_pair(ptr, a, b, c, d, s_oh, hm0, hm1):
     """O^T fragment -> partial output: (head 2t, dim), (2t+1, dim), (2t, dim + 2), (2t+1, dim + 2)."""
     tl.store(ptr, a, mask=hm0)
@@ -578,7 +621,7 @@ def _mma_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
-    PAIR: tl.constexpr = 0, VST: tl.constexpr = 0,
+    PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
@@ -594,6 +637,7 @@ def _mma_segment(
 
     ``VST``: the partial o as 16-byte vector stores (8 per lane) instead of 32 scalar ones, each of which
     touches 32 sectors -- the whole grid stores at once at its end (one wave), so the epilogue is a burst.
+    ``VQ``: Q (bf16, rows 16-byte aligned) as 4 vector loads per lane, for the same reason at the start.
     """
     lane = tl.arange(0, 32 * NW)
     warp = lane // 32
@@ -613,22 +657,25 @@ def _mma_segment(
         qm = g < G
         qrow = q_ptr + (h * G + g) * s_qh
     qd = 32 * t
-    q0 = _q_pair(qrow, qd + 0, qm)
-    q1 = _q_pair(qrow, qd + 4, qm)
-    q2 = _q_pair(qrow, qd + 1, qm)
-    q3 = _q_pair(qrow, qd + 5, qm)
-    q4 = _q_pair(qrow, qd + 8, qm)
-    q5 = _q_pair(qrow, qd + 12, qm)
-    q6 = _q_pair(qrow, qd + 9, qm)
-    q7 = _q_pair(qrow, qd + 13, qm)
-    q8 = _q_pair(qrow, qd + 16, qm)
-    q9 = _q_pair(qrow, qd + 20, qm)
-    q10 = _q_pair(qrow, qd + 17, qm)
-    q11 = _q_pair(qrow, qd + 21, qm)
-    q12 = _q_pair(qrow, qd + 24, qm)
-    q13 = _q_pair(qrow, qd + 28, qm)
-    q14 = _q_pair(qrow, qd + 25, qm)
-    q15 = _q_pair(qrow, qd + 29, qm)
+    if VQ:  # NOTE: the lane's 32 dims are 64 contiguous bytes: 4 vector loads instead of 32 scattered ones
+        q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _q_frags_vec(qrow + qd, qm)
+    else:
+        q0 = _q_pair(qrow, qd + 0, qm)
+        q1 = _q_pair(qrow, qd + 4, qm)
+        q2 = _q_pair(qrow, qd + 1, qm)
+        q3 = _q_pair(qrow, qd + 5, qm)
+        q4 = _q_pair(qrow, qd + 8, qm)
+        q5 = _q_pair(qrow, qd + 12, qm)
+        q6 = _q_pair(qrow, qd + 9, qm)
+        q7 = _q_pair(qrow, qd + 13, qm)
+        q8 = _q_pair(qrow, qd + 16, qm)
+        q9 = _q_pair(qrow, qd + 20, qm)
+        q10 = _q_pair(qrow, qd + 17, qm)
+        q11 = _q_pair(qrow, qd + 21, qm)
+        q12 = _q_pair(qrow, qd + 24, qm)
+        q13 = _q_pair(qrow, qd + 28, qm)
+        q14 = _q_pair(qrow, qd + 25, qm)
+        q15 = _q_pair(qrow, qd + 29, qm)
     m0 = tl.full([32 * NW], float("-inf"), tl.float32)
     m1 = m0
     z = tl.zeros([32 * NW], tl.float32)
@@ -799,7 +846,7 @@ def decode_mma_kernel(
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16, PAIR: tl.constexpr = 0,
-    VST: tl.constexpr = 0,
+    VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones unused); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -836,5 +883,5 @@ def decode_mma_kernel(
         q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
         pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
         o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-        G, D, PAGE, NW, TPI, PF, PAIR, VST,
+        G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ,
     )  # fmt: skip
