@@ -244,7 +244,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     w = tl.where(smask & (lse > float("-inf")), tl.exp2(lse - mx), 0.0)
     total = tl.sum(w, axis=0)
     inv = 1.0 / tl.where(total > 0, total, 1.0)  # an empty context yields zeros, never NaN
-    if WRITE_LSE:
+    if WRITE_LSE:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
         if tl.program_id(1) == 0:
             tl.store(lse_out + r, tl.where(total > 0, mx + tl.log2(tl.maximum(total, 1e-30)), float("-inf")))
     offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
@@ -345,7 +345,9 @@ def decode_triton(
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.stride(-1) != 1:
         raise ValueError("out must be shaped like q with unit last stride")
-    if lse_out is not None and (lse_out.shape != (bsz, hq) or lse_out.dtype != torch.float32 or not lse_out.is_contiguous()):
+    if lse_out is not None and (
+        lse_out.shape != (bsz, hq) or lse_out.dtype != torch.float32 or not lse_out.is_contiguous()
+    ):
         raise ValueError(f"lse_out must be contiguous float32 [{bsz}, {hq}]")
     if bsz == 0:
         return out
@@ -395,9 +397,7 @@ def decode_triton(
             MINC=int(cfg["minc"]),
             PAIR=pair,
             VST=int(cfg["vst"]),
-            # vector Q loads need bf16 rows at 16-byte aligned addresses (else the scalar loads)
-            VQ=int(cfg["vq"]) * int(q.dtype == torch.bfloat16 and q.data_ptr() % 16 == 0
-                                    and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0),  # fmt: skip
+            VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
             **mma_common,
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
             # resident (128 at 16). Uncapped, sm_90 compiles drifted to 130 (GQA 8) and 166 (no tail, after
@@ -431,6 +431,11 @@ def decode_triton(
         lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
     )  # fmt: skip
     return out
+
+
+def _q_vector_ok(q: torch.Tensor) -> bool:
+    """Whether decode_mma may load Q rows as 16-byte vectors (bf16, rows and heads 16-byte aligned)."""
+    return q.dtype == torch.bfloat16 and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}

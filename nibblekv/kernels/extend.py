@@ -279,7 +279,9 @@ def extend_triton(
         tail_page_table = tail_page_table.contiguous()
     if out is None:
         out = torch.empty_like(q)
-    if lse_out is not None and (lse_out.shape != q.shape[:2] or lse_out.dtype != torch.float32 or not lse_out.is_contiguous()):
+    if lse_out is not None and (
+        lse_out.shape != q.shape[:2] or lse_out.dtype != torch.float32 or not lse_out.is_contiguous()
+    ):
         raise ValueError(f"lse_out must be contiguous float32 {list(q.shape[:2])}")
     if bsz == 0 or q.shape[0] == 0:
         return out
