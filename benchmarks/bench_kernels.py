@@ -53,17 +53,22 @@ def bench(fn, rep_ms: int = 200) -> float:  # type: ignore[no-untyped-def]
 _FLUSH: torch.Tensor | None = None
 
 
+def _flush_buffer() -> torch.Tensor:
+    """256 MB zeroed before every timed call: larger than the H200's 50 MB L2."""
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 << 20, dtype=torch.int8, device=DEV)
+    return _FLUSH
+
+
 def bench_graph(fn, reps: int = 20, trials: int = 7) -> float:  # type: ignore[no-untyped-def]
     """Median GPU microseconds of ``fn`` as the engine runs decode: replayed from a CUDA graph (no host
     launch cost), with L2 flushed before every call. A graph of ``reps`` x (flush, fn) minus a graph of
     ``reps`` flushes, per call. ``do_bench`` times host launch work too: at B*ctx <= 256K the launcher's
     Python (~150-250 us for three launches on the device's CPU) hid the kernel (2026-11-30 run)."""
-    global _FLUSH
     if DEV == "cpu":
         return bench(fn)
-    if _FLUSH is None:
-        _FLUSH = torch.empty(256 << 20, dtype=torch.int8, device=DEV)  # > the H200's 50 MB L2
-    flush = _FLUSH
+    flush = _flush_buffer()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up off the capture stream, as torch.cuda.graph requires
@@ -96,16 +101,14 @@ def kernel_breakdown(fn, reps: int = 10) -> dict[str, float]:  # type: ignore[no
     flushed before every call; the flush's own kernel left out): where a launcher's time goes."""
     from torch.profiler import ProfilerActivity, profile
 
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = torch.empty(256 << 20, dtype=torch.int8, device=DEV)
+    flush = _flush_buffer()
     with profile(activities=[ProfilerActivity.CUDA]) as p0:  # the flush alone: which kernel names to drop
-        _FLUSH.zero_()
+        flush.zero_()
         torch.cuda.synchronize()
     flush_names = {e.key for e in p0.key_averages()}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            _FLUSH.zero_()
+            flush.zero_()
             fn()
         torch.cuda.synchronize()
     res: dict[str, float] = {}

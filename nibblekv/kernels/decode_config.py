@@ -60,13 +60,19 @@ def default_num_splits(
     return splits
 
 
+def mma_columns(head_dim: int) -> int:
+    """Query columns per KV head that decode_mma scores at once: 8 at head_dim 128 (one ``mma.sync``
+    n-dimension), 4 at 64 (two tokens a row use two columns each), 0 where it does not run."""
+    return {128: 8, 64: 4}.get(head_dim, 0)
+
+
 def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
     """Why ``decode_mma`` cannot run on this pool (None if it can): NVFP4, head_dim 128 with a GQA group
     <= 8 or head_dim 64 with a group <= 4 and an even page size (two tokens a row), packed rows, pages and
     heads 8-byte aligned (the kernel reads them as uint64 / uint16 words)."""
     lay = cache.layout
     d = lay.head_dim
-    fits = (d == 128 and g <= 8) or (d == 64 and g <= 4 and lay.page_size % 2 == 0)
+    fits = 0 < g <= mma_columns(d) and (d != 64 or lay.page_size % 2 == 0)
     if fmt_code(cache.dtype) != FMT_NVFP4 or not fits or cache.k_scale is None:
         return "needs an NVFP4 pool with head_dim 128 and a GQA group <= 8, or head_dim 64, a group <= 4 and even pages"
     ds, ss = cache.k_data.stride(), cache.k_scale.stride()

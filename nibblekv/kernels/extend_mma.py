@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from nibblekv.kernels.decode import decode_triton
-from nibblekv.kernels.decode_config import _mma_unsupported
+from nibblekv.kernels.decode_config import _mma_unsupported, mma_columns
 from nibblekv.kernels.extend import extend_triton
 from nibblekv.kernels.types import LayerKV
 
@@ -34,15 +34,10 @@ from nibblekv.kernels.types import LayerKV
 MAX_GROUPS = 2
 
 
-def columns_per_group(head_dim: int) -> int:
-    """decode_mma's columns per KV head: 8 at head_dim 128, 4 at 64 (two tokens a row use two each)."""
-    return 8 if head_dim == 128 else 4
-
-
 def extend_mma_unsupported(q: torch.Tensor, cache: LayerKV, max_chunk: int) -> str | None:
     """Why :func:`extend_mma` cannot serve this call (None if it can)."""
     g = q.shape[1] // cache.layout.num_kv_heads
-    cap = columns_per_group(cache.layout.head_dim)
+    cap = mma_columns(cache.layout.head_dim)
     why = _mma_unsupported(cache, min(cap, g * max_chunk))
     if why is None and max_chunk * g > MAX_GROUPS * cap:
         why = f"needs chunk x GQA group <= {MAX_GROUPS * cap} columns per KV head"
@@ -67,7 +62,7 @@ def extend_mma(
 ) -> torch.Tensor:
     """``extend_triton``'s contract (``q [T, Hq, D]`` -> ``[T, Hq, D]``) for an NVFP4 pool that ``decode_mma``
     reads; ``max_chunk`` (host int) >= every chunk (``cu_seqlens [B + 1]``), ``max_chunk * G`` at most
-    ``MAX_GROUPS`` groups of :func:`columns_per_group` columns. ``num_splits``: decode_mma's split count
+    ``MAX_GROUPS`` groups of ``decode_config.mma_columns`` columns. ``num_splits``: decode_mma's split count
     for the prefix (default: one wave of the GPU, as for decode)."""
     why = extend_mma_unsupported(q, cache, max_chunk)
     if why:
@@ -76,7 +71,7 @@ def extend_mma(
     bsz = cu_seqlens.numel() - 1
     hkv = cache.layout.num_kv_heads
     g = hq // hkv
-    gv = min(columns_per_group(d), max_chunk * g)  # columns per virtual request and KV head
+    gv = min(mma_columns(d), max_chunk * g)  # columns per virtual request and KV head
     ng = -(-max_chunk * g // gv)
     dev = q.device
     if out is None:
@@ -118,4 +113,4 @@ def extend_mma(
     return out
 
 
-__all__ = ["MAX_GROUPS", "columns_per_group", "extend_mma", "extend_mma_unsupported"]
+__all__ = ["MAX_GROUPS", "extend_mma", "extend_mma_unsupported"]
