@@ -161,10 +161,12 @@ def _mma_config() -> dict[str, int | bool]:
         # warp took 27.7 us a layer, minc 64 23.9 (FP8: 10.7; H200, 2026-11-30, with the tail still inside
         # the kernel); no effect at B*ctx >= 256K (chunks >= 512 there)
         "minc": 64,
-        # NOTE: 1 = the partial o as 16-byte vector stores (decode_mma's VST); opt-in until timed
-        "vst": 0,
-        # NOTE: 1 = Q as 16-byte vector loads (decode_mma's VQ); opt-in until timed
-        "vq": 0,
+        # NOTE: 1 = the partial o as 16-byte vector stores (VST) and Q as 16-byte vector loads (VQ): the
+        # one-wave grid loads Q and stores partials all at once. H200, 2026-11-30, one run, fraction of the
+        # read ceiling at B64x32K / B8x32K / B32x8K / B1x128K: GQA 8 .73/.56/.55/.43 -> .72/.62/.62/.57;
+        # GQA 4 .75/.63/.63/.57 -> .72/.64/.64/.58 (benchmarks/results/decode-variants-vst-h200.json)
+        "vst": 1,
+        "vq": 1,
     }
 
 
