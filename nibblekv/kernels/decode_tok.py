@@ -250,6 +250,8 @@ def _tok_segment(
         q = q.to(tl.float16)  # the dequantized K/V tiles are fp16
     elif INTERP:
         q = q.to(tl.float32)
+    else:  # NOTE: tl.dot needs both operands in one dtype: an fp32 q over a bf16 pool failed to compile
+        q = q.to(k_ptr.dtype.element_ty)
     m = tl.full([BH], float("-inf"), tl.float32)
     l = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, D], tl.float32)
