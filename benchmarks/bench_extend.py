@@ -6,8 +6,8 @@ Standalone, it sweeps launch configs (prefix splits x pipeline stages) against t
     PYTHONPATH=. python benchmarks/bench_extend.py --tiny                               # CPU smoke (interpreter)
 
 ``SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS[:MMA]]]]]]`` (0 = the default; OWN = the own-chunk loop's
-stages; MMA=1: ``extend_mma`` -- NVFP4 prefix through decode_mma -- where it applies, kernel
-``extend_mma``); writes ``DIR/extend-sweep.json``. At BM = BN = 64,
+stages; DEC=1: ``extend_decode`` -- the NVFP4 prefix through decode_mma, FP8's through decode_tok --
+where it applies, kernel ``extend_decode``); writes ``DIR/extend-sweep.json``. At BM = BN = 64,
 head_dim 128, the default 5 stages take 180 KB of shared memory (one program per SM) and ~254 registers
 (sm_90 compile, 2026-11-30): fewer stages / more warps are what splitting needs to pay off.
 """
@@ -28,7 +28,7 @@ import torch
 
 from nibblekv.formats.layout import KVDtype, PageLayout
 from nibblekv.kernels.extend import extend_triton
-from nibblekv.kernels.extend_mma import extend_mma, extend_mma_unsupported
+from nibblekv.kernels.extend_decode import extend_decode, extend_decode_unsupported
 from nibblekv.kernels.testing import fill_pool
 from nibblekv.kernels.types import LayerKV
 
@@ -39,7 +39,7 @@ SHAPES = (
     (32, 8192, 16), (64, 8192, 4), (64, 8192, 2), (32, 32768, 1), (8, 8192, 128), (4, 32768, 64), (1, 32768, 512),
     (8, 2048, 512),
 )  # fmt: skip
-TINY = ((1, 80, 3),)  # 3 tokens x GQA 4: two extend_mma column groups
+TINY = ((1, 80, 3),)  # 3 tokens x GQA 4: two decode_mma column groups (NVFP4), one decode_tok group (FP8)
 
 
 def extend_rows(
@@ -49,7 +49,7 @@ def extend_rows(
     """Time extend_triton per (dtype, shape, (splits, stages[, warps[, bm[, bn]]])); rows carry the keys
     bench_kernels' ``add`` takes (0 = the launcher's default)."""
     rows: list[dict[str, object]] = []
-    if tiny:  # NOTE: one KV head: decode_mma (extend_mma rows) is slow in the interpreter
+    if tiny:  # NOTE: one KV head: decode_mma (extend_decode rows) is slow in the interpreter
         hq, hkv = hq // hkv, 1
     for b, prefix, chunk in TINY if tiny else SHAPES:
         for dt in (KVDtype.BF16, KVDtype.FP8, KVDtype.NVFP4):
@@ -66,14 +66,14 @@ def extend_rows(
             v = torch.randn_like(k)
             out = torch.empty_like(q)
             for cfg in configs:
-                splits, stages, warps, bm, bn, own, regs, mma = (*cfg, 0, 0, 0, 0, 0, 0, 0)[:8]
+                splits, stages, warps, bm, bn, own, regs, dec = (*cfg, 0, 0, 0, 0, 0, 0, 0)[:8]
                 kw = {"num_splits": splits, "num_stages": stages or None, "num_warps": warps or None,
                       "block_m": bm or None, "block_n": bn or None, "own_stages": own or None,
                       "max_registers": regs or None}  # fmt: skip
-                if mma:
-                    if extend_mma_unsupported(q, pool, chunk):
+                if dec:
+                    if extend_decode_unsupported(q, pool, chunk):
                         continue
-                    fn = partial(extend_mma, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
+                    fn = partial(extend_decode, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
                                  num_splits=splits or None)  # fmt: skip
                 else:
                     fn = partial(
@@ -89,7 +89,7 @@ def extend_rows(
                     )
                     continue
                 nbytes = b * prefix * lay.bytes_per_token() + (q.numel() + 2 * k.numel()) * 2
-                rows.append({"kernel": "extend_mma" if mma else "extend", "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv, "d": d,
+                rows.append({"kernel": "extend_decode" if dec else "extend", "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv, "d": d,
                              "us": us, "nbytes": nbytes, "chunk": chunk, "splits": splits, "stages": stages, "warps": warps,
                              "bm": bm, "bn": bn, "own_stages": own, "max_registers": regs})  # fmt: skip
             del pool
@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument(
         "--configs", nargs="+", default=["0:0"],
-        help="SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS[:MMA]]]]]] (0 = default; REGS caps registers per thread; "
-        "MMA=1 times extend_mma where it applies)",
+        help="SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS[:DEC]]]]]] (0 = default; REGS caps registers per thread; "
+        "DEC=1 times extend_decode where it applies)",
     )
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args(argv)

@@ -344,7 +344,7 @@ def main() -> None:
     try:
         from benchmarks.bench_extend import extend_rows
 
-        # kernel time, as for decode: the default extend, and extend_mma (NVFP4, short chunks) where it applies
+        # kernel time, as for decode: extend_triton, and extend_decode (NVFP4 / FP8, short chunks) where it applies
         for r in extend_rows(bench_graph, DEV, args.tiny, configs=((0, 0), (0, 0, 0, 0, 0, 0, 0, 1))):
             add(**r)
     except ImportError as e:

@@ -13,9 +13,9 @@ if [ "${RUN_TESTS:-0}" = 1 ]; then
 fi
 # extend launch configs: SPLITS:STAGES:WARPS:BM:BN:OWN:REGS (0 = default; the default own-key loop runs at
 # 1 stage since 2026-11-30; REGS 168 was slower at every shape, extend-sweep-regs-h200.json). The default
-# sweep times the auto split rule (0) against fixed splits, and 16/32-row query blocks (BM) for the short
-# chunks (4 tokens x GQA 4 = 16 rows: the default BM=64 block is 3/4 padding; unmeasured), and extend_mma
-# (the NVFP4 prefix of chunks <= 4 tokens at GQA 4 through decode_mma; unmeasured).
+# sweep times the auto split rule (0) against fixed splits, and extend_decode (DEC=1: the prefix of short
+# chunks through the decode kernels; NVFP4 timed 2026-11-30 before its merge kernels, FP8 not yet). 16/32-row
+# query blocks (BM 16 / 32) were 2-4x slower at every shape (extend-sweep-bm-h200.json).
 timeout "${EXTEND_TIMEOUT:-150}" python3 benchmarks/bench_extend.py --out "$OUT" \
-    --configs ${EXTEND_CONFIGS:-0:0 1:0 2:0 0:0:0:16 0:0:0:32 0:0:0:0:0:0:0:1} 2>&1 | tee "$OUT/extend.log" | tail -40
+    --configs ${EXTEND_CONFIGS:-0:0 2:0 0:0:0:0:0:0:0:1} 2>&1 | tee "$OUT/extend.log" | tail -40
 python3 benchmarks/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"

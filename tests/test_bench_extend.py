@@ -19,6 +19,6 @@ def test_extend_sweep_tiny(tmp_path: Path) -> None:
     ext = [r for r in rows if r["kernel"] == "extend"]
     assert {r["dt"] for r in ext} == {"bf16", "fp8_e4m3", "nvfp4"}
     assert all(r["splits"] == 2 and r["us"] > 0 and r["nbytes"] > 0 and "frac_of_ceiling" in r for r in ext)
-    # extend_mma: NVFP4 only (decode_mma reads NVFP4 pools)
-    assert [(r["dt"], r["splits"]) for r in rows if r["kernel"] == "extend_mma"] == [("nvfp4", 3)]
+    # extend_decode: NVFP4 (decode_mma) and FP8 (decode_tok); bf16's extend already streams
+    assert [(r["dt"], r["splits"]) for r in rows if r["kernel"] == "extend_decode"] == [("fp8_e4m3", 3), ("nvfp4", 3)]
     assert not torch.cuda.is_available() or doc["ceiling_probes"]

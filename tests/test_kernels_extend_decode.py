@@ -1,0 +1,143 @@
+"""Extend through the decode kernels (short chunks over an NVFP4 / FP8 prefix) against the fp32 reference."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+from test_kernels_extend import _run as run_extend
+
+from nibblekv.formats.layout import KVDtype
+from nibblekv.kernels import extend_decode as ed
+from nibblekv.kernels.extend_decode import extend_decode, extend_decode_unsupported, gather_q_ref, merge_ref
+from nibblekv.kernels.testing import make_batch, rel_rms
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+P = 16
+W = 2 * P
+
+
+def _run(prefix: list[int], chunks: list[int], tails: list[int] | None, hkv: int, group: int, d: int,
+         dtype: KVDtype = KVDtype.NVFP4) -> float:  # fmt: skip
+    splits = 3 if DEVICE == "cpu" else None  # the interpreter runs every (mostly empty) split program
+    return run_extend(dtype, prefix, chunks, tails, hkv, group, d, gscale=(0.37, 2.5),
+                      fn=partial(extend_decode_fn, num_splits=splits))  # fmt: skip
+
+
+def extend_decode_fn(*args: object, num_splits: int | None = None, **kw: object) -> object:
+    """extend_decode behind extend_triton's signature (``max_chunk`` from ``cu_seqlens``, the 4th argument)."""
+    cu = args[3]
+    assert isinstance(cu, torch.Tensor)
+    return extend_decode(*args, int((cu[1:] - cu[:-1]).max()), num_splits=num_splits, **kw)  # type: ignore[arg-type]
+
+
+# ragged batches: prefixes 0 / 1 / P-1 / P+1 / several tiles; chunks 1..4 (one and two column groups,
+# columns past a chunk); tails 0 / 1 / W; GQA 1, 3 (SmolLM2) and 4
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_extend_decode_nvfp4_head_dim_128(group: int) -> None:
+    chunks = [1, 2, 1, 2] if group == 4 else [1, 4, 2, 3] if group == 1 else [2, 1, 2, 1]
+    assert _run([0, P - 1, P + 1, 40], chunks, [5, 1, W, 0], 1, group, 128) <= 1e-2
+
+
+def test_extend_decode_nvfp4_head_dim_64_and_no_tail() -> None:
+    # head_dim 64: two tokens a row in decode_mma (4 columns a group); odd prefixes; no tail pool
+    assert _run([0, 1, P, 33], [1, 2, 1, 2], [0, 1, W, 3], 1, 3, 64) <= 1e-2
+    assert _run([1, P + 1, 40], [2, 1, 4], None, 2, 1, 128) <= 1e-2
+
+
+@pytest.mark.parametrize("group,chunks", [(3, [1, 5, 2]), (4, [4, 1, 3])])
+def test_extend_decode_fp8(group: int, chunks: list[int]) -> None:
+    # decode_tok with up to 16 columns (chunk x GQA group) per KV head, one virtual request per request
+    assert _run([0, P + 1, 40], chunks, [1, 0, W], 2, group, 64, dtype=KVDtype.FP8) <= 1e-2
+
+
+def test_extend_decode_refuses_what_it_cannot_serve() -> None:
+    pb = make_batch(KVDtype.NVFP4, [20], 2, 128, P, DEVICE)
+    q = torch.randn(4, 8, 128)
+    assert extend_decode_unsupported(q, pb.cache, 4) is None  # 16 columns = 2 groups of 8
+    assert "columns" in (extend_decode_unsupported(q, pb.cache, 5) or "")
+    fp8 = make_batch(KVDtype.FP8, [20], 2, 128, P, DEVICE)
+    assert extend_decode_unsupported(q, fp8.cache, 4) is None  # 16 columns, one decode_tok group
+    assert "columns" in (extend_decode_unsupported(q, fp8.cache, 5) or "")
+    bf16 = make_batch(KVDtype.BF16, [20], 2, 128, P, DEVICE)
+    assert "NVFP4 or FP8" in (extend_decode_unsupported(q, bf16.cache, 1) or "")
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="extend variant 'decode'"):
+        extend_decode(q[:5].repeat(2, 1, 1)[:5], q[:5, :2], q[:5, :2], cu, pb.cache, pb.page_table, pb.lens, 0.1, 5)
+
+
+@pytest.mark.parametrize("g,gv,ng", [(4, 8, 2), (3, 4, 2), (1, 5, 1)])
+def test_gather_and_merge_kernels_match_their_twins(g: int, gv: int, ng: int) -> None:
+    # the two small kernels alone: gather bit-exact, merge to fp32 rounding; chunks 1 / 3 / 2 (past-the-end
+    # columns clamp to the last row)
+    torch.manual_seed(g * 10 + gv)
+    hkv, d = 2, 16
+    cu = torch.tensor([0, 1, 4, 6], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(6, hkv * g, d, device=DEVICE).to(torch.bfloat16)
+    qv = torch.full((3 * ng, hkv * gv, d), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    ed._gather_q_kernel[(3 * ng, hkv * gv)](q, q.stride(0), q.stride(1), cu, qv, 5, G=g, GV=gv, NG=ng, HV=hkv * gv, D=d)
+    assert torch.equal(qv, gather_q_ref(q, cu, g, gv, ng))
+    o1 = torch.randn(3 * ng, hkv * gv, d, device=DEVICE).to(torch.bfloat16)
+    lse1 = torch.randn(3 * ng, hkv * gv, device=DEVICE) * 4
+    lse1[0, 0] = float("-inf")  # an empty prefix
+    o2, lse2 = torch.randn(6, hkv * g, d, device=DEVICE), torch.randn(6, hkv * g, device=DEVICE)
+    out = torch.full((6, hkv * g, d), float("nan"), device=DEVICE)
+    ed._merge_kernel[(6, hkv * g)](o1, lse1, o2, lse2, out, out.stride(0), out.stride(1), cu, 3,
+                                   HQ=hkv * g, G=g, GV=gv, NG=ng, HV=hkv * gv, D=d, BB=4)  # fmt: skip
+    want = merge_ref(o1, lse1, o2, lse2, cu, g, gv, ng, torch.empty_like(out))
+    assert torch.isfinite(out).all() and rel_rms(out, want) <= 1e-6
+    assert rel_rms(out, merge_ref(o1, lse1.roll(1, 1), o2, lse2, cu, g, gv, ng, torch.empty_like(out))) > 1e-2
+
+
+def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the dispatch only: extend_decode itself is checked above
+    from nibblekv.kernels import extend_attention
+
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(ed, "extend_decode", lambda *a, **k: calls.append((a[4].dtype.value, a[8])) or a[0])
+    monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")
+    q = torch.randn(3, 8, 128, device=DEVICE).to(torch.bfloat16)
+    kv = torch.randn(3, 2, 128, device=DEVICE).to(torch.bfloat16)
+    cu = torch.tensor([0, 2, 3], dtype=torch.int32, device=DEVICE)
+    pools = {dt: make_batch(dt, [20, 3], 2, 128, P, DEVICE) for dt in (KVDtype.NVFP4, KVDtype.FP8)}
+
+    def call(dt: KVDtype, max_chunk: int) -> None:
+        pb = pools[dt]
+        extend_attention(q, kv, kv, cu, pb.cache, pb.page_table, pb.lens, 0.1, max_chunk=max_chunk)
+
+    call(KVDtype.NVFP4, 2)
+    call(KVDtype.FP8, 2)  # auto: NVFP4 only
+    call(KVDtype.NVFP4, 5)  # 20 columns: the tl.dot path
+    assert calls == [("nvfp4", 2)]
+    monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "decode")
+    call(KVDtype.FP8, 2)
+    assert calls == [("nvfp4", 2), ("fp8_e4m3", 2)]
+    monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "triton")
+    call(KVDtype.NVFP4, 2)
+    assert len(calls) == 2
+    monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "mma")
+    with pytest.raises(ValueError, match="NIBBLEKV_EXTEND_VARIANT"):
+        call(KVDtype.NVFP4, 2)
+
+
+def test_extend_lse_out_is_the_same_with_and_without_splits() -> None:
+    # the S == 1 store and the combine step's lse agree (extend_mma merges by them)
+    from nibblekv.kernels.extend import extend_triton
+
+    pb = make_batch(KVDtype.NVFP4, [0, 40], 1, 64, P, DEVICE, tail_lens=[3, W])
+    q = torch.randn(5, 4, 64, device=DEVICE).to(torch.bfloat16)
+    k, v = torch.randn(2, 5, 1, 64, device=DEVICE).to(torch.bfloat16)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=DEVICE)
+    lse = [torch.full((5, 4), float("nan"), device=DEVICE) for _ in range(2)]
+    for splits, out in zip((1, 3), lse):
+        extend_triton(q, k, v, cu, pb.cache, pb.page_table, pb.lens, 0.125, pb.tail, pb.tail_page_table, pb.tail_lens,
+                      max_chunk=3, num_splits=splits, lse_out=out)  # fmt: skip
+    assert torch.isfinite(lse[0]).all() and torch.allclose(lse[0], lse[1], atol=1e-4)
+    # and it is the log2-sum-exp2 of the scaled scores: a query token alone sees only itself
+    one = make_batch(KVDtype.NVFP4, [0], 1, 64, P, DEVICE)
+    out1 = torch.empty(1, 4, device=DEVICE)
+    q1, k1 = q[:1], k[:1]
+    extend_triton(q1, k1, v[:1], cu[:2] // 2, one.cache, one.page_table, one.lens, 0.125, max_chunk=1, lse_out=out1)
+    want = (q1.float() * k1.float().expand(1, 4, 64)).sum(-1) * 0.125 * 1.4426950408889634
+    assert torch.allclose(out1, want, atol=1e-3)
