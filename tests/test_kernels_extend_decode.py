@@ -64,7 +64,9 @@ def test_extend_decode_refuses_what_it_cannot_serve() -> None:
     assert "NVFP4 or FP8" in (extend_decode_unsupported(q, bf16.cache, 1) or "")
     cu = torch.tensor([0, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match="extend variant 'decode'"):
-        extend_decode(q[:5].repeat(2, 1, 1)[:5], q[:5, :2], q[:5, :2], cu, pb.cache, pb.page_table, pb.lens, 0.1, 5)
+        extend_decode(
+            q[:5].repeat(2, 1, 1)[:5], q[:5, :2], q[:5, :2], cu, pb.cache, pb.page_table, pb.lens, 0.1, 5
+        )
 
 
 @pytest.mark.parametrize("g,gv,ng", [(4, 8, 2), (3, 4, 2), (1, 5, 1)])
@@ -76,7 +78,9 @@ def test_gather_and_merge_kernels_match_their_twins(g: int, gv: int, ng: int) ->
     cu = torch.tensor([0, 1, 4, 6], dtype=torch.int32, device=DEVICE)
     q = torch.randn(6, hkv * g, d, device=DEVICE).to(torch.bfloat16)
     qv = torch.full((3 * ng, hkv * gv, d), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    ed._gather_q_kernel[(3 * ng, hkv * gv)](q, q.stride(0), q.stride(1), cu, qv, 5, G=g, GV=gv, NG=ng, HV=hkv * gv, D=d)
+    ed._gather_q_kernel[(3 * ng, hkv * gv)](
+        q, q.stride(0), q.stride(1), cu, qv, 5, G=g, GV=gv, NG=ng, HV=hkv * gv, D=d
+    )
     assert torch.equal(qv, gather_q_ref(q, cu, g, gv, ng))
     o1 = torch.randn(3 * ng, hkv * gv, d, device=DEVICE).to(torch.bfloat16)
     lse1 = torch.randn(3 * ng, hkv * gv, device=DEVICE) * 4
@@ -138,6 +142,8 @@ def test_extend_lse_out_is_the_same_with_and_without_splits() -> None:
     one = make_batch(KVDtype.NVFP4, [0], 1, 64, P, DEVICE)
     out1 = torch.empty(1, 4, device=DEVICE)
     q1, k1 = q[:1], k[:1]
-    extend_triton(q1, k1, v[:1], cu[:2] // 2, one.cache, one.page_table, one.lens, 0.125, max_chunk=1, lse_out=out1)
+    extend_triton(
+        q1, k1, v[:1], cu[:2] // 2, one.cache, one.page_table, one.lens, 0.125, max_chunk=1, lse_out=out1
+    )
     want = (q1.float() * k1.float().expand(1, 4, 64)).sum(-1) * 0.125 * 1.4426950408889634
     assert torch.allclose(out1, want, atol=1e-3)

@@ -172,7 +172,11 @@ def extend_decode(
     bsz = cu_seqlens.numel() - 1
     hkv = cache.layout.num_kv_heads
     g = hq // hkv
-    if q.stride(-1) != 1 or cu_seqlens.dim() != 1 or (out is not None and (out.shape != q.shape or out.stride(-1) != 1)):
+    if (
+        q.stride(-1) != 1
+        or cu_seqlens.dim() != 1
+        or (out is not None and (out.shape != q.shape or out.stride(-1) != 1))
+    ):
         raise ValueError("q (and out) need a unit last stride, cu_seqlens must be [B + 1]")
     if out is None:
         out = torch.empty_like(q)
