@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--synthetic-prefill", action="store_true", help="long part: allocate the prompts' KV pages "
                    "without computing them (decode timing does not depend on the cached values)")  # fmt: skip
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--enable-overlap-schedule", action="store_true",
+                   help="schedule decode step N+1 while step N runs (engine/overlap.py)")  # fmt: skip
     p.add_argument("--profile-steps", type=int, default=0, help="long part: profile this many decode steps "
                    "(after 3) with the torch profiler and report the top GPU kernels")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
@@ -84,7 +86,7 @@ def base_config(args: argparse.Namespace, model: str) -> EngineConfig:
     common: dict[str, Any] = {
         "load_format": "dummy", "seed": args.seed, "chunked_prefill_size": args.chunked_prefill_size,
         "kv_recent_window": args.kv_recent_window, "disable_cuda_graph": args.disable_cuda_graph,
-        "decode_log_interval": 0,
+        "decode_log_interval": 0, "enable_overlap_schedule": args.enable_overlap_schedule,
     }  # fmt: skip
     if args.smoke:  # NOTE: on CPU the pool is sized from a byte budget, like the GPU's fraction rule
         return EngineConfig(model=model, device="cpu", mem_budget_gib=1e-3, **common)

@@ -61,6 +61,8 @@ class EngineConfig:
     enable_hierarchical_cache: bool = False  # evicted prefix pages go to a host-memory tier
     hicache_size: float | None = None  # host tier GiB; None = twice the main pool's bytes
     hicache_write_policy: str = "write_back"  # host copy at eviction, or as soon as a page is cached
+    # Schedule decode step N+1 while step N runs (engine/overlap.py); opt-in until timed on a GPU
+    enable_overlap_schedule: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
@@ -104,6 +106,13 @@ class EngineConfig:
         if self.hicache_size is not None:
             _check(self.hicache_size > 0, "hicache_size", "must be > 0")
         _check_choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
+        if self.enable_overlap_schedule:
+            _check(self.tp_size == 1, "enable_overlap_schedule", "is not supported with --tp-size > 1")
+            _check(
+                not self.enable_hierarchical_cache,
+                "enable_overlap_schedule",
+                "is not supported with --enable-hierarchical-cache",
+            )
 
     @property
     def chunk_tokens(self) -> int | None:
@@ -227,6 +236,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--context-length", type=_positive_int, default=None)
     g.add_argument("--disable-cuda-graph", action="store_true")
     g.add_argument("--cuda-graph-max-bs", type=_positive_int, default=d.cuda_graph_max_bs)
+    g.add_argument(
+        "--enable-overlap-schedule", action="store_true",
+        help="schedule decode step N+1 while step N runs on the GPU (hides the host's per-step work; "
+        "one token is computed and dropped for a request that stops; not with --tp-size > 1 or the host tier)",
+    )  # fmt: skip
     g.add_argument(
         "--tp-size", "--tp", dest="tp_size", type=_positive_int, default=d.tp_size,
         help="tensor-parallel ranks (NCCL, one GPU each; gloo on CPU)",

@@ -28,6 +28,25 @@ def dummy_smollm2():  # -> (CausalLM, Tokenizer), bf16 random weights on the GPU
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("graphs", [True, False])
+def test_overlap_schedule_equals_sync_on_gpu(dummy_smollm2, graphs: bool) -> None:
+    # the placeholders are filled on the device (graph inputs or eager ids) while the host runs ahead
+    rng = random.Random(1)
+    prompts = [[rng.randrange(10, 30000) for _ in range(n)] for n in (37, 53, 61, 29, 17)]
+    params = [SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True) for n in (40, 1, 2, 23, 40)]
+    common: dict = {
+        "loaded": dummy_smollm2, "kv_cache_dtype": "nvfp4", "max_total_tokens": 4096, "max_running_requests": 8,
+        "kv_recent_window": 16, "decode_log_interval": 0, "disable_cuda_graph": not graphs,
+    }  # fmt: skip
+    ref = Engine(**common).generate(prompts, params)
+    over = Engine(enable_overlap_schedule=True, **common)
+    got = over.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert over.runner.last_used_graph == graphs and over.pool.all_free()
+
+
+@pytest.mark.gpu
+@needs_cuda
 @pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3", "nvfp4"])
 def test_cuda_graph_decode_equals_eager(dummy_smollm2, kv: str) -> None:
     rng = random.Random(0)

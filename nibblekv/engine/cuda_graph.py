@@ -15,6 +15,7 @@ import torch
 from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, to_device
 from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
+from nibblekv.engine.request import fill_placeholders
 from nibblekv.kernels import demote_pages
 from nibblekv.model import CausalLM
 
@@ -97,11 +98,17 @@ class CudaGraphRunner:
         hidden = self.model.forward(self.input_ids[:bs], self.positions[:bs], self.backend)
         return self.model.compute_logits(hidden)
 
-    def replay(self, lists: dict[str, list[int]], bs: int) -> torch.Tensor:
-        """Run the batch described by the runner's ``lists``; returns logits ``[bs, vocab]``."""
+    def replay(
+        self, lists: dict[str, list[int]], bs: int, prev_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run the batch described by the runner's ``lists``; returns logits ``[bs, vocab]``.
+        ``prev_tokens``: what placeholder input ids stand for (``request.fill_placeholders``)."""
         size = next(s for s in self.sizes if s >= bs)
         self._demote(lists["demote_src"], lists["demote_dst"])
         self._fill(lists, bs, size)
+        if prev_tokens is not None:
+            ids = self.input_ids[:size]
+            ids.copy_(fill_placeholders(ids, prev_tokens))
         self.graphs[size].replay()
         return self.logits[size][:bs]
 

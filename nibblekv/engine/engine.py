@@ -28,6 +28,7 @@ from nibblekv.cache.prefix import PrefixCacheManager
 from nibblekv.config import CPU_DEFAULT_MAX_TOTAL_TOKENS, EngineConfig
 from nibblekv.engine.model_runner import ModelRunner
 from nibblekv.engine.output import OutputProcessor
+from nibblekv.engine.overlap import OverlapLoop
 from nibblekv.engine.request import Request, RequestOutput
 from nibblekv.engine.sampling_params import SamplingParams
 from nibblekv.engine.scheduler import ScheduledBatch, Scheduler
@@ -239,6 +240,7 @@ class Engine:
         self._live: dict[str, Request] = {}
         self.last_batch: ScheduledBatch | None = None  # for benchmarks and tests
         self.stream = False  # True: step() returns an output for every request it advanced
+        self._overlap = OverlapLoop(self) if cfg.enable_overlap_schedule else None
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (idempotent; also runs at interpreter exit)."""
@@ -305,6 +307,7 @@ class Engine:
         if req is None or req.finished:
             return None
         self.scheduler.finish(req, "abort")
+        self.scheduler.take_finished()  # NOTE: emitted here; the next step must not emit it again
         self.stats.aborted_requests += 1
         return self._emit(req)
 
@@ -315,21 +318,29 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run and postprocess one batch; outputs of every request it advanced or ended."""
         batch = self.scheduler.schedule()
-        if batch is None:
-            ended = self.scheduler.take_finished()
-            if not ended and self.scheduler.has_work():
-                # NOTE: cannot happen by construction (add-time checks + preemption); fail loudly if it does.
-                raise RuntimeError("scheduler stalled: requests wait but none can run")
-            return [self._emit(r) for r in ended]
-        self.runner.backend.loads = batch.loads  # host-tier copies this forward reads
-        result = self.runner.run(batch)
-        advanced = self.scheduler.postprocess(batch, result)
-        self.last_batch = batch
-        self._log(batch)
+        advanced = self._overlap.step(batch) if self._overlap is not None else self.run_batch(batch)
         touched = list(dict.fromkeys([*advanced, *self.scheduler.take_finished()]))
+        if batch is None and not touched and self.scheduler.has_work():
+            # NOTE: cannot happen by construction (add-time checks + preemption); fail loudly if it does.
+            raise RuntimeError("scheduler stalled: requests wait but none can run")
         # NOTE: offline, a running request needs its text only to look for stop strings; skipping the
         # rest keeps the per-step host work off the decode critical path.
         return [self._emit(r) for r in touched if self.stream or r.finished or r.params.stop]
+
+    def run_batch(self, batch: ScheduledBatch | None) -> list[Request]:
+        """Forward, sample and postprocess ``batch`` synchronously; the requests it advanced."""
+        if batch is None:
+            return []
+        self.runner.backend.loads = batch.loads  # host-tier copies this forward reads
+        result = self.runner.run(batch)
+        advanced = self.scheduler.postprocess(batch, result)
+        self.note_batch(batch)
+        return advanced
+
+    def note_batch(self, batch: ScheduledBatch) -> None:
+        """Record a launched batch: ``last_batch``, stats and the SGLang-style log lines."""
+        self.last_batch = batch
+        self._log(batch)
 
     def _emit(self, req: Request) -> RequestOutput:
         if self.outputs.update(req):

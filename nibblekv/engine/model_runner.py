@@ -14,7 +14,7 @@ from nibblekv.attention.paged import PagedAttentionBackend, build_metadata, host
 from nibblekv.cache.page_table import PageTable, TableUpdates
 from nibblekv.cache.pool import KVPool
 from nibblekv.engine.cuda_graph import CudaGraphRunner
-from nibblekv.engine.request import Request, TokenLogprob
+from nibblekv.engine.request import Request, TokenLogprob, fill_placeholders
 from nibblekv.engine.sampler import Sampler, top_logprobs
 from nibblekv.engine.scheduler import ScheduledBatch, StepResult
 from nibblekv.model import CausalLM
@@ -136,18 +136,37 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def launch(
+        self, batch: ScheduledBatch, prev_tokens: torch.Tensor | None
+    ) -> tuple[list[Request], torch.Tensor]:
+        """Forward a decode batch and pick its tokens without waiting for them (overlap schedule):
+        (the sampling requests, their tokens on the device). Placeholder inputs ``-(k + 1)`` read
+        ``prev_tokens[k]``. No logprobs, no penalties (the caller checks)."""
+        plan = self.plan(batch)
+        logits, _ = self.execute(plan, prev_tokens)
+        reqs = [r for i, r in enumerate(batch.reqs) if batch.samples(i)]
+        return reqs, self.sampler.choose(logits, reqs)
+
+    @torch.inference_mode()
+    def execute(
+        self, plan: StepPlan, prev_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the plan's forward: (logits of ``sample_rows``, hidden states or None after a graph).
 
         Calls ``compute_logits`` once here (unless there are no sample rows) and then once per
         prompt slice in :meth:`_prompt_logprobs`; tensor-parallel workers repeat that
         sequence (see :func:`execute_mirror`), since each call is a collective under TP.
+        ``prev_tokens``: the device tokens that placeholder input ids stand for (overlap schedule).
         """
         self._used_graph = plan.use_graph
+        if prev_tokens is not None and min(plan.lists["input_ids"], default=0) >= 0:
+            prev_tokens = None
         if plan.use_graph:
             assert self.graphs is not None
-            return self.graphs.replay(plan.lists, plan.bs), None
+            return self.graphs.replay(plan.lists, plan.bs, prev_tokens), None
         d = to_device(plan.lists, self.device)
+        if prev_tokens is not None:
+            d["input_ids"] = fill_placeholders(d["input_ids"], prev_tokens)
         cu = None if plan.is_decode else plan.lists["cu_seqlens"]
         self.backend.bind(build_metadata(d, d["rows"], plan.is_decode, self.page_table, cu))
         hidden = self.model.forward(d["input_ids"], d["positions"], self.backend)

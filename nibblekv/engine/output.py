@@ -35,7 +35,7 @@ class OutputProcessor:
     def update(self, req: Request) -> bool:
         """Detokenize the request's new tokens; True when a stop string was found (caller finishes it)."""
         st = self._state(req)
-        new = req.token_ids[req.num_prompt_tokens + st.num_detokenized :]
+        new = req.output_token_ids[st.num_detokenized :]
         st.num_detokenized += len(new)
         if st.stopped:
             return False

@@ -33,7 +33,9 @@ class Request:
 
     ``token_ids`` is prompt + output so far; ``pages.num_tokens`` of them have K/V in the cache.
     NOTE: a running request always has at least one token without K/V (the next one to feed);
-    when exactly one is left it decodes, otherwise it is (re)prefilling.
+    when exactly one is left it decodes, otherwise it is (re)prefilling. Under the overlap schedule
+    the last ``num_pending`` tokens are placeholders (``-(row + 1)``) for tokens still on the device
+    (see ``engine/overlap.py``): they count for lengths, never for outputs or the prefix cache.
     """
 
     request_id: str
@@ -52,6 +54,7 @@ class Request:
     cached_tokens: int = 0  # prompt tokens the prefix cache served at (the first) admission
     first_token_time: float | None = None
     generator: torch.Generator | None = field(default=None, repr=False)  # seeded requests only
+    num_pending: int = 0  # trailing placeholder tokens (overlap schedule)
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:
@@ -59,7 +62,14 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+        return self.token_ids[self.num_prompt_tokens : len(self.token_ids) - self.num_pending]
+
+    @property
+    def known_token_ids(self) -> list[int]:
+        """``token_ids`` without the placeholders (the list itself when there are none)."""
+        return (
+            self.token_ids[: len(self.token_ids) - self.num_pending] if self.num_pending else self.token_ids
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -67,7 +77,8 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        """Output tokens known on the host (placeholders not counted)."""
+        return len(self.token_ids) - self.num_prompt_tokens - self.num_pending
 
     @property
     def num_cached(self) -> int:
@@ -87,6 +98,17 @@ class Request:
         return (
             self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
         )
+
+
+def placeholder(row: int) -> int:
+    """The token id that stands for row ``row`` of a launched step's device tokens (overlap schedule)."""
+    return -(row + 1)
+
+
+def fill_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+    """``ids`` with each :func:`placeholder` ``-(k + 1)`` replaced by ``prev_tokens[k]`` (on the device, no sync)."""
+    rows = (-ids - 1).clamp(0, prev_tokens.numel() - 1)
+    return torch.where(ids < 0, prev_tokens[rows], ids)
 
 
 @dataclass

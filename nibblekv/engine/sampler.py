@@ -21,8 +21,13 @@ class SampleResult:
     logprobs: list[TokenLogprob | None]  # per row; None unless that request asked for logprobs
 
 
+def _to(values: Sequence[float] | Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on ``device`` without waiting for the device (the overlap schedule relies on it)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 def _param_column(reqs: Sequence[Request], name: str, device: torch.device) -> torch.Tensor:
-    return torch.tensor([float(getattr(r.params, name)) for r in reqs], dtype=torch.float32, device=device)
+    return _to([float(getattr(r.params, name)) for r in reqs], torch.float32, device)
 
 
 def _padded_ids(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,15 +67,15 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tens
 def filter_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p as ``-inf`` masks (every row keeps its best token)."""
     dev = logits.device
-    temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)[:, None]
+    temp = _to([p.temperature for p in params], torch.float32, dev)[:, None]
     logits = logits / temp
     vocab = logits.shape[-1]
     if all(not 0 < p.top_k < vocab and p.top_p >= 1.0 and p.min_p <= 0.0 for p in params):
         # NOTE: no row filters: skip the full-vocabulary sort (48 x 128K rows per decode step at Llama-3's vocab)
         return logits
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev)[:, None]
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)[:, None]
-    min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev)[:, None]
+    top_k = _to([p.top_k if p.top_k > 0 else vocab for p in params], torch.int64, dev)[:, None]
+    top_p = _to([p.top_p for p in params], torch.float32, dev)[:, None]
+    min_p = _to([p.min_p for p in params], torch.float32, dev)[:, None]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(dim=-1)
     rank = torch.arange(vocab, device=dev)[None, :]
@@ -117,13 +122,7 @@ class Sampler:
         logits = logits.float()
         want_lp = [r.params.logprobs for r in reqs]
         raw_lp = logits.log_softmax(dim=-1) if any(n is not None for n in want_lp) else None
-        logits = apply_penalties(logits, reqs)
-        chosen = logits.argmax(dim=-1)
-        sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
-        if sampled:
-            sub = [reqs[i] for i in sampled]
-            probs = filter_logits(logits[sampled], [r.params for r in sub]).softmax(dim=-1)
-            chosen[sampled] = self._draw(probs, sub)
+        chosen = self.choose(logits, reqs)
         lps: list[TokenLogprob | None] = [None] * len(reqs)
         rows = [i for i, n in enumerate(want_lp) if n is not None]
         if raw_lp is not None and rows:
@@ -131,6 +130,18 @@ class Sampler:
             for i, lp in zip(rows, found):
                 lps[i] = lp
         return SampleResult(chosen.tolist(), lps)
+
+    def choose(self, logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
+        """The next token of each row, left on the device (int64 ``[rows]``): penalties, filters, draws."""
+        logits = apply_penalties(logits.float(), reqs)
+        chosen = logits.argmax(dim=-1)
+        sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        if sampled:
+            sub = [reqs[i] for i in sampled]
+            rows = _to(sampled, torch.int64, logits.device)
+            probs = filter_logits(logits.index_select(0, rows), [r.params for r in sub]).softmax(dim=-1)
+            chosen.index_copy_(0, rows, self._draw(probs, sub))
+        return chosen
 
     def _draw(self, probs: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
         """Sample each row by the exponential race: ``argmax(p / E)``, ``E ~ Exp(1)``."""

@@ -119,6 +119,8 @@ class Scheduler:
         for req in list(self.running):
             if req.status is not RequestStatus.RUNNING or not req.is_decoding:
                 continue  # preempted in this loop, or still prefilling
+            if req.num_pending and req.num_output_tokens + req.num_pending >= req.max_new_tokens:
+                continue  # NOTE: overlap schedule only: its last token is on the device, and it ends there
             new_len = req.num_cached + 1
             growth = self.cache.try_grow(req.pages, new_len)
             while growth is None:
@@ -143,7 +145,7 @@ class Scheduler:
     def preempt(self, req: Request) -> None:
         """Free the request's pages and requeue it at the front, tokens kept, for recompute."""
         self.running.remove(req)
-        self.cache.release(req.pages, req.token_ids)
+        self.cache.release(req.pages, req.known_token_ids)
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -155,7 +157,7 @@ class Scheduler:
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
-        self.cache.release(req.pages, req.token_ids)
+        self.cache.release(req.pages, req.known_token_ids)
         if req.status is not RequestStatus.FINISHED:
             self._finished.append(req)
         req.status = RequestStatus.FINISHED
@@ -166,10 +168,14 @@ class Scheduler:
         out, self._finished = self._finished, []
         return out
 
-    def postprocess(self, batch: ScheduledBatch, result: StepResult) -> list[Request]:
-        """Append sampled tokens, apply token-level stops; return the requests this step advanced."""
+    def commit(self, batch: ScheduledBatch) -> None:
+        """Host bookkeeping of a launched batch that needs none of its tokens (tail pages it demoted)."""
         for g in batch.growths:
             self.cache.finish_growth(g)
+
+    def postprocess(self, batch: ScheduledBatch, result: StepResult) -> list[Request]:
+        """Append sampled tokens, apply token-level stops; return the requests this step advanced."""
+        self.commit(batch)
         advanced: list[Request] = []
         k = 0
         for i, req in enumerate(batch.reqs):
@@ -192,15 +198,13 @@ class Scheduler:
             req.token_ids.append(token)
             if lp is not None:
                 req.output_logprobs.append(lp)
-            reason = self._stop_reason(req, token)
-            if reason is not None:
-                self.finish(req, reason)
+            self.check_stop(req, token)
         return advanced
 
-    def _stop_reason(self, req: Request, token: int) -> str | None:
+    def check_stop(self, req: Request, token: int) -> None:
+        """Finish ``req`` if ``token`` (its newest known output token) ends it."""
         p = req.params
         if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
-            return "stop"
-        if req.num_output_tokens >= req.max_new_tokens:
-            return "length"
-        return None
+            self.finish(req, "stop")
+        elif req.num_output_tokens >= req.max_new_tokens:
+            self.finish(req, "length")

@@ -1,0 +1,161 @@
+"""The overlap schedule (``--enable-overlap-schedule``) gives the same tokens as the synchronous loop.
+
+On CPU the "device" step finishes before the host goes on, but every piece of the overlap logic runs:
+placeholder tokens, their replacement on the device, late stop checks, dropped tokens of requests that
+stopped one step earlier, preemption and abort of requests with pending tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import torch
+from test_engine_api import TINY
+
+from nibblekv.config import EngineConfig
+from nibblekv.engine import Engine, SamplingParams
+from nibblekv.engine import model_runner as mr
+from nibblekv.engine.request import fill_placeholders, placeholder
+from nibblekv.model import load_model
+
+PROMPTS = [[5 + (i * 7 + j) % 200 for j in range(9 + 5 * i)] for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    path = tmp_path_factory.mktemp("tiny-overlap") / "config.json"
+    path.write_text(json.dumps({**TINY, "max_position_embeddings": 512}))
+    yield load_model(str(path), load_format="dummy", device="cpu", seed=3)
+
+
+def _engine(tiny: tuple, overlap: bool, **kw: object) -> Engine:
+    kw = {"max_total_tokens": 2048, "decode_log_interval": 0, "kv_cache_dtype": "nvfp4", **kw}
+    return Engine(loaded=tiny, enable_overlap_schedule=overlap, **kw)
+
+
+def _run(tiny: tuple, params: list[SamplingParams], **kw: object) -> list[tuple]:
+    """(token ids, finish reason, text) per prompt, checked equal with and without overlap."""
+    outs = []
+    for overlap in (False, True):
+        e = _engine(tiny, overlap, **kw)
+        got = e.generate(PROMPTS[: len(params)], params)
+        assert not e.has_unfinished() and e.pool.all_free(), "pages leaked"
+        assert all(t >= 0 for o in got for t in o.token_ids)
+        outs.append([(o.token_ids, o.finish_reason, o.text) for o in got])
+    assert outs[1] == outs[0]
+    return outs[0]
+
+
+@pytest.mark.parametrize("kv", ["nvfp4", "bf16"])
+def test_overlap_matches_sync_mixed_batch(tiny: tuple, kv: str) -> None:
+    # lengths 1 / 2 / 3 / 17 (the last token pending when the request ends), a seeded sampled request,
+    # a penalized one and one with logprobs (both synchronous steps, mixed with overlapped ones); two
+    # running at a time and 16-token chunks, so prefills interleave with decodes
+    params = [
+        SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True),
+        SamplingParams(temperature=0, max_new_tokens=2, ignore_eos=True),
+        SamplingParams(temperature=0.9, top_k=20, seed=7, max_new_tokens=17, ignore_eos=True),
+        SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True),
+        SamplingParams(temperature=0, repetition_penalty=1.3, max_new_tokens=9, ignore_eos=True),
+        SamplingParams(temperature=0, logprobs=2, max_new_tokens=6, ignore_eos=True),
+    ]
+    res = _run(tiny, params, kv_cache_dtype=kv, max_running_requests=2, chunked_prefill_size=16)
+    assert [len(r[0]) for r in res] == [1, 2, 17, 3, 9, 6]
+
+
+def test_overlap_stops_one_step_late_but_drops_the_extra_token(tiny: tuple) -> None:
+    free = _engine(tiny, False).generate(
+        PROMPTS[:3], SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
+    )
+    tok_stop = free[0].token_ids[5]
+    text = free[1].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    params = [
+        SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True, stop_token_ids=[tok_stop]),
+        SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True, stop=[stop]),
+        SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True),
+    ]
+    res = _run(tiny, params)
+    assert res[0][1] == "stop" and res[0][0][-1] == tok_stop and len(res[0][0]) <= 6
+    assert res[1][1] == "stop" and stop not in res[1][2]
+    assert res[2][1] == "length" and len(res[2][0]) == 24
+
+
+def test_overlap_prompt_only_requests(tiny: tuple) -> None:
+    # max_new_tokens=0: with 4-token chunks the last prompt token runs in a decode step, whose token is dropped
+    params = [SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True) for n in (0, 5, 0)]
+    res = _run(tiny, params, chunked_prefill_size=4)
+    assert [(len(r[0]), r[1]) for r in res] == [(0, "length"), (5, "length"), (0, "length")]
+
+
+def test_overlap_preemption_under_a_tiny_pool(tiny: tuple) -> None:
+    params = [SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)] * 5
+    kw = {
+        "max_total_tokens": 128,
+        "chunked_prefill_size": 16,
+        "disable_radix_cache": True,
+        "kv_recent_window": 0,
+    }
+    res = _run(tiny, params, **kw)
+    assert all(len(r[0]) == 40 for r in res)
+    e = _engine(tiny, True, **kw)
+    e.generate(PROMPTS[:5], params)
+    assert e.scheduler.num_preemptions > 0
+
+
+def test_overlap_decode_steps_run_through_launch_and_placeholders(
+    tiny: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = {"launch": 0, "run": 0, "filled": 0}
+    real_launch, real_run = mr.ModelRunner.launch, mr.ModelRunner.run
+
+    def fill(ids: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        calls["filled"] += 1
+        return fill_placeholders(ids, prev)
+
+    monkeypatch.setattr(
+        mr.ModelRunner,
+        "launch",
+        lambda s, *a: calls.__setitem__("launch", calls["launch"] + 1) or real_launch(s, *a),
+    )
+    monkeypatch.setattr(
+        mr.ModelRunner, "run", lambda s, *a: calls.__setitem__("run", calls["run"] + 1) or real_run(s, *a)
+    )
+    monkeypatch.setattr(mr, "fill_placeholders", fill)
+    e = _engine(tiny, True)
+    e.generate(PROMPTS[:2], SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True))
+    # one prefill (synchronous), then 9 decode steps launched without waiting, 8 of them fed by placeholders
+    assert calls == {"launch": 9, "run": 1, "filled": 8}
+
+
+def test_overlap_abort_with_a_pending_token(tiny: tuple) -> None:
+    e = _engine(tiny, True)
+    params = SamplingParams(temperature=0, max_new_tokens=30, ignore_eos=True)
+    ids = [e.add_request(p, params) for p in PROMPTS[:3]]
+    for _ in range(6):
+        e.step()
+    req = e._live[ids[1]]
+    assert req.num_pending == 1 and req.token_ids[-1] == placeholder(1)
+    out = e.abort(ids[1])
+    assert out is not None and out.finish_reason == "abort" and all(t >= 0 for t in out.token_ids)
+    done = {}
+    while e.has_unfinished():
+        done.update({o.request_id: o for o in e.step() if o.finished})
+    assert len(done[ids[0]].token_ids) == 30 and ids[1] not in done
+    assert req.num_pending == 0 and all(t >= 0 for t in req.token_ids)
+    assert e.pool.all_free()
+
+
+def test_fill_placeholders() -> None:
+    prev = torch.tensor([40, 41, 42])
+    ids = torch.tensor([7, placeholder(2), placeholder(0), 9])
+    assert fill_placeholders(ids, prev).tolist() == [7, 42, 40, 9]
+
+
+def test_overlap_flag_conflicts_are_named() -> None:
+    with pytest.raises(ValueError, match="--enable-overlap-schedule"):
+        EngineConfig(enable_overlap_schedule=True, tp_size=2)
+    with pytest.raises(ValueError, match="--enable-overlap-schedule"):
+        EngineConfig(enable_overlap_schedule=True, enable_hierarchical_cache=True)
