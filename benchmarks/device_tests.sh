@@ -9,6 +9,6 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 timeout "${TEST_TIMEOUT:-570}" python3 -m pytest -q -rfE --durations=15 \
-    tests/test_kernels_extend_decode.py tests/test_kernels_page_copy.py tests/test_hicache.py tests/test_engine_gpu.py \
+    tests/test_kernels_mma_convert.py tests/test_engine_overlap.py tests/test_kernels_extend_decode.py tests/test_kernels_page_copy.py tests/test_hicache.py tests/test_engine_gpu.py \
     tests/test_kernels_extend.py tests/test_kernels_write.py tests/test_kernels_dispatch.py tests/test_kernels_fused.py \
     tests/test_kernels_decode.py ${TESTS_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40

@@ -48,12 +48,13 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 
 
 # decode_mma: (spec, GQA group, page size). The interpreter runs its PTX twins slowly (~15 s per launch),
-# so CPU runs two cases; GPUs run every spec x group x page.
-MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0"]
+# so CPU runs four cases (cv=3: the integer nibble conversion, with global scales != 1); GPUs run every
+# spec x group x page.
+MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0", "mma:cv=1", "mma:cv=2", "mma:cv=3"]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
     if DEVICE == "cuda"
-    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P)]  # minc: later splits stay empty
+    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P), ("mma:cv=3", 4, 5)]  # minc: later splits stay empty
 )
 
 
@@ -81,7 +82,8 @@ def test_decode_mma_head_dim_64(group: int, page: int, vst: int) -> None:
     # of 16 (two 8-row pages a tile), 32 (one) and 6 (per-row lookups); global scales != 1; 3 splits
     lens = [1, P - 1, P, P + 1, 70, 33] if DEVICE == "cpu" else LENS + [1001, 4099]
     tails = [0, 1, W, 5, W, 3, 0][: len(lens)] + [0] * max(0, len(lens) - 7)
-    err = _run(KVDtype.NVFP4, lens, tails, 2, group, 64, page, 3, gscale=(0.37, 2.5), variant=f"mma:minc=16,vst={vst},vq={vst}")
+    spec = f"mma:minc=16,vst={vst},vq={vst},cv={3 * vst}"  # the last case: the opt-in options together
+    err = _run(KVDtype.NVFP4, lens, tails, 2, group, 64, page, 3, gscale=(0.37, 2.5), variant=spec)
     assert err <= 1e-2, err
 
 
@@ -150,6 +152,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "minc": 64,
         "vst": 1,
         "vq": 1,
+        "cv": 0,
     }
     assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (2026-11-30 run)
     assert resolve_variant(None, 2, 256, False)[0] == "paged"  # never timed on a GPU

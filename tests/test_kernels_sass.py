@@ -21,7 +21,7 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 @pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
 @pytest.mark.parametrize(
     "group,tail,head_dim,spec",
-    [(4, False, 128, "mma"), (8, True, 128, "mma"), (3, True, 64, "mma"), (8, False, 128, "mma:vst=0,vq=0")],
+    [(4, False, 128, "mma"), (8, True, 128, "mma"), (3, True, 64, "mma"), (8, False, 128, "mma:vst=0,vq=0"), (4, True, 128, "mma:cv=3")],
 )
 def test_decode_mma_fits_128_registers(group: int, tail: bool, head_dim: int, spec: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

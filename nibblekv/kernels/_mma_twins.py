@@ -81,6 +81,21 @@ def cvt_word(x, s):
 
 
 @triton.jit
+def _e2m1_to_u16(n):
+    """Nibble (low 4 bits) -> fp16 bits of value * 2**-14: sign to bit 15, e1 e0 m to bits 11..9."""
+    return ((n & 8) << 12) | ((n & 7) << 9)
+
+
+@triton.jit
+def cvt_word_alu(x, s):
+    r0 = _e2m1_to_u16(x) | (_e2m1_to_u16(x >> 8) << 16)
+    r1 = _e2m1_to_u16(x >> 16) | (_e2m1_to_u16(x >> 24) << 16)
+    r2 = _e2m1_to_u16(x >> 4) | (_e2m1_to_u16(x >> 12) << 16)
+    r3 = _e2m1_to_u16(x >> 20) | (_e2m1_to_u16(x >> 28) << 16)
+    return _hmul2(r0, s), _hmul2(r1, s), _hmul2(r2, s), _hmul2(r3, s)
+
+
+@triton.jit
 def _halves(r0, r1):
     """Two packed registers -> fp32 ``[N, 2 (register), 2 (half)]`` flattened per warp: ``[NW, 32 * 4]``."""
     x = tl.join(

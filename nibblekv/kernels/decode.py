@@ -398,6 +398,7 @@ def decode_triton(
             PAIR=pair,
             VST=int(cfg["vst"]),
             VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
+            CV=int(cfg["cv"]),
             **mma_common,
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
             # resident (128 at 16). Uncapped, sm_90 compiles drifted to 130 (GQA 8) and 166 (no tail, after

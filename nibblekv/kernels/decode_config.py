@@ -40,7 +40,8 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          tokens a row, see PAIR in decode_mma._mma_segment): hand-placed mma.sync fragments, one 16-token tile
 #          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
-#          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads)
+#          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), cv (nibble
+#          conversion by integer ops: 1 K, 2 V, 3 both)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 
 
@@ -167,6 +168,9 @@ def _mma_config() -> dict[str, int | bool]:
         # GQA 4 .75/.63/.63/.57 -> .72/.64/.64/.58 (benchmarks/results/decode-variants-vst-h200.json)
         "vst": 1,
         "vq": 1,
+        # NOTE: nibbles -> fp16 by integer ops instead of E4M3 bytes + cvt (bit 1: K, bit 2: V): Hopper's
+        # conversions are slow and the default issues 4.4 per token-head; opt-in until timed
+        "cv": 0,
     }
 
 
@@ -210,6 +214,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
+    "cv": "cv",
 }  # fmt: skip
 
 

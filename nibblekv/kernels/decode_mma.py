@@ -20,7 +20,9 @@ from global memory straight into the register that ``mma.sync.m16n8k16`` reads, 
   converted half2 is (token ``2t``, token ``2t+1``) of one dim, and the V block scales of those two tokens
   form one half2 too. ``P^T`` comes from the score fragment by one ``movmatrix.trans`` per 8 tokens.
 * Nibbles become fp16 through E4M3 bytes (``s 0 0 e1 e0 m 0 0`` = value * 2**-6, exact) and
-  ``cvt.rn.f16x2.e4m3x2``; the block scale multiplies as half2 (exact: <= 6 significant bits).
+  ``cvt.rn.f16x2.e4m3x2``; the block scale multiplies as half2 (exact: <= 6 significant bits). Option
+  ``CV`` (variant option ``cv``) places them as fp16 bits directly (value * 2**-14, integer ops only) for
+  K, V or both, in case Hopper's conversion pipe is the limit.
 
 GPU only (sm_89+: E4M3 conversion, ``movmatrix``); head_dim 128, GQA group <= 8, NVFP4 pools with packed
 scale rows. Under the interpreter each PTX helper has a Triton twin on the same packed registers.
@@ -94,6 +96,55 @@ def _cvt_word(x, s):
     """
     return tl.inline_asm_elementwise(
         asm=_CVT_WORD_PTX,
+        constraints="=r,=r,=r,=r,r,r",
+        args=[x, s],
+        dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+        is_pure=True,
+        pack=1,
+    )
+
+
+# $4 = 4 bytes, $5 = half2 multiplier -> the outputs of _CVT_WORD_PTX times 2**-8 (value * 2**-14 * s) with
+# no conversion instruction: byte pairs spread to bytes 1 and 3 (prmt), each nibble's sign to bit 15 and
+# its e1 e0 m to bits 11..9 of a half (an exact fp16, subnormal for codes 0.5 and 0). See _cvt_word_alu.
+_CVT_WORD_ALU_PTX = tl.constexpr(
+    """{
+        .reg .b32 y, z, t, r0, r1, r2, r3;
+        prmt.b32 y, $4, 0, 0x1404;
+        shl.b32 z, y, 4;
+        shr.b32 t, y, 3;
+        and.b32 t, t, 0x0E000E00;
+        and.b32 r2, y, 0x80008000;
+        or.b32 r2, r2, t;
+        shr.b32 t, z, 3;
+        and.b32 t, t, 0x0E000E00;
+        and.b32 r0, z, 0x80008000;
+        or.b32 r0, r0, t;
+        prmt.b32 y, $4, 0, 0x3424;
+        shl.b32 z, y, 4;
+        shr.b32 t, y, 3;
+        and.b32 t, t, 0x0E000E00;
+        and.b32 r3, y, 0x80008000;
+        or.b32 r3, r3, t;
+        shr.b32 t, z, 3;
+        and.b32 t, t, 0x0E000E00;
+        and.b32 r1, z, 0x80008000;
+        or.b32 r1, r1, t;
+        mul.rn.f16x2 $0, r0, $5;
+        mul.rn.f16x2 $1, r1, $5;
+        mul.rn.f16x2 $2, r2, $5;
+        mul.rn.f16x2 $3, r3, $5;
+        }"""
+)
+
+
+@triton.jit
+def _cvt_word_alu(x, s):
+    """``_cvt_word`` through integer ops only: 4 half2 ``value * 2**-14 * s`` (exact: <= 6 significant bits,
+    lsb >= 2**-24). Why: Hopper's conversion instructions have a low throughput, and ``_cvt_word`` issues 4
+    per word (variant option ``cv``; the caller folds 2**14 instead of 2**6 into its fp32 factor)."""
+    return tl.inline_asm_elementwise(
+        asm=_CVT_WORD_ALU_PTX,
         constraints="=r,=r,=r,=r,r,r",
         args=[x, s],
         dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
@@ -186,12 +237,13 @@ def _ld4(ptr, m):
 if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (_mma_twins)
     from nibblekv.kernels import _mma_twins as _tw
 
-    _split64, _scale_h2, _bcast_h2, _interleave, _cvt_word = (
+    _split64, _scale_h2, _bcast_h2, _interleave, _cvt_word, _cvt_word_alu = (
         _tw.split64,
         _tw.scale_h2,
         _tw.bcast_h2,
         _tw.interleave,
         _tw.cvt_word,
+        _tw.cvt_word_alu,
     )
     _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
     _st4, _ld4 = _tw.st4, _tw.ld4
@@ -201,7 +253,7 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
 # fragments of one 16-token tile
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _k_row(lo, hi, sc):
+def _k_row(lo, hi, sc, ALU: tl.constexpr = 0):
     """Key row bytes ``[16t, 16t + 16)`` (two uint64 = blocks 2t, 2t+1) + their 2 scale bytes -> 16 half2.
 
     Output ``2 * kk + j`` is this row's A-fragment register for k-step ``kk`` (j = 0: cols 2t..2t+1,
@@ -210,15 +262,21 @@ def _k_row(lo, hi, sc):
     w0, w1 = _split64(lo)
     w2, w3 = _split64(hi)
     sa, sb = _bcast_h2(_scale_h2(sc))
-    a0, a1, a2, a3 = _cvt_word(w0, sa)
-    b0, b1, b2, b3 = _cvt_word(w1, sa)
-    c0, c1, c2, c3 = _cvt_word(w2, sb)
-    d0, d1, d2, d3 = _cvt_word(w3, sb)
+    if ALU:
+        a0, a1, a2, a3 = _cvt_word_alu(w0, sa)
+        b0, b1, b2, b3 = _cvt_word_alu(w1, sa)
+        c0, c1, c2, c3 = _cvt_word_alu(w2, sb)
+        d0, d1, d2, d3 = _cvt_word_alu(w3, sb)
+    else:
+        a0, a1, a2, a3 = _cvt_word(w0, sa)
+        b0, b1, b2, b3 = _cvt_word(w1, sa)
+        c0, c1, c2, c3 = _cvt_word(w2, sb)
+        d0, d1, d2, d3 = _cvt_word(w3, sb)
     return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
 
 
 @triton.jit
-def _v_pair(x, y, sc):
+def _v_pair(x, y, sc, ALU: tl.constexpr = 0):
     """Block ``g`` (uint64) of two tokens + their block scales (2 bytes) -> 16 half2 (token x, token y).
 
     Output ``i`` holds dim ``16g + [0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15][i]``; m-tile
@@ -228,11 +286,19 @@ def _v_pair(x, y, sc):
     y0, y1 = _split64(y)
     s = _scale_h2(sc)
     p, q = _interleave(x0, y0)
-    a0, a1, a2, a3 = _cvt_word(p, s)
-    b0, b1, b2, b3 = _cvt_word(q, s)
+    if ALU:
+        a0, a1, a2, a3 = _cvt_word_alu(p, s)
+        b0, b1, b2, b3 = _cvt_word_alu(q, s)
+    else:
+        a0, a1, a2, a3 = _cvt_word(p, s)
+        b0, b1, b2, b3 = _cvt_word(q, s)
     p, q = _interleave(x1, y1)
-    c0, c1, c2, c3 = _cvt_word(p, s)
-    d0, d1, d2, d3 = _cvt_word(q, s)
+    if ALU:
+        c0, c1, c2, c3 = _cvt_word_alu(p, s)
+        d0, d1, d2, d3 = _cvt_word_alu(q, s)
+    else:
+        c0, c1, c2, c3 = _cvt_word(p, s)
+        d0, d1, d2, d3 = _cvt_word(q, s)
     return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
 
 
@@ -342,7 +408,7 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, 
 @triton.jit
 def _scores(raw, qk_scale, n0, lim, lim1,
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
-            MASKED: tl.constexpr):  # fmt: skip
+            MASKED: tl.constexpr, CV: tl.constexpr = 0):  # fmt: skip
     """S^T fragment of one tile, times ``qk_scale``: (token g, head 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
 
     Masked (MASKED: token >= lim; columns 2t+1 token >= lim1, see PAIR in ``_mma_segment``) scores are
@@ -350,10 +416,10 @@ def _scores(raw, qk_scale, n0, lim, lim1,
     """
     kga, kgb, k8a, k8b, ksg, ks8 = raw[0], raw[1], raw[2], raw[3], raw[4], raw[5]
     kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15 = _k_row(
-        kga, kgb, ksg
+        kga, kgb, ksg, CV & 1
     )
     k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815 = _k_row(
-        k8a, k8b, ks8
+        k8a, k8b, ks8, CV & 1
     )
     z = tl.zeros_like(qk_scale)
     e0, e1, e2, e3 = z, z, z, z
@@ -382,15 +448,15 @@ def _scores(raw, qk_scale, n0, lim, lim1,
 @triton.jit
 def _pv(raw, pa, pb,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
-    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, CV: tl.constexpr = 0,
         ):  # fmt: skip
     """O^T += V^T P^T for one tile (``pa``/``pb``: P^T fragments of tokens 2t, 2t+1 / 2t+8, 2t+9)."""
     va_, vb_, vc_, vd_, sv01, sv89 = raw[6], raw[7], raw[8], raw[9], raw[10], raw[11]
     va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15 = _v_pair(
-        va_, vb_, sv01
+        va_, vb_, sv01, CV >> 1
     )
     vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15 = _v_pair(
-        vc_, vd_, sv89
+        vc_, vd_, sv89, CV >> 1
     )
     o00, o01, o02, o03 = _mma(va0, va1, vb0, vb1, pa, pb, o00, o01, o02, o03)
     o10, o11, o12, o13 = _mma(va2, va3, vb2, vb3, pa, pb, o10, o11, o12, o13)
@@ -445,18 +511,18 @@ def _run_step(
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    TPI: tl.constexpr, MASKED: tl.constexpr,
+    TPI: tl.constexpr, MASKED: tl.constexpr, CV: tl.constexpr = 0,
 ):  # fmt: skip
     """One softmax step over ``TPI`` tiles (``rawA``, ``rawB``) of this warp at ``nb``; returns the new
     (m0, m1, l0, l1, O^T fragments)."""
     if TPI == 2:
         sA0, sA1, sA2, sA3 = _scores(
             rawA, qk_scale, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
-            MASKED,
+            MASKED, CV,
         )  # fmt: skip
         sB0, sB1, sB2, sB3 = _scores(
             rawB, qk_scale, nb + 16, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
-            MASKED,
+            MASKED, CV,
         )  # fmt: skip
         mx0 = tl.maximum(tl.maximum(sA0, sA2), tl.maximum(sB0, sB2))
         mx1 = tl.maximum(tl.maximum(sA1, sA3), tl.maximum(sB1, sB3))
@@ -481,7 +547,7 @@ def _run_step(
         ) = _pv(
             rawA, _p_frag(pA0, pA1), _p_frag(pA2, pA3), o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22,
             o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72,
-            o73,
+            o73, CV,
         )  # fmt: skip
         (
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
@@ -489,12 +555,12 @@ def _run_step(
         ) = _pv(
             rawB, _p_frag(pB0, pB1), _p_frag(pB2, pB3), o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22,
             o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72,
-            o73,
+            o73, CV,
         )  # fmt: skip
     else:
         sA0, sA1, sA2, sA3 = _scores(
             rawA, qk_scale, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
-            MASKED,
+            MASKED, CV,
         )  # fmt: skip
         x0, x1 = _max8(tl.maximum(sA0, sA2), tl.maximum(sA1, sA3))
         m0, m1, c0, c1, al0, al1 = _softmax(m0, m1, l0, l1, x0, x1)
@@ -515,7 +581,7 @@ def _run_step(
         ) = _pv(
             rawA, _p_frag(pA0, pA1), _p_frag(pA2, pA3), o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22,
             o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72,
-            o73,
+            o73, CV,
         )  # fmt: skip
     return (
         m0, m1, l0, l1,
@@ -621,7 +687,7 @@ def _mma_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
-    PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
+    PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
@@ -738,7 +804,7 @@ def _mma_segment(
         ) = _run_step(
             rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
             q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, CV,
         )  # fmt: skip
         if PF:
             rawA = nextA
@@ -759,7 +825,7 @@ def _mma_segment(
         ) = _run_step(
             rawA, rawA, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
             q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True, CV,
         )  # fmt: skip
         n0 += 16 * NW
     l0, l1 = _sum8(l0, l1)
@@ -846,7 +912,7 @@ def decode_mma_kernel(
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16, PAIR: tl.constexpr = 0,
-    VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
+    VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones unused); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -876,12 +942,13 @@ def decode_mma_kernel(
     end1 = end
     if PAIR:
         end1 = tl.minimum(end, n // 2)  # an odd count: the last row's second token is not there
-    # E4M3-byte codes are value * 2**-6: fold 2**6 and the global scales into the fp32 factors
-    gk = tl.load(g_ptr) * 64.0
-    gv = tl.load(g_ptr + 1) * 64.0
+    # E4M3-byte codes are value * 2**-6, ALU-placed ones (CV) value * 2**-14: fold that and the global
+    # scales into the fp32 factors
+    gk = tl.load(g_ptr) * (16384.0 if CV & 1 else 64.0)
+    gv = tl.load(g_ptr + 1) * (16384.0 if CV & 2 else 64.0)
     _mma_segment(
         q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
         pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
         o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-        G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ,
+        G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV,
     )  # fmt: skip
