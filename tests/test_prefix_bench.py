@@ -34,7 +34,9 @@ def _bench():  # -> the bench_prefix module
 
 def test_bench_prefix_smoke(tmp_path: Path) -> None:
     bench = _bench()
-    assert bench.main(["--smoke", "--out", str(tmp_path), "--concurrency", "1", "4"]) == 0
+    argv = ["--smoke", "--out", str(tmp_path), "--concurrency", "1", "4", "--repeats", "2"]
+    argv += ["--repeat-max-concurrency", "1"]
+    assert bench.main(argv) == 0
     data = json.loads((tmp_path / "prefix-h200-smoke.json").read_text())
     rows = data["rows"]
     keys = {(r["workload"], r["kv_dtype"], r["hicache"], r["concurrency"]) for r in rows}
@@ -42,6 +44,10 @@ def test_bench_prefix_smoke(tmp_path: Path) -> None:
                     for h in (False, True) for c in (1, 4)}  # fmt: skip
     for r in rows:
         assert 0.0 <= r["hit_rate"] < 1.0 and r["output_tok_s"] > 0 and r["ttft_ms"] > 0
+        # the 1-session rows ran twice and report the median (of two: the slower) run
+        runs = r.get("output_tok_s_runs")
+        repeated = runs is not None and len(runs) == 2 and r["output_tok_s"] == min(runs)
+        assert repeated == (r["concurrency"] == 1)
         assert r["cached_tokens"] <= r["prompt_tokens"]
     # Every session's later turns and every group's later prompts can hit: the cache is used.
     assert all(r["hit_rate"] > 0 for r in rows if r["concurrency"] == 1)
