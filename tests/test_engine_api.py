@@ -49,10 +49,12 @@ def _engine_flags(cfg: str) -> list[str]:
     ]
 
 
-def test_async_engine_streams_and_aborts(tiny_config: str) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_async_engine_streams_and_aborts(tiny_config: str, overlap: bool) -> None:
     engine = AsyncEngine(
-        load_format="dummy", model=tiny_config, max_total_tokens=1024, kv_cache_dtype="nvfp4"
-    )
+        load_format="dummy", model=tiny_config, max_total_tokens=1024, kv_cache_dtype="nvfp4",
+        enable_overlap_schedule=overlap,
+    )  # fmt: skip
     params = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
 
     async def stream() -> list:
