@@ -19,10 +19,10 @@ W = 2 * P
 
 
 def _run(prefix: list[int], chunks: list[int], tails: list[int] | None, hkv: int, group: int, d: int,
-         dtype: KVDtype = KVDtype.NVFP4) -> float:  # fmt: skip
+         dtype: KVDtype = KVDtype.NVFP4, wide: str = "mma") -> float:  # fmt: skip
     splits = 3 if DEVICE == "cpu" else None  # the interpreter runs every (mostly empty) split program
     return run_extend(dtype, prefix, chunks, tails, hkv, group, d, gscale=(0.37, 2.5),
-                      fn=partial(extend_decode_fn, num_splits=splits))  # fmt: skip
+                      fn=partial(extend_decode_fn, num_splits=splits, wide=wide))  # fmt: skip
 
 
 def extend_decode_fn(*args: object, num_splits: int | None = None, **kw: object) -> object:
@@ -50,6 +50,18 @@ def test_extend_decode_nvfp4_head_dim_64_and_no_tail() -> None:
 def test_extend_decode_fp8(group: int, chunks: list[int]) -> None:
     # decode_tok with up to 16 columns (chunk x GQA group) per KV head, one virtual request per request
     assert _run([0, P + 1, 40], chunks, [1, 0, W], 2, group, 64, dtype=KVDtype.FP8) <= 1e-2
+
+
+def test_extend_decode_nvfp4_wide_chunks_through_decode_tok() -> None:
+    # 12 columns at head_dim 128 (more than one decode_mma group of 8): one decode_tok group instead
+    assert _run([0, P + 1, 40], [3, 1, 2], [1, 0, W], 1, 4, 128, wide="tok") <= 1e-2
+    pb = make_batch(KVDtype.NVFP4, [20], 2, 128, P, DEVICE)
+    q = torch.randn(3, 8, 128)
+    assert ed.extend_decode_plan(q, pb.cache, 3, "tok") == ("tok", 12, 1)
+    assert ed.extend_decode_plan(q, pb.cache, 3) == ("mma", 8, 2)
+    assert ed.extend_decode_plan(q, pb.cache, 2, "tok") == ("mma", 8, 1)  # one group: decode_mma either way
+    with pytest.raises(ValueError, match="wide"):
+        ed.extend_decode_plan(q, pb.cache, 2, "rows")
 
 
 def test_extend_decode_refuses_what_it_cannot_serve() -> None:

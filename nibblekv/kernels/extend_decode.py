@@ -41,29 +41,45 @@ MAX_GROUPS = 2
 TOK_MAX_COLUMNS = 16
 
 
-def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int) -> tuple[str, int, int] | str:
-    """``(decode variant, columns per virtual request GV, virtual requests per request NG)``, or why not."""
+def extend_decode_plan(
+    q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma"
+) -> tuple[str, int, int] | str:
+    """``(decode variant, columns per virtual request GV, virtual requests per request NG)``, or why not.
+
+    ``wide``: the kernel for NVFP4 chunks wider than one ``decode_mma`` group -- ``"mma"`` (several virtual
+    requests, the prefix read once per group; timed) or ``"tok"`` (one ``decode_tok`` group of <= 16
+    columns, the prefix read once through ``tl.dot``; not yet timed)."""
+    if wide not in ("mma", "tok"):
+        raise ValueError(f"wide must be 'mma' or 'tok', got {wide!r}")
     hkv, d = cache.layout.num_kv_heads, cache.layout.head_dim
     cols = max_chunk * (q.shape[1] // hkv)
     fmt = fmt_code(cache.dtype)
     if fmt == FMT_NVFP4:
         cap = mma_columns(d)
+        if cols > cap and wide == "tok":
+            return _tok_plan(cols, d)
         why = _mma_unsupported(cache, min(cap, cols))
         if why is None and cols > MAX_GROUPS * cap:
             why = f"needs chunk x GQA group <= {MAX_GROUPS * cap} columns per KV head"
         return why or ("mma", min(cap, cols), -(-cols // cap))
     if fmt == FMT_FP8:
-        if not interpreting() and d not in TOK_VERIFIED_HEAD_DIMS:
-            return f"FP8 needs head_dim in {TOK_VERIFIED_HEAD_DIMS}"
-        if cols > TOK_MAX_COLUMNS:
-            return f"needs chunk x GQA group <= {TOK_MAX_COLUMNS} columns per KV head"
-        return ("tok", cols, 1)
+        return _tok_plan(cols, d)
     return "reads an NVFP4 or FP8 pool (bf16 extend already streams)"
 
 
-def extend_decode_unsupported(q: torch.Tensor, cache: LayerKV, max_chunk: int) -> str | None:
+def _tok_plan(cols: int, d: int) -> tuple[str, int, int] | str:
+    if not interpreting() and d not in TOK_VERIFIED_HEAD_DIMS:
+        return f"decode_tok needs head_dim in {TOK_VERIFIED_HEAD_DIMS}"
+    if cols > TOK_MAX_COLUMNS:
+        return f"needs chunk x GQA group <= {TOK_MAX_COLUMNS} columns per KV head"
+    return ("tok", cols, 1)
+
+
+def extend_decode_unsupported(
+    q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma"
+) -> str | None:
     """Why :func:`extend_decode` cannot serve this call (None if it can)."""
-    plan = extend_decode_plan(q, cache, max_chunk)
+    plan = extend_decode_plan(q, cache, max_chunk, wide)
     return plan if isinstance(plan, str) else None
 
 
@@ -159,12 +175,13 @@ def extend_decode(
     tail_prefix_lens: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    wide: str = "mma",
 ) -> torch.Tensor:
     """``extend_triton``'s contract (``q [T, Hq, D]`` -> ``[T, Hq, D]``) for an NVFP4 or FP8 pool whose
     decode kernel takes ``max_chunk * G`` columns per KV head (``extend_decode_plan``); ``max_chunk`` (host
     int) >= every chunk of ``cu_seqlens [B + 1]``. ``num_splits``: the prefix decode's split count
-    (default: the decode launcher's)."""
-    plan = extend_decode_plan(q, cache, max_chunk)
+    (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`."""
+    plan = extend_decode_plan(q, cache, max_chunk, wide)
     if isinstance(plan, str):
         raise ValueError(f"extend variant 'decode' {plan}")  # noqa: TRY004 - a reason, not a wrong type
     variant, gv, ng = plan
