@@ -337,11 +337,6 @@ class Engine:
         self.note_batch(batch)
         return advanced
 
-    def note_batch(self, batch: ScheduledBatch) -> None:
-        """Record a launched batch: ``last_batch``, stats and the SGLang-style log lines."""
-        self.last_batch = batch
-        self._log(batch)
-
     def _emit(self, req: Request) -> RequestOutput:
         if self.outputs.update(req):
             self.scheduler.finish(req, "stop")
@@ -351,7 +346,9 @@ class Engine:
             self.stats.finished_requests += 1
         return out
 
-    def _log(self, batch: ScheduledBatch) -> None:
+    def note_batch(self, batch: ScheduledBatch) -> None:
+        """Record a launched batch: ``last_batch``, stats and the SGLang-style log lines."""
+        self.last_batch = batch
         s = self.scheduler
         usage = self.pool.token_usage()
         if not batch.is_decode:

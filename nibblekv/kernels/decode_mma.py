@@ -104,32 +104,28 @@ def _cvt_word(x, s):
     )
 
 
+def _byte_pair_ptx(sel: str, hi: str, lo: str) -> str:
+    """PTX: bytes ``sel`` picks of $4 (prmt) to bytes 1 and 3 of ``y``; ``hi`` / ``lo`` = their high / low
+    nibbles as two fp16 bit patterns ``value * 2**-14`` (sign to bit 15, e1 e0 m to bits 11..9)."""
+    body = ""
+    for src, dst in (("y", hi), ("z", lo)):  # z = y << 4: the low nibbles where the high ones were
+        body += f"""
+        shr.b32 t, {src}, 3;
+        and.b32 t, t, 0x0E000E00;
+        and.b32 {dst}, {src}, 0x80008000;
+        or.b32 {dst}, {dst}, t;"""
+    return f"""
+        prmt.b32 y, $4, 0, {sel};
+        shl.b32 z, y, 4;{body}"""
+
+
 # $4 = 4 bytes, $5 = half2 multiplier -> the outputs of _CVT_WORD_PTX times 2**-8 (value * 2**-14 * s) with
-# no conversion instruction: byte pairs spread to bytes 1 and 3 (prmt), each nibble's sign to bit 15 and
-# its e1 e0 m to bits 11..9 of a half (an exact fp16, subnormal for codes 0.5 and 0). See _cvt_word_alu.
+# no conversion instruction (see _cvt_word_alu)
 _CVT_WORD_ALU_PTX = tl.constexpr(
-    """{
-        .reg .b32 y, z, t, r0, r1, r2, r3;
-        prmt.b32 y, $4, 0, 0x1404;
-        shl.b32 z, y, 4;
-        shr.b32 t, y, 3;
-        and.b32 t, t, 0x0E000E00;
-        and.b32 r2, y, 0x80008000;
-        or.b32 r2, r2, t;
-        shr.b32 t, z, 3;
-        and.b32 t, t, 0x0E000E00;
-        and.b32 r0, z, 0x80008000;
-        or.b32 r0, r0, t;
-        prmt.b32 y, $4, 0, 0x3424;
-        shl.b32 z, y, 4;
-        shr.b32 t, y, 3;
-        and.b32 t, t, 0x0E000E00;
-        and.b32 r3, y, 0x80008000;
-        or.b32 r3, r3, t;
-        shr.b32 t, z, 3;
-        and.b32 t, t, 0x0E000E00;
-        and.b32 r1, z, 0x80008000;
-        or.b32 r1, r1, t;
+    "{ .reg .b32 y, z, t, r0, r1, r2, r3;"
+    + _byte_pair_ptx("0x1404", "r2", "r0")  # bytes 0, 1
+    + _byte_pair_ptx("0x3424", "r3", "r1")  # bytes 2, 3
+    + """
         mul.rn.f16x2 $0, r0, $5;
         mul.rn.f16x2 $1, r1, $5;
         mul.rn.f16x2 $2, r2, $5;
