@@ -74,6 +74,7 @@ class OverlapLoop:
         """Run ``batch`` (just scheduled); the requests whose tokens reached the host in this call."""
         e = self.engine
         if batch is not None and overlappable(batch):
+            e.runner.backend.loads = batch.loads  # none (overlappable), but never a previous batch's
             reqs, tokens = e.runner.launch(batch, self.pending.tokens if self.pending else None)
             e.scheduler.commit(batch)
             e.note_batch(batch)
