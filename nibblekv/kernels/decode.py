@@ -239,7 +239,11 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
         n = (n + PAIR) // (1 + PAIR)  # PAIR: rows of two tokens (decode_mma_kernel)
         n_valid = tl.cdiv(n, mma_chunk(n, MMA_SPLITS, MINC)) * MMA_NW
     smask = (offs_s < n_valid) | ((offs_s == S - 1) & (HAS_TAIL > 0))
+    offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
+    CH_MAX: tl.constexpr = 4096 // DB  # a [CH, DB] fp32 chunk: 32 registers per thread (4 warps)
     lse = tl.load(lse_part + r * S + offs_s, mask=smask, other=float("-inf"))
+    if BS <= CH_MAX:  # NOTE: one chunk: the partials load beside the lse, not one memory round trip later
+        o_all = tl.load(o_part + (r * S + offs_s)[:, None] * D + offs_d[None, :], mask=smask[:, None], other=0.0)
     mx = tl.max(lse, axis=0)
     w = tl.where(smask & (lse > float("-inf")), tl.exp2(lse - mx), 0.0)
     total = tl.sum(w, axis=0)
@@ -247,17 +251,18 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     if WRITE_LSE:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
         if tl.program_id(1) == 0:
             tl.store(lse_out + r, tl.where(total > 0, mx + tl.log2(tl.maximum(total, 1e-30)), float("-inf")))
-    offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
-    CH_MAX: tl.constexpr = 4096 // DB  # a [CH, DB] fp32 chunk: 32 registers per thread (4 warps)
-    CH: tl.constexpr = BS if BS < CH_MAX else CH_MAX
-    res = tl.zeros([DB], tl.float32)
-    for s0 in range(0, BS, CH):
-        offs_c = s0 + tl.arange(0, CH)
-        cmask = (offs_c < n_valid) | ((offs_c == S - 1) & (HAS_TAIL > 0))
-        lse_c = tl.load(lse_part + r * S + offs_c, mask=cmask, other=float("-inf"))
-        w_c = tl.where(cmask & (lse_c > float("-inf")), tl.exp2(lse_c - mx), 0.0) * inv
-        o = tl.load(o_part + (r * S + offs_c)[:, None] * D + offs_d[None, :], mask=cmask[:, None], other=0.0)
-        res += tl.sum(o * w_c[:, None], axis=0)
+    if BS <= CH_MAX:
+        res = tl.sum(o_all * (w * inv)[:, None], axis=0)
+    else:
+        CH: tl.constexpr = CH_MAX
+        res = tl.zeros([DB], tl.float32)
+        for s0 in range(0, BS, CH):
+            offs_c = s0 + tl.arange(0, CH)
+            cmask = (offs_c < n_valid) | ((offs_c == S - 1) & (HAS_TAIL > 0))
+            lse_c = tl.load(lse_part + r * S + offs_c, mask=cmask, other=float("-inf"))
+            w_c = tl.where(cmask & (lse_c > float("-inf")), tl.exp2(lse_c - mx), 0.0) * inv
+            o = tl.load(o_part + (r * S + offs_c)[:, None] * D + offs_d[None, :], mask=cmask[:, None], other=0.0)
+            res += tl.sum(o * w_c[:, None], axis=0)
     b = r // HQ
     hq = r % HQ
     tl.store(out_ptr + b * s_ob + hq * s_oh + offs_d, res.to(out_ptr.dtype.element_ty))
