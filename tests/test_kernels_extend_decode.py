@@ -138,7 +138,7 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_extend_lse_out_is_the_same_with_and_without_splits() -> None:
-    # the S == 1 store and the combine step's lse agree (extend_mma merges by them)
+    # the S == 1 store and the combine step's lse agree (extend_decode merges by them)
     from nibblekv.kernels.extend import extend_triton
 
     pb = make_batch(KVDtype.NVFP4, [0, 40], 1, 64, P, DEVICE, tail_lens=[3, W])
