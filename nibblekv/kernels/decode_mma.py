@@ -89,19 +89,25 @@ _CVT_WORD_PTX = tl.constexpr(
 
 
 @triton.jit
-def _cvt_word(x, s):
-    """4 bytes = 8 E2M1 nibbles -> 4 half2 ``value * 2**-6 * s``: (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3).
-
-    ``lo_i``/``hi_i`` = low/high nibble of byte ``i``; ``s`` is a half2 multiplier (one per half).
-    """
+def _word_to_h2x4(x, s, ASM: tl.constexpr):
+    """``ASM`` (a converter's PTX: $4 = word, $5 = half2 multiplier) -> its 4 half2 outputs."""
     return tl.inline_asm_elementwise(
-        asm=_CVT_WORD_PTX,
+        asm=ASM,
         constraints="=r,=r,=r,=r,r,r",
         args=[x, s],
         dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
         is_pure=True,
         pack=1,
     )
+
+
+@triton.jit
+def _cvt_word(x, s):
+    """4 bytes = 8 E2M1 nibbles -> 4 half2 ``value * 2**-6 * s``: (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3).
+
+    ``lo_i``/``hi_i`` = low/high nibble of byte ``i``; ``s`` is a half2 multiplier (one per half).
+    """
+    return _word_to_h2x4(x, s, _CVT_WORD_PTX)
 
 
 def _byte_pair_ptx(sel: str, hi: str, lo: str) -> str:
@@ -139,14 +145,7 @@ def _cvt_word_alu(x, s):
     """``_cvt_word`` through integer ops only: 4 half2 ``value * 2**-14 * s`` (exact: <= 6 significant bits,
     lsb >= 2**-24). Why: Hopper's conversion instructions have a low throughput, and ``_cvt_word`` issues 4
     per word (variant option ``cv``; the caller folds 2**14 instead of 2**6 into its fp32 factor)."""
-    return tl.inline_asm_elementwise(
-        asm=_CVT_WORD_ALU_PTX,
-        constraints="=r,=r,=r,=r,r,r",
-        args=[x, s],
-        dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
-        is_pure=True,
-        pack=1,
-    )
+    return _word_to_h2x4(x, s, _CVT_WORD_ALU_PTX)
 
 
 @triton.jit
