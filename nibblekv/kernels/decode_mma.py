@@ -248,6 +248,14 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
 # fragments of one 16-token tile
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
+def _cvt(x, s, ALU: tl.constexpr):
+    """``_cvt_word_alu`` (value * 2**-14 * s) if ``ALU`` else ``_cvt_word`` (value * 2**-6 * s)."""
+    if ALU:
+        return _cvt_word_alu(x, s)
+    return _cvt_word(x, s)
+
+
+@triton.jit
 def _k_row(lo, hi, sc, ALU: tl.constexpr = 0):
     """Key row bytes ``[16t, 16t + 16)`` (two uint64 = blocks 2t, 2t+1) + their 2 scale bytes -> 16 half2.
 
@@ -257,16 +265,10 @@ def _k_row(lo, hi, sc, ALU: tl.constexpr = 0):
     w0, w1 = _split64(lo)
     w2, w3 = _split64(hi)
     sa, sb = _bcast_h2(_scale_h2(sc))
-    if ALU:
-        a0, a1, a2, a3 = _cvt_word_alu(w0, sa)
-        b0, b1, b2, b3 = _cvt_word_alu(w1, sa)
-        c0, c1, c2, c3 = _cvt_word_alu(w2, sb)
-        d0, d1, d2, d3 = _cvt_word_alu(w3, sb)
-    else:
-        a0, a1, a2, a3 = _cvt_word(w0, sa)
-        b0, b1, b2, b3 = _cvt_word(w1, sa)
-        c0, c1, c2, c3 = _cvt_word(w2, sb)
-        d0, d1, d2, d3 = _cvt_word(w3, sb)
+    a0, a1, a2, a3 = _cvt(w0, sa, ALU)
+    b0, b1, b2, b3 = _cvt(w1, sa, ALU)
+    c0, c1, c2, c3 = _cvt(w2, sb, ALU)
+    d0, d1, d2, d3 = _cvt(w3, sb, ALU)
     return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
 
 
@@ -281,19 +283,11 @@ def _v_pair(x, y, sc, ALU: tl.constexpr = 0):
     y0, y1 = _split64(y)
     s = _scale_h2(sc)
     p, q = _interleave(x0, y0)
-    if ALU:
-        a0, a1, a2, a3 = _cvt_word_alu(p, s)
-        b0, b1, b2, b3 = _cvt_word_alu(q, s)
-    else:
-        a0, a1, a2, a3 = _cvt_word(p, s)
-        b0, b1, b2, b3 = _cvt_word(q, s)
+    a0, a1, a2, a3 = _cvt(p, s, ALU)
+    b0, b1, b2, b3 = _cvt(q, s, ALU)
     p, q = _interleave(x1, y1)
-    if ALU:
-        c0, c1, c2, c3 = _cvt_word_alu(p, s)
-        d0, d1, d2, d3 = _cvt_word_alu(q, s)
-    else:
-        c0, c1, c2, c3 = _cvt_word(p, s)
-        d0, d1, d2, d3 = _cvt_word(q, s)
+    c0, c1, c2, c3 = _cvt(p, s, ALU)
+    d0, d1, d2, d3 = _cvt(q, s, ALU)
     return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
 
 
