@@ -82,6 +82,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def rotating_last(kv_dtypes: list[str]) -> list[str]:
+    """``kv_dtypes`` with nvfp4 (whose engines fold the Hadamard rotation into the shared model's o_proj)
+    last. NOTE: a bf16/fp8 engine built on a folded model pays one extra matmul per layer to rotate its
+    output into the folded basis; timing it after nvfp4 would bias the comparison against it."""
+    return sorted(kv_dtypes, key=lambda kv: kv == "nvfp4")
+
+
 def base_config(args: argparse.Namespace, model: str) -> EngineConfig:
     common: dict[str, Any] = {
         "load_format": "dummy", "seed": args.seed, "chunked_prefill_size": args.chunked_prefill_size,
@@ -130,7 +137,7 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
     prompts = [random_prompt(rng, i, vocab) for i, _ in lens]
     params = [SamplingParams(temperature=0, max_new_tokens=o, ignore_eos=True) for _, o in lens]
     rows = []
-    for kv in args.kv_dtypes:
+    for kv in rotating_last(args.kv_dtypes):
         cfg = replace(
             base_config(args, model_name), kv_cache_dtype=kv, max_running_requests=args.max_running_requests
         )
@@ -323,8 +330,8 @@ def bench_long(args: argparse.Namespace) -> list[dict[str, Any]]:
         runs = [("matched", capacity_requests(replace(cfg, kv_cache_dtype="bf16"), loaded, per_request)),
                 ("capacity", 0)]  # fmt: skip
     rows = []
-    for mode, fixed in runs:
-        for kv in args.kv_dtypes:
+    for kv in rotating_last(args.kv_dtypes):
+        for mode, fixed in runs:
             kv_cfg = replace(cfg, kv_cache_dtype=kv)
             n = fixed or capacity_requests(kv_cfg, loaded, per_request)
             engine = Engine(replace(kv_cfg, max_running_requests=n), loaded=loaded)

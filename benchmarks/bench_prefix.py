@@ -48,6 +48,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine import rotating_last
+
 from nibblekv.cache import size_pool
 from nibblekv.config import EngineConfig
 from nibblekv.engine.engine import Engine
@@ -293,7 +296,7 @@ def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     vocab = loaded[0].config.vocab_size
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.hicache]
     rows: list[dict[str, Any]] = []
-    for kv in args.kv_dtypes:
+    for kv in rotating_last(args.kv_dtypes):
         for hicache in modes:
             if hicache and args.hicache_kv_dtypes and kv not in args.hicache_kv_dtypes:
                 continue

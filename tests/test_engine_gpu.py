@@ -70,3 +70,26 @@ def test_cuda_graph_decode_equals_eager(dummy_smollm2, kv: str) -> None:
     # Batches of 8 (more than the largest graph) decode eagerly.
     many = graph.generate(prompts * 3, SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
     assert len(many) == 12 and graph.pool.all_free()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_graphs_recaptured_after_another_engine_folds_the_model() -> None:
+    # a bf16 engine captured its graphs on an unfolded model; an nvfp4 engine then folds the Hadamard
+    # rotation into the shared o_proj: the bf16 engine's graphs must follow (re-capture), matching eager
+    from nibblekv.model import load_model
+
+    loaded = load_model("smollm2-135m", load_format="dummy", device="cuda", seed=4)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(10, 30000) for _ in range(n)] for n in (31, 45, 12, 60)]
+    params = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
+    common: dict = {"loaded": loaded, "kv_cache_dtype": "bf16", "max_total_tokens": 4096, "decode_log_interval": 0}
+    graph = Engine(cuda_graph_max_bs=4, **common)
+    graph.generate(prompts[:1], params)
+    assert not loaded[0].output_rotation_folded
+    Engine(**{**common, "kv_cache_dtype": "nvfp4"})
+    assert loaded[0].output_rotation_folded
+    got = graph.generate(prompts, params)
+    assert graph.runner.last_used_graph
+    ref = Engine(disable_cuda_graph=True, **common).generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]

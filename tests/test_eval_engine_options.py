@@ -69,6 +69,36 @@ def test_engine_nvfp4_pool_defaults(smollm2) -> None:  # type: ignore[no-untyped
     assert Engine(kv_cache_dtype="nvfp4", kv_hadamard=False, **kw).runner.backend.qkv_rotation is None
 
 
+def test_rotating_engine_folds_o_proj_and_a_plain_engine_stays_exact(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # nvfp4's Hadamard rotation is folded into the model's o_proj (no un-rotation matmul per layer); a
+    # bf16-cache engine sharing that model rotates its own attention output into the folded basis
+    import json
+
+    from test_engine_api import TINY
+
+    from nibblekv.model import load_model
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY, "max_position_embeddings": 512}))
+    tiny = load_model(str(path), load_format="dummy", device="cpu", seed=5)
+    model = tiny[0]
+    kw = {"loaded": tiny, "max_total_tokens": 512, "decode_log_interval": 0}
+    prompts = [[5 + (i * 11 + j) % 200 for j in range(7 + 6 * i)] for i in range(3)]
+    greedy = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True, logprobs=1)
+    plain = Engine(kv_cache_dtype="bf16", **kw)
+    before = plain.generate(prompts, greedy)
+    assert not model.output_rotation_folded
+    w = model.model.layers[1].self_attn.o_proj.weight.clone()
+    Engine(kv_cache_dtype="nvfp4", **kw)
+    assert model.output_rotation_folded and not torch.equal(model.model.layers[1].self_attn.o_proj.weight, w)
+    after = plain.generate(prompts, greedy)
+    assert [o.token_ids for o in after] == [o.token_ids for o in before]
+    for a, b in zip(after, before):
+        got = torch.tensor([lp.logprob for lp in a.logprobs])
+        want = torch.tensor([lp.logprob for lp in b.logprobs])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_reference_write_and_demote_use_4over6() -> None:
     torch.manual_seed(0)
     layout = _spec(KVDtype.NVFP4).layout

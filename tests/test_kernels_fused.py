@@ -222,8 +222,8 @@ class _RotatedDense(DenseAttention):
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         self.calls.append("rotated")
-        # attention is invariant under a shared orthogonal rotation of q and k; v's comes back out
-        return super().forward(layer_id, q, k, v) @ self.qkv_rotation
+        # attention is invariant under a shared orthogonal rotation of q and k; v's stays in the output
+        return super().forward(layer_id, q, k, v)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -243,6 +243,41 @@ def test_model_forward_fused_rotation(dtype: torch.dtype, monkeypatch: pytest.Mo
     assert attn.calls == ["rotated", "rotated"]
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(fused, eager, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+@pytest.mark.parametrize("backend_rotates", [False, True])
+def test_output_rotation_folded_into_o_proj(
+    kernels: str, backend_rotates: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # W_o <- W_o blockdiag(H): o_proj takes H-basis attention output (no un-rotation matmul); a backend
+    # that does not rotate gets its output rotated into that basis instead. Same function either way.
+    from nibblekv.attention.paged import hadamard_matrix
+
+    model = _tiny_model(False, torch.float32, head_dim=32)
+    h = hadamard_matrix(32, DEVICE, torch.float32)
+    ids = torch.randint(0, 300, (7,), device=DEVICE)
+    positions = torch.tensor([0, 1, 2, 3, 0, 1, 2], device=DEVICE)
+
+    def attn() -> DenseAttention:
+        return _RotatedDense([0, 4, 7], h) if backend_rotates else DenseAttention([0, 4, 7])
+
+    with torch.no_grad():
+        monkeypatch.setenv("NIBBLEKV_KERNELS", "reference")
+        want = model(ids, positions, DenseAttention([0, 4, 7]))
+        w_before = model.model.layers[0].self_attn.o_proj.weight.clone()
+        for layer in model.model.layers:
+            layer.self_attn.fold_output_rotation(h)
+            layer.self_attn.fold_output_rotation(h)  # idempotent
+        w = model.model.layers[0].self_attn.o_proj.weight
+        assert not torch.equal(w, w_before)
+        torch.testing.assert_close(w.view(w.shape[0], -1, 32) @ h, w_before.view(w.shape[0], -1, 32))
+        monkeypatch.setenv("NIBBLEKV_KERNELS", kernels)
+        backend = attn()
+        got = model(ids, positions, backend)
+    if backend_rotates:
+        assert backend.calls == ["rotated", "rotated"]  # type: ignore[attr-defined]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 # ----------------------------------------------------------------------------- GPU, Llama-8B sizes

@@ -16,14 +16,16 @@ class AttentionBackend(ABC):
 
     #: An orthogonal ``[D, D]`` matrix ``R`` (model dtype) the backend stores K/V multiplied by, or None.
     #: Callers that can apply it more cheaply (fused with RoPE) pass ``q @ R, k @ R, v @ R`` to
-    #: :meth:`forward_rotated`; :meth:`forward` applies it itself.
+    #: :meth:`forward_rotated` and take the output in R's basis (o_proj may have R folded in);
+    #: :meth:`forward` applies R on the way in and out itself.
     qkv_rotation: torch.Tensor | None = None
 
     def forward_rotated(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        """:meth:`forward` for ``q, k, v`` already multiplied on the right by :attr:`qkv_rotation`;
-        returns the same (un-rotated) output. Only called when ``qkv_rotation`` is not None."""
+        """:meth:`forward` for ``q, k, v`` already multiplied on the right by :attr:`qkv_rotation` ``R``;
+        returns the output in R's basis (:meth:`forward`'s output times R: attention over ``v @ R``).
+        Only called when ``qkv_rotation`` is not None."""
         raise NotImplementedError(f"{type(self).__name__} has no qkv_rotation")
 
     @abstractmethod

@@ -188,14 +188,14 @@ class PagedAttentionBackend(AttentionBackend):
         h = self.qkv_rotation
         if h is None:
             return self._forward(layer_id, q, k, v)
-        return self.forward_rotated(layer_id, q @ h, k @ h, v @ h)
+        # H symmetric and orthogonal: its own inverse
+        return self.forward_rotated(layer_id, q @ h, k @ h, v @ h) @ h
 
     def forward_rotated(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        h = self.qkv_rotation
-        assert h is not None
-        return self._forward(layer_id, q, k, v) @ h  # H symmetric and orthogonal: its own inverse
+        assert self.qkv_rotation is not None
+        return self._forward(layer_id, q, k, v)  # attention over v @ H is already in H's basis
 
     def _forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         m = self.meta

@@ -55,6 +55,7 @@ class CudaGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.mempool = torch.cuda.graph_pool_handle()
+        self._folded = model.output_rotation_folded
         self._capture_all()
 
     def fits(self, bs: int) -> bool:
@@ -94,6 +95,20 @@ class CudaGraphRunner:
             "Capture cuda graph end. Time elapsed: %.1f s, bs: %s", time.perf_counter() - t0, self.sizes
         )
 
+    def _recapture(self) -> None:
+        """Capture again after another engine folded a rotation into the shared model's o_proj (the old
+        graphs lack the layer's basis change). The buffers go back to padding rows first: the warm-up
+        forwards must not write K/V into pages that now belong to other requests."""
+        logger.info("model's o_proj changed (rotation folded by another engine): re-capturing cuda graphs")
+        self.graphs.clear()
+        self.logits.clear()
+        torch.cuda.synchronize()
+        for buf, value in ((self.input_ids, 0), (self.positions, 0), (self.page_table, 0), (self.tail_page_table, 0),
+                           (self.main_lens, 1), (self.tail_lens, 0), (self.main_slots, -1), (self.tail_slots, -1)):  # fmt: skip
+            buf.fill_(value)
+        self._folded = self.model.output_rotation_folded
+        self._capture_all()
+
     def _forward(self, bs: int) -> torch.Tensor:
         hidden = self.model.forward(self.input_ids[:bs], self.positions[:bs], self.backend)
         return self.model.compute_logits(hidden)
@@ -103,6 +118,8 @@ class CudaGraphRunner:
     ) -> torch.Tensor:
         """Run the batch described by the runner's ``lists``; returns logits ``[bs, vocab]``.
         ``prev_tokens``: what placeholder input ids stand for (``request.fill_placeholders``)."""
+        if self.model.output_rotation_folded != self._folded:
+            self._recapture()
         size = next(s for s in self.sizes if s >= bs)
         self._demote(lists["demote_src"], lists["demote_dst"])
         self._fill(lists, bs, size)

@@ -85,6 +85,9 @@ class ModelRunner:
         self.page_table = page_table
         self.device = model.device
         self.backend = PagedAttentionBackend(pool)
+        if self.backend.qkv_rotation is not None:
+            # o_proj takes the rotated attention output directly: one matmul per layer less per step
+            model.fold_output_rotation(self.backend.qkv_rotation)
         self.sampler = Sampler(self.device, seed)
         self.graphs: CudaGraphRunner | None = None
         self._used_graph = False

@@ -68,6 +68,19 @@ class CausalLM(nn.Module):
             h, residual = layer.forward_fused(h, residual, cos, sin, attn)
         return self.model.norm.forward_fused(h, residual)[0]
 
+    def fold_output_rotation(self, rotation: torch.Tensor) -> None:
+        """Fold a cache's rotation ``[D, D]`` into every layer's o_proj (see ``Attention.fold_output_rotation``).
+
+        NOTE: this changes a model that other engines may share. Their eager forwards stay exact (each
+        layer rotates a plain backend's output into the folded basis); their captured CUDA graphs are
+        re-captured on the next replay (``CudaGraphRunner`` compares :attr:`output_rotation_folded`)."""
+        for layer in self.model.layers:
+            layer.self_attn.fold_output_rotation(rotation)
+
+    @property
+    def output_rotation_folded(self) -> bool:
+        return self.model.layers[0].self_attn.o_rotation is not None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [N, hidden]`` -> float32 logits ``[N, vocab]`` (matmul in the model dtype, as HF)."""
         return F.linear(hidden, self.lm_head_weight).float()

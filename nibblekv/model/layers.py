@@ -70,6 +70,23 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.split = (config.q_size, config.kv_size, config.kv_size)
+        # The orthogonal R folded into o_proj's input columns (``W_o <- W_o blockdiag(R)``), or None: then
+        # o_proj takes attention output in R's basis, which is what attention over R-rotated V returns.
+        self.o_rotation: torch.Tensor | None = None
+
+    def fold_output_rotation(self, rotation: torch.Tensor) -> None:
+        """Fold ``rotation [D, D]`` (symmetric, orthogonal) into o_proj, in place (captured graphs keep
+        the same weight storage). Idempotent.
+
+        NOTE: every caller passes the one Sylvester Hadamard matrix of this head_dim, so a folded layer
+        and a backend that rotates agree on the basis without comparing tensors."""
+        if self.o_rotation is not None:
+            return
+        w = self.o_proj.weight
+        with torch.no_grad():
+            cols = w.view(w.shape[0], -1, self.head_dim).float() @ rotation.float()
+            w.copy_(cols.reshape(w.shape).to(w.dtype))
+        self.o_rotation = rotation
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
@@ -77,18 +94,24 @@ class Attention(nn.Module):
         """``x [T, hidden]`` -> ``[T, hidden]``."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
+        rot = attn.qkv_rotation
         # NOTE: q/k norm (Qwen3) is not fused: those models keep the eager split, norm and RoPE.
-        rot = None
         if self.q_norm is None and use_triton(qkv):
             # NOTE: the cache's rotation (if any) rides along in the RoPE kernel: no extra launches
-            rot = attn.qkv_rotation if self.head_dim >= 32 else None
-            q, k, v = self._qkv_fused(qkv, cos, sin, rot)
+            fused_rot = rot if self.head_dim >= 32 else None
+            q, k, v = self._qkv_fused(qkv, cos, sin, fused_rot)
         else:
+            fused_rot = None
             q, k, v = self._qkv_eager(qkv, cos, sin)
-        if rot is not None:
-            out = attn.forward_rotated(self.layer_id, q, k, v)
-        else:  # the backend applies its rotation itself, if it has one
+        if rot is None:
             out = attn.forward(self.layer_id, q, k, v)
+        else:
+            if fused_rot is None:
+                q, k, v = q @ rot, k @ rot, v @ rot
+            out = attn.forward_rotated(self.layer_id, q, k, v)  # in rot's basis
+        # Bring out into o_proj's basis; R is its own inverse, and both sides use the same R.
+        if (rot is None) != (self.o_rotation is None):
+            out = out @ (rot if rot is not None else self.o_rotation)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
     def _qkv_eager(
