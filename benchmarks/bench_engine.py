@@ -71,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--enable-overlap-schedule", action="store_true",
                    help="schedule decode step N+1 while step N runs (engine/overlap.py)")  # fmt: skip
+    p.add_argument("--profile-top", type=int, default=12, help="kernels listed per profiled run")
     p.add_argument("--profile-steps", type=int, default=0, help="long part: profile this many decode steps "
                    "(after 3) with the torch profiler and report the top GPU kernels")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
@@ -236,9 +237,9 @@ def synthetic_prefill(engine: Engine, prompts: list[list[int]], params: Sampling
         req.token_ids.append(p[-1])
 
 
-def profiled(engine: Engine, n: int) -> dict[str, Any]:
+def profiled(engine: Engine, n: int, top: int = 12) -> dict[str, Any]:
     """Run ``n`` engine steps under the torch profiler: per step, the wall time, the summed time of all
-    GPU kernels (busy), the kernel count, and the 12 kernels with the most total time. Wall minus busy is
+    GPU kernels (busy), the kernel count, and the ``top`` kernels with the most total time. Wall minus busy is
     the time the GPU waited for the host (or for launches)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -258,7 +259,7 @@ def profiled(engine: Engine, n: int) -> dict[str, Any]:
     rows.sort(key=lambda r: -r["us"])
     top = [
         {"kernel": r["kernel"], "ms_per_step": round(r["us"] / 1e3 / n, 3), "calls_per_step": r["calls"] / n}
-        for r in rows[:12]
+        for r in rows[:top]
     ]
     return {
         "top_kernels": top,
@@ -270,7 +271,7 @@ def profiled(engine: Engine, n: int) -> dict[str, Any]:
 
 def decode_run(
     engine: Engine, prompts: list[list[int]], params: SamplingParams, synthetic: bool, bandwidth: float,
-    profile_steps: int = 0,
+    profile_steps: int = 0, profile_top: int = 12,
 ) -> dict[str, Any]:  # fmt: skip
     """Run to completion; time the decode steps that run the full batch."""
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
@@ -288,7 +289,7 @@ def decode_run(
         sync()
         t0 = time.perf_counter()
         if profile:
-            prof = profiled(engine, profile_steps)
+            prof = profiled(engine, profile_steps, profile_top)
         else:
             engine.step()
         sync()
@@ -336,7 +337,7 @@ def bench_long(args: argparse.Namespace) -> list[dict[str, Any]]:
             n = fixed or capacity_requests(kv_cfg, loaded, per_request)
             engine = Engine(replace(kv_cfg, max_running_requests=n), loaded=loaded)
             prompts = [random_prompt(rng, args.long_input, vocab) for _ in range(n)]
-            res = decode_run(engine, prompts, params, args.synthetic_prefill, bandwidth, args.profile_steps)
+            res = decode_run(engine, prompts, params, args.synthetic_prefill, bandwidth, args.profile_steps, args.profile_top)
             assert engine.pool.all_free()
             rows.append({
                 "bench": "long", "model": args.long_model + (" (smoke: tiny)" if args.smoke else ""), "kv_dtype": kv, "mode": mode, **res,
