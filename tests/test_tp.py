@@ -187,6 +187,33 @@ def test_tp2_quantized_kv_runs_and_matches_tp1(tiny_config: Path, kv: str) -> No
     assert [o.token_ids for o in tp] == [o.token_ids for o in ref]
 
 
+def test_clean_shutdown_leaves_the_group_with_the_workers_then_a_second_engine_runs(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NCCL's teardown is collective: rank 0 must destroy its group while the workers destroy theirs,
+    not after joining them (that deadlocked on 2x H200, and the next TP engine in the process hung).
+    gloo's teardown is local, so the order is checked directly; the workers exit 0, none killed."""
+    from nibblekv.engine import tp_group
+
+    kw: dict[str, Any] = {"model": str(tiny_config), "load_format": "dummy", "seed": 1, "max_total_tokens": 1024}
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    seen: list[list[bool]] = []
+    real = tp_group.dist.destroy_process_group
+    for _ in range(2):  # back to back in one process
+        engine = Engine(tp_size=2, **kw)
+        assert engine.tp is not None
+        procs = list(engine.tp.procs)
+        monkeypatch.setattr(
+            tp_group.dist, "destroy_process_group", lambda: (seen.append([p.exitcode for p in procs]), real())[1]
+        )
+        out = _generate(engine, [[5, 6, 7]], params)
+        monkeypatch.setattr(tp_group.dist, "destroy_process_group", real)
+        assert out[0].completion_tokens == 4
+        assert [p.exitcode for p in procs] == [0]
+    assert seen == [[None], [None]]  # the worker was still running when rank 0 left the group
+    _no_children_left()
+
+
 def test_unsplittable_tp_fails_cleanly(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(

@@ -176,11 +176,18 @@ class TPGroup:
         if self._closed:
             return
         self._closed = True
+        healthy = all(proc.is_alive() for proc in self.procs)
         for conn in self.conns:
             try:
                 conn.send(("stop", None))
             except (OSError, ValueError):
                 pass  # that worker is already gone
+        if dist.is_initialized() and healthy:
+            # NOTE: NCCL's teardown (ncclCommFinalize + ncclCommDestroy) is collective: rank 0 must
+            # leave the group together with the workers, which do so right after "stop". Joining them
+            # first deadlocked on 2x H200 (2026-11-30): each side waited for the other, the worker was
+            # killed after STOP_TIMEOUT_S, and rank 0's later destroy hung for good on the dead peer.
+            dist.destroy_process_group()
         for proc in self.procs:
             proc.join(STOP_TIMEOUT_S)
             if proc.is_alive():
@@ -189,8 +196,8 @@ class TPGroup:
                 proc.join(STOP_TIMEOUT_S)
         for conn in self.conns:
             conn.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if dist.is_initialized():  # a worker had died: no collective teardown is possible, abort ours
+            dist.distributed_c10d._abort_process_group()
         torch.set_num_threads(self._threads)
         atexit.unregister(self.shutdown)
         if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
