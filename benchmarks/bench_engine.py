@@ -282,17 +282,21 @@ def decode_run(
             engine.add_request(p, params)
     steps: list[tuple[int, float, float]] = []  # (batch size, seconds, floor seconds)
     prof: dict[str, Any] = {}
+    # NOTE: with the overlap schedule a step launches the next batch before it returns; a sync around
+    # each step would leave the GPU idle while the host schedules (2026-11-30's overlap rows were timed
+    # that way). There, a step's time is the host interval between steps, which the GPU paces.
+    barrier = (lambda: None) if engine.config.enable_overlap_schedule else sync
     while engine.has_unfinished():
         floor = (weights + kv_bytes_read(engine)) / bandwidth
         # once, after the first steps' compiles and graph captures
         profile = profile_steps > 0 and len(steps) == 3 and not prof
-        sync()
+        barrier()
         t0 = time.perf_counter()
         if profile:
             prof = profiled(engine, profile_steps, profile_top)
         else:
             engine.step()
-        sync()
+        barrier()
         batch = engine.last_batch
         if batch is not None and batch.is_decode and not profile:
             steps.append((len(batch.reqs), time.perf_counter() - t0, floor))
