@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--matched-requests", type=int, nargs="*", default=[],
                    help="also run each dtype at these counts (e.g. fp8_e4m3's capacity from an earlier call)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile-steps", type=int, default=0, help="per-kernel profile of this many decode steps "
+                   "(rank 0's GPU) in every run")
+    p.add_argument("--profile-top", type=int, default=25)
     return p.parse_args(argv)
 
 
@@ -111,7 +114,8 @@ def run_dtype(
             prompts = [[rng.randrange(vocab) for _ in range(args.context)] for _ in range(n)]
             row: dict[str, Any] = {"kv_dtype": kv, "tp": args.tp, **pool, "capacity_requests": capacity}
             row["mode"] = "capacity" if want is None else "matched"
-            row.update(decode_run(engine, prompts, params, not args.real_prefill, bandwidth))
+            row.update(decode_run(engine, prompts, params, not args.real_prefill, bandwidth,
+                                  args.profile_steps, args.profile_top))
             rows.append(row)
             print(json.dumps(row), flush=True)
             assert engine.pool.all_free(), "pages leaked between runs"

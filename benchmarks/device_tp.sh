@@ -13,8 +13,8 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,memory.used --format=csv >"$OUT/gpu.txt" 2>&1
-timeout "${TP70B_TIMEOUT:-420}" python3 benchmarks/bench_tp.py --output-len 16 --max-running-requests 64 ${TP_ARGS:-} \
-    --out "$OUT/tp-70b" >"$OUT/bench-tp-70b.log" 2>&1
+timeout "${TP70B_TIMEOUT:-420}" python3 benchmarks/bench_tp.py --output-len 16 --max-running-requests 64 \
+    --matched-requests 10 20 --profile-steps 3 ${TP_ARGS:-} --out "$OUT/tp-70b" >"$OUT/bench-tp-70b.log" 2>&1
 echo "bench_tp 70B: exit $?" | tee -a "$OUT/summary.txt"
 timeout "${GEN_TIMEOUT:-120}" python3 -m nibblekv generate --model llama-3.1-8b --load-format dummy --tp-size 2 \
     --max-new-tokens 16 --ignore-eos "hello" >"$OUT/generate-tp2.log" 2>&1
