@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from nibblekv.cache import (
     FreeListAllocator,
+    Growth,
     KVPool,
     OutOfPagesError,
     RequestPages,
@@ -334,3 +336,37 @@ def test_prefill_window_defaults_to_the_recent_window() -> None:
     mgr.release(b)
     no_tail = _pool(window=0, prefill_window=64)  # no tail pool: nothing to keep
     assert no_tail.spec.prefill_window == 0 and no_tail.spec.num_tail_pages == 0
+
+
+def test_decode_tokens_go_to_the_tail_and_the_backend_skips_the_main_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a bf16 tail every decode token is its request's newest, so it lands in a tail page; the
+    backend relies on that to skip the main-pool write launch of decode steps."""
+    from nibblekv.attention import paged
+    from nibblekv.attention.paged import PagedAttentionBackend, host_metadata, to_device
+
+    pool = _pool(num_pages=32, window=8, page=4)
+    mgr = TieredCacheManager(pool)
+    a = RequestPages()
+    mgr.finish_growth(mgr.grow(a, 13))
+    for n in range(14, 30):  # decode, page boundaries and demotions included
+        g = mgr.grow(a, n)
+        h = host_metadata([(a, g)], True, 4, tail_pool=True)
+        assert h["main_slots"] == [-1] and h["tail_slots"][0] >= 0
+        mgr.finish_growth(g)
+    # a layout that breaks the rule (the newest token in a main page) is refused, not silently dropped
+    bad = RequestPages(main=[5], tail=[], num_tokens=3, num_main=4)
+    fake = Growth(2, 3, 4, (), (), 4, (), None, None)
+    with pytest.raises(RuntimeError, match="main page despite the bf16 tail"):
+        host_metadata([(bad, fake)], True, 4, tail_pool=True)
+    assert host_metadata([(bad, fake)], True, 4)["main_slots"] == [5 * 4 + 2]  # no tail pool: main write
+
+    written: list[object] = []
+    monkeypatch.setattr(paged, "write_kv", lambda k, v, cache, slots, *rest: written.append(cache))
+    backend = PagedAttentionBackend(pool)
+    d = to_device({"main_slots": [-1], "tail_slots": [7]}, torch.device("cpu"))
+    k = torch.zeros(1, 1, 16)
+    for is_decode, want in ((True, [pool.tail[0]]), (False, [pool.main[0], pool.tail[0]])):
+        backend.meta = SimpleNamespace(is_decode=is_decode, main_slots=d["main_slots"], tail_slots=d["tail_slots"])  # type: ignore[assignment]
+        written.clear()
+        backend._write(k, k, pool.main[0], pool.tail[0])
+        assert written == want

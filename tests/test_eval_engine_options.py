@@ -184,8 +184,9 @@ def test_backend_writes_and_demotes_4over6(kernels: str, monkeypatch: pytest.Mon
     i64 = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)
     slots, src, dst = i64([4, 6, -1]), i64([2]), i64([3])
     backend = PagedAttentionBackend(pool)
-    backend.bind(PagedMetadata(True, i32([[1, 3]]), i32([3]), i32([[0]]), i32([0]), slots, i64([-1, -1, 1]),
-                               None, src, dst))  # fmt: skip
+    # NOTE: an extend's metadata: a decode step with a tail writes only the tail (see PagedAttentionBackend._write)
+    backend.bind(PagedMetadata(False, i32([[1, 3]]), i32([3]), i32([[0]]), i32([0]), slots, i64([-1, -1, 1]),
+                               i32([0, 3]), src, dst))  # fmt: skip
     backend.demote_layer(0)
     backend._write(k, v, main, tail)
     want, plain = _clone(before), _clone(before)

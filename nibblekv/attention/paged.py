@@ -66,9 +66,13 @@ class PagedMetadata:
 
 
 def host_metadata(
-    batch: Sequence[tuple[RequestPages, Growth]], is_decode: bool, page_size: int
+    batch: Sequence[tuple[RequestPages, Growth]], is_decode: bool, page_size: int, tail_pool: bool = False
 ) -> dict[str, list[int]]:
-    """The batch's per-request lengths, per-token slots and demotions as Python lists."""
+    """The batch's per-request lengths, per-token slots and demotions as Python lists.
+
+    ``tail_pool``: the pool has a bf16 tail. Then a decode token is always the newest of its request's
+    window, so it lands in a tail page; checked here because the backend relies on it (it skips the
+    main-pool write of decode steps, see ``PagedAttentionBackend._write``)."""
     h: dict[str, list[int]] = {k: [] for k in ("main_lens", "tail_lens", "main_slots", "tail_slots")}
     h.update(cu_seqlens=[0], demote_src=[], demote_dst=[])
     if not is_decode:  # the prefix's tail pages, [B, width] row-major, padded with scratch page 0
@@ -83,6 +87,8 @@ def host_metadata(
             h["prefix_tail"].extend(rows + [0] * (width - len(rows)))
         for pos in range(g.old_len, g.new_len):
             in_main, slot = pages.slot(pos, page_size)
+            if in_main and is_decode and tail_pool:
+                raise RuntimeError(f"decode token at position {pos} maps to a main page despite the bf16 tail")
             h["main_slots"].append(slot if in_main else -1)
             h["tail_slots"].append(-1 if in_main else slot)
             if g.sink is not None and pos < page_size:  # NOTE: only in the growth that made the sink
@@ -237,6 +243,9 @@ class PagedAttentionBackend(AttentionBackend):
     def _write(self, k: torch.Tensor, v: torch.Tensor, main: LayerKV, tail: LayerKV | None) -> None:
         m = self.meta
         assert m is not None
-        write_kv(k, v, main, m.main_slots, self.four_over_six)
+        # NOTE: with a tail, decode tokens always go to it (``host_metadata(tail_pool=True)`` checks): the
+        # main write would be a launch whose every row is skipped (~1-2 us a layer at small batches).
+        if not (m.is_decode and tail is not None):
+            write_kv(k, v, main, m.main_slots, self.four_over_six)
         if tail is not None:
             write_kv(k, v, tail, m.tail_slots)

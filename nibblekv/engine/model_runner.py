@@ -184,7 +184,7 @@ class ModelRunner:
             lists["input_ids"].extend(req.token_ids[g.old_len : g.new_len])
             lists["positions"].extend(range(g.old_len, g.new_len))
         pairs = [(r.pages, g) for r, g in zip(batch.reqs, batch.growths)]
-        lists.update(host_metadata(pairs, batch.is_decode, self.pool.page_size))
+        lists.update(host_metadata(pairs, batch.is_decode, self.pool.page_size, bool(self.pool.tail)))
         lists["rows"] = self.page_table.sync([r.pages for r in batch.reqs])
         return lists
 

@@ -31,10 +31,14 @@ def _table(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
 
 
 def paged_metadata(
-    batch: Sequence[tuple[RequestPages, Growth]], is_decode: bool, page_size: int, device: torch.device
+    batch: Sequence[tuple[RequestPages, Growth]],
+    is_decode: bool,
+    page_size: int,
+    device: torch.device,
+    tail_pool: bool = False,
 ) -> PagedMetadata:
     """The backend's metadata for one step, from the engine's own per-token slot and length rules."""
-    h = host_metadata(batch, is_decode, page_size)
+    h = host_metadata(batch, is_decode, page_size, tail_pool)
 
     def t(key: str, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(h[key], dtype=dtype, device=device)
@@ -155,7 +159,9 @@ class PagedRunner:
             self.manager.grow(p, p.num_tokens + len(c), prefilling) for c, p in zip(chunks, self.requests)
         ]
         device = self.model.device
-        self.paged.bind(paged_metadata(list(zip(self.requests, growths)), is_decode, self.page_size, device))
+        pairs = list(zip(self.requests, growths))
+        meta = paged_metadata(pairs, is_decode, self.page_size, device, bool(self.pool.tail))
+        self.paged.bind(meta)
         try:
             hidden = self.model.forward(
                 torch.tensor(ids, dtype=torch.int64, device=device),
