@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128, help="64: e.g. nvfp4=mma (two tokens a row) vs tok")
     ap.add_argument("--q-heads", type=int, default=32, help="query heads over the 8 KV heads (64: GQA 8)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")
+    ap.add_argument("--tail", action="store_true", help="with a 64-token bf16 tail per request (the engine's default)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -171,11 +172,11 @@ def main() -> None:
         for b, c in shapes:
             try:
                 prof: dict[str, float] | None = {} if args.breakdown else None
-                us, nb = run_decode(pools, dt, b, c, args.q_heads, False, {"variant": spec}, profile=prof)
+                us, nb = run_decode(pools, dt, b, c, args.q_heads, args.tail, {"variant": spec}, profile=prof)
             except Exception as e:  # noqa: BLE001
                 print(f"{NAMES[dt]:9s} {spec:22s} B={b} ctx={c} FAILED {repr(e)[:200]}", flush=True)
                 continue
-            rows.append(dict(kernel="decode", kv_dtype=NAMES[dt], variant=spec, batch=b, context=c,
+            rows.append(dict(kernel="decode_tail64" if args.tail else "decode", kv_dtype=NAMES[dt], variant=spec, batch=b, context=c,
                              q_heads=args.q_heads, kv_heads=8, head_dim=args.head_dim, page_size=16, us=round(us, 2),
                              bytes=nb, tbps=round(nb / us / 1e6, 4), **({"kernels_us": prof} if prof else {})))  # fmt: skip
             if prof:
