@@ -214,6 +214,32 @@ def test_clean_shutdown_leaves_the_group_with_the_workers_then_a_second_engine_r
     _no_children_left()
 
 
+def test_failed_step_aborts_instead_of_a_collective_teardown(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a step raised on rank 0 the workers may wait in a collective rank 0 never joined: a collective
+    teardown would hang under NCCL, so rank 0 aborts its group (and the workers are stopped or killed)."""
+    from nibblekv.engine import tp_group
+
+    engine = Engine(model=str(tiny_config), load_format="dummy", seed=1, max_total_tokens=1024, tp_size=2)
+    calls: list[str] = []
+    real_destroy, real_abort = tp_group.dist.destroy_process_group, tp_group.dist.distributed_c10d._abort_process_group
+    monkeypatch.setattr(tp_group.dist, "destroy_process_group", lambda: (calls.append("destroy"), real_destroy())[1])
+    monkeypatch.setattr(
+        tp_group.dist.distributed_c10d, "_abort_process_group", lambda: (calls.append("abort"), real_abort())[1]
+    )
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("injected failure inside a step")
+
+    monkeypatch.setattr(engine.runner.model, "forward", boom)
+    with pytest.raises(ValueError, match="injected"):
+        engine.generate([[5, 6, 7]], SamplingParams(max_new_tokens=2))
+    engine.shutdown()
+    assert calls == ["abort"] and not tp_group.dist.is_initialized()
+    _no_children_left()
+
+
 def test_unsplittable_tp_fails_cleanly(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(

@@ -62,6 +62,7 @@ class TPGroup:
             )
         self.size = config.tp_size
         self._in_step = False
+        self._step_failed = False  # a step raised: the ranks may be out of step, no collective teardown
         self._pending_exit: int | None = None
         self._old_sigterm: Any = None
         self.device = device_for(config, 0)
@@ -148,13 +149,15 @@ class TPGroup:
         self._in_step = True
         try:
             yield
-        except RuntimeError as exc:  # a collective failed: name the worker that took it down, if one did
-            for rank, proc in enumerate(self.procs, start=1):
-                proc.join(2.0)
-                if not proc.is_alive():
-                    raise WorkerFailed(
-                        f"tensor-parallel worker {rank} died ({self._describe(rank)})"
-                    ) from exc
+        except BaseException as exc:
+            self._step_failed = True  # the workers may sit in a collective rank 0 never joined
+            if isinstance(exc, RuntimeError):  # a collective failed: name the worker that took it down
+                for rank, proc in enumerate(self.procs, start=1):
+                    proc.join(2.0)
+                    if not proc.is_alive():
+                        raise WorkerFailed(
+                            f"tensor-parallel worker {rank} died ({self._describe(rank)})"
+                        ) from exc
             raise
         finally:
             self._in_step = False
@@ -176,7 +179,7 @@ class TPGroup:
         if self._closed:
             return
         self._closed = True
-        healthy = all(proc.is_alive() for proc in self.procs)
+        healthy = not self._step_failed and all(proc.is_alive() for proc in self.procs)
         for conn in self.conns:
             try:
                 conn.send(("stop", None))
@@ -196,7 +199,7 @@ class TPGroup:
                 proc.join(STOP_TIMEOUT_S)
         for conn in self.conns:
             conn.close()
-        if dist.is_initialized():  # a worker had died: no collective teardown is possible, abort ours
+        if dist.is_initialized():  # a worker died or a step failed: no collective teardown, abort ours
             dist.distributed_c10d._abort_process_group()
         torch.set_num_threads(self._threads)
         atexit.unregister(self.shutdown)
