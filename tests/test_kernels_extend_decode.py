@@ -159,3 +159,25 @@ def test_extend_lse_out_is_the_same_with_and_without_splits() -> None:
     )
     want = (q1.float() * k1.float().expand(1, 4, 64)).sum(-1) * 0.125 * 1.4426950408889634
     assert torch.allclose(out1, want, atol=1e-3)
+
+
+def test_extend_decode_with_a_dense_transposed_q_and_fp32_partials() -> None:
+    # q laid out [Hq, T, D] and viewed as [T, Hq, D] (dense, not contiguous): the partials are packed fp32
+    # buffers, so the merge reads what extend_triton wrote; and no bf16 rounding of either half
+    from nibblekv.kernels.extend import extend_triton
+    from nibblekv.kernels.reference import extend_ref
+
+    torch.manual_seed(0)
+    hkv, g, d = 2, 3, 128
+    pb = make_batch(KVDtype.NVFP4, [3, 18], hkv, d, P, DEVICE, tail_lens=[1, 0])
+    cu = torch.tensor([0, 2, 3], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(3, hkv * g, d, device=DEVICE).to(torch.bfloat16)
+    q_t = q.transpose(0, 1).contiguous().transpose(0, 1)
+    k, v = (torch.randn(3, hkv, d, device=DEVICE).to(torch.bfloat16) for _ in range(2))
+    a = (k, v, cu, pb.cache, pb.page_table, pb.lens, d**-0.5, pb.tail, pb.tail_page_table, pb.tail_lens)
+    want = extend_ref(q.float(), *a)
+    splits = 3 if DEVICE == "cpu" else None
+    got = extend_decode(q_t, *a[:7], 2, *a[7:], num_splits=splits)
+    assert rel_rms(got, want) <= 1e-2
+    # no worse than extend_triton on the same inputs (the bf16 partials were ~2x worse)
+    assert rel_rms(got, want) <= 1.3 * rel_rms(extend_triton(q, *a, max_chunk=2), want) + 1e-4

@@ -208,11 +208,13 @@ def extend_decode(
     )  # fmt: skip
     pv = page_table if ng == 1 else page_table.repeat_interleave(ng, dim=0)
     lv = prefix_lens if ng == 1 else prefix_lens.repeat_interleave(ng)
-    o1 = torch.empty_like(qv)
+    # NOTE: both partials in fp32, contiguous: rounding each half to q's dtype before the merge doubled
+    # the error against extend_ref, and _merge_kernel reads o2 as a packed [T, HQ, D] array
+    o1 = torch.empty(qv.shape, dtype=torch.float32, device=q.device)
     lse1 = torch.empty((bsz * ng, hkv * gv), dtype=torch.float32, device=q.device)
     decode_triton(qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, variant=variant, lse_out=lse1)
     # 2) tail + own keys: the same extend with an empty main-pool prefix
-    o2 = torch.empty_like(q)
+    o2 = torch.empty((t_total, hq, d), dtype=torch.float32, device=q.device)
     lse2 = torch.empty((t_total, hq), dtype=torch.float32, device=q.device)
     extend_triton(
         q, k_new, v_new, cu_seqlens, cache, page_table, torch.zeros_like(prefix_lens), sm_scale,
