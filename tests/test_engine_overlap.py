@@ -159,3 +159,32 @@ def test_overlap_flag_conflicts_are_named() -> None:
         EngineConfig(enable_overlap_schedule=True, tp_size=2)
     with pytest.raises(ValueError, match="--enable-overlap-schedule"):
         EngineConfig(enable_overlap_schedule=True, enable_hierarchical_cache=True)
+
+
+def test_overlap_never_preempts_or_aborts_on_a_pending_token(tiny: tuple) -> None:
+    """Out of pages, the next decode would preempt (or, alone, abort) a request whose pending token may be
+    its stop token: the pending step is resolved first, so outputs and preemptions equal the sync loop's."""
+    kw = {"max_total_tokens": 32, "disable_radix_cache": True, "kv_recent_window": 0, "kv_cache_dtype": "bf16"}
+    prompt = [10 + i for i in range(20)]  # 20 tokens of a 32-token pool: 13 outputs (the last is not stored)
+    free = _engine(tiny, False, **kw).generate(prompt, SamplingParams(temperature=0, max_new_tokens=100, ignore_eos=True))[0]
+    assert free.finish_reason == "abort" and len(free.token_ids) == 13
+    stop = free.token_ids[-1]
+    assert stop not in free.token_ids[:-1]
+    sp = SamplingParams(temperature=0, max_new_tokens=100, ignore_eos=True, stop_token_ids=[stop])
+    for overlap in (False, True):  # the 13th token stops it, exactly when the pool is full
+        e = _engine(tiny, overlap, **kw)
+        out = e.generate(prompt, sp)[0]
+        assert (out.finish_reason, out.token_ids) == ("stop", free.token_ids), overlap
+        assert e.pool.all_free()
+    kw = {**kw, "max_total_tokens": 64, "max_running_requests": 2}
+    prompts = [PROMPTS[0], PROMPTS[1]]
+    free2 = _engine(tiny, False, **kw).generate(prompts, SamplingParams(temperature=0, max_new_tokens=60, ignore_eos=True))
+    sps = [SamplingParams(temperature=0, max_new_tokens=60, ignore_eos=True, stop_token_ids=[free2[0].token_ids[20]]),
+           SamplingParams(temperature=0, max_new_tokens=60, ignore_eos=True)]  # fmt: skip
+    runs = []
+    for overlap in (False, True):
+        e = _engine(tiny, overlap, **kw)
+        outs = e.generate(prompts, sps)
+        runs.append((e.scheduler.num_preemptions, [(o.token_ids, o.finish_reason) for o in outs]))
+        assert e.pool.all_free()
+    assert runs[1] == runs[0]

@@ -157,6 +157,10 @@ class BaseCacheManager(ABC):
         """Whether the growth fits, leaving ``reserve_main`` main pages free."""
 
     @abstractmethod
+    def can_grow_all(self, growths: Sequence[tuple[RequestPages, int]]) -> bool:
+        """Whether every ``(pages, new_len)`` growth fits at once (none of them preempting another)."""
+
+    @abstractmethod
     def grow(self, pages: RequestPages, new_len: int, prefilling: bool = False) -> Growth:
         """Allocate for tokens ``[pages.num_tokens, new_len)`` and update ``pages``."""
 
@@ -228,6 +232,13 @@ class TieredCacheManager(BaseCacheManager):
     ) -> bool:
         _, _, new_main, new_tail, _ = self._plan(pages, new_len, prefilling)
         return self._fits(new_main + reserve_main, new_tail)
+
+    def can_grow_all(self, growths: Sequence[tuple[RequestPages, int]]) -> bool:
+        main = tail = 0
+        for pages, new_len in growths:
+            m, t = self.pages_needed(pages, new_len)
+            main, tail = main + m, tail + t
+        return self._fits(main, tail)
 
     def grow(self, pages: RequestPages, new_len: int, prefilling: bool = False) -> Growth:
         return self._apply(pages, new_len, self._plan(pages, new_len, prefilling))

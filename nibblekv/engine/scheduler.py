@@ -114,13 +114,24 @@ class Scheduler:
         batch.loads = self.cache.take_loads()
         return self._nonempty(batch)
 
+    @staticmethod
+    def _decodes(req: Request) -> bool:
+        if req.status is not RequestStatus.RUNNING or not req.is_decoding:
+            return False  # preempted in this loop, or still prefilling
+        # NOTE: overlap schedule only: its last token is on the device, and it ends there
+        return not (req.num_pending and req.num_output_tokens + req.num_pending >= req.max_new_tokens)
+
+    def decode_fits(self) -> bool:
+        """Whether the next decode batch grows without preempting or aborting anyone. The overlap schedule
+        asks first and brings a pending step's tokens to the host when not: a request that just sampled
+        a stop token must finish, not be preempted or aborted for pages (as the synchronous loop does)."""
+        return self.cache.can_grow_all([(r.pages, r.num_cached + 1) for r in self.running if self._decodes(r)])
+
     def _schedule_decode(self) -> ScheduledBatch | None:
         batch = ScheduledBatch(True, [], [])
         for req in list(self.running):
-            if req.status is not RequestStatus.RUNNING or not req.is_decoding:
-                continue  # preempted in this loop, or still prefilling
-            if req.num_pending and req.num_output_tokens + req.num_pending >= req.max_new_tokens:
-                continue  # NOTE: overlap schedule only: its last token is on the device, and it ends there
+            if not self._decodes(req):
+                continue
             new_len = req.num_cached + 1
             growth = self.cache.try_grow(req.pages, new_len)
             while growth is None:
