@@ -37,14 +37,16 @@ def _engine(tiny: tuple, overlap: bool, **kw: object) -> Engine:
 
 def _run(tiny: tuple, params: list[SamplingParams], **kw: object) -> list[tuple]:
     """(token ids, finish reason, text) per prompt, checked equal with and without overlap."""
-    outs = []
+    outs, counted = [], []
     for overlap in (False, True):
         e = _engine(tiny, overlap, **kw)
         got = e.generate(PROMPTS[: len(params)], params)
         assert not e.has_unfinished() and e.pool.all_free(), "pages leaked"
         assert all(t >= 0 for o in got for t in o.token_ids)
         outs.append([(o.token_ids, o.finish_reason, o.text) for o in got])
+        counted.append(e.stats.generation_tokens)
     assert outs[1] == outs[0]
+    assert counted[1] == counted[0]  # the tokens launched past a stop are not counted as generated
     return outs[0]
 
 

@@ -113,6 +113,7 @@ class OverlapLoop:
         advanced = []
         for r, pos, token in zip(p.reqs, p.positions, p.wait()):
             if r.status is RequestStatus.FINISHED:  # ended (and emitted) while in flight: drop the rest
+                self.engine.stats.drop_tokens(r.num_pending)
                 del r.token_ids[pos:]
                 r.num_pending = 0
                 continue
@@ -126,6 +127,7 @@ class OverlapLoop:
             r.num_pending -= 1
             s.check_stop(r, token)
             if r.status is RequestStatus.FINISHED and r.num_pending:  # launched once more: drop that token
+                self.engine.stats.drop_tokens(r.num_pending)
                 del r.token_ids[pos + 1 :]
                 r.num_pending = 0
         return advanced

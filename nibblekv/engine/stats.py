@@ -23,6 +23,11 @@ class EngineStats:
         self.generation_tokens += num_tokens
         self._window_tokens += num_tokens
 
+    def drop_tokens(self, num_tokens: int) -> None:
+        """Un-count launched tokens that were discarded (the overlap schedule's one step past a stop)."""
+        self.generation_tokens -= num_tokens
+        self._window_tokens -= num_tokens
+
     def take_throughput(self) -> float:
         """Generated tokens per second since the previous call."""
         now = time.monotonic()
