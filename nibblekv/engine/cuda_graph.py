@@ -44,14 +44,13 @@ class CudaGraphRunner:
         dev = model.device
         n = self.sizes[-1]
         i32: dict = {"dtype": torch.int32, "device": dev}
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.page_table = torch.zeros(n, table.main.shape[1], **i32)
-        self.tail_page_table = torch.zeros(n, table.tail.shape[1], **i32)
-        self.main_lens = torch.ones(n, **i32)
-        self.tail_lens = torch.zeros(n, **i32)
-        self.main_slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
-        self.tail_slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        i64: dict = {"dtype": torch.int64, "device": dev}
+        self.input_ids, self.positions = torch.empty(n, **i64), torch.empty(n, **i64)
+        self.page_table = torch.empty(n, table.main.shape[1], **i32)
+        self.tail_page_table = torch.empty(n, table.tail.shape[1], **i32)
+        self.main_lens, self.tail_lens = torch.empty(n, **i32), torch.empty(n, **i32)
+        self.main_slots, self.tail_slots = torch.empty(n, **i64), torch.empty(n, **i64)
+        self._pad_buffers()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.mempool = torch.cuda.graph_pool_handle()
@@ -95,6 +94,15 @@ class CudaGraphRunner:
             "Capture cuda graph end. Time elapsed: %.1f s, bs: %s", time.perf_counter() - t0, self.sizes
         )
 
+    def _pad_buffers(self) -> None:
+        """Every row a padding row (see ``_fill``): token 0 at position 0 reading one token of scratch
+        page 0, writing nowhere. What captures run on."""
+        for buf in (self.input_ids, self.positions, self.page_table, self.tail_page_table, self.tail_lens):
+            buf.zero_()
+        self.main_lens.fill_(1)
+        self.main_slots.fill_(-1)
+        self.tail_slots.fill_(-1)
+
     def _recapture(self) -> None:
         """Capture again after another engine folded a rotation into the shared model's o_proj (the old
         graphs lack the layer's basis change). The buffers go back to padding rows first: the warm-up
@@ -103,9 +111,7 @@ class CudaGraphRunner:
         self.graphs.clear()
         self.logits.clear()
         torch.cuda.synchronize()
-        for buf, value in ((self.input_ids, 0), (self.positions, 0), (self.page_table, 0), (self.tail_page_table, 0),
-                           (self.main_lens, 1), (self.tail_lens, 0), (self.main_slots, -1), (self.tail_slots, -1)):  # fmt: skip
-            buf.fill_(value)
+        self._pad_buffers()
         self._folded = self.model.output_rotation_folded
         self._capture_all()
 

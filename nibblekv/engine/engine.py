@@ -317,9 +317,7 @@ class Engine:
     # ---- the loop -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run and postprocess one batch; outputs of every request it advanced or ended."""
-        early: list[Request] = []
-        if self._overlap is not None and self._overlap.pending is not None and not self.scheduler.decode_fits():
-            early = self._overlap.flush()  # NOTE: preempt or abort for pages only on known tokens
+        early = self._overlap.before_schedule() if self._overlap is not None else []
         batch = self.scheduler.schedule()
         advanced = self._overlap.step(batch) if self._overlap is not None else self.run_batch(batch)
         touched = list(dict.fromkeys([*early, *advanced, *self.scheduler.take_finished()]))

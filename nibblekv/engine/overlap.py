@@ -70,6 +70,14 @@ class OverlapLoop:
         self.engine = engine
         self.pending: Pending | None = None
 
+    def before_schedule(self) -> list[Request]:
+        """Resolve the pending step if the next decode would preempt or abort for pages (the requests it
+        advanced): as in the synchronous loop, that is decided on known tokens, never on a pending one
+        that may be a stop token."""
+        if self.pending is None or self.engine.scheduler.decode_fits():
+            return []
+        return self.flush()
+
     def step(self, batch: ScheduledBatch | None) -> list[Request]:
         """Run ``batch`` (just scheduled); the requests whose tokens reached the host in this call."""
         e = self.engine
