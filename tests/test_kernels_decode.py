@@ -70,6 +70,22 @@ def test_decode_mma(spec: str, group: int, page: int) -> None:
     assert err <= 1e-2, err
 
 
+@pytest.mark.parametrize("tin", [1, 0])
+def test_decode_mma_tail_in_grid(monkeypatch: pytest.MonkeyPatch, tin: int) -> None:
+    # the bf16 tail as one more program of decode_mma's grid (tin=1, the default: bf16 mma.sync) or as its
+    # own launch (tin=0); tails 3, 0, W, P-1 and W+P (several tiles, the last partial) on 5-token pages,
+    # GQA 8, global scales != 1; the first request is its tail alone
+    import nibblekv.kernels.decode as dec
+
+    seen: list[bool] = []
+    orig = dec._mma_tail_in_grid
+    monkeypatch.setattr(dec, "_mma_tail_in_grid", lambda *a: seen.append(orig(*a)) or seen[-1])
+    err = _run(KVDtype.NVFP4, [0, 1, 70, 5, 33], [3, 0, W, P - 1, W + P], 1, 8, 128, 5, 3, gscale=(0.37, 2.5),
+               variant=f"mma:tin={tin}")  # fmt: skip
+    assert seen == [bool(tin)]
+    assert err <= 1e-2, err
+
+
 def test_decode_mma_no_tail() -> None:
     # no bf16 tail pool: no tail program in the grid (with one, it is program 0 of the split axis)
     assert _run(KVDtype.NVFP4, [1, P - 1, P, P + 1, 70], None, 1, 4, 128, P, 3, variant="mma:tpi=2") <= 1e-2
@@ -153,7 +169,9 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "vst": 1,
         "vq": 1,
         "cv": 0,
+        "tin": 1,
     }
+    assert resolve_variant("mma:tin=0", 2, 128, False)[1]["tin"] == 0
     assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (2026-11-30 run)
     assert resolve_variant(None, 2, 256, False)[0] == "paged"  # never timed on a GPU
     assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default

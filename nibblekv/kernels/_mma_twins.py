@@ -96,10 +96,30 @@ def cvt_word_alu(x, s):
 
 
 @triton.jit
-def _halves(r0, r1):
+def _bf16_to_f32(x):
+    """Low 16 bits (a bf16) -> fp32."""
+    return ((x & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _f32_to_bf16(x):
+    """fp32 -> bf16 bits (round to nearest even; finite values) in a uint32."""
+    b = x.to(tl.uint32, bitcast=True)
+    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+
+
+@triton.jit
+def _half(x, BF16: tl.constexpr):
+    if BF16:
+        return _bf16_to_f32(x)
+    return _u16_to_f32(x)
+
+
+@triton.jit
+def _halves(r0, r1, BF16: tl.constexpr = 0):
     """Two packed registers -> fp32 ``[N, 2 (register), 2 (half)]`` flattened per warp: ``[NW, 32 * 4]``."""
     x = tl.join(
-        tl.join(_u16_to_f32(r0), _u16_to_f32(r0 >> 16)), tl.join(_u16_to_f32(r1), _u16_to_f32(r1 >> 16))
+        tl.join(_half(r0, BF16), _half(r0 >> 16, BF16)), tl.join(_half(r1, BF16), _half(r1 >> 16, BF16))
     )
     # x[i, half, reg]: join puts the new axis last
     n: tl.constexpr = r0.shape[0]
@@ -115,12 +135,22 @@ def _gather_warp(src, idx):
 
 @triton.jit
 def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    return _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, 0)
+
+
+@triton.jit
+def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    return _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, 1)
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, BF16: tl.constexpr):
     n: tl.constexpr = a0.shape[0]
     r = tl.arange(0, 16)[:, None]
     k = tl.arange(0, 16)[None, :]
     # A[r][k]: lane 4 (r % 8) + (k % 8) / 2, register (r >= 8) + 2 (k >= 8), half k % 2
-    lo = _halves(a0, a1)  # registers 0, 1
-    hi = _halves(a2, a3)  # registers 2, 3
+    lo = _halves(a0, a1, BF16)  # registers 0, 1
+    hi = _halves(a2, a3, BF16)  # registers 2, 3
     a_idx = tl.reshape(((r % 8) * 4 + (k % 8) // 2) * 4 + (r // 8) * 2 + k % 2, [256])
     k_hi = tl.reshape((k + 0 * r) >= 8, [256])[None, :]
     a = tl.where(k_hi, _gather_warp(hi, a_idx), _gather_warp(lo, a_idx))
@@ -129,7 +159,7 @@ def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     kb = tl.arange(0, 16)[:, None]
     cb = tl.arange(0, 8)[None, :]
     b_idx = tl.reshape((cb * 4 + (kb % 8) // 2) * 4 + (kb // 8) * 2 + kb % 2, [128])
-    b = tl.reshape(_gather_warp(_halves(b0, b1), b_idx), [n // 32, 16, 8])
+    b = tl.reshape(_gather_warp(_halves(b0, b1, BF16), b_idx), [n // 32, 16, 8])
     d = tl.sum(a[:, :, :, None] * b[:, None, :, :], axis=2)  # [NW, 16, 8], fp32
     # C/D[r][c]: lane 4 (r % 8) + c / 2, register 2 (r >= 8) + c % 2
     flat = tl.reshape(d, [n // 32, 128])
@@ -171,16 +201,28 @@ def pack_h2(a, b):
 
 
 @triton.jit
-def p_frag(a, b):
-    # movmatrix.trans: lane (g, t) gets M[2t][g], M[2t+1][g] where lane (r, c) holds M[r][2c], M[r][2c+1]
+def _transpose8(a, b):
+    """movmatrix.trans: lane (g, t) gets M[2t][g], M[2t+1][g] where lane (r, c) holds M[r][2c], M[r][2c+1]."""
     n: tl.constexpr = a.shape[0]
-    src = tl.reshape(tl.join(a.to(tl.float16).to(tl.float32), b.to(tl.float16).to(tl.float32)), [n // 32, 64])
+    src = tl.reshape(tl.join(a, b), [n // 32, 64])
     lane = tl.arange(0, 32)
     g = lane // 4
     t = lane % 4
     lo = tl.reshape(_gather_warp(src, (4 * (2 * t) + g // 2) * 2 + g % 2), [n])
     hi = tl.reshape(_gather_warp(src, (4 * (2 * t + 1) + g // 2) * 2 + g % 2), [n])
+    return lo, hi
+
+
+@triton.jit
+def p_frag(a, b):
+    lo, hi = _transpose8(a.to(tl.float16).to(tl.float32), b.to(tl.float16).to(tl.float32))
     return pack_h2(lo, hi)
+
+
+@triton.jit
+def p_frag_bf16(a, b):
+    lo, hi = _transpose8(a, b)
+    return _f32_to_bf16(lo) | (_f32_to_bf16(hi) << 16)
 
 
 @triton.jit

@@ -383,7 +383,8 @@ def decode_triton(
     )  # fmt: skip
     side = None
     if name == "mma":
-        if has_tail:  # its own launch (see decode_tail_kernel), beside the main kernel on a side stream
+        tail_in_grid = has_tail and _mma_tail_in_grid(cfg, pair, tk, tv, ts)
+        if has_tail and not tail_in_grid:  # its own launch (decode_tail_kernel), beside the main kernel
             side = side_stream(q.device)
             if side is not None:
                 side.wait_stream(torch.cuda.current_stream(q.device))
@@ -394,8 +395,9 @@ def decode_triton(
                     HQ=hq, G=g, BH=common["BH"], D=d, TPAGE=tpage, TBN=tbn, INTERP=interp, num_warps=4,
                 )  # fmt: skip
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
-        k = decode_mma_kernel[(bsz, hkv, splits)](
+        k = decode_mma_kernel[(bsz, hkv, splits + int(tail_in_grid))](
             *args,
+            TAIL_MMA=int(tail_in_grid),
             NW=int(cfg["num_warps"]),
             TPI=int(cfg["tpi"]),
             PF=int(cfg["pf"]),
@@ -439,6 +441,17 @@ def decode_triton(
     return out
 
 
+def _mma_tail_in_grid(
+    cfg: dict[str, int | bool], pair: int, tk: torch.Tensor, tv: torch.Tensor, ts: tuple[int, ...]
+) -> bool:
+    """Whether decode_mma attends the bf16 tail as one more one-warp program of its grid (``TAIL_MMA``):
+    variant option ``tin`` (default 1), one warp per program, head_dim 128 (not ``PAIR``), bf16 rows whose
+    addresses are 16-byte aligned (it reads them as vectors). Else ``decode_tail_kernel`` runs beside it."""
+    aligned = all(x % 8 == 0 for x in ts[:3]) and tk.data_ptr() % 16 == 0 and tv.data_ptr() % 16 == 0
+    ok = tk.dtype == torch.bfloat16 and tk.stride(-1) == 1 and aligned
+    return bool(cfg.get("tin", 1)) and int(cfg["num_warps"]) == 1 and not pair and ok
+
+
 def _q_vector_ok(q: torch.Tensor) -> bool:
     """Whether decode_mma may load Q rows as 16-byte vectors (bf16, rows and heads 16-byte aligned)."""
     return q.dtype == torch.bfloat16 and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0
@@ -454,8 +467,8 @@ def side_stream(device: torch.device) -> torch.cuda.Stream | None:
     at B=1 it added ~5 us a layer (H200, 2026-11-30). The caller forks (``wait_stream``) before and
     joins after, which CUDA-graph capture records as two parallel branches.
     """
-    if device.type != "cuda" or interpreting():
-        return None
+    if device.type != "cuda" or interpreting() or os.environ.get("NIBBLEKV_SIDE_STREAM", "1") == "0":
+        return None  # NOTE: NIBBLEKV_SIDE_STREAM=0 runs the side launches in sequence (a diagnostic A/B)
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SIDE_STREAMS:
         _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)

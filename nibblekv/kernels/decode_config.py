@@ -41,7 +41,7 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
 #          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), cv (nibble
-#          conversion by integer ops: 1 K, 2 V, 3 both)
+#          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as one more program of the grid)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 
 
@@ -171,6 +171,10 @@ def _mma_config() -> dict[str, int | bool]:
         # NOTE: nibbles -> fp16 by integer ops instead of E4M3 bytes + cvt (bit 1: K, bit 2: V): Hopper's
         # conversions are slow and the default issues 4.4 per token-head; opt-in until timed
         "cv": 0,
+        # NOTE: 1 = the bf16 tail is one more one-warp program of the grid (bf16 mma.sync), 0 = its own launch
+        # (decode_tail_kernel) on a side stream. In the engine at B=1 x 3K (CUDA graphs, H200, 2026-11-30)
+        # that launch cost ~6 us a layer even beside the main kernel: nvfp4 steps 5.74 ms vs 5.29 with no tail
+        "tin": 1,
     }
 
 
@@ -214,7 +218,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
-    "cv": "cv",
+    "cv": "cv", "tin": "tin",
 }  # fmt: skip
 
 

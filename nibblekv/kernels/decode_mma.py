@@ -210,6 +210,26 @@ def _p_frag(a, b):
 
 
 @triton.jit
+def _mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """``_mma`` on bf16 fragments (the bf16 tail: its K/V need no conversion)."""
+    return tl.inline_asm_elementwise(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
+        "{$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _p_frag_bf16(a, b):
+    """``_p_frag`` in bf16 (the B operand of ``_mma_bf16``)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $2, $1; movmatrix.sync.aligned.m8n8.trans.b16 $0, p; }",
+        "=r,f,f", [a, b], dtype=tl.uint32, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
 def _st4(ptr, a, b, c, d, m):
     """``st.global.v4.f32``: four consecutive fp32 at ``ptr`` (16-byte aligned) where ``m``."""
     return tl.inline_asm_elementwise(
@@ -241,6 +261,7 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
         _tw.cvt_word_alu,
     )
     _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
+    _mma_bf16, _p_frag_bf16 = _tw.mma_bf16, _tw.p_frag_bf16
     _st4, _ld4 = _tw.st4, _tw.ld4
 
 
@@ -672,6 +693,56 @@ def _store_rows(ptr, s_col, hm0, hm1, PAIR: tl.constexpr,
 
 
 @triton.jit
+def _finish(
+    m0, m1, l0, l1, out_scale, o_ptr, lse_ptr, s_oh, g, t, warp,
+    G: tl.constexpr, D: tl.constexpr, PAIR: tl.constexpr, VST: tl.constexpr,
+    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+):  # fmt: skip
+    """A warp's epilogue: normalize its O^T fragments and store them and the lse as partial slot ``warp``
+    (``_mma_segment``'s ``o_ptr`` / ``lse_ptr`` / ``s_oh``)."""
+    l0, l1 = _sum8(l0, l1)
+    # An empty warp stores lse = -inf and o = 0, which the combine step weighs as nothing.
+    i0 = tl.where(l0 > 0, out_scale / tl.maximum(l0, 1e-30), 0.0)
+    i1 = tl.where(l1 > 0, out_scale / tl.maximum(l1, 1e-30), 0.0)
+    if PAIR:  # columns 2t / 2t+1 = head t, parity 0 / 1: dims [0, 64) of slot 2w / [64, 128) of slot 2w+1
+        DO: tl.constexpr = D // 2
+        hm0 = (t < G) & (g < 4)
+        hm1 = (t < G) & (g >= 4)
+        obase = o_ptr + t * s_oh + (2 * warp) * DO  # NOTE: both parities land at + 16 g + j (see above)
+        s_col = 0
+    else:
+        DO: tl.constexpr = D
+        hm0 = 2 * t < G
+        hm1 = 2 * t + 1 < G
+        obase = o_ptr + (2 * t) * s_oh + warp * D
+        s_col = s_oh
+    if VST:  # NOTE: lane (g, t) holds dims [16 g, 16 g + 16) of both its columns: 16-byte vector stores
+        _store_rows(obase + 16 * g, s_col, hm0, hm1, PAIR,
+                    o00 * i0, o10 * i0, o02 * i0, o12 * i0, o20 * i0, o30 * i0, o22 * i0, o32 * i0,
+                    o40 * i0, o50 * i0, o42 * i0, o52 * i0, o60 * i0, o70 * i0, o62 * i0, o72 * i0,
+                    o01 * i1, o11 * i1, o03 * i1, o13 * i1, o21 * i1, o31 * i1, o23 * i1, o33 * i1,
+                    o41 * i1, o51 * i1, o43 * i1, o53 * i1, o61 * i1, o71 * i1, o63 * i1, o73 * i1)  # fmt: skip
+    else:
+        _store_all(obase, g, s_col, hm0, hm1,
+                   o00 * i0, o01 * i1, o02 * i0, o03 * i1, o10 * i0, o11 * i1, o12 * i0, o13 * i1,
+                   o20 * i0, o21 * i1, o22 * i0, o23 * i1, o30 * i0, o31 * i1, o32 * i0, o33 * i1,
+                   o40 * i0, o41 * i1, o42 * i0, o43 * i1, o50 * i0, o51 * i1, o52 * i0, o53 * i1,
+                   o60 * i0, o61 * i1, o62 * i0, o63 * i1, o70 * i0, o71 * i1, o72 * i0, o73 * i1)  # fmt: skip
+
+    lse0 = tl.where(l0 > 0, m0 + tl.log2(tl.maximum(l0, 1e-30)), float("-inf"))
+    lse1 = tl.where(l1 > 0, m1 + tl.log2(tl.maximum(l1, 1e-30)), float("-inf"))
+    if PAIR:
+        lbase = lse_ptr + t * (s_oh // DO) + 2 * warp
+        tl.store(lbase, lse0, mask=(t < G) & (g == 0))
+        tl.store(lbase + 1, lse1, mask=(t < G) & (g == 0))
+    else:
+        lbase = lse_ptr + (2 * t) * (s_oh // D) + warp
+        tl.store(lbase, lse0, mask=hm0 & (g == 0))
+        tl.store(lbase + s_oh // D, lse1, mask=hm1 & (g == 0))
+
+
+@triton.jit
 def _mma_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
@@ -817,45 +888,151 @@ def _mma_segment(
             o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True, CV,
         )  # fmt: skip
         n0 += 16 * NW
-    l0, l1 = _sum8(l0, l1)
-    # An empty warp stores lse = -inf and o = 0, which the combine step weighs as nothing.
-    i0 = tl.where(l0 > 0, out_scale / tl.maximum(l0, 1e-30), 0.0)
-    i1 = tl.where(l1 > 0, out_scale / tl.maximum(l1, 1e-30), 0.0)
-    if PAIR:  # columns 2t / 2t+1 = head t, parity 0 / 1: dims [0, 64) of slot 2w / [64, 128) of slot 2w+1
-        DO: tl.constexpr = D // 2
-        hm0 = (t < G) & (g < 4)
-        hm1 = (t < G) & (g >= 4)
-        obase = o_ptr + t * s_oh + (2 * warp) * DO  # NOTE: both parities land at + 16 g + j (see above)
-        s_col = 0
-    else:
-        DO: tl.constexpr = D
-        hm0 = 2 * t < G
-        hm1 = 2 * t + 1 < G
-        obase = o_ptr + (2 * t) * s_oh + warp * D
-        s_col = s_oh
-    if VST:  # NOTE: lane (g, t) holds dims [16 g, 16 g + 16) of both its columns: 16-byte vector stores
-        _store_rows(obase + 16 * g, s_col, hm0, hm1, PAIR,
-                    o00 * i0, o10 * i0, o02 * i0, o12 * i0, o20 * i0, o30 * i0, o22 * i0, o32 * i0,
-                    o40 * i0, o50 * i0, o42 * i0, o52 * i0, o60 * i0, o70 * i0, o62 * i0, o72 * i0,
-                    o01 * i1, o11 * i1, o03 * i1, o13 * i1, o21 * i1, o31 * i1, o23 * i1, o33 * i1,
-                    o41 * i1, o51 * i1, o43 * i1, o53 * i1, o61 * i1, o71 * i1, o63 * i1, o73 * i1)  # fmt: skip
-    else:
-        _store_all(obase, g, s_col, hm0, hm1,
-                   o00 * i0, o01 * i1, o02 * i0, o03 * i1, o10 * i0, o11 * i1, o12 * i0, o13 * i1,
-                   o20 * i0, o21 * i1, o22 * i0, o23 * i1, o30 * i0, o31 * i1, o32 * i0, o33 * i1,
-                   o40 * i0, o41 * i1, o42 * i0, o43 * i1, o50 * i0, o51 * i1, o52 * i0, o53 * i1,
-                   o60 * i0, o61 * i1, o62 * i0, o63 * i1, o70 * i0, o71 * i1, o72 * i0, o73 * i1)  # fmt: skip
+    _finish(
+        m0, m1, l0, l1, out_scale, o_ptr, lse_ptr, s_oh, g, t, warp, G, D, PAIR, VST,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
 
-    lse0 = tl.where(l0 > 0, m0 + tl.log2(tl.maximum(l0, 1e-30)), float("-inf"))
-    lse1 = tl.where(l1 > 0, m1 + tl.log2(tl.maximum(l1, 1e-30)), float("-inf"))
-    if PAIR:
-        lbase = lse_ptr + t * (s_oh // DO) + 2 * warp
-        tl.store(lbase, lse0, mask=(t < G) & (g == 0))
-        tl.store(lbase + 1, lse1, mask=(t < G) & (g == 0))
-    else:
-        lbase = lse_ptr + (2 * t) * (s_oh // D) + warp
-        tl.store(lbase, lse0, mask=hm0 & (g == 0))
-        tl.store(lbase + s_oh // D, lse1, mask=hm1 & (g == 0))
+
+# ----------------------------------------------------------------------------------------------------
+# the bf16 tail as one more program of the grid (bf16 mma.sync on the same fragment layout)
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _bf16_bits(x):
+    """fp32 -> bf16 bits (round to nearest even; finite values) in a uint32 (exact for bf16 inputs)."""
+    b = x.to(tl.uint32, bitcast=True)
+    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+
+
+@triton.jit
+def _q_bf16(qrow, d, qm):
+    """bf16 pair (Q[d], Q[d + 1]) of this lane's head as one B-fragment register (zeros past the group)."""
+    a = tl.load(qrow + d, mask=qm, other=0.0).to(tl.float32)
+    b = tl.load(qrow + d + 1, mask=qm, other=0.0).to(tl.float32)
+    return _bf16_bits(a) | (_bf16_bits(b) << 16)
+
+
+@triton.jit
+def _lo(x, y):
+    """Low bf16 of ``x`` and of ``y`` -> (x, y): one dim of two tokens (a V^T A-fragment register)."""
+    return (x & 0xFFFF) | (y << 16)
+
+
+@triton.jit
+def _hi(x, y):
+    """High bf16 of ``x`` and of ``y`` -> (x, y)."""
+    return (x >> 16) | (y & 0xFFFF0000)
+
+
+@triton.jit
+def _tail_rows(base, tpt_ptr, idx, n, t_page, t_tok, TPAGE: tl.constexpr):
+    """Token ``idx`` of a tail (page table ``tpt_ptr``, ``n`` tokens) -> (its row's address, valid)."""
+    valid = idx < n
+    page = tl.load(tpt_ptr + idx // TPAGE, mask=valid, other=0).to(tl.int64)
+    return base + page * t_page + (idx % TPAGE).to(tl.int64) * t_tok, valid
+
+
+@triton.jit
+def _ld16(ptr, m):
+    """16 bf16 at ``ptr`` (32-byte aligned) as 8 uint32 words (2 vector loads)."""
+    w0, w1, w2, w3 = _ld4(ptr, m)
+    w4, w5, w6, w7 = _ld4(ptr + 8, m)
+    return w0, w1, w2, w3, w4, w5, w6, w7
+
+
+@triton.jit
+def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scale, o_ptr, lse_ptr, s_oh,
+              G: tl.constexpr, D: tl.constexpr, TPAGE: tl.constexpr, VST: tl.constexpr):  # fmt: skip
+    """One warp attends the ``n`` bf16 tail tokens of KV head ``h`` and stores partial slot 0 at ``o_ptr``.
+
+    The fragments of ``_mma_segment`` (head_dim 128, GQA <= 8) with bf16 operands: lane ``t`` owns dims
+    ``[32t, 32t + 32)`` of K and Q (k-step ``kk`` = words ``2kk``, ``2kk + 1``: any lane-local dim order
+    gives the same dot products), and for V^T the dims ``16g + [0, 2, 1, 3, ...]`` of ``_v_pair``, whose
+    token pairs are the low or high bf16 of two tokens' words -- so ``_finish`` stores the result as is.
+    NOTE: one more program of ``decode_mma_kernel``'s grid instead of its own launch on a side stream: in
+    the engine (CUDA graphs, B=1 x 3K) that launch ran beside the main kernel yet cost ~6 us a layer.
+    """
+    lane = tl.arange(0, 32)
+    g = lane // 4
+    t = lane % 4
+    qm = g < G
+    qrow = q_ptr + (h * G + g) * s_qh + 32 * t
+    q0, q1, q2, q3 = _q_bf16(qrow, 0, qm), _q_bf16(qrow, 2, qm), _q_bf16(qrow, 4, qm), _q_bf16(qrow, 6, qm)
+    q4, q5, q6, q7 = _q_bf16(qrow, 8, qm), _q_bf16(qrow, 10, qm), _q_bf16(qrow, 12, qm), _q_bf16(qrow, 14, qm)
+    q8, q9, q10, q11 = _q_bf16(qrow, 16, qm), _q_bf16(qrow, 18, qm), _q_bf16(qrow, 20, qm), _q_bf16(qrow, 22, qm)
+    q12, q13 = _q_bf16(qrow, 24, qm), _q_bf16(qrow, 26, qm)
+    q14, q15 = _q_bf16(qrow, 28, qm), _q_bf16(qrow, 30, qm)
+    kbase = tk + h.to(tl.int64) * t_head
+    vbase = tv + h.to(tl.int64) * t_head
+    m0 = tl.full([32], float("-inf"), tl.float32)
+    m1 = m0
+    z = tl.zeros([32], tl.float32)
+    l0, l1 = z, z
+    o00, o01, o02, o03, o10, o11, o12, o13 = z, z, z, z, z, z, z, z
+    o20, o21, o22, o23, o30, o31, o32, o33 = z, z, z, z, z, z, z, z
+    o40, o41, o42, o43, o50, o51, o52, o53 = z, z, z, z, z, z, z, z
+    o60, o61, o62, o63, o70, o71, o72, o73 = z, z, z, z, z, z, z, z
+    n0 = n * 0
+    while n0 < n:
+        # S^T = K Q^T: rows g, g + 8 of the tile, this lane's 32 dims (4 words per k-step pair)
+        kp, mg = _tail_rows(kbase, tpt_ptr, n0 + g, n, t_page, t_tok, TPAGE)
+        kp8, m8 = _tail_rows(kbase, tpt_ptr, n0 + g + 8, n, t_page, t_tok, TPAGE)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _ld16(kp + 32 * t, mg)
+        a8, a9, a10, a11, a12, a13, a14, a15 = _ld16(kp + 32 * t + 16, mg)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _ld16(kp8 + 32 * t, m8)
+        b8, b9, b10, b11, b12, b13, b14, b15 = _ld16(kp8 + 32 * t + 16, m8)
+        e0, e1, e2, e3 = _mma_bf16(a0, b0, a1, b1, q0, q1, z, z, z, z)
+        f0, f1, f2, f3 = _mma_bf16(a2, b2, a3, b3, q2, q3, z, z, z, z)
+        e0, e1, e2, e3 = _mma_bf16(a4, b4, a5, b5, q4, q5, e0, e1, e2, e3)
+        f0, f1, f2, f3 = _mma_bf16(a6, b6, a7, b7, q6, q7, f0, f1, f2, f3)
+        e0, e1, e2, e3 = _mma_bf16(a8, b8, a9, b9, q8, q9, e0, e1, e2, e3)
+        f0, f1, f2, f3 = _mma_bf16(a10, b10, a11, b11, q10, q11, f0, f1, f2, f3)
+        e0, e1, e2, e3 = _mma_bf16(a12, b12, a13, b13, q12, q13, e0, e1, e2, e3)
+        f0, f1, f2, f3 = _mma_bf16(a14, b14, a15, b15, q14, q15, f0, f1, f2, f3)
+        s0 = tl.where(mg, (e0 + f0) * qk_scale, float("-inf"))
+        s1 = tl.where(mg, (e1 + f1) * qk_scale, float("-inf"))
+        s2 = tl.where(m8, (e2 + f2) * qk_scale, float("-inf"))
+        s3 = tl.where(m8, (e3 + f3) * qk_scale, float("-inf"))
+        x0, x1 = _max8(tl.maximum(s0, s2), tl.maximum(s1, s3))
+        m0, m1, c0, c1, al0, al1 = _softmax(m0, m1, l0, l1, x0, x1)
+        (
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _rescale(
+            al0, al1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41,
+            o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        )  # fmt: skip
+        p0, p1 = tl.exp2(s0 - c0), tl.exp2(s1 - c1)
+        p2, p3 = tl.exp2(s2 - c0), tl.exp2(s3 - c1)
+        l0 = l0 * al0 + (p0 + p2)
+        l1 = l1 * al1 + (p1 + p3)
+        pa = _p_frag_bf16(p0, p1)
+        pb = _p_frag_bf16(p2, p3)
+        # O^T += V^T P^T: tokens 2t, 2t+1 (x, y) and 2t+8, 2t+9 (u, w), dims [16g, 16g + 16) (8 words each)
+        xp, mx = _tail_rows(vbase, tpt_ptr, n0 + 2 * t, n, t_page, t_tok, TPAGE)
+        yp, my = _tail_rows(vbase, tpt_ptr, n0 + 2 * t + 1, n, t_page, t_tok, TPAGE)
+        up, mu = _tail_rows(vbase, tpt_ptr, n0 + 2 * t + 8, n, t_page, t_tok, TPAGE)
+        wp, mw = _tail_rows(vbase, tpt_ptr, n0 + 2 * t + 9, n, t_page, t_tok, TPAGE)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _ld16(xp + 16 * g, mx)
+        y0, y1, y2, y3, y4, y5, y6, y7 = _ld16(yp + 16 * g, my)
+        u0, u1, u2, u3, u4, u5, u6, u7 = _ld16(up + 16 * g, mu)
+        w0, w1, w2, w3, w4, w5, w6, w7 = _ld16(wp + 16 * g, mw)
+        # m-tile 2j: dims 4j, 4j + 2 (low halves of words 2j, 2j + 1); m-tile 2j + 1: dims 4j + 1, 4j + 3
+        o00, o01, o02, o03 = _mma_bf16(_lo(x0, y0), _lo(x1, y1), _lo(u0, w0), _lo(u1, w1), pa, pb, o00, o01, o02, o03)
+        o10, o11, o12, o13 = _mma_bf16(_hi(x0, y0), _hi(x1, y1), _hi(u0, w0), _hi(u1, w1), pa, pb, o10, o11, o12, o13)
+        o20, o21, o22, o23 = _mma_bf16(_lo(x2, y2), _lo(x3, y3), _lo(u2, w2), _lo(u3, w3), pa, pb, o20, o21, o22, o23)
+        o30, o31, o32, o33 = _mma_bf16(_hi(x2, y2), _hi(x3, y3), _hi(u2, w2), _hi(u3, w3), pa, pb, o30, o31, o32, o33)
+        o40, o41, o42, o43 = _mma_bf16(_lo(x4, y4), _lo(x5, y5), _lo(u4, w4), _lo(u5, w5), pa, pb, o40, o41, o42, o43)
+        o50, o51, o52, o53 = _mma_bf16(_hi(x4, y4), _hi(x5, y5), _hi(u4, w4), _hi(u5, w5), pa, pb, o50, o51, o52, o53)
+        o60, o61, o62, o63 = _mma_bf16(_lo(x6, y6), _lo(x7, y7), _lo(u6, w6), _lo(u7, w7), pa, pb, o60, o61, o62, o63)
+        o70, o71, o72, o73 = _mma_bf16(_hi(x6, y6), _hi(x7, y7), _hi(u6, w6), _hi(u7, w7), pa, pb, o70, o71, o72, o73)
+        n0 += 16
+    _finish(
+        m0, m1, l0, l1, 1.0, o_ptr, lse_ptr, s_oh, g, t, 0, G, D, 0, VST,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -901,14 +1078,15 @@ def decode_mma_kernel(
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16, PAIR: tl.constexpr = 0,
-    VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0,
+    VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0, TAIL_MMA: tl.constexpr = 0,
 ):  # fmt: skip
-    """``decode._decode_kernel``'s arguments (the tail ones unused); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
+    """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
     rows per page, ``lens`` still in tokens; see ``_mma_segment``): twice the slots, ``D / 2`` dims each.
 
     Partial slots per head: ``NUM_SPLITS * NW`` (split ``sp``, warp ``w`` -> slot ``sp * NW + w``), then with
-    ``HAS_TAIL`` the tail's slot, written by :func:`decode_tail_kernel` (launched separately). ``BN`` is
+    ``HAS_TAIL`` the tail's slot, written by program ``sp = NUM_SPLITS`` (``TAIL_MMA``: the grid has one more
+    split; one warp, head_dim 128, not ``PAIR``) or else by :func:`decode_tail_kernel` (its own launch). ``BN`` is
     unused here (tiles are 16 tokens); ``s_tok``/``sc_tok`` must be ``D / 2`` / ``D / 16`` (checked by the
     launcher).
     """
@@ -918,6 +1096,15 @@ def decode_mma_kernel(
     S_TOT = NUM_SPLITS * NW * (1 + PAIR) + HAS_TAIL
     DO: tl.constexpr = D // (1 + PAIR)
     q_base = q_ptr + b.to(tl.int64) * s_qb
+    if TAIL_MMA:
+        if sp == NUM_SPLITS:
+            tail_first = (b.to(tl.int64) * HQ + h * G) * S_TOT + S_TOT - 1
+            _mma_tail(
+                q_base, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr + b.to(tl.int64) * s_tpt,
+                tl.load(tlens_ptr + b), h, sm_scale * 1.4426950408889634, o_ptr + tail_first * D,
+                lse_ptr + tail_first, S_TOT * D, G, D, TPAGE, VST,
+            )  # fmt: skip
+            return
     first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW * (1 + PAIR)
     n = tl.load(lens_ptr + b)
     rows = (n + PAIR) // (1 + PAIR)
