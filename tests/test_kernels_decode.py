@@ -111,6 +111,13 @@ def test_decode_mma_empty_splits_and_tail_only() -> None:
     assert err <= 1e-2, err
 
 
+def test_decode_mma_combine_chunks() -> None:
+    # 256 splits (257 slots with the tail: the engine's grid at B=1): the combine step loops over chunks of
+    # slots (here 2 of 256), visits only those with written slots, and adds the tail slot on its own
+    err = _run(KVDtype.NVFP4, [70, 3, 0, 300], [5, W, 2, 0], 1, 4, 128, P, 256, variant="mma:minc=16")
+    assert err <= 1e-2, err
+
+
 def test_decode_combine_many_slots() -> None:
     # 40 splits (> the combine step's 32-slot chunk): most are empty for the short request
     assert _run(KVDtype.BF16, [1, 300], [0, 3], 1, 2, 64, P, 40) <= 1e-2

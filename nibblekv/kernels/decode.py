@@ -256,13 +256,21 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     else:
         CH: tl.constexpr = CH_MAX
         res = tl.zeros([DB], tl.float32)
-        for s0 in range(0, BS, CH):
+        # NOTE: only the chunks holding written slots (decode_mma at B=1 x 3K: 49 of 257 slots, one chunk of
+        # two); decode_mma's tail slot (S - 1, past every split's) is added on its own below
+        s0 = 0
+        while s0 < n_valid:
             offs_c = s0 + tl.arange(0, CH)
-            cmask = (offs_c < n_valid) | ((offs_c == S - 1) & (HAS_TAIL > 0))
+            cmask = (offs_c < n_valid) | ((offs_c == S - 1) & (HAS_TAIL > 0) & (MMA_SPLITS == 0))
             lse_c = tl.load(lse_part + r * S + offs_c, mask=cmask, other=float("-inf"))
             w_c = tl.where(cmask & (lse_c > float("-inf")), tl.exp2(lse_c - mx), 0.0) * inv
             o = tl.load(o_part + (r * S + offs_c)[:, None] * D + offs_d[None, :], mask=cmask[:, None], other=0.0)
             res += tl.sum(o * w_c[:, None], axis=0)
+            s0 += CH
+        if MMA_SPLITS > 0 and HAS_TAIL > 0:
+            lse_t = tl.load(lse_part + r * S + S - 1)
+            w_t = tl.where(lse_t > float("-inf"), tl.exp2(lse_t - mx), 0.0) * inv
+            res += tl.load(o_part + (r * S + S - 1) * D + offs_d) * w_t
     b = r // HQ
     hq = r % HQ
     tl.store(out_ptr + b * s_ob + hq * s_oh + offs_d, res.to(out_ptr.dtype.element_ty))
