@@ -95,8 +95,8 @@ def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int) -> in
 
     Every warp has the same work, so the grid should be whole waves: with ~16 warps resident per SM (128
     registers), a grid of 1.1 waves ran at 0.50 of the H200's read ceiling and 2.06 waves at 0.57
-    (B=32 x 8K, 2026-11-29). The bf16 tail runs in its own launch (``decode_tail_kernel``), outside these
-    waves. Capped at 256 partial slots per head (each warp writes one; the combine step reads them all).
+    (B=32 x 8K, 2026-11-29). The bf16 tail is one more program per (request, KV head) past these waves
+    (``TAIL_MMA``) or its own launch (``decode_tail_kernel``). Capped at 256 partial slots per head (each warp writes one; the combine step reads them all).
     """
     sms = num_sms()
     return max(1, min(256 // num_warps, per_sm * sms // (batch * kv_heads * num_warps)))
