@@ -91,3 +91,20 @@ def test_top_only_runs_the_acceptance_rows_alone() -> None:
     assert bench.concurrencies(args, "fp8_e4m3", True) == [32]
     args = bench.parse_args(["--concurrency", "4", "2"])
     assert bench.concurrencies(args, "bf16", True) == [2, 4]
+
+
+def test_bench_prefix_overlap_schedule(tmp_path: Path) -> None:
+    # --enable-overlap-schedule: the closed loop drives an engine that launches step N+1 before step N
+    # returns; the same sessions produce the same tokens and cache hits, and the host-tier rows (which the
+    # overlap schedule does not support) run without it and say so
+    bench = _bench()
+    common = ["--smoke", "--workloads", "agentic", "--kv-dtypes", "nvfp4", "--concurrency", "2"]
+    assert bench.main(common + ["--out", str(tmp_path / "a"), "--enable-overlap-schedule"]) == 0
+    assert bench.main(common + ["--out", str(tmp_path / "b"), "--hicache", "off"]) == 0
+    rows = json.loads((tmp_path / "a" / "prefix-h200-smoke.json").read_text())["rows"]
+    plain = json.loads((tmp_path / "b" / "prefix-h200-smoke.json").read_text())["rows"]
+    assert {r["hicache"]: r["overlap"] for r in rows} == {False: True, True: False}
+    on = next(r for r in rows if not r["hicache"])
+    assert plain[0]["overlap"] is False
+    for key in ("requests", "prompt_tokens", "output_tokens", "cached_tokens"):
+        assert on[key] == plain[0][key], key

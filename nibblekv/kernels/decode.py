@@ -350,7 +350,7 @@ def decode_triton(
             )
         splits = num_splits or mma_num_splits(bsz, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]))
     else:
-        splits = num_splits or default_num_splits(bsz, hkv, None, bn)
+        splits = num_splits or default_num_splits(bsz, hkv, None, bn, cap=int(cfg.get("split_cap", 64)))
     # NOTE: "mma" writes one partial slot per warp of each split, two at head_dim 64 (PAIR in decode_mma)
     pair = int(name == "mma" and d == 64)
     s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + int(has_tail)

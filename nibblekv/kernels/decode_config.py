@@ -42,6 +42,7 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
 #          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), cv (nibble
 #          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as one more program of the grid)
+# Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 
 
@@ -218,7 +219,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
-    "cv": "cv", "tin": "tin",
+    "cv": "cv", "tin": "tin", "cap": "split_cap",
 }  # fmt: skip
 
 
