@@ -70,18 +70,19 @@ def test_decode_mma(spec: str, group: int, page: int) -> None:
     assert err <= 1e-2, err
 
 
-@pytest.mark.parametrize("tin", [1, 0])
-def test_decode_mma_tail_in_grid(monkeypatch: pytest.MonkeyPatch, tin: int) -> None:
+@pytest.mark.parametrize("tin,d,group,page", [(1, 128, 8, 5), (0, 128, 8, 5), (1, 64, 3, 6), (1, 64, 4, P)])
+def test_decode_mma_tail_in_grid(monkeypatch: pytest.MonkeyPatch, tin: int, d: int, group: int, page: int) -> None:
     # the bf16 tail as one more program of decode_mma's grid (tin=1, the default: bf16 mma.sync) or as its
-    # own launch (tin=0); tails 3, 0, W, P-1 and W+P (several tiles, the last partial) on 5-token pages,
-    # GQA 8, global scales != 1; the first request is its tail alone
+    # own launch (tin=0); tails 3, 0, W, P-1 and W+P (several tiles, the last partial; odd counts leave a
+    # row of two tokens half empty at head_dim 64) on 5/6/16-token pages, GQA 8 (128) and 3, 4 (64, two
+    # tokens a row: two tail slots, one per parity), global scales != 1; the first request is its tail alone
     import nibblekv.kernels.decode as dec
 
     seen: list[bool] = []
     orig = dec._mma_tail_in_grid
     monkeypatch.setattr(dec, "_mma_tail_in_grid", lambda *a: seen.append(orig(*a)) or seen[-1])
-    err = _run(KVDtype.NVFP4, [0, 1, 70, 5, 33], [3, 0, W, P - 1, W + P], 1, 8, 128, 5, 3, gscale=(0.37, 2.5),
-               variant=f"mma:tin={tin}")  # fmt: skip
+    err = _run(KVDtype.NVFP4, [0, 1, 70, 5, 33], [3, 0, W, P - 1, W + P], 1, group, d, page, 3,
+               gscale=(0.37, 2.5), variant=f"mma:tin={tin}")  # fmt: skip
     assert seen == [bool(tin)]
     assert err <= 1e-2, err
 

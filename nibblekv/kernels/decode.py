@@ -221,7 +221,8 @@ def _decode_kernel(
 def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
                     D: tl.constexpr, DB: tl.constexpr, lens_ptr=None, MMA_SPLITS: tl.constexpr = 0,
                     MMA_NW: tl.constexpr = 1, MINC: tl.constexpr = 16, HAS_TAIL: tl.constexpr = 0,
-                    PAIR: tl.constexpr = 0, lse_out=None, WRITE_LSE: tl.constexpr = 0):  # fmt: skip
+                    PAIR: tl.constexpr = 0, lse_out=None, WRITE_LSE: tl.constexpr = 0,
+                    TAIL_SLOTS: tl.constexpr = 1):  # fmt: skip
     """Merge the split partials of one (request, query head) for dims ``[DB * pid1, DB * (pid1 + 1))``:
     weights ``2**(lse_s - max lse)``. ``WRITE_LSE``: also ``lse_out[r]`` = the merged log2-sum-exp2 of the
     scores (-inf for an empty context), for a caller that merges this result with another partial.
@@ -238,7 +239,8 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
         n = tl.load(lens_ptr + r // HQ)
         n = (n + PAIR) // (1 + PAIR)  # PAIR: rows of two tokens (decode_mma_kernel)
         n_valid = tl.cdiv(n, mma_chunk(n, MMA_SPLITS, MINC)) * MMA_NW
-    smask = (offs_s < n_valid) | ((offs_s == S - 1) & (HAS_TAIL > 0))
+    # NOTE: the tail's slots are the last TAIL_SLOTS (decode_mma with PAIR in its grid: one per parity)
+    smask = (offs_s < n_valid) | ((offs_s >= S - TAIL_SLOTS) & (offs_s < S) & (HAS_TAIL > 0))
     offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
     CH_MAX: tl.constexpr = 4096 // DB  # a [CH, DB] fp32 chunk: 32 registers per thread (4 warps)
     lse = tl.load(lse_part + r * S + offs_s, mask=smask, other=float("-inf"))
@@ -268,9 +270,11 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
             res += tl.sum(o * w_c[:, None], axis=0)
             s0 += CH
         if MMA_SPLITS > 0 and HAS_TAIL > 0:
-            lse_t = tl.load(lse_part + r * S + S - 1)
-            w_t = tl.where(lse_t > float("-inf"), tl.exp2(lse_t - mx), 0.0) * inv
-            res += tl.load(o_part + (r * S + S - 1) * D + offs_d) * w_t
+            for i in tl.static_range(TAIL_SLOTS):
+                slot = S - TAIL_SLOTS + i
+                lse_t = tl.load(lse_part + r * S + slot)
+                w_t = tl.where(lse_t > float("-inf"), tl.exp2(lse_t - mx), 0.0) * inv
+                res += tl.load(o_part + (r * S + slot) * D + offs_d) * w_t
     b = r // HQ
     hq = r % HQ
     tl.store(out_ptr + b * s_ob + hq * s_oh + offs_d, res.to(out_ptr.dtype.element_ty))
@@ -353,7 +357,10 @@ def decode_triton(
         splits = num_splits or default_num_splits(bsz, hkv, None, bn, cap=int(cfg.get("split_cap", 64)))
     # NOTE: "mma" writes one partial slot per warp of each split, two at head_dim 64 (PAIR in decode_mma)
     pair = int(name == "mma" and d == 64)
-    s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + int(has_tail)
+    tk, tv, ts, tpt, ttl, tpage = tail_operands(tail, tail_page_table, tail_lens, cache, page_table, lens)
+    tail_in_grid = name == "mma" and has_tail and _mma_tail_in_grid(cfg, pair, tk, tv, ts, tpage)
+    tail_slots = mma_tail_slots(has_tail, pair, tail_in_grid)
+    s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + tail_slots
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.stride(-1) != 1:
@@ -372,7 +379,6 @@ def decode_triton(
     ks, vs, (sp, sh, st) = scale_tensors(cache)
     ds = cache.k_data.stride()
     tok = name == "tok"
-    tk, tv, ts, tpt, ttl, tpage = tail_operands(tail, tail_page_table, tail_lens, cache, page_table, lens)
     if has_tail and not tok:
         tbn = max(tbn, tpage) if _pages_contiguous(tail, max(tbn, tpage)) else tbn
     g = hq // hkv
@@ -391,7 +397,6 @@ def decode_triton(
     )  # fmt: skip
     side = None
     if name == "mma":
-        tail_in_grid = has_tail and _mma_tail_in_grid(cfg, pair, tk, tv, ts)
         if has_tail and not tail_in_grid:  # its own launch (decode_tail_kernel), beside the main kernel
             side = side_stream(q.device)
             if side is not None:
@@ -443,21 +448,30 @@ def decode_triton(
         o_part, lse_part, out, out.stride(0), out.stride(1),
         HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, DB=db, lens_ptr=lens,
         MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
-        MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), PAIR=pair,
+        MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
         lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
     )  # fmt: skip
     return out
 
 
+def mma_tail_slots(has_tail: bool, pair: int, tail_in_grid: bool) -> int:
+    """Partial slots the bf16 tail takes at the end of each head's (decode_mma: two with ``PAIR`` in the
+    grid, one per token parity; NOTE: mirrors ``TAIL_SLOTS`` in ``decode_mma_kernel``)."""
+    return int(has_tail) * (1 + int(pair and tail_in_grid))
+
+
 def _mma_tail_in_grid(
-    cfg: dict[str, int | bool], pair: int, tk: torch.Tensor, tv: torch.Tensor, ts: tuple[int, ...]
+    cfg: dict[str, int | bool], pair: int, tk: torch.Tensor, tv: torch.Tensor, ts: tuple[int, ...], tpage: int
 ) -> bool:
     """Whether decode_mma attends the bf16 tail as one more one-warp program of its grid (``TAIL_MMA``):
-    variant option ``tin`` (default 1), one warp per program, head_dim 128 (not ``PAIR``), bf16 rows whose
-    addresses are 16-byte aligned (it reads them as vectors). Else ``decode_tail_kernel`` runs beside it."""
+    variant option ``tin`` (default 1), one warp per program, bf16 rows whose addresses are 16-byte aligned
+    (it reads them as vectors), packed rows; with ``PAIR`` (head_dim 64) even tail pages (two tokens a
+    row). Else ``decode_tail_kernel`` runs beside it."""
     aligned = all(x % 8 == 0 for x in ts[:3]) and tk.data_ptr() % 16 == 0 and tv.data_ptr() % 16 == 0
     ok = tk.dtype == torch.bfloat16 and tk.stride(-1) == 1 and aligned
-    return bool(cfg.get("tin", 1)) and int(cfg["num_warps"]) == 1 and not pair and ok
+    if pair:
+        ok = ok and tpage % 2 == 0 and ts[2] == tk.shape[-1]  # a row's two tokens adjacent
+    return bool(cfg.get("tin", 1)) and int(cfg["num_warps"]) == 1 and ok
 
 
 def _q_vector_ok(q: torch.Tensor) -> bool:

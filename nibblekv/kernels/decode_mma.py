@@ -943,21 +943,34 @@ def _ld16(ptr, m):
 
 @triton.jit
 def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scale, o_ptr, lse_ptr, s_oh,
-              G: tl.constexpr, D: tl.constexpr, TPAGE: tl.constexpr, VST: tl.constexpr):  # fmt: skip
+              G: tl.constexpr, D: tl.constexpr, TPAGE: tl.constexpr, VST: tl.constexpr,
+              PAIR: tl.constexpr = 0):  # fmt: skip
     """One warp attends the ``n`` bf16 tail tokens of KV head ``h`` and stores partial slot 0 at ``o_ptr``.
 
     The fragments of ``_mma_segment`` (head_dim 128, GQA <= 8) with bf16 operands: lane ``t`` owns dims
     ``[32t, 32t + 32)`` of K and Q (k-step ``kk`` = words ``2kk``, ``2kk + 1``: any lane-local dim order
     gives the same dot products), and for V^T the dims ``16g + [0, 2, 1, 3, ...]`` of ``_v_pair``, whose
     token pairs are the low or high bf16 of two tokens' words -- so ``_finish`` stores the result as is.
+    ``PAIR`` (head_dim 64, ``_mma_segment``'s two tokens a row): a row is tokens ``2r, 2r + 1`` (adjacent in
+    a page of even size), column ``c`` = (head ``c // 2``, parity ``c % 2``); stores slots 0 and 1.
     NOTE: one more program of ``decode_mma_kernel``'s grid instead of its own launch on a side stream: in
     the engine (CUDA graphs, B=1 x 3K) that launch ran beside the main kernel yet cost ~6 us a layer.
     """
     lane = tl.arange(0, 32)
     g = lane // 4
     t = lane % 4
-    qm = g < G
-    qrow = q_ptr + (h * G + g) * s_qh + 32 * t
+    if PAIR:  # dims [64 p, 64 p + 64) of column g hold head g // 2's Q, p = g % 2 (zeros elsewhere)
+        qm = (g // 2 < G) & (t // 2 == g % 2)
+        qrow = q_ptr + (h * G + g // 2) * s_qh - 64 * (g % 2) + 32 * t
+        lim = (n + 1) // 2  # rows with a first token
+        lim1 = n // 2  # rows with both
+        step = 2  # tokens a row
+    else:
+        qm = g < G
+        qrow = q_ptr + (h * G + g) * s_qh + 32 * t
+        lim = n
+        lim1 = n
+        step = 1
     q0, q1, q2, q3 = _q_bf16(qrow, 0, qm), _q_bf16(qrow, 2, qm), _q_bf16(qrow, 4, qm), _q_bf16(qrow, 6, qm)
     q4, q5, q6, q7 = _q_bf16(qrow, 8, qm), _q_bf16(qrow, 10, qm), _q_bf16(qrow, 12, qm), _q_bf16(qrow, 14, qm)
     q8, q9, q10, q11 = _q_bf16(qrow, 16, qm), _q_bf16(qrow, 18, qm), _q_bf16(qrow, 20, qm), _q_bf16(qrow, 22, qm)
@@ -974,14 +987,22 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
     o40, o41, o42, o43, o50, o51, o52, o53 = z, z, z, z, z, z, z, z
     o60, o61, o62, o63, o70, o71, o72, o73 = z, z, z, z, z, z, z, z
     n0 = n * 0
-    while n0 < n:
+    while n0 < lim:
         # S^T = K Q^T: rows g, g + 8 of the tile, this lane's 32 dims (4 words per k-step pair)
-        kp, mg = _tail_rows(kbase, tpt_ptr, n0 + g, n, t_page, t_tok, TPAGE)
-        kp8, m8 = _tail_rows(kbase, tpt_ptr, n0 + g + 8, n, t_page, t_tok, TPAGE)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _ld16(kp + 32 * t, mg)
-        a8, a9, a10, a11, a12, a13, a14, a15 = _ld16(kp + 32 * t + 16, mg)
-        b0, b1, b2, b3, b4, b5, b6, b7 = _ld16(kp8 + 32 * t, m8)
-        b8, b9, b10, b11, b12, b13, b14, b15 = _ld16(kp8 + 32 * t + 16, m8)
+        kp, mg = _tail_rows(kbase, tpt_ptr, step * (n0 + g), step * lim, t_page, t_tok, TPAGE)
+        kp8, m8 = _tail_rows(kbase, tpt_ptr, step * (n0 + g + 8), step * lim, t_page, t_tok, TPAGE)
+        # NOTE: PAIR: a row's second token (dims 64-127: lanes t >= 2) may be past the tail (stale bytes)
+        mg1 = n0 + g < lim1
+        m81 = n0 + g + 8 < lim1
+        kmg = mg
+        km8 = m8
+        if PAIR:
+            kmg = mg & ((t < 2) | mg1)
+            km8 = m8 & ((t < 2) | m81)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _ld16(kp + 32 * t, kmg)
+        a8, a9, a10, a11, a12, a13, a14, a15 = _ld16(kp + 32 * t + 16, kmg)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _ld16(kp8 + 32 * t, km8)
+        b8, b9, b10, b11, b12, b13, b14, b15 = _ld16(kp8 + 32 * t + 16, km8)
         e0, e1, e2, e3 = _mma_bf16(a0, b0, a1, b1, q0, q1, z, z, z, z)
         f0, f1, f2, f3 = _mma_bf16(a2, b2, a3, b3, q2, q3, z, z, z, z)
         e0, e1, e2, e3 = _mma_bf16(a4, b4, a5, b5, q4, q5, e0, e1, e2, e3)
@@ -991,9 +1012,9 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
         e0, e1, e2, e3 = _mma_bf16(a12, b12, a13, b13, q12, q13, e0, e1, e2, e3)
         f0, f1, f2, f3 = _mma_bf16(a14, b14, a15, b15, q14, q15, f0, f1, f2, f3)
         s0 = tl.where(mg, (e0 + f0) * qk_scale, float("-inf"))
-        s1 = tl.where(mg, (e1 + f1) * qk_scale, float("-inf"))
+        s1 = tl.where(mg1, (e1 + f1) * qk_scale, float("-inf"))  # PAIR: column 2t+1 has parity 1
         s2 = tl.where(m8, (e2 + f2) * qk_scale, float("-inf"))
-        s3 = tl.where(m8, (e3 + f3) * qk_scale, float("-inf"))
+        s3 = tl.where(m81, (e3 + f3) * qk_scale, float("-inf"))
         x0, x1 = _max8(tl.maximum(s0, s2), tl.maximum(s1, s3))
         m0, m1, c0, c1, al0, al1 = _softmax(m0, m1, l0, l1, x0, x1)
         (
@@ -1010,10 +1031,15 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
         pa = _p_frag_bf16(p0, p1)
         pb = _p_frag_bf16(p2, p3)
         # O^T += V^T P^T: tokens 2t, 2t+1 (x, y) and 2t+8, 2t+9 (u, w), dims [16g, 16g + 16) (8 words each)
-        xp, mx = _tail_rows(vbase, tpt_ptr, n0 + 2 * t, n, t_page, t_tok, TPAGE)
-        yp, my = _tail_rows(vbase, tpt_ptr, n0 + 2 * t + 1, n, t_page, t_tok, TPAGE)
-        up, mu = _tail_rows(vbase, tpt_ptr, n0 + 2 * t + 8, n, t_page, t_tok, TPAGE)
-        wp, mw = _tail_rows(vbase, tpt_ptr, n0 + 2 * t + 9, n, t_page, t_tok, TPAGE)
+        xp, mx = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t), step * lim, t_page, t_tok, TPAGE)
+        yp, my = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 1), step * lim, t_page, t_tok, TPAGE)
+        up, mu = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 8), step * lim, t_page, t_tok, TPAGE)
+        wp, mw = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 9), step * lim, t_page, t_tok, TPAGE)
+        if PAIR:  # dims 64-127 (lanes g >= 4) are the row's second token
+            mx = mx & ((g < 4) | (n0 + 2 * t < lim1))
+            my = my & ((g < 4) | (n0 + 2 * t + 1 < lim1))
+            mu = mu & ((g < 4) | (n0 + 2 * t + 8 < lim1))
+            mw = mw & ((g < 4) | (n0 + 2 * t + 9 < lim1))
         x0, x1, x2, x3, x4, x5, x6, x7 = _ld16(xp + 16 * g, mx)
         y0, y1, y2, y3, y4, y5, y6, y7 = _ld16(yp + 16 * g, my)
         u0, u1, u2, u3, u4, u5, u6, u7 = _ld16(up + 16 * g, mu)
@@ -1029,7 +1055,7 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
         o70, o71, o72, o73 = _mma_bf16(_hi(x6, y6), _hi(x7, y7), _hi(u6, w6), _hi(u7, w7), pa, pb, o70, o71, o72, o73)
         n0 += 16
     _finish(
-        m0, m1, l0, l1, 1.0, o_ptr, lse_ptr, s_oh, g, t, 0, G, D, 0, VST,
+        m0, m1, l0, l1, 1.0, o_ptr, lse_ptr, s_oh, g, t, 0, G, D, PAIR, VST,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
         o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
     )  # fmt: skip
@@ -1085,24 +1111,26 @@ def decode_mma_kernel(
     rows per page, ``lens`` still in tokens; see ``_mma_segment``): twice the slots, ``D / 2`` dims each.
 
     Partial slots per head: ``NUM_SPLITS * NW`` (split ``sp``, warp ``w`` -> slot ``sp * NW + w``), then with
-    ``HAS_TAIL`` the tail's slot, written by program ``sp = NUM_SPLITS`` (``TAIL_MMA``: the grid has one more
-    split; one warp, head_dim 128, not ``PAIR``) or else by :func:`decode_tail_kernel` (its own launch). ``BN`` is
+    ``HAS_TAIL`` the tail's slot (two with ``PAIR``: one per parity), written by program ``sp = NUM_SPLITS``
+    (``TAIL_MMA``: the grid has one more split; one warp) or else by :func:`decode_tail_kernel` (one slot,
+    its own launch). ``BN`` is
     unused here (tiles are 16 tokens); ``s_tok``/``sc_tok`` must be ``D / 2`` / ``D / 16`` (checked by the
     launcher).
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
-    S_TOT = NUM_SPLITS * NW * (1 + PAIR) + HAS_TAIL
+    TAIL_SLOTS: tl.constexpr = HAS_TAIL * (1 + PAIR * TAIL_MMA)  # NOTE: mirrored by decode.mma_tail_slots
+    S_TOT = NUM_SPLITS * NW * (1 + PAIR) + TAIL_SLOTS
     DO: tl.constexpr = D // (1 + PAIR)
     q_base = q_ptr + b.to(tl.int64) * s_qb
     if TAIL_MMA:
         if sp == NUM_SPLITS:
-            tail_first = (b.to(tl.int64) * HQ + h * G) * S_TOT + S_TOT - 1
+            tail_first = (b.to(tl.int64) * HQ + h * G) * S_TOT + S_TOT - TAIL_SLOTS
             _mma_tail(
                 q_base, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr + b.to(tl.int64) * s_tpt,
-                tl.load(tlens_ptr + b), h, sm_scale * 1.4426950408889634, o_ptr + tail_first * D,
-                lse_ptr + tail_first, S_TOT * D, G, D, TPAGE, VST,
+                tl.load(tlens_ptr + b), h, sm_scale * 1.4426950408889634, o_ptr + tail_first * DO,
+                lse_ptr + tail_first, S_TOT * DO, G, D, TPAGE, VST, PAIR,
             )  # fmt: skip
             return
     first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW * (1 + PAIR)
