@@ -12,6 +12,12 @@ variant's kernels (torch.profiler, eager) with a chosen kernel run before every 
 * ``other``: FP8's decode at the same shape (a different large kernel: instruction caches cold, L2 not).
 
 Usage: ``PYTHONPATH=. python benchmarks/probe_small_decode.py --out $OUT [--shapes 1x3072 4x3072]``.
+
+Answer (H200, 2026-11-30, ``benchmarks/results/probe-small-decode-h200.json``): none of the three slows
+``decode_mma_kernel`` (5-6.7 us after each at 1 x 3K). The engine's slowdown came from the bf16 tail's own
+launch running *beside* it (CUDA-graph branches; eager launches here never overlap): run in sequence
+(``NIBBLEKV_SIDE_STREAM=0``) the kernel took 6.1 us, and with the tail inside its grid (``tin=1``) 7.6 us
+with no tail launch (``small-batch-tail-h200.json``).
 """
 
 from __future__ import annotations
