@@ -33,9 +33,9 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_kernels import NAMES, PAGE, Pools, _flush_buffer  # noqa: E402
-from nibblekv.formats.layout import KVDtype  # noqa: E402
-from nibblekv.kernels.decode import decode_triton  # noqa: E402
+from benchmarks.bench_kernels import NAMES, PAGE, Pools, _flush_buffer
+from nibblekv.formats.layout import KVDtype
+from nibblekv.kernels.decode import decode_triton
 
 
 def make_call(pools: Pools, dt: KVDtype, batch: int, ctx: int, spec: str):  # type: ignore[no-untyped-def]

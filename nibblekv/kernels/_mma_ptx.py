@@ -1,0 +1,241 @@
+"""``decode_mma``'s per-lane PTX helpers (inline asm, each elementwise for Triton; the warp-collective ones
+need all 32 lanes of a warp), and their Triton twins under the interpreter (``_mma_twins``).
+
+Every helper works on one lane's fragment registers: uint32 = two fp16 (or bf16) / four bytes, fp32 = one
+accumulator; see ``decode_mma`` for the fragment layouts they serve.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from nibblekv.kernels._common import interpreting, nibbles_to_f16x2_ptx
+
+
+# ----------------------------------------------------------------------------------------------------
+# per-lane PTX helpers (each is elementwise for Triton; the warp-collective ones need all 32 lanes)
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _split64(x):
+    """uint64 -> (low, high) uint32."""
+    return tl.inline_asm_elementwise(
+        "mov.b64 {$0, $1}, $2;", "=r,=r,l", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _scale_h2(s):
+    """Low 16 bits = two E4M3 bytes -> half2 (byte 0 low, byte 1 high)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 a; cvt.u16.u32 a, $1; cvt.rn.f16x2.e4m3x2 $0, a; }",
+        "=r,r", [s], dtype=tl.uint32, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _bcast_h2(s):
+    """half2 (a, b) -> ((a, a), (b, b))."""
+    return tl.inline_asm_elementwise(
+        "prmt.b32 $0, $2, 0, 0x1010; prmt.b32 $1, $2, 0, 0x3232;",
+        "=r,=r,r", [s], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _interleave(a, b):
+    """Bytes (a0..a3), (b0..b3) -> (a0 b0 a1 b1), (a2 b2 a3 b3): two tokens' bytes side by side."""
+    return tl.inline_asm_elementwise(
+        "prmt.b32 $0, $2, $3, 0x5140; prmt.b32 $1, $2, $3, 0x7362;",
+        "=r,=r,r,r", [a, b], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+# $4 = 4 bytes, $5 = half2 multiplier -> $0..$3 = (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3) times $5
+_CVT_WORD_PTX = tl.constexpr(
+    "{"
+    + nibbles_to_f16x2_ptx("$4", ("$0", "$1", "$2", "$3"))
+    + """
+        mul.rn.f16x2 $0, $0, $5;
+        mul.rn.f16x2 $1, $1, $5;
+        mul.rn.f16x2 $2, $2, $5;
+        mul.rn.f16x2 $3, $3, $5;
+        }"""
+)
+
+
+@triton.jit
+def _word_to_h2x4(x, s, ASM: tl.constexpr):
+    """``ASM`` (a converter's PTX: $4 = word, $5 = half2 multiplier) -> its 4 half2 outputs."""
+    return tl.inline_asm_elementwise(
+        asm=ASM,
+        constraints="=r,=r,=r,=r,r,r",
+        args=[x, s],
+        dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _cvt_word(x, s):
+    """4 bytes = 8 E2M1 nibbles -> 4 half2 ``value * 2**-6 * s``: (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3).
+
+    ``lo_i``/``hi_i`` = low/high nibble of byte ``i``; ``s`` is a half2 multiplier (one per half).
+    """
+    return _word_to_h2x4(x, s, _CVT_WORD_PTX)
+
+
+def _byte_pair_ptx(sel: str, hi: str, lo: str) -> str:
+    """PTX: bytes ``sel`` picks of $4 (prmt) to bytes 1 and 3 of ``y``; ``hi`` / ``lo`` = their high / low
+    nibbles as two fp16 bit patterns ``value * 2**-14`` (sign to bit 15, e1 e0 m to bits 11..9)."""
+    body = ""
+    for src, dst in (("y", hi), ("z", lo)):  # z = y << 4: the low nibbles where the high ones were
+        body += f"""
+        shr.b32 t, {src}, 3;
+        and.b32 t, t, 0x0E000E00;
+        and.b32 {dst}, {src}, 0x80008000;
+        or.b32 {dst}, {dst}, t;"""
+    return f"""
+        prmt.b32 y, $4, 0, {sel};
+        shl.b32 z, y, 4;{body}"""
+
+
+# $4 = 4 bytes, $5 = half2 multiplier -> the outputs of _CVT_WORD_PTX times 2**-8 (value * 2**-14 * s) with
+# no conversion instruction (see _cvt_word_alu)
+_CVT_WORD_ALU_PTX = tl.constexpr(
+    "{ .reg .b32 y, z, t, r0, r1, r2, r3;"
+    + _byte_pair_ptx("0x1404", "r2", "r0")  # bytes 0, 1
+    + _byte_pair_ptx("0x3424", "r3", "r1")  # bytes 2, 3
+    + """
+        mul.rn.f16x2 $0, r0, $5;
+        mul.rn.f16x2 $1, r1, $5;
+        mul.rn.f16x2 $2, r2, $5;
+        mul.rn.f16x2 $3, r3, $5;
+        }"""
+)
+
+
+@triton.jit
+def _cvt_word_alu(x, s):
+    """``_cvt_word`` through integer ops only: 4 half2 ``value * 2**-14 * s`` (exact: <= 6 significant bits,
+    lsb >= 2**-24). Why: Hopper's conversion instructions have a low throughput, and ``_cvt_word`` issues 4
+    per word (variant option ``cv``; the caller folds 2**14 instead of 2**6 into its fp32 factor)."""
+    return _word_to_h2x4(x, s, _CVT_WORD_ALU_PTX)
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """One ``mma.sync.m16n8k16`` (f16 x f16 -> f32): D = A B + C on this lane's fragment registers."""
+    return tl.inline_asm_elementwise(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
+        "{$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+def _column_reduce_ptx(op: str) -> str:
+    """PTX: $0/$1 = ``op`` (max or add) of $2/$3 over the 8 lanes sharing ``L % 4`` (xor 4, 8, 16)."""
+    body = "".join(
+        f"""
+        shfl.sync.bfly.b32 a, {x}, {m}, 0x1f, 0xffffffff;
+        shfl.sync.bfly.b32 b, {y}, {m}, 0x1f, 0xffffffff;
+        {op}.f32 $0, {x}, a;
+        {op}.f32 $1, {y}, b;"""
+        for m, x, y in ((4, "$2", "$3"), (8, "$0", "$1"), (16, "$0", "$1"))
+    )
+    return "{ .reg .f32 a, b;" + body + "\n        }"
+
+
+_MAX8_PTX = tl.constexpr(_column_reduce_ptx("max"))
+_SUM8_PTX = tl.constexpr(_column_reduce_ptx("add"))
+
+
+@triton.jit
+def _max8(x, y):
+    """Max of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4`` (one fragment column)."""
+    return tl.inline_asm_elementwise(
+        _MAX8_PTX, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _sum8(x, y):
+    """Sum of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4``."""
+    return tl.inline_asm_elementwise(
+        _SUM8_PTX, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _pack_h2(a, b):
+    """fp32 (a, b) -> half2 (a low, b high)."""
+    return tl.inline_asm_elementwise(
+        "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [a, b], dtype=tl.uint32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _p_frag(a, b):
+    """Score-fragment pair (token g; heads 2t, 2t+1) -> P^T B-fragment (tokens 2t, 2t+1; head g), fp16."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 p; cvt.rn.f16x2.f32 p, $2, $1; movmatrix.sync.aligned.m8n8.trans.b16 $0, p; }",
+        "=r,f,f", [a, b], dtype=tl.uint32, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """``_mma`` on bf16 fragments (the bf16 tail: its K/V need no conversion)."""
+    return tl.inline_asm_elementwise(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
+        "{$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _p_frag_bf16(a, b):
+    """``_p_frag`` in bf16 (the B operand of ``_mma_bf16``)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $2, $1; movmatrix.sync.aligned.m8n8.trans.b16 $0, p; }",
+        "=r,f,f", [a, b], dtype=tl.uint32, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _st4(ptr, a, b, c, d, m):
+    """``st.global.v4.f32``: four consecutive fp32 at ``ptr`` (16-byte aligned) where ``m``."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $6, 0; @p st.global.v4.f32 [$1], {$2, $3, $4, $5}; mov.b32 $0, 0; }",
+        "=r,l,f,f,f,f,r", [ptr.to(tl.int64), a, b, c, d, m.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _ld4(ptr, m):
+    """``ld.global.v4.u32``: 16 bytes at ``ptr`` (16-byte aligned) as four uint32 where ``m``, else zeros."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; "
+        "@p ld.global.v4.u32 {$0, $1, $2, $3}, [$4]; }",
+        "=r,=r,=r,=r,l,r", [ptr.to(tl.int64), m.to(tl.int32)], dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+        is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (_mma_twins)
+    from nibblekv.kernels import _mma_twins as _tw
+
+    _split64, _scale_h2, _bcast_h2, _interleave, _cvt_word, _cvt_word_alu = (
+        _tw.split64,
+        _tw.scale_h2,
+        _tw.bcast_h2,
+        _tw.interleave,
+        _tw.cvt_word,
+        _tw.cvt_word_alu,
+    )
+    _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
+    _mma_bf16, _p_frag_bf16 = _tw.mma_bf16, _tw.p_frag_bf16
+    _st4, _ld4 = _tw.st4, _tw.ld4
