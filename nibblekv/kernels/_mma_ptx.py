@@ -124,15 +124,34 @@ def _cvt_word_alu(x, s):
     return _word_to_h2x4(x, s, _CVT_WORD_ALU_PTX)
 
 
+def _mma_ptx(ab: str) -> str:
+    """PTX of one ``mma.sync.m16n8k16`` with ``ab`` (f16 or bf16) operands and f32 accumulators."""
+    return (
+        f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, "
+        "{$10, $11, $12, $13};"
+    )
+
+
+_MMA_F16_PTX = tl.constexpr(_mma_ptx("f16"))
+_MMA_BF16_PTX = tl.constexpr(_mma_ptx("bf16"))
+# score-fragment pair -> P^T B-fragment: round to 16-bit pairs, then one 8x8 transpose across the warp
+_P_F16_PTX = tl.constexpr("{ .reg .b32 p; cvt.rn.f16x2.f32 p, $2, $1; movmatrix.sync.aligned.m8n8.trans.b16 $0, p; }")
+_P_BF16_PTX = tl.constexpr("{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $2, $1; movmatrix.sync.aligned.m8n8.trans.b16 $0, p; }")
+
+
+@triton.jit
+def _mma_asm(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, ASM: tl.constexpr):
+    """D = A B + C on this lane's fragment registers, by ``ASM`` (an ``_mma_ptx``)."""
+    return tl.inline_asm_elementwise(
+        ASM, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
 @triton.jit
 def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """One ``mma.sync.m16n8k16`` (f16 x f16 -> f32): D = A B + C on this lane's fragment registers."""
-    return tl.inline_asm_elementwise(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
-        "{$10, $11, $12, $13};",
-        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1,
-    )  # fmt: skip
+    return _mma_asm(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, _MMA_F16_PTX)
 
 
 def _column_reduce_ptx(op: str) -> str:
@@ -177,32 +196,26 @@ def _pack_h2(a, b):
 
 
 @triton.jit
+def _p_asm(a, b, ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(ASM, "=r,f,f", [a, b], dtype=tl.uint32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _p_frag(a, b):
     """Score-fragment pair (token g; heads 2t, 2t+1) -> P^T B-fragment (tokens 2t, 2t+1; head g), fp16."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b32 p; cvt.rn.f16x2.f32 p, $2, $1; movmatrix.sync.aligned.m8n8.trans.b16 $0, p; }",
-        "=r,f,f", [a, b], dtype=tl.uint32, is_pure=True, pack=1,
-    )  # fmt: skip
+    return _p_asm(a, b, _P_F16_PTX)
 
 
 @triton.jit
 def _mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """``_mma`` on bf16 fragments (the bf16 tail: its K/V need no conversion)."""
-    return tl.inline_asm_elementwise(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
-        "{$10, $11, $12, $13};",
-        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1,
-    )  # fmt: skip
+    return _mma_asm(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, _MMA_BF16_PTX)
 
 
 @triton.jit
 def _p_frag_bf16(a, b):
     """``_p_frag`` in bf16 (the B operand of ``_mma_bf16``)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $2, $1; movmatrix.sync.aligned.m8n8.trans.b16 $0, p; }",
-        "=r,f,f", [a, b], dtype=tl.uint32, is_pure=True, pack=1,
-    )  # fmt: skip
+    return _p_asm(a, b, _P_BF16_PTX)
 
 
 @triton.jit
