@@ -126,7 +126,7 @@ def test_tp2_equals_tp1_dummy_with_logprobs_and_chunked_prefill(tiny_config: Pat
         "chunked_prefill_size": 24,
     }
     prompts = [list(range(1, 60)), [7, 8, 9], list(range(100, 140))]
-    params = SamplingParams(max_new_tokens=16, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    params = SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs=1)
     ref = _generate(Engine(**kw), prompts, params)
     tp = _generate(Engine(tp_size=2, **kw), prompts, params)
     _no_children_left()
@@ -155,7 +155,7 @@ def test_smollm2_tp2_greedy_equals_tp1_bf16_kv(
     smollm2: tuple[CausalLM, Tokenizer], smollm2_path: Path, smollm2_prompts: list[list[int]]
 ) -> None:
     """SmolLM2 (9 query / 3 KV heads) split 6+3 / 2+1 across two gloo ranks: same greedy tokens."""
-    params = SamplingParams(max_new_tokens=24)
+    params = SamplingParams(max_new_tokens=24, temperature=0.0)
     ref = _generate(
         Engine(loaded=smollm2, kv_cache_dtype="bf16", max_total_tokens=4096), smollm2_prompts, params
     )
@@ -177,7 +177,7 @@ def test_tp2_quantized_kv_runs_and_matches_tp1(tiny_config: Path, kv: str) -> No
         "max_total_tokens": 2048,
     }  # fmt: skip
     prompts = [list(range(3, 50)), [11, 12, 13, 14]]
-    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
     ref = _generate(Engine(**kw), prompts, params)
     engine = Engine(tp_size=2, **kw)
     assert engine.pool.spec.num_kv_heads == 1  # rank 0's share of the 3 KV heads
@@ -198,19 +198,79 @@ def test_clean_shutdown_leaves_the_group_with_the_workers_then_a_second_engine_r
     kw: dict[str, Any] = {"model": str(tiny_config), "load_format": "dummy", "seed": 1, "max_total_tokens": 1024}
     params = SamplingParams(max_new_tokens=4, ignore_eos=True)
     seen: list[list[bool]] = []
+    order: list[str] = []
     real = tp_group.dist.destroy_process_group
     for _ in range(2):  # back to back in one process
         engine = Engine(tp_size=2, **kw)
         assert engine.tp is not None
         procs = list(engine.tp.procs)
         monkeypatch.setattr(
-            tp_group.dist, "destroy_process_group", lambda: (seen.append([p.exitcode for p in procs]), real())[1]
+            tp_group.dist,
+            "destroy_process_group",
+            lambda: (seen.append([p.exitcode for p in procs]), order.append("destroy"), real())[2],
         )
+        engine.tp.before_teardown(lambda: order.append("hook"))
         out = _generate(engine, [[5, 6, 7]], params)
         monkeypatch.setattr(tp_group.dist, "destroy_process_group", real)
         assert out[0].completion_tokens == 4
         assert [p.exitcode for p in procs] == [0]
     assert seen == [[None], [None]]  # the worker was still running when rank 0 left the group
+    # NOTE: hooks (rank 0 frees its CUDA graphs there: NCCL's teardown hangs on a live captured graph) first
+    assert order == ["hook", "destroy", "hook", "destroy"]
+    _no_children_left()
+
+
+def test_stuck_teardown_is_bounded_and_stops_the_workers(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collective teardown that never returns (NCCL with a live captured graph, pytorch#115388) must
+    not hang rank 0: it gives up after DESTROY_TIMEOUT_S, logs it, and the workers still exit."""
+    import threading
+
+    from nibblekv.engine import tp_group
+
+    release = threading.Event()
+    real = tp_group.dist.destroy_process_group
+
+    def stuck() -> None:
+        release.wait(60)
+        real()
+
+    monkeypatch.setattr(tp_group, "DESTROY_TIMEOUT_S", 0.5)
+    engine = Engine(model=str(tiny_config), load_format="dummy", seed=1, max_total_tokens=1024, tp_size=2)
+    assert engine.tp is not None
+    procs = list(engine.tp.procs)
+    monkeypatch.setattr(tp_group.dist, "destroy_process_group", stuck)
+    t0 = time.monotonic()
+    _generate(engine, [[5, 6, 7]], SamplingParams(max_new_tokens=2, ignore_eos=True))
+    assert time.monotonic() - t0 < 30
+    assert tp_group.dist.is_initialized()  # left alone: the stuck call still owns it
+    assert all(p.exitcode is not None for p in procs)
+    _no_children_left()
+    release.set()  # let the "stuck" teardown finish so later tests can form a group
+    deadline = time.monotonic() + 30
+    while tp_group.dist.is_initialized() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not tp_group.dist.is_initialized()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_nccl_engines_with_cuda_graphs_back_to_back(tiny_config: Path) -> None:
+    """On GPUs: CUDA graphs capture NCCL all-reduces; the first engine's shutdown must free them on every
+    rank before NCCL's teardown (which otherwise hangs), so a second TP engine starts in the process."""
+    kw: dict[str, Any] = {"model": str(tiny_config), "load_format": "dummy", "seed": 1, "device": "cuda"}
+    params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    outs = []
+    for _ in range(2):
+        engine = Engine(tp_size=2, max_total_tokens=4096, **kw)
+        assert engine.runner.graphs is not None
+        procs = list(engine.tp.procs) if engine.tp else []
+        t0 = time.monotonic()
+        outs.append(_generate(engine, [[5, 6, 7], [8, 9]], params))
+        assert time.monotonic() - t0 < 120
+        assert [p.exitcode for p in procs] == [0]
+        assert engine.runner.graphs is None
+    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
     _no_children_left()
 
 

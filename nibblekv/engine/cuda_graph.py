@@ -94,6 +94,20 @@ class CudaGraphRunner:
             "Capture cuda graph end. Time elapsed: %.1f s, bs: %s", time.perf_counter() - t0, self.sizes
         )
 
+    def release(self) -> None:
+        """Free every captured graph and its memory pool (idempotent).
+
+        NOTE: under TP the graphs hold captured NCCL all-reduces, and NCCL's teardown
+        (``destroy_process_group``) blocks for good while such a graph is alive (pytorch#115388): every
+        rank releases its graphs before it leaves the group.
+        """
+        torch.cuda.synchronize()
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.logits.clear()
+        torch.cuda.synchronize()
+
     def _pad_buffers(self) -> None:
         """Every row a padding row (see ``_fill``): token 0 at position 0 reading one token of scratch
         page 0, writing nowhere. What captures run on."""

@@ -233,6 +233,7 @@ class Engine:
             agree=self.tp.agree_graphs if self.tp else None,
         )
         if self.tp is not None:
+            self.tp.before_teardown(self.runner.release_graphs)
             self.tp.wait_ready()
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()

@@ -102,6 +102,12 @@ class ModelRunner:
         if agree is not None and not agree(self.graphs is not None):
             self.graphs = None
 
+    def release_graphs(self) -> None:
+        """Free the decode CUDA graphs; later decode steps run eagerly (see ``CudaGraphRunner.release``)."""
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+
     @property
     def last_used_graph(self) -> bool:
         """Whether the last :meth:`run` replayed a CUDA graph (for the decode log line)."""

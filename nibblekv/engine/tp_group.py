@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
@@ -44,6 +44,7 @@ from nibblekv.model.parallel import TPContext
 logger = logging.getLogger("nibblekv")
 
 STOP_TIMEOUT_S: float = 10.0  # grace for workers to leave after "stop" before they are killed
+DESTROY_TIMEOUT_S: float = 60.0  # bound on rank 0's collective teardown of the process group
 STARTUP_TIMEOUT: timedelta = timedelta(minutes=30)  # loading a large shard can take long
 
 
@@ -64,6 +65,7 @@ class TPGroup:
         self._in_step = False
         self._step_failed = False  # a step raised: the ranks may be out of step, no collective teardown
         self._pending_exit: int | None = None
+        self._teardown_hooks: list[Callable[[], None]] = []
         self._old_sigterm: Any = None
         self.device = device_for(config, 0)
         self._threads = torch.get_num_threads()
@@ -115,6 +117,10 @@ class TPGroup:
             if time.monotonic() > deadline:
                 raise WorkerFailed(f"tensor-parallel workers did not start within {STARTUP_TIMEOUT}")
             time.sleep(0.05)
+
+    def before_teardown(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` on rank 0 before it leaves the group (e.g. free CUDA graphs holding NCCL work)."""
+        self._teardown_hooks.append(hook)
 
     # ---- start-up handshakes ----------------------------------------------------------------------
     def setup(self, max_running: int, context_len: int) -> None:
@@ -179,7 +185,13 @@ class TPGroup:
         if self._closed:
             return
         self._closed = True
+        for hook in self._teardown_hooks:
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - stopping the workers matters more
+                logger.exception("tensor-parallel teardown hook failed")
         healthy = not self._step_failed and all(proc.is_alive() for proc in self.procs)
+        stuck = False  # our collective teardown did not return: leave the group alone
         for conn in self.conns:
             try:
                 conn.send(("stop", None))
@@ -190,7 +202,8 @@ class TPGroup:
             # leave the group together with the workers, which do so right after "stop". Joining them
             # first deadlocked on 2x H200 (2026-11-30): each side waited for the other, the worker was
             # killed after STOP_TIMEOUT_S, and rank 0's later destroy hung for good on the dead peer.
-            dist.destroy_process_group()
+            # Every rank frees its CUDA graphs first (the hooks above; the workers on "stop").
+            stuck = not _destroy_group_within(DESTROY_TIMEOUT_S)
         for proc in self.procs:
             proc.join(STOP_TIMEOUT_S)
             if proc.is_alive():
@@ -199,7 +212,8 @@ class TPGroup:
                 proc.join(STOP_TIMEOUT_S)
         for conn in self.conns:
             conn.close()
-        if dist.is_initialized():  # a worker died or a step failed: no collective teardown, abort ours
+        if dist.is_initialized() and not stuck:
+            # a worker died or a step failed: no collective teardown, abort ours (a local call)
             dist.distributed_c10d._abort_process_group()
         torch.set_num_threads(self._threads)
         atexit.unregister(self.shutdown)
@@ -260,3 +274,26 @@ class TPGroup:
         proc = self.procs[rank - 1]
         proc.join(0.5)
         return "still running" if proc.exitcode is None else f"exit code {proc.exitcode}"
+
+
+def _destroy_group_within(timeout_s: float) -> bool:
+    """``destroy_process_group`` on a helper thread; ``False`` (logged) if it has not returned in time.
+
+    NOTE: a teardown stuck inside NCCL cannot be interrupted; the thread is left behind (daemon) so
+    that rank 0 still exits instead of hanging. The group then stays half torn down: no other TP
+    engine can start in this process, which ``TPGroup.__init__`` reports.
+    """
+    done = threading.Event()
+
+    def destroy() -> None:
+        dist.destroy_process_group()
+        done.set()
+
+    threading.Thread(target=destroy, name="tp-destroy", daemon=True).start()
+    if done.wait(timeout_s):
+        return True
+    logger.error(
+        "tensor parallel: leaving the process group did not finish within %.0f s; "
+        "continuing without it (the workers are stopped or killed next)", timeout_s
+    )
+    return False

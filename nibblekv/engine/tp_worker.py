@@ -130,7 +130,10 @@ def worker_main(
         code = 1
     finally:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            if code == 0:  # "stop": rank 0 leaves the group now too (NCCL's teardown is collective)
+                dist.destroy_process_group()
+            else:  # rank 0 aborts its side on a failure: a collective teardown could wait forever
+                dist.distributed_c10d._abort_process_group()
     # NOTE: os._exit skips interpreter teardown, which can hang on a gloo/NCCL thread of a dead peer.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -179,6 +182,8 @@ def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connecti
     while True:
         kind, payload = conn.recv()
         if kind == "stop":
+            # NOTE: free the captured graphs (and their NCCL work) first, or NCCL's teardown blocks
+            runner.release_graphs()
             return
         if kind != "step":
             raise RuntimeError(f"protocol error: unexpected message {kind!r}")
