@@ -69,8 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--synthetic-prefill", action="store_true", help="long part: allocate the prompts' KV pages "
                    "without computing them (decode timing does not depend on the cached values)")  # fmt: skip
     p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--enable-overlap-schedule", action="store_true",
-                   help="schedule decode step N+1 while step N runs (engine/overlap.py)")  # fmt: skip
+    ov = p.add_mutually_exclusive_group()
+    ov.add_argument("--enable-overlap-schedule", dest="overlap", action="store_const", const=True, default=None,
+                    help="schedule decode step N+1 while step N runs (engine/overlap.py; default: the "
+                    "engine's, on for one CUDA GPU)")  # fmt: skip
+    ov.add_argument("--disable-overlap-schedule", dest="overlap", action="store_const", const=False)
     p.add_argument("--profile-top", type=int, default=12, help="kernels listed per profiled run")
     p.add_argument("--profile-steps", type=int, default=0, help="long part: profile this many decode steps "
                    "(after 3) with the torch profiler and report the top GPU kernels")  # fmt: skip
@@ -94,7 +97,7 @@ def base_config(args: argparse.Namespace, model: str) -> EngineConfig:
     common: dict[str, Any] = {
         "load_format": "dummy", "seed": args.seed, "chunked_prefill_size": args.chunked_prefill_size,
         "kv_recent_window": args.kv_recent_window, "disable_cuda_graph": args.disable_cuda_graph,
-        "decode_log_interval": 0, "enable_overlap_schedule": args.enable_overlap_schedule,
+        "decode_log_interval": 0, "enable_overlap_schedule": args.overlap,
     }  # fmt: skip
     if args.smoke:  # NOTE: on CPU the pool is sized from a byte budget, like the GPU's fraction rule
         return EngineConfig(model=model, device="cpu", mem_budget_gib=1e-3, **common)
@@ -285,7 +288,7 @@ def decode_run(
     # NOTE: with the overlap schedule a step launches the next batch before it returns; a sync around
     # each step would leave the GPU idle while the host schedules (2026-11-30's overlap rows were timed
     # that way). There, a step's time is the host interval between steps, which the GPU paces.
-    barrier = (lambda: None) if engine.config.enable_overlap_schedule else sync
+    barrier = (lambda: None) if engine.overlap_schedule else sync
     while engine.has_unfinished():
         floor = (weights + kv_bytes_read(engine)) / bandwidth
         # once, after the first steps' compiles and graph captures
@@ -314,6 +317,7 @@ def decode_run(
         "step_floor_ms": round(1e3 * statistics.median(f for _, _, f in at_full), 3),
         "decode_steps_at_full": len(at_full),
         "cuda_graph": engine.runner.last_used_graph,
+        "overlap": engine.overlap_schedule,
     }
 
 

@@ -94,8 +94,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hicache-size", type=float, default=16.0, help="host tier GiB (same for every dtype)")
     p.add_argument("--hicache-write-policy", default="write_back")
     p.add_argument("--kv-recent-window", type=int, default=64)
-    p.add_argument("--enable-overlap-schedule", action="store_true",
-                   help="schedule decode step N+1 while step N runs (host work hidden behind the GPU's)")  # fmt: skip
+    ov = p.add_mutually_exclusive_group()
+    ov.add_argument("--enable-overlap-schedule", dest="overlap", action="store_const", const=True, default=None,
+                    help="schedule decode step N+1 while step N runs (host work hidden behind the GPU's; "
+                    "default: the engine's, on for one CUDA GPU without the host tier)")  # fmt: skip
+    ov.add_argument("--disable-overlap-schedule", dest="overlap", action="store_const", const=False)
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
     # shared_prefix
     p.add_argument("--min-groups", type=int, default=4, help="groups per run: max(concurrency, this)")
@@ -274,7 +277,7 @@ def make_engine(args: argparse.Namespace, loaded: tuple[Any, Any], kv: str, hica
         enable_hierarchical_cache=hicache, hicache_size=args.hicache_size,
         hicache_write_policy=args.hicache_write_policy,
         # NOTE: the overlap schedule does not run with the host tier (EngineConfig refuses it): those rows run without
-        enable_overlap_schedule=args.enable_overlap_schedule and not hicache,
+        enable_overlap_schedule=False if hicache else args.overlap,
     )  # fmt: skip
     engine = Engine(cfg, loaded=loaded)
     engine.stream = True  # step() returns every advanced request's output (first tokens: TTFT)
@@ -328,7 +331,7 @@ def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                         "workload": workload, "kv_dtype": kv, "hicache": hicache, "concurrency": c, **res,
                         "pool_tokens": engine.max_total_num_tokens, "kv_budget_gib": args.kv_budget_gib,
                         "hicache_gib": args.hicache_size if hicache else 0.0,
-                        "overlap": engine.config.enable_overlap_schedule,
+                        "overlap": engine.overlap_schedule,
                     })  # fmt: skip
                     print(json.dumps(rows[-1]), flush=True)
                     write(path, args, rows)

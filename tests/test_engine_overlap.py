@@ -163,6 +163,34 @@ def test_overlap_flag_conflicts_are_named() -> None:
         EngineConfig(enable_overlap_schedule=True, enable_hierarchical_cache=True)
 
 
+def test_overlap_default_is_on_for_one_cuda_gpu_only() -> None:
+    """SGLang's default: on unless disabled, for a single CUDA GPU without the host tier (the pairs it
+    cannot run); off on CPU, where nothing runs asynchronously to hide the host's work behind."""
+    auto = EngineConfig()
+    assert auto.enable_overlap_schedule is None
+    assert auto.overlap_schedule("cuda") and not auto.overlap_schedule("cpu")
+    assert not EngineConfig(tp_size=2).overlap_schedule("cuda")
+    assert not EngineConfig(enable_hierarchical_cache=True).overlap_schedule("cuda")
+    assert not EngineConfig(enable_overlap_schedule=False).overlap_schedule("cuda")
+    assert EngineConfig(enable_overlap_schedule=True).overlap_schedule("cpu")
+
+
+def test_overlap_cli_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from nibblekv.config import add_engine_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    parse = lambda *a: EngineConfig.from_args(parser.parse_args(list(a)))  # noqa: E731
+    assert parse().enable_overlap_schedule is None
+    assert parse("--enable-overlap-schedule").enable_overlap_schedule is True
+    assert parse("--disable-overlap-schedule").enable_overlap_schedule is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--enable-overlap-schedule", "--disable-overlap-schedule"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_overlap_never_preempts_or_aborts_on_a_pending_token(tiny: tuple) -> None:
     """Out of pages, the next decode would preempt (or, alone, abort) a request whose pending token may be
     its stop token: the pending step is resolved first, so outputs and preemptions equal the sync loop's."""

@@ -241,7 +241,13 @@ class Engine:
         self._live: dict[str, Request] = {}
         self.last_batch: ScheduledBatch | None = None  # for benchmarks and tests
         self.stream = False  # True: step() returns an output for every request it advanced
-        self._overlap = OverlapLoop(self) if cfg.enable_overlap_schedule else None
+        self._overlap = OverlapLoop(self) if cfg.overlap_schedule(self.device.type) else None
+        logger.info("overlap schedule: %s", "on" if self._overlap is not None else "off")
+
+    @property
+    def overlap_schedule(self) -> bool:
+        """Whether decode step N+1 is scheduled while step N runs (``EngineConfig.overlap_schedule``)."""
+        return self._overlap is not None
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (idempotent; also runs at interpreter exit)."""
