@@ -316,6 +316,8 @@ def decode_run(
         "step_ms": round(1e3 * statistics.median(t for _, t, _ in at_full), 3),
         "step_floor_ms": round(1e3 * statistics.median(f for _, _, f in at_full), 3),
         "decode_steps_at_full": len(at_full),
+        # every timed decode step in order (batch size, ms): where a slow step falls says what it was
+        "steps": [[bs, round(1e3 * t, 3)] for bs, t, _ in steps],
         "cuda_graph": engine.runner.last_used_graph,
         "overlap": engine.overlap_schedule,
     }

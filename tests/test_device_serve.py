@@ -114,7 +114,10 @@ def test_device_serve_smoke_cpu(tmp_path: Path, smollm2_path: Path) -> None:
     (tmp_path / "block").mkdir()
     (tmp_path / "block" / "sitecustomize.py").write_text(BLOCKER)
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python3").symlink_to(sys.executable)  # the script runs `python3`
+    # the script runs `python3`: a wrapper, not a symlink (a symlinked venv python loses its venv)
+    wrapper = tmp_path / "bin" / "python3"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
     env = {
         **os.environ,
         "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
