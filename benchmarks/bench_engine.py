@@ -33,6 +33,7 @@ import torch
 
 from nibblekv.config import EngineConfig
 from nibblekv.engine.engine import Engine, pool_spec
+from nibblekv.engine.gc_heap import frozen_heap
 from nibblekv.engine.request import RequestStatus
 from nibblekv.engine.sampling_params import SamplingParams
 from nibblekv.model import load_model
@@ -147,10 +148,11 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
         )
         engine = Engine(cfg, loaded=loaded)
         sync()
-        t0 = time.perf_counter()
-        outs = engine.generate(prompts, params)
-        sync()
-        secs = time.perf_counter() - t0
+        with frozen_heap():  # as `nibblekv generate` / `serve` run (engine/gc_heap.py)
+            t0 = time.perf_counter()
+            outs = engine.generate(prompts, params)
+            sync()
+            secs = time.perf_counter() - t0
         n_out = sum(o.completion_tokens for o in outs)
         n_in = sum(o.prompt_tokens for o in outs)
         assert engine.pool.all_free() and n_out == sum(o for _, o in lens)
@@ -347,7 +349,10 @@ def bench_long(args: argparse.Namespace) -> list[dict[str, Any]]:
             n = fixed or capacity_requests(kv_cfg, loaded, per_request)
             engine = Engine(replace(kv_cfg, max_running_requests=n), loaded=loaded)
             prompts = [random_prompt(rng, args.long_input, vocab) for _ in range(n)]
-            res = decode_run(engine, prompts, params, args.synthetic_prefill, bandwidth, args.profile_steps, args.profile_top)
+            with frozen_heap():
+                res = decode_run(
+                    engine, prompts, params, args.synthetic_prefill, bandwidth, args.profile_steps, args.profile_top
+                )
             assert engine.pool.all_free()
             rows.append({
                 "bench": "long", "model": args.long_model + (" (smoke: tiny)" if args.smoke else ""), "kv_dtype": kv, "mode": mode, **res,

@@ -54,6 +54,7 @@ from bench_engine import rotating_last
 from nibblekv.cache import size_pool
 from nibblekv.config import EngineConfig
 from nibblekv.engine.engine import Engine
+from nibblekv.engine.gc_heap import frozen_heap
 from nibblekv.engine.sampling_params import SamplingParams
 from nibblekv.formats import parse_kv_dtype
 from nibblekv.model import load_model
@@ -308,33 +309,34 @@ def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
             if hicache and args.hicache_kv_dtypes and kv not in args.hicache_kv_dtypes:
                 continue
             engine = make_engine(args, loaded, kv, hicache)
-            for workload in args.workloads:
-                make = shared_prefix if workload == "shared_prefix" else agentic
-                think = 0.0 if workload == "shared_prefix" else args.think_s
-                # NOTE: a discarded pass of the same workload first, at the sweep's top concurrency, so
-                # Triton's JIT compiles (one per new specialization of the extend/decode kernels: batch
-                # sizes, chunk shapes) are not timed in the rows. With 2 warm-up sessions (before
-                # 2026-11-30) both dtypes' 8-session rows fell to 147-157 tok/s from 325-348 at 4.
-                warm = argparse.Namespace(**{**vars(args), "seed": f"{args.seed}-warm-up"})
-                reset(engine)
-                top = max(concurrencies(args, kv, hicache))
-                drive(engine, [Client(s, 0.0) for s in make(warm, top, vocab)])
-                for c in concurrencies(args, kv, hicache):
-                    runs = []
-                    for _ in range(args.repeats if c <= args.repeat_max_concurrency else 1):
-                        reset(engine)
-                        runs.append(drive(engine, [Client(s, think) for s in make(args, c, vocab)]))
-                    res = sorted(runs, key=lambda r: r["output_tok_s"])[(len(runs) - 1) // 2]  # lower median
-                    if len(runs) > 1:
-                        res = {**res, "output_tok_s_runs": [r["output_tok_s"] for r in runs]}
-                    rows.append({
-                        "workload": workload, "kv_dtype": kv, "hicache": hicache, "concurrency": c, **res,
-                        "pool_tokens": engine.max_total_num_tokens, "kv_budget_gib": args.kv_budget_gib,
-                        "hicache_gib": args.hicache_size if hicache else 0.0,
-                        "overlap": engine.overlap_schedule,
-                    })  # fmt: skip
-                    print(json.dumps(rows[-1]), flush=True)
-                    write(path, args, rows)
+            with frozen_heap():  # as `nibblekv serve` runs (engine/gc_heap.py)
+                for workload in args.workloads:
+                    make = shared_prefix if workload == "shared_prefix" else agentic
+                    think = 0.0 if workload == "shared_prefix" else args.think_s
+                    # NOTE: a discarded pass of the same workload first, at the sweep's top concurrency, so
+                    # Triton's JIT compiles (one per new specialization of the extend/decode kernels: batch
+                    # sizes, chunk shapes) are not timed in the rows. With 2 warm-up sessions (before
+                    # 2026-11-30) both dtypes' 8-session rows fell to 147-157 tok/s from 325-348 at 4.
+                    warm = argparse.Namespace(**{**vars(args), "seed": f"{args.seed}-warm-up"})
+                    reset(engine)
+                    top = max(concurrencies(args, kv, hicache))
+                    drive(engine, [Client(s, 0.0) for s in make(warm, top, vocab)])
+                    for c in concurrencies(args, kv, hicache):
+                        runs = []
+                        for _ in range(args.repeats if c <= args.repeat_max_concurrency else 1):
+                            reset(engine)
+                            runs.append(drive(engine, [Client(s, think) for s in make(args, c, vocab)]))
+                        res = sorted(runs, key=lambda r: r["output_tok_s"])[(len(runs) - 1) // 2]  # lower median
+                        if len(runs) > 1:
+                            res = {**res, "output_tok_s_runs": [r["output_tok_s"] for r in runs]}
+                        rows.append({
+                            "workload": workload, "kv_dtype": kv, "hicache": hicache, "concurrency": c, **res,
+                            "pool_tokens": engine.max_total_num_tokens, "kv_budget_gib": args.kv_budget_gib,
+                            "hicache_gib": args.hicache_size if hicache else 0.0,
+                            "overlap": engine.overlap_schedule,
+                        })  # fmt: skip
+                        print(json.dumps(rows[-1]), flush=True)
+                        write(path, args, rows)
             reset(engine)
             del engine
             gc.collect()

@@ -35,6 +35,7 @@ from bench_engine import TINY, decode_run, free_memory, read_bandwidth
 
 from nibblekv.config import EngineConfig
 from nibblekv.engine.engine import Engine
+from nibblekv.engine.gc_heap import frozen_heap
 from nibblekv.engine.sampling_params import SamplingParams
 
 KV_DTYPES = ("bf16", "fp8_e4m3", "nvfp4")
@@ -114,8 +115,9 @@ def run_dtype(
             prompts = [[rng.randrange(vocab) for _ in range(args.context)] for _ in range(n)]
             row: dict[str, Any] = {"kv_dtype": kv, "tp": args.tp, **pool, "capacity_requests": capacity}
             row["mode"] = "capacity" if want is None else "matched"
-            row.update(decode_run(engine, prompts, params, not args.real_prefill, bandwidth,
-                                  args.profile_steps, args.profile_top))
+            with frozen_heap():  # as `nibblekv serve` runs (engine/gc_heap.py); the workers freeze theirs
+                row.update(decode_run(engine, prompts, params, not args.real_prefill, bandwidth,
+                                      args.profile_steps, args.profile_top))
             rows.append(row)
             print(json.dumps(row), flush=True)
             assert engine.pool.all_free(), "pages leaked between runs"

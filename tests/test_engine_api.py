@@ -107,6 +107,39 @@ def test_cli_generate_prints_text_and_summary(
     assert "max_total_num_tokens=1024, max_running_requests=32, context_len=256, page_size=16" in caplog.text
 
 
+def test_cli_generate_runs_with_the_startup_heap_frozen(
+    tiny_config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Full GC passes skip the start-up heap while the engine generates, and the heap is unfrozen after
+    (engine/gc_heap.py): a frozen dropped engine would never be freed."""
+    import gc
+
+    from nibblekv.engine.engine import Engine
+
+    seen: list[int] = []
+    real = Engine.generate
+
+    def generate(self: Engine, *args: object, **kwargs: object) -> object:
+        seen.append(gc.get_freeze_count())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    assert main(["generate", "hi", "--max-new-tokens", "2", *_engine_flags(tiny_config)]) == 0
+    assert seen and seen[0] > 1000  # torch, the model, the engine
+    assert gc.get_freeze_count() == 0
+
+
+def test_frozen_heap_unfreezes_on_error() -> None:
+    import gc
+
+    from nibblekv.engine.gc_heap import frozen_heap
+
+    with pytest.raises(RuntimeError), frozen_heap():
+        assert gc.get_freeze_count() > 0
+        raise RuntimeError("inside")
+    assert gc.get_freeze_count() == 0
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

@@ -79,16 +79,19 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", stream=sys.stderr)
     from nibblekv.engine.engine import Engine
 
+    from nibblekv.engine.gc_heap import frozen_heap
+
     engine = Engine(config)
     start = time.perf_counter()
-    if args.input_jsonl:
-        tokens = _run_batch(engine, args, params)
-    else:
-        prompts = [_chat(engine, p) if args.chat else p for p in args.prompts]
-        outs = engine.generate(prompts, params)
-        for i, out in enumerate(outs):
-            print(out.text if len(outs) == 1 else f"[{i}] {out.text}", flush=True)
-        tokens = sum(o.completion_tokens for o in outs)
+    with frozen_heap():
+        if args.input_jsonl:
+            tokens = _run_batch(engine, args, params)
+        else:
+            prompts = [_chat(engine, p) if args.chat else p for p in args.prompts]
+            outs = engine.generate(prompts, params)
+            for i, out in enumerate(outs):
+                print(out.text if len(outs) == 1 else f"[{i}] {out.text}", flush=True)
+            tokens = sum(o.completion_tokens for o in outs)
     _summary(engine, tokens, time.perf_counter() - start)
     return 0
 

@@ -142,6 +142,7 @@ def worker_main(
 
 def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connection) -> None:
     from nibblekv.engine.engine import _DTYPES, build_pool, make_page_table
+    from nibblekv.engine.gc_heap import frozen_heap
     from nibblekv.engine.model_runner import ModelRunner, execute_mirror
     from nibblekv.model import load_model
     from nibblekv.model.parallel import TPContext
@@ -179,12 +180,14 @@ def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connecti
         agree=lambda ok: bool(_ask(conn, "graphs", ok)),
     )
     conn.send(("ready", None))
-    while True:
-        kind, payload = conn.recv()
-        if kind == "stop":
-            # NOTE: free the captured graphs (and their NCCL work) first, or NCCL's teardown blocks
-            runner.release_graphs()
-            return
-        if kind != "step":
-            raise RuntimeError(f"protocol error: unexpected message {kind!r}")
-        execute_mirror(runner, payload)
+    # NOTE: a full GC pass here stalls every rank in the next collective: skip the start-up heap
+    with frozen_heap():
+        while True:
+            kind, payload = conn.recv()
+            if kind == "stop":
+                # NOTE: free the captured graphs (and their NCCL work) first, or NCCL's teardown blocks
+                runner.release_graphs()
+                return
+            if kind != "step":
+                raise RuntimeError(f"protocol error: unexpected message {kind!r}")
+            execute_mirror(runner, payload)

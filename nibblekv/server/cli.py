@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     """Start the engine and serve until SIGTERM / SIGINT."""
     from nibblekv.config import config_from_args_or_exit
     from nibblekv.engine import AsyncEngine
+    from nibblekv.engine.gc_heap import frozen_heap
     from nibblekv.server.launch import serve
 
     logging.basicConfig(
@@ -66,4 +67,5 @@ def run(args: argparse.Namespace) -> int:
     )
     config = config_from_args_or_exit(args._parser, args)
     engine = AsyncEngine(config)
-    return serve(engine, args)
+    with frozen_heap():  # full GC passes then skip the start-up heap (engine/gc_heap.py)
+        return serve(engine, args)
