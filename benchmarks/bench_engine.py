@@ -17,6 +17,7 @@ JSON goes to ``$OUT/bench_engine.json`` (or ``--out``); a table is printed.
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import json
 import os
@@ -398,11 +399,18 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / ("bench_engine_smoke.json" if args.smoke else "bench_engine.json")
     device = "cpu" if args.smoke else torch.cuda.get_device_name()
-    path.write_text(
-        json.dumps({"device": device, "args": vars(args) | {"out": str(args.out)}, "rows": rows}, indent=1)
-    )
+    data = {
+        "device": device, "commit": os.environ.get("COMMIT", "unknown"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__, "args": vars(args) | {"out": str(args.out)}, "rows": rows,
+    }  # fmt: skip
+    path.write_text(json.dumps(data, indent=1))
     print_table(rows)
-    print(f"\nwrote {path}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from plot_engine import plot
+
+    plot(data, path.with_suffix(".png"))
+    print(f"\nwrote {path} and {path.with_suffix('.png').name}")
     return 0
 
 

@@ -25,7 +25,10 @@ def test_bench_engine_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     assert bench.main(["--smoke", "--throughput-models", "smollm2-135m", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "bench_engine_smoke.json").read_text())["rows"]
+    data = json.loads((tmp_path / "bench_engine_smoke.json").read_text())
+    assert {"device", "commit", "date", "torch"} <= set(data)
+    assert (tmp_path / "bench_engine_smoke.png").stat().st_size > 10_000  # the three panels
+    rows = data["rows"]
     thr = [r for r in rows if r["bench"] == "throughput"]
     assert [r["kv_dtype"] for r in thr] == ["bf16", "fp8_e4m3", "nvfp4"]
     assert all(r["output_tok_s"] > 0 and r["num_requests"] == 6 for r in thr)
