@@ -190,12 +190,23 @@ def test_stats_and_flags(smollm2) -> None:
             pass
         return out
 
+    async def flush_while_running(p: list[int]) -> bool:
+        stream = eng.generate(p, SamplingParams(temperature=0, max_new_tokens=50, ignore_eos=True))
+        await stream.__anext__()  # running now
+        refused = await eng.flush_cache()
+        await stream.aclose()  # aborts it
+        return refused
+
     try:
         outs = [asyncio.run(last(p)) for p in ps]
         stats = eng.stats()
+        assert asyncio.run(flush_while_running(ps[0])) is False  # its pages are in use
+        assert asyncio.run(eng.flush_cache()) is True
+        again = asyncio.run(last(ps[1]))
     finally:
         eng.shutdown()
     assert [o.cached_tokens for o in outs] == [0, PREFIX]
+    assert again.cached_tokens == 0  # the flush dropped the shared prefix
     assert stats["cached_tokens_total"] == PREFIX
     assert stats["cache_hit_rate"] == pytest.approx(PREFIX / sum(len(p) for p in ps))
 

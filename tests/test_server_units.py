@@ -25,6 +25,7 @@ class _DeadableEngine:
 
     def __init__(self) -> None:
         self.alive = True
+        self.busy = False
         self.tokenizer = ByteTokenizer(300)
 
     def is_healthy(self) -> bool:
@@ -38,6 +39,9 @@ class _DeadableEngine:
         yield
 
     def abort(self, request_id: str) -> None: ...
+
+    async def flush_cache(self) -> bool:
+        return not self.busy
 
     def shutdown(self) -> None: ...
 
@@ -82,6 +86,18 @@ def _out(
         logprobs=lps,
         prompt_logprobs=prompt_lps,
     )
+
+
+def test_flush_cache_is_200_when_flushed_and_400_while_requests_run() -> None:
+    """SGLang's /flush_cache (GET or POST); the engine side is tested in test_prefix_engine.py."""
+    engine = _DeadableEngine()
+    client = TestClient(build_app(_state(engine)))
+    r = client.post("/flush_cache")
+    assert r.status_code == 200 and r.text == "Cache flushed.\n"
+    assert client.get("/flush_cache").status_code == 200
+    engine.busy = True
+    r = client.post("/flush_cache")
+    assert r.status_code == 400 and "running or waiting" in r.json()["error"]["message"]
 
 
 def test_delta_reader_turns_cumulative_outputs_into_deltas() -> None:

@@ -7,6 +7,7 @@ All engine state is touched only by the loop thread; callers talk to it through 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -77,6 +78,14 @@ class AsyncEngine:
         """Abort a request; its pages are freed before the engine's next step."""
         self._send("abort", request_id)
 
+    async def flush_cache(self) -> bool:
+        """``Engine.flush_cache`` on the loop thread, between steps (False while requests run or wait)."""
+        if not self.is_healthy():
+            raise RuntimeError("the engine loop is not running") from self._error
+        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        self._send("flush", done)
+        return await asyncio.wrap_future(done)
+
     def stats(self) -> dict[str, Any]:
         """Gauges and totals for metrics (read without locking: each is one attribute read)."""
         e = self.engine
@@ -143,6 +152,12 @@ class AsyncEngine:
                 out = self.engine.abort(payload)
                 if out is not None:
                     self._deliver(out.request_id, out)
+            elif kind == "flush":
+                done: concurrent.futures.Future[bool] = payload
+                try:
+                    done.set_result(self.engine.flush_cache())
+                except Exception as exc:  # noqa: BLE001 - the caller hears it; the loop goes on
+                    done.set_exception(exc)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         target = self._sinks.get(request_id)

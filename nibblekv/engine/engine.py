@@ -321,6 +321,15 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix page (device and host tier), as SGLang's ``/flush_cache``; refused
+        (False) while any request runs or waits. True also without a prefix cache (nothing to drop)."""
+        if self.has_unfinished():
+            return False
+        if isinstance(self.scheduler.cache, PrefixCacheManager):
+            logger.info("Cache flushed successfully! (%d device pages freed)", self.scheduler.cache.flush())
+        return True
+
     # ---- the loop -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run and postprocess one batch; outputs of every request it advanced or ended."""

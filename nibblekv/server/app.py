@@ -57,6 +57,13 @@ async def _health(request: Request) -> Response:
     return Response(status_code=200)
 
 
+async def _flush_cache(request: Request) -> Response:
+    """SGLang's ``/flush_cache``: 200 once the prefix cache is dropped, 400 while requests run or wait."""
+    if not await get_state(request).engine.flush_cache():
+        return error_response("Cache not flushed because there are running or waiting requests", 400)
+    return Response("Cache flushed.\n", status_code=200, media_type="text/plain")
+
+
 async def _metrics(request: Request) -> Response:
     body = get_state(request).metrics.render()
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -106,6 +113,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_api_route("/v1/models", _models, methods=["GET"])
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
+    app.add_api_route("/flush_cache", _flush_cache, methods=["GET", "POST"])
     # SGLang names, plus the unprefixed ones newer sglang-router versions poll.
     for path in ("/get_model_info", "/model_info"):
         app.add_api_route(path, _model_info, methods=["GET"])
