@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from nibblekv.config import EngineConfig
-from nibblekv.engine.engine import Engine, pool_spec
+from nibblekv.engine.engine import Engine
+from nibblekv.engine.setup import pool_spec
 from nibblekv.engine.gc_heap import frozen_heap
 from nibblekv.engine.request import RequestStatus
 from nibblekv.engine.sampling_params import SamplingParams

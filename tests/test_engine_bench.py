@@ -17,9 +17,9 @@ def test_bench_engine_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     # so nvfp4 would hold fewer requests than fp8 (31 vs 32) -- a smoke-size artifact (at the benchmark's
     # 32K contexts a sink page is < 0.2% of a request). The capacity check below is about the main-pool
     # format, so the smoke runs without sink pages.
-    import nibblekv.engine.engine as engine_mod
+    import nibblekv.engine.setup as setup_mod
 
-    monkeypatch.setattr(engine_mod, "resolve_sink_pages", lambda config, kv_dtype: 0)
+    monkeypatch.setattr(setup_mod, "resolve_sink_pages", lambda config, kv_dtype: 0)
     spec = importlib.util.spec_from_file_location("bench_engine", BENCH)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)

@@ -34,7 +34,7 @@ def test_flags_reach_engine_config() -> None:
 
 def test_nvfp4_default_options_and_scales_file_check(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from nibblekv.cache.pool import load_kv_scales
-    from nibblekv.engine.engine import resolve_kv_options
+    from nibblekv.engine.setup import resolve_kv_options
 
     def check_scales_file(path: str | None, hadamard: bool) -> None:
         load_kv_scales(path, 1, "cpu", hadamard)

@@ -133,7 +133,7 @@ def test_flag_values_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_resolved_default_per_dtype() -> None:
-    from nibblekv.engine.engine import resolve_sink_pages
+    from nibblekv.engine.setup import resolve_sink_pages
 
     auto = EngineConfig()
     assert resolve_sink_pages(auto, KVDtype.NVFP4) == 1

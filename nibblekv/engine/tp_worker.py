@@ -64,7 +64,7 @@ class WorkerSetup:
 
 def device_for(config: EngineConfig, rank: int) -> torch.device:
     """Rank ``r`` runs on ``cuda:r`` (one GPU per process) or on the CPU."""
-    from nibblekv.engine.engine import resolve_device
+    from nibblekv.engine.setup import resolve_device
 
     dev = resolve_device(config.device)
     if dev.type != "cuda":
@@ -141,7 +141,7 @@ def worker_main(
 
 
 def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connection) -> None:
-    from nibblekv.engine.engine import _DTYPES, build_pool, make_page_table
+    from nibblekv.engine.setup import _DTYPES, build_pool, make_page_table
     from nibblekv.engine.gc_heap import frozen_heap
     from nibblekv.engine.model_runner import ModelRunner, execute_mirror
     from nibblekv.model import load_model
