@@ -37,6 +37,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
