@@ -100,6 +100,7 @@ def test_raw_sse_ends_with_done(smollm2_server: ServerProcess) -> None:
 def test_info_endpoints(smollm2_server: ServerProcess) -> None:
     url = smollm2_server.url
     assert httpx.get(url + "/health").status_code == 200
+    assert httpx.get(url + "/health_generate", timeout=30).status_code == 200  # a real one-token forward
     models = httpx.get(url + "/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == MODEL
     info = httpx.get(url + "/get_model_info").json()

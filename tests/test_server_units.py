@@ -100,6 +100,46 @@ def test_flush_cache_is_200_when_flushed_and_400_while_requests_run() -> None:
     assert r.status_code == 400 and "running or waiting" in r.json()["error"]["message"]
 
 
+class _GeneratingEngine(_DeadableEngine):
+    """Generates one output per request, after ``delay`` s, or fails with ``error``."""
+
+    def __init__(self, delay: float = 0.0, error: BaseException | None = None) -> None:
+        super().__init__()
+        self.delay, self.error, self.prompts = delay, error, []
+
+    async def generate(  # type: ignore[override]
+        self, prompt: Any, params: Any, request_id: str | None = None
+    ) -> AsyncIterator[Any]:
+        import asyncio
+
+        self.prompts.append((prompt, params.max_new_tokens))
+        await asyncio.sleep(self.delay)
+        if self.error is not None:
+            raise self.error
+        yield _out([7], [], None, True)
+
+
+def test_health_generate_runs_one_token_and_fails_on_timeout_or_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SGLang's /health_generate: one token for input_ids=[0] through the engine; 503 when it cannot."""
+    import nibblekv.server.app as app_mod
+
+    ok = _GeneratingEngine()
+    assert TestClient(build_app(_state(ok))).get("/health_generate").status_code == 200
+    assert ok.prompts == [([0], 1)]
+    monkeypatch.setattr(app_mod, "HEALTH_GENERATE_TIMEOUT_S", 0.2)
+    slow = TestClient(build_app(_state(_GeneratingEngine(delay=5.0)))).get("/health_generate")
+    assert slow.status_code == 503 and "within" in slow.json()["error"]["message"]
+    broken = _GeneratingEngine(error=RuntimeError("boom"))
+    failed = TestClient(build_app(_state(broken))).get("/health_generate")
+    assert failed.status_code == 503 and "boom" in failed.json()["error"]["message"]
+    dead = _GeneratingEngine()
+    dead.alive = False
+    assert TestClient(build_app(_state(dead))).get("/health_generate").status_code == 503
+    assert dead.prompts == []  # not tried on a dead engine
+
+
 def test_delta_reader_turns_cumulative_outputs_into_deltas() -> None:
     reader = DeltaReader([5, 6, 7])
     lp = [TokenLogprob(10, -0.1, ((10, -0.1), (11, -2.0))), TokenLogprob(12, -0.5, ((13, -0.4),))]

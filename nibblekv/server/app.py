@@ -1,8 +1,10 @@
-"""The FastAPI application: OpenAI routes, health, metrics, model/server info, API-key check."""
+"""The FastAPI application: OpenAI routes, health, metrics, model/server info, cache flush, API-key check."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import uuid
 
 from fastapi import FastAPI
 from starlette.datastructures import Headers
@@ -20,6 +22,7 @@ from nibblekv.server.state import ServerState, get_state
 # Paths that need the API key (as in vLLM): the OpenAI API. Health, metrics and info stay open so
 # load balancers and routers (sglang-router polls them) work without credentials.
 _PROTECTED_PREFIX = "/v1/"
+HEALTH_GENERATE_TIMEOUT_S: float = 20.0  # SGLang's
 
 
 class APIKeyMiddleware:
@@ -54,6 +57,29 @@ async def _health(request: Request) -> Response:
         return error_response("the server is shutting down", 503)
     if not state.engine.is_healthy():
         return error_response("the engine is not running", 503)
+    return Response(status_code=200)
+
+
+async def _health_generate(request: Request) -> Response:
+    """SGLang's ``/health_generate``: 200 once the engine has generated a token for ``input_ids=[0]`` (a
+    real forward through the running engine), 503 if it is unhealthy or takes over
+    :data:`HEALTH_GENERATE_TIMEOUT_S`."""
+    health = await _health(request)
+    if health.status_code != 200:
+        return health
+    state = get_state(request)
+    params = state.sampling_params(max_new_tokens=1, temperature=0.0, ignore_eos=True)
+
+    async def one_token() -> None:
+        async for _ in state.engine.generate([0], params, request_id=f"health-generate-{uuid.uuid4().hex}"):
+            pass
+
+    try:
+        await asyncio.wait_for(one_token(), HEALTH_GENERATE_TIMEOUT_S)
+    except TimeoutError:
+        return error_response(f"the engine generated nothing within {HEALTH_GENERATE_TIMEOUT_S:.0f} s", 503)
+    except RuntimeError as exc:  # the engine loop failed meanwhile
+        return error_response(f"the engine failed: {exc}", 503)
     return Response(status_code=200)
 
 
@@ -113,6 +139,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_api_route("/v1/models", _models, methods=["GET"])
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
+    app.add_api_route("/health_generate", _health_generate, methods=["GET"])
     app.add_api_route("/flush_cache", _flush_cache, methods=["GET", "POST"])
     # SGLang names, plus the unprefixed ones newer sglang-router versions poll.
     for path in ("/get_model_info", "/model_info"):
