@@ -216,3 +216,19 @@ def test_engine_with_options(smollm2) -> None:  # type: ignore[no-untyped-def]
     assert both.pool.spec.four_over_six and both.runner.backend.four_over_six
     out = both.generate([prompt], params)[0]
     assert len(out.token_ids) == 6 and both.pool.all_free()
+
+
+def test_gpu_pool_rejects_head_dims_the_kernels_cannot_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head_dim the Triton kernels do not build for fails at start-up with the fix named, not with a
+    Triton compile error in the first forward (2x H200, 2026-11-30: head_dim 16 on CUDA)."""
+    from nibblekv.engine.setup import pool_spec
+    from nibblekv.kernels import GPU_HEAD_DIMS, check_gpu_head_dim
+
+    monkeypatch.delenv("NIBBLEKV_KERNELS", raising=False)
+    model = SimpleNamespace(config=SimpleNamespace(head_dim=16), device=torch.device("cuda"))
+    with pytest.raises(ValueError, match=r"head_dim 16 is not supported .*--device cpu"):
+        pool_spec(EngineConfig(), model, 8)  # type: ignore[arg-type]
+    for d in GPU_HEAD_DIMS:
+        check_gpu_head_dim(d)
+    with pytest.raises(ValueError, match="head_dim 80"):
+        check_gpu_head_dim(80)

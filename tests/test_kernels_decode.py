@@ -119,6 +119,31 @@ def test_decode_mma_combine_chunks() -> None:
     assert err <= 1e-2, err
 
 
+@pytest.mark.parametrize("d,group", [(128, 4)] if DEVICE == "cpu" else [(128, 4), (128, 8), (64, 3)])
+def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int) -> None:
+    # CUDA-graph padding: only the first 3 of 5 rows are requests (``active`` on the device); decode_mma
+    # sizes its splits for them at run time -- 8 warp slots / 3 rows = 2 of the grid's 12 splits here --
+    # in a 1-D grid, the tails after every split; padding rows (1 token of page 0, no tail) come out zeros
+    import nibblekv.kernels.decode as dec
+
+    monkeypatch.setattr(dec, "num_sms", lambda: 1)
+    lens, tails = [70, 1, 33, 1, 1], [W, 0, 5, 0, 0]
+    torch.manual_seed(7)
+    pb = make_batch(KVDtype.NVFP4, lens, 2, d, P, DEVICE, tail_lens=tails, global_scale=(0.37, 2.5))
+    q = torch.randn(len(lens), 2 * group, d, device=DEVICE).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    sm = 1.0 / math.sqrt(d)
+    act = torch.tensor([3], dtype=torch.int32, device=DEVICE)
+    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, pb.tail, pb.tail_page_table, pb.tail_lens,
+                  num_splits=12, out=out, variant="mma:ppsm=8,minc=16", active=act)  # fmt: skip
+    ref = decode_ref(q[:3].float(), pb.cache, pb.page_table[:3], pb.lens[:3], sm, pb.tail,
+                     pb.tail_page_table[:3], pb.tail_lens[:3])  # fmt: skip
+    assert rel_rms(out[:3], ref) <= 1e-2
+    assert torch.equal(out[3:], torch.zeros_like(out[3:]))
+    with pytest.raises(ValueError, match="active must be an int32"):
+        decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, variant="mma", active=act.long())
+
+
 def test_decode_combine_many_slots() -> None:
     # 40 splits (> the combine step's 32-slot chunk): most are empty for the short request
     assert _run(KVDtype.BF16, [1, 300], [0, 3], 1, 2, 64, P, 40) <= 1e-2

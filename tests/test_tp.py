@@ -20,6 +20,7 @@ from nibblekv.engine.sampling_params import SamplingParams
 from nibblekv.model import CausalLM, ModelConfig, Tokenizer
 from nibblekv.model.parallel import partition, shard_tensor
 
+# NOTE: CPU (gloo) tests pin device="cpu": head_dim 16 is below what the GPU kernels take.
 # 6 query / 3 KV heads: 2 ranks get 2 + 1 KV heads (the uneven split SmolLM2 needs); an odd vocab
 # exercises the padded LM-head shard; attention_bias exercises the replicated o_proj bias.
 TINY: dict[str, Any] = {
@@ -121,6 +122,7 @@ def test_tp2_equals_tp1_dummy_with_logprobs_and_chunked_prefill(tiny_config: Pat
     kw: dict[str, Any] = {
         "model": str(tiny_config),
         "load_format": "dummy",
+        "device": "cpu",
         "seed": 5,
         "max_total_tokens": 4096,
         "chunked_prefill_size": 24,
@@ -173,7 +175,7 @@ def test_tp2_quantized_kv_runs_and_matches_tp1(tiny_config: Path, kv: str) -> No
     tp=1 does and the greedy tokens match.
     """
     kw: dict[str, Any] = {
-        "model": str(tiny_config), "load_format": "dummy", "seed": 2, "kv_cache_dtype": kv, "kv_recent_window": 16,
+        "model": str(tiny_config), "load_format": "dummy", "device": "cpu", "seed": 2, "kv_cache_dtype": kv, "kv_recent_window": 16,
         "max_total_tokens": 2048,
     }  # fmt: skip
     prompts = [list(range(3, 50)), [11, 12, 13, 14]]
@@ -195,7 +197,9 @@ def test_clean_shutdown_leaves_the_group_with_the_workers_then_a_second_engine_r
     gloo's teardown is local, so the order is checked directly; the workers exit 0, none killed."""
     from nibblekv.engine import tp_group
 
-    kw: dict[str, Any] = {"model": str(tiny_config), "load_format": "dummy", "seed": 1, "max_total_tokens": 1024}
+    kw: dict[str, Any] = {
+        "model": str(tiny_config), "load_format": "dummy", "device": "cpu", "seed": 1, "max_total_tokens": 1024
+    }
     params = SamplingParams(max_new_tokens=4, ignore_eos=True)
     seen: list[list[bool]] = []
     order: list[str] = []
@@ -237,7 +241,9 @@ def test_stuck_teardown_is_bounded_and_stops_the_workers(
         real()
 
     monkeypatch.setattr(tp_group, "DESTROY_TIMEOUT_S", 0.5)
-    engine = Engine(model=str(tiny_config), load_format="dummy", seed=1, max_total_tokens=1024, tp_size=2)
+    engine = Engine(
+        model=str(tiny_config), load_format="dummy", device="cpu", seed=1, max_total_tokens=1024, tp_size=2
+    )
     assert engine.tp is not None
     procs = list(engine.tp.procs)
     monkeypatch.setattr(tp_group.dist, "destroy_process_group", stuck)
@@ -284,7 +290,9 @@ def test_failed_step_aborts_instead_of_a_collective_teardown(
     teardown would hang under NCCL, so rank 0 aborts its group (and the workers are stopped or killed)."""
     from nibblekv.engine import tp_group
 
-    engine = Engine(model=str(tiny_config), load_format="dummy", seed=1, max_total_tokens=1024, tp_size=2)
+    engine = Engine(
+        model=str(tiny_config), load_format="dummy", device="cpu", seed=1, max_total_tokens=1024, tp_size=2
+    )
     calls: list[str] = []
     real_destroy, real_abort = tp_group.dist.destroy_process_group, tp_group.dist.distributed_c10d._abort_process_group
     monkeypatch.setattr(tp_group.dist, "destroy_process_group", lambda: (calls.append("destroy"), real_destroy())[1])
@@ -309,7 +317,7 @@ def test_unsplittable_tp_fails_cleanly(tmp_path: Path) -> None:
         json.dumps({**TINY, "num_attention_heads": 3, "num_key_value_heads": 1, "hidden_size": 48})
     )
     with pytest.raises(ValueError, match="cannot split 3 query / 1 KV heads"):
-        Engine(model=str(path), load_format="dummy", tp_size=2, max_total_tokens=1024)
+        Engine(model=str(path), load_format="dummy", device="cpu", tp_size=2, max_total_tokens=1024)
     _no_children_left()
     # the process group was torn down: a new TP engine can start in this process
     outs = _generate(
@@ -322,7 +330,7 @@ def test_unsplittable_tp_fails_cleanly(tmp_path: Path) -> None:
 def _tiny_kw(tmp_path: Path) -> dict[str, Any]:
     ok = tmp_path / "ok.json"
     ok.write_text(json.dumps(TINY))
-    return {"model": str(ok), "load_format": "dummy", "tp_size": 2, "max_total_tokens": 1024}
+    return {"model": str(ok), "load_format": "dummy", "device": "cpu", "tp_size": 2, "max_total_tokens": 1024}
 
 
 def _worker_dies_at_start(rank: int, size: int, port: int, config: Any, conn: Any, parent_pid: int) -> None:

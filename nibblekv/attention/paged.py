@@ -63,6 +63,10 @@ class PagedMetadata:
     demote_in_forward: bool = True  # False when the caller demotes before the forward (CUDA graphs)
     # extend: the longest chunk as a host int (else every layer's extend reads it back: a device sync)
     max_chunk: int | None = None
+    # decode under CUDA graphs: rows past ``active`` (int32 [1], on the device) are padding, and the graph
+    # serves batches of at least ``min_active`` rows (decode_attention sizes its split-K from them)
+    active: torch.Tensor | None = None
+    min_active: int | None = None
 
 
 def host_metadata(
@@ -215,7 +219,8 @@ class PagedAttentionBackend(AttentionBackend):
                 self.demote_layer(layer_id)
             self._write(k, v, main, tail)
             return decode_attention(
-                q, main, m.page_table, m.main_lens, self.sm_scale, tail, m.tail_page_table, m.tail_lens
+                q, main, m.page_table, m.main_lens, self.sm_scale, tail, m.tail_page_table, m.tail_lens,
+                active=m.active, min_active=m.min_active,
             )
         assert m.cu_seqlens is not None
         out = extend_attention(

@@ -50,6 +50,7 @@ class CudaGraphRunner:
         self.tail_page_table = torch.empty(n, table.tail.shape[1], **i32)
         self.main_lens, self.tail_lens = torch.empty(n, **i32), torch.empty(n, **i32)
         self.main_slots, self.tail_slots = torch.empty(n, **i64), torch.empty(n, **i64)
+        self.active = torch.ones(1, **i32)  # real rows of the replayed batch (the rest is padding)
         self._pad_buffers()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -74,7 +75,14 @@ class CudaGraphRunner:
             demote_src=empty,
             demote_dst=empty,
             demote_in_forward=False,
+            active=self.active,
+            min_active=self.min_active(bs),
         )
+
+    def min_active(self, size: int) -> int:
+        """The fewest real rows a replay of the graph of ``size`` rows carries (the next smaller size + 1)."""
+        i = self.sizes.index(size)
+        return self.sizes[i - 1] + 1 if i else 1
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -82,6 +90,7 @@ class CudaGraphRunner:
         t0 = time.perf_counter()
         for bs in reversed(self.sizes):
             self.backend.bind(self._meta(bs))
+            self.active.fill_(bs)
             for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
                 self._forward(bs)
             torch.cuda.synchronize()
@@ -160,9 +169,10 @@ class CudaGraphRunner:
             "main_slots": lists["main_slots"] + [-1] * pad,
             "tail_slots": lists["tail_slots"] + [-1] * pad,
             "rows": lists["rows"] + [0] * pad,
+            "active": [bs],
         }
         d = to_device(padded, self.input_ids.device)
-        for name in ("input_ids", "positions", "main_lens", "tail_lens", "main_slots", "tail_slots"):
+        for name in ("input_ids", "positions", "main_lens", "tail_lens", "main_slots", "tail_slots", "active"):
             getattr(self, name)[:size].copy_(d[name])
         torch.index_select(self.table.main, 0, d["rows"], out=self.page_table[:size])
         torch.index_select(self.table.tail, 0, d["rows"], out=self.tail_page_table[:size])

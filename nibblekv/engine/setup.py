@@ -7,6 +7,7 @@ Shared by :class:`~nibblekv.engine.engine.Engine` (rank 0) and the tensor-parall
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -25,6 +26,7 @@ from nibblekv.cache.host_tier import HostTier, host_pages_for
 from nibblekv.cache.prefix import PrefixCacheManager
 from nibblekv.config import CPU_DEFAULT_MAX_TOTAL_TOKENS, EngineConfig
 from nibblekv.formats import KVDtype, parse_kv_dtype
+from nibblekv.kernels import check_gpu_head_dim
 from nibblekv.model import CausalLM
 
 logger = logging.getLogger("nibblekv")
@@ -64,6 +66,8 @@ def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int | None:
 def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSpec:
     """The pool :func:`build_pool` would allocate now (benchmarks size runs with it)."""
     mc = model.config
+    if model.device.type == "cuda" and os.environ.get("NIBBLEKV_KERNELS", "auto") != "reference":
+        check_gpu_head_dim(mc.head_dim)
     budget = kv_budget_bytes(config, model.device)
     max_tokens = config.max_total_tokens
     if budget is None and max_tokens is None:

@@ -19,6 +19,21 @@ from nibblekv.kernels.reference import decode_ref, demote_pages_ref, extend_ref,
 from nibblekv.kernels.types import LayerKV
 
 
+# NOTE: head dims the Triton attention kernels build for: ``tl.dot`` needs K >= 16 on half a head and the
+# tiles are powers of two (64, 128 and 256 are the ones the GPU tests run).
+GPU_HEAD_DIMS: tuple[int, ...] = (32, 64, 128, 256)
+
+
+def check_gpu_head_dim(head_dim: int) -> None:
+    """Raise a clear error for a model whose heads the GPU kernels cannot take (instead of a Triton
+    compile error in the first forward)."""
+    if head_dim not in GPU_HEAD_DIMS:
+        raise ValueError(
+            f"head_dim {head_dim} is not supported by the GPU attention kernels (one of {GPU_HEAD_DIMS}); "
+            "run this model with --device cpu"
+        )
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """Whether ops on ``t`` run the Triton kernels (CUDA tensors, or ``NIBBLEKV_KERNELS=triton``)."""
     mode = os.environ.get("NIBBLEKV_KERNELS", "auto").lower()
@@ -55,13 +70,19 @@ def decode_attention(
     tail_lens: torch.Tensor | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    active: torch.Tensor | None = None,
+    min_active: int | None = None,
 ) -> torch.Tensor:
-    """One query token per request: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (see ``decode_ref``)."""
+    """One query token per request: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (see ``decode_ref``).
+
+    ``active`` / ``min_active`` (CUDA graphs): only the first ``active`` (int32 ``[1]`` device tensor,
+    ``>= min_active``) rows are requests; padding rows' outputs are unspecified (see ``decode_triton``).
+    """
     if use_triton(q):
         from nibblekv.kernels.decode import decode_triton
 
         return decode_triton(q, cache, page_table, lens, sm_scale, tail, tail_page_table, tail_lens,
-                             num_splits=num_splits, out=out)  # fmt: skip
+                             num_splits=num_splits, out=out, active=active, min_active=min_active)  # fmt: skip
     res = decode_ref(q, cache, page_table, lens, sm_scale, tail, tail_page_table, tail_lens)
     if out is not None:
         out.copy_(res)
@@ -160,5 +181,7 @@ __all__ = [
     "gather_pages",
     "scatter_pages",
     "use_triton",
+    "check_gpu_head_dim",
+    "GPU_HEAD_DIMS",
     "write_kv",
 ]

@@ -27,6 +27,7 @@ from nibblekv.kernels._common import (
     load_kv_pages,
     load_v_pages,
     load_v_rows,
+    num_sms,
     online_softmax_step,
     scale_tensors,
     tail_operands,
@@ -40,7 +41,7 @@ from nibblekv.kernels.decode_config import (
     non_mma_default,
     resolve_variant,
 )
-from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel, mma_chunk
+from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel, dyn_splits, mma_chunk
 from nibblekv.kernels.decode_tok import decode_tok_kernel
 from nibblekv.kernels.types import LayerKV
 
@@ -222,7 +223,8 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
                     D: tl.constexpr, DB: tl.constexpr, lens_ptr=None, MMA_SPLITS: tl.constexpr = 0,
                     MMA_NW: tl.constexpr = 1, MINC: tl.constexpr = 16, HAS_TAIL: tl.constexpr = 0,
                     PAIR: tl.constexpr = 0, lse_out=None, WRITE_LSE: tl.constexpr = 0,
-                    TAIL_SLOTS: tl.constexpr = 1):  # fmt: skip
+                    TAIL_SLOTS: tl.constexpr = 1, act_ptr=None, warp_slots=0, WARPS_PER_PAIR: tl.constexpr = 1,
+                    DYN: tl.constexpr = 0):  # fmt: skip
     """Merge the split partials of one (request, query head) for dims ``[DB * pid1, DB * (pid1 + 1))``:
     weights ``2**(lse_s - max lse)``. ``WRITE_LSE``: also ``lse_out[r]`` = the merged log2-sum-exp2 of the
     scores (-inf for an empty context), for a caller that merges this result with another partial.
@@ -231,16 +233,26 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     registers spills once BS reaches ~128 (decode_mma writes one slot per warp, up to 257 per head), and a
     single program per head looping over many chunks is latency-bound when the batch is small (B=1: 32
     programs).
+
+    ``DYN`` (decode_mma's ``DYN``): rows of requests ``>= *act_ptr`` are padding -- nothing was written for
+    them and they come out as zeros; the real ones used ``dyn_splits`` splits.
     """
     r = tl.program_id(0).to(tl.int64)  # r = b * HQ + head
     offs_s = tl.arange(0, BS)
     n_valid = S
+    live = r >= 0
     if MMA_SPLITS > 0:  # decode_mma skips splits past the context: only cdiv(n, chunk) of them wrote slots
         n = tl.load(lens_ptr + r // HQ)
         n = (n + PAIR) // (1 + PAIR)  # PAIR: rows of two tokens (decode_mma_kernel)
-        n_valid = tl.cdiv(n, mma_chunk(n, MMA_SPLITS, MINC)) * MMA_NW
+        s_run = MMA_SPLITS
+        if DYN:
+            act = tl.load(act_ptr)
+            live = r // HQ < act
+            s_run = dyn_splits(act, MMA_SPLITS, warp_slots, WARPS_PER_PAIR)
+            n = tl.where(live, n, 0)
+        n_valid = tl.cdiv(n, mma_chunk(n, s_run, MINC)) * MMA_NW
     # NOTE: the tail's slots are the last TAIL_SLOTS (decode_mma with PAIR in its grid: one per parity)
-    smask = (offs_s < n_valid) | ((offs_s >= S - TAIL_SLOTS) & (offs_s < S) & (HAS_TAIL > 0))
+    smask = (offs_s < n_valid) | ((offs_s >= S - TAIL_SLOTS) & (offs_s < S) & (HAS_TAIL > 0) & live)
     offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
     CH_MAX: tl.constexpr = 4096 // DB  # a [CH, DB] fp32 chunk: 32 registers per thread (4 warps)
     lse = tl.load(lse_part + r * S + offs_s, mask=smask, other=float("-inf"))
@@ -272,9 +284,9 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
         if MMA_SPLITS > 0 and HAS_TAIL > 0:
             for i in tl.static_range(TAIL_SLOTS):
                 slot = S - TAIL_SLOTS + i
-                lse_t = tl.load(lse_part + r * S + slot)
+                lse_t = tl.load(lse_part + r * S + slot, mask=live, other=float("-inf"))
                 w_t = tl.where(lse_t > float("-inf"), tl.exp2(lse_t - mx), 0.0) * inv
-                res += tl.load(o_part + (r * S + slot) * D + offs_d) * w_t
+                res += tl.load(o_part + (r * S + slot) * D + offs_d, mask=live & (offs_d < D), other=0.0) * w_t
     b = r // HQ
     hq = r % HQ
     tl.store(out_ptr + b * s_ob + hq * s_oh + offs_d, res.to(out_ptr.dtype.element_ty))
@@ -297,6 +309,8 @@ def decode_triton(
     out: torch.Tensor | None = None,
     variant: str | None = None,
     lse_out: torch.Tensor | None = None,
+    active: torch.Tensor | None = None,
+    min_active: int | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``decode_ref``: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (q's dtype).
 
@@ -306,6 +320,11 @@ def decode_triton(
     (like ``q``) receives the result if given. ``variant`` (default: env ``NIBBLEKV_DECODE_VARIANT``, else
     ``decode_config.resolve_variant``'s default) picks the kernel and may carry launch overrides (see
     ``decode_config.VARIANT_NAMES``).
+
+    ``active`` (int32 ``[1]`` on q's device) / ``min_active`` (host int): only the first ``active`` rows
+    are requests, the rest padding (a CUDA graph captured for B replays batches of ``min_active``..B).
+    decode_mma then sizes its splits for the real rows at run time (a one-wave grid sized for B left a
+    third of the GPU idle at 10 of 16 rows) and returns zeros for padding rows; other variants ignore it.
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -352,7 +371,8 @@ def decode_triton(
             raise ValueError(
                 f"decode variant 'mma': minc must be a positive multiple of 16, got {cfg['minc']}"
             )
-        splits = num_splits or mma_num_splits(bsz, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]))
+        lo = bsz if active is None else max(1, min(bsz, min_active or bsz))
+        splits = num_splits or mma_num_splits(lo, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]))
     else:
         splits = num_splits or default_num_splits(bsz, hkv, None, bn, cap=int(cfg.get("split_cap", 64)))
     # NOTE: "mma" writes one partial slot per warp of each split, two at head_dim 64 (PAIR in decode_mma)
@@ -396,6 +416,7 @@ def decode_triton(
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
     )  # fmt: skip
     side = None
+    dyn: dict[str, object] = {}
     if name == "mma":
         if has_tail and not tail_in_grid:  # its own launch (decode_tail_kernel), beside the main kernel
             side = side_stream(q.device)
@@ -408,7 +429,9 @@ def decode_triton(
                     HQ=hq, G=g, BH=common["BH"], D=d, TPAGE=tpage, TBN=tbn, INTERP=interp, num_warps=4,
                 )  # fmt: skip
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
-        k = decode_mma_kernel[(bsz, hkv, splits + int(tail_in_grid))](
+        dyn = _dyn_args(active, q.device, int(cfg["ppsm"]))
+        grid = (bsz * hkv * (splits + int(tail_in_grid)),) if dyn else (bsz, hkv, splits + int(tail_in_grid))
+        k = decode_mma_kernel[grid](
             *args,
             TAIL_MMA=int(tail_in_grid),
             NW=int(cfg["num_warps"]),
@@ -419,6 +442,7 @@ def decode_triton(
             VST=int(cfg["vst"]),
             VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
             CV=int(cfg["cv"]),
+            **dyn,
             **mma_common,
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
             # resident (128 at 16). Uncapped, sm_90 compiles drifted to 130 (GQA 8) and 166 (no tail, after
@@ -450,8 +474,18 @@ def decode_triton(
         MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
         MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
         lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
+        **(dict(dyn, WARPS_PER_PAIR=hkv * int(cfg["num_warps"])) if mma and dyn else {}),
     )  # fmt: skip
     return out
+
+
+def _dyn_args(active: torch.Tensor | None, device: torch.device, ppsm: int) -> dict[str, object]:
+    """decode_mma / combine arguments for ``active`` (empty without it: the static grid)."""
+    if active is None:
+        return {}
+    if active.shape != (1,) or active.dtype != torch.int32 or active.device != device:
+        raise ValueError(f"active must be an int32 [1] tensor on {device}, got {active.dtype} {tuple(active.shape)}")
+    return {"act_ptr": active, "warp_slots": ppsm * num_sms(), "DYN": 1}
 
 
 def mma_tail_slots(has_tail: bool, pair: int, tail_in_grid: bool) -> int:

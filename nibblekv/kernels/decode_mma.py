@@ -904,6 +904,14 @@ def mma_chunk(n, num_splits, MINC: tl.constexpr):
 
 
 @triton.jit
+def dyn_splits(act, max_splits, warp_slots, warps_per_pair):
+    """Splits per (request, KV head) when ``act`` requests are real: ``warp_slots`` one-warp programs
+    shared out (rounded down: whole waves), at least 1, at most ``max_splits`` (the grid's); NOTE: the
+    host twin is ``decode_config.mma_num_splits``, shared with the combine step."""
+    return tl.maximum(1, tl.minimum(max_splits, warp_slots // (tl.maximum(act, 1) * warps_per_pair)))
+
+
+@triton.jit
 def decode_mma_kernel(
     q_ptr, s_qb, s_qh,
     k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr,
@@ -916,6 +924,7 @@ def decode_mma_kernel(
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16, PAIR: tl.constexpr = 0,
     VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0, TAIL_MMA: tl.constexpr = 0,
+    act_ptr=None, warp_slots=0, DYN: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -927,10 +936,32 @@ def decode_mma_kernel(
     its own launch). ``BN`` is
     unused here (tiles are 16 tokens); ``s_tok``/``sc_tok`` must be ``D / 2`` / ``D / 16`` (checked by the
     launcher).
+
+    ``DYN`` (CUDA graphs replayed with padding rows): a 1-D grid of ``B * kv_heads * (NUM_SPLITS +
+    TAIL_MMA)`` programs; only the first ``*act_ptr`` requests are real, and they get ``dyn_splits``
+    (<= ``NUM_SPLITS``) splits each -- programs ``[0, act * kv_heads * splits)`` in (request, head, split)
+    order, so the one wave holds only real work; the tail programs come after all split slots.
     """
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    sp = tl.program_id(2)
+    HKV: tl.constexpr = HQ // G
+    if DYN:
+        pid = tl.program_id(0)
+        act = tl.load(act_ptr)
+        s_run = dyn_splits(act, NUM_SPLITS, warp_slots, HKV * NW)
+        grid_main = tl.num_programs(0) - TAIL_MMA * (tl.num_programs(0) // (NUM_SPLITS + 1))
+        if (pid >= act * HKV * s_run) & (pid < grid_main):
+            return
+        tail_prog = pid >= grid_main
+        pair = tl.where(tail_prog, pid - grid_main, pid // s_run)
+        sp = tl.where(tail_prog, NUM_SPLITS, pid % s_run)
+        b = pair // HKV
+        h = pair % HKV
+        if b >= act:
+            return
+    else:
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        sp = tl.program_id(2)
+        s_run = NUM_SPLITS
     TAIL_SLOTS: tl.constexpr = HAS_TAIL * (1 + PAIR * TAIL_MMA)  # NOTE: mirrored by decode.mma_tail_slots
     S_TOT = NUM_SPLITS * NW * (1 + PAIR) + TAIL_SLOTS
     DO: tl.constexpr = D // (1 + PAIR)
@@ -949,7 +980,7 @@ def decode_mma_kernel(
     rows = (n + PAIR) // (1 + PAIR)
     # NOTE: splits are fixed per batch size (CUDA graphs); at least MINC tokens each keeps a short
     # context from spreading one tile per warp over all of them (the later splits stay empty)
-    chunk = mma_chunk(rows, NUM_SPLITS, MINC)
+    chunk = mma_chunk(rows, s_run, MINC)
     start = sp * chunk
     if start >= rows:  # NOTE: writes nothing; the combine step reads only the first cdiv(rows, chunk) splits
         return
