@@ -150,6 +150,7 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
         )
         engine = Engine(cfg, loaded=loaded)
         sync()
+        warm = warm_up(engine, vocab, args)
         with frozen_heap():  # as `nibblekv generate` / `serve` run (engine/gc_heap.py)
             t0 = time.perf_counter()
             outs = engine.generate(prompts, params)
@@ -163,11 +164,28 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
             "input_tokens": n_in, "output_tokens": n_out, "seconds": round(secs, 3),
             "output_tok_s": round(n_out / secs, 1), "total_tok_s": round((n_in + n_out) / secs, 1),
             "max_total_num_tokens": engine.max_total_num_tokens, "preemptions": engine.scheduler.num_preemptions,
+            "warmup_s": round(warm, 3),
         })  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
         del engine, outs
         free_memory()
     return rows
+
+
+def warm_up(engine: Engine, vocab: int, args: argparse.Namespace) -> float:
+    """Untimed: a small batch over the input range (prefill, extend, decode and tail demotion at several
+    sizes), so Triton's first-use compiles stay out of the timed run -- they are per process, not per
+    request (nano-vllm's bench warms up the same way). Returns its seconds."""
+    rng = random.Random(args.seed + 1)
+    lo, hi = args.input_range
+    lens = [lo + (hi - lo) * i // 15 for i in range(16)]
+    prompts = [random_prompt(rng, n, vocab) for n in lens]
+    params = [SamplingParams(temperature=0, max_new_tokens=8 + 8 * (i % 4), ignore_eos=True) for i in range(16)]
+    t0 = time.perf_counter()
+    engine.generate(prompts, params)
+    sync()
+    engine.flush_cache()  # NOTE: the timed prompts share no prefix with these, but start from the same state
+    return time.perf_counter() - t0
 
 
 # ---- long context ---------------------------------------------------------------------------------

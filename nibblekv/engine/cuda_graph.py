@@ -8,6 +8,7 @@ variable size, so it runs eagerly before the replay, for every layer (the graph 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -75,7 +76,8 @@ class CudaGraphRunner:
             demote_src=empty,
             demote_dst=empty,
             demote_in_forward=False,
-            active=self.active,
+            # NOTE: NIBBLEKV_GRAPH_ACTIVE=0 sizes decode's split-K for every row, padding included (an A/B)
+            active=None if os.environ.get("NIBBLEKV_GRAPH_ACTIVE") == "0" else self.active,
             min_active=self.min_active(bs),
         )
 
