@@ -72,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--synthetic-prefill", action="store_true", help="long part: allocate the prompts' KV pages "
                    "without computing them (decode timing does not depend on the cached values)")  # fmt: skip
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="default: the engine's (every batch)")
     ov = p.add_mutually_exclusive_group()
     ov.add_argument("--enable-overlap-schedule", dest="overlap", action="store_const", const=True, default=None,
                     help="schedule decode step N+1 while step N runs (engine/overlap.py; default: the "
@@ -100,6 +101,7 @@ def base_config(args: argparse.Namespace, model: str) -> EngineConfig:
     common: dict[str, Any] = {
         "load_format": "dummy", "seed": args.seed, "chunked_prefill_size": args.chunked_prefill_size,
         "kv_recent_window": args.kv_recent_window, "disable_cuda_graph": args.disable_cuda_graph,
+        "cuda_graph_max_bs": args.cuda_graph_max_bs,
         "decode_log_interval": 0, "enable_overlap_schedule": args.overlap,
     }  # fmt: skip
     if args.smoke:  # NOTE: on CPU the pool is sized from a byte budget, like the GPU's fraction rule

@@ -17,6 +17,13 @@ CPU_DEFAULT_MAX_TOTAL_TOKENS: int = 16384
 # The default prefill window covers the previous chunk up to this many tokens (bf16 pages held by the one
 # chunked prefill in flight: 2 x 2112 tokens, 0.55 GiB for Llama-3.1-8B).
 MAX_DEFAULT_PREFILL_CHUNK: int = 2048
+DEFAULT_CUDA_GRAPH_MAX_BS: int = 512  # cap of cuda_graph_max_bs's default (capture time and memory)
+
+
+def cuda_graph_batch_limit(cuda_graph_max_bs: int | None, max_running_requests: int) -> int:
+    """The largest captured decode batch: ``--cuda-graph-max-bs`` if given, else every batch the scheduler
+    can form (``max_running_requests``) up to ``DEFAULT_CUDA_GRAPH_MAX_BS``."""
+    return min(cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS, max_running_requests)
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,10 @@ class EngineConfig:
     kv_prefill_window: int | None = None
     context_length: int | None = None
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 160
+    # largest decode batch replayed from a CUDA graph (bigger ones run eagerly); None = every batch the
+    # scheduler can form, up to DEFAULT_CUDA_GRAPH_MAX_BS. NOTE: eager decode is bound by Python's kernel
+    # launches, more so for the quantized pools (more, and bigger, launches per layer); see the README
+    cuda_graph_max_bs: int | None = None
     tp_size: int = 1  # tensor-parallel ranks: one process per GPU (gloo processes on CPU)
     decode_log_interval: int = 40  # decode steps between "Decode batch." log lines; 0 = never
     disable_radix_cache: bool = False  # prefix reuse across requests (radix tree over main-pool pages)
@@ -97,7 +107,7 @@ class EngineConfig:
             )
         if self.context_length is not None:
             _check(self.context_length >= 2, "context_length", "must be >= 2")
-        _check(self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs", "must be >= 1")
+        _check(self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs", "must be >= 1")
         _check(self.tp_size >= 1, "tp_size", "must be >= 1")
         _check(self.decode_log_interval >= 0, "decode_log_interval", "must be >= 0")
         _check(

@@ -232,3 +232,19 @@ def test_gpu_pool_rejects_head_dims_the_kernels_cannot_take(monkeypatch: pytest.
         check_gpu_head_dim(d)
     with pytest.raises(ValueError, match="head_dim 80"):
         check_gpu_head_dim(80)
+
+
+def test_cuda_graphs_cover_every_schedulable_batch_by_default() -> None:
+    """Decode batches past the largest graph run eagerly (Python-launch bound): by default the graphs go up
+    to --max-running-requests (capped at DEFAULT_CUDA_GRAPH_MAX_BS); --cuda-graph-max-bs still lowers it."""
+    from nibblekv.config import DEFAULT_CUDA_GRAPH_MAX_BS, cuda_graph_batch_limit
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    assert EngineConfig.from_args(p.parse_args([])).cuda_graph_max_bs is None
+    assert EngineConfig.from_args(p.parse_args(["--cuda-graph-max-bs", "8"])).cuda_graph_max_bs == 8
+    assert cuda_graph_batch_limit(None, 256) == 256
+    assert cuda_graph_batch_limit(None, 4096) == DEFAULT_CUDA_GRAPH_MAX_BS
+    assert cuda_graph_batch_limit(8, 256) == 8 and cuda_graph_batch_limit(300, 64) == 64
+    with pytest.raises(ValueError, match="--cuda-graph-max-bs must be >= 1"):
+        EngineConfig(cuda_graph_max_bs=0)
