@@ -97,6 +97,28 @@ def test_demote_pages_bit_exact(dtype: KVDtype) -> None:
     _assert_same_bytes(a, b)
 
 
+def test_demote_pages_skips_empty_slots() -> None:
+    # CUDA graphs pass a fixed-size list, one slot per row: dst -1 = empty (src 0, the scratch page); both
+    # twins skip those and leave every other page as it was
+    torch.manual_seed(2)
+    lay = PageLayout(KVDtype.NVFP4, 3, 64, 5)
+    a, b = _poisoned(lay, 6, (0.5, 2.0))
+    before = a.k_data.view(torch.uint8).clone(), a.k_scale.view(torch.uint8).clone()
+    tail = LayerKV.allocate(PageLayout(KVDtype.BF16, 3, 64, 5), 4, DEVICE)
+    tail.k_data.copy_(torch.randn(tail.k_data.shape) * 2)
+    tail.v_data.copy_(torch.randn(tail.v_data.shape) * 5)
+    src = torch.tensor([0, 3, 0, 1], device=DEVICE)
+    dst = torch.tensor([-1, 4, -1, 1], device=DEVICE)
+    demote_pages_ref(tail, src, a, dst)
+    demote_pages_triton(tail, src, b, dst)
+    _assert_same_bytes(a, b)
+    untouched = [0, 2, 3, 5]
+    data, scale = a.k_data.view(torch.uint8), a.k_scale.view(torch.uint8)  # raw bytes: NaN != NaN
+    assert torch.equal(data[untouched], before[0][untouched])
+    assert torch.equal(scale[untouched], before[1][untouched])
+    assert not torch.equal(data[4], before[0][4])
+
+
 def test_demote_rejects_mismatched_pages() -> None:
     lay = PageLayout(KVDtype.NVFP4, 2, 64, 16)
     a = LayerKV.allocate(lay, 2, DEVICE)

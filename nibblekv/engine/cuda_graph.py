@@ -1,8 +1,9 @@
 """CUDA graphs for decode: one captured forward + logits per batch size, replayed on static buffers.
 
 A batch of ``bs`` requests replays the smallest captured size ``>= bs``; the extra rows are padding
-that reads one token of the scratch page 0 and writes nowhere (slot -1). Tail-page demotion has a
-variable size, so it runs eagerly before the replay, for every layer (the graph never demotes).
+that reads one token of the scratch page 0 and writes nowhere (slot -1). Tail-page demotion runs inside
+the graph over one slot per row (empty slots skipped), not eagerly before the replay (one Python launch
+per layer and step while requests age pages: most steps at large batches).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class CudaGraphRunner:
         self.main_lens, self.tail_lens = torch.empty(n, **i32), torch.empty(n, **i32)
         self.main_slots, self.tail_slots = torch.empty(n, **i64), torch.empty(n, **i64)
         self.active = torch.ones(1, **i32)  # real rows of the replayed batch (the rest is padding)
+        # Tail pages to demote this step, one slot per row (a decode step ages at most one page a request):
+        # demoted inside the graph, each layer before its write; dst -1 = an empty slot (src 0: scratch)
+        self.demote_src, self.demote_dst = torch.zeros(n, **i64), torch.full((n,), -1, **i64)
         self._pad_buffers()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -63,7 +67,7 @@ class CudaGraphRunner:
         return bs <= self.sizes[-1]
 
     def _meta(self, bs: int) -> PagedMetadata:
-        empty = torch.zeros(0, dtype=torch.int64, device=self.input_ids.device)
+        rows = bs if self.pool.tail else 0  # no tail pool: nothing ever demotes
         return PagedMetadata(
             is_decode=True,
             page_table=self.page_table[:bs],
@@ -73,9 +77,9 @@ class CudaGraphRunner:
             main_slots=self.main_slots[:bs],
             tail_slots=self.tail_slots[:bs],
             cu_seqlens=None,
-            demote_src=empty,
-            demote_dst=empty,
-            demote_in_forward=False,
+            demote_src=self.demote_src[:rows],
+            demote_dst=self.demote_dst[:rows],
+            demote_in_forward=True,
             # NOTE: NIBBLEKV_GRAPH_ACTIVE=0 sizes decode's split-K for every row, padding included (an A/B)
             active=None if os.environ.get("NIBBLEKV_GRAPH_ACTIVE") == "0" else self.active,
             min_active=self.min_active(bs),
@@ -127,6 +131,8 @@ class CudaGraphRunner:
         self.main_lens.fill_(1)
         self.main_slots.fill_(-1)
         self.tail_slots.fill_(-1)
+        self.demote_src.zero_()
+        self.demote_dst.fill_(-1)
 
     def _recapture(self) -> None:
         """Capture again after another engine folded a rotation into the shared model's o_proj (the old
@@ -152,15 +158,18 @@ class CudaGraphRunner:
         if self.model.output_rotation_folded != self._folded:
             self._recapture()
         size = next(s for s in self.sizes if s >= bs)
-        self._demote(lists["demote_src"], lists["demote_dst"])
-        self._fill(lists, bs, size)
+        src, dst = lists["demote_src"], lists["demote_dst"]
+        if len(src) > size:  # NOTE: not expected from decode steps (<= 1 page a request); kept correct anyway
+            self._demote(src, dst)
+            src, dst = [], []
+        self._fill(lists, bs, size, src, dst)
         if prev_tokens is not None:
             ids = self.input_ids[:size]
             ids.copy_(fill_placeholders(ids, prev_tokens))
         self.graphs[size].replay()
         return self.logits[size][:bs]
 
-    def _fill(self, lists: dict[str, list[int]], bs: int, size: int) -> None:
+    def _fill(self, lists: dict[str, list[int]], bs: int, size: int, src: list[int], dst: list[int]) -> None:
         pad = size - bs
         # Padding rows: token 0 at position 0, reading one token of the scratch page, writing nowhere.
         padded = {
@@ -172,9 +181,12 @@ class CudaGraphRunner:
             "tail_slots": lists["tail_slots"] + [-1] * pad,
             "rows": lists["rows"] + [0] * pad,
             "active": [bs],
+            "demote_src": src + [0] * (size - len(src)),
+            "demote_dst": dst + [-1] * (size - len(dst)),
         }
         d = to_device(padded, self.input_ids.device)
-        for name in ("input_ids", "positions", "main_lens", "tail_lens", "main_slots", "tail_slots", "active"):
+        names = ("input_ids", "positions", "main_lens", "tail_lens", "main_slots", "tail_slots", "active")
+        for name in (*names, "demote_src", "demote_dst"):
             getattr(self, name)[:size].copy_(d[name])
         torch.index_select(self.table.main, 0, d["rows"], out=self.page_table[:size])
         torch.index_select(self.table.tail, 0, d["rows"], out=self.tail_page_table[:size])

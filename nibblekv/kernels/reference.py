@@ -151,10 +151,12 @@ def demote_pages_ref(
     dst_pages: torch.Tensor,
     four_over_six: bool = False,
 ) -> None:
-    """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]`` (same page size)."""
+    """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]`` (same page size);
+    pairs with ``dst < 0`` are skipped (empty slots of a fixed-size list, as CUDA graphs pass them)."""
     if tail.page_size != cache.page_size:
         raise ValueError("tail and main pool must share the page size")
-    src, dst = src_pages.long(), dst_pages.long()
+    keep = dst_pages >= 0
+    src, dst = src_pages[keep].long(), dst_pages[keep].long()
     for t_data, data, scale, g in (
         (tail.k_data, cache.k_data, cache.k_scale, cache.global_scale[0]),
         (tail.v_data, cache.v_data, cache.v_scale, cache.global_scale[1]),
