@@ -36,9 +36,18 @@ class CudaGraphRunner:
     """Captures the decode forward for :func:`capture_sizes` and replays it."""
 
     def __init__(
-        self, model: CausalLM, backend: PagedAttentionBackend, pool: KVPool, table: PageTable, max_bs: int
+        self,
+        model: CausalLM,
+        backend: PagedAttentionBackend,
+        pool: KVPool,
+        table: PageTable,
+        max_bs: int,
+        capture: bool = True,
     ) -> None:
+        """``capture=False``: no graphs -- each replay runs the same padded static-buffer forward eagerly
+        (what CPU tests check the padding, ``active`` rows and in-forward demotion slots with)."""
         self.model = model
+        self.capture = capture
         self.backend = backend
         self.pool = pool
         self.table = table
@@ -59,9 +68,10 @@ class CudaGraphRunner:
         self._pad_buffers()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
-        self.mempool = torch.cuda.graph_pool_handle()
         self._folded = model.output_rotation_folded
-        self._capture_all()
+        if capture:
+            self.mempool = torch.cuda.graph_pool_handle()
+            self._capture_all()
 
     def fits(self, bs: int) -> bool:
         return bs <= self.sizes[-1]
@@ -116,6 +126,8 @@ class CudaGraphRunner:
         (``destroy_process_group``) blocks for good while such a graph is alive (pytorch#115388): every
         rank releases its graphs before it leaves the group.
         """
+        if not self.capture:
+            return
         torch.cuda.synchronize()
         for graph in self.graphs.values():
             graph.reset()
@@ -155,7 +167,7 @@ class CudaGraphRunner:
     ) -> torch.Tensor:
         """Run the batch described by the runner's ``lists``; returns logits ``[bs, vocab]``.
         ``prev_tokens``: what placeholder input ids stand for (``request.fill_placeholders``)."""
-        if self.model.output_rotation_folded != self._folded:
+        if self.capture and self.model.output_rotation_folded != self._folded:
             self._recapture()
         size = next(s for s in self.sizes if s >= bs)
         src, dst = lists["demote_src"], lists["demote_dst"]
@@ -166,6 +178,10 @@ class CudaGraphRunner:
         if prev_tokens is not None:
             ids = self.input_ids[:size]
             ids.copy_(fill_placeholders(ids, prev_tokens))
+        if not self.capture:
+            self.backend.bind(self._meta(size))
+            with torch.inference_mode():
+                return self._forward(size)[:bs]
         self.graphs[size].replay()
         return self.logits[size][:bs]
 
