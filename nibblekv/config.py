@@ -65,6 +65,7 @@ class EngineConfig:
     # scheduler can form, up to DEFAULT_CUDA_GRAPH_MAX_BS. NOTE: eager decode is bound by Python's kernel
     # launches, more so for the quantized pools (more, and bigger, launches per layer); see the README
     cuda_graph_max_bs: int | None = None
+    cuda_graph_bs: tuple[int, ...] | None = None  # the exact sizes to capture (SGLang's --cuda-graph-bs)
     tp_size: int = 1  # tensor-parallel ranks: one process per GPU (gloo processes on CPU)
     decode_log_interval: int = 40  # decode steps between "Decode batch." log lines; 0 = never
     disable_radix_cache: bool = False  # prefix reuse across requests (radix tree over main-pool pages)
@@ -108,6 +109,7 @@ class EngineConfig:
         if self.context_length is not None:
             _check(self.context_length >= 2, "context_length", "must be >= 2")
         _check(self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs", "must be >= 1")
+        _check(not self.cuda_graph_bs or min(self.cuda_graph_bs) >= 1, "cuda_graph_bs", "sizes must be >= 1")
         _check(self.tp_size >= 1, "tp_size", "must be >= 1")
         _check(self.decode_log_interval >= 0, "decode_log_interval", "must be >= 0")
         _check(
@@ -151,6 +153,8 @@ class EngineConfig:
         """Build from flags added by :func:`add_engine_args` (unknown attributes are ignored)."""
         names = {f.name for f in fields(EngineConfig)}
         kwargs: dict[str, Any] = {k: v for k, v in vars(args).items() if k in names}
+        if kwargs.get("cuda_graph_bs") is not None:
+            kwargs["cuda_graph_bs"] = tuple(kwargs["cuda_graph_bs"])
         return EngineConfig(**kwargs)
 
 
@@ -254,6 +258,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--context-length", type=_positive_int, default=None)
     g.add_argument("--disable-cuda-graph", action="store_true")
     g.add_argument("--cuda-graph-max-bs", type=_positive_int, default=d.cuda_graph_max_bs)
+    g.add_argument("--cuda-graph-bs", type=_positive_int, nargs="+", default=None,
+                   help="the decode batch sizes to capture (default: 1, 2, 4, 8, then every 8 up to --cuda-graph-max-bs)")
     overlap = g.add_mutually_exclusive_group()
     overlap.add_argument(
         "--enable-overlap-schedule", dest="enable_overlap_schedule", action="store_const", const=True,

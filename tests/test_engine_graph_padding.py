@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nibblekv.engine import Engine, SamplingParams
-from nibblekv.engine.cuda_graph import CudaGraphRunner
+from nibblekv.engine.cuda_graph import CudaGraphRunner, capture_sizes
 
 TINY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
@@ -36,7 +36,7 @@ def test_padded_graph_buffers_decode_like_eager(tmp_path: Path, kv: str) -> None
     ref = Engine(**common).generate(prompts, params)
     engine = Engine(**common)
     r = engine.runner
-    r.graphs = CudaGraphRunner(r.model, r.backend, engine.pool, r.page_table, max_bs=8, capture=False)
+    r.graphs = CudaGraphRunner(r.model, r.backend, engine.pool, r.page_table, capture_sizes(8), capture=False)
     demoted: list[int] = []
     fill = r.graphs._fill
     r.graphs._fill = lambda lists, bs, size, src, dst: (demoted.append(len(src)), fill(lists, bs, size, src, dst))[1]  # type: ignore[method-assign]

@@ -248,3 +248,21 @@ def test_cuda_graphs_cover_every_schedulable_batch_by_default() -> None:
     assert cuda_graph_batch_limit(8, 256) == 8 and cuda_graph_batch_limit(300, 64) == 64
     with pytest.raises(ValueError, match="--cuda-graph-max-bs must be >= 1"):
         EngineConfig(cuda_graph_max_bs=0)
+
+
+def test_cuda_graph_bs_picks_the_captured_sizes() -> None:
+    """SGLang's --cuda-graph-bs: the exact sizes (clamped to --max-running-requests); else 1, 2, 4, 8 and
+    every 8 up to the limit."""
+    from nibblekv.engine.cuda_graph import graph_sizes
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    cfg = EngineConfig.from_args(p.parse_args(["--cuda-graph-bs", "12", "1", "10", "64"]))
+    assert cfg.cuda_graph_bs == (12, 1, 10, 64)
+    assert graph_sizes(cfg.cuda_graph_bs, None, 32) == [1, 10, 12, 32]
+    assert graph_sizes(None, None, 20) == [1, 2, 4, 8, 16, 20]
+    assert graph_sizes(None, 8, 256) == [1, 2, 4, 8]
+    with pytest.raises(ValueError, match="--cuda-graph-bs sizes must be >= 1"):
+        EngineConfig(cuda_graph_bs=(0, 4))
+    with pytest.raises(SystemExit):
+        p.parse_args(["--cuda-graph-bs", "0"])

@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 
 import torch
 
 from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, to_device
 from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
+from nibblekv.config import cuda_graph_batch_limit
 from nibblekv.engine.request import fill_placeholders
 from nibblekv.kernels import demote_pages
 from nibblekv.model import CausalLM
@@ -32,6 +34,14 @@ def capture_sizes(max_bs: int) -> list[int]:
     return sizes
 
 
+def graph_sizes(cuda_graph_bs: Sequence[int] | None, cuda_graph_max_bs: int | None, max_running: int) -> list[int]:
+    """The batch sizes to capture: ``--cuda-graph-bs`` (clamped to ``max_running``) if given, else
+    :func:`capture_sizes` up to ``config.cuda_graph_batch_limit``."""
+    if cuda_graph_bs:
+        return sorted({min(s, max_running) for s in cuda_graph_bs})
+    return capture_sizes(cuda_graph_batch_limit(cuda_graph_max_bs, max_running))
+
+
 class CudaGraphRunner:
     """Captures the decode forward for :func:`capture_sizes` and replays it."""
 
@@ -41,7 +51,7 @@ class CudaGraphRunner:
         backend: PagedAttentionBackend,
         pool: KVPool,
         table: PageTable,
-        max_bs: int,
+        sizes: Sequence[int],
         capture: bool = True,
     ) -> None:
         """``capture=False``: no graphs -- each replay runs the same padded static-buffer forward eagerly
@@ -51,7 +61,7 @@ class CudaGraphRunner:
         self.backend = backend
         self.pool = pool
         self.table = table
-        self.sizes = capture_sizes(max_bs)
+        self.sizes = sorted(set(sizes))
         dev = model.device
         n = self.sizes[-1]
         i32: dict = {"dtype": torch.int32, "device": dev}

@@ -110,6 +110,7 @@ class Engine:
             seed=cfg.seed,
             use_cuda_graph=self.device.type == "cuda" and not cfg.disable_cuda_graph,
             cuda_graph_max_bs=cfg.cuda_graph_max_bs,
+            cuda_graph_bs=cfg.cuda_graph_bs,
             max_running_requests=self.max_running,
             step_scope=self.tp.step if self.tp else None,
             agree=self.tp.agree_graphs if self.tp else None,

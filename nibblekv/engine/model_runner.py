@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -13,8 +13,7 @@ import torch
 from nibblekv.attention.paged import PagedAttentionBackend, build_metadata, host_metadata, to_device
 from nibblekv.cache.page_table import PageTable, TableUpdates
 from nibblekv.cache.pool import KVPool
-from nibblekv.config import cuda_graph_batch_limit
-from nibblekv.engine.cuda_graph import CudaGraphRunner
+from nibblekv.engine.cuda_graph import CudaGraphRunner, graph_sizes
 from nibblekv.engine.request import Request, TokenLogprob, fill_placeholders
 from nibblekv.engine.sampler import Sampler, top_logprobs
 from nibblekv.engine.scheduler import ScheduledBatch, StepResult
@@ -73,6 +72,7 @@ class ModelRunner:
         seed: int,
         use_cuda_graph: bool,
         cuda_graph_max_bs: int | None,
+        cuda_graph_bs: Sequence[int] | None = None,
         max_running_requests: int,
         step_scope: Callable[[StepPlan], AbstractContextManager[None]] | None = None,
         agree: Callable[[bool], bool] | None = None,
@@ -93,9 +93,9 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         self._used_graph = False
         if use_cuda_graph:
-            max_bs = cuda_graph_batch_limit(cuda_graph_max_bs, max_running_requests)
+            sizes = graph_sizes(cuda_graph_bs, cuda_graph_max_bs, max_running_requests)
             try:
-                self.graphs = CudaGraphRunner(model, self.backend, pool, page_table, max_bs)
+                self.graphs = CudaGraphRunner(model, self.backend, pool, page_table, sizes)
             except RuntimeError as exc:  # e.g. a kernel that syncs with the host cannot be captured
                 logger.warning("CUDA graph capture failed, decoding eagerly: %s", exc)
                 torch.cuda.synchronize()

@@ -176,6 +176,7 @@ def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connecti
         seed=config.seed,
         use_cuda_graph=device.type == "cuda" and not config.disable_cuda_graph,
         cuda_graph_max_bs=config.cuda_graph_max_bs,
+        cuda_graph_bs=config.cuda_graph_bs,
         max_running_requests=setup.max_running,
         agree=lambda ok: bool(_ask(conn, "graphs", ok)),
     )
