@@ -1,23 +1,21 @@
 #!/bin/bash
-# One device call (~8 min, H200) for the changes of stop 18 that no GPU has run yet, and the A/Bs they
-# need: GPU tests (RoPE rotation with split columns, the bf16 tail inside decode_mma's grid at head_dim 64
-# and 128, the combine step's chunks), then decode variants side by side (the integer nibble conversion
-# mma:cv, FP8 tok split caps at B=1 x 128K, GQA 8), then the engine's small-batch step with and without the
-# overlap schedule. Logs and JSON land in $OUT.
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+# One H200 call (~8 min) for what stop 20 left unmeasured. Logs and JSON land in $OUT.
+#   1) GPU tests of the stop-20 changes: decode_mma's run-time split-K for the real rows of a padded
+#      CUDA-graph batch (`active`), the in-graph tail demotion (graph decode == eager decode, nvfp4).
+#   2) Why SmolLM2's offline throughput with nvfp4 is 0.38x bf16's (engine-throughput-h200.json): a profiled
+#      decode step at the throughput bench's regime (256 requests of ~600 tokens), every dtype.
+#   3) The 8B offline throughput with the in-graph demotion (the 2971a12 row of the README table).
+# Usage from the repo root: OUT=... COMMIT=<sha> bash benchmarks/device_next.sh
+export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-timeout 150 python3 -m pytest -q tests/test_kernels_fused.py tests/test_kernels_decode.py \
-  -k "rotat or tail_in_grid or combine or head_dim_64 or (test_decode_mma and 4-16)" > "$OUT/tests.log" 2>&1
+timeout -k 5 150 python3 -m pytest -q tests/test_kernels_decode.py tests/test_engine_gpu.py \
+  -k "active_rows or decode_equals_eager or overlap_schedule_equals_sync" > "$OUT/tests.log" 2>&1
 echo "pytest exit $?"; tail -3 "$OUT/tests.log"
-timeout 200 python3 benchmarks/bench_decode_variants.py --out "$OUT" --budget-s 150 \
-  --shapes 64x32768 8x32768 32x8192 1x131072 \
-  --variants nvfp4=mma nvfp4=mma:cv=3 nvfp4=mma:cv=1 nvfp4=mma:cv=2 fp8_e4m3=tok fp8_e4m3=tok:cap=128 fp8_e4m3=tok:cap=256 \
-  > "$OUT/variants.log" 2>&1
-grep -v "^    B\|arn" "$OUT/variants.log" | tail -12
-for ov in "" "--enable-overlap-schedule"; do
-  d="$OUT/engine${ov:+-overlap}"; mkdir -p "$d"
-  timeout 100 python3 benchmarks/bench_engine.py --out "$d" --part long --synthetic-prefill --long-input 3072 \
-    --long-requests 1 4 --long-output 48 --kv-dtypes fp8_e4m3 nvfp4 $ov > "$d/log" 2>&1
-  tail -6 "$d/log"
-done
+timeout -k 5 150 python3 benchmarks/bench_engine.py --out "$OUT/profile" --part long --long-model smollm2-135m \
+  --synthetic-prefill --long-input 600 --long-requests 256 --long-output 32 --profile-steps 2 \
+  > "$OUT/profile.log" 2>&1
+echo "profile exit $?"; grep -v '^{' "$OUT/profile.log" | grep -v Warning | tail -6
+timeout -k 5 200 python3 benchmarks/bench_engine.py --out "$OUT/throughput" --part throughput \
+  --throughput-models llama-3.1-8b > "$OUT/throughput.log" 2>&1
+echo "throughput exit $?"; grep -v '^{' "$OUT/throughput.log" | grep -v Warning | tail -6
