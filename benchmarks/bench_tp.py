@@ -18,6 +18,7 @@ JSON goes to ``$OUT/bench_tp.json`` (or ``--out``), meant to be committed under
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -139,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / ("bench_tp_smoke.json" if args.smoke else "bench_tp.json")
-    meta = {"model": "tiny" if args.smoke else args.model, "context": args.context, "output_len": args.output_len}
+    meta = {
+        "model": "tiny" if args.smoke else args.model, "context": args.context, "output_len": args.output_len,
+        "tp": args.tp, "commit": os.environ.get("COMMIT", "unknown"),  # NOTE: from the launching machine
+        "gpu": f"{torch.cuda.device_count()}x {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "cpu",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+    }  # fmt: skip
     earlier: dict[str, int] = {}  # dtype -> requests its pool held
     for kv in args.kv_dtypes:
         # matched: each earlier (larger per-token) dtype's capacity count, e.g. nvfp4 at fp8_e4m3's

@@ -3,12 +3,12 @@
 # (a timed-out call returns no stdout: 2026-11-30 lost two bench_tp runs that way), then prints the tails.
 #   1) benchmarks/bench_tp.py on the Llama-3.1-70B shape (each dtype's pool and decode at 32K context);
 #   2) `nibblekv generate --tp 2` on a dummy Llama-3.1-8B: the CLI path end to end.
-# Usage from the repo root: OUT=... bash benchmarks/device_tp.sh  (env: TP70B_TIMEOUT, GEN_TIMEOUT, TP_ARGS)
+# Usage from the repo root: OUT=... COMMIT=<sha> bash benchmarks/device_tp.sh  (env: TP70B_TIMEOUT, GEN_TIMEOUT, TP_ARGS)
 # NOTE: one dtype's engine start and runs take ~40-60 s at 70B. Until 111f9ee every TP engine's shutdown hung
 # on GPUs (2026-11-30, tp-h200x2-hang.log): NCCL's teardown blocks while a CUDA graph holding captured
 # all-reduces is alive (pytorch#115388); every rank now frees its graphs first. `timeout -k` kills a hung run.
 set -o pipefail
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}  # COMMIT from this side: the device copy's git HEAD can be stale
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,memory.used --format=csv >"$OUT/gpu.txt" 2>&1
