@@ -1,10 +1,13 @@
 #!/bin/bash
-# One H200 call (~8 min) for what stop 20 left unmeasured. Logs and JSON land in $OUT.
+# One H200 call (~9.5 min; split it if the budget is short) for what stop 20 left unmeasured. Logs and JSON land in $OUT.
 #   1) GPU tests of the stop-20 changes: decode_mma's run-time split-K for the real rows of a padded
 #      CUDA-graph batch (`active`), the in-graph tail demotion (graph decode == eager decode, nvfp4).
 #   2) Why SmolLM2's offline throughput with nvfp4 is 0.38x bf16's (engine-throughput-h200.json): a profiled
 #      decode step at the throughput bench's regime (256 requests of ~600 tokens), every dtype.
 #   3) The 8B offline throughput with the in-graph demotion (the 2971a12 row of the README table).
+#   4) NVFP4 decode at few (request, KV head) pairs (0.47 of the ceiling at TP 2 x 10 requests = 40 pairs):
+#      5 / 10 / 24 requests x 32K at GQA 8 with the bf16 tail, default vs the tail programs kept in the wave
+#      (tw=1) vs half the warps with twice the tokens each (ppsm=8).
 # Usage from the repo root: OUT=... COMMIT=<sha> bash benchmarks/device_next.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
@@ -19,3 +22,7 @@ echo "profile exit $?"; grep -v '^{' "$OUT/profile.log" | grep -v Warning | tail
 timeout -k 5 200 python3 benchmarks/bench_engine.py --out "$OUT/throughput" --part throughput \
   --throughput-models llama-3.1-8b > "$OUT/throughput.log" 2>&1
 echo "throughput exit $?"; grep -v '^{' "$OUT/throughput.log" | grep -v Warning | tail -6
+timeout -k 5 170 python3 benchmarks/bench_decode_variants.py --out "$OUT/variants" --budget-s 130 --tail \
+  --q-heads 64 --shapes 5x32768 10x32768 24x32768 \
+  --variants nvfp4=mma nvfp4=mma:tw=1 nvfp4=mma:ppsm=8 nvfp4=mma:ppsm=8,tw=1 fp8_e4m3=tok > "$OUT/variants.log" 2>&1
+echo "variants exit $?"; grep -v "arn" "$OUT/variants.log" | tail -8

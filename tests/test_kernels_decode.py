@@ -119,11 +119,14 @@ def test_decode_mma_combine_chunks() -> None:
     assert err <= 1e-2, err
 
 
-@pytest.mark.parametrize("d,group", [(128, 4)] if DEVICE == "cpu" else [(128, 4), (128, 8), (64, 3)])
-def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int) -> None:
+@pytest.mark.parametrize(
+    "d,group,tw", [(128, 4, 0), (128, 4, 1)] if DEVICE == "cpu" else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (64, 3, 1)]
+)
+def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int, tw: int) -> None:
     # CUDA-graph padding: only the first 3 of 5 rows are requests (``active`` on the device); decode_mma
-    # sizes its splits for them at run time -- 8 warp slots / 3 rows = 2 of the grid's 12 splits here --
-    # in a 1-D grid, the tails after every split; padding rows (1 token of page 0, no tail) come out zeros
+    # sizes its splits for them at run time -- 8 warp slots / 3 rows = 2 of the grid's 12 splits here, 1 with
+    # tw=1 (the 6 tail programs' slots kept) -- in a 1-D grid, the tails after every split; padding rows
+    # (1 token of page 0, no tail) come out zeros
     import nibblekv.kernels.decode as dec
 
     monkeypatch.setattr(dec, "num_sms", lambda: 1)
@@ -135,7 +138,7 @@ def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: 
     sm = 1.0 / math.sqrt(d)
     act = torch.tensor([3], dtype=torch.int32, device=DEVICE)
     decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, pb.tail, pb.tail_page_table, pb.tail_lens,
-                  num_splits=12, out=out, variant="mma:ppsm=8,minc=16", active=act)  # fmt: skip
+                  num_splits=12, out=out, variant=f"mma:ppsm=8,minc=16,tw={tw}", active=act)  # fmt: skip
     ref = decode_ref(q[:3].float(), pb.cache, pb.page_table[:3], pb.lens[:3], sm, pb.tail,
                      pb.tail_page_table[:3], pb.tail_lens[:3])  # fmt: skip
     assert rel_rms(out[:3], ref) <= 1e-2

@@ -223,8 +223,8 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
                     D: tl.constexpr, DB: tl.constexpr, lens_ptr=None, MMA_SPLITS: tl.constexpr = 0,
                     MMA_NW: tl.constexpr = 1, MINC: tl.constexpr = 16, HAS_TAIL: tl.constexpr = 0,
                     PAIR: tl.constexpr = 0, lse_out=None, WRITE_LSE: tl.constexpr = 0,
-                    TAIL_SLOTS: tl.constexpr = 1, act_ptr=None, warp_slots=0, WARPS_PER_PAIR: tl.constexpr = 1,
-                    DYN: tl.constexpr = 0):  # fmt: skip
+                    TAIL_SLOTS: tl.constexpr = 1, act_ptr=None, warp_slots=0, reserve_per_req=0,
+                    WARPS_PER_REQ: tl.constexpr = 1, DYN: tl.constexpr = 0):  # fmt: skip
     """Merge the split partials of one (request, query head) for dims ``[DB * pid1, DB * (pid1 + 1))``:
     weights ``2**(lse_s - max lse)``. ``WRITE_LSE``: also ``lse_out[r]`` = the merged log2-sum-exp2 of the
     scores (-inf for an empty context), for a caller that merges this result with another partial.
@@ -248,7 +248,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
         if DYN:
             act = tl.load(act_ptr)
             live = r // HQ < act
-            s_run = dyn_splits(act, MMA_SPLITS, warp_slots, WARPS_PER_PAIR)
+            s_run = dyn_splits(act, MMA_SPLITS, warp_slots, WARPS_PER_REQ, reserve_per_req)
             n = tl.where(live, n, 0)
         n_valid = tl.cdiv(n, mma_chunk(n, s_run, MINC)) * MMA_NW
     # NOTE: the tail's slots are the last TAIL_SLOTS (decode_mma with PAIR in its grid: one per parity)
@@ -371,14 +371,16 @@ def decode_triton(
             raise ValueError(
                 f"decode variant 'mma': minc must be a positive multiple of 16, got {cfg['minc']}"
             )
-        lo = bsz if active is None else max(1, min(bsz, min_active or bsz))
-        splits = num_splits or mma_num_splits(lo, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]))
-    else:
-        splits = num_splits or default_num_splits(bsz, hkv, None, bn, cap=int(cfg.get("split_cap", 64)))
     # NOTE: "mma" writes one partial slot per warp of each split, two at head_dim 64 (PAIR in decode_mma)
     pair = int(name == "mma" and d == 64)
     tk, tv, ts, tpt, ttl, tpage = tail_operands(tail, tail_page_table, tail_lens, cache, page_table, lens)
     tail_in_grid = name == "mma" and has_tail and _mma_tail_in_grid(cfg, pair, tk, tv, ts, tpage)
+    tail_wave = int(tail_in_grid) * int(cfg.get("tail_wave", 0))  # the tail programs' slots kept in the wave
+    if name == "mma":
+        lo = bsz if active is None else max(1, min(bsz, min_active or bsz))
+        splits = num_splits or mma_num_splits(lo, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]), tail_wave)
+    else:
+        splits = num_splits or default_num_splits(bsz, hkv, None, bn, cap=int(cfg.get("split_cap", 64)))
     tail_slots = mma_tail_slots(has_tail, pair, tail_in_grid)
     s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + tail_slots
     if out is None:
@@ -429,7 +431,7 @@ def decode_triton(
                     HQ=hq, G=g, BH=common["BH"], D=d, TPAGE=tpage, TBN=tbn, INTERP=interp, num_warps=4,
                 )  # fmt: skip
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
-        dyn = _dyn_args(active, q.device, int(cfg["ppsm"]))
+        dyn = _dyn_args(active, q.device, int(cfg["ppsm"]), hkv * tail_wave)
         grid = (bsz * hkv * (splits + int(tail_in_grid)),) if dyn else (bsz, hkv, splits + int(tail_in_grid))
         k = decode_mma_kernel[grid](
             *args,
@@ -474,18 +476,18 @@ def decode_triton(
         MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
         MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
         lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
-        **(dict(dyn, WARPS_PER_PAIR=hkv * int(cfg["num_warps"])) if mma and dyn else {}),
+        **(dict(dyn, WARPS_PER_REQ=hkv * int(cfg["num_warps"])) if mma and dyn else {}),
     )  # fmt: skip
     return out
 
 
-def _dyn_args(active: torch.Tensor | None, device: torch.device, ppsm: int) -> dict[str, object]:
+def _dyn_args(active: torch.Tensor | None, device: torch.device, ppsm: int, reserve: int) -> dict[str, object]:
     """decode_mma / combine arguments for ``active`` (empty without it: the static grid)."""
     if active is None:
         return {}
     if active.shape != (1,) or active.dtype != torch.int32 or active.device != device:
         raise ValueError(f"active must be an int32 [1] tensor on {device}, got {active.dtype} {tuple(active.shape)}")
-    return {"act_ptr": active, "warp_slots": ppsm * num_sms(), "DYN": 1}
+    return {"act_ptr": active, "warp_slots": ppsm * num_sms(), "reserve_per_req": reserve, "DYN": 1}
 
 
 def mma_tail_slots(has_tail: bool, pair: int, tail_in_grid: bool) -> int:

@@ -91,16 +91,19 @@ def _mma_max_registers(per_sm: int) -> int:
     return max(24, min(255, 65536 // (32 * per_sm)) // 8 * 8)
 
 
-def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int) -> int:
+def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int, tail_warps: int = 0) -> int:
     """Splits for ``decode_mma``: ``per_sm`` warps per SM in all, rounded DOWN (whole waves).
 
     Every warp has the same work, so the grid should be whole waves: with ~16 warps resident per SM (128
     registers), a grid of 1.1 waves ran at 0.50 of the H200's read ceiling and 2.06 waves at 0.57
     (B=32 x 8K, 2026-11-29). The bf16 tail is one more program per (request, KV head) past these waves
-    (``TAIL_MMA``) or its own launch (``decode_tail_kernel``). Capped at 256 partial slots per head (each warp writes one; the combine step reads them all).
+    (``TAIL_MMA``) or its own launch (``decode_tail_kernel``). Capped at 256 partial slots per head (each
+    warp writes one; the combine step reads them all). ``tail_warps`` (variant option ``tw``): keep that
+    many slots per (request, KV head) for the tail programs, so they run in the same wave.
     """
     sms = num_sms()
-    return max(1, min(256 // num_warps, per_sm * sms // (batch * kv_heads * num_warps)))
+    slots = per_sm * sms - batch * kv_heads * tail_warps
+    return max(1, min(256 // num_warps, slots // (batch * kv_heads * num_warps)))
 
 
 def combine_dim_block(rows: int, slots: int, d: int) -> int:
@@ -176,6 +179,9 @@ def _mma_config() -> dict[str, int | bool]:
         # (decode_tail_kernel) on a side stream. In the engine at B=1 x 3K (CUDA graphs, H200, 2026-11-30)
         # that launch cost ~6 us a layer even beside the main kernel: nvfp4 steps 5.74 ms vs 5.29 with no tail
         "tin": 1,
+        # NOTE: 1 = splits leave room for the tail programs in the one wave (else they run after it, a
+        # second short wave per layer); opt-in until an H200 A/B (benchmarks/device_next.sh)
+        "tw": 0,
     }
 
 
@@ -219,7 +225,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
-    "cv": "cv", "tin": "tin", "cap": "split_cap",
+    "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave",
 }  # fmt: skip
 
 

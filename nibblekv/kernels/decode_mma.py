@@ -904,11 +904,13 @@ def mma_chunk(n, num_splits, MINC: tl.constexpr):
 
 
 @triton.jit
-def dyn_splits(act, max_splits, warp_slots, warps_per_pair):
-    """Splits per (request, KV head) when ``act`` requests are real: ``warp_slots`` one-warp programs
-    shared out (rounded down: whole waves), at least 1, at most ``max_splits`` (the grid's); NOTE: the
-    host twin is ``decode_config.mma_num_splits``, shared with the combine step."""
-    return tl.maximum(1, tl.minimum(max_splits, warp_slots // (tl.maximum(act, 1) * warps_per_pair)))
+def dyn_splits(act, max_splits, warp_slots, warps_per_req, reserve_per_req):
+    """Splits per (request, KV head) when ``act`` requests are real: ``warp_slots`` one-warp programs, less
+    ``reserve_per_req`` per request (variant option ``tw``: the tail programs), shared out in splits of
+    ``warps_per_req`` (rounded down: whole waves), at least 1, at most ``max_splits`` (the grid's). NOTE: the
+    host twin is ``decode_config.mma_num_splits``; the combine step calls this one with the same arguments."""
+    a = tl.maximum(act, 1)
+    return tl.maximum(1, tl.minimum(max_splits, (warp_slots - a * reserve_per_req) // (a * warps_per_req)))
 
 
 @triton.jit
@@ -924,7 +926,7 @@ def decode_mma_kernel(
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16, PAIR: tl.constexpr = 0,
     VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0, TAIL_MMA: tl.constexpr = 0,
-    act_ptr=None, warp_slots=0, DYN: tl.constexpr = 0,
+    act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -946,7 +948,7 @@ def decode_mma_kernel(
     if DYN:
         pid = tl.program_id(0)
         act = tl.load(act_ptr)
-        s_run = dyn_splits(act, NUM_SPLITS, warp_slots, HKV * NW)
+        s_run = dyn_splits(act, NUM_SPLITS, warp_slots, HKV * NW, reserve_per_req)
         grid_main = tl.num_programs(0) - TAIL_MMA * (tl.num_programs(0) // (NUM_SPLITS + 1))
         if (pid >= act * HKV * s_run) & (pid < grid_main):
             return
