@@ -43,7 +43,7 @@ def graph_sizes(cuda_graph_bs: Sequence[int] | None, cuda_graph_max_bs: int | No
 
 
 class CudaGraphRunner:
-    """Captures the decode forward for :func:`capture_sizes` and replays it."""
+    """Captures the decode forward for each of ``sizes`` (:func:`graph_sizes`) and replays it."""
 
     def __init__(
         self,

@@ -323,8 +323,8 @@ def decode_triton(
 
     ``active`` (int32 ``[1]`` on q's device) / ``min_active`` (host int): only the first ``active`` rows
     are requests, the rest padding (a CUDA graph captured for B replays batches of ``min_active``..B).
-    decode_mma then sizes its splits for the real rows at run time (a one-wave grid sized for B left a
-    third of the GPU idle at 10 of 16 rows) and returns zeros for padding rows; other variants ignore it.
+    decode_mma then sizes its splits for the real rows at run time (a one-wave grid sized for B gives 6/16
+    of its slots to padding rows at 10 of 16) and returns zeros for padding rows; other variants ignore it.
     """
     check_cache(cache, "cache")
     lay = cache.layout
