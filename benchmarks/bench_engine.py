@@ -161,12 +161,13 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
         n_out = sum(o.completion_tokens for o in outs)
         n_in = sum(o.prompt_tokens for o in outs)
         assert engine.pool.all_free() and n_out == sum(o for _, o in lens)
+        prefill = prefill_only(engine, prompts)
         rows.append({
             "bench": "throughput", "model": model_name + (" (smoke: tiny)" if args.smoke else ""), "kv_dtype": kv, "num_requests": len(prompts),
             "input_tokens": n_in, "output_tokens": n_out, "seconds": round(secs, 3),
             "output_tok_s": round(n_out / secs, 1), "total_tok_s": round((n_in + n_out) / secs, 1),
             "max_total_num_tokens": engine.max_total_num_tokens, "preemptions": engine.scheduler.num_preemptions,
-            "warmup_s": round(warm, 3),
+            "warmup_s": round(warm, 3), "prefill_only_s": round(prefill, 3),
         })  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
         del engine, outs
@@ -187,6 +188,17 @@ def warm_up(engine: Engine, vocab: int, args: argparse.Namespace) -> float:
     engine.generate(prompts, params)
     sync()
     engine.flush_cache()  # NOTE: the timed prompts share no prefix with these, but start from the same state
+    return time.perf_counter() - t0
+
+
+def prefill_only(engine: Engine, prompts: list[list[int]]) -> float:
+    """Seconds for the same prompts with one output token each (the cache flushed first, so every prompt
+    is prefilled again): the prefill share of the timed run, apart from its decode steps."""
+    engine.flush_cache()
+    params = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
+    t0 = time.perf_counter()
+    engine.generate(prompts, params)
+    sync()
     return time.perf_counter() - t0
 
 

@@ -32,6 +32,7 @@ def test_bench_engine_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     thr = [r for r in rows if r["bench"] == "throughput"]
     assert [r["kv_dtype"] for r in thr] == ["bf16", "fp8_e4m3", "nvfp4"]
     assert all(r["output_tok_s"] > 0 and r["num_requests"] == 6 for r in thr)
+    assert all(0 < r["prefill_only_s"] and 0 < r["warmup_s"] for r in thr)
     long = {(r["mode"], r["kv_dtype"]): r for r in rows if r["bench"] == "long"}
     assert set(long) == {(m, k) for m in ("matched", "capacity") for k in ("bf16", "fp8_e4m3", "nvfp4")}
     for r in long.values():
