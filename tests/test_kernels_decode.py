@@ -206,8 +206,10 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "vq": 1,
         "cv": 0,
         "tin": 1,
+        "tail_wave": 0,
     }
     assert resolve_variant("mma:tin=0", 2, 128, False)[1]["tin"] == 0
+    assert resolve_variant("mma:tw=1", 2, 128, False)[1]["tail_wave"] == 1
     assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (2026-11-30 run)
     assert resolve_variant(None, 2, 256, False)[0] == "paged"  # never timed on a GPU
     assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default

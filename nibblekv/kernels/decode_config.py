@@ -181,7 +181,7 @@ def _mma_config() -> dict[str, int | bool]:
         "tin": 1,
         # NOTE: 1 = splits leave room for the tail programs in the one wave (else they run after it, a
         # second short wave per layer); opt-in until an H200 A/B (benchmarks/device_next.sh)
-        "tw": 0,
+        "tail_wave": 0,
     }
 
 
