@@ -60,7 +60,6 @@ class PagedMetadata:
     cu_seqlens: torch.Tensor | None
     demote_src: torch.Tensor
     demote_dst: torch.Tensor
-    demote_in_forward: bool = True  # False when the caller demotes before the forward (CUDA graphs)
     # extend: the longest chunk as a host int (else every layer's extend reads it back: a device sync)
     max_chunk: int | None = None
     # decode under CUDA graphs: rows past ``active`` (int32 [1], on the device) are padding, and the graph
@@ -215,8 +214,7 @@ class PagedAttentionBackend(AttentionBackend):
         for load in self.loads:
             load.wait_layer(layer_id)
         if m.is_decode:
-            if m.demote_in_forward:
-                self.demote_layer(layer_id)
+            self.demote_layer(layer_id)
             self._write(k, v, main, tail)
             return decode_attention(
                 q, main, m.page_table, m.main_lens, self.sm_scale, tail, m.tail_page_table, m.tail_lens,
@@ -240,8 +238,7 @@ class PagedAttentionBackend(AttentionBackend):
         # NOTE: demoted and written after attending: the chunk attends to the pre-growth layout (aged
         # tail pages still in bf16) and to its fresh K/V, never to a stored copy. Demotion must precede
         # the write: a demoted page's main copy may receive some of this chunk's tokens.
-        if m.demote_in_forward:
-            self.demote_layer(layer_id)
+        self.demote_layer(layer_id)
         self._write(k, v, main, tail)
         return out
 

@@ -99,7 +99,6 @@ class CudaGraphRunner:
             cu_seqlens=None,
             demote_src=self.demote_src[:rows],
             demote_dst=self.demote_dst[:rows],
-            demote_in_forward=True,
             # NOTE: NIBBLEKV_GRAPH_ACTIVE=0 sizes decode's split-K for every row, padding included (an A/B)
             active=None if os.environ.get("NIBBLEKV_GRAPH_ACTIVE") == "0" else self.active,
             min_active=self.min_active(bs),
