@@ -47,6 +47,9 @@ VARIANTS: list[tuple[str, str, dict[str, Any], str]] = [
     ("nvfp4 nosink", "nvfp4", {"kv_sink_pages": 0}, ""),
     ("nvfp4 window0", "nvfp4", {"kv_recent_window": 0}, ""),
     ("nvfp4 tok", "nvfp4", {}, "tok"),
+    ("nvfp4 minc32", "nvfp4", {}, "mma:minc=32"),
+    ("nvfp4 minc128", "nvfp4", {}, "mma:minc=128"),
+    ("nvfp4 minc256", "nvfp4", {}, "mma:minc=256"),
     ("nvfp4 again", "nvfp4", {}, ""),
 ]
 
