@@ -41,6 +41,7 @@ from nibblekv.kernels.decode_config import (
     non_mma_default,
     resolve_variant,
 )
+from nibblekv.kernels.decode_balanced import launch_balanced
 from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel, dyn_splits, mma_chunk
 from nibblekv.kernels.decode_tok import decode_tok_kernel
 from nibblekv.kernels.types import LayerKV
@@ -393,6 +394,13 @@ def decode_triton(
         raise ValueError(f"lse_out must be contiguous float32 [{bsz}, {hq}]")
     if bsz == 0:
         return out
+    if name == "mma" and _balanced(cfg, pair, has_tail, tail_in_grid):
+        bal_cfg = dict(cfg, vq=int(cfg["vq"]) * int(_q_vector_ok(q)))
+        tail_ops = (tk, tv, ts, tpt, ttl, tpage)
+        LAST_KERNEL["decode"] = launch_balanced(
+            q, cache, page_table, lens, sm_scale, tail_ops, has_tail, bal_cfg, out, lse_out, active
+        )
+        return out
     o_part = torch.empty((bsz, hq, s_tot, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((bsz, hq, s_tot), dtype=torch.float32, device=q.device)
     if interp:  # NOTE: CPU tests see any partial slot the combine step reads but no program wrote
@@ -508,6 +516,13 @@ def _mma_tail_in_grid(
     if pair:
         ok = ok and tpage % 2 == 0 and ts[2] == tk.shape[-1]  # a row's two tokens adjacent
     return bool(cfg.get("tin", 1)) and int(cfg["num_warps"]) == 1 and ok
+
+
+def _balanced(cfg: dict[str, int | bool], pair: int, has_tail: bool, tail_in_grid: bool) -> bool:
+    """Whether decode_mma runs token-balanced (``decode_balanced``): variant option ``bal=1`` at head_dim
+    128 (no ``PAIR``), one warp per program, with the bf16 tail (if any) in the grid. ``num_splits`` does
+    not apply there (the warps split the batch's tiles, not each request)."""
+    return bool(cfg.get("balanced", 0)) and not pair and int(cfg["num_warps"]) == 1 and (tail_in_grid or not has_tail)
 
 
 def _q_vector_ok(q: torch.Tensor) -> bool:

@@ -41,7 +41,8 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
 #          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), cv (nibble
-#          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as one more program of the grid)
+#          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as one more program of the grid),
+#          bal (1: token-balanced split-K over the whole batch, decode_balanced)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 
@@ -182,6 +183,10 @@ def _mma_config() -> dict[str, int | bool]:
         # NOTE: 1 = splits leave room for the tail programs in the one wave (else they run after it, a
         # second short wave per layer); opt-in until an H200 A/B (benchmarks/device_next.sh)
         "tail_wave": 0,
+        # NOTE: 1 = token-balanced split-K (decode_balanced): the batch's tiles cut into one wave of equal
+        # chunks, which may cross (request, KV head) pairs. Opt-in until an H200 A/B (ragged batches, and
+        # pair counts that do not divide the warp slots: 91 requests x 8 heads -> 1456 of 2112 busy)
+        "balanced": 0,
     }
 
 
@@ -225,7 +230,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
-    "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave",
+    "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced",
 }  # fmt: skip
 
 

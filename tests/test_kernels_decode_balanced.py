@@ -1,0 +1,99 @@
+"""decode_mma's token-balanced split-K (variant option ``bal=1``): the schedule's invariants and the kernel
+against the fp32 reference (interpreter on CPU, GPU if present)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nibblekv.formats.layout import KVDtype
+from nibblekv.kernels.decode import decode_triton
+from nibblekv.kernels.decode_balanced import max_pair_slots, partial_slots, plan_balanced
+from nibblekv.kernels.reference import decode_ref
+from nibblekv.kernels.testing import make_batch, rel_rms
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+P = 16
+W = 2 * P  # tail window
+
+
+@pytest.mark.parametrize(
+    "lens,heads,warps,min_tiles",
+    [([1, 15, 16, 17, 70], 3, 8, 1), ([0, 33, 0, 0, 500], 2, 7, 1), ([32768] * 3 + [1024] * 61, 8, 2112, 4),
+     ([4096] * 91, 8, 2112, 4), ([5], 8, 2112, 4), ([0, 0], 2, 4, 1)],
+)  # fmt: skip
+def test_plan_covers_every_token_once_in_unique_slots(lens: list[int], heads: int, warps: int, min_tiles: int) -> None:
+    segs = plan_balanced(lens, heads, warps, min_tiles)
+    pairs = len(lens) * heads
+    seen: dict[int, list[tuple[int, int]]] = {}
+    for w, p, lo, hi, slot in segs:
+        assert 0 <= w < warps and lo < hi and lo % 16 == 0 and slot == w + p
+        seen.setdefault(p, []).append((lo, hi))
+    for p in range(pairs):  # each pair's token ranges tile [0, len) exactly, in order
+        n = lens[p // heads]
+        ranges = sorted(seen.get(p, []))
+        assert [lo for lo, _ in ranges] == [0] + [hi for _, hi in ranges[:-1]] if n else ranges == []
+        assert (ranges[-1][1] if ranges else 0) == n
+        assert len(ranges) <= max_pair_slots(warps, heads)
+    slots = [s for *_, s in segs]
+    assert len(slots) == len(set(slots)) and max(slots, default=0) < partial_slots(warps, pairs, False)
+    # equal work: no warp holds more than one chunk (ceil(total / warps), at least min_tiles tiles)
+    total = sum(-(-n // 16) for n in lens) * heads
+    per_warp: dict[int, int] = {}
+    for w, _, lo, hi, _ in segs:
+        per_warp[w] = per_warp.get(w, 0) + -(-(hi - lo) // 16)
+    assert max(per_warp.values(), default=0) <= max(-(-total // warps), min_tiles)
+
+
+def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, page: int, active: int | None = None,
+             gscale: tuple[float, float] = (1.0, 1.0), lse: bool = False) -> float:  # fmt: skip
+    torch.manual_seed(hash((tuple(lens), hkv, group, page)) % 2**31)
+    pb = make_batch(KVDtype.NVFP4, lens, hkv, 128, page, DEVICE, tail_lens=tails, global_scale=gscale)
+    q = torch.randn(len(lens), hkv * group, 128, device=DEVICE).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    sm = 1.0 / math.sqrt(128)
+    targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
+    act = None if active is None else torch.tensor([active], dtype=torch.int32, device=DEVICE)
+    lse_out = torch.full((len(lens), hkv * group), float("nan"), device=DEVICE) if lse else None
+    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, variant="mma:bal=1,ppsm=5,minc=16",
+                  active=act, lse_out=lse_out)  # type: ignore[arg-type]  # fmt: skip
+    n = len(lens) if active is None else active
+    t = {k: (v[:n] if isinstance(v, torch.Tensor) else v) for k, v in targs.items()}
+    ref = decode_ref(q[:n].float(), pb.cache, pb.page_table[:n], pb.lens[:n], sm, **t)  # type: ignore[arg-type]
+    if active is not None:
+        assert torch.equal(out[n:], torch.zeros_like(out[n:]))  # padding rows: zeros
+    if lse:
+        assert lse_out is not None and not lse_out[:n].isnan().any()
+    return rel_rms(out[:n], ref)
+
+
+@pytest.fixture
+def one_sm(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 5 warps (ppsm=5 x 1 SM): chunks cross pairs, a pair spans several warps, some warps hold several pairs
+    import nibblekv.kernels.decode_balanced as bal
+
+    monkeypatch.setattr(bal, "num_sms", lambda: 1)
+
+
+@pytest.mark.usefixtures("one_sm")
+def test_balanced_ragged_batch_with_tails() -> None:
+    # lengths 1, P-1, P, P+1 and several tiles, an empty main pool with a tail; tails 0, 1, W; GQA 3;
+    # 5-token pages (per-row page lookups) and global scales != 1
+    err = _run_bal([1, P - 1, 0, P + 1, 70], [0, 1, W, 5, W], 2, 3, 5, gscale=(0.37, 2.5), lse=True)
+    assert err <= 1e-2, err
+
+
+@pytest.mark.usefixtures("one_sm")
+def test_balanced_no_tail_gqa4_and_padding_rows() -> None:
+    assert _run_bal([200, 1, P], None, 1, 4, P) <= 1e-2
+    # CUDA-graph padding: 2 of 4 rows are requests; the padding rows' lengths must not take any warp's work
+    assert _run_bal([33, 90, 1, 1], [W, 3, 0, 0], 1, 4, P, active=2) <= 1e-2
+
+
+def test_balanced_option_parses() -> None:
+    from nibblekv.kernels.decode_config import resolve_variant
+
+    assert resolve_variant("mma:bal=1", 2, 128, False)[1]["balanced"] == 1
+    assert resolve_variant("mma", 2, 128, False)[1]["balanced"] == 0
