@@ -111,6 +111,7 @@ def main() -> None:
     ap.add_argument(
         "--shapes", nargs="*", default=None, help="BxCTX items, e.g. 1x4096 12x3072 (default: SHAPES)"
     )
+    ap.add_argument("--ragged", nargs="*", default=[], help="ragged batches, e.g. 1x32768+63x1024 (NxCTX groups)")
     ap.add_argument("--head-dim", type=int, default=128, help="64: e.g. nvfp4=mma (two tokens a row) vs tok")
     ap.add_argument("--q-heads", type=int, default=32, help="query heads over the 8 KV heads (64: GQA 8)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")
@@ -122,13 +123,20 @@ def main() -> None:
     if args.variants:
         by_name = {v: k for k, v in NAMES.items()}
         plan = [(by_name[s.split("=", 1)[0]], s.split("=", 1)[1]) for s in args.variants]
-    shapes = [(1, 96), (2, 64)] if args.tiny else SHAPES
+    shapes = list([(1, 96), (2, 64)] if args.tiny else SHAPES)
     if args.shapes:
         shapes = [(int(b), int(c)) for b, c in (x.split("x") for x in args.shapes)]
+    # ragged batches "1x32768+63x1024": rows carry batch, the mean context and the spec as "lens"
+    ragged = {}
+    for spec in args.ragged:
+        ctxs = [int(c) for part in spec.split("+") for n, c in [part.split("x")] for _ in range(int(n))]
+        key = (len(ctxs), sum(ctxs) // len(ctxs))
+        ragged[key] = (spec, ctxs)
+        shapes.append(key)
     ceil = read_ceiling(1 << 20 if args.tiny else 4 << 30)
     print("ceiling probes", ceil, flush=True)
     probe_ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"])  # per-line fractions use this
-    max_tok = max(b * c for b, c in shapes) + 4096
+    max_tok = max([b * c for b, c in shapes] + [len(x) * max(x) for _, x in ragged.values()]) + 4096
     pools = Pools({dt: max_tok for dt in NAMES}, 8, args.head_dim)
     print(f"pools ready {time.time() - t0:.0f}s", flush=True)
     checks = {dt: make_check_batch(dt, args.tiny, args.head_dim, args.q_heads) for dt in NAMES}
@@ -172,13 +180,16 @@ def main() -> None:
         for b, c in shapes:
             try:
                 prof: dict[str, float] | None = {} if args.breakdown else None
-                us, nb = run_decode(pools, dt, b, c, args.q_heads, args.tail, {"variant": spec}, profile=prof)
+                rg = ragged.get((b, c))
+                us, nb = run_decode(pools, dt, b, max(rg[1]) if rg else c, args.q_heads, args.tail, {"variant": spec},
+                                    profile=prof, ctxs=rg[1] if rg else None)  # fmt: skip
             except Exception as e:  # noqa: BLE001
                 print(f"{NAMES[dt]:9s} {spec:22s} B={b} ctx={c} FAILED {repr(e)[:200]}", flush=True)
                 continue
             rows.append(dict(kernel="decode_tail64" if args.tail else "decode", kv_dtype=NAMES[dt], variant=spec, batch=b, context=c,
                              q_heads=args.q_heads, kv_heads=8, head_dim=args.head_dim, page_size=16, us=round(us, 2),
-                             bytes=nb, tbps=round(nb / us / 1e6, 4), **({"kernels_us": prof} if prof else {})))  # fmt: skip
+                             bytes=nb, tbps=round(nb / us / 1e6, 4), **({"kernels_us": prof} if prof else {}),
+                             **({"lens": rg[0]} if rg else {})))  # fmt: skip
             if prof:
                 print(f"    B{b}x{c // 1024}K {us:.1f} us (graph): {prof}", flush=True)
             tb = nb / us / 1e6

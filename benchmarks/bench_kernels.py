@@ -188,15 +188,17 @@ def decode_bytes(pool: LayerKV, batch: int, main: int, tail: int, q_heads: int) 
 
 def run_decode(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, with_tail: bool,
                cfg: dict[str, object] | None = None, profile: dict[str, float] | None = None,
-               ) -> tuple[float, int]:  # fmt: skip
-    """Median microseconds and bytes read of one decode call; ``profile`` (CUDA) gets its per-kernel times."""
+               ctxs: list[int] | None = None) -> tuple[float, int]:  # fmt: skip
+    """Median microseconds and bytes read of one decode call; ``profile`` (CUDA) gets its per-kernel times.
+    ``ctxs``: per-request contexts (a ragged batch of ``len(ctxs)``; ``ctx`` then sizes the page tables)."""
     pool = pools.pools[dt]
     tail = 64 if with_tail else 0
     main = ctx - tail
     pages = triton.cdiv(main, PAGE)
     gen = torch.Generator().manual_seed(batch * 7919 + ctx)
     pt = torch.randperm(pool.num_pages, generator=gen)[: batch * pages].reshape(batch, pages).to(torch.int32).to(DEV)
-    lens = torch.full((batch,), main, dtype=torch.int32, device=DEV)
+    mains = [c - tail for c in ctxs] if ctxs else [main] * batch
+    lens = torch.tensor(mains, dtype=torch.int32, device=DEV)
     q = torch.randn(batch, q_heads, pools.head_dim, device=DEV).to(torch.bfloat16)
     kw: dict[str, object] = dict(cfg or {})
     if DEV == "cpu":
@@ -211,7 +213,7 @@ def run_decode(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, wi
     us = bench_graph(fn)
     if profile is not None and DEV == "cuda":
         profile.update(kernel_breakdown(fn))
-    return us, decode_bytes(pool, batch, main, tail, q_heads)
+    return us, sum(decode_bytes(pool, 1, m, tail, q_heads) for m in mains)
 
 
 def run_sdpa(batch: int, ctx: int, q_heads: int, kv_heads: int, d: int) -> tuple[float, int]:
