@@ -35,6 +35,7 @@ output_tok_s, ttft_ms, ...) after every row, and ``prefix-h200.png`` at the end.
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import json
 import os
@@ -379,6 +380,9 @@ def write(path: Path, args: argparse.Namespace | None, rows: list[dict[str, Any]
         if args is None
         else {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     )
+    # NOTE: commit from the caller's env (the device copy's git HEAD can be stale), date of the run
+    meta["commit"] = os.environ.get("COMMIT", "unknown")
+    meta["date"] = datetime.date.today().isoformat()
     path.write_text(
         json.dumps({"device": device, **meta, "acceptance": acceptance(rows), "rows": rows}, indent=1)
     )
