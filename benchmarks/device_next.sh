@@ -1,7 +1,6 @@
 #!/bin/bash
 # One H200 call (~9.5 min; split it if the budget is short) for what stop 20 left unmeasured. Logs and JSON land in $OUT.
-#   1) GPU tests of the stop-20 changes: decode_mma's run-time split-K for the real rows of a padded
-#      CUDA-graph batch (`active`), the in-graph tail demotion (graph decode == eager decode, nvfp4).
+#   1) (done in stop 21: benchmarks/device_small_profile.sh ran those GPU tests, 9 passed)
 #   2) Why SmolLM2's offline throughput with nvfp4 is 0.38x bf16's (engine-throughput-h200.json): a profiled
 #      decode step at the throughput bench's regime (256 requests of ~600 tokens), every dtype.
 #   3) The 8B offline throughput with the in-graph demotion (the 2971a12 row of the README table).
@@ -12,9 +11,6 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-timeout -k 5 150 python3 -m pytest -q tests/test_kernels_decode.py tests/test_engine_gpu.py \
-  -k "active_rows or decode_equals_eager or overlap_schedule_equals_sync" > "$OUT/tests.log" 2>&1
-echo "pytest exit $?"; tail -3 "$OUT/tests.log"
 timeout -k 5 150 python3 benchmarks/bench_engine.py --out "$OUT/profile" --part long --long-model smollm2-135m \
   --synthetic-prefill --long-input 600 --long-requests 256 --long-output 32 --profile-steps 2 \
   > "$OUT/profile.log" 2>&1
