@@ -99,7 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ov = p.add_mutually_exclusive_group()
     ov.add_argument("--enable-overlap-schedule", dest="overlap", action="store_const", const=True, default=None,
                     help="schedule decode step N+1 while step N runs (host work hidden behind the GPU's; "
-                    "default: the engine's, on for one CUDA GPU without the host tier)")  # fmt: skip
+                    "default: the engine's, on for one CUDA GPU without the host tier; this flag turns it on for the "
+                    "host-tier engines too)")  # fmt: skip
     ov.add_argument("--disable-overlap-schedule", dest="overlap", action="store_const", const=False)
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
     # shared_prefix
@@ -278,8 +279,8 @@ def make_engine(args: argparse.Namespace, loaded: tuple[Any, Any], kv: str, hica
         disable_cuda_graph=args.disable_cuda_graph, decode_log_interval=0,
         enable_hierarchical_cache=hicache, hicache_size=args.hicache_size,
         hicache_write_policy=args.hicache_write_policy,
-        # NOTE: the overlap schedule does not run with the host tier (EngineConfig refuses it): those rows run without
-        enable_overlap_schedule=False if hicache else args.overlap,
+        # NOTE: the overlap schedule's default leaves the host tier out; --enable-overlap-schedule includes it
+        enable_overlap_schedule=args.overlap,
     )  # fmt: skip
     engine = Engine(cfg, loaded=loaded)
     engine.stream = True  # step() returns every advanced request's output (first tokens: TTFT)

@@ -73,8 +73,9 @@ class EngineConfig:
     hicache_size: float | None = None  # host tier GiB; None = twice the main pool's bytes
     hicache_write_policy: str = "write_back"  # host copy at eviction, or as soon as a page is cached
     # Schedule decode step N+1 while step N runs (engine/overlap.py). None = SGLang's default: on for one
-    # CUDA GPU without the host tier (measured on the H200: every step faster, see README), off elsewhere;
-    # True forces it (also on CPU, where it only exercises the logic), False is --disable-overlap-schedule.
+    # CUDA GPU (measured on the H200: every step faster, see README), off elsewhere and -- until a GPU run
+    # times the pair -- with the host tier; True forces it (the host tier too; on CPU it only exercises the
+    # logic), False is --disable-overlap-schedule.
     enable_overlap_schedule: bool | None = None
 
     def __post_init__(self) -> None:
@@ -122,11 +123,6 @@ class EngineConfig:
         _check_choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
         if self.enable_overlap_schedule:
             _check(self.tp_size == 1, "enable_overlap_schedule", "is not supported with --tp-size > 1")
-            _check(
-                not self.enable_hierarchical_cache,
-                "enable_overlap_schedule",
-                "is not supported with --enable-hierarchical-cache",
-            )
 
     def overlap_schedule(self, device_type: str) -> bool:
         """Whether the engine on ``device_type`` runs the overlap schedule (resolves the ``None`` default)."""
@@ -265,8 +261,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--enable-overlap-schedule", dest="enable_overlap_schedule", action="store_const", const=True,
         default=None,
         help="schedule decode step N+1 while step N runs on the GPU (hides the host's per-step work; "
-        "one token is computed and dropped for a request that stops; not with --tp-size > 1 or the host "
-        "tier). Default: on for one CUDA GPU without the host tier, off otherwise",
+        "one token is computed and dropped for a request that stops; not with --tp-size > 1). Default: on "
+        "for one CUDA GPU without the host tier (with it: this flag), off otherwise",
     )  # fmt: skip
     overlap.add_argument(
         "--disable-overlap-schedule", dest="enable_overlap_schedule", action="store_const", const=False,

@@ -47,6 +47,35 @@ def test_overlap_schedule_equals_sync_on_gpu(dummy_smollm2, graphs: bool) -> Non
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+def test_overlap_schedule_with_the_host_tier_equals_sync_on_gpu(dummy_smollm2, policy: str) -> None:
+    # pinned host pages copied on the side stream while decode steps run ahead of the host: rounds of up
+    # to 4 concurrent requests in a 32-page pool; a shared 4-page prefix goes to the host tier (8 fillers
+    # of 7 pages each pass through) and comes back
+    rng = random.Random(2)
+    prefix = [rng.randrange(10, 30000) for _ in range(64)]
+    rounds = [
+        [prefix + [rng.randrange(10, 30000) for _ in range(n)] for n in (3, 9, 17, 1)],
+        [[rng.randrange(10, 30000) for _ in range(80)] for _ in range(8)],
+        [prefix + [rng.randrange(10, 30000) for _ in range(n)] for n in (5, 2, 11, 30)],
+    ]
+    params = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
+    common: dict = {
+        "loaded": dummy_smollm2, "kv_cache_dtype": "nvfp4", "max_total_tokens": 512, "max_running_requests": 4,
+        "kv_recent_window": 16, "decode_log_interval": 0, "enable_hierarchical_cache": True,
+        "hicache_size": 0.05, "hicache_write_policy": policy,
+    }  # fmt: skip
+    res = []
+    for overlap in (False, True):
+        e = Engine(enable_overlap_schedule=overlap, **common)
+        outs = [[(o.token_ids, o.cached_tokens) for o in e.generate(r, params)] for r in rounds]
+        assert e.pool.all_free()
+        res.append((outs, e.scheduler.cache.tree.num_loaded_back))
+    assert res[1] == res[0] and res[0][1] > 0
+
+
+@pytest.mark.gpu
+@needs_cuda
 @pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3", "nvfp4"])
 def test_cuda_graph_decode_equals_eager(dummy_smollm2, kv: str) -> None:
     rng = random.Random(0)

@@ -19,10 +19,11 @@ W = 2 * P
 
 
 def _run(prefix: list[int], chunks: list[int], tails: list[int] | None, hkv: int, group: int, d: int,
-         dtype: KVDtype = KVDtype.NVFP4, wide: str = "mma") -> float:  # fmt: skip
+         dtype: KVDtype = KVDtype.NVFP4, wide: str = "mma",
+         tok_columns: int = ed.TOK_MAX_COLUMNS) -> float:  # fmt: skip
     splits = 3 if DEVICE == "cpu" else None  # the interpreter runs every (mostly empty) split program
     return run_extend(dtype, prefix, chunks, tails, hkv, group, d, gscale=(0.37, 2.5),
-                      fn=partial(extend_decode_fn, num_splits=splits, wide=wide))  # fmt: skip
+                      fn=partial(extend_decode_fn, num_splits=splits, wide=wide, tok_columns=tok_columns))  # fmt: skip
 
 
 def extend_decode_fn(*args: object, num_splits: int | None = None, **kw: object) -> object:
@@ -62,6 +63,19 @@ def test_extend_decode_nvfp4_wide_chunks_through_decode_tok() -> None:
     assert ed.extend_decode_plan(q, pb.cache, 2, "tok") == ("mma", 8, 1)  # one group: decode_mma either way
     with pytest.raises(ValueError, match="wide"):
         ed.extend_decode_plan(q, pb.cache, 2, "rows")
+
+
+def test_extend_decode_wide_tok_groups() -> None:
+    # up to 64 columns in one decode_tok group (a 16-token chunk at GQA 4): 36 = 9 tokens x 4 heads, a
+    # 64-row query block with 28 clamped rows; both quantized dtypes
+    assert _run([P + 1, 40], [9, 5], [W, 1], 1, 4, 64, dtype=KVDtype.FP8, tok_columns=64) <= 1e-2
+    assert _run([P - 1, 33], [9, 2], [0, W], 1, 4, 128, wide="tok", tok_columns=64) <= 1e-2
+    pb = make_batch(KVDtype.FP8, [20], 2, 128, P, DEVICE)
+    q = torch.randn(9, 8, 128)
+    assert "<= 16 columns" in (extend_decode_unsupported(q, pb.cache, 9) or "")
+    assert ed.extend_decode_plan(q, pb.cache, 9, tok_columns=64) == ("tok", 36, 1)
+    with pytest.raises(ValueError, match="tok_columns"):
+        ed.extend_decode_plan(q, pb.cache, 9, tok_columns=65)
 
 
 def test_extend_decode_refuses_what_it_cannot_serve() -> None:
@@ -123,15 +137,17 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
         extend_attention(q, kv, kv, cu, pb.cache, pb.page_table, pb.lens, 0.1, max_chunk=max_chunk)
 
     call(KVDtype.NVFP4, 2)
-    call(KVDtype.FP8, 2)  # auto: NVFP4 only
+    call(KVDtype.FP8, 2)  # auto: both quantized dtypes
     call(KVDtype.NVFP4, 5)  # 20 columns: the tl.dot path
-    assert calls == [("nvfp4", 2)]
+    call(KVDtype.FP8, 5)
+    assert calls == [("nvfp4", 2), ("fp8_e4m3", 2)]
     monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "decode")
     call(KVDtype.FP8, 2)
-    assert calls == [("nvfp4", 2), ("fp8_e4m3", 2)]
+    assert calls == [("nvfp4", 2), ("fp8_e4m3", 2), ("fp8_e4m3", 2)]
     monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "triton")
     call(KVDtype.NVFP4, 2)
-    assert len(calls) == 2
+    call(KVDtype.FP8, 2)
+    assert len(calls) == 3
     monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "mma")
     with pytest.raises(ValueError, match="NIBBLEKV_EXTEND_VARIANT"):
         call(KVDtype.NVFP4, 2)

@@ -18,7 +18,10 @@ NOTE (invariants):
 - only decode batches without penalties or logprobs overlap (those need host tokens); any other batch
   first resolves the pending step, then runs synchronously;
 - pages freed while a step is in flight are reused only by later launches, which the device stream
-  orders after it (hence single device, no host tier: refused in ``Engine``).
+  orders after it (hence a single device: tensor parallelism is refused in ``EngineConfig``). The host
+  tier keeps that order: its side stream first waits for everything already queued (the step in flight
+  too) and the device stream waits for a copy before it reuses or reads the copy's pages
+  (``cache/host_tier.py``); batches that load host pages are prefills, which run synchronously.
 """
 
 from __future__ import annotations
