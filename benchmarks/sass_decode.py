@@ -144,7 +144,7 @@ def main() -> None:
             per_th = main_len * int(cfg["num_warps"]) / int(cfg["block_n"])
             rows.append((dname, spec, per_th))
             smem = getattr(k.metadata, "shared", "?")  # type: ignore[attr-defined]
-            print(f"{dname:9s} {spec:28s} cfg={cfg} | {usage} | smem {smem} B | LDL/STL {spill_ins} | loops {[n for _, _, n in lp[:4]]}"
+            print(f"{dname:9s} {spec:28s} {getattr(k, 'name', '?')} cfg={cfg} | {usage} | smem {smem} B | LDL/STL {spill_ins} | loops {[n for _, _, n in lp[:4]]}"
                   f" | main loop {main_len} SASS/iter -> {per_th:.1f} warp-instr per token-head", flush=True)  # fmt: skip
             if args.hist and lp:
                 print("    ", opcode_histogram(ins, lp[0][0], lp[0][1]))

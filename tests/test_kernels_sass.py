@@ -1,7 +1,8 @@
 """decode_mma's sm_90 compile (CPU only: a fake driver and the triton wheel's ptxas, see
 benchmarks/sass_decode.py): its launch grid is one wave of 16 one-warp programs per SM, which holds only
 while every build fits 128 registers without spills. Uncapped builds drifted to 130 and 166 registers
-(2026-11-30) and ran 10-25% slower on the H200."""
+(2026-11-30) and ran 10-25% slower on the H200. The token-balanced kernel (``bal=1``) is checked in the
+builds that fit (``pf=0`` or ``tpi=1``; with both at their defaults it spills ~5 values into its tile loop)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 @pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
 @pytest.mark.parametrize(
     "group,tail,head_dim,spec",
-    [(4, False, 128, "mma"), (8, True, 128, "mma"), (3, True, 64, "mma"), (8, False, 128, "mma:vst=0,vq=0"), (4, True, 128, "mma:cv=3")],
+    [(4, False, 128, "mma"), (8, True, 128, "mma"), (3, True, 64, "mma"), (8, False, 128, "mma:vst=0,vq=0"),
+     (4, True, 128, "mma:cv=3"), (8, True, 128, "mma:bal=1,pf=0"), (4, False, 128, "mma:bal=1,tpi=1")],
 )
 def test_decode_mma_fits_128_registers(group: int, tail: bool, head_dim: int, spec: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -31,4 +33,5 @@ def test_decode_mma_fits_128_registers(group: int, tail: bool, head_dim: int, sp
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600).stdout
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)
     assert m, out[-2000:]
+    assert ("decode_mma_bal_kernel" if "bal=1" in spec else "decode_mma_kernel") in out, out[-2000:]
     assert int(m.group(1)) == 0 and int(m.group(2)) <= 128, m.group(0)

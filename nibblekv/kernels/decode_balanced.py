@@ -31,9 +31,6 @@ from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels.decode_mma import _mma_segment, _mma_tail
 from nibblekv.kernels.types import LayerKV
 
-LOG2E = 1.4426950408889634
-
-
 def plan_balanced(lens: list[int], kv_heads: int, warps: int, min_tiles: int) -> list[tuple[int, int, int, int, int]]:
     """The schedule ``decode_mma_bal_kernel`` runs: ``(warp, pair, first token, end token, slot)`` for every
     segment, pairs ``b * kv_heads + h``; ``min_tiles`` = the least 16-token tiles a warp gets."""
@@ -97,43 +94,46 @@ def decode_mma_bal_kernel(
                 slot = W + n_req * HKV + pair
                 _mma_tail(
                     q_ptr + b.to(tl.int64) * s_qb, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok,
-                    tpt_ptr + b.to(tl.int64) * s_tpt, tl.load(tlens_ptr + b), pair % HKV, sm_scale * LOG2E,
+                    tpt_ptr + b.to(tl.int64) * s_tpt, tl.load(tlens_ptr + b), pair % HKV,
+                    sm_scale * 1.4426950408889634,
                     o_ptr + slot.to(tl.int64) * (G * D), lse_ptr + slot.to(tl.int64) * G, D, G, D, TPAGE, VST,
                 )  # fmt: skip
         return
     incl, idx = _tile_prefix(lens_ptr, n_act, BP)
-    total = tl.max(incl, axis=0) * HKV
-    chunk = _chunk(total, W, MINC)
-    x0 = pid * chunk
-    x1 = tl.minimum(x0 + chunk, total)
-    if x0 >= x1:
-        return
-    # the request holding tile x0: the count of requests that end at or before it (an empty one ends
-    # where it starts, so it is counted and skipped); past n_act the prefix holds the total (> x0)
-    b = tl.sum((incl * HKV <= x0).to(tl.int32), axis=0)
-    rows = tl.load(lens_ptr + b).to(tl.int32)
-    tiles = (rows + 15) // 16
-    base = (tl.sum(tl.where(idx == b, incl, 0), axis=0) - tiles) * HKV  # request b's first global tile
-    gk = tl.load(g_ptr) * (16384.0 if CV & 1 else 64.0)  # see decode_mma_kernel: E4M3-byte codes' 2**-6
-    gv = tl.load(g_ptr + 1) * (16384.0 if CV & 2 else 64.0)
-    while x0 < x1:
-        while x0 >= base + tiles * HKV:  # past request b (or b is empty): the next one
-            base += tiles * HKV
-            b += 1
+    x0 = pid * _chunk(tl.max(incl, axis=0) * HKV, W, MINC)
+    more = True
+    while more:
+        # NOTE: all but x0 is recomputed per segment (a few loads and one cumsum) to keep what stays live
+        # across _mma_segment small: it fills the 128-register cap. Even so, the sm_90 build of tpi=2 with
+        # pf=1 spills ~5 values into the tile loop; pf=0 or tpi=1 builds do not (tests/test_kernels_sass.py)
+        if DYN:
+            n_act = tl.load(act_ptr)
+        incl, idx = _tile_prefix(lens_ptr, n_act, BP)
+        total = tl.max(incl, axis=0) * HKV
+        x1 = tl.minimum((pid + 1) * _chunk(total, W, MINC), total)
+        more = x0 < x1
+        if more:
+            # the request holding tile x0: the count of requests that end at or before it (an empty one
+            # ends where it starts, so it is counted and skipped); past n_act the prefix holds the total
+            b = tl.sum((incl * HKV <= x0).to(tl.int32), axis=0)
             rows = tl.load(lens_ptr + b).to(tl.int32)
             tiles = (rows + 15) // 16
-        h = (x0 - base) // tiles
-        t0 = x0 - base - h * tiles
-        nt = tl.minimum(tiles - t0, x1 - x0)
-        slot = (pid + b * HKV + h).to(tl.int64)
-        end = tl.minimum((t0 + nt) * 16, rows)
-        _mma_segment(
-            q_ptr + b.to(tl.int64) * s_qb, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
-            pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h, sm_scale * LOG2E * gk, gv,
-            o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-            G, D, PAGE, 1, TPI, PF, 0, VST, VQ, CV,
-        )  # fmt: skip
-        x0 += nt
+            base = (tl.sum(tl.where(idx == b, incl, 0), axis=0) - tiles) * HKV  # request b's first tile
+            h = (x0 - base) // tiles
+            t0 = x0 - base - h * tiles
+            nt = tl.minimum(tiles - t0, x1 - x0)
+            slot = (pid + b * HKV + h).to(tl.int64)
+            end = tl.minimum((t0 + nt) * 16, rows)
+            gk = tl.load(g_ptr) * (16384.0 if CV & 1 else 64.0)  # see decode_mma_kernel: the codes' 2**-6
+            gv = tl.load(g_ptr + 1) * (16384.0 if CV & 2 else 64.0)
+            _mma_segment(
+                q_ptr + b.to(tl.int64) * s_qb, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page,
+                sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h,
+                sm_scale * 1.4426950408889634 * gk, gv,
+                o_ptr + slot * (G * D), lse_ptr + slot * G, D,
+                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, CV,
+            )  # fmt: skip
+            x0 += nt
 
 
 @triton.jit
