@@ -103,6 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "host-tier engines too)")  # fmt: skip
     ov.add_argument("--disable-overlap-schedule", dest="overlap", action="store_const", const=False)
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
+    p.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="fcfs", help="the engine's admission order")
     # shared_prefix
     p.add_argument("--min-groups", type=int, default=4, help="groups per run: max(concurrency, this)")
     p.add_argument("--per-group", type=int, default=4)
@@ -280,7 +281,7 @@ def make_engine(args: argparse.Namespace, loaded: tuple[Any, Any], kv: str, hica
         enable_hierarchical_cache=hicache, hicache_size=args.hicache_size,
         hicache_write_policy=args.hicache_write_policy,
         # NOTE: the overlap schedule's default leaves the host tier out; --enable-overlap-schedule includes it
-        enable_overlap_schedule=args.overlap,
+        enable_overlap_schedule=args.overlap, schedule_policy=args.schedule_policy,
     )  # fmt: skip
     engine = Engine(cfg, loaded=loaded)
     engine.stream = True  # step() returns every advanced request's output (first tokens: TTFT)
@@ -335,7 +336,7 @@ def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                             "workload": workload, "kv_dtype": kv, "hicache": hicache, "concurrency": c, **res,
                             "pool_tokens": engine.max_total_num_tokens, "kv_budget_gib": args.kv_budget_gib,
                             "hicache_gib": args.hicache_size if hicache else 0.0,
-                            "overlap": engine.overlap_schedule,
+                            "overlap": engine.overlap_schedule, "schedule_policy": args.schedule_policy,
                         })  # fmt: skip
                         print(json.dumps(rows[-1]), flush=True)
                         write(path, args, rows)

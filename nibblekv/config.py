@@ -12,6 +12,7 @@ LOAD_FORMATS: tuple[str, ...] = ("auto", "gguf", "safetensors", "dummy")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 HICACHE_WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through")
+SCHEDULE_POLICIES: tuple[str, ...] = ("fcfs", "lpm")
 # Default for --max-total-tokens when the pool is not sized from GPU memory.
 CPU_DEFAULT_MAX_TOTAL_TOKENS: int = 16384
 # The default prefill window covers the previous chunk up to this many tokens (bf16 pages held by the one
@@ -45,6 +46,8 @@ class EngineConfig:
     max_total_tokens: int | None = None  # main-pool token capacity (overrides the memory sizing)
     mem_budget_gib: float | None = None  # CPU: KV pool bytes budget instead of --max-total-tokens
     max_running_requests: int | None = None
+    # admission order: first come first served, or (SGLang's lpm) the longest cached prefix first
+    schedule_policy: str = "fcfs"
     chunked_prefill_size: int = 2048  # <= 0 disables chunking
     kv_recent_window: int = 64  # newest tokens kept unquantized per request; 0 = off
     kv_scales_path: str | None = None
@@ -121,6 +124,7 @@ class EngineConfig:
         if self.hicache_size is not None:
             _check(self.hicache_size > 0, "hicache_size", "must be > 0")
         _check_choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
+        _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         if self.enable_overlap_schedule:
             _check(self.tp_size == 1, "enable_overlap_schedule", "is not supported with --tp-size > 1")
 
@@ -215,6 +219,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-total-tokens", type=_positive_int, default=None)
     g.add_argument("--mem-budget-gib", type=_positive_float, default=None, help="KV pool budget (CPU)")
     g.add_argument("--max-running-requests", type=_positive_int, default=None)
+    g.add_argument(
+        "--schedule-policy", default=d.schedule_policy, choices=SCHEDULE_POLICIES,
+        help="admission order: fcfs, or lpm (longest cached prefix first, while <= 128 requests wait)",
+    )  # fmt: skip
     g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="<= 0: off")
     g.add_argument(
         "--kv-recent-window",

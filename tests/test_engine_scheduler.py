@@ -109,6 +109,44 @@ def test_chunked_prefill_budget_and_fcfs() -> None:
     assert all(r.output_token_ids == _expected(r) for r in reqs)
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_lpm_admits_the_longest_cached_prefix_first(policy: str) -> None:
+    from nibblekv.cache.prefix import PrefixCacheManager
+
+    spec = size_pool(
+        num_layers=1, num_kv_heads=1, head_dim=16, page_size=PAGE, kv_dtype=KVDtype.BF16,
+        model_kv_dtype=KVDtype.FP32, recent_window=0, max_running_requests=1, budget_bytes=None,
+        max_total_tokens=64 * PAGE,
+    )  # fmt: skip
+    sched = Scheduler(
+        PrefixCacheManager(KVPool(spec, "cpu", torch.ones(1, 2))), max_running_requests=1, chunk_tokens=None,
+        eos_token_ids=[1], policy=policy,
+    )  # fmt: skip
+    params = SamplingParams(max_new_tokens=3, ignore_eos=True)
+    shared = [3 + j % 40 for j in range(13)]
+    donor = Request("donor", shared + [44, 45], params, 3)
+    cold = Request("cold", [50 + j for j in range(9)], params, 3)  # no cached prefix; arrives first
+    near = Request("near", shared + [7], params, 3)  # 3 cached pages (12 tokens)
+    scored = Request("scored", shared + [8], SamplingParams(max_new_tokens=1, prompt_logprobs=1), 1)
+    order: list[str] = []
+    for batch_reqs in ([donor], [cold, scored, near]):
+        for r in batch_reqs:
+            sched.add(r)
+        while sched.has_work():
+            batch = sched.schedule()
+            assert batch is not None
+            order += [r.request_id for r in batch.reqs if r.request_id not in order]
+            toks = [_next_token(r) for i, r in enumerate(batch.reqs) if batch.samples(i)]
+            sched.postprocess(batch, StepResult(toks, [None] * len(toks), {}))
+    # lpm: "near" jumps the queue; "scored" (prompt logprobs: never matched) keeps its FCFS place after "cold"
+    want = ["donor", "near", "cold", "scored"] if policy == "lpm" else ["donor", "cold", "scored", "near"]
+    assert order == want
+    assert near.cached_tokens == 12 and cold.cached_tokens == 0
+    assert all(r.output_token_ids == _expected(r) for r in (donor, cold, near))
+    with pytest.raises(ValueError, match="schedule policy"):
+        Scheduler(sched.cache, max_running_requests=1, chunk_tokens=None, eos_token_ids=[1], policy="lifo")
+
+
 def test_stop_conditions() -> None:
     sched = _scheduler(num_pages=50, window=0, max_running=4, chunk=None)
     eos = Request("eos", [5, 6], SamplingParams(max_new_tokens=10), 10)
@@ -136,3 +174,18 @@ def test_lone_request_that_cannot_fit_is_aborted() -> None:
     seen = _drive(sched, [req])
     assert req.finish_reason == "abort" and req.status is RequestStatus.FINISHED
     assert req.num_output_tokens == 3 and seen["steps"] == 3  # 12 slots: prompt 10 + 2 stored + 1 sampled
+
+
+def test_schedule_policy_flag() -> None:
+    import argparse
+
+    from nibblekv.config import EngineConfig, add_engine_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert EngineConfig.from_args(parser.parse_args([])).schedule_policy == "fcfs"
+    assert EngineConfig.from_args(parser.parse_args(["--schedule-policy", "lpm"])).schedule_policy == "lpm"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--schedule-policy", "lifo"])
+    with pytest.raises(ValueError, match="--schedule-policy"):
+        EngineConfig(schedule_policy="lifo")

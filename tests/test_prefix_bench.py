@@ -107,3 +107,16 @@ def test_bench_prefix_overlap_schedule(tmp_path: Path) -> None:
     assert plain[0]["overlap"] is False
     for key in ("requests", "prompt_tokens", "output_tokens", "cached_tokens"):
         assert on[key] == plain[0][key], key
+
+
+def test_bench_prefix_schedule_policy(tmp_path: Path) -> None:
+    # --schedule-policy lpm reaches the engine and the rows; the same sessions finish with the same tokens
+    bench = _bench()
+    common = ["--smoke", "--workloads", "shared_prefix", "--kv-dtypes", "bf16", "--concurrency", "4"]
+    common += ["--hicache", "off"]
+    assert bench.main(common + ["--out", str(tmp_path / "f")]) == 0
+    assert bench.main(common + ["--out", str(tmp_path / "l"), "--schedule-policy", "lpm"]) == 0
+    fcfs, lpm = (json.loads((tmp_path / d / "prefix-h200-smoke.json").read_text())["rows"] for d in "fl")
+    assert [r["schedule_policy"] for r in fcfs + lpm] == ["fcfs", "lpm"]
+    for key in ("requests", "prompt_tokens", "output_tokens"):
+        assert fcfs[0][key] == lpm[0][key], key

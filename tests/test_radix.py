@@ -220,6 +220,15 @@ def test_without_host_a_full_tree_drops_nodes() -> None:
     check(tree, pool)
 
 
+def _peek_unchanged(tree: RadixCache, tokens: Sequence[int], max_pages: int | None = None) -> int:
+    """``tree.peek_prefix``, checked to change nothing (no split, no LRU refresh)."""
+    shape = lambda: sorted((n.key, n.last_access, id(n)) for n in tree._nodes())  # noqa: E731
+    before = shape()
+    n = tree.peek_prefix(tokens, max_pages)
+    assert shape() == before
+    return n
+
+
 @pytest.mark.parametrize("host_pages,policy", [(0, "write_back"), (6, "write_back"), (10, "write_through")])
 def test_random_operations_keep_invariants(host_pages: int, policy: str) -> None:
     """Random inserts, matches, locks, evictions and load-backs; every page accounted for throughout."""
@@ -232,7 +241,9 @@ def test_random_operations_keep_invariants(host_pages: int, policy: str) -> None
         tokens = [t for _ in range(rng.randint(1, 6)) for t in rng.choice(alphabet)]
         op = rng.random()
         if op < 0.45:  # a request: match (loading back), lock, store the rest, insert, unlock
+            peeked = _peek_unchanged(tree, tokens)
             m = tree.match_prefix(tokens)
+            assert len(m.pages) + len(m.host_pages) == peeked
             if isinstance(tree, HiRadixCache):
                 m, _ = tree.load_back(m)
             tree.lock(m.node)
@@ -260,7 +271,10 @@ def test_random_operations_keep_invariants(host_pages: int, policy: str) -> None
         elif op < 0.9 and isinstance(tree, HiRadixCache):
             tree.evict_host(rng.randint(1, 4))
         else:
-            tree.match_prefix(tokens, max_pages=rng.randint(0, 5))
+            k = rng.randint(0, 5)
+            peeked = _peek_unchanged(tree, tokens, k)
+            m = tree.match_prefix(tokens, max_pages=k)
+            assert len(m.pages) + len(m.host_pages) == peeked
         scribble(pool)
         check(tree, pool)
         assert len(tree.device_page_ids()) == pool.main_alloc.num_used, f"step {step}: device pages leaked"

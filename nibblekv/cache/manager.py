@@ -184,6 +184,10 @@ class BaseCacheManager(ABC):
         """Give a request holding no pages its cached prefix; return its length (0: no prefix cache)."""
         return 0
 
+    def peek_prefix(self, token_ids: Sequence[int]) -> int:
+        """The length :meth:`match_prefix` would give now, changing nothing (0: no prefix cache)."""
+        return 0
+
     def cache_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> None:
         """Offer a request's stored tokens to the prefix cache (no-op without one)."""
 

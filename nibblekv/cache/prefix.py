@@ -96,6 +96,9 @@ class PrefixCacheManager(TieredCacheManager):
         lq = main_len_after(0, num_tokens, self.window, self.page_size)
         return min(lq, num_tokens - 1) // self.page_size
 
+    def peek_prefix(self, token_ids: Sequence[int]) -> int:
+        return self.tree.peek_prefix(token_ids, self.max_reusable_pages(len(token_ids))) * self.page_size
+
     def match_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> int:
         """Point an empty request at its cached prefix; return the tokens it no longer computes."""
         if pages.num_tokens or id(pages) in self._holds:

@@ -162,6 +162,24 @@ class RadixCache:
             node, done = child, done + n
         return PrefixMatch(dev, dev_node, host, node)
 
+    def peek_prefix(self, key: Sequence[int], max_pages: int | None = None) -> int:
+        """Pages :meth:`match_prefix` would match (device and host), changing nothing: no split, no LRU
+        refresh (a scheduling policy asks this of every waiting request)."""
+        limit = (
+            len(key) // self.page_size if max_pages is None else min(max_pages, len(key) // self.page_size)
+        )
+        node, done = self.root, 0
+        while done < limit:
+            child = node.children.get(self._chunk(key, done))
+            if child is None:
+                break
+            n = self._common_pages(child, key, done, limit - done)
+            done += n
+            if n < len(child.key) // self.page_size:
+                break
+            node = child
+        return done
+
     # ---- structure ------------------------------------------------------------------------------
     def _split(self, node: TreeNode, n: int) -> TreeNode:
         """Cut ``node`` after ``n`` pages; return the new upper node (``node`` keeps the rest).

@@ -102,6 +102,7 @@ class Engine:
             max_running_requests=self.max_running,
             chunk_tokens=cfg.chunk_tokens,
             eos_token_ids=[*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids],
+            policy=cfg.schedule_policy,
         )
         self.runner = ModelRunner(
             self.model,

@@ -1,8 +1,8 @@
 """Continuous batching: which requests run in the next forward, and what happens to them after.
 
-Each step is either an *extend* batch (prefill chunks, new requests admitted FCFS while their pages
-and the chunk budget allow) or a *decode* batch (one token for every request whose prompt is in the
-cache). Extends go first, as in SGLang. When a decode step runs out of pages the newest running
+Each step is either an *extend* batch (prefill chunks, new requests admitted FCFS -- or with
+``--schedule-policy lpm`` longest cached prefix first -- while their pages and the chunk budget allow)
+or a *decode* batch (one token for every request whose prompt is in the cache). Extends go first, as in SGLang. When a decode step runs out of pages the newest running
 requests are preempted: their pages are freed and they go back to the front of the queue, keeping
 their tokens, to be recomputed later (no request is lost or duplicated).
 """
@@ -46,8 +46,14 @@ class StepResult:
     prompt_logprobs: dict[str, list[TokenLogprob]]  # request id -> new prompt logprobs, in order
 
 
+# NOTE: SGLang's bound too: past it, a prefix lookup per waiting request per step costs more than the
+# order wins, and admission falls back to FCFS
+LPM_MAX_WAITING = 128
+
+
 class Scheduler:
-    """FCFS continuous batching over a :class:`BaseCacheManager`."""
+    """Continuous batching over a :class:`BaseCacheManager`, admitting FCFS or (``policy="lpm"``) the
+    waiting requests with the longest cached prefix first."""
 
     def __init__(
         self,
@@ -56,8 +62,12 @@ class Scheduler:
         max_running_requests: int,
         chunk_tokens: int | None,
         eos_token_ids: Iterable[int],
+        policy: str = "fcfs",
     ) -> None:
+        if policy not in ("fcfs", "lpm"):
+            raise ValueError(f"schedule policy must be 'fcfs' or 'lpm', got {policy!r}")
         self.cache = cache
+        self.policy = policy
         self.max_running = max_running_requests
         self.chunk_tokens = chunk_tokens
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -92,6 +102,8 @@ class Scheduler:
             budget -= n
         # Headroom of one main page per decoding request, so admission does not force a preemption.
         reserve = sum(1 for r in self.running if r.is_decoding)
+        if self.policy == "lpm" and budget > 0 and len(self.running) < self.max_running:
+            self._order_by_prefix()
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
             # NOTE: prompt logprobs need every prompt position computed, so such requests never match.
@@ -113,6 +125,15 @@ class Scheduler:
             budget -= n
         batch.loads = self.cache.take_loads()
         return self._nonempty(batch)
+
+    def _order_by_prefix(self) -> None:
+        """LPM: waiting requests by cached prefix, longest first; a stable sort, so ties stay FCFS
+        (requests that want prompt logprobs never match: 0)."""
+        if not 1 < len(self.waiting) <= LPM_MAX_WAITING:
+            return
+        peek = self.cache.peek_prefix
+        hit = {id(r): 0 if r.wants_prompt_logprobs() else peek(r.token_ids) for r in self.waiting}
+        self.waiting = deque(sorted(self.waiting, key=lambda r: -hit[id(r)]))
 
     @staticmethod
     def _decodes(req: Request) -> bool:
