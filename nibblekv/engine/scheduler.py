@@ -2,9 +2,10 @@
 
 Each step is either an *extend* batch (prefill chunks, new requests admitted FCFS -- or with
 ``--schedule-policy lpm`` longest cached prefix first -- while their pages and the chunk budget allow)
-or a *decode* batch (one token for every request whose prompt is in the cache). Extends go first, as in SGLang. When a decode step runs out of pages the newest running
-requests are preempted: their pages are freed and they go back to the front of the queue, keeping
-their tokens, to be recomputed later (no request is lost or duplicated).
+or a *decode* batch (one token for every request whose prompt is in the cache). Extends go first, as
+in SGLang. When a decode step runs out of pages the newest running requests are preempted: their
+pages are freed and they go back to the front of the queue, keeping their tokens, to be recomputed
+later (no request is lost or duplicated).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 from nibblekv.cache.host_tier import Transfer
 from nibblekv.cache.manager import BaseCacheManager, Growth
+from nibblekv.config import SCHEDULE_POLICIES
 from nibblekv.engine.request import Request, RequestStatus, TokenLogprob
 
 
@@ -64,8 +66,8 @@ class Scheduler:
         eos_token_ids: Iterable[int],
         policy: str = "fcfs",
     ) -> None:
-        if policy not in ("fcfs", "lpm"):
-            raise ValueError(f"schedule policy must be 'fcfs' or 'lpm', got {policy!r}")
+        if policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule policy must be one of {', '.join(SCHEDULE_POLICIES)}, got {policy!r}")
         self.cache = cache
         self.policy = policy
         self.max_running = max_running_requests

@@ -121,9 +121,10 @@ def extend_attention(
         mode = os.environ.get("NIBBLEKV_EXTEND_VARIANT", "auto")
         if mode not in EXTEND_VARIANTS:
             raise ValueError(f"NIBBLEKV_EXTEND_VARIANT must be one of {EXTEND_VARIANTS}, got {mode!r}")
-        if max_chunk is not None and mode != "triton" and ed.extend_decode_unsupported(q, cache, max_chunk) is None:
-            return ed.extend_decode(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale, max_chunk,
-                                    tail, tail_page_table, tail_prefix_lens)  # fmt: skip
+        if mode != "triton" and max_chunk is not None:  # noqa: SIM102 - max_chunk narrowed for the call
+            if ed.extend_decode_unsupported(q, cache, max_chunk) is None:
+                return ed.extend_decode(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
+                                        max_chunk, tail, tail_page_table, tail_prefix_lens)  # fmt: skip
 
         return extend_triton(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
                              tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk)  # fmt: skip
