@@ -145,6 +145,19 @@ def test_lpm_admits_the_longest_cached_prefix_first(policy: str) -> None:
     assert all(r.output_token_ids == _expected(r) for r in (donor, cold, near))
     with pytest.raises(ValueError, match="schedule policy"):
         Scheduler(sched.cache, max_running_requests=1, chunk_tokens=None, eos_token_ids=[1], policy="lifo")
+    if policy == "lpm":  # lookups are kept while the tree's version holds, redone after it changes
+        calls: list[str] = []
+        peek = sched.cache.peek_prefix
+        sched.cache.peek_prefix = lambda t: calls.append("peek") or peek(t)  # type: ignore[method-assign]
+        for i in range(3):
+            sched.add(Request(f"w{i}", shared + [i], params, 3))
+        version = sched.cache.prefix_version
+        sched._order_by_prefix()
+        sched._order_by_prefix()
+        assert len(calls) == 3 and sched.cache.prefix_version == version
+        sched.cache.tree.evict(1)
+        sched._order_by_prefix()
+        assert len(calls) == 6 and sched.cache.prefix_version > version
 
 
 def test_stop_conditions() -> None:

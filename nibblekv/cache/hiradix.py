@@ -70,6 +70,7 @@ class HiRadixCache(RadixCache):
 
     def evict_host(self, num_pages: int, keep: TreeNode | None = None) -> int:
         """Free host slots: LRU unlocked host-only leaves, or host copies of device nodes."""
+        self.version += 1
 
         def candidate(n: TreeNode) -> bool:
             return (

@@ -185,7 +185,13 @@ class BaseCacheManager(ABC):
         return 0
 
     def peek_prefix(self, token_ids: Sequence[int]) -> int:
-        """The length :meth:`match_prefix` would give now, changing nothing (0: no prefix cache)."""
+        """The length :meth:`match_prefix` would give now, changing nothing (0: no prefix cache); it holds
+        while :attr:`prefix_version` does."""
+        return 0
+
+    @property
+    def prefix_version(self) -> int:
+        """Changes whenever a :meth:`peek_prefix` result may have (constant: no prefix cache)."""
         return 0
 
     def cache_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> None:

@@ -99,6 +99,10 @@ class PrefixCacheManager(TieredCacheManager):
     def peek_prefix(self, token_ids: Sequence[int]) -> int:
         return self.tree.peek_prefix(token_ids, self.max_reusable_pages(len(token_ids))) * self.page_size
 
+    @property
+    def prefix_version(self) -> int:
+        return self.tree.version
+
     def match_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> int:
         """Point an empty request at its cached prefix; return the tokens it no longer computes."""
         if pages.num_tokens or id(pages) in self._holds:

@@ -113,6 +113,9 @@ class RadixCache:
         self.protected_pages = 0
         self.host_pages = 0
         self.num_dropped = 0  # pages evicted for good (metrics, tests)
+        # NOTE: bumped by every operation that may change what a key matches (insert, evict, evict_host), so
+        # a caller may keep a peek_prefix result while it holds (the scheduler's lpm order)
+        self.version = 0
 
     # ---- lookups --------------------------------------------------------------------------------
     def _chunk(self, key: Sequence[int], page: int) -> tuple[int, ...]:
@@ -216,6 +219,7 @@ class RadixCache:
         duplicate); everywhere else the tree adopts the caller's page (new nodes, and host-only nodes
         whose device copy this restores) and the returned id is the caller's.
         """
+        self.version += 1
         p = self.page_size
         if len(key) < len(pages) * p:
             raise ValueError(f"{len(pages)} pages need {len(pages) * p} tokens, got {len(key)}")
@@ -293,6 +297,7 @@ class RadixCache:
         Takes the least recently used unlocked leaves first; a leaf longer than what is still
         needed is split and only its deepest pages go.
         """
+        self.version += 1
         heap = [n for n in self._nodes() if self._device_leaf(n)]
         heapq.heapify(heap)
         freed = 0

@@ -77,6 +77,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._finished: list[Request] = []  # finished since the last take_finished()
+        self._peeks: dict[str, tuple[int, int]] = {}  # lpm: request id -> (prefix_version, cached tokens)
 
     def add(self, req: Request) -> None:
         req.status = RequestStatus.WAITING
@@ -130,12 +131,20 @@ class Scheduler:
 
     def _order_by_prefix(self) -> None:
         """LPM: waiting requests by cached prefix, longest first; a stable sort, so ties stay FCFS
-        (requests that want prompt logprobs never match: 0)."""
+        (requests that want prompt logprobs never match: 0). A request's lookup is kept while the cache's
+        ``prefix_version`` holds (a waiting request's tokens do not change): a 32K-token lookup costs
+        ~0.13 ms of host time."""
         if not 1 < len(self.waiting) <= LPM_MAX_WAITING:
             return
-        peek = self.cache.peek_prefix
-        hit = {id(r): 0 if r.wants_prompt_logprobs() else peek(r.token_ids) for r in self.waiting}
-        self.waiting = deque(sorted(self.waiting, key=lambda r: -hit[id(r)]))
+        version = self.cache.prefix_version
+        peeks: dict[str, tuple[int, int]] = {}
+        for r in self.waiting:
+            old = self._peeks.get(r.request_id)
+            if old is None or old[0] != version:
+                old = (version, 0 if r.wants_prompt_logprobs() else self.cache.peek_prefix(r.token_ids))
+            peeks[r.request_id] = old
+        self._peeks = peeks  # NOTE: only waiting requests: a preempted one comes back with more tokens
+        self.waiting = deque(sorted(self.waiting, key=lambda r: -peeks[r.request_id][1]))
 
     @staticmethod
     def _decodes(req: Request) -> bool:
