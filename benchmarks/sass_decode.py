@@ -110,6 +110,7 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--tail", action="store_true", help="launch with a bf16 tail (compiles the tail loop too)")
+    ap.add_argument("--active", action="store_true", help="mma: the CUDA-graph build (DYN: rows past *active pad)")
     ap.add_argument("--hist", action="store_true", help="print an opcode histogram of the main loop")
     ap.add_argument("--dump", default="", help="directory for each variant's ptx/sass")
     args = ap.parse_args()
@@ -130,8 +131,9 @@ def main() -> None:
                 continue
             name, cfg = dec.resolve_variant(spec, {"nvfp4": 2, "fp8_e4m3": 1}.get(dname, 0), d, False)
             try:
+                act = torch.tensor([1], dtype=torch.int32) if args.active else None
                 dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 0.1, pb.tail, pb.tail_page_table, pb.tail_lens,
-                                  num_splits=2, variant=spec)  # fmt: skip
+                                  num_splits=2, variant=spec, active=act)  # fmt: skip
             except Exception as e:  # noqa: BLE001 - report and go on
                 print(f"{dname:9s} {spec:28s} COMPILE FAILED: {str(e)[-1500:]}", flush=True)
                 continue

@@ -42,6 +42,7 @@ from nibblekv.kernels.decode_config import (
     resolve_variant,
 )
 from nibblekv.kernels.decode_balanced import launch_balanced
+from nibblekv.kernels.decode_fixup import counters
 from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel, dyn_splits, mma_chunk
 from nibblekv.kernels.decode_tok import decode_tok_kernel
 from nibblekv.kernels.types import LayerKV
@@ -427,6 +428,7 @@ def decode_triton(
     )  # fmt: skip
     side = None
     dyn: dict[str, object] = {}
+    fused: dict[str, object] = {}
     if name == "mma":
         if has_tail and not tail_in_grid:  # its own launch (decode_tail_kernel), beside the main kernel
             side = side_stream(q.device)
@@ -440,6 +442,10 @@ def decode_triton(
                 )  # fmt: skip
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
         dyn = _dyn_args(active, q.device, int(cfg["ppsm"]), hkv * tail_wave)
+        # NOTE: the in-kernel fix-up needs whole head rows (no PAIR) and every partial written by this grid
+        whole = not pair and (tail_in_grid or not has_tail)
+        cnt = counters(q.device, bsz * hkv) if cfg.get("fuse") and whole else None
+        fused = {} if cnt is None else _fused_args(cnt, out, lse_out)
         grid = (bsz * hkv * (splits + int(tail_in_grid)),) if dyn else (bsz, hkv, splits + int(tail_in_grid))
         k = decode_mma_kernel[grid](
             *args,
@@ -453,6 +459,7 @@ def decode_triton(
             VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
             CV=int(cfg["cv"]),
             **dyn,
+            **fused,
             **mma_common,
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
             # resident (128 at 16). Uncapped, sm_90 compiles drifted to 130 (GQA 8) and 166 (no tail, after
@@ -466,7 +473,9 @@ def decode_triton(
                 f"decode variant {name!r} needs packed NVFP4 scale rows (token stride {d // 16})"
             )
         split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT else 0
-        k = decode_tok_kernel[(bsz, hkv, s_tot)](*args, CONV=int(cfg["conv"]), SPLIT=split, **common)
+        cnt = counters(q.device, bsz * hkv) if cfg.get("fuse") else None
+        fused = {} if cnt is None else _fused_args(cnt, out, lse_out)
+        k = decode_tok_kernel[(bsz, hkv, s_tot)](*args, CONV=int(cfg["conv"]), SPLIT=split, **common, **fused)
     else:
         paged = name == "paged" and _pages_contiguous(cache, bn)
         k = _decode_kernel[(bsz, hkv, s_tot)](
@@ -476,6 +485,8 @@ def decode_triton(
     LAST_KERNEL["decode"] = k
     if side is not None:
         torch.cuda.current_stream(q.device).wait_stream(side)
+    if fused:  # NOTE: the last program of each (request, KV head) merged its partials (decode_fixup)
+        return out
     db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hq, s_tot, d)
     mma = name == "mma"
     _combine_kernel[(bsz * hq, d // db)](
@@ -487,6 +498,14 @@ def decode_triton(
         **(dict(dyn, WARPS_PER_REQ=hkv * int(cfg["num_warps"])) if mma and dyn else {}),
     )  # fmt: skip
     return out
+
+
+def _fused_args(cnt: torch.Tensor, out: torch.Tensor, lse_out: torch.Tensor | None) -> dict[str, object]:
+    """decode_tok / decode_mma arguments of the in-kernel fix-up (``decode_fixup``)."""
+    return dict(
+        cnt_ptr=cnt, out_ptr=out, s_ob=out.stride(0), s_oh=out.stride(1), lse_out=lse_out, FUSE=1,
+        WRITE_LSE=int(lse_out is not None),
+    )  # fmt: skip
 
 
 def _dyn_args(active: torch.Tensor | None, device: torch.device, ppsm: int, reserve: int) -> dict[str, object]:

@@ -44,6 +44,8 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as one more program of the grid),
 #          bal (1: token-balanced split-K over the whole batch, decode_balanced)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more)
+# tok and mma: fuse (1: each (request, KV head)'s last program merges the split partials itself, no combine
+#          launch -- decode_fixup; mma: static grids without PAIR only; opt-in until timed on a GPU)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 
 
@@ -230,7 +232,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
-    "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced",
+    "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
 }  # fmt: skip
 
 
@@ -259,6 +261,6 @@ def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tupl
         key, _, val = item.partition("=")
         if key not in _KEYS:
             raise ValueError(f"unknown decode variant option {key!r} in {spec!r} (one of {tuple(_KEYS)})")
-        if not interp or name == "mma" or key in ("bn", "tbn", "sv"):
+        if not interp or name == "mma" or key in ("bn", "tbn", "sv", "fuse"):
             cfg[_KEYS[key]] = int(val)
     return name, cfg

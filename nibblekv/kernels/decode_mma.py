@@ -50,6 +50,7 @@ from nibblekv.kernels._mma_ptx import (
     _st4,
     _sum8,
 )
+from nibblekv.kernels.decode_fixup import fixup
 from nibblekv.kernels.decode_tok import _tok_segment
 
 
@@ -914,6 +915,31 @@ def dyn_splits(act, max_splits, warp_slots, warps_per_req, reserve_per_req):
 
 
 @triton.jit
+def _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
+               splits, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NW: tl.constexpr,
+               MINC: tl.constexpr, TAIL_MMA: tl.constexpr, WRITE_LSE: tl.constexpr):  # fmt: skip
+    """``decode_fixup.fixup`` for a head_dim-128 launch: ``splits`` (the run's, ``dyn_splits`` with ``DYN``)
+    + the tail's programs per pair; the written slots are the first ``cdiv(n, chunk) * NW`` and the tail's."""
+    n = tl.load(lens_ptr + b)
+    n_first = tl.cdiv(n, mma_chunk(n, splits, MINC)) * NW
+    fixup(cnt_ptr + b * (HQ // G) + h, splits + TAIL_MMA, o_ptr, lse_ptr, S_TOT, n_first, TAIL_SLOTS,
+          out_ptr, s_ob, s_oh, lse_out, b, h, HQ, G, D, 16, WRITE_LSE)  # fmt: skip
+
+
+@triton.jit
+def _zero_rows(out_ptr, s_ob, s_oh, lse_out, b, h, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+               WRITE_LSE: tl.constexpr):  # fmt: skip
+    """A padding pair's output rows (and lse: -inf) with ``FUSE`` under ``DYN``, as the combine step leaves
+    them (no tokens: zeros)."""
+    offs = tl.arange(0, D)
+    for g in tl.static_range(G):
+        hq = h * G + g
+        tl.store(out_ptr + b.to(tl.int64) * s_ob + hq * s_oh + offs, tl.zeros([D], out_ptr.dtype.element_ty))
+        if WRITE_LSE:
+            tl.store(lse_out + b.to(tl.int64) * HQ + hq, float("-inf"))
+
+
+@triton.jit
 def decode_mma_kernel(
     q_ptr, s_qb, s_qh,
     k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr,
@@ -927,6 +953,7 @@ def decode_mma_kernel(
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16, PAIR: tl.constexpr = 0,
     VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0, TAIL_MMA: tl.constexpr = 0,
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
+    cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -943,6 +970,10 @@ def decode_mma_kernel(
     TAIL_MMA)`` programs; only the first ``*act_ptr`` requests are real, and they get ``dyn_splits``
     (<= ``NUM_SPLITS``) splits each -- programs ``[0, act * kv_heads * splits)`` in (request, head, split)
     order, so the one wave holds only real work; the tail programs come after all split slots.
+
+    ``FUSE`` (not with ``PAIR``): every program of a real pair, empty splits too, draws a ticket and the
+    pair's last one merges its partials into ``out_ptr`` (``decode_fixup``); no combine launch. With ``DYN``
+    the spare programs zero the padding rows.
     """
     HKV: tl.constexpr = HQ // G
     if DYN:
@@ -951,6 +982,10 @@ def decode_mma_kernel(
         s_run = dyn_splits(act, NUM_SPLITS, warp_slots, HKV * NW, reserve_per_req)
         grid_main = tl.num_programs(0) - TAIL_MMA * (tl.num_programs(0) // (NUM_SPLITS + 1))
         if (pid >= act * HKV * s_run) & (pid < grid_main):
+            if FUSE:  # NOTE: the spare programs (>= one per padding pair) zero the padding rows' outputs
+                pad = act * HKV + pid - act * HKV * s_run
+                if pad < grid_main // NUM_SPLITS:
+                    _zero_rows(out_ptr, s_ob, s_oh, lse_out, pad // HKV, pad % HKV, HQ, G, D, WRITE_LSE)
             return
         tail_prog = pid >= grid_main
         pair = tl.where(tail_prog, pid - grid_main, pid // s_run)
@@ -976,6 +1011,9 @@ def decode_mma_kernel(
                 tl.load(tlens_ptr + b), h, sm_scale * 1.4426950408889634, o_ptr + tail_first * DO,
                 lse_ptr + tail_first, S_TOT * DO, G, D, TPAGE, VST, PAIR,
             )  # fmt: skip
+            if FUSE:
+                _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
+                           s_run, HQ, G, D, NW, MINC, TAIL_MMA, WRITE_LSE)  # fmt: skip
             return
     first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW * (1 + PAIR)
     n = tl.load(lens_ptr + b)
@@ -985,6 +1023,9 @@ def decode_mma_kernel(
     chunk = mma_chunk(rows, s_run, MINC)
     start = sp * chunk
     if start >= rows:  # NOTE: writes nothing; the combine step reads only the first cdiv(rows, chunk) splits
+        if FUSE:
+            _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
+                       s_run, HQ, G, D, NW, MINC, TAIL_MMA, WRITE_LSE)  # fmt: skip
         return
     end = tl.minimum(start + chunk, rows)
     end1 = end
@@ -1000,3 +1041,6 @@ def decode_mma_kernel(
         o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
         G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV,
     )  # fmt: skip
+    if FUSE:
+        _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
+                   s_run, HQ, G, D, NW, MINC, TAIL_MMA, WRITE_LSE)  # fmt: skip
