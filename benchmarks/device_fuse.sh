@@ -1,7 +1,7 @@
 #!/bin/bash
 # One H200 call (~5 min) for the in-kernel split-K fix-up (variant option fuse=1, stop 22; interpreter-tested,
 # compiled for sm_90 on CPU, never run on a GPU): the pair's last program merges the partials, no combine
-# launch (5-7% of the decode time at B=8 x 32K / B=32 x 8K in decode-variants-vst-h200.json).
+# launch (5-7.5% of the decode time at B=8 x 32K / B=32 x 8K in decode-variants-vst-h200.json).
 #   1) GPU tests of the fused kernels; 2) A/B at GQA 8 and GQA 4, with the per-kernel breakdown.
 # Usage from the repo root: OUT=... COMMIT=<sha> bash benchmarks/device_fuse.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
