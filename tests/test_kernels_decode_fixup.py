@@ -50,12 +50,17 @@ def test_fused_tok_many_splits_lse_and_counters_reset() -> None:
     assert torch.allclose(lses[0][:2], plain_lse[:2], atol=1e-4) and torch.all(lses[0][2] == float("-inf"))
 
 
-@pytest.mark.parametrize("spec,group,tails", [("mma:fuse=1,minc=48", 3, [0, 1, W, 5, W]), ("mma:fuse=1,w=2", 4, None)])
-def test_fused_mma_matches_reference(spec: str, group: int, tails: list[int] | None) -> None:
-    # NVFP4 head_dim 128: 3 splits of >= 48 tokens (the later ones empty for short contexts: unwritten slots
-    # the merge must skip), the bf16 tail as the grid's last program or no tail; two warps per program
+@pytest.mark.parametrize(
+    "spec,group,d,page,tails",
+    [("mma:fuse=1,minc=48", 3, 128, 5, [0, 1, W, 5, W]), ("mma:fuse=1,w=2", 4, 128, 5, None),
+     ("mma:fuse=1", 3, 64, 6, [W, 0, 1, 5, W])],
+)  # fmt: skip
+def test_fused_mma_matches_reference(spec: str, group: int, d: int, page: int, tails: list[int] | None) -> None:
+    # NVFP4: 3 splits of >= 48 tokens (the later ones empty for short contexts: unwritten slots the merge
+    # must skip), the bf16 tail as the grid's last program or no tail, two warps per program; head_dim 64
+    # (two tokens a row: two slots per warp, one per parity, and two tail slots)
     lens = [1, P - 1, P, P + 1, 70]
-    assert _run(KVDtype.NVFP4, lens, tails, 1, group, 128, 5, 3, gscale=(0.37, 2.5), variant=spec) <= 1e-2
+    assert _run(KVDtype.NVFP4, lens, tails, 1, group, d, page, 3, gscale=(0.37, 2.5), variant=spec) <= 1e-2
     assert int(fx.counters(torch.device(DEVICE), 8).abs().sum()) == 0
 
 

@@ -442,8 +442,8 @@ def decode_triton(
                 )  # fmt: skip
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
         dyn = _dyn_args(active, q.device, int(cfg["ppsm"]), hkv * tail_wave)
-        # NOTE: the in-kernel fix-up needs whole head rows (no PAIR) and every partial written by this grid
-        whole = not pair and (tail_in_grid or not has_tail)
+        # NOTE: the in-kernel fix-up needs every partial written by this grid (the tail's too)
+        whole = tail_in_grid or not has_tail
         cnt = counters(q.device, bsz * hkv) if cfg.get("fuse") and whole else None
         fused = {} if cnt is None else _fused_args(cnt, out, lse_out)
         grid = (bsz * hkv * (splits + int(tail_in_grid)),) if dyn else (bsz, hkv, splits + int(tail_in_grid))

@@ -45,7 +45,7 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          bal (1: token-balanced split-K over the whole batch, decode_balanced)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more)
 # tok and mma: fuse (1: each (request, KV head)'s last program merges the split partials itself, no combine
-#          launch -- decode_fixup; mma: static grids without PAIR only; opt-in until timed on a GPU)
+#          launch -- decode_fixup; mma: with the bf16 tail in its grid; opt-in until timed on a GPU)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 
 

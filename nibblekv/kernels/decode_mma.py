@@ -917,11 +917,12 @@ def dyn_splits(act, max_splits, warp_slots, warps_per_req, reserve_per_req):
 @triton.jit
 def _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
                splits, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NW: tl.constexpr,
-               MINC: tl.constexpr, TAIL_MMA: tl.constexpr, WRITE_LSE: tl.constexpr):  # fmt: skip
-    """``decode_fixup.fixup`` for a head_dim-128 launch: ``splits`` (the run's, ``dyn_splits`` with ``DYN``)
-    + the tail's programs per pair; the written slots are the first ``cdiv(n, chunk) * NW`` and the tail's."""
-    n = tl.load(lens_ptr + b)
-    n_first = tl.cdiv(n, mma_chunk(n, splits, MINC)) * NW
+               MINC: tl.constexpr, TAIL_MMA: tl.constexpr, WRITE_LSE: tl.constexpr, PAIR: tl.constexpr):  # fmt: skip
+    """``decode_fixup.fixup`` for decode_mma: ``splits`` (the run's, ``dyn_splits`` with ``DYN``) + the tail's
+    programs per pair; the written slots are the first ``cdiv(rows, chunk) * NW`` (twice that with ``PAIR``:
+    one per token parity, ``D`` = the real head_dim) and the tail's."""
+    rows = (tl.load(lens_ptr + b) + PAIR) // (1 + PAIR)
+    n_first = tl.cdiv(rows, mma_chunk(rows, splits, MINC)) * NW * (1 + PAIR)
     fixup(cnt_ptr + b * (HQ // G) + h, splits + TAIL_MMA, o_ptr, lse_ptr, S_TOT, n_first, TAIL_SLOTS,
           out_ptr, s_ob, s_oh, lse_out, b, h, HQ, G, D, 16, WRITE_LSE)  # fmt: skip
 
@@ -971,7 +972,7 @@ def decode_mma_kernel(
     (<= ``NUM_SPLITS``) splits each -- programs ``[0, act * kv_heads * splits)`` in (request, head, split)
     order, so the one wave holds only real work; the tail programs come after all split slots.
 
-    ``FUSE`` (not with ``PAIR``): every program of a real pair, empty splits too, draws a ticket and the
+    ``FUSE``: every program of a real pair, empty splits too, draws a ticket and the
     pair's last one merges its partials into ``out_ptr`` (``decode_fixup``); no combine launch. With ``DYN``
     the spare programs zero the padding rows.
     """
@@ -985,7 +986,8 @@ def decode_mma_kernel(
             if FUSE:  # NOTE: the spare programs (>= one per padding pair) zero the padding rows' outputs
                 pad = act * HKV + pid - act * HKV * s_run
                 if pad < grid_main // NUM_SPLITS:
-                    _zero_rows(out_ptr, s_ob, s_oh, lse_out, pad // HKV, pad % HKV, HQ, G, D, WRITE_LSE)
+                    _zero_rows(out_ptr, s_ob, s_oh, lse_out, pad // HKV, pad % HKV, HQ, G, D // (1 + PAIR),
+                               WRITE_LSE)  # fmt: skip
             return
         tail_prog = pid >= grid_main
         pair = tl.where(tail_prog, pid - grid_main, pid // s_run)
@@ -1013,7 +1015,7 @@ def decode_mma_kernel(
             )  # fmt: skip
             if FUSE:
                 _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
-                           s_run, HQ, G, D, NW, MINC, TAIL_MMA, WRITE_LSE)  # fmt: skip
+                           s_run, HQ, G, DO, NW, MINC, TAIL_MMA, WRITE_LSE, PAIR)  # fmt: skip
             return
     first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW * (1 + PAIR)
     n = tl.load(lens_ptr + b)
@@ -1025,7 +1027,7 @@ def decode_mma_kernel(
     if start >= rows:  # NOTE: writes nothing; the combine step reads only the first cdiv(rows, chunk) splits
         if FUSE:
             _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
-                       s_run, HQ, G, D, NW, MINC, TAIL_MMA, WRITE_LSE)  # fmt: skip
+                       s_run, HQ, G, DO, NW, MINC, TAIL_MMA, WRITE_LSE, PAIR)  # fmt: skip
         return
     end = tl.minimum(start + chunk, rows)
     end1 = end
@@ -1043,4 +1045,4 @@ def decode_mma_kernel(
     )  # fmt: skip
     if FUSE:
         _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
-                   s_run, HQ, G, D, NW, MINC, TAIL_MMA, WRITE_LSE)  # fmt: skip
+                   s_run, HQ, G, DO, NW, MINC, TAIL_MMA, WRITE_LSE, PAIR)  # fmt: skip
