@@ -83,6 +83,9 @@ def fixup(cnt_ptr, arrivals, o_ptr, lse_ptr, S, n_first, n_last, out_ptr, s_ob, 
     the last one merges the pair's ``G`` query rows (partials ``[B * HQ, S, D]`` / ``[B * HQ, S]``, slots
     as :func:`_merge_head` reads them) into ``out [B, HQ, D]`` (strides ``s_ob``, ``s_oh``) and resets
     the counter."""
+    # NOTE: every thread's partial stores before the ticket (Triton's scalar atomic also synchronises the CTA
+    # first; explicit here so the release covers them whatever the lowering)
+    tl.debug_barrier()
     ticket = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
     if ticket == arrivals - 1:
         for g in tl.static_range(G):
