@@ -27,12 +27,29 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
      (8, True, 128, "mma:fuse=1"), (3, True, 64, "mma:fuse=1")],
 )
 def test_decode_mma_fits_128_registers(group: int, tail: bool, head_dim: int, spec: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "sass_decode.py"), "--variants", spec, "--dtypes", "nvfp4",
-           "--group", str(group), "--head-dim", str(head_dim)] + (["--tail"] if tail else [])  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600).stdout
+    out = _compile(spec, "nvfp4", group, head_dim, tail)
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)
     assert m, out[-2000:]
     assert ("decode_mma_bal_kernel" if "bal=1" in spec else "decode_mma_kernel") in out, out[-2000:]
     assert int(m.group(1)) == 0 and int(m.group(2)) <= 128, m.group(0)
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
+@pytest.mark.parametrize("dtype", ["fp8_e4m3", "nvfp4", "bf16"])
+@pytest.mark.parametrize("spec", ["tok", "tok:fuse=1"])
+def test_decode_tok_keeps_three_programs_per_sm(dtype: str, spec: str) -> None:
+    # 4-warp programs: <= 168 registers keep 3 of them per SM (65536 / (168 * 128)); the fix-up's merge, when
+    # it was inlined, took FP8 to 186 (2 per SM)
+    out = _compile(spec, dtype, 8, 128, True)
+    m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)
+    assert m and "decode_tok_kernel" in out, out[-2000:]
+    assert int(m.group(1)) == 0 and int(m.group(2)) <= 168, m.group(0)
+
+
+def _compile(spec: str, dtype: str, group: int, head_dim: int, tail: bool) -> str:
+    """benchmarks/sass_decode.py's report for one sm_90 build (no GPU: a fake driver and the wheel's ptxas)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "sass_decode.py"), "--variants", spec, "--dtypes", dtype,
+           "--group", str(group), "--head-dim", str(head_dim)] + (["--tail"] if tail else [])  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600).stdout
