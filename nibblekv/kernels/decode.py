@@ -428,7 +428,10 @@ def decode_triton(
     )  # fmt: skip
     side = None
     dyn: dict[str, object] = {}
-    fused: dict[str, object] = {}
+    # NOTE: the in-kernel fix-up (tok, mma) needs every partial written by this grid (the tail's too)
+    whole = name == "tok" or (name == "mma" and (tail_in_grid or not has_tail))
+    cnt = counters(q.device, bsz * hkv) if cfg.get("fuse") and whole else None
+    fused = {} if cnt is None else _fused_args(cnt, out, lse_out)
     if name == "mma":
         if has_tail and not tail_in_grid:  # its own launch (decode_tail_kernel), beside the main kernel
             side = side_stream(q.device)
@@ -442,10 +445,6 @@ def decode_triton(
                 )  # fmt: skip
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
         dyn = _dyn_args(active, q.device, int(cfg["ppsm"]), hkv * tail_wave)
-        # NOTE: the in-kernel fix-up needs every partial written by this grid (the tail's too)
-        whole = tail_in_grid or not has_tail
-        cnt = counters(q.device, bsz * hkv) if cfg.get("fuse") and whole else None
-        fused = {} if cnt is None else _fused_args(cnt, out, lse_out)
         grid = (bsz * hkv * (splits + int(tail_in_grid)),) if dyn else (bsz, hkv, splits + int(tail_in_grid))
         k = decode_mma_kernel[grid](
             *args,
@@ -473,8 +472,6 @@ def decode_triton(
                 f"decode variant {name!r} needs packed NVFP4 scale rows (token stride {d // 16})"
             )
         split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT else 0
-        cnt = counters(q.device, bsz * hkv) if cfg.get("fuse") else None
-        fused = {} if cnt is None else _fused_args(cnt, out, lse_out)
         k = decode_tok_kernel[(bsz, hkv, s_tot)](*args, CONV=int(cfg["conv"]), SPLIT=split, **common, **fused)
     else:
         paged = name == "paged" and _pages_contiguous(cache, bn)
