@@ -193,7 +193,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_variant(None, 2, 128, False)[0] == "mma"
     assert resolve_variant(None, 1, 128, False)[0] == "tok"
     assert resolve_variant("mma:w=2,tpi=1,pf=0,ppsm=16,minc=64", 2, 128, False)[1] == {
-        "balanced": 0,
+        "balanced": 2,
         "block_n": 16,
         "tail_block_n": 64,
         "num_warps": 2,

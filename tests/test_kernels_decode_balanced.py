@@ -96,4 +96,24 @@ def test_balanced_option_parses() -> None:
     from nibblekv.kernels.decode_config import resolve_variant
 
     assert resolve_variant("mma:bal=1", 2, 128, False)[1]["balanced"] == 1
-    assert resolve_variant("mma", 2, 128, False)[1]["balanced"] == 0
+    assert resolve_variant("mma", 2, 128, False)[1]["balanced"] == 2
+    assert resolve_variant("mma:bal=0", 2, 128, False)[1]["balanced"] == 0
+
+
+def test_balanced_auto_turns_on_from_min_pairs() -> None:
+    """``bal=2`` (default): per-pair splits below BALANCED_MIN_PAIRS, token-balanced with tpi=1 from it;
+    never at head_dim 64 (PAIR), with several warps, or with the tail outside the grid."""
+    from nibblekv.kernels.decode import _balanced
+    from nibblekv.kernels.decode_config import BALANCED_MIN_PAIRS, resolve_variant
+
+    cfg = resolve_variant("mma", 2, 128, False)[1]
+    n = BALANCED_MIN_PAIRS
+    assert _balanced(cfg, 0, True, True, n - 1) == 0
+    assert _balanced(cfg, 0, True, True, n) == 1
+    assert _balanced(cfg, 1, True, True, n) == 0
+    assert _balanced(cfg, 0, True, False, n) == 0
+    assert _balanced(cfg, 0, False, False, n) == 1
+    assert _balanced(dict(cfg, num_warps=2), 0, False, False, n) == 0
+    explicit = resolve_variant("mma:bal=1", 2, 128, False)[1]
+    assert _balanced(explicit, 0, True, True, 1) == int(explicit["tpi"])
+    assert _balanced(resolve_variant("mma:bal=0", 2, 128, False)[1], 0, True, True, 10 * n) == 0

@@ -42,11 +42,16 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
 #          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), cv (nibble
 #          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as one more program of the grid),
-#          bal (1: token-balanced split-K over the whole batch, decode_balanced)
+#          bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more)
 # tok and mma: fuse (1: each (request, KV head)'s last program merges the split partials itself, no combine
-#          launch -- decode_fixup; mma: with the bf16 tail in its grid; opt-in until timed on a GPU)
+#          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200 (2026-12-01,
+#          decode-fuse-h200.json: the last program's serial merge costs more than the combine launch saves,
+#          e.g. GQA 8 B8x32K mma .636 -> .583, B1x128K .561 -> .257; tok FP8 B8x32K .744 -> .645)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
+# NOTE: bal=2 turns decode_balanced on from this many (request, KV head) pairs: 26 x 8 = 208 pairs still
+# favoured per-pair splits (.729 vs .714), 91 x 8 = 728 and the 64-request ragged batches did not
+BALANCED_MIN_PAIRS = 256
 
 
 def default_num_splits(
@@ -186,9 +191,12 @@ def _mma_config() -> dict[str, int | bool]:
         # second short wave per layer); opt-in until an H200 A/B (benchmarks/device_next.sh)
         "tail_wave": 0,
         # NOTE: 1 = token-balanced split-K (decode_balanced): the batch's tiles cut into one wave of equal
-        # chunks, which may cross (request, KV head) pairs. Opt-in until an H200 A/B (ragged batches, and
-        # pair counts that do not divide the warp slots: 91 requests x 8 heads -> 1456 of 2112 busy)
-        "balanced": 0,
+        # chunks, which may cross (request, KV head) pairs; 2 (default) = on, built with tpi=1, from
+        # BALANCED_MIN_PAIRS (request, KV head) pairs. H200, 2026-12-01, one run (decode-balanced-h200.json),
+        # fraction of the read ceiling, GQA 8, mma -> bal=1,tpi=1: B91x32K .555 -> .749, ragged
+        # 1x32K+63x1K .061 -> .466 and 4x32K+60x2K .147 -> .600, B26x32K .729 -> .714, B8x32K .668 -> .602,
+        # B1x128K .572 -> .518 (per-pair splits win only where every pair is long and the pairs are few)
+        "balanced": 2,
     }
 
 
