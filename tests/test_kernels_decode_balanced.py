@@ -101,19 +101,45 @@ def test_balanced_option_parses() -> None:
 
 
 def test_balanced_auto_turns_on_from_min_pairs() -> None:
-    """``bal=2`` (default): per-pair splits below BALANCED_MIN_PAIRS, token-balanced with tpi=1 from it;
-    never at head_dim 64 (PAIR), with several warps, or with the tail outside the grid."""
+    """``bal=2`` (default): per-pair splits below BALANCED_MIN_PAIRS, token-balanced from it; never at
+    head_dim 64 (PAIR), with several warps, or with the tail outside the grid."""
     from nibblekv.kernels.decode import _balanced
     from nibblekv.kernels.decode_config import BALANCED_MIN_PAIRS, resolve_variant
 
     cfg = resolve_variant("mma", 2, 128, False)[1]
     n = BALANCED_MIN_PAIRS
-    assert _balanced(cfg, 0, True, True, n - 1) == 0
-    assert _balanced(cfg, 0, True, True, n) == 1
-    assert _balanced(cfg, 1, True, True, n) == 0
-    assert _balanced(cfg, 0, True, False, n) == 0
-    assert _balanced(cfg, 0, False, False, n) == 1
-    assert _balanced(dict(cfg, num_warps=2), 0, False, False, n) == 0
-    explicit = resolve_variant("mma:bal=1", 2, 128, False)[1]
-    assert _balanced(explicit, 0, True, True, 1) == int(explicit["tpi"])
-    assert _balanced(resolve_variant("mma:bal=0", 2, 128, False)[1], 0, True, True, 10 * n) == 0
+    assert not _balanced(cfg, 0, True, True, n - 1)
+    assert _balanced(cfg, 0, True, True, n)
+    assert not _balanced(cfg, 1, True, True, n)
+    assert not _balanced(cfg, 0, True, False, n)
+    assert _balanced(cfg, 0, False, False, n)
+    assert not _balanced(dict(cfg, num_warps=2), 0, False, False, n)
+    assert _balanced(resolve_variant("mma:bal=1", 2, 128, False)[1], 0, True, True, 1)
+    assert not _balanced(resolve_variant("mma:bal=0", 2, 128, False)[1], 0, True, True, 10 * n)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the default variant is decode_mma only on a GPU")
+@pytest.mark.parametrize("active", [None, 33])
+def test_default_variant_runs_balanced_from_min_pairs_on_gpu(monkeypatch: pytest.MonkeyPatch, active: int | None) -> None:
+    """No variant given, 40 requests x 8 KV heads (320 pairs, ragged, bf16 tails, CUDA-graph padding rows):
+    decode_triton takes decode_balanced's kernel and matches the reference."""
+    import nibblekv.kernels.decode as dec
+
+    monkeypatch.delenv("NIBBLEKV_DECODE_VARIANT", raising=False)
+    torch.manual_seed(7)
+    lens = [int(x) for x in torch.randint(1, 3000, (40,))]
+    lens[3] = 20000
+    tails = [int(x) for x in torch.randint(0, 65, (40,))]
+    pb = make_batch(KVDtype.NVFP4, lens, 8, 128, P, DEVICE, tail_lens=tails, global_scale=(0.7, 1.3))
+    q = torch.randn(40, 32, 128, device=DEVICE).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    sm = 1.0 / math.sqrt(128)
+    targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
+    act = None if active is None else torch.tensor([active], dtype=torch.int32, device=DEVICE)
+    dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, active=act,
+                      min_active=active)  # type: ignore[arg-type]  # fmt: skip
+    assert "bal" in str(getattr(dec.LAST_KERNEL["decode"], "name", dec.LAST_KERNEL["decode"]))
+    n = 40 if active is None else active
+    t = {k: (v[:n] if isinstance(v, torch.Tensor) else v) for k, v in targs.items()}
+    ref = decode_ref(q[:n].float(), pb.cache, pb.page_table[:n], pb.lens[:n], sm, **t)  # type: ignore[arg-type]
+    assert rel_rms(out[:n], ref) <= 1e-2

@@ -396,9 +396,8 @@ def decode_triton(
         raise ValueError(f"lse_out must be contiguous float32 [{bsz}, {hq}]")
     if bsz == 0:
         return out
-    bal_tpi = _balanced(cfg, pair, has_tail, tail_in_grid, bsz * hkv) if name == "mma" else 0
-    if bal_tpi:
-        bal_cfg = dict(cfg, tpi=bal_tpi, vq=int(cfg["vq"]) * int(_q_vector_ok(q)))
+    if name == "mma" and _balanced(cfg, pair, has_tail, tail_in_grid, bsz * hkv):
+        bal_cfg = dict(cfg, vq=int(cfg["vq"]) * int(_q_vector_ok(q)))
         tail_ops = (tk, tv, ts, tpt, ttl, tpage)
         LAST_KERNEL["decode"] = launch_balanced(
             q, cache, page_table, lens, sm_scale, tail_ops, has_tail, bal_cfg, out, lse_out, active
@@ -536,19 +535,14 @@ def _mma_tail_in_grid(
     return bool(cfg.get("tin", 1)) and int(cfg["num_warps"]) == 1 and ok
 
 
-def _balanced(cfg: dict[str, int | bool], pair: int, has_tail: bool, tail_in_grid: bool, pairs: int) -> int:
-    """The ``tpi`` decode_mma runs token-balanced with (``decode_balanced``), 0 for per-pair splits.
-
-    Variant option ``bal=1`` (with the config's ``tpi``), or ``bal=2`` (default: ``tpi=1``) from
-    ``BALANCED_MIN_PAIRS`` (request, KV head) pairs; head_dim 128 (no ``PAIR``), one warp per program, the
-    bf16 tail (if any) in the grid. ``num_splits`` does not apply there (the warps split the batch's tiles).
-    """
+def _balanced(cfg: dict[str, int | bool], pair: int, has_tail: bool, tail_in_grid: bool, pairs: int) -> bool:
+    """Whether decode_mma runs token-balanced (``decode_balanced``): variant option ``bal=1``, or ``bal=2``
+    (default) from ``BALANCED_MIN_PAIRS`` (request, KV head) pairs; head_dim 128 (no ``PAIR``), one warp per
+    program, the bf16 tail (if any) in the grid. ``num_splits`` does not apply there (the warps split the
+    batch's tiles, not each request)."""
     mode = int(cfg.get("balanced", 0))
-    if mode == 2 and pairs < BALANCED_MIN_PAIRS:
-        mode = 0
-    if not mode or pair or int(cfg["num_warps"]) != 1 or (has_tail and not tail_in_grid):
-        return 0
-    return 1 if mode == 2 else int(cfg["tpi"])
+    on = mode == 1 or (mode == 2 and pairs >= BALANCED_MIN_PAIRS)
+    return on and not pair and int(cfg["num_warps"]) == 1 and (tail_in_grid or not has_tail)
 
 
 def _q_vector_ok(q: torch.Tensor) -> bool:

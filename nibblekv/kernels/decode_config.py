@@ -191,11 +191,12 @@ def _mma_config() -> dict[str, int | bool]:
         # second short wave per layer); opt-in until an H200 A/B (benchmarks/device_next.sh)
         "tail_wave": 0,
         # NOTE: 1 = token-balanced split-K (decode_balanced): the batch's tiles cut into one wave of equal
-        # chunks, which may cross (request, KV head) pairs; 2 (default) = on, built with tpi=1, from
-        # BALANCED_MIN_PAIRS (request, KV head) pairs. H200, 2026-12-01, one run (decode-balanced-h200.json),
-        # fraction of the read ceiling, GQA 8, mma -> bal=1,tpi=1: B91x32K .555 -> .749, ragged
-        # 1x32K+63x1K .061 -> .466 and 4x32K+60x2K .147 -> .600, B26x32K .729 -> .714, B8x32K .668 -> .602,
-        # B1x128K .572 -> .518 (per-pair splits win only where every pair is long and the pairs are few)
+        # chunks, which may cross (request, KV head) pairs; 2 (default) = on from BALANCED_MIN_PAIRS pairs.
+        # H200, 2026-12-01 (decode-variants-balanced*-h200.json), fraction of the read ceiling, mma -> bal=1:
+        # B91x32K .555 -> .744, ragged 1x32K+63x1K .061 -> .450 and 4x32K+60x2K .147 -> .607, B64x32K .740
+        # -> .747, B32x32K .720 -> .725, B128x8K .713 -> .698, B32x8K .641 -> .629, B26x32K .729 -> .720,
+        # B8x32K .668 -> .585, B1x128K .572 -> .506 (per-pair splits win only with few, equally long pairs).
+        # tpi=1 builds: equal on ragged batches, .01-.03 lower on uniform ones
         "balanced": 2,
     }
 
