@@ -8,8 +8,7 @@ Standalone, it sweeps launch configs (prefix splits x pipeline stages) against t
 ``SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS[:MMA]]]]]]`` (0 = the default; OWN = the own-chunk loop's
 stages; DEC=1: ``extend_decode`` -- the NVFP4 prefix through decode_mma, FP8's through decode_tok --
 where it applies, kernel ``extend_decode``; DEC=2: NVFP4 chunks wider than one decode_mma group through
-decode_tok, kernel ``extend_decode_tok``; DEC=3: one decode_tok group of up to 64 columns for FP8 and
-wide NVFP4 chunks, e.g. 16 tokens at GQA 4, kernel ``extend_decode_tok64``); writes
+decode_tok, kernel ``extend_decode_tok``); writes
 ``DIR/extend-sweep.json``. At BM = BN = 64,
 head_dim 128, the default 5 stages take 180 KB of shared memory (one program per SM) and ~254 registers
 (sm_90 compile, 2026-11-30): fewer stages / more warps are what splitting needs to pay off.
@@ -32,8 +31,6 @@ import torch
 from nibblekv.formats.layout import KVDtype, PageLayout
 from nibblekv.kernels.extend import extend_triton
 from nibblekv.kernels.extend_decode import (
-    TOK_COLUMN_LIMIT,
-    TOK_MAX_COLUMNS,
     extend_decode,
     extend_decode_plan,
     extend_decode_unsupported,
@@ -79,18 +76,13 @@ def extend_rows(
                 kw = {"num_splits": splits, "num_stages": stages or None, "num_warps": warps or None,
                       "block_m": bm or None, "block_n": bn or None, "own_stages": own or None,
                       "max_registers": regs or None}  # fmt: skip
-                wide = "tok" if dec >= 2 else "mma"
-                cols = TOK_COLUMN_LIMIT if dec == 3 else TOK_MAX_COLUMNS
+                wide = "tok" if dec == 2 else "mma"
                 if dec:
-                    plan = extend_decode_plan(q, pool, chunk, wide, cols)
-                    narrower = [extend_decode_plan(q, pool, chunk)]
-                    if dec == 3:
-                        narrower.append(extend_decode_plan(q, pool, chunk, wide))
-                    same = dec >= 2 and plan in narrower
-                    if same or extend_decode_unsupported(q, pool, chunk, wide, cols):
-                        continue  # DEC=2 / 3 only where they differ from the narrower plans
+                    same = dec == 2 and extend_decode_plan(q, pool, chunk, wide) == extend_decode_plan(q, pool, chunk)
+                    if same or extend_decode_unsupported(q, pool, chunk, wide):
+                        continue  # DEC=2 only where it differs from DEC=1's plan
                     fn = partial(extend_decode, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
-                                 num_splits=splits or None, wide=wide, tok_columns=cols)  # fmt: skip
+                                 num_splits=splits or None, wide=wide)  # fmt: skip
                 else:
                     fn = partial(
                         extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
@@ -105,7 +97,7 @@ def extend_rows(
                     )
                     continue
                 nbytes = b * prefix * lay.bytes_per_token() + (q.numel() + 2 * k.numel()) * 2
-                rows.append({"kernel": ("extend", "extend_decode", "extend_decode_tok", "extend_decode_tok64")[dec], "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv, "d": d,
+                rows.append({"kernel": ("extend", "extend_decode", "extend_decode_tok")[dec], "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv, "d": d,
                              "us": us, "nbytes": nbytes, "chunk": chunk, "splits": splits, "stages": stages, "warps": warps,
                              "bm": bm, "bn": bn, "own_stages": own, "max_registers": regs})  # fmt: skip
             del pool
@@ -121,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--configs", nargs="+", default=["0:0"],
         help="SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS[:DEC]]]]]] (0 = default; REGS caps registers per thread; "
-        "DEC=1 times extend_decode where it applies, DEC=2 its decode_tok path for wide NVFP4 chunks, DEC=3 "
-        "decode_tok groups of up to 64 columns)",
+        "DEC=1 times extend_decode where it applies, DEC=2 its decode_tok path for wide NVFP4 chunks)",
     )
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args(argv)

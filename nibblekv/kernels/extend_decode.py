@@ -38,53 +38,48 @@ from nibblekv.kernels.types import LayerKV
 # often; the tl.dot path converts each byte once for all columns.
 MAX_GROUPS = 2
 # NOTE: decode_tok's query block is max(16, next_pow2(columns)) rows: 16 columns cost no more registers.
-# Wider groups (``tok_columns`` up to 64: a 16-token chunk at GQA 4) are correct but not yet timed.
+# Groups of up to 64 columns were tried (stop 22): the sm_90 build had no spills, but on the H200 it was
+# wrong (FP8, head_dim 64, 36 columns: rel. RMS 0.42; correct under the interpreter) and slower than
+# extend_triton (16-token chunks at GQA 4: FP8 0.22 vs 0.39 of the read ceiling, extend-sweep-wide-h200.json)
 TOK_MAX_COLUMNS = 16
-TOK_COLUMN_LIMIT = 64
 
 
-def extend_decode_plan(
-    q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma", tok_columns: int = TOK_MAX_COLUMNS
-) -> tuple[str, int, int] | str:
+def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma") -> tuple[str, int, int] | str:
     """``(decode variant, columns per virtual request GV, virtual requests per request NG)``, or why not.
 
     ``wide``: the kernel for NVFP4 chunks wider than one ``decode_mma`` group -- ``"mma"`` (several virtual
-    requests, the prefix read once per group; timed) or ``"tok"`` (one ``decode_tok`` group of <=
-    ``tok_columns`` columns, the prefix read once through ``tl.dot``; not yet timed). ``tok_columns``
-    (<= ``TOK_COLUMN_LIMIT``) also caps FP8's one group."""
+    requests, the prefix read once per group) or ``"tok"`` (one ``decode_tok`` group of <=
+    ``TOK_MAX_COLUMNS`` columns, the prefix read once through ``tl.dot``; 0.27 vs 0.34 of the H200's read
+    ceiling at 4-token chunks, extend-sweep-wide-h200.json). ``TOK_MAX_COLUMNS`` also caps FP8's group."""
     if wide not in ("mma", "tok"):
         raise ValueError(f"wide must be 'mma' or 'tok', got {wide!r}")
-    if not 1 <= tok_columns <= TOK_COLUMN_LIMIT:
-        raise ValueError(f"tok_columns must be in [1, {TOK_COLUMN_LIMIT}], got {tok_columns}")
     hkv, d = cache.layout.num_kv_heads, cache.layout.head_dim
     cols = max_chunk * (q.shape[1] // hkv)
     fmt = fmt_code(cache.dtype)
     if fmt == FMT_NVFP4:
         cap = mma_columns(d)
         if cols > cap and wide == "tok":
-            return _tok_plan(cols, d, tok_columns)
+            return _tok_plan(cols, d)
         why = _mma_unsupported(cache, min(cap, cols))
         if why is None and cols > MAX_GROUPS * cap:
             why = f"needs chunk x GQA group <= {MAX_GROUPS * cap} columns per KV head"
         return why or ("mma", min(cap, cols), -(-cols // cap))
     if fmt == FMT_FP8:
-        return _tok_plan(cols, d, tok_columns)
+        return _tok_plan(cols, d)
     return "reads an NVFP4 or FP8 pool (bf16 extend already streams)"
 
 
-def _tok_plan(cols: int, d: int, limit: int) -> tuple[str, int, int] | str:
+def _tok_plan(cols: int, d: int) -> tuple[str, int, int] | str:
     if not interpreting() and d not in TOK_VERIFIED_HEAD_DIMS:
         return f"decode_tok needs head_dim in {TOK_VERIFIED_HEAD_DIMS}"
-    if cols > limit:
-        return f"needs chunk x GQA group <= {limit} columns per KV head"
+    if cols > TOK_MAX_COLUMNS:
+        return f"needs chunk x GQA group <= {TOK_MAX_COLUMNS} columns per KV head"
     return ("tok", cols, 1)
 
 
-def extend_decode_unsupported(
-    q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma", tok_columns: int = TOK_MAX_COLUMNS
-) -> str | None:
+def extend_decode_unsupported(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma") -> str | None:
     """Why :func:`extend_decode` cannot serve this call (None if it can)."""
-    plan = extend_decode_plan(q, cache, max_chunk, wide, tok_columns)
+    plan = extend_decode_plan(q, cache, max_chunk, wide)
     return plan if isinstance(plan, str) else None
 
 
@@ -181,13 +176,12 @@ def extend_decode(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     wide: str = "mma",
-    tok_columns: int = TOK_MAX_COLUMNS,
 ) -> torch.Tensor:
     """``extend_triton``'s contract (``q [T, Hq, D]`` -> ``[T, Hq, D]``) for an NVFP4 or FP8 pool whose
     decode kernel takes ``max_chunk * G`` columns per KV head (``extend_decode_plan``); ``max_chunk`` (host
     int) >= every chunk of ``cu_seqlens [B + 1]``. ``num_splits``: the prefix decode's split count
-    (default: the decode launcher's); ``wide``, ``tok_columns``: see :func:`extend_decode_plan`."""
-    plan = extend_decode_plan(q, cache, max_chunk, wide, tok_columns)
+    (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`."""
+    plan = extend_decode_plan(q, cache, max_chunk, wide)
     if isinstance(plan, str):
         raise ValueError(f"extend variant 'decode' {plan}")  # noqa: TRY004 - a reason, not a wrong type
     variant, gv, ng = plan
@@ -237,7 +231,7 @@ def extend_decode(
 
 
 __all__ = [
-    "MAX_GROUPS", "TOK_COLUMN_LIMIT", "TOK_MAX_COLUMNS", "extend_decode", "extend_decode_plan",
+    "MAX_GROUPS", "TOK_MAX_COLUMNS", "extend_decode", "extend_decode_plan",
     "extend_decode_unsupported",
     "gather_q_ref", "merge_ref",
 ]  # fmt: skip
