@@ -1,24 +1,41 @@
 #!/bin/bash
-# One H200 call (~9.5 min; split it if the budget is short) for what stop 20 left unmeasured. Logs and JSON land in $OUT.
-#   1) (done in stop 21: benchmarks/device_small_profile.sh ran those GPU tests, 9 passed)
+# H200 calls for what stop 23 left unmeasured (~15 min in all: run STEPS="0" then STEPS="2 3 4"). $OUT gets logs/JSON.
+#   0) GPU tests of the decode kernels (GQA groups over 16: query blocks of 32 / 64 rows, never run on a GPU;
+#      the balanced split-K default), then the whole kernel benchmark at this tree (kernels-h200.json: the
+#      last full one, 008fc4e, ran the balanced builds at tpi=1, the default is tpi=2 since da06152).
 #   2) Why SmolLM2's offline throughput with nvfp4 is 0.38x bf16's (engine-throughput-h200.json): a profiled
 #      decode step at the throughput bench's regime (256 requests of ~600 tokens), every dtype.
 #   3) The 8B offline throughput with the in-graph demotion (the 2971a12 row of the README table).
 #   4) NVFP4 decode at few (request, KV head) pairs (0.47 of the ceiling at TP 2 x 10 requests = 40 pairs):
 #      5 / 10 / 24 requests x 32K at GQA 8 with the bf16 tail, default vs the tail programs kept in the wave
 #      (tw=1) vs half the warps with twice the tokens each (ppsm=8).
-# Usage from the repo root: OUT=... COMMIT=<sha> bash benchmarks/device_next.sh
+# Usage from the repo root: OUT=... COMMIT=<sha> STEPS="0" bash benchmarks/device_next.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
+STEPS=" ${STEPS:-0 2 3 4} "
 mkdir -p "$OUT"
-timeout -k 5 150 python3 benchmarks/bench_engine.py --out "$OUT/profile" --part long --long-model smollm2-135m \
-  --synthetic-prefill --long-input 600 --long-requests 256 --long-output 32 --profile-steps 2 \
-  > "$OUT/profile.log" 2>&1
-echo "profile exit $?"; grep -v '^{' "$OUT/profile.log" | grep -v Warning | tail -6
-timeout -k 5 200 python3 benchmarks/bench_engine.py --out "$OUT/throughput" --part throughput \
-  --throughput-models llama-3.1-8b > "$OUT/throughput.log" 2>&1
-echo "throughput exit $?"; grep -v '^{' "$OUT/throughput.log" | grep -v Warning | tail -6
-timeout -k 5 170 python3 benchmarks/bench_decode_variants.py --out "$OUT/variants" --budget-s 130 --tail \
-  --q-heads 64 --shapes 5x32768 10x32768 24x32768 \
-  --variants nvfp4=mma nvfp4=mma:tw=1 nvfp4=mma:ppsm=8 nvfp4=mma:ppsm=8,tw=1 fp8_e4m3=tok > "$OUT/variants.log" 2>&1
-echo "variants exit $?"; grep -v "arn" "$OUT/variants.log" | tail -8
+if [[ $STEPS == *" 0 "* ]]; then
+  timeout -k 5 240 python3 -m pytest -q tests/test_kernels_decode.py -k "group_over or gpu" \
+    tests/test_kernels_decode_balanced.py > "$OUT/tests-decode.log" 2>&1
+  echo "tests exit $?"; tail -3 "$OUT/tests-decode.log"
+  mkdir -p "$OUT/kernels"
+  timeout -k 5 300 python3 benchmarks/bench_kernels.py --out "$OUT/kernels" > "$OUT/kernels/kernels-h200.log" 2>&1
+  echo "kernels exit $?"; tail -3 "$OUT/kernels/kernels-h200.log"
+fi
+if [[ $STEPS == *" 2 "* ]]; then
+  timeout -k 5 150 python3 benchmarks/bench_engine.py --out "$OUT/profile" --part long --long-model smollm2-135m \
+    --synthetic-prefill --long-input 600 --long-requests 256 --long-output 32 --profile-steps 2 \
+    > "$OUT/profile.log" 2>&1
+  echo "profile exit $?"; grep -v '^{' "$OUT/profile.log" | grep -v Warning | tail -6
+fi
+if [[ $STEPS == *" 3 "* ]]; then
+  timeout -k 5 200 python3 benchmarks/bench_engine.py --out "$OUT/throughput" --part throughput \
+    --throughput-models llama-3.1-8b > "$OUT/throughput.log" 2>&1
+  echo "throughput exit $?"; grep -v '^{' "$OUT/throughput.log" | grep -v Warning | tail -6
+fi
+if [[ $STEPS == *" 4 "* ]]; then
+  timeout -k 5 170 python3 benchmarks/bench_decode_variants.py --out "$OUT/variants" --budget-s 130 --tail \
+    --q-heads 64 --shapes 5x32768 10x32768 24x32768 \
+    --variants nvfp4=mma nvfp4=mma:tw=1 nvfp4=mma:ppsm=8 nvfp4=mma:ppsm=8,tw=1 fp8_e4m3=tok > "$OUT/variants.log" 2>&1
+  echo "variants exit $?"; grep -v "arn" "$OUT/variants.log" | tail -8
+fi

@@ -281,6 +281,22 @@ def test_decode_gpu_variants(variant: str, d: int) -> None:
         assert _run(dt, lens, tails, 8, 4, d, P, None, variant=variant) <= 1e-2, (variant, dt)
 
 
+GROUP_CASES = (
+    [(v, g, d) for v in ("tok", "paged", None) for g in (20, 36) for d in (64, 128)]
+    if DEVICE == "cuda"
+    else [("tok", 20, 64)]
+)
+
+
+@pytest.mark.parametrize("variant,group,d", GROUP_CASES)
+def test_decode_gqa_group_over_16(variant: str | None, group: int, d: int) -> None:
+    # query blocks of 32 / 64 rows (BH = next_pow2(group)): decode_tok groups of 36 columns for FP8 were
+    # wrong on the H200 (extend_decode, stop 23) while the interpreter passed; None = the default variant
+    lens, tails = [1, 17, 300], [0, W, 5]
+    for dt in (KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16) if DEVICE == "cuda" else (KVDtype.FP8,):
+        assert _run(dt, lens, tails, 2, group, d, P, None, variant=variant) <= 1e-2, (variant, dt)
+
+
 def test_combine_dim_block_splits_dims_only_for_small_grids() -> None:
     from nibblekv.kernels.decode_config import combine_dim_block
 
