@@ -8,7 +8,9 @@
 #   3) The 8B offline throughput with the in-graph demotion (the 2971a12 row of the README table).
 #   4) NVFP4 decode at few (request, KV head) pairs (0.47 of the ceiling at TP 2 x 10 requests = 40 pairs):
 #      5 / 10 / 24 requests x 32K at GQA 8 with the bf16 tail, default vs the tail programs kept in the wave
-#      (tw=1) vs half the warps with twice the tokens each (ppsm=8).
+#      (tw=1) vs half the warps with twice the tokens each (ppsm=8). And FP8 at B=1 x 128K (0.71 / 0.61 of
+#      the ceiling at GQA 4 / 8, target 0.75): the default 64 splits make 512 programs for 396 resident slots
+#      (132 SMs x 3 at 168 registers), a second wave 29% full; cap=49 is exactly one wave, cap=33 / 24 fewer.
 # Usage from the repo root: OUT=... COMMIT=<sha> STEPS="0" bash benchmarks/device_next.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
@@ -38,4 +40,10 @@ if [[ $STEPS == *" 4 "* ]]; then
     --q-heads 64 --shapes 5x32768 10x32768 24x32768 \
     --variants nvfp4=mma nvfp4=mma:tw=1 nvfp4=mma:ppsm=8 nvfp4=mma:ppsm=8,tw=1 fp8_e4m3=tok > "$OUT/variants.log" 2>&1
   echo "variants exit $?"; grep -v "arn" "$OUT/variants.log" | tail -8
+  for q in 64 32; do
+    timeout -k 5 100 python3 benchmarks/bench_decode_variants.py --out "$OUT/fp8-b1-gqa$((q / 8))" --budget-s 80 \
+      --q-heads $q --shapes 1x131072 2x131072 --variants fp8_e4m3=tok fp8_e4m3=tok:cap=49 fp8_e4m3=tok:cap=33 \
+      fp8_e4m3=tok:cap=24 bf16=tok bf16=tok:cap=49 > "$OUT/fp8-b1-gqa$((q / 8)).log" 2>&1
+    echo "fp8 B=1 gqa$((q / 8)) exit $?"; grep -v "arn" "$OUT/fp8-b1-gqa$((q / 8)).log" | tail -9
+  done
 fi
