@@ -143,7 +143,9 @@ def main() -> None:
             usage = ptxas_usage(k.asm["ptx"])  # type: ignore[attr-defined]
             spill_ins = sum(1 for _, t in ins if t.split()[0].startswith(("LDL", "STL")) or " LDL" in t or " STL" in t)
             main_len = lp[0][2] if lp else 0
-            per_th = main_len * int(cfg["num_warps"]) / int(cfg["block_n"])
+            # NOTE: an mma loop iteration attends tpi 16-token tiles per warp
+            tiles = int(cfg.get("tpi", 1)) if name == "mma" else 1
+            per_th = main_len * int(cfg["num_warps"]) / (int(cfg["block_n"]) * tiles)
             rows.append((dname, spec, per_th))
             smem = getattr(k.metadata, "shared", "?")  # type: ignore[attr-defined]
             print(f"{dname:9s} {spec:28s} {getattr(k, 'name', '?')} cfg={cfg} | {usage} | smem {smem} B | LDL/STL {spill_ins} | loops {[n for _, _, n in lp[:4]]}"
