@@ -5,7 +5,9 @@
 #      last full one, 008fc4e, ran the balanced builds at tpi=1, the default is tpi=2 since da06152).
 #   2) Why SmolLM2's offline throughput with nvfp4 is 0.38x bf16's (engine-throughput-h200.json): a profiled
 #      decode step at the throughput bench's regime (256 requests of ~600 tokens), every dtype.
-#   3) The 8B offline throughput with the in-graph demotion (the 2971a12 row of the README table).
+#   3) The 8B offline throughput with the in-graph demotion (the 2971a12 row of the README table), then nvfp4
+#      again with per-pair splits (bal=0): 256 requests of 100-1024 tokens are ragged short batches, where the
+#      balanced default (from 256 pairs) is untimed -- uniform 128 x 1K read 0.45 balanced vs 0.57 per-pair.
 #   4) NVFP4 decode at few (request, KV head) pairs (0.47 of the ceiling at TP 2 x 10 requests = 40 pairs):
 #      5 / 10 / 24 requests x 32K at GQA 8 with the bf16 tail, default vs the tail programs kept in the wave
 #      (tw=1) vs half the warps with twice the tokens each (ppsm=8). And FP8 at B=1 x 128K (0.71 / 0.61 of
@@ -37,6 +39,9 @@ if [[ $STEPS == *" 3 "* ]]; then
   timeout -k 5 200 python3 benchmarks/bench_engine.py --out "$OUT/throughput" --part throughput \
     --throughput-models llama-3.1-8b > "$OUT/throughput.log" 2>&1
   echo "throughput exit $?"; grep -v '^{' "$OUT/throughput.log" | grep -v Warning | tail -6
+  NIBBLEKV_DECODE_VARIANT=mma:bal=0 timeout -k 5 120 python3 benchmarks/bench_engine.py --out "$OUT/throughput-bal0" \
+    --part throughput --throughput-models llama-3.1-8b --kv-dtypes nvfp4 > "$OUT/throughput-bal0.log" 2>&1
+  echo "throughput bal=0 exit $?"; grep -v '^{' "$OUT/throughput-bal0.log" | grep -v Warning | tail -3
 fi
 if [[ $STEPS == *" 4 "* ]]; then
   timeout -k 5 170 python3 benchmarks/bench_decode_variants.py --out "$OUT/variants" --budget-s 130 --tail \
