@@ -45,9 +45,9 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more)
 # tok and mma: fuse (1: each (request, KV head)'s last program merges the split partials itself, no combine
-#          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200 (2026-12-01,
-#          decode-fuse-h200.json: the last program's serial merge costs more than the combine launch saves,
-#          e.g. GQA 8 B8x32K mma .636 -> .583, B1x128K .561 -> .257; tok FP8 B8x32K .744 -> .645)
+#          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
+#          (2026-12-01, decode-variants-fuse-*-h200.json: the last program's serial merge costs more than the
+#          combine launch saves, e.g. GQA 8 B8x32K mma .636 -> .583, B1x128K .561 -> .257; FP8 tok .744 -> .645)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 # NOTE: bal=2 turns decode_balanced on from this many (request, KV head) pairs: 26 x 8 = 208 pairs still
 # favoured per-pair splits (.729 vs .714), 91 x 8 = 728 and the 64-request ragged batches did not
