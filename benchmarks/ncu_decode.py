@@ -1,0 +1,69 @@
+"""One decode call per shape, for Nsight Compute: where the decode kernels' cycles go (stall reasons).
+
+Usage on the device (only the calls between cudaProfilerStart/Stop are profiled)::
+
+    ncu --profile-from-start off --clock-control none --section WarpStateStats ... \
+        python3 benchmarks/ncu_decode.py --shapes nvfp4:26x32768 fp8_e4m3:26x32768
+
+Each shape: ``dtype:BxC[:q_heads][:variant]`` (q_heads 32 by default, KV heads 8, head_dim 128, the 64-token
+bf16 tail on, pages at random places, as ``bench_kernels.py``). Two warm-up calls compile and settle;
+the profiled call is the third.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+import torch
+
+from benchmarks.bench_kernels import PAGE, Pools
+from nibblekv.formats.layout import KVDtype
+from nibblekv.kernels.decode import decode_triton
+
+
+def parse(spec: str) -> tuple[KVDtype, int, int, int, str]:
+    parts = spec.split(":")
+    dt = KVDtype(parts[0])
+    b, c = (int(x) for x in parts[1].split("x"))
+    hq = int(parts[2]) if len(parts) > 2 and parts[2] else 32
+    variant = parts[3] if len(parts) > 3 else ""
+    return dt, b, c, hq, variant
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="+", required=True)
+    args = ap.parse_args()
+    specs = [parse(s) for s in args.shapes]
+    need: dict[KVDtype, int] = {}
+    for dt, b, c, _, _ in specs:
+        need[dt] = max(need.get(dt, 0), b * (c + PAGE) + 4096)
+    pools = Pools(need, 8, 128)
+    for dt, b, c, hq, variant in specs:
+        os.environ.pop("NIBBLEKV_DECODE_VARIANT", None)
+        if variant:
+            os.environ["NIBBLEKV_DECODE_VARIANT"] = variant
+        pool = pools.pools[dt]
+        tail = 64
+        pages = -(-(c - tail) // PAGE)
+        gen = torch.Generator().manual_seed(b * 7919 + c)
+        pt = torch.randperm(pool.num_pages, generator=gen)[: b * pages].reshape(b, pages).to(torch.int32).cuda()
+        lens = torch.full((b,), c - tail, dtype=torch.int32, device="cuda")
+        tpt = torch.randperm(pools.tail.num_pages, generator=gen)[: b * 4].reshape(b, 4).to(torch.int32).cuda()
+        q = torch.randn(b, hq, 128, device="cuda").to(torch.bfloat16)
+        out = torch.empty_like(q)
+        kw = dict(tail=pools.tail, tail_page_table=tpt, tail_lens=torch.full((b,), tail, dtype=torch.int32, device="cuda"))
+        for _ in range(2):
+            decode_triton(q, pool, pt, lens, 1.0 / math.sqrt(128), out=out, **kw)
+        torch.cuda.synchronize()
+        print(f"profiling {dt.value} {b}x{c} q_heads={hq} variant={variant or 'default'}", flush=True)
+        torch.cuda.cudart().cudaProfilerStart()
+        decode_triton(q, pool, pt, lens, 1.0 / math.sqrt(128), out=out, **kw)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    main()
