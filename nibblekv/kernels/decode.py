@@ -295,6 +295,44 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     tl.store(out_ptr + b * s_ob + hq * s_oh + offs_d, res.to(out_ptr.dtype.element_ty))
 
 
+# NOTE: GQA groups over 16 run as chunks of <= 16 query heads (each reads the KV head again): the tok/paged
+# builds with 64-row query blocks (group 36) hit an illegal address on the H200 (2026-12-01, stop 24;
+# the interpreter passed) and 32/64-column extend groups were wrong there (stop 23)
+MAX_GROUP_ROWS = 16
+
+
+def _decode_group_chunks(
+    q: torch.Tensor,
+    cache: LayerKV,
+    page_table: torch.Tensor,
+    lens: torch.Tensor,
+    sm_scale: float,
+    out: torch.Tensor | None,
+    lse_out: torch.Tensor | None,
+    kw: dict[str, object],
+) -> torch.Tensor:
+    """``decode_triton`` over equal chunks of each KV head's query heads (GQA group > ``MAX_GROUP_ROWS``)."""
+    bsz, hq, d = q.shape
+    hkv = cache.layout.num_kv_heads
+    g = hq // hkv
+    n = -(-g // MAX_GROUP_ROWS)
+    size = -(-g // n)
+    if out is not None and out.shape != q.shape:
+        raise ValueError("out must be shaped like q with unit last stride")
+    out = torch.empty_like(q) if out is None else out
+    qv, ov = q.unflatten(1, (hkv, g)), out.unflatten(1, (hkv, g))
+    lv = None if lse_out is None else lse_out.view(bsz, hkv, g)
+    for j0 in range(0, g, size):
+        j1 = min(g, j0 + size)
+        qs = qv[:, :, j0:j1].reshape(bsz, hkv * (j1 - j0), d)
+        ls = None if lv is None else torch.empty((bsz, hkv * (j1 - j0)), dtype=torch.float32, device=q.device)
+        os_ = decode_triton(qs, cache, page_table, lens, sm_scale, lse_out=ls, **kw)  # type: ignore[arg-type]
+        ov[:, :, j0:j1] = os_.view(bsz, hkv, j1 - j0, d)
+        if lv is not None and ls is not None:
+            lv[:, :, j0:j1] = ls.view(bsz, hkv, j1 - j0)
+    return out
+
+
 def decode_triton(
     q: torch.Tensor,
     cache: LayerKV,
@@ -361,6 +399,11 @@ def decode_triton(
             raise ValueError(f"decode variant 'mma' {why}")
         if why:  # the default where mma does not apply (a GQA group > 8, unaligned pools, odd pages)
             name, cfg = resolve_variant(non_mma_default(d, interp), fmt, d, interp)
+    if name != "mma" and hq // hkv > MAX_GROUP_ROWS:
+        kw = dict(tail=tail, tail_page_table=tail_page_table, tail_lens=tail_lens, num_splits=num_splits,
+                  block_n=block_n, num_warps=num_warps, num_stages=num_stages, use_asm=use_asm, variant=variant,
+                  active=active, min_active=min_active)  # fmt: skip
+        return _decode_group_chunks(q, cache, page_table, lens, sm_scale, out, lse_out, kw)
     for key, val in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages)):
         if val:
             cfg[key] = val
