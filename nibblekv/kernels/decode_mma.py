@@ -234,6 +234,19 @@ def _prefetch_step(k_ptr, v_ptr, ks_ptr, vs_ptr, pt_ptr, n0, lim, hoff, shoff, s
 
 
 @triton.jit
+def _load_step(k64, v64, ks16, vs8, pt_ptr, n0, lim, hoff, shoff, s_page, sc_page, g, t,
+               PAGE: tl.constexpr, D: tl.constexpr, PAIR: tl.constexpr, TPI: tl.constexpr):  # fmt: skip
+    """The raw bytes of the ``TPI`` unmasked tiles of one step from ``n0`` (``_load_tile`` each; B = A if one)."""
+    a = _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False, PAIR)
+    b = a
+    if TPI == 2:
+        b = _load_tile(
+            k64, v64, ks16, vs8, pt_ptr, n0 + 16, lim, lim, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False, PAIR
+        )  # fmt: skip
+    return a, b
+
+
+@triton.jit
 def _scores(raw, qk_scale, n0, lim, lim1,
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
             MASKED: tl.constexpr, CV: tl.constexpr = 0):  # fmt: skip
@@ -689,16 +702,19 @@ def _mma_segment(
                 pre = nxt if PF == 2 else tl.where(n0 + 2 * STEP < full_end, n0 + 2 * STEP, n0) + 16 * TPI * warp
                 _prefetch_step(k_ptr, v_ptr, ks_ptr, vs_ptr, pt_ptr, pre, full_end, hoff, shoff, s_page, sc_page,
                                lane % 32, PAGE, D, TPI)  # fmt: skip
-            nextA = _load_tile(
-                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-                PAGE, D, False, PAIR,
-            )
-            nextB = nextA
-            if TPI == 2:
-                nextB = _load_tile(
-                    k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-                    PAGE, D, False, PAIR,
-                )
+            if PF == 4:
+                # NOTE: the loads in their own block (a branch ptxas cannot resolve): its scheduler then
+                # cannot sink them below the step's math
+                if hoff >= 0:
+                    nextA, nextB = _load_step(
+                        k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, PAIR, TPI
+                    )  # fmt: skip
+                else:
+                    nextA, nextB = rawA, rawB
+            else:
+                nextA, nextB = _load_step(
+                    k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, PAIR, TPI
+                )  # fmt: skip
         else:
             rawA = _load_tile(
                 k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
