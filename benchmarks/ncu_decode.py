@@ -28,7 +28,7 @@ def parse(spec: str) -> tuple[KVDtype, int, int, int, str]:
     dt = KVDtype(parts[0])
     b, c = (int(x) for x in parts[1].split("x"))
     hq = int(parts[2]) if len(parts) > 2 and parts[2] else 32
-    variant = parts[3] if len(parts) > 3 else ""
+    variant = ":".join(parts[3:])  # e.g. mma:bal=0
     return dt, b, c, hq, variant
 
 

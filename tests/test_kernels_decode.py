@@ -48,14 +48,13 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 
 
 # decode_mma: (spec, GQA group, page size). The interpreter runs its PTX twins slowly (~15 s per launch),
-# so CPU runs five cases (cv=3: the integer nibble conversion, with global scales != 1; pf=3: the L2
-# prefetch path, a no-op there); GPUs run every
+# so CPU runs four cases (cv=3: the integer nibble conversion, with global scales != 1); GPUs run every
 # spec x group x page.
-MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0", "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:pf=2", "mma:pf=3"]
+MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0", "mma:cv=1", "mma:cv=2", "mma:cv=3"]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
     if DEVICE == "cuda"
-    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P), ("mma:cv=3", 4, 5), ("mma:pf=3", 8, P)]  # minc: later splits stay empty
+    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P), ("mma:cv=3", 4, 5)]  # minc: later splits stay empty
 )
 
 

@@ -238,15 +238,6 @@ def _ld4(ptr, m):
     )  # fmt: skip
 
 
-@triton.jit
-def _prefetch_l2(ptr, m):
-    """``prefetch.global.L2`` of the line holding ``ptr`` where ``m``: no register, nothing to wait for."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
-        "=r,l,r", [ptr.to(tl.int64), m.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
-
-
 if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (_mma_twins)
     from nibblekv.kernels import _mma_twins as _tw
 
@@ -260,4 +251,4 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
     )
     _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
     _mma_bf16, _p_frag_bf16 = _tw.mma_bf16, _tw.p_frag_bf16
-    _st4, _ld4, _prefetch_l2 = _tw.st4, _tw.ld4, _tw.prefetch_l2
+    _st4, _ld4 = _tw.st4, _tw.ld4

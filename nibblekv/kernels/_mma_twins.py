@@ -245,9 +245,3 @@ def ld4(ptr, m):
         tl.load(p + 2, mask=m, other=0),
         tl.load(p + 3, mask=m, other=0),
     )
-
-
-@triton.jit
-def prefetch_l2(ptr, m):
-    """A cache hint only: nothing to do on the CPU."""
-    return tl.zeros_like(m.to(tl.int32))

@@ -45,7 +45,6 @@ from nibblekv.kernels._mma_ptx import (
     _p_frag,
     _p_frag_bf16,
     _pack_h2,
-    _prefetch_l2,
     _scale_h2,
     _split64,
     _st4,
@@ -119,7 +118,7 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, 
                PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, PAIR: tl.constexpr = 0):  # fmt: skip
     """This lane's raw bytes of the tile at ``n0`` (per lane): K rows g, g+8; V rows 2t, 2t+1, 2t+8, 2t+9.
 
-    Returns 4 K uint64, 2 K scale pairs (uint16), 4 V uint64, 4 V scale bytes, as loaded; masked rows read 0.
+    Returns 4 K uint64, 2 K scale pairs, 4 V uint64, 2 V scale pairs (uint32); masked rows read as 0.
     With ``PAIR`` a row is two tokens (see ``_mma_segment``): bytes of the second one (K blocks 4-7, i.e.
     lanes ``t >= 2``; V block ``g >= 4``) are masked against ``lim1``.
     NOTE: data offsets are in bytes, divided by 8 (2) for the uint64 (uint16) views; the launcher checks
@@ -177,73 +176,32 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, 
         kg1 = tl.load(kp + 1, mask=mg, other=0)
         k80 = tl.load(kp8, mask=m8, other=0)
         k81 = tl.load(kp8 + 1, mask=m8, other=0)
-        ksg = tl.load(ksp, mask=mg, other=0)
-        ks8 = tl.load(ksp8, mask=m8, other=0)
+        ksg = tl.load(ksp, mask=mg, other=0).to(tl.uint32)
+        ks8 = tl.load(ksp8, mask=m8, other=0).to(tl.uint32)
         va = tl.load(vp, mask=ma, other=0)
         vb = tl.load(vpb, mask=mb, other=0)
         vc = tl.load(vpc, mask=mc, other=0)
         vd = tl.load(vpd, mask=md, other=0)
-        sva = tl.load(vsp, mask=ma, other=0)
-        svb = tl.load(vspb, mask=mb, other=0)
-        svc = tl.load(vspc, mask=mc, other=0)
-        svd = tl.load(vspd, mask=md, other=0)
+        sva = tl.load(vsp, mask=ma, other=0).to(tl.uint32)
+        svb = tl.load(vspb, mask=mb, other=0).to(tl.uint32)
+        svc = tl.load(vspc, mask=mc, other=0).to(tl.uint32)
+        svd = tl.load(vspd, mask=md, other=0).to(tl.uint32)
     else:
         kg0 = tl.load(kp)
         kg1 = tl.load(kp + 1)
         k80 = tl.load(kp8)
         k81 = tl.load(kp8 + 1)
-        ksg = tl.load(ksp)
-        ks8 = tl.load(ksp8)
+        ksg = tl.load(ksp).to(tl.uint32)
+        ks8 = tl.load(ksp8).to(tl.uint32)
         va = tl.load(vp)
         vb = tl.load(vpb)
         vc = tl.load(vpc)
         vd = tl.load(vpd)
-        sva = tl.load(vsp)
-        svb = tl.load(vspb)
-        svc = tl.load(vspc)
-        svd = tl.load(vspd)
-    # NOTE: raw loads only -- any op on them here runs right after the loads, so the warp would wait for
-    # the bytes it prefetches (ncu, 2026-12-01: 21% of all stall samples were that wait)
-    return kg0, kg1, k80, k81, ksg, ks8, va, vb, vc, vd, sva, svb, svc, svd
-
-
-@triton.jit
-def _prefetch_lines(k_ptr, v_ptr, ks_ptr, vs_ptr, d0, s0, valid, hoff, shoff, L, D: tl.constexpr):
-    """L2 prefetch of one 16-token tile (data offset ``d0``, scale offset ``s0``): its K and V rows are 8
-    lines of 128 bytes each (lanes 0-7, 8-15), its scale rows D bytes each (lanes 16-17 K, 18-19 V: first
-    and last byte, in case they straddle two lines)."""
-    kd = k_ptr.to(tl.pointer_type(tl.uint8)) + (d0 + hoff + 128 * (L % 8))
-    vd = v_ptr.to(tl.pointer_type(tl.uint8)) + (d0 + hoff + 128 * (L % 8))
-    sb = s0 + shoff + (D - 1) * (L % 2)
-    ksp = ks_ptr.to(tl.pointer_type(tl.uint8)) + sb
-    vsp = vs_ptr.to(tl.pointer_type(tl.uint8)) + sb
-    ptr = tl.where(L < 8, kd, tl.where(L < 16, vd, tl.where(L < 18, ksp, vsp)))
-    return _prefetch_l2(ptr, valid & (L < 20))
-
-
-@triton.jit
-def _prefetch_step(k_ptr, v_ptr, ks_ptr, vs_ptr, pt_ptr, n0, lim, hoff, shoff, s_page, sc_page, L,
-                   PAGE: tl.constexpr, D: tl.constexpr, TPI: tl.constexpr):  # fmt: skip
-    """L2 prefetch of the ``TPI`` tiles from token ``n0`` (those below ``lim``); pages of a multiple of 16
-    tokens (a tile is then one run of bytes). Both page-table reads go first: one wait, not two."""
-    da, sa, va = _row_base(pt_ptr, n0, lim, s_page, sc_page, PAGE, D, True)
-    if TPI == 2:
-        db, sb, vb = _row_base(pt_ptr, n0 + 16, lim, s_page, sc_page, PAGE, D, True)
-        _prefetch_lines(k_ptr, v_ptr, ks_ptr, vs_ptr, db, sb, vb, hoff, shoff, L, D)
-    return _prefetch_lines(k_ptr, v_ptr, ks_ptr, vs_ptr, da, sa, va, hoff, shoff, L, D)
-
-
-@triton.jit
-def _load_step(k64, v64, ks16, vs8, pt_ptr, n0, lim, hoff, shoff, s_page, sc_page, g, t,
-               PAGE: tl.constexpr, D: tl.constexpr, PAIR: tl.constexpr, TPI: tl.constexpr):  # fmt: skip
-    """The raw bytes of the ``TPI`` unmasked tiles of one step from ``n0`` (``_load_tile`` each; B = A if one)."""
-    a = _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False, PAIR)
-    b = a
-    if TPI == 2:
-        b = _load_tile(
-            k64, v64, ks16, vs8, pt_ptr, n0 + 16, lim, lim, hoff, shoff, s_page, sc_page, g, t, PAGE, D, False, PAIR
-        )  # fmt: skip
-    return a, b
+        sva = tl.load(vsp).to(tl.uint32)
+        svb = tl.load(vspb).to(tl.uint32)
+        svc = tl.load(vspc).to(tl.uint32)
+        svd = tl.load(vspd).to(tl.uint32)
+    return kg0, kg1, k80, k81, ksg, ks8, va, vb, vc, vd, sva | (svb << 8), svc | (svd << 8)
 
 
 @triton.jit
@@ -255,8 +213,7 @@ def _scores(raw, qk_scale, n0, lim, lim1,
     Masked (MASKED: token >= lim; columns 2t+1 token >= lim1, see PAIR in ``_mma_segment``) scores are
     -inf. ``n0`` is this warp's tile start.
     """
-    kga, kgb, k8a, k8b = raw[0], raw[1], raw[2], raw[3]
-    ksg, ks8 = raw[4].to(tl.uint32), raw[5].to(tl.uint32)
+    kga, kgb, k8a, k8b, ksg, ks8 = raw[0], raw[1], raw[2], raw[3], raw[4], raw[5]
     kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15 = _k_row(
         kga, kgb, ksg, CV & 1
     )
@@ -293,9 +250,7 @@ def _pv(raw, pa, pb,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, CV: tl.constexpr = 0,
         ):  # fmt: skip
     """O^T += V^T P^T for one tile (``pa``/``pb``: P^T fragments of tokens 2t, 2t+1 / 2t+8, 2t+9)."""
-    va_, vb_, vc_, vd_ = raw[6], raw[7], raw[8], raw[9]
-    sv01 = raw[10].to(tl.uint32) | (raw[11].to(tl.uint32) << 8)
-    sv89 = raw[12].to(tl.uint32) | (raw[13].to(tl.uint32) << 8)
+    va_, vb_, vc_, vd_, sv01, sv89 = raw[6], raw[7], raw[8], raw[9], raw[10], raw[11]
     va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15 = _v_pair(
         va_, vb_, sv01, CV >> 1
     )
@@ -694,27 +649,16 @@ def _mma_segment(
         nb = n0 + 16 * TPI * warp
         if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
-            if PF >= 2 and PAGE % 16 == 0:
-                # NOTE: under the 128-register cap ptxas sinks the loads below into the step's last lines, so
-                # each step waited a whole DRAM latency for them (ncu, H200, 2026-12-01: 31% of stall samples
-                # long-scoreboard at B26x32K). An L2 prefetch of the same bytes holds no register.
-                # PF 3: two steps ahead (the step after the loads below)
-                pre = nxt if PF == 2 else tl.where(n0 + 2 * STEP < full_end, n0 + 2 * STEP, n0) + 16 * TPI * warp
-                _prefetch_step(k_ptr, v_ptr, ks_ptr, vs_ptr, pt_ptr, pre, full_end, hoff, shoff, s_page, sc_page,
-                               lane % 32, PAGE, D, TPI)  # fmt: skip
-            if PF == 4:
-                # NOTE: the loads in their own block (a branch ptxas cannot resolve): its scheduler then
-                # cannot sink them below the step's math
-                if hoff >= 0:
-                    nextA, nextB = _load_step(
-                        k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, PAIR, TPI
-                    )  # fmt: skip
-                else:
-                    nextA, nextB = rawA, rawB
-            else:
-                nextA, nextB = _load_step(
-                    k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, PAIR, TPI
-                )  # fmt: skip
+            nextA = _load_tile(
+                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                PAGE, D, False, PAIR,
+            )
+            nextB = nextA
+            if TPI == 2:
+                nextB = _load_tile(
+                    k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                    PAGE, D, False, PAIR,
+                )
         else:
             rawA = _load_tile(
                 k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
