@@ -297,6 +297,22 @@ def test_decode_gqa_group_over_16(variant: str | None, group: int, d: int) -> No
         assert _run(dt, lens, tails, 2, group, d, P, None, variant=variant) <= 1e-2, (variant, dt)
 
 
+def test_decode_gqa_group_over_16_lse_matches_a_subset_of_heads() -> None:
+    # the chunked path (group 20 -> two chunks of 10 heads) fills lse_out per head: heads 3-6 of every KV
+    # head's group, decoded on their own as a group of 4, give the same out and lse
+    pb = make_batch(KVDtype.FP8, [17, 300], 2, 64, P, DEVICE, tail_lens=[W, 5])
+    q = torch.randn(2, 2 * 20, 64, device=DEVICE).to(torch.bfloat16)
+    sm = 1.0 / math.sqrt(64)
+    targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
+    out, lse = torch.full_like(q, float("nan")), torch.full((2, 40), float("nan"), device=DEVICE)
+    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, lse_out=lse, variant="tok")  # type: ignore[arg-type]
+    sub = q.unflatten(1, (2, 20))[:, :, 3:7].reshape(2, 8, 64)
+    lse4 = torch.full((2, 8), float("nan"), device=DEVICE)
+    out4 = decode_triton(sub, pb.cache, pb.page_table, pb.lens, sm, **targs, lse_out=lse4, variant="tok")  # type: ignore[arg-type]
+    assert rel_rms(out.unflatten(1, (2, 20))[:, :, 3:7].float(), out4.unflatten(1, (2, 4)).float()) <= 1e-3
+    assert torch.allclose(lse.view(2, 2, 20)[:, :, 3:7], lse4.view(2, 2, 4), atol=1e-4)
+
+
 def test_combine_dim_block_splits_dims_only_for_small_grids() -> None:
     from nibblekv.kernels.decode_config import combine_dim_block
 
