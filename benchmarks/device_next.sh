@@ -15,6 +15,7 @@
 #      (tw=1) vs half the warps with twice the tokens each (ppsm=8). And FP8 at B=1 x 128K (0.71 / 0.61 of
 #      the ceiling at GQA 4 / 8, target 0.75): the default 64 splits make 512 programs for 396 resident slots
 #      (132 SMs x 3 at 168 registers), a second wave 29% full; cap=49 is exactly one wave, cap=33 / 24 fewer.
+#      And NVFP4 at 20 warps per SM (one tile a step, 96 registers) against the default 16.
 #   (5, extend_triton at 128-row query blocks, ran in stop 24: no faster, extend-sweep-bm128-h200.*)
 # Usage from the repo root: OUT=... COMMIT=<sha> STEPS="0" bash benchmarks/device_next.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
@@ -48,6 +49,12 @@ if [[ $STEPS == *" 4 "* ]]; then
     --q-heads 64 --shapes 5x32768 10x32768 24x32768 \
     --variants nvfp4=mma nvfp4=mma:tw=1 nvfp4=mma:ppsm=8 nvfp4=mma:ppsm=8,tw=1 fp8_e4m3=tok > "$OUT/variants.log" 2>&1
   echo "variants exit $?"; grep -v "arn" "$OUT/variants.log" | tail -8
+  # 20 one-warp programs per SM (96 registers, ~50 bytes of spills in sm_90 SASS) at one tile a step: more
+  # warps to hide the dependency chains ncu showed (stop 24: 36% of cycles no warp eligible at 14 warps/SM)
+  timeout -k 5 170 python3 benchmarks/bench_decode_variants.py --out "$OUT/ppsm20" --budget-s 130 --tail \
+    --shapes 26x32768 8x32768 32x8192 1x131072 --variants nvfp4=mma nvfp4=mma:tpi=1,pf=0,ppsm=20 \
+    nvfp4=mma:tpi=1,ppsm=20 > "$OUT/ppsm20.log" 2>&1
+  echo "ppsm20 exit $?"; grep -v "arn" "$OUT/ppsm20.log" | tail -6
   for q in 64 32; do
     timeout -k 5 100 python3 benchmarks/bench_decode_variants.py --out "$OUT/fp8-b1-gqa$((q / 8))" --budget-s 80 \
       --q-heads $q --shapes 1x131072 2x131072 --variants fp8_e4m3=tok fp8_e4m3=tok:cap=49 fp8_e4m3=tok:cap=33 \
