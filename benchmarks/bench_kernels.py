@@ -186,11 +186,10 @@ def decode_bytes(pool: LayerKV, batch: int, main: int, tail: int, q_heads: int) 
     return batch * (main * per_tok + tail * tail_tok) + batch * q_heads * pool.layout.head_dim * 2 + pt
 
 
-def run_decode(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, with_tail: bool,
-               cfg: dict[str, object] | None = None, profile: dict[str, float] | None = None,
-               ctxs: list[int] | None = None) -> tuple[float, int]:  # fmt: skip
-    """Median microseconds and bytes read of one decode call; ``profile`` (CUDA) gets its per-kernel times.
-    ``ctxs``: per-request contexts (a ragged batch of ``len(ctxs)``; ``ctx`` then sizes the page tables)."""
+def decode_call(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, with_tail: bool,
+                cfg: dict[str, object] | None = None, ctxs: list[int] | None = None):  # type: ignore[no-untyped-def]  # fmt: skip
+    """A ready decode call on random pages of the pool (and the main-pool lengths it reads): ``ctxs`` gives
+    per-request contexts (a ragged batch of ``len(ctxs)``; ``ctx`` then sizes the page tables)."""
     pool = pools.pools[dt]
     tail = 64 if with_tail else 0
     main = ctx - tail
@@ -208,12 +207,21 @@ def run_decode(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, wi
         kw.update(tail=pools.tail, tail_page_table=tpt, tail_lens=torch.full((batch,), tail, dtype=torch.int32, device=DEV))
     sm = 1.0 / math.sqrt(pools.head_dim)
     out = torch.empty_like(q)
-    fn = lambda: decode_triton(q, pool, pt, lens, sm, out=out, **kw)  # noqa: E731
+    return (lambda: decode_triton(q, pool, pt, lens, sm, out=out, **kw)), mains
+
+
+def run_decode(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, with_tail: bool,
+               cfg: dict[str, object] | None = None, profile: dict[str, float] | None = None,
+               ctxs: list[int] | None = None) -> tuple[float, int]:  # fmt: skip
+    """Median microseconds and bytes read of one decode call; ``profile`` (CUDA) gets its per-kernel times.
+    ``ctxs``: per-request contexts (a ragged batch of ``len(ctxs)``; ``ctx`` then sizes the page tables)."""
+    fn, mains = decode_call(pools, dt, batch, ctx, q_heads, with_tail, cfg, ctxs)
     fn()
     us = bench_graph(fn)
     if profile is not None and DEV == "cuda":
         profile.update(kernel_breakdown(fn))
-    return us, sum(decode_bytes(pool, 1, m, tail, q_heads) for m in mains)
+    tail = 64 if with_tail else 0
+    return us, sum(decode_bytes(pools.pools[dt], 1, m, tail, q_heads) for m in mains)
 
 
 def run_sdpa(batch: int, ctx: int, q_heads: int, kv_heads: int, d: int) -> tuple[float, int]:

@@ -13,14 +13,12 @@ the profiled call is the third.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 
 import torch
 
-from benchmarks.bench_kernels import PAGE, Pools
+from benchmarks.bench_kernels import PAGE, Pools, decode_call
 from nibblekv.formats.layout import KVDtype
-from nibblekv.kernels.decode import decode_triton
 
 
 def parse(spec: str) -> tuple[KVDtype, int, int, int, str]:
@@ -45,22 +43,13 @@ def main() -> None:
         os.environ.pop("NIBBLEKV_DECODE_VARIANT", None)
         if variant:
             os.environ["NIBBLEKV_DECODE_VARIANT"] = variant
-        pool = pools.pools[dt]
-        tail = 64
-        pages = -(-(c - tail) // PAGE)
-        gen = torch.Generator().manual_seed(b * 7919 + c)
-        pt = torch.randperm(pool.num_pages, generator=gen)[: b * pages].reshape(b, pages).to(torch.int32).cuda()
-        lens = torch.full((b,), c - tail, dtype=torch.int32, device="cuda")
-        tpt = torch.randperm(pools.tail.num_pages, generator=gen)[: b * 4].reshape(b, 4).to(torch.int32).cuda()
-        q = torch.randn(b, hq, 128, device="cuda").to(torch.bfloat16)
-        out = torch.empty_like(q)
-        kw = dict(tail=pools.tail, tail_page_table=tpt, tail_lens=torch.full((b,), tail, dtype=torch.int32, device="cuda"))
+        fn, _ = decode_call(pools, dt, b, c, hq, True)
         for _ in range(2):
-            decode_triton(q, pool, pt, lens, 1.0 / math.sqrt(128), out=out, **kw)
+            fn()
         torch.cuda.synchronize()
         print(f"profiling {dt.value} {b}x{c} q_heads={hq} variant={variant or 'default'}", flush=True)
         torch.cuda.cudart().cudaProfilerStart()
-        decode_triton(q, pool, pt, lens, 1.0 / math.sqrt(128), out=out, **kw)
+        fn()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
 

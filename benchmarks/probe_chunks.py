@@ -8,7 +8,7 @@ layout with a plain Triton kernel (one program per 4 page-heads, every chunk at 
 
     PYTHONPATH=. python benchmarks/probe_chunks.py --out DIR
 
-Rows: layout, chunk sizes, GB read, TB/s, fraction of a streaming read of the same buffer.
+Rows: layout, chunk sizes, GB read, TB/s, fraction of the kernel benchmark's streaming read (4 GiB).
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-GiB = 1 << 30
-
+from benchmarks.bench_kernels import GiB, bench, read_ceiling
 
 @triton.jit
 def _chunks_kernel(buf, offs, out, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr,
@@ -40,29 +39,6 @@ def _chunks_kernel(buf, offs, out, S0: tl.constexpr, S1: tl.constexpr, S2: tl.co
                 o = tl.multiple_of(tl.load(offs + i * 4 + j), 32)
                 acc += tl.load(buf + o + r, mask=r < S, other=0)
     tl.store(out + pid * BLK + r, acc)
-
-
-@triton.jit
-def _stream_kernel(buf, out, n, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    r = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(buf + r, mask=r < n, other=0)
-    tl.store(out + pid, tl.sum(x, axis=0))
-
-
-def time_ms(fn, reps: int = 20) -> float:  # type: ignore[no-untyped-def]
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        ts.append(start.elapsed_time(end))
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 LAYOUTS = {
@@ -85,11 +61,9 @@ def main() -> None:
     ap.add_argument("--read-gib", type=float, default=2.0, help="bytes each layout reads")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    stream = read_ceiling()["triton_stream_tbps"]  # the kernel benchmark's streaming read of 4 GiB
     words = int(args.gib * GiB) // 4
     buf = torch.randint(-100, 100, (words,), dtype=torch.int32, device="cuda")
-    sout = torch.empty(triton.cdiv(words, 4096), dtype=torch.int32, device="cuda")
-    ms = time_ms(lambda: _stream_kernel[(triton.cdiv(words, 4096),)](buf, sout, words, BLOCK=4096, num_warps=8))
-    stream = words * 4 / ms / 1e9
     rows = [{"layout": "stream", "tbps": round(stream, 3)}]
     print(f"stream read {stream:.3f} TB/s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -105,8 +79,7 @@ def main() -> None:
         s = [x // 4 for x in sizes]
         fn = lambda: _chunks_kernel[(n // U,)](buf, offs, out, S0=s[0], S1=s[1], S2=s[2], S3=s[3], BLK=blk, U=U,  # noqa: E731
                                                 num_warps=4 if blk >= 512 else 2)  # fmt: skip
-        ms = time_ms(fn)
-        tb = n * per / ms / 1e9
+        tb = n * per / bench(fn) / 1e6
         rows.append({"layout": name, "chunk_bytes": list(sizes), "gb": round(n * per / 1e9, 3),
                      "tbps": round(tb, 3), "frac_of_stream": round(tb / stream, 3)})  # fmt: skip
         print(f"{name:40s} {sizes} {n * per / 1e9:.2f} GB {tb:.3f} TB/s ({tb / stream:.3f})", flush=True)
