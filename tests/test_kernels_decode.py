@@ -50,15 +50,11 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 # decode_mma: (spec, GQA group, page size). The interpreter runs its PTX twins slowly (~15 s per launch),
 # so CPU runs four cases (cv=3: the integer nibble conversion, with global scales != 1); GPUs run every
 # spec x group x page.
-MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0", "mma:cv=1", "mma:cv=2", "mma:cv=3",
-             "mma:ws=1", "mma:ns=3", "mma:ns=4,tpi=1", "mma:ns=3,ws=0", "mma:ns=3,w=2"]
+MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0", "mma:cv=1", "mma:cv=2", "mma:cv=3"]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
     if DEVICE == "cuda"
-    # minc: later splits stay empty; ws=1: the scale bytes as 4-byte words (ns, the pipelined loop it serves,
-    # is GPU-only), one-page tiles and per-row page lookups
-    else [("mma:tpi=2,ws=1", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P),
-          ("mma:cv=3,ws=1", 4, 5)]
+    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P), ("mma:cv=3", 4, 5)]  # minc: later splits stay empty
 )
 
 

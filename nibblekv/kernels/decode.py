@@ -33,7 +33,6 @@ from nibblekv.kernels._common import (
     tail_operands,
 )
 from nibblekv.kernels.decode_config import (
-    mma_pipeline,
     BALANCED_MIN_PAIRS,
     _mma_max_registers,
     _mma_unsupported,
@@ -502,7 +501,6 @@ def decode_triton(
             VST=int(cfg["vst"]),
             VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
             CV=int(cfg["cv"]),
-            **mma_pipeline(cfg, interp),
             **dyn,
             **fused,
             **mma_common,

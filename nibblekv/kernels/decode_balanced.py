@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
-from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block, mma_pipeline
+from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels.decode_mma import _mma_segment, _mma_tail
 from nibblekv.kernels.types import LayerKV
 
@@ -78,7 +78,6 @@ def decode_mma_bal_kernel(
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BP: tl.constexpr, W: tl.constexpr, HAS_TAIL: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     MINC: tl.constexpr, VST: tl.constexpr, VQ: tl.constexpr, CV: tl.constexpr, DYN: tl.constexpr,
-    NS: tl.constexpr = 0, WS: tl.constexpr = 0,
 ):  # fmt: skip
     """1-D grid: ``W`` one-warp programs over the balanced chunks, then (``HAS_TAIL``) one tail program per
     pair. ``n_req`` requests, of which the first ``*act_ptr`` are real with ``DYN`` (CUDA-graph padding)."""
@@ -132,7 +131,7 @@ def decode_mma_bal_kernel(
                 sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h,
                 sm_scale * 1.4426950408889634 * gk, gv,
                 o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, CV, NS, WS,
+                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, CV,
             )  # fmt: skip
             x0 += nt
 
@@ -223,7 +222,7 @@ def launch_balanced(
         HQ=hq, G=g, D=d, PAGE=cache.layout.page_size, TPAGE=tpage, BP=bp, W=warps, HAS_TAIL=int(has_tail),
         TPI=int(cfg["tpi"]), PF=int(cfg["pf"]), MINC=int(cfg["minc"]), VST=int(cfg["vst"]),
         VQ=int(cfg["vq"]),
-        CV=int(cfg["cv"]), DYN=dyn, num_warps=1, num_stages=1, **mma_pipeline(cfg, interp),
+        CV=int(cfg["cv"]), DYN=dyn, num_warps=1, num_stages=1,
         **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
     )  # fmt: skip
     slots = max_pair_slots(warps, hkv)

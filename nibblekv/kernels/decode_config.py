@@ -42,8 +42,7 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
 #          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), cv (nibble
 #          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as one more program of the grid),
-#          bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs),
-#          ns (> 0: the tile loop pipelined by cp.async, ns stages), ws (scale bytes as 4-byte words)
+#          bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more)
 # tok and mma: fuse (1: each (request, KV head)'s last program merges the split partials itself, no combine
 #          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
@@ -243,16 +242,7 @@ _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
     "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
-    "ns": "ns", "ws": "ws",
 }  # fmt: skip
-
-
-def mma_pipeline(cfg: dict[str, int | bool], interp: bool) -> dict[str, int]:
-    """The ``NS`` / ``WS`` constexprs of the mma kernels: ``ns`` stages (0 under the interpreter, which cannot
-    run their ``for`` loop), ``ws`` wide scale reads (-1: on exactly when the loop is pipelined)."""
-    ns = 0 if interp else int(cfg.get("ns", 0))
-    ws = int(cfg.get("ws", -1))
-    return {"NS": ns, "WS": int(ns > 0) if ws < 0 else ws}
 
 
 def non_mma_default(d: int, interp: bool) -> str:

@@ -102,23 +102,6 @@ def _v_pair(x, y, sc, ALU: tl.constexpr = 0):
 
 
 @triton.jit
-def _ksc(ks16, base, lo2, m, MASKED: tl.constexpr):
-    """The two K scale bytes at byte ``base + 2 lo2`` (uint32), read as a 4-byte word (``base`` a multiple of
-    4): Triton's pipeliner moves only loads of >= 4 bytes by cp.async."""
-    p = ks16.to(tl.pointer_type(tl.uint32)) + (base >> 2) + (lo2 >> 1)
-    w = tl.load(p, mask=m, other=0) if MASKED else tl.load(p)
-    return (w >> ((lo2 & 1) * 16).to(tl.uint32)) & 0xFFFF
-
-
-@triton.jit
-def _vsc(vs8, base, lo, m, MASKED: tl.constexpr):
-    """The V scale byte at byte ``base + lo`` (uint32), read as a 4-byte word (see ``_ksc``)."""
-    p = vs8.to(tl.pointer_type(tl.uint32)) + (base >> 2) + (lo >> 2)
-    w = tl.load(p, mask=m, other=0) if MASKED else tl.load(p)
-    return (w >> ((lo & 3) * 8).to(tl.uint32)) & 0xFF
-
-
-@triton.jit
 def _row_base(pt_ptr, idx, lim, s_page, sc_page, PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr):
     """Token index -> (data byte offset, scale byte offset, valid) of its row (head offsets not added)."""
     valid = idx < lim
@@ -132,15 +115,14 @@ def _row_base(pt_ptr, idx, lim, s_page, sc_page, PAGE: tl.constexpr, D: tl.const
 
 @triton.jit
 def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, sc_page, g, t,
-               PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, PAIR: tl.constexpr = 0,
-               WS: tl.constexpr = 0):  # fmt: skip
+               PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, PAIR: tl.constexpr = 0):  # fmt: skip
     """This lane's raw bytes of the tile at ``n0`` (per lane): K rows g, g+8; V rows 2t, 2t+1, 2t+8, 2t+9.
 
     Returns 4 K uint64, 2 K scale pairs, 4 V uint64, 2 V scale pairs (uint32); masked rows read as 0.
     With ``PAIR`` a row is two tokens (see ``_mma_segment``): bytes of the second one (K blocks 4-7, i.e.
     lanes ``t >= 2``; V block ``g >= 4``) are masked against ``lim1``.
     NOTE: data offsets are in bytes, divided by 8 (2) for the uint64 (uint16) views; the launcher checks
-    that pages and heads are aligned for that. ``WS``: scale bytes read as 4-byte words (``_ksc``).
+    that pages and heads are aligned for that.
     """
     R8: tl.constexpr = D // 16  # uint64 words per row (D/2 bytes); also scale bytes per row
     klim = lim
@@ -168,13 +150,6 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, 
             vspb, vspc, vspd = vsp + R8, vsp + 8 * R8, vsp + 9 * R8
         mg, m8, ma = n0 + g < klim, n0 + g + 8 < klim, n0 + 2 * t < vlim
         mb, mc, md = n0 + 2 * t + 1 < vlim, n0 + 2 * t + 8 < vlim, n0 + 2 * t + 9 < vlim
-        # WS: (row base in bytes, this lane's offset: K in 2-byte units, V in bytes)
-        kb, kb8, klo, klo8 = s0 + shoff, s0 + shoff, g * (R8 // 2) + t, g * (R8 // 2) + t + 4 * R8
-        vb0, vbb, vbc, vbd = s0 + shoff, s0 + shoff, s0 + shoff, s0 + shoff
-        vlo = 2 * t * R8 + g
-        vlob, vloc, vlod = vlo + R8, vlo + 8 * R8, vlo + 9 * R8
-        if PAGE == 8:
-            kb8, klo8, vbc, vbd, vloc, vlod = s1 + shoff, klo, s1 + shoff, s1 + shoff, vlo, vlo + R8
     else:
         dg, sg, mg = _row_base(pt_ptr, n0 + g, lim, s_page, sc_page, PAGE, D, MASKED)
         d8, s8, m8 = _row_base(pt_ptr, n0 + g + 8, lim, s_page, sc_page, PAGE, D, MASKED)
@@ -190,9 +165,6 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, 
         ksp, ksp8 = ks16 + ((sg + shoff) >> 1) + t, ks16 + ((s8 + shoff) >> 1) + t
         vp, vpb = v64 + ((da + hoff) >> 3) + g, v64 + ((db + hoff) >> 3) + g
         vpc, vpd = v64 + ((dc + hoff) >> 3) + g, v64 + ((dd + hoff) >> 3) + g
-        kb, kb8, klo, klo8 = sg + shoff, s8 + shoff, t, t
-        vb0, vbb, vbc, vbd = sa + shoff, sb + shoff, sc + shoff, sd + shoff
-        vlo, vlob, vloc, vlod = g, g, g, g
         vsp, vspb, vspc, vspd = (
             vs8 + sa + shoff + g,
             vs8 + sb + shoff + g,
@@ -229,13 +201,6 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, 
         svb = tl.load(vspb).to(tl.uint32)
         svc = tl.load(vspc).to(tl.uint32)
         svd = tl.load(vspd).to(tl.uint32)
-    if WS:  # NOTE: replaces the narrow scale loads above (dead code then)
-        ksg = _ksc(ks16, kb, klo, mg, MASKED)
-        ks8 = _ksc(ks16, kb8, klo8, m8, MASKED)
-        sva = _vsc(vs8, vb0, vlo, ma, MASKED)
-        svb = _vsc(vs8, vbb, vlob, mb, MASKED)
-        svc = _vsc(vs8, vbc, vloc, mc, MASKED)
-        svd = _vsc(vs8, vbd, vlod, md, MASKED)
     return kg0, kg1, k80, k81, ksg, ks8, va, vb, vc, vd, sva | (svb << 8), svc | (svd << 8)
 
 
@@ -590,30 +555,11 @@ def _finish(
 
 
 @triton.jit
-def _load_step(k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t,
-               PAGE: tl.constexpr, D: tl.constexpr, PAIR: tl.constexpr, TPI: tl.constexpr, WS: tl.constexpr,
-               MASKED: tl.constexpr = False):  # fmt: skip
-    """The raw bytes of one softmax step: ``TPI`` tiles from token ``nb`` (the second equals the first at 1)."""
-    rawA = _load_tile(
-        k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-        PAGE, D, MASKED, PAIR, WS,
-    )  # fmt: skip
-    rawB = rawA
-    if TPI == 2:
-        rawB = _load_tile(
-            k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-            PAGE, D, MASKED, PAIR, WS,
-        )  # fmt: skip
-    return rawA, rawB
-
-
-@triton.jit
 def _mma_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0,
-    NS: tl.constexpr = 0, WS: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
@@ -630,12 +576,6 @@ def _mma_segment(
     ``VST``: the partial o as 16-byte vector stores (8 per lane) instead of 32 scalar ones, each of which
     touches 32 sectors -- the whole grid stores at once at its end (one wave), so the epilogue is a burst.
     ``VQ``: Q (bf16, rows 16-byte aligned) as 4 vector loads per lane, for the same reason at the start.
-
-    ``NS`` > 0 (GPU only; ``PF`` is then ignored): the full steps run as a ``tl.range`` loop that Triton's
-    pipeliner gives ``NS`` stages -- later steps' bytes land in shared memory by cp.async (``NS - 2`` steps
-    ahead: the page-table read is a stage of its own), holding no registers; with ``WS`` all its loads are
-    >= 4 bytes wide, which the pipeliner needs (else the scale reads stay synchronous in the loop).
-    NOTE: the interpreter cannot run ``for`` over loaded bounds, hence the ``while`` loops.
     """
     lane = tl.arange(0, 32 * NW)
     warp = lane // 32
@@ -690,40 +630,46 @@ def _mma_segment(
     full_end = start + (end1 - start) // STEP * STEP  # NOTE: end1 == end unless PAIR
     lim = full_end
     lim1 = full_end
-    PFW: tl.constexpr = PF * (NS == 0)  # the while loop's prefetch
-    if PFW:
-        rawA, rawB = _load_step(
-            k64, v64, ks16, vs8, pt_ptr, start + 16 * TPI * warp, full_end, hoff, shoff, s_page, sc_page, g, t,
-            PAGE, D, PAIR, TPI, WS, True,
-        )  # fmt: skip
-    if NS > 0:
-        for n1 in tl.range(start, full_end, STEP, num_stages=NS):
-            nb = n1 + 16 * TPI * warp
-            rawA, rawB = _load_step(
-                k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, PAIR, TPI, WS,
-            )  # fmt: skip
-            (
-                m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            ) = _run_step(
-                rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
-                q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, CV,
-            )  # fmt: skip
-        n0 = full_end
-    else:
-        n0 = start
-    while n0 < full_end:  # NS == 0 (skipped otherwise)
+    if PF:
+        nb = start + 16 * TPI * warp
+        rawA = _load_tile(
+            k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+            PAGE, D, True, PAIR,
+        )
+        rawB = rawA
+        if TPI == 2:
+            rawB = _load_tile(
+                k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                PAGE, D, True, PAIR,
+            )
+    n0 = start
+    while (
+        n0 < full_end
+    ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
         nb = n0 + 16 * TPI * warp
-        if PFW:  # prefetch the next step (the current tiles again on the last step: no mask needed)
+        if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
-            nextA, nextB = _load_step(
-                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, PAIR, TPI, WS,
-            )  # fmt: skip
+            nextA = _load_tile(
+                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                PAGE, D, False, PAIR,
+            )
+            nextB = nextA
+            if TPI == 2:
+                nextB = _load_tile(
+                    k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                    PAGE, D, False, PAIR,
+                )
         else:
-            rawA, rawB = _load_step(
-                k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, D, PAIR, TPI, WS,
-            )  # fmt: skip
+            rawA = _load_tile(
+                k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                PAGE, D, False, PAIR,
+            )
+            rawB = rawA
+            if TPI == 2:
+                rawB = _load_tile(
+                    k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                    PAGE, D, False, PAIR,
+                )
         (
             m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
             o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
@@ -732,7 +678,7 @@ def _mma_segment(
             q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
             o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, CV,
         )  # fmt: skip
-        if PFW:
+        if PF:
             rawA = nextA
             rawB = nextB
         n0 += STEP
@@ -1009,7 +955,6 @@ def decode_mma_kernel(
     VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0, TAIL_MMA: tl.constexpr = 0,
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
-    NS: tl.constexpr = 0, WS: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -1096,7 +1041,7 @@ def decode_mma_kernel(
         q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
         pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
         o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-        G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV, NS, WS,
+        G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV,
     )  # fmt: skip
     if FUSE:
         _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
