@@ -120,12 +120,14 @@ def test_rope_qk_bit_exact(dtype: torch.dtype, d: int, hq: int, hkv: int, t: int
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
-    ("d", "hq", "hkv", "t"), [(32, 9, 3, 1), (64, 4, 1, 3), (32, 32, 8, 2), (128, 4, 2, 1), (64, 9, 3, 65)]
+    ("d", "hq", "hkv", "t"),
+    [(32, 9, 3, 1), (64, 4, 1, 3), (32, 32, 8, 2), (128, 4, 2, 1), (64, 9, 3, 65), (128, 6, 2, 67)],
 )
 def test_rope_qk_rotated(dtype: torch.dtype, d: int, hq: int, hkv: int, t: int) -> None:
     # the KV cache's Hadamard rotation fused in: q, k after RoPE and v, each times H (head groups of 16
     # rows: 15 and 6 heads leave masked rows; 48 heads fill three groups); below 64 tokens the output
-    # columns split over programs (d 64: 2, d 128: 4), from 64 on whole rows
+    # columns split over programs (d 64: 2, d 128: 4), from 64 on whole rows of 64-row blocks that span
+    # tokens (15 x 65 and 10 x 67 rows: a partial last block)
     from nibblekv.attention.paged import hadamard_matrix
 
     torch.manual_seed(d + hq + t)

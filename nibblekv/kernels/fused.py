@@ -248,32 +248,38 @@ def _rope_qkv_kernel(
 @triton.jit
 def _rope_qkv_rot_kernel(
     qkv_ptr, cos_ptr, sin_ptr, rot_ptr, q_ptr, k_ptr, v_ptr,
-    stride_qkv, stride_cos, stride_sin,
-    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BF16_BITS: tl.constexpr,
+    stride_qkv, stride_cos, stride_sin, n_rows,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BF16_BITS: tl.constexpr,
     IEEE: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """:func:`_rope_qkv_kernel`, then every row (q and k after RoPE, v as is) times ``rot [D, D]``.
 
-    ``rows @ rot`` = ``first_half @ rot[:D/2] + second_half @ rot[D/2:]``: two ``tl.dot`` over ``BH >= 16``
-    head rows of the rounded RoPE output (as the eager ``q @ rot`` sees it), float32 accumulation. Output
-    columns ``[BC * pid2, BC * (pid2 + 1))`` (each program loads only that slice of ``rot``).
+    Rows are the ``n_rows = T * (HQ + 2 HKV)`` (token, head) pairs in order; a program owns ``BM >= 16`` of
+    them (several tokens' heads: ``rot`` is loaded once per ``BM`` rows) and output columns
+    ``[BC * pid1, BC * (pid1 + 1))``. ``rows @ rot`` = ``first_half @ rot[:D/2] + second_half @ rot[D/2:]``:
+    two ``tl.dot`` of the rounded RoPE output (as the eager ``q @ rot`` sees it), float32 accumulation.
     """
     HALF: tl.constexpr = D // 2
-    t = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BH + tl.arange(0, BH)
-    ocols = tl.program_id(2) * BC + tl.arange(0, BC)
+    NH: tl.constexpr = HQ + 2 * HKV
+    r = tl.program_id(0) * BM + tl.arange(0, BM)
+    live = r < n_rows
+    t = (r // NH).to(tl.int64)
+    heads = r % NH
+    ocols = tl.program_id(1) * BC + tl.arange(0, BC)
     cols = tl.arange(0, HALF)
-    is_q = heads < HQ
-    is_k = (heads >= HQ) & (heads < HQ + HKV)
-    is_v = (heads >= HQ + HKV) & (heads < HQ + 2 * HKV)
-    m = (is_q | is_k | is_v)[:, None]
-    src = qkv_ptr + t * stride_qkv + heads[:, None] * D + cols[None, :]
+    is_q = (heads < HQ) & live
+    is_k = (heads >= HQ) & (heads < HQ + HKV) & live
+    is_v = (heads >= HQ + HKV) & live
+    m = live[:, None]
+    src = qkv_ptr + t[:, None] * stride_qkv + heads[:, None] * D + cols[None, :]
     x1 = tl.load(src, mask=m, other=0.0)
     x2 = tl.load(src + HALF, mask=m, other=0.0)
-    c1 = tl.load(cos_ptr + t * stride_cos + cols).to(tl.float32)[None, :]
-    c2 = tl.load(cos_ptr + t * stride_cos + HALF + cols).to(tl.float32)[None, :]
-    s1 = tl.load(sin_ptr + t * stride_sin + cols).to(tl.float32)[None, :]
-    s2 = tl.load(sin_ptr + t * stride_sin + HALF + cols).to(tl.float32)[None, :]
+    cp = cos_ptr + t[:, None] * stride_cos + cols[None, :]
+    sp = sin_ptr + t[:, None] * stride_sin + cols[None, :]
+    c1 = tl.load(cp, mask=m, other=0.0).to(tl.float32)
+    c2 = tl.load(cp + HALF, mask=m, other=0.0).to(tl.float32)
+    s1 = tl.load(sp, mask=m, other=0.0).to(tl.float32)
+    s2 = tl.load(sp + HALF, mask=m, other=0.0).to(tl.float32)
     a, b = x1.to(tl.float32), x2.to(tl.float32)
     qk = (is_q | is_k)[:, None]
     y1 = tl.where(qk, _rope_pair(a, -b, c1, s1, qkv_ptr, BF16_BITS).to(tl.float32), a)
@@ -357,6 +363,7 @@ def rope_qk(
 
 
 _ROT_SPLIT_TOKENS = 64  # below this many tokens the rotated RoPE kernel splits output columns (see NOTE)
+_ROT_ROWS = 64  # (token, head) rows a program of the rotated RoPE kernel owns from _ROT_SPLIT_TOKENS tokens on
 
 
 def _launch_rotated(
@@ -378,16 +385,18 @@ def _launch_rotated(
         raise ValueError(f"rotation must be a contiguous [{d}, {d}] matrix, got {tuple(rotation.shape)}")
     if rotation.dtype != qkv.dtype or rotation.device != qkv.device:
         raise ValueError(f"rotation must be {qkv.dtype} on {qkv.device} like qkv, got {rotation.dtype}")
-    nh = num_heads + 2 * num_kv_heads
-    bh = 16  # tl.dot's smallest M
-    # NOTE: few tokens (decode) -> split the output columns over programs: at batch 1 the kernel was ~3
-    # programs each loading all of rot (32 KB at D=128) and running the full dot, 4.0 us a layer vs 1.6
-    # for the plain RoPE kernel (H200, 2026-11-30); many tokens -> whole rows, rot loaded once a program
-    bc = d if qkv.shape[0] >= _ROT_SPLIT_TOKENS else 32
-    _rope_qkv_rot_kernel[(qkv.shape[0], triton.cdiv(nh, bh), d // bc)](
+    rows = qkv.shape[0] * (num_heads + 2 * num_kv_heads)
+    # NOTE: few tokens (decode) -> 16-row blocks and the output columns split over programs: at batch 1 whole
+    # rows were ~3 programs each loading all of rot (32 KB at D=128) and running the full dot, 4.0 us a
+    # layer vs 1.6 for the plain RoPE kernel (H200, 2026-11-30). Many tokens (prefill) -> 64-row blocks of
+    # several tokens, whole rows: with one token's 16 heads a program, a 1.4K-token prefill spent 76 us a
+    # layer here vs 22 for the plain kernel (8B, H200, 2026-12-01, profile_prefill.py), ~4% of nvfp4's TTFT
+    few = qkv.shape[0] < _ROT_SPLIT_TOKENS
+    bm, bc = (16, 32) if few else (_ROT_ROWS, d)
+    _rope_qkv_rot_kernel[(triton.cdiv(rows, bm), d // bc)](
         qkv, cos, sin, rotation, q, k, v,
-        qkv.stride(0), cos.stride(0), sin.stride(0),
-        HQ=num_heads, HKV=num_kv_heads, D=d, BH=bh, BF16_BITS=_bf16_bits(qkv.dtype),
+        qkv.stride(0), cos.stride(0), sin.stride(0), rows,
+        HQ=num_heads, HKV=num_kv_heads, D=d, BM=bm, BF16_BITS=_bf16_bits(qkv.dtype),
         IEEE=qkv.dtype == torch.float32 or interpreting(), BC=bc, num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
 
