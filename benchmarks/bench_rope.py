@@ -1,4 +1,5 @@
-"""RoPE (+ the KV cache's Hadamard rotation) kernel times on the GPU, per token count and row-block size.
+"""RoPE + the KV cache's Hadamard rotation on the GPU: the fused kernel vs the plain kernel + a GEMM, per
+token count (``fused._ROT_FUSED_MAX_TOKENS`` picks between them), beside the plain RoPE kernel.
 
     PYTHONPATH=. python benchmarks/bench_rope.py --out DIR
 
@@ -22,27 +23,30 @@ from nibblekv.attention.paged import hadamard_matrix
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 1400, 8192])
-    ap.add_argument("--rows", type=int, nargs="+", default=[32, 64], help="_ROT_ROWS values to time")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 64, 256, 1400, 8192])
     args = ap.parse_args()
     hq, hkv, d = 32, 8, 128
     rot = hadamard_matrix(d, "cuda", torch.bfloat16)
     rows = []
-    default = fused._ROT_ROWS
+    default = fused._ROT_FUSED_MAX_TOKENS
+
+    def us(fn: object) -> float:
+        return round(1e3 * triton.testing.do_bench(fn, return_mode="median"), 2)  # type: ignore[arg-type]
+
     for t in args.tokens:
         qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda").to(torch.bfloat16)
         cos = torch.randn(t, 1, d, device="cuda").to(torch.bfloat16)
         sin = torch.randn(t, 1, d, device="cuda").to(torch.bfloat16)
-        plain = triton.testing.do_bench(lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d), return_mode="median")
-        for bm in args.rows if t >= fused._ROT_SPLIT_TOKENS else [default]:
-            fused._ROT_ROWS = bm
-            us = 1e3 * triton.testing.do_bench(lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d, rot),
-                                               return_mode="median")  # fmt: skip
-            rows.append({"tokens": t, "rot_rows": bm, "rotated_us": round(us, 2), "plain_us": round(1e3 * plain, 2)})
-            print(json.dumps(rows[-1]), flush=True)
-    fused._ROT_ROWS = default
+        row = {"tokens": t, "plain_us": us(lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d))}
+        for name, limit in (("fused_us", 1 << 30), ("gemm_us", 0)):
+            fused._ROT_FUSED_MAX_TOKENS = limit
+            row[name] = us(lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d, rot))
+        fused._ROT_FUSED_MAX_TOKENS = default
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"commit": os.environ.get("COMMIT", "unknown"), "gpu": torch.cuda.get_device_name()}
+    meta = {"commit": os.environ.get("COMMIT", "unknown"), "gpu": torch.cuda.get_device_name(),
+            "fused_max_tokens": default}  # fmt: skip
     (args.out / "rope-h200.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
 
 

@@ -126,8 +126,7 @@ def test_rope_qk_bit_exact(dtype: torch.dtype, d: int, hq: int, hkv: int, t: int
 def test_rope_qk_rotated(dtype: torch.dtype, d: int, hq: int, hkv: int, t: int) -> None:
     # the KV cache's Hadamard rotation fused in: q, k after RoPE and v, each times H (head groups of 16
     # rows: 15 and 6 heads leave masked rows; 48 heads fill three groups); below 64 tokens the output
-    # columns split over programs (d 64: 2, d 128: 4), from 64 on whole rows of 64-row blocks that span
-    # tokens (15 x 65 and 10 x 67 rows: a partial last block)
+    # columns split over programs (d 64: 2, d 128: 4); from 64 on (prefill) the plain kernel and a GEMM
     from nibblekv.attention.paged import hadamard_matrix
 
     torch.manual_seed(d + hq + t)

@@ -248,38 +248,32 @@ def _rope_qkv_kernel(
 @triton.jit
 def _rope_qkv_rot_kernel(
     qkv_ptr, cos_ptr, sin_ptr, rot_ptr, q_ptr, k_ptr, v_ptr,
-    stride_qkv, stride_cos, stride_sin, n_rows,
-    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BF16_BITS: tl.constexpr,
+    stride_qkv, stride_cos, stride_sin,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BF16_BITS: tl.constexpr,
     IEEE: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """:func:`_rope_qkv_kernel`, then every row (q and k after RoPE, v as is) times ``rot [D, D]``.
 
-    Rows are the ``n_rows = T * (HQ + 2 HKV)`` (token, head) pairs in order; a program owns ``BM >= 16`` of
-    them (several tokens' heads: ``rot`` is loaded once per ``BM`` rows) and output columns
-    ``[BC * pid1, BC * (pid1 + 1))``. ``rows @ rot`` = ``first_half @ rot[:D/2] + second_half @ rot[D/2:]``:
-    two ``tl.dot`` of the rounded RoPE output (as the eager ``q @ rot`` sees it), float32 accumulation.
+    ``rows @ rot`` = ``first_half @ rot[:D/2] + second_half @ rot[D/2:]``: two ``tl.dot`` over ``BH >= 16``
+    head rows of the rounded RoPE output (as the eager ``q @ rot`` sees it), float32 accumulation. Output
+    columns ``[BC * pid2, BC * (pid2 + 1))`` (each program loads only that slice of ``rot``).
     """
     HALF: tl.constexpr = D // 2
-    NH: tl.constexpr = HQ + 2 * HKV
-    r = tl.program_id(0) * BM + tl.arange(0, BM)
-    live = r < n_rows
-    t = (r // NH).to(tl.int64)
-    heads = r % NH
-    ocols = tl.program_id(1) * BC + tl.arange(0, BC)
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BH + tl.arange(0, BH)
+    ocols = tl.program_id(2) * BC + tl.arange(0, BC)
     cols = tl.arange(0, HALF)
-    is_q = (heads < HQ) & live
-    is_k = (heads >= HQ) & (heads < HQ + HKV) & live
-    is_v = (heads >= HQ + HKV) & live
-    m = live[:, None]
-    src = qkv_ptr + t[:, None] * stride_qkv + heads[:, None] * D + cols[None, :]
+    is_q = heads < HQ
+    is_k = (heads >= HQ) & (heads < HQ + HKV)
+    is_v = (heads >= HQ + HKV) & (heads < HQ + 2 * HKV)
+    m = (is_q | is_k | is_v)[:, None]
+    src = qkv_ptr + t * stride_qkv + heads[:, None] * D + cols[None, :]
     x1 = tl.load(src, mask=m, other=0.0)
     x2 = tl.load(src + HALF, mask=m, other=0.0)
-    cp = cos_ptr + t[:, None] * stride_cos + cols[None, :]
-    sp = sin_ptr + t[:, None] * stride_sin + cols[None, :]
-    c1 = tl.load(cp, mask=m, other=0.0).to(tl.float32)
-    c2 = tl.load(cp + HALF, mask=m, other=0.0).to(tl.float32)
-    s1 = tl.load(sp, mask=m, other=0.0).to(tl.float32)
-    s2 = tl.load(sp + HALF, mask=m, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_ptr + t * stride_cos + cols).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + t * stride_cos + HALF + cols).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + t * stride_sin + cols).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + t * stride_sin + HALF + cols).to(tl.float32)[None, :]
     a, b = x1.to(tl.float32), x2.to(tl.float32)
     qk = (is_q | is_k)[:, None]
     y1 = tl.where(qk, _rope_pair(a, -b, c1, s1, qkv_ptr, BF16_BITS).to(tl.float32), a)
@@ -346,8 +340,13 @@ def rope_qk(
     v = torch.empty((t, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q, k, v
-    if rotation is not None:
+    if rotation is not None and t < _ROT_FUSED_MAX_TOKENS:
         _launch_rotated(qkv, cos, sin, rotation, q, k, v, num_heads, num_kv_heads, head_dim)
+        return q, k, v
+    if rotation is not None:  # prefill: the plain kernel, then one GEMM per output (see _ROT_FUSED_MAX_TOKENS)
+        _check_rotation(rotation, qkv, head_dim)
+        for dst, src in zip((q, k, v), rope_qk(qkv, cos, sin, num_heads, num_kv_heads, head_dim)):
+            torch.mm(src.view(-1, head_dim), rotation, out=dst.view(-1, head_dim))
         return q, k, v
     half_block = triton.next_power_of_2(head_dim // 2)
     bh = max(1, min(triton.next_power_of_2(nh), 512 // half_block))
@@ -362,8 +361,20 @@ def rope_qk(
     return q, k, v
 
 
-_ROT_SPLIT_TOKENS = 64  # below this many tokens the rotated RoPE kernel splits output columns (see NOTE)
-_ROT_ROWS = 64  # (token, head) rows a program of the rotated RoPE kernel owns from _ROT_SPLIT_TOKENS tokens on
+# NOTE: from this many tokens on, the rotation is a GEMM after the plain RoPE kernel: the fused kernel (one
+# token's 16 head rows a program, each loading all of rot) took 76 us a layer at a 1.4K-token prefill vs 22
+# for the plain kernel (8B, H200, 2026-12-01, profile_prefill.py: ~4% of nvfp4's TTFT); 64-row blocks
+# spanning tokens were slower still (140 us, bench_rope.py)
+_ROT_FUSED_MAX_TOKENS = 64
+
+
+def _check_rotation(rotation: torch.Tensor, qkv: torch.Tensor, d: int) -> None:
+    if d < 32 or d & (d - 1):
+        raise ValueError(f"rope_qk: a rotation needs a power-of-two head_dim >= 32, got {d}")
+    if rotation.shape != (d, d) or not rotation.is_contiguous():
+        raise ValueError(f"rotation must be a contiguous [{d}, {d}] matrix, got {tuple(rotation.shape)}")
+    if rotation.dtype != qkv.dtype or rotation.device != qkv.device:
+        raise ValueError(f"rotation must be {qkv.dtype} on {qkv.device} like qkv, got {rotation.dtype}")
 
 
 def _launch_rotated(
@@ -379,24 +390,17 @@ def _launch_rotated(
     head_dim: int,
 ) -> None:
     d = head_dim
-    if d < 32 or d & (d - 1):
-        raise ValueError(f"rope_qk: a rotation needs a power-of-two head_dim >= 32, got {d}")
-    if rotation.shape != (d, d) or not rotation.is_contiguous():
-        raise ValueError(f"rotation must be a contiguous [{d}, {d}] matrix, got {tuple(rotation.shape)}")
-    if rotation.dtype != qkv.dtype or rotation.device != qkv.device:
-        raise ValueError(f"rotation must be {qkv.dtype} on {qkv.device} like qkv, got {rotation.dtype}")
-    rows = qkv.shape[0] * (num_heads + 2 * num_kv_heads)
-    # NOTE: few tokens (decode) -> 16-row blocks and the output columns split over programs: at batch 1 whole
-    # rows were ~3 programs each loading all of rot (32 KB at D=128) and running the full dot, 4.0 us a
-    # layer vs 1.6 for the plain RoPE kernel (H200, 2026-11-30). Many tokens (prefill) -> 64-row blocks of
-    # several tokens, whole rows: with one token's 16 heads a program, a 1.4K-token prefill spent 76 us a
-    # layer here vs 22 for the plain kernel (8B, H200, 2026-12-01, profile_prefill.py), ~4% of nvfp4's TTFT
-    few = qkv.shape[0] < _ROT_SPLIT_TOKENS
-    bm, bc = (16, 32) if few else (_ROT_ROWS, d)
-    _rope_qkv_rot_kernel[(triton.cdiv(rows, bm), d // bc)](
+    _check_rotation(rotation, qkv, d)
+    nh = num_heads + 2 * num_kv_heads
+    bh = 16  # tl.dot's smallest M
+    # NOTE: (only < _ROT_FUSED_MAX_TOKENS tokens come here) the output columns split over programs: at batch 1
+    # whole rows were ~3 programs each loading all of rot (32 KB at D=128) and running the full dot, 4.0 us a
+    # layer vs 1.6 for the plain RoPE kernel (H200, 2026-11-30)
+    bc = 32
+    _rope_qkv_rot_kernel[(qkv.shape[0], triton.cdiv(nh, bh), d // bc)](
         qkv, cos, sin, rotation, q, k, v,
-        qkv.stride(0), cos.stride(0), sin.stride(0), rows,
-        HQ=num_heads, HKV=num_kv_heads, D=d, BM=bm, BF16_BITS=_bf16_bits(qkv.dtype),
+        qkv.stride(0), cos.stride(0), sin.stride(0),
+        HQ=num_heads, HKV=num_kv_heads, D=d, BH=bh, BF16_BITS=_bf16_bits(qkv.dtype),
         IEEE=qkv.dtype == torch.float32 or interpreting(), BC=bc, num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
 
