@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -33,14 +34,26 @@ def main() -> None:
     def us(fn: object) -> float:
         return round(1e3 * triton.testing.do_bench(fn, return_mode="median"), 2)  # type: ignore[arg-type]
 
+    def wall_us(fn: object, n: int = 200) -> float:
+        """Back-to-back calls, one sync at the end: what an eager prefill pays (host launch costs too)."""
+        fn()  # type: ignore[operator]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()  # type: ignore[operator]
+        torch.cuda.synchronize()
+        return round(1e6 * (time.perf_counter() - t0) / n, 2)
+
     for t in args.tokens:
         qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda").to(torch.bfloat16)
         cos = torch.randn(t, 1, d, device="cuda").to(torch.bfloat16)
         sin = torch.randn(t, 1, d, device="cuda").to(torch.bfloat16)
-        row = {"tokens": t, "plain_us": us(lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d))}
-        for name, limit in (("fused_us", 1 << 30), ("gemm_us", 0)):
+        plain = lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d)  # noqa: E731
+        row = {"tokens": t, "plain_us": us(plain), "plain_wall_us": wall_us(plain)}
+        for name, limit in (("fused", 1 << 30), ("gemm", 0)):
             fused._ROT_FUSED_MAX_TOKENS = limit
-            row[name] = us(lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d, rot))
+            rotated = lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d, rot)  # noqa: E731
+            row[f"{name}_us"], row[f"{name}_wall_us"] = us(rotated), wall_us(rotated)
         fused._ROT_FUSED_MAX_TOKENS = default
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -335,19 +335,44 @@ def rope_qk(
             raise ValueError(
                 f"{name} must be {qkv.dtype} on {qkv.device} like qkv, got {c.dtype} on {c.device}"
             )
+    if rotation is not None and t >= _ROT_FUSED_MAX_TOKENS:  # prefill: the plain kernel, then one GEMM
+        _check_rotation(rotation, qkv, head_dim)
+        # NOTE: q | k | v back to back in one buffer: one GEMM rotates all three (a launch per output cost
+        # more host time than the GPU saved)
+        buf = torch.empty(t * nh * head_dim, dtype=qkv.dtype, device=qkv.device)
+        _launch_plain(qkv, cos, sin, *_split_qkv(buf, t, num_heads, num_kv_heads, head_dim), num_heads,
+                      num_kv_heads, head_dim)  # fmt: skip
+        out = torch.mm(buf.view(-1, head_dim), rotation)
+        return _split_qkv(out.view(-1), t, num_heads, num_kv_heads, head_dim)
     q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     k = torch.empty((t, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     v = torch.empty((t, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q, k, v
-    if rotation is not None and t < _ROT_FUSED_MAX_TOKENS:
+    if rotation is not None:
         _launch_rotated(qkv, cos, sin, rotation, q, k, v, num_heads, num_kv_heads, head_dim)
         return q, k, v
-    if rotation is not None:  # prefill: the plain kernel, then one GEMM per output (see _ROT_FUSED_MAX_TOKENS)
-        _check_rotation(rotation, qkv, head_dim)
-        for dst, src in zip((q, k, v), rope_qk(qkv, cos, sin, num_heads, num_kv_heads, head_dim)):
-            torch.mm(src.view(-1, head_dim), rotation, out=dst.view(-1, head_dim))
-        return q, k, v
+    _launch_plain(qkv, cos, sin, q, k, v, num_heads, num_kv_heads, head_dim)
+    return q, k, v
+
+
+def _split_qkv(
+    buf: torch.Tensor, t: int, num_heads: int, num_kv_heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A flat buffer of ``t * (Hq + 2 Hkv) * D`` values -> contiguous q, k, v views of it, back to back."""
+    nq, nk = t * num_heads * head_dim, t * num_kv_heads * head_dim
+    return (
+        buf[:nq].view(t, num_heads, head_dim),
+        buf[nq : nq + nk].view(t, num_kv_heads, head_dim),
+        buf[nq + nk : nq + 2 * nk].view(t, num_kv_heads, head_dim),
+    )
+
+
+def _launch_plain(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    num_heads: int, num_kv_heads: int, head_dim: int,
+) -> None:  # fmt: skip
+    t, nh = qkv.shape[0], num_heads + 2 * num_kv_heads
     half_block = triton.next_power_of_2(head_dim // 2)
     bh = max(1, min(triton.next_power_of_2(nh), 512 // half_block))
     # NOTE: enable_fp_fusion=False: float32 x * cos + r * sin must not contract to an FMA (eager rounds
@@ -358,7 +383,6 @@ def rope_qk(
         HQ=num_heads, HKV=num_kv_heads, D=head_dim, HALF_BLOCK=half_block, BH=bh,
         BF16_BITS=_bf16_bits(qkv.dtype), num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
-    return q, k, v
 
 
 # NOTE: from this many tokens on, the rotation is a GEMM after the plain RoPE kernel: the fused kernel (one
