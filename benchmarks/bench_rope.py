@@ -1,5 +1,6 @@
 """RoPE + the KV cache's Hadamard rotation on the GPU: the fused kernel vs the plain kernel + a GEMM, per
-token count (``fused._ROT_FUSED_MAX_TOKENS`` picks between them), beside the plain RoPE kernel.
+token count (``fused._ROT_FUSED_MAX_TOKENS`` picks between them), beside the plain RoPE kernel: GPU time
+(``do_bench``), GPU time inside a CUDA graph (decode), and back-to-back calls' wall time (eager prefill).
 
     PYTHONPATH=. python benchmarks/bench_rope.py --out DIR
 
@@ -24,7 +25,7 @@ from nibblekv.attention.paged import hadamard_matrix
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 64, 256, 1400, 8192])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256, 1400, 8192])
     args = ap.parse_args()
     hq, hkv, d = 32, 8, 128
     rot = hadamard_matrix(d, "cuda", torch.bfloat16)
@@ -33,6 +34,10 @@ def main() -> None:
 
     def us(fn: object) -> float:
         return round(1e3 * triton.testing.do_bench(fn, return_mode="median"), 2)  # type: ignore[arg-type]
+
+    def graph_us(fn: object) -> float:
+        """GPU time inside a CUDA graph, as decode steps run (no host launch costs)."""
+        return round(1e3 * triton.testing.do_bench_cudagraph(fn, return_mode="median"), 2)  # type: ignore[arg-type]
 
     def wall_us(fn: object, n: int = 200) -> float:
         """Back-to-back calls, one sync at the end: what an eager prefill pays (host launch costs too)."""
@@ -49,11 +54,12 @@ def main() -> None:
         cos = torch.randn(t, 1, d, device="cuda").to(torch.bfloat16)
         sin = torch.randn(t, 1, d, device="cuda").to(torch.bfloat16)
         plain = lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d)  # noqa: E731
-        row = {"tokens": t, "plain_us": us(plain), "plain_wall_us": wall_us(plain)}
+        row = {"tokens": t, "plain_us": us(plain), "plain_wall_us": wall_us(plain), "plain_graph_us": graph_us(plain)}
         for name, limit in (("fused", 1 << 30), ("gemm", 0)):
             fused._ROT_FUSED_MAX_TOKENS = limit
             rotated = lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d, rot)  # noqa: E731
             row[f"{name}_us"], row[f"{name}_wall_us"] = us(rotated), wall_us(rotated)
+            row[f"{name}_graph_us"] = graph_us(rotated)
         fused._ROT_FUSED_MAX_TOKENS = default
         rows.append(row)
         print(json.dumps(row), flush=True)

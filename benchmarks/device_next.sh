@@ -3,7 +3,8 @@
 #   1) Issue 6's agentic sweep (as benchmarks/device_prefix_ab.sh) at the tree with the prefill rotation as
 #      one GEMM (bac7dd1: nvfp4's prefill step 1.041x -> 1.016x fp8's, profile-prefill-h200.json): is the
 #      1-8 session tie (nvfp4 0.989-1.016x fp8, TTFT 4-8% above) gone? Then the prefill profile with 4
-#      requests a step (the c=8 regime) and at the 1-request shape again (the step walls drift +-1 ms a run).
+#      requests a step (the c=8 regime) and at the 1-request shape again (the step walls drift +-1 ms a run);
+#      bench_rope.py in CUDA graphs: decode batches of 64-256 rows now take the GEMM path too (unmeasured there).
 #   2) Why SmolLM2's offline throughput with nvfp4 is 0.38x bf16's (engine-throughput-h200.json): a profiled
 #      decode step at the throughput bench's regime (256 requests of ~600 tokens), every dtype.
 #   3) The 8B offline throughput with the in-graph demotion and the balanced split-K default (untimed: stop
@@ -20,6 +21,8 @@ if [[ $STEPS == *" 1 "* ]]; then
   timeout -k 5 440 python3 benchmarks/bench_prefix.py --out "$OUT" --workloads agentic --kv-dtypes fp8_e4m3 nvfp4 bf16 \
     --top-only hicache+bf16 --repeats 3 --enable-overlap-schedule > "$OUT/prefix-h200.log" 2>&1
   echo "prefix exit $?"; grep -v "^{\|arn" "$OUT/prefix-h200.log" | tail -24
+  timeout -k 5 90 python3 benchmarks/bench_rope.py --out "$OUT" > "$OUT/rope.log" 2>&1
+  echo "rope exit $?"; grep -v arn "$OUT/rope.log"
   for b in 1 4; do
     timeout -k 5 120 python3 benchmarks/profile_prefill.py --out "$OUT/pp$b" --kv-dtypes fp8_e4m3 nvfp4 --repeats 7 \
       --batch $b > "$OUT/profile-prefill-x$b.log" 2>&1
