@@ -25,7 +25,7 @@ from nibblekv.attention.paged import hadamard_matrix
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256, 1400, 8192])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256, 512, 1400, 8192])
     args = ap.parse_args()
     hq, hkv, d = 32, 8, 128
     rot = hadamard_matrix(d, "cuda", torch.bfloat16)

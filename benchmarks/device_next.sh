@@ -4,7 +4,7 @@
 #      one GEMM (bac7dd1: nvfp4's prefill step 1.041x -> 1.016x fp8's, profile-prefill-h200.json): is the
 #      1-8 session tie (nvfp4 0.989-1.016x fp8, TTFT 4-8% above) gone? Then the prefill profile with 4
 #      requests a step (the c=8 regime) and at the 1-request shape again (the step walls drift +-1 ms a run);
-#      bench_rope.py in CUDA graphs: decode batches of 64-256 rows now take the GEMM path too (unmeasured there).
+#      bench_rope.py: fused vs GEMM path between 64 and 512 tokens (the switch is at 512, unmeasured in between).
 #   2) Why SmolLM2's offline throughput with nvfp4 is 0.38x bf16's (engine-throughput-h200.json): a profiled
 #      decode step at the throughput bench's regime (256 requests of ~600 tokens), every dtype.
 #   3) The 8B offline throughput with the in-graph demotion and the balanced split-K default (untimed: stop

@@ -126,7 +126,7 @@ def test_rope_qk_bit_exact(dtype: torch.dtype, d: int, hq: int, hkv: int, t: int
 def test_rope_qk_rotated(dtype: torch.dtype, d: int, hq: int, hkv: int, t: int) -> None:
     # the KV cache's Hadamard rotation fused in: q, k after RoPE and v, each times H (head groups of 16
     # rows: 15 and 6 heads leave masked rows; 48 heads fill three groups); below 64 tokens the output
-    # columns split over programs (d 64: 2, d 128: 4); from 64 on (prefill) the plain kernel and a GEMM
+    # columns split over programs (d 64: 2, d 128: 4), from 64 on whole rows (from 512 on: the next test)
     from nibblekv.attention.paged import hadamard_matrix
 
     torch.manual_seed(d + hq + t)
@@ -146,6 +146,28 @@ def test_rope_qk_rotated(dtype: torch.dtype, d: int, hq: int, hkv: int, t: int) 
         )
     with pytest.raises(ValueError, match="rotation"):
         rope_qk(qkv, cos, sin, hq, hkv, d, h.t())  # not contiguous
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("d", "hq", "hkv", "t"), [(64, 9, 3, 9), (128, 4, 2, 20)])
+def test_rope_qk_rotated_prefill_gemm(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, d: int, hq: int,
+                                      hkv: int, t: int) -> None:  # fmt: skip
+    # long prefill chunks: the plain kernel into one q | k | v buffer, then one GEMM (the switch lowered from 512
+    # tokens to 8 here): contiguous views, the reference's values, the fused path's values up to rounding
+    import nibblekv.kernels.fused as fused
+    from nibblekv.attention.paged import hadamard_matrix
+
+    torch.manual_seed(d + t)
+    qkv = (torch.randn(t, (hq + 2 * hkv) * d) * 3).to(dtype).to(DEVICE)
+    cos, sin = _cos_sin(t, d, dtype, DEVICE)
+    h = hadamard_matrix(d, DEVICE, dtype)
+    fused_out = rope_qk(qkv, cos, sin, hq, hkv, d, h)
+    monkeypatch.setattr(fused, "_ROT_FUSED_MAX_TOKENS", 8)
+    got = rope_qk(qkv, cos, sin, hq, hkv, d, h)
+    for g, want, f, n in zip(got, rope_qk_ref(qkv, cos, sin, hq, hkv, d, h), fused_out, (hq, hkv, hkv)):
+        assert g.is_contiguous() and g.shape == (t, n, d)
+        _assert_close(g, want)
+        _assert_close(g, f)
 
 
 def test_rope_qk_strided_rows_and_odd_half() -> None:

@@ -385,11 +385,13 @@ def _launch_plain(
     )  # fmt: skip
 
 
-# NOTE: from this many tokens on, the rotation is a GEMM after the plain RoPE kernel: the fused kernel (one
-# token's 16 head rows a program, each loading all of rot) took 76 us a layer at a 1.4K-token prefill vs 22
-# for the plain kernel (8B, H200, 2026-12-01, profile_prefill.py: ~4% of nvfp4's TTFT); 64-row blocks
-# spanning tokens were slower still (140 us, bench_rope.py)
-_ROT_FUSED_MAX_TOKENS = 64
+_ROT_SPLIT_TOKENS = 64  # below this many tokens the fused rotated RoPE kernel splits output columns (see NOTE)
+# NOTE: from this many tokens on (prefill chunks; decode batches in CUDA graphs stay below it) the rotation is
+# a GEMM after the plain RoPE kernel: the fused kernel (one token's 16 head rows a program, each loading all
+# of rot) took 76 us a layer at a 1.4K-token prefill vs 22 for the plain kernel (8B, H200, 2026-12-01,
+# profile_prefill.py: ~4% of nvfp4's TTFT); 64-row blocks spanning tokens were slower still (140 us,
+# bench_rope.py). Between 64 and 512 tokens neither way is measured against the other yet.
+_ROT_FUSED_MAX_TOKENS = 512
 
 
 def _check_rotation(rotation: torch.Tensor, qkv: torch.Tensor, d: int) -> None:
@@ -417,10 +419,10 @@ def _launch_rotated(
     _check_rotation(rotation, qkv, d)
     nh = num_heads + 2 * num_kv_heads
     bh = 16  # tl.dot's smallest M
-    # NOTE: (only < _ROT_FUSED_MAX_TOKENS tokens come here) the output columns split over programs: at batch 1
-    # whole rows were ~3 programs each loading all of rot (32 KB at D=128) and running the full dot, 4.0 us a
-    # layer vs 1.6 for the plain RoPE kernel (H200, 2026-11-30)
-    bc = 32
+    # NOTE: few tokens (decode) -> split the output columns over programs: at batch 1 the kernel was ~3
+    # programs each loading all of rot (32 KB at D=128) and running the full dot, 4.0 us a layer vs 1.6
+    # for the plain RoPE kernel (H200, 2026-11-30); more tokens -> whole rows, rot loaded once a program
+    bc = d if qkv.shape[0] >= _ROT_SPLIT_TOKENS else 32
     _rope_qkv_rot_kernel[(qkv.shape[0], triton.cdiv(nh, bh), d // bc)](
         qkv, cos, sin, rotation, q, k, v,
         qkv.stride(0), cos.stride(0), sin.stride(0),
