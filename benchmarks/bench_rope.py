@@ -1,5 +1,5 @@
 """RoPE + the KV cache's Hadamard rotation on the GPU: the fused kernel vs the plain kernel + a GEMM, per
-token count (``fused._ROT_FUSED_MAX_TOKENS`` picks between them), beside the plain RoPE kernel: GPU time
+token count (``rope._ROT_FUSED_MAX_TOKENS`` picks between them), beside the plain RoPE kernel: GPU time
 (``do_bench``), GPU time inside a CUDA graph (decode), and back-to-back calls' wall time (eager prefill).
 
     PYTHONPATH=. python benchmarks/bench_rope.py --out DIR
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import triton
 
-import nibblekv.kernels.fused as fused
+import nibblekv.kernels.rope as rope
 from nibblekv.attention.paged import hadamard_matrix
 
 
@@ -30,7 +30,7 @@ def main() -> None:
     hq, hkv, d = 32, 8, 128
     rot = hadamard_matrix(d, "cuda", torch.bfloat16)
     rows = []
-    default = fused._ROT_FUSED_MAX_TOKENS
+    default = rope._ROT_FUSED_MAX_TOKENS
 
     def us(fn: object) -> float:
         return round(1e3 * triton.testing.do_bench(fn, return_mode="median"), 2)  # type: ignore[arg-type]
@@ -53,14 +53,14 @@ def main() -> None:
         qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda").to(torch.bfloat16)
         cos = torch.randn(t, 1, d, device="cuda").to(torch.bfloat16)
         sin = torch.randn(t, 1, d, device="cuda").to(torch.bfloat16)
-        plain = lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d)  # noqa: E731
+        plain = lambda: rope.rope_qk(qkv, cos, sin, hq, hkv, d)  # noqa: E731
         row = {"tokens": t, "plain_us": us(plain), "plain_wall_us": wall_us(plain), "plain_graph_us": graph_us(plain)}
         for name, limit in (("fused", 1 << 30), ("gemm", 0)):
-            fused._ROT_FUSED_MAX_TOKENS = limit
-            rotated = lambda: fused.rope_qk(qkv, cos, sin, hq, hkv, d, rot)  # noqa: E731
+            rope._ROT_FUSED_MAX_TOKENS = limit
+            rotated = lambda: rope.rope_qk(qkv, cos, sin, hq, hkv, d, rot)  # noqa: E731
             row[f"{name}_us"], row[f"{name}_wall_us"] = us(rotated), wall_us(rotated)
             row[f"{name}_graph_us"] = graph_us(rotated)
-        fused._ROT_FUSED_MAX_TOKENS = default
+        rope._ROT_FUSED_MAX_TOKENS = default
         rows.append(row)
         print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,8 @@ import pytest
 import torch
 from model_helpers import random_causal_lm
 
-from nibblekv.kernels.fused import add_rms_norm, rope_qk, silu_and_mul
+from nibblekv.kernels.fused import add_rms_norm, silu_and_mul
+from nibblekv.kernels.rope import rope_qk
 from nibblekv.kernels.fused_ref import add_rms_norm_ref, rope_qk_ref, silu_and_mul_ref
 from nibblekv.model import CausalLM, DenseAttention, ModelConfig
 from nibblekv.model.rope import apply_rope
@@ -154,7 +155,7 @@ def test_rope_qk_rotated_prefill_gemm(monkeypatch: pytest.MonkeyPatch, dtype: to
                                       hkv: int, t: int) -> None:  # fmt: skip
     # long prefill chunks: the plain kernel into one q | k | v buffer, then one GEMM (the switch lowered from 512
     # tokens to 8 here): contiguous views, the reference's values, the fused path's values up to rounding
-    import nibblekv.kernels.fused as fused
+    import nibblekv.kernels.rope as rope
     from nibblekv.attention.paged import hadamard_matrix
 
     torch.manual_seed(d + t)
@@ -162,7 +163,7 @@ def test_rope_qk_rotated_prefill_gemm(monkeypatch: pytest.MonkeyPatch, dtype: to
     cos, sin = _cos_sin(t, d, dtype, DEVICE)
     h = hadamard_matrix(d, DEVICE, dtype)
     fused_out = rope_qk(qkv, cos, sin, hq, hkv, d, h)
-    monkeypatch.setattr(fused, "_ROT_FUSED_MAX_TOKENS", 8)
+    monkeypatch.setattr(rope, "_ROT_FUSED_MAX_TOKENS", 8)
     got = rope_qk(qkv, cos, sin, hq, hkv, d, h)
     for g, want, f, n in zip(got, rope_qk_ref(qkv, cos, sin, hq, hkv, d, h), fused_out, (hq, hkv, hkv)):
         assert g.is_contiguous() and g.shape == (t, n, d)

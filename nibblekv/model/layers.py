@@ -131,7 +131,7 @@ class Attention(nn.Module):
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotation: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`_qkv_eager` without q/k norm as one kernel (bit-exact with it), then times ``rotation``."""
-        from nibblekv.kernels.fused import rope_qk
+        from nibblekv.kernels.rope import rope_qk
 
         return rope_qk(qkv, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim, rotation)
 
