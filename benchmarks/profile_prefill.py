@@ -27,7 +27,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_engine import base_config, free_memory, load, profiled, random_prompt, rotating_last, sync  # noqa: E402
+from bench_engine import (  # noqa: E402
+    base_config, free_memory, load, profiled, random_prompt, rotating_last, sync,
+)
 
 from nibblekv.engine.engine import Engine  # noqa: E402
 from nibblekv.engine.sampling_params import SamplingParams  # noqa: E402
@@ -61,8 +63,9 @@ def run_dtype(engine: Engine, args: argparse.Namespace, vocab: int, rng: random.
     for p in turn():
         engine.add_request(p, SamplingParams(max_new_tokens=1))
     prof = profiled(engine, 1, args.top)
-    return {"step_ms": round(1e3 * statistics.median(times), 3), "step_ms_runs": [round(1e3 * t, 3) for t in times],
-            "cached_tokens": cached, **prof}  # fmt: skip
+    runs = [round(1e3 * t, 3) for t in times]
+    step = round(1e3 * statistics.median(times), 3)
+    return {"step_ms": step, "step_ms_runs": runs, "cached_tokens": cached, **prof}
 
 
 def main() -> None:
@@ -71,7 +74,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--kv-dtypes", nargs="+", default=["fp8_e4m3", "nvfp4", "bf16"])
-    ap.add_argument("--prefix", type=int, default=1312, help="cached tokens (the agentic sweep's mean: ~1.3K)")
+    ap.add_argument("--prefix", type=int, default=1312, help="cached tokens (the agentic sweep's mean)")
     ap.add_argument("--new", type=int, default=1400, help="fresh tokens per turn (its mean: ~1.4K)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch", type=int, default=1, help="requests prefilled together in each step")
@@ -88,7 +91,8 @@ def main() -> None:
     vocab = loaded[0].config.vocab_size
     rows = []
     for kv in rotating_last(args.kv_dtypes):
-        cfg = replace(base_config(args, args.model), kv_cache_dtype=kv, max_running_requests=max(8, args.batch))
+        cfg = replace(base_config(args, args.model), kv_cache_dtype=kv)
+        cfg = replace(cfg, max_running_requests=max(8, args.batch))
         if args.smoke:
             cfg = replace(cfg, kv_recent_window=16, mem_budget_gib=0.01)
         engine = Engine(cfg, loaded=loaded)
@@ -106,7 +110,8 @@ def main() -> None:
     base = {r["kv_dtype"]: r for r in rows}.get("fp8_e4m3")
     for r in rows:
         rel = f" ({r['step_ms'] / base['step_ms']:.3f}x fp8)" if base else ""
-        print(f"\n{r['kv_dtype']} x{r['batch']}: step {r['step_ms']} ms{rel}, GPU busy {r['gpu_busy_ms_per_step']} ms, "
+        print(f"\n{r['kv_dtype']} x{r['batch']}: step {r['step_ms']} ms{rel}, "
+              f"GPU busy {r['gpu_busy_ms_per_step']} ms, "
               f"cached {r['cached_tokens']:.0f} tokens")  # fmt: skip
         for k in r["top_kernels"]:
             print(f"  {k['ms_per_step']:8.3f} ms  x{k['calls_per_step']:<5g} {k['kernel']}")

@@ -30,7 +30,8 @@ def _rope_qkv_kernel(
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
     HALF_BLOCK: tl.constexpr, BH: tl.constexpr, BF16_BITS: tl.constexpr,
 ):  # fmt: skip
-    """``BH`` heads of one token: q and k heads rotated into ``q_ptr`` / ``k_ptr``, v heads copied to ``v_ptr``.
+    """``BH`` heads of one token: q and k heads rotated into ``q_ptr`` / ``k_ptr``, v heads copied to
+    ``v_ptr``.
 
     Head ``h`` of the ``[q | k | v]`` row is a q head for ``h < HQ``, a k head below ``HQ + HKV``, else v.
     """
@@ -193,8 +194,8 @@ def _split_qkv(
 
 
 def _launch_plain(
-    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    num_heads: int, num_kv_heads: int, head_dim: int,
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
 ) -> None:  # fmt: skip
     t, nh = qkv.shape[0], num_heads + 2 * num_kv_heads
     half_block = triton.next_power_of_2(head_dim // 2)
@@ -209,7 +210,7 @@ def _launch_plain(
     )  # fmt: skip
 
 
-_ROT_SPLIT_TOKENS = 64  # below this many tokens the fused rotated RoPE kernel splits output columns (see NOTE)
+_ROT_SPLIT_TOKENS = 64  # below this many tokens the fused rotated kernel splits output columns (see NOTE)
 # NOTE: from this many tokens on (prefill chunks; decode batches in CUDA graphs stay below it) the rotation is
 # a GEMM after the plain RoPE kernel: the fused kernel (one token's 16 head rows a program, each loading all
 # of rot) took 76 us a layer at a 1.4K-token prefill vs 22 for the plain kernel (8B, H200, 2026-12-01,
