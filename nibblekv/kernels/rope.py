@@ -133,7 +133,8 @@ def rope_qk(
 
     ``rotation [D, D]`` (optional, ``qkv``'s dtype, contiguous; ``D`` a power of two >= 32): q, k (after
     RoPE) and v come back multiplied by it on the right (the KV cache's Hadamard rotation), as the eager
-    ``q @ rotation`` computes them up to float32 summation order.
+    ``q @ rotation`` computes them up to float32 summation order -- in the same kernel below
+    ``_ROT_FUSED_MAX_TOKENS`` tokens, else by one GEMM after it (q, k, v are then views of one buffer).
 
     ``qkv [T, (Hq + 2 Hkv) * D]``: rows ``[q | k | v]``, unit last stride (any row stride);
     ``cos, sin [T, 1, D]`` as ``RotaryEmbedding.cos_sin`` returns them, in ``qkv``'s dtype.
