@@ -35,10 +35,15 @@ from nibblekv.engine.engine import Engine  # noqa: E402
 from nibblekv.engine.sampling_params import SamplingParams  # noqa: E402
 
 
-def prefill_step(engine: Engine, prompts: list[list[int]]) -> float:
-    """Seconds of the one step that prefills ``prompts`` together (and samples their only tokens)."""
+def enqueue(engine: Engine, prompts: list[list[int]]) -> None:
+    """``prompts`` as requests of one greedy output token each."""
     for p in prompts:
         engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True))
+
+
+def prefill_step(engine: Engine, prompts: list[list[int]]) -> float:
+    """Seconds of the one step that prefills ``prompts`` together (and samples their only tokens)."""
+    enqueue(engine, prompts)
     sync()
     t0 = time.perf_counter()
     engine.step()
@@ -60,8 +65,7 @@ def run_dtype(engine: Engine, args: argparse.Namespace, vocab: int, rng: random.
     hits0 = engine.cache_stats().get("cached_tokens_total", 0)
     times = [prefill_step(engine, turn()) for _ in range(args.repeats)]
     cached = (engine.cache_stats().get("cached_tokens_total", 0) - hits0) / args.repeats
-    for p in turn():
-        engine.add_request(p, SamplingParams(max_new_tokens=1))
+    enqueue(engine, turn())
     prof = profiled(engine, 1, args.top)
     runs = [round(1e3 * t, 3) for t in times]
     step = round(1e3 * statistics.median(times), 3)
