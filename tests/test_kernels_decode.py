@@ -120,13 +120,15 @@ def test_decode_mma_combine_chunks() -> None:
 
 
 @pytest.mark.parametrize(
-    "d,group,tw", [(128, 4, 0), (128, 4, 1)] if DEVICE == "cpu" else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (64, 3, 1)]
+    "d,group,tw",
+    [(128, 4, 0), (128, 4, 1), (128, 4, "0,tf=1")] if DEVICE == "cpu"
+    else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (64, 3, 1), (128, 4, "0,tf=1"), (64, 3, "1,tf=1")],
 )
-def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int, tw: int) -> None:
+def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int, tw: int | str) -> None:
     # CUDA-graph padding: only the first 3 of 5 rows are requests (``active`` on the device); decode_mma
     # sizes its splits for them at run time -- 8 warp slots / 3 rows = 2 of the grid's 12 splits here, 1 with
-    # tw=1 (the 6 tail programs' slots kept) -- in a 1-D grid, the tails after every split; padding rows
-    # (1 token of page 0, no tail) come out zeros
+    # tw=1 (the 6 tail programs' slots kept) -- in a 1-D grid, the tails after every split (tf=1: before
+    # them); padding rows (1 token of page 0, no tail) come out zeros
     import nibblekv.kernels.decode as dec
 
     monkeypatch.setattr(dec, "num_sms", lambda: 1)
