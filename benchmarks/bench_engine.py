@@ -17,6 +17,7 @@ JSON goes to ``$OUT/bench_engine.json`` (or ``--out``); a table is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -28,7 +29,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -155,9 +156,9 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
         engine = Engine(cfg, loaded=loaded)
         sync()
         warm = warm_up(engine, vocab, args)
-        runs = []
+        runs, compiles = [], []
         for _ in range(args.throughput_repeats):  # NOTE: later runs find every Triton build compiled
-            with frozen_heap():  # as `nibblekv generate` / `serve` run (engine/gc_heap.py)
+            with frozen_heap(), compile_log(compiles):  # as `nibblekv generate` / `serve` run (engine/gc_heap.py)
                 t0 = time.perf_counter()
                 outs = engine.generate(prompts, params)
                 sync()
@@ -174,11 +175,34 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
             "max_total_num_tokens": engine.max_total_num_tokens, "preemptions": engine.scheduler.num_preemptions,
             "warmup_s": round(warm, 3), "prefill_only_s": round(prefill, 3),
             "seconds_runs": [round(x, 3) for x in runs],
+            # the Triton builds the timed runs compiled (warm_up missed them): count, then each one's signature
+            "compiles_in_runs": len(compiles), "compiled": compiles[:64],
         })  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
         del engine, outs
         free_memory()
     return rows
+
+
+@contextlib.contextmanager
+def compile_log(into: list[str]) -> Iterator[None]:
+    """Append the signature of every Triton build compiled inside the block to ``into`` (Triton's
+    ``jit_cache_hook``: called on each in-memory cache miss, before the compile)."""
+    try:
+        from triton import knobs
+    except ImportError:  # no Triton: nothing compiles
+        yield
+        return
+
+    def hook(*, repr: str, **_: Any) -> bool:
+        into.append(repr)
+        return False  # go on and compile
+
+    old, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hook
+    try:
+        yield
+    finally:
+        knobs.runtime.jit_cache_hook = old
 
 
 def warm_up(engine: Engine, vocab: int, args: argparse.Namespace) -> float:
