@@ -169,6 +169,47 @@ def test_rope_qk_rotated_prefill_gemm(monkeypatch: pytest.MonkeyPatch, dtype: to
         assert g.is_contiguous() and g.shape == (t, n, d)
         _assert_close(g, want)
         _assert_close(g, f)
+    assert got[0].untyped_storage().data_ptr() == got[2].untyped_storage().data_ptr()  # one GEMM's output
+
+
+def test_rope_qk_rotation_switch_in_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # while a CUDA graph is captured (decode batches), the GEMM path from _ROT_FUSED_MAX_TOKENS_GRAPH tokens
+    import nibblekv.kernels.rope as rope
+
+    x = torch.empty(1, device=DEVICE)
+    t_graph, t_eager = rope._ROT_FUSED_MAX_TOKENS_GRAPH, rope._ROT_FUSED_MAX_TOKENS
+    assert t_graph < t_eager
+    monkeypatch.setattr(rope, "_capturing", lambda _: True)
+    assert not rope._rotation_by_gemm(t_graph - 1, x) and rope._rotation_by_gemm(t_graph, x)
+    monkeypatch.setattr(rope, "_capturing", lambda _: False)
+    assert not rope._rotation_by_gemm(t_eager - 1, x) and rope._rotation_by_gemm(t_eager, x)
+    assert not rope._capturing(torch.empty(1))  # a CPU tensor is never in a capture
+
+
+@cuda_only
+def test_rope_qk_rotated_in_cuda_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    # decode batches of >= _ROT_FUSED_MAX_TOKENS_GRAPH tokens: the GEMM path captured and replayed
+    import nibblekv.kernels.rope as rope
+    from nibblekv.attention.paged import hadamard_matrix
+
+    hq, hkv, d = 6, 2, 128
+    for t in (rope._ROT_FUSED_MAX_TOKENS_GRAPH - 1, rope._ROT_FUSED_MAX_TOKENS_GRAPH, 130):
+        torch.manual_seed(t)
+        qkv = (torch.randn(t, (hq + 2 * hkv) * d, device="cuda") * 3).to(torch.bfloat16)
+        cos, sin = _cos_sin(t, d, torch.bfloat16, "cuda")
+        h = hadamard_matrix(d, "cuda", torch.bfloat16)
+        for limit in (0, 1 << 30):  # both paths compiled (and cuBLAS set up) outside the capture
+            with monkeypatch.context() as m:
+                m.setattr(rope, "_ROT_FUSED_MAX_TOKENS", limit)
+                rope_qk(qkv, cos, sin, hq, hkv, d, h)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = rope_qk(qkv, cos, sin, hq, hkv, d, h)
+        qkv.copy_(qkv * -0.5)  # new inputs, replayed
+        graph.replay()
+        for g, want in zip(got, rope_qk_ref(qkv, cos, sin, hq, hkv, d, h)):
+            _assert_close(g, want)
 
 
 def test_rope_qk_strided_rows_and_odd_half() -> None:

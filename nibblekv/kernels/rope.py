@@ -134,7 +134,8 @@ def rope_qk(
     ``rotation [D, D]`` (optional, ``qkv``'s dtype, contiguous; ``D`` a power of two >= 32): q, k (after
     RoPE) and v come back multiplied by it on the right (the KV cache's Hadamard rotation), as the eager
     ``q @ rotation`` computes them up to float32 summation order -- in the same kernel below
-    ``_ROT_FUSED_MAX_TOKENS`` tokens, else by one GEMM after it (q, k, v are then views of one buffer).
+    ``_ROT_FUSED_MAX_TOKENS`` tokens (``_ROT_FUSED_MAX_TOKENS_GRAPH`` while a CUDA graph is captured), else
+    by one GEMM after it (q, k, v are then views of one buffer).
 
     ``qkv [T, (Hq + 2 Hkv) * D]``: rows ``[q | k | v]``, unit last stride (any row stride);
     ``cos, sin [T, 1, D]`` as ``RotaryEmbedding.cos_sin`` returns them, in ``qkv``'s dtype.
@@ -161,7 +162,7 @@ def rope_qk(
             raise ValueError(
                 f"{name} must be {qkv.dtype} on {qkv.device} like qkv, got {c.dtype} on {c.device}"
             )
-    if rotation is not None and t >= _ROT_FUSED_MAX_TOKENS:  # prefill: the plain kernel, then one GEMM
+    if rotation is not None and _rotation_by_gemm(t, qkv):  # the plain kernel, then one GEMM
         _check_rotation(rotation, qkv, head_dim)
         # NOTE: q | k | v back to back in one buffer: one GEMM rotates all three (a launch per output cost
         # more host time than the GPU saved)
@@ -216,8 +217,23 @@ _ROT_SPLIT_TOKENS = 64  # below this many tokens the fused rotated kernel splits
 # a GEMM after the plain RoPE kernel: the fused kernel (one token's 16 head rows a program, each loading all
 # of rot) took 76 us a layer at a 1.4K-token prefill vs 22 for the plain kernel (8B, H200, 2026-12-01,
 # profile_prefill.py: ~4% of nvfp4's TTFT); 64-row blocks spanning tokens were slower still (140 us,
-# bench_rope.py). Between 64 and 512 tokens neither way is measured against the other yet.
+# bench_rope.py). Eager, below 512 tokens the GEMM path's second launch costs more host time than the GPU
+# saves: back-to-back wall 137-150 us vs 59-74 fused at 128-512 tokens (rope-h200.json, 2026-12-01).
 _ROT_FUSED_MAX_TOKENS = 512
+# NOTE: inside a CUDA graph (decode batches) only GPU time counts: GEMM path vs fused, graph-replay us at
+# 8 / 32 / 64 / 128 / 256 / 512 tokens: 3.97 / 4.36 / 4.93 / 6.09 / 8.45 / 13.54 vs 2.50 / 3.90 / 6.53 / 9.71
+# / 17.83 / 30.70 (8B shapes, H200, 2026-12-01, rope-h200.json): the GEMM wins from 64 tokens.
+_ROT_FUSED_MAX_TOKENS_GRAPH = 64
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    """Whether ``x``'s device is capturing a CUDA graph now (decode steps are captured once per batch size)."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _rotation_by_gemm(t: int, qkv: torch.Tensor) -> bool:
+    """Whether ``t`` tokens take the rotation as a GEMM after the plain kernel (else the fused kernel)."""
+    return t >= (_ROT_FUSED_MAX_TOKENS_GRAPH if _capturing(qkv) else _ROT_FUSED_MAX_TOKENS)
 
 
 def _check_rotation(rotation: torch.Tensor, qkv: torch.Tensor, d: int) -> None:
