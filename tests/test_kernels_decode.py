@@ -70,12 +70,16 @@ def test_decode_mma(spec: str, group: int, page: int) -> None:
     assert err <= 1e-2, err
 
 
-@pytest.mark.parametrize("tin,d,group,page", [(1, 128, 8, 5), (0, 128, 8, 5), (1, 64, 3, 6), (1, 64, 4, P)])
-def test_decode_mma_tail_in_grid(monkeypatch: pytest.MonkeyPatch, tin: int, d: int, group: int, page: int) -> None:
+@pytest.mark.parametrize(
+    "tin,d,group,page",
+    [(1, 128, 8, 5), (0, 128, 8, 5), (1, 64, 3, 6), (1, 64, 4, P), ("1,tpp=1", 128, 8, P), ("1,tpp=1", 64, 4, 2 * P)],
+)
+def test_decode_mma_tail_in_grid(monkeypatch: pytest.MonkeyPatch, tin: int | str, d: int, group: int, page: int) -> None:
     # the bf16 tail as one more program of decode_mma's grid (tin=1, the default: bf16 mma.sync) or as its
     # own launch (tin=0); tails 3, 0, W, P-1 and W+P (several tiles, the last partial; odd counts leave a
-    # row of two tokens half empty at head_dim 64) on 5/6/16-token pages, GQA 8 (128) and 3, 4 (64, two
-    # tokens a row: two tail slots, one per parity), global scales != 1; the first request is its tail alone
+    # row of two tokens half empty at head_dim 64) on 5/6/16/32-token pages, GQA 8 (128) and 3, 4 (64, two
+    # tokens a row: two tail slots, one per parity), global scales != 1; the first request is its tail alone;
+    # tpp=1: each next tile's page id prefetched (tiles of one page: 16 rows of 1 / 2 tokens)
     import nibblekv.kernels.decode as dec
 
     seen: list[bool] = []
@@ -83,7 +87,7 @@ def test_decode_mma_tail_in_grid(monkeypatch: pytest.MonkeyPatch, tin: int, d: i
     monkeypatch.setattr(dec, "_mma_tail_in_grid", lambda *a: seen.append(orig(*a)) or seen[-1])
     err = _run(KVDtype.NVFP4, [0, 1, 70, 5, 33], [3, 0, W, P - 1, W + P], 1, group, d, page, 3,
                gscale=(0.37, 2.5), variant=f"mma:tin={tin}")  # fmt: skip
-    assert seen == [bool(tin)]
+    assert seen == [str(tin)[0] == "1"]
     assert err <= 1e-2, err
 
 
@@ -210,9 +214,13 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "cv": 0,
         "tin": 1,
         "tail_wave": 0,
+        "tail_first": 0,
+        "tail_page_prefetch": 0,
     }
     assert resolve_variant("mma:tin=0", 2, 128, False)[1]["tin"] == 0
     assert resolve_variant("mma:tw=1", 2, 128, False)[1]["tail_wave"] == 1
+    cfg = resolve_variant("mma:tf=1,tpp=1", 2, 128, False)[1]
+    assert (cfg["tail_first"], cfg["tail_page_prefetch"]) == (1, 1)
     assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (2026-11-30 run)
     assert resolve_variant(None, 2, 256, False)[0] == "paged"  # never timed on a GPU
     assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default

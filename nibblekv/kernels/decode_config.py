@@ -194,6 +194,10 @@ def _mma_config() -> dict[str, int | bool]:
         # still hands out split programs); opt-in until an H200 A/B (in the engine at B=1 x 2.7K the tail
         # cost nvfp4's decode 2.7 us a layer, 10.2 vs 7.5 us without it, 2026-12-01)
         "tail_first": 0,
+        # NOTE: 1 = the tail program loads the next 16-token tile's page id during this tile (one dependent
+        # round trip a tile instead of two where a tile lies in one page); opt-in until an H200 A/B. (Loading
+        # V beside K changes nothing: ptxas already issues a tile's V loads before its QK^T mma, sm_90 SASS.)
+        "tail_page_prefetch": 0,
         # NOTE: 1 = token-balanced split-K (decode_balanced): the batch's tiles cut into one wave of equal
         # chunks, which may cross (request, KV head) pairs; 2 (default) = on from BALANCED_MIN_PAIRS pairs.
         # H200, 2026-12-01 (decode-variants-balanced*-h200.json), fraction of the read ceiling, mma -> bal=1:
@@ -246,7 +250,7 @@ _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
     "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
-    "tf": "tail_first",
+    "tf": "tail_first", "tpp": "tail_page_prefetch",
 }  # fmt: skip
 
 

@@ -738,10 +738,14 @@ def _hi(x, y):
 
 
 @triton.jit
-def _tail_rows(base, tpt_ptr, idx, n, t_page, t_tok, TPAGE: tl.constexpr):
-    """Token ``idx`` of a tail (page table ``tpt_ptr``, ``n`` tokens) -> (its row's address, valid)."""
+def _tail_rows(base, tpt_ptr, idx, n, t_page, t_tok, TPAGE: tl.constexpr, pg=0, ONE: tl.constexpr = 0):
+    """Token ``idx`` of a tail (page table ``tpt_ptr``, ``n`` tokens) -> (its row's address, valid).
+    ``ONE``: the token is on page ``pg`` (already loaded: the tile lies in one page)."""
     valid = idx < n
-    page = tl.load(tpt_ptr + idx // TPAGE, mask=valid, other=0).to(tl.int64)
+    if ONE:
+        page = pg
+    else:
+        page = tl.load(tpt_ptr + idx // TPAGE, mask=valid, other=0).to(tl.int64)
     return base + page * t_page + (idx % TPAGE).to(tl.int64) * t_tok, valid
 
 
@@ -756,8 +760,11 @@ def _ld16(ptr, m):
 @triton.jit
 def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scale, o_ptr, lse_ptr, s_oh,
               G: tl.constexpr, D: tl.constexpr, TPAGE: tl.constexpr, VST: tl.constexpr,
-              PAIR: tl.constexpr = 0):  # fmt: skip
+              PAIR: tl.constexpr = 0, TPP: tl.constexpr = 0):  # fmt: skip
     """One warp attends the ``n`` bf16 tail tokens of KV head ``h`` and stores partial slot 0 at ``o_ptr``.
+
+    ``TPP`` (where a 16-row tile lies in one page): the next tile's page id is loaded while this tile is
+    attended, so a tile costs one dependent memory round trip (its rows) instead of two (page id, rows).
 
     The fragments of ``_mma_segment`` (head_dim 128, GQA <= 8) with bf16 operands: lane ``t`` owns dims
     ``[32t, 32t + 32)`` of K and Q (k-step ``kk`` = words ``2kk``, ``2kk + 1``: any lane-local dim order
@@ -799,10 +806,17 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
     o40, o41, o42, o43, o50, o51, o52, o53 = z, z, z, z, z, z, z, z
     o60, o61, o62, o63, o70, o71, o72, o73 = z, z, z, z, z, z, z, z
     n0 = n * 0
+    ONE: tl.constexpr = TPP * (TPAGE % (16 * (1 + PAIR)) == 0)  # NOTE: tiles start at multiples of 16 rows
+    pg = n0.to(tl.int64)
+    if ONE:
+        pg = tl.load(tpt_ptr, mask=lim > 0, other=0).to(tl.int64)
     while n0 < lim:
+        pg_next = pg
+        if ONE:  # the next tile's page id, in flight while this tile is attended
+            pg_next = tl.load(tpt_ptr + (step * (n0 + 16)) // TPAGE, mask=n0 + 16 < lim, other=0).to(tl.int64)
         # S^T = K Q^T: rows g, g + 8 of the tile, this lane's 32 dims (4 words per k-step pair)
-        kp, mg = _tail_rows(kbase, tpt_ptr, step * (n0 + g), step * lim, t_page, t_tok, TPAGE)
-        kp8, m8 = _tail_rows(kbase, tpt_ptr, step * (n0 + g + 8), step * lim, t_page, t_tok, TPAGE)
+        kp, mg = _tail_rows(kbase, tpt_ptr, step * (n0 + g), step * lim, t_page, t_tok, TPAGE, pg, ONE)
+        kp8, m8 = _tail_rows(kbase, tpt_ptr, step * (n0 + g + 8), step * lim, t_page, t_tok, TPAGE, pg, ONE)
         # NOTE: PAIR: a row's second token (dims 64-127: lanes t >= 2) may be past the tail (stale bytes)
         mg1 = n0 + g < lim1
         m81 = n0 + g + 8 < lim1
@@ -843,10 +857,10 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
         pa = _p_frag_bf16(p0, p1)
         pb = _p_frag_bf16(p2, p3)
         # O^T += V^T P^T: tokens 2t, 2t+1 (x, y) and 2t+8, 2t+9 (u, w), dims [16g, 16g + 16) (8 words each)
-        xp, mx = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t), step * lim, t_page, t_tok, TPAGE)
-        yp, my = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 1), step * lim, t_page, t_tok, TPAGE)
-        up, mu = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 8), step * lim, t_page, t_tok, TPAGE)
-        wp, mw = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 9), step * lim, t_page, t_tok, TPAGE)
+        xp, mx = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t), step * lim, t_page, t_tok, TPAGE, pg, ONE)
+        yp, my = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 1), step * lim, t_page, t_tok, TPAGE, pg, ONE)
+        up, mu = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 8), step * lim, t_page, t_tok, TPAGE, pg, ONE)
+        wp, mw = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 9), step * lim, t_page, t_tok, TPAGE, pg, ONE)
         if PAIR:  # dims 64-127 (lanes g >= 4) are the row's second token
             mx = mx & ((g < 4) | (n0 + 2 * t < lim1))
             my = my & ((g < 4) | (n0 + 2 * t + 1 < lim1))
@@ -866,6 +880,7 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
         o60, o61, o62, o63 = _mma_bf16(_lo(x6, y6), _lo(x7, y7), _lo(u6, w6), _lo(u7, w7), pa, pb, o60, o61, o62, o63)
         o70, o71, o72, o73 = _mma_bf16(_hi(x6, y6), _hi(x7, y7), _hi(u6, w6), _hi(u7, w7), pa, pb, o70, o71, o72, o73)
         n0 += 16
+        pg = pg_next
     _finish(
         m0, m1, l0, l1, 1.0, o_ptr, lse_ptr, s_oh, g, t, 0, G, D, PAIR, VST,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
@@ -954,6 +969,7 @@ def decode_mma_kernel(
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16, PAIR: tl.constexpr = 0,
     VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0, TAIL_MMA: tl.constexpr = 0,
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0, TFIRST: tl.constexpr = 0,
+    TPP: tl.constexpr = 0,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
@@ -972,6 +988,7 @@ def decode_mma_kernel(
     (<= ``NUM_SPLITS``) splits each -- programs ``[0, act * kv_heads * splits)`` in (request, head, split)
     order, so the one wave holds only real work; the tail programs come after all split slots (``TFIRST``:
     before them, programs ``[0, B * kv_heads)``, so that they start first when the whole grid is one wave).
+    ``TPP``: the tail program prefetches each next tile's page id (``_mma_tail``).
 
     ``FUSE``: every program of a real pair, empty splits too, draws a ticket and the
     pair's last one merges its partials into ``out_ptr`` (``decode_fixup``); no combine launch. With ``DYN``
@@ -1015,7 +1032,7 @@ def decode_mma_kernel(
             _mma_tail(
                 q_base, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr + b.to(tl.int64) * s_tpt,
                 tl.load(tlens_ptr + b), h, sm_scale * 1.4426950408889634, o_ptr + tail_first * DO,
-                lse_ptr + tail_first, S_TOT * DO, G, D, TPAGE, VST, PAIR,
+                lse_ptr + tail_first, S_TOT * DO, G, D, TPAGE, VST, PAIR, TPP,
             )  # fmt: skip
             if FUSE:
                 _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
