@@ -194,8 +194,11 @@ def compile_log(into: list[str]) -> Iterator[None]:
         yield
         return
 
-    def hook(*, repr: str, **_: Any) -> bool:
-        into.append(repr)
+    def hook(*, repr: str, key: Any, compile: dict[str, Any], **_: Any) -> bool:
+        # the kernel's name, its cache key, the attributes (which arguments are 16-divisible / 16-byte
+        # aligned) and the constexprs: what differs between two builds of one kernel
+        parts = (repr.split("[")[0], key, compile.get("configs"), compile.get("constants"))
+        into.append(" | ".join(str(p) for p in parts)[:3000])
         return False  # go on and compile
 
     old, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hook
