@@ -370,3 +370,17 @@ def test_decode_tokens_go_to_the_tail_and_the_backend_skips_the_main_write(monke
         written.clear()
         backend._write(k, k, pool.main[0], pool.tail[0])
         assert written == want
+
+
+def test_to_device_views_are_16_byte_aligned() -> None:
+    # Triton builds a kernel again for a pointer that is not 16-byte aligned: every view of the one buffer
+    # (odd and empty lists among them) starts at an even int64 offset and holds exactly its list
+    from nibblekv.attention.paged import to_device
+
+    lists = {"a": [1, 2, 3], "b": [], "c": [4], "d": [5, 6], "e": [7, 8, 9]}
+    d = to_device(lists, torch.device("cpu"))
+    base = d["a"].untyped_storage().data_ptr()
+    for name, values in lists.items():
+        assert d[name].tolist() == values and d[name].dtype == torch.int64
+        assert d[name].untyped_storage().data_ptr() == base  # one host-to-device copy
+        assert (d[name].data_ptr() - base) % 16 == 0, name

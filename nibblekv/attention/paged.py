@@ -124,10 +124,21 @@ def _prefix_tail(g: Growth) -> list[int]:
 
 
 def to_device(lists: dict[str, list[int]], device: torch.device) -> dict[str, torch.Tensor]:
-    """int64 tensors of ``lists`` on ``device`` through ONE host-to-device copy (views of one buffer)."""
+    """int64 tensors of ``lists`` on ``device`` through ONE host-to-device copy (views of one buffer).
+
+    NOTE: every view starts 16-byte aligned (each list padded to an even length): Triton builds a kernel
+    again for each pointer argument that is or is not 16-byte aligned, so views at odd offsets (slots,
+    demotion pages) made the first real batches compile ``_store_rows_kernel`` builds the warm-up had not
+    (four in SmolLM2's first offline-throughput run, H200, 2026-12-01).
+    """
     sizes = [len(v) for v in lists.values()]
-    flat = torch.tensor(list(itertools.chain.from_iterable(lists.values())), dtype=torch.int64)
-    return dict(zip(lists, flat.to(device, non_blocking=True).split(sizes)))
+    padded = [n + (n & 1) for n in sizes]
+    flat = torch.tensor(
+        list(itertools.chain.from_iterable(v + [0] * (n & 1) for v, n in zip(lists.values(), sizes))),
+        dtype=torch.int64,
+    )
+    views = flat.to(device, non_blocking=True).split(padded)
+    return {name: view[:n] for name, view, n in zip(lists, views, sizes)}
 
 
 def longest_chunk(cu_seqlens: Sequence[int] | None) -> int | None:

@@ -97,7 +97,11 @@ def _own_block(k0, kend, t, qa, qb, m, l, acc, qk_scale, kn_ptr, vn_ptr, s_kt, k
 # NOTE: S (prefix splits) is a runtime argument, not a constexpr: the launcher picks it per batch from the
 # grid size, and a serving engine sees many batch shapes -- as a constexpr each new value was a JIT compile
 # of this kernel (seconds) inside a running step (the 2026-11-30 agentic sweep lost 7-10 s per row so).
-@triton.jit(do_not_specialize=["S"])
+# NOTE: s_tpt (the tail page table's row stride: the batch's most prefix tail pages) changes from batch
+# to batch too; Triton would build the kernel again for each of == 1, % 16 == 0 (0 included) and other
+# values -- compiles inside the first real requests (SmolLM2's first offline-throughput run built
+# _extend_kernel twice after the warm-up, H200, 2026-12-01). Index math only: nothing gains from it.
+@triton.jit(do_not_specialize=["S", "s_tpt"])
 def _extend_kernel(
     q_ptr, s_qt, s_qh, kn_ptr, vn_ptr, s_kt, s_kh, cu_ptr, out_ptr, s_ot, s_oh,
     k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok, pt_ptr, s_pt, plens_ptr,
