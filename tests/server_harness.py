@@ -50,6 +50,7 @@ SMALL_ARGS = [
     "4096",
     "--drain-timeout",
     "60",
+    "--skip-server-warmup",  # restarted by several tests; the main server runs the warm-up
     *_no_radix_cache(),
 ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from pathlib import Path
@@ -219,3 +220,26 @@ def test_decode_log_line_and_kv_scales(
     plines = [m for m in caplog.messages if m.startswith("Prefill batch.")]
     assert plines and all(re.fullmatch(prefill, m) for m in plines)
     assert "#new-seq: 3," in plines[0]
+
+
+def test_server_warm_up_runs_requests_and_leaves_no_pages(tiny_config: str) -> None:
+    # `nibblekv serve` runs a few requests before the port opens (--skip-server-warmup turns it off): short
+    # and long fresh prompts, then the long one extended; the prefix cache is flushed afterwards
+    pytest.importorskip("uvicorn")
+    from nibblekv.server.cli import add_server_args
+    from nibblekv.server.launch import WARMUP_PROMPT_TOKENS, engine_facts, warm_up
+
+    engine = AsyncEngine(load_format="dummy", model=tiny_config, max_total_tokens=1024, kv_cache_dtype="nvfp4")
+    try:
+        facts = engine_facts(engine)  # context 256 here: the long prompt is cut to fit
+        secs = warm_up(engine, min(facts["context_length"], facts["kv_capacity_tokens"]), facts["vocab_size"])
+        stats = engine.stats()
+        assert secs > 0 and stats["running"] == 0 and stats["queued"] == 0
+        assert engine.engine.pool.all_free()  # flushed: an idle server holds no pages
+        assert engine.engine.stats.finished_requests == len(WARMUP_PROMPT_TOKENS) + 1
+    finally:
+        engine.shutdown()
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    assert not parser.parse_args([]).skip_server_warmup
+    assert parser.parse_args(["--skip-server-warmup"]).skip_server_warmup

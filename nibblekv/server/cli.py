@@ -39,6 +39,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="seconds SIGTERM waits for in-flight requests before cancelling them",
     )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--skip-server-warmup",
+        action="store_true",
+        help="open the port without first running a few warm-up requests (which compile the kernels)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -8,10 +8,12 @@ still running at the timeout are cancelled (their engine requests aborted), then
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,8 +118,42 @@ class _DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+# NOTE: fresh prompts below and above rope_qk's eager GEMM switch (512 tokens), then the long one again
+# plus a few tokens (an extend over its cached prefix where the radix cache is on)
+WARMUP_PROMPT_TOKENS: tuple[int, ...] = (16, 640)
+WARMUP_NEW_TOKENS = 4
+
+
+def warm_up(engine: Any, max_prompt: int, vocab_size: int) -> float:
+    """Run a few requests through a started :class:`AsyncEngine` before the port opens, as SGLang's server
+    warm-up does: Triton compiles each kernel build on first use (seconds each), so without it the first
+    real requests pay them. Flushes the prefix cache afterwards (an idle server holds no pages). Returns the
+    seconds it took."""
+    from nibblekv.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=WARMUP_NEW_TOKENS, ignore_eos=True)
+    cap = max(1, max_prompt - WARMUP_NEW_TOKENS)
+    ids = [10 + i % max(1, vocab_size - 10) for i in range(cap)]
+    lens = sorted({min(n, cap) for n in WARMUP_PROMPT_TOKENS})
+    prompts = [ids[:n] for n in lens] + [ids[: min(lens[-1] + 24, cap)]]
+
+    async def run() -> None:
+        for prompt in prompts:
+            async for _ in engine.generate(prompt, params):
+                pass
+        await engine.flush_cache()
+
+    t0 = time.perf_counter()
+    asyncio.run(run())
+    return time.perf_counter() - t0
+
+
 def serve(engine: Any, args: argparse.Namespace) -> int:
     """Serve until a shutdown signal; returns the exit code."""
+    if not args.skip_server_warmup:
+        facts = engine_facts(engine)
+        secs = warm_up(engine, min(facts["context_length"], facts["kv_capacity_tokens"]), facts["vocab_size"])
+        log.info("warm-up: %d requests in %.2f s", len(WARMUP_PROMPT_TOKENS) + 1, secs)
     state = state_from_engine(engine, args)
     app = build_app(state)
     config = uvicorn.Config(
@@ -131,6 +167,7 @@ def serve(engine: Any, args: argparse.Namespace) -> int:
     )
     server = _DrainingServer(config, state)
     log.info("serving %s on http://%s:%d", state.model_name, args.host, args.port)
+    log.info("The server is fired up and ready to roll!")
     try:
         server.run()  # returns once drained (or at the drain timeout)
     finally:
