@@ -50,7 +50,7 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 # decode_mma: (spec, GQA group, page size). The interpreter runs its PTX twins slowly (~15 s per launch),
 # so CPU runs four cases (cv=3: the integer nibble conversion, with global scales != 1); GPUs run every
 # spec x group x page.
-MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0", "mma:cv=1", "mma:cv=2", "mma:cv=3"]
+MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0", "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1,co=1"]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
     if DEVICE == "cuda"
@@ -123,10 +123,52 @@ def test_decode_mma_combine_chunks() -> None:
     assert err <= 1e-2, err
 
 
+@pytest.mark.parametrize("pair,db,online", [(0, 128, 1), (1, 64, 1), (0, 16, 1), (0, 128, 0)])
+def test_decode_mma_combine_online(pair: int, db: int, online: int) -> None:
+    # the combine step alone on decode_mma's slot layout (variant option co=1: one online pass, the tail's
+    # slots -- two with PAIR -- merged beside the first chunk): 40 splits, MINC 16, slots past each request's
+    # written ones NaN; whole-row dim blocks make a chunk 4096 / d slots, so the long request's 38 / 76
+    # written slots take two chunks; an empty request (tail only) and one with neither (its tail program
+    # wrote -inf and zeros)
+    from nibblekv.kernels.decode import _combine_kernel
+
+    hq, d, splits, minc = 2, 128 // (1 + pair), 40, 16
+    tail_slots = 1 + pair
+    s_tot = splits * (1 + pair) + tail_slots
+    lens = torch.tensor([70, 3, 0, 600 * (1 + pair), 0], dtype=torch.int32)
+    torch.manual_seed(5 + pair)
+    lse = torch.full((len(lens), hq, s_tot), float("nan"))
+    o = torch.full((len(lens), hq, s_tot, d), float("nan"))
+    for b, n in enumerate(lens.tolist()):
+        rows = (n + pair) // (1 + pair)
+        chunk = max(-(-(-(-rows // splits)) // 16) * 16, minc)
+        written = -(-rows // chunk) * (1 + pair)
+        for sl in [*range(written), *range(s_tot - tail_slots, s_tot)]:
+            lse[b, :, sl] = torch.randn(hq) * 4 if b < 4 else float("-inf")  # the last: an empty tail
+            o[b, :, sl] = torch.randn(hq, d) if b < 4 else 0.0
+        if written:
+            lse[b, 0, 0] = float("-inf")  # an empty split (its partial is zeros)
+            o[b, 0, 0] = 0.0
+    out = torch.full((len(lens), hq, d), float("nan"))
+    _combine_kernel[(len(lens) * hq, d // db)](
+        o, lse, out, out.stride(0), out.stride(1), HQ=hq, S=s_tot, BS=128, D=d, DB=db, lens_ptr=lens,
+        MMA_SPLITS=splits, MMA_NW=1 + pair, MINC=minc, HAS_TAIL=1, TAIL_SLOTS=tail_slots, PAIR=pair,
+        ONLINE=online, num_warps=4,
+    )  # fmt: skip
+    valid = ~torch.isnan(lse)
+    w = torch.where(valid, lse, float("-inf"))
+    m = w.amax(-1, keepdim=True).clamp_min(-1e30)
+    p = torch.exp2(w - m)
+    want = (torch.nan_to_num(o) * p[..., None]).sum(-2) / p.sum(-1, keepdim=True).clamp_min(1e-30)
+    assert torch.allclose(out, want, rtol=1e-5, atol=1e-5), (out - want).abs().max()
+    assert torch.equal(out[4], torch.zeros_like(out[4]))  # neither context nor tail: zeros, never NaN
+
+
 @pytest.mark.parametrize(
     "d,group,tw",
     [(128, 4, 0), (128, 4, 1), (128, 4, "0,tf=1")] if DEVICE == "cpu"
-    else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (64, 3, 1), (128, 4, "0,tf=1"), (64, 3, "1,tf=1")],
+    else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (64, 3, 1), (128, 4, "0,tf=1"), (64, 3, "1,tf=1"),
+          (128, 8, "0,tf=1,tpp=1,co=1,cdb=128"), (64, 3, "0,tpp=1,co=1,cdb=64")],
 )
 def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int, tw: int | str) -> None:
     # CUDA-graph padding: only the first 3 of 5 rows are requests (``active`` on the device); decode_mma
@@ -216,11 +258,12 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "tail_wave": 0,
         "tail_first": 0,
         "tail_page_prefetch": 0,
+        "combine_online": 0,
     }
     assert resolve_variant("mma:tin=0", 2, 128, False)[1]["tin"] == 0
     assert resolve_variant("mma:tw=1", 2, 128, False)[1]["tail_wave"] == 1
-    cfg = resolve_variant("mma:tf=1,tpp=1", 2, 128, False)[1]
-    assert (cfg["tail_first"], cfg["tail_page_prefetch"]) == (1, 1)
+    cfg = resolve_variant("mma:tf=1,tpp=1,co=1", 2, 128, False)[1]
+    assert (cfg["tail_first"], cfg["tail_page_prefetch"], cfg["combine_online"]) == (1, 1, 1)
     assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (2026-11-30 run)
     assert resolve_variant(None, 2, 256, False)[0] == "paged"  # never timed on a GPU
     assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default
