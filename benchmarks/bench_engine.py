@@ -68,8 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="long part: run these request counts instead of matched/capacity")  # fmt: skip
     p.add_argument("--mem-fraction-static", type=float, default=0.88)
     p.add_argument("--max-running-requests", type=int, default=256, help="throughput part")
-    p.add_argument("--throughput-repeats", type=int, default=1, help="throughput part: time the workload this "
-                   "many times on one engine and report the fastest (the first one includes Triton's compiles)")
+    p.add_argument("--throughput-repeats", type=int, default=1, help="throughput part: time the workload "
+                   "this many times on one engine, report the fastest (the first includes Triton's compiles)")
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
     p.add_argument("--kv-recent-window", type=int, default=64)
     p.add_argument("--synthetic-prefill", action="store_true", help="long part: allocate the prompts' KV pages "
@@ -158,7 +158,8 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
         warm = warm_up(engine, vocab, args)
         runs, compiles = [], []
         for _ in range(args.throughput_repeats):  # NOTE: later runs find every Triton build compiled
-            with frozen_heap(), compile_log(compiles):  # as `nibblekv generate` / `serve` run (engine/gc_heap.py)
+            # frozen heap: as `nibblekv generate` / `serve` run (engine/gc_heap.py)
+            with frozen_heap(), compile_log(compiles):
                 t0 = time.perf_counter()
                 outs = engine.generate(prompts, params)
                 sync()
@@ -175,7 +176,7 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
             "max_total_num_tokens": engine.max_total_num_tokens, "preemptions": engine.scheduler.num_preemptions,
             "warmup_s": round(warm, 3), "prefill_only_s": round(prefill, 3),
             "seconds_runs": [round(x, 3) for x in runs],
-            # the Triton builds the timed runs compiled (warm_up missed them): count, then each one's signature
+            # the Triton builds the timed runs compiled (warm_up missed them): count, then each one's key
             "compiles_in_runs": len(compiles), "compiled": compiles[:64],
         })  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)

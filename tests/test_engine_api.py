@@ -229,7 +229,9 @@ def test_server_warm_up_runs_requests_and_leaves_no_pages(tiny_config: str) -> N
     from nibblekv.server.cli import add_server_args
     from nibblekv.server.launch import WARMUP_PROMPT_TOKENS, engine_facts, warm_up
 
-    engine = AsyncEngine(load_format="dummy", model=tiny_config, max_total_tokens=1024, kv_cache_dtype="nvfp4")
+    engine = AsyncEngine(
+        load_format="dummy", model=tiny_config, max_total_tokens=1024, kv_cache_dtype="nvfp4"
+    )
     try:
         facts = engine_facts(engine)  # context 256 here: the long prompt is cut to fit
         secs = warm_up(engine, min(facts["context_length"], facts["kv_capacity_tokens"]), facts["vocab_size"])

@@ -50,7 +50,10 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 # decode_mma: (spec, GQA group, page size). The interpreter runs its PTX twins slowly (~15 s per launch),
 # so CPU runs four cases (cv=3: the integer nibble conversion, with global scales != 1); GPUs run every
 # spec x group x page.
-MMA_SPECS = ["mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0", "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1,co=1"]
+MMA_SPECS = [
+    "mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0",
+    "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1,co=1",
+]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
     if DEVICE == "cuda"
@@ -72,9 +75,12 @@ def test_decode_mma(spec: str, group: int, page: int) -> None:
 
 @pytest.mark.parametrize(
     "tin,d,group,page",
-    [(1, 128, 8, 5), (0, 128, 8, 5), (1, 64, 3, 6), (1, 64, 4, P), ("1,tpp=1", 128, 8, P), ("1,tpp=1", 64, 4, 2 * P)],
+    [(1, 128, 8, 5), (0, 128, 8, 5), (1, 64, 3, 6), (1, 64, 4, P), ("1,tpp=1", 128, 8, P),
+     ("1,tpp=1", 64, 4, 2 * P)],
 )
-def test_decode_mma_tail_in_grid(monkeypatch: pytest.MonkeyPatch, tin: int | str, d: int, group: int, page: int) -> None:
+def test_decode_mma_tail_in_grid(
+    monkeypatch: pytest.MonkeyPatch, tin: int | str, d: int, group: int, page: int
+) -> None:
     # the bf16 tail as one more program of decode_mma's grid (tin=1, the default: bf16 mma.sync) or as its
     # own launch (tin=0); tails 3, 0, W, P-1 and W+P (several tiles, the last partial; odd counts leave a
     # row of two tokens half empty at head_dim 64) on 5/6/16/32-token pages, GQA 8 (128) and 3, 4 (64, two

@@ -234,7 +234,8 @@ def _merge_partials(lse_c, o_c, m, l, acc):
 
 @triton.jit
 def _combine_online(o_part, lse_part, r, n_valid, live, offs_d, S: tl.constexpr, D: tl.constexpr,
-                    DB: tl.constexpr, CH: tl.constexpr, HAS_TAIL: tl.constexpr, TAIL_SLOTS: tl.constexpr):  # fmt: skip
+                    DB: tl.constexpr, CH: tl.constexpr, HAS_TAIL: tl.constexpr,
+                    TAIL_SLOTS: tl.constexpr):  # fmt: skip
     """``_combine_kernel``'s many-slot case in one pass: the tail's slots and each chunk of ``CH`` split slots
     load lse and partials together, so a short context costs two dependent memory round trips (its length,
     then everything) instead of four. Returns (``acc [DB]``, max ``m``, weight sum ``l``): ``acc / l``."""
@@ -254,7 +255,8 @@ def _combine_online(o_part, lse_part, r, n_valid, live, offs_d, S: tl.constexpr,
         offs_c = s0 + tl.arange(0, CH)
         cmask = offs_c < n_valid
         lse_c = tl.load(lse_part + r * S + offs_c, mask=cmask, other=float("-inf"))
-        o_c = tl.load(o_part + (r * S + offs_c)[:, None] * D + offs_d[None, :], mask=cmask[:, None], other=0.0)
+        o_rows = (r * S + offs_c)[:, None] * D
+        o_c = tl.load(o_part + o_rows + offs_d[None, :], mask=cmask[:, None], other=0.0)
         m, l, acc = _merge_partials(lse_c, o_c, m, l, acc)
         s0 += CH
     return acc, m, l
@@ -266,7 +268,8 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
                     MMA_NW: tl.constexpr = 1, MINC: tl.constexpr = 16, HAS_TAIL: tl.constexpr = 0,
                     PAIR: tl.constexpr = 0, lse_out=None, WRITE_LSE: tl.constexpr = 0,
                     TAIL_SLOTS: tl.constexpr = 1, act_ptr=None, warp_slots=0, reserve_per_req=0,
-                    WARPS_PER_REQ: tl.constexpr = 1, DYN: tl.constexpr = 0, ONLINE: tl.constexpr = 0):  # fmt: skip
+                    WARPS_PER_REQ: tl.constexpr = 1, DYN: tl.constexpr = 0,
+                    ONLINE: tl.constexpr = 0):  # fmt: skip
     """Merge the split partials of one (request, query head) for dims ``[DB * pid1, DB * (pid1 + 1))``:
     weights ``2**(lse_s - max lse)``. ``WRITE_LSE``: also ``lse_out[r]`` = the merged log2-sum-exp2 of the
     scores (-inf for an empty context), for a caller that merges this result with another partial.

@@ -198,9 +198,9 @@ def _mma_config() -> dict[str, int | bool]:
         # round trip a tile instead of two where a tile lies in one page); opt-in until an H200 A/B. (Loading
         # V beside K changes nothing: ptxas already issues a tile's V loads before its QK^T mma, sm_90 SASS.)
         "tail_page_prefetch": 0,
-        # NOTE: 1 = the combine step merges many slots in one pass, lse and partials of a chunk (and the tail's
-        # slots) loaded together: at B=1 x 2.7K its launch took 3.1 us a layer vs 1.9 for FP8's (few slots,
-        # one chunk; engine-c1-decode-h200.json); opt-in until an H200 A/B
+        # NOTE: 1 = the combine step merges many slots in one pass, lse and partials of a chunk (and the
+        # tail's slots) loaded together: at B=1 x 2.7K its launch took 3.1 us a layer vs 1.9 for FP8's
+        # (few slots, one chunk; engine-c1-decode-h200.json); opt-in until an H200 A/B
         "combine_online": 0,
         # NOTE: 1 = token-balanced split-K (decode_balanced): the batch's tiles cut into one wave of equal
         # chunks, which may cross (request, KV head) pairs; 2 (default) = on from BALANCED_MIN_PAIRS pairs.

@@ -806,6 +806,7 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
     o40, o41, o42, o43, o50, o51, o52, o53 = z, z, z, z, z, z, z, z
     o60, o61, o62, o63, o70, o71, o72, o73 = z, z, z, z, z, z, z, z
     n0 = n * 0
+    nt = step * lim  # tokens: a row's index bound in _tail_rows
     ONE: tl.constexpr = TPP * (TPAGE % (16 * (1 + PAIR)) == 0)  # NOTE: tiles start at multiples of 16 rows
     pg = n0.to(tl.int64)
     if ONE:
@@ -815,8 +816,8 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
         if ONE:  # the next tile's page id, in flight while this tile is attended
             pg_next = tl.load(tpt_ptr + (step * (n0 + 16)) // TPAGE, mask=n0 + 16 < lim, other=0).to(tl.int64)
         # S^T = K Q^T: rows g, g + 8 of the tile, this lane's 32 dims (4 words per k-step pair)
-        kp, mg = _tail_rows(kbase, tpt_ptr, step * (n0 + g), step * lim, t_page, t_tok, TPAGE, pg, ONE)
-        kp8, m8 = _tail_rows(kbase, tpt_ptr, step * (n0 + g + 8), step * lim, t_page, t_tok, TPAGE, pg, ONE)
+        kp, mg = _tail_rows(kbase, tpt_ptr, step * (n0 + g), nt, t_page, t_tok, TPAGE, pg, ONE)
+        kp8, m8 = _tail_rows(kbase, tpt_ptr, step * (n0 + g + 8), nt, t_page, t_tok, TPAGE, pg, ONE)
         # NOTE: PAIR: a row's second token (dims 64-127: lanes t >= 2) may be past the tail (stale bytes)
         mg1 = n0 + g < lim1
         m81 = n0 + g + 8 < lim1
@@ -857,10 +858,10 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
         pa = _p_frag_bf16(p0, p1)
         pb = _p_frag_bf16(p2, p3)
         # O^T += V^T P^T: tokens 2t, 2t+1 (x, y) and 2t+8, 2t+9 (u, w), dims [16g, 16g + 16) (8 words each)
-        xp, mx = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t), step * lim, t_page, t_tok, TPAGE, pg, ONE)
-        yp, my = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 1), step * lim, t_page, t_tok, TPAGE, pg, ONE)
-        up, mu = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 8), step * lim, t_page, t_tok, TPAGE, pg, ONE)
-        wp, mw = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 9), step * lim, t_page, t_tok, TPAGE, pg, ONE)
+        xp, mx = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t), nt, t_page, t_tok, TPAGE, pg, ONE)
+        yp, my = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 1), nt, t_page, t_tok, TPAGE, pg, ONE)
+        up, mu = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 8), nt, t_page, t_tok, TPAGE, pg, ONE)
+        wp, mw = _tail_rows(vbase, tpt_ptr, step * (n0 + 2 * t + 9), nt, t_page, t_tok, TPAGE, pg, ONE)
         if PAIR:  # dims 64-127 (lanes g >= 4) are the row's second token
             mx = mx & ((g < 4) | (n0 + 2 * t < lim1))
             my = my & ((g < 4) | (n0 + 2 * t + 1 < lim1))

@@ -227,7 +227,7 @@ _ROT_FUSED_MAX_TOKENS_GRAPH = 64
 
 
 def _capturing(x: torch.Tensor) -> bool:
-    """Whether ``x``'s device is capturing a CUDA graph now (decode steps are captured once per batch size)."""
+    """Whether ``x``'s device is capturing a CUDA graph now (decode steps: one capture per batch size)."""
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
