@@ -136,7 +136,7 @@ def test_decode_mma_combine_online(pair: int, db: int, online: int) -> None:
     # written ones NaN; whole-row dim blocks make a chunk 4096 / d slots, so the long request's 38 / 76
     # written slots take two chunks; an empty request (tail only) and one with neither (its tail program
     # wrote -inf and zeros)
-    from nibblekv.kernels.decode import _combine_kernel
+    from nibblekv.kernels.combine import _combine_kernel
 
     hq, d, splits, minc = 2, 128 // (1 + pair), 40, 16
     tail_slots = 1 + pair

@@ -9,7 +9,7 @@ How (the classic serial split-K fix-up): every program of a pair -- each split, 
 writes its partial (o, lse) as before, then draws a ticket from the pair's counter (one atomic add,
 acquire-release at GPU scope; Triton's scalar atomic synchronises the CTA first, so all its threads'
 partial stores come before the ticket). The program that draws the last ticket sees every partial of
-its pair; it merges them as ``decode._combine_kernel`` does (weights ``2**(lse_s - max)``), writes the
+its pair; it merges them as ``combine._combine_kernel`` does (weights ``2**(lse_s - max)``), writes the
 output rows (and the merged lse when asked) and puts the counter back to 0 for the next launch.
 
 NOTE (invariants): the counters live in one zeroed int32 buffer per device (:func:`counters`), reused

@@ -6,7 +6,7 @@ that glue, not the bytes, sets the speed (0.22-0.31 of the H200's read ceiling).
 from global memory straight into the register that ``mma.sync.m16n8k16`` reads, converted in place:
 
 * The program is ``NW`` warps; each warp owns 16-token tiles and keeps its own softmax state, written
-  as its own split (slot ``sp * NW + warp``; ``decode._combine_kernel`` merges all slots).
+  as its own split (slot ``sp * NW + warp``; ``combine._combine_kernel`` merges all slots).
 * Every tensor is ``[32 * NW]``: one element per thread (Triton's default 1-D layout), so lane ``L``
   (``g = L // 4``, ``t = L % 4``) holds exactly its PTX fragment registers. NOTE: this holds only while
   no op gives these tensors another layout -- addresses are never contiguous across lanes (no vectorized

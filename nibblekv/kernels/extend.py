@@ -30,7 +30,8 @@ from nibblekv.kernels._common import (
     scale_tensors,
     tail_operands,
 )
-from nibblekv.kernels.decode import _combine_kernel, _decode_block, _pages_contiguous
+from nibblekv.kernels.combine import _combine_kernel
+from nibblekv.kernels.decode import _decode_block, _pages_contiguous
 from nibblekv.kernels.decode_config import combine_dim_block
 from nibblekv.kernels.types import LayerKV
 
