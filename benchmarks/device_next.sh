@@ -34,7 +34,7 @@ for r in rows:
 PY
 }
 if [[ $STEPS == *" 1 "* ]]; then
-  timeout -k 5 150 python3 -m pytest -q -x tests/test_kernels_decode.py -k "mma and (tpp or co or tf)" \
+  timeout -k 5 150 python3 -m pytest -q -x tests/test_kernels_decode.py -k "mma and (tpp or co)" \
     > "$OUT/gpu-tests-options.log" 2>&1
   echo "gpu tests exit $?"; tail -2 "$OUT/gpu-tests-options.log"
   dirs=()

@@ -172,15 +172,15 @@ def test_decode_mma_combine_online(pair: int, db: int, online: int) -> None:
 
 @pytest.mark.parametrize(
     "d,group,tw",
-    [(128, 4, 0), (128, 4, 1), (128, 4, "0,tf=1")] if DEVICE == "cpu"
-    else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (64, 3, 1), (128, 4, "0,tf=1"), (64, 3, "1,tf=1"),
-          (128, 8, "0,tf=1,tpp=1,co=1,cdb=128"), (64, 3, "0,tpp=1,co=1,cdb=64")],
+    [(128, 4, 0), (128, 4, 1)] if DEVICE == "cpu"
+    else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (64, 3, 1), (128, 8, "0,tpp=1,co=1,cdb=128"),
+          (64, 3, "0,tpp=1,co=1,cdb=64")],
 )
 def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int, tw: int | str) -> None:
     # CUDA-graph padding: only the first 3 of 5 rows are requests (``active`` on the device); decode_mma
     # sizes its splits for them at run time -- 8 warp slots / 3 rows = 2 of the grid's 12 splits here, 1 with
-    # tw=1 (the 6 tail programs' slots kept) -- in a 1-D grid, the tails after every split (tf=1: before
-    # them); padding rows (1 token of page 0, no tail) come out zeros
+    # tw=1 (the 6 tail programs' slots kept) -- in a 1-D grid, the tails after every split; padding rows
+    # (1 token of page 0, no tail) come out zeros; on GPUs also with the opt-in tpp=1, co=1
     import nibblekv.kernels.decode as dec
 
     monkeypatch.setattr(dec, "num_sms", lambda: 1)
@@ -262,14 +262,13 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "cv": 0,
         "tin": 1,
         "tail_wave": 0,
-        "tail_first": 0,
         "tail_page_prefetch": 0,
         "combine_online": 0,
     }
     assert resolve_variant("mma:tin=0", 2, 128, False)[1]["tin"] == 0
     assert resolve_variant("mma:tw=1", 2, 128, False)[1]["tail_wave"] == 1
-    cfg = resolve_variant("mma:tf=1,tpp=1,co=1", 2, 128, False)[1]
-    assert (cfg["tail_first"], cfg["tail_page_prefetch"], cfg["combine_online"]) == (1, 1, 1)
+    cfg = resolve_variant("mma:tpp=1,co=1", 2, 128, False)[1]
+    assert (cfg["tail_page_prefetch"], cfg["combine_online"]) == (1, 1)
     assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (2026-11-30 run)
     assert resolve_variant(None, 2, 256, False)[0] == "paged"  # never timed on a GPU
     assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default

@@ -428,7 +428,6 @@ def decode_triton(
             VST=int(cfg["vst"]),
             VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
             CV=int(cfg["cv"]),
-            TFIRST=int(bool(dyn) and tail_in_grid and bool(cfg.get("tail_first", 0))),
             TPP=int(tail_in_grid and bool(cfg.get("tail_page_prefetch", 0))),
             **dyn,
             **fused,

@@ -190,13 +190,11 @@ def _mma_config() -> dict[str, int | bool]:
         # NOTE: 1 = splits leave room for the tail programs in the one wave (else they run after it, a
         # second short wave per layer); opt-in until an H200 A/B (benchmarks/device_next.sh)
         "tail_wave": 0,
-        # NOTE: 1 = with CUDA graphs' 1-D grid, the tail programs first (they start while the block scheduler
-        # still hands out split programs); opt-in until an H200 A/B (in the engine at B=1 x 2.7K the tail
-        # cost nvfp4's decode 2.7 us a layer, 10.2 vs 7.5 us without it, 2026-12-01)
-        "tail_first": 0,
         # NOTE: 1 = the tail program loads the next 16-token tile's page id during this tile (one dependent
-        # round trip a tile instead of two where a tile lies in one page); opt-in until an H200 A/B. (Loading
-        # V beside K changes nothing: ptxas already issues a tile's V loads before its QK^T mma, sm_90 SASS.)
+        # round trip a tile instead of two where a tile lies in one page); opt-in until an H200 A/B. Dropped:
+        # loading V beside K (ptxas already issues a tile's V loads before its QK^T mma, sm_90 SASS) and the
+        # tail programs first in the 1-D grid (0.316 vs 0.321 ms of decode a step at B=1 x 2.7K, H200,
+        # 2026-12-01, engine-c1-decode-h200.json)
         "tail_page_prefetch": 0,
         # NOTE: 1 = the combine step merges many slots in one pass, lse and partials of a chunk (and the
         # tail's slots) loaded together: at B=1 x 2.7K its launch took 3.1 us a layer vs 1.9 for FP8's
@@ -254,7 +252,7 @@ _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
     "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
-    "tf": "tail_first", "tpp": "tail_page_prefetch", "co": "combine_online",
+    "tpp": "tail_page_prefetch", "co": "combine_online",
 }  # fmt: skip
 
 

@@ -969,7 +969,7 @@ def decode_mma_kernel(
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16, PAIR: tl.constexpr = 0,
     VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0, TAIL_MMA: tl.constexpr = 0,
-    act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0, TFIRST: tl.constexpr = 0,
+    act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     TPP: tl.constexpr = 0,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
 ):  # fmt: skip
@@ -987,8 +987,7 @@ def decode_mma_kernel(
     ``DYN`` (CUDA graphs replayed with padding rows): a 1-D grid of ``B * kv_heads * (NUM_SPLITS +
     TAIL_MMA)`` programs; only the first ``*act_ptr`` requests are real, and they get ``dyn_splits``
     (<= ``NUM_SPLITS``) splits each -- programs ``[0, act * kv_heads * splits)`` in (request, head, split)
-    order, so the one wave holds only real work; the tail programs come after all split slots (``TFIRST``:
-    before them, programs ``[0, B * kv_heads)``, so that they start first when the whole grid is one wave).
+    order, so the one wave holds only real work; the tail programs come after all split slots.
     ``TPP``: the tail program prefetches each next tile's page id (``_mma_tail``).
 
     ``FUSE``: every program of a real pair, empty splits too, draws a ticket and the
@@ -1000,20 +999,17 @@ def decode_mma_kernel(
         pid = tl.program_id(0)
         act = tl.load(act_ptr)
         s_run = dyn_splits(act, NUM_SPLITS, warp_slots, HKV * NW, reserve_per_req)
-        n_tail = TAIL_MMA * (tl.num_programs(0) // (NUM_SPLITS + 1))
-        grid_main = tl.num_programs(0) - n_tail
-        # pm: the program's index among the split programs (negative for TFIRST's tail programs)
-        pm = pid - n_tail * TFIRST
-        if (pm >= act * HKV * s_run) & (pm < grid_main):
+        grid_main = tl.num_programs(0) - TAIL_MMA * (tl.num_programs(0) // (NUM_SPLITS + 1))
+        if (pid >= act * HKV * s_run) & (pid < grid_main):
             if FUSE:  # NOTE: the spare programs (>= one per padding pair) zero the padding rows' outputs
-                pad = act * HKV + pm - act * HKV * s_run
+                pad = act * HKV + pid - act * HKV * s_run
                 if pad < grid_main // NUM_SPLITS:
                     _zero_rows(out_ptr, s_ob, s_oh, lse_out, pad // HKV, pad % HKV, HQ, G, D // (1 + PAIR),
                                WRITE_LSE)  # fmt: skip
             return
-        tail_prog = (pm < 0) | (pm >= grid_main)
-        pair = tl.where(tail_prog, pid - grid_main * (1 - TFIRST), tl.maximum(pm, 0) // s_run)
-        sp = tl.where(tail_prog, NUM_SPLITS, tl.maximum(pm, 0) % s_run)
+        tail_prog = pid >= grid_main
+        pair = tl.where(tail_prog, pid - grid_main, pid // s_run)
+        sp = tl.where(tail_prog, NUM_SPLITS, pid % s_run)
         b = pair // HKV
         h = pair % HKV
         if b >= act:
