@@ -1,14 +1,14 @@
 #!/bin/bash
-# H200 calls for what stop 26 left unmeasured (~15 min in all: STEPS="1 2" then STEPS="3"). $OUT gets logs/JSON
+# H200 calls for stop 27 (~15 min in all: STEPS="1" then STEPS="3"). $OUT gets logs/JSON
 # (NOTE: a call brings back at most 8 files: each step merges its rows into one JSON and drops the rest).
 #   1) Issue 6's one-session gap: one 8B request at 2.7K context (the agentic sweep's c=1 regime), nvfp4 decode
-#      profiled with the tail program's page-id prefetch (tpp=1, c9032d5: tail loop 408 -> 361 SASS) and the
-#      one-pass combine (co=1, f14a755) against the default, fp8 beside them (stop 26: decode kernel 10.2 vs
-#      7.9 us a layer, 2.7 of it the tail; combine 3.1 vs 1.9). First the GPU tests of those options.
+#      profiled with the bf16 tail shared by 2 / 4 one-warp programs (ts=2 / ts=4) against the default (now
+#      tpp=1, co=1: engine-c1-tpp-h200.json), fp8 beside them, each twice in alternating order
+#      (C1_VARIANTS overrides the list). First the GPU tests of the tail and combine options.
 #   2) The Triton builds SmolLM2's first offline-throughput run compiles after the warm-up, now with each
 #      build's argument attributes (which pointer lost its 16-byte alignment / which int its 16-divisibility),
 #      every dtype; the workload timed twice (first vs warm run).
-#   3) If tpp=1 / co=1 win in 1): the agentic sweep with them (V="mma:tpp=1,co=1", about 470 s).
+#   3) The agentic sweep with the default decode variant or V (e.g. V="mma:ts=2" if it wins in 1), ~470 s).
 # Usage from the repo root: OUT=... COMMIT=<sha> STEPS="1 2" bash benchmarks/device_next.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
@@ -34,18 +34,18 @@ for r in rows:
 PY
 }
 if [[ $STEPS == *" 1 "* ]]; then
-  timeout -k 5 150 python3 -m pytest -q -x tests/test_kernels_decode.py -k "mma and (tpp or co)" \
-    > "$OUT/gpu-tests-options.log" 2>&1
+  timeout -k 5 230 python3 -m pytest -q -x tests/test_kernels_decode.py \
+    -k "tail_in_grid or active_rows or combine or empty_splits or no_tail" > "$OUT/gpu-tests-options.log" 2>&1
   echo "gpu tests exit $?"; tail -2 "$OUT/gpu-tests-options.log"
   dirs=()
-  for v in fp8 mma mma:tpp=1 mma:co=1 mma:tpp=1,co=1 mma; do
+  for v in ${C1_VARIANTS:-fp8 mma mma:ts=2 mma:ts=4 fp8 mma:ts=4 mma:ts=2 mma}; do
     tag=c1-${v//[:=,]/_}-${#dirs[@]}; dt=nvfp4; [[ $v == fp8 ]] && dt=fp8_e4m3
     NIBBLEKV_DECODE_VARIANT=${v/fp8/} timeout -k 5 75 python3 benchmarks/bench_engine.py --out "$OUT/$tag" --part long \
       --long-model llama-3.1-8b --synthetic-prefill --long-input 2700 --long-requests 1 --long-output 48 \
-      --profile-steps 4 --profile-top 8 --kv-dtypes $dt > "$OUT/$tag.log" 2>&1
+      --profile-steps 4 --profile-top 12 --kv-dtypes $dt > "$OUT/$tag.log" 2>&1
     echo "$v exit $?"; dirs+=("$OUT/$tag"); rm -f "$OUT/$tag.log"
   done
-  merge engine-c1-tpp "${dirs[@]}"
+  merge engine-c1-${C1_NAME:-ts} "${dirs[@]}"
 fi
 if [[ $STEPS == *" 2 "* ]]; then
   timeout -k 5 200 python3 benchmarks/bench_engine.py --out "$OUT/tput" --part throughput \
@@ -53,7 +53,7 @@ if [[ $STEPS == *" 2 "* ]]; then
   echo "throughput exit $?"; merge engine-throughput-smollm2-compiles "$OUT/tput"
 fi
 if [[ $STEPS == *" 3 "* ]]; then
-  NIBBLEKV_DECODE_VARIANT=${V:-mma:tpp=1,co=1} timeout -k 5 480 python3 benchmarks/bench_prefix.py --out "$OUT" \
+  NIBBLEKV_DECODE_VARIANT=${V:-} timeout -k 5 480 python3 benchmarks/bench_prefix.py --out "$OUT" \
     --workloads agentic --kv-dtypes fp8_e4m3 nvfp4 bf16 --top-only hicache+bf16 --repeats 3 \
     --enable-overlap-schedule > "$OUT/prefix-h200.log" 2>&1
   echo "prefix exit $?"; grep '^{' "$OUT/prefix-h200.log" | cut -c1-150

@@ -76,7 +76,7 @@ def test_decode_mma(spec: str, group: int, page: int) -> None:
 @pytest.mark.parametrize(
     "tin,d,group,page",
     [(1, 128, 8, 5), (0, 128, 8, 5), (1, 64, 3, 6), (1, 64, 4, P), ("1,tpp=1", 128, 8, P),
-     ("1,tpp=1", 64, 4, 2 * P)],
+     ("1,tpp=1", 64, 4, 2 * P), ("1,ts=3,tpp=1", 128, 8, P), ("1,ts=2", 64, 3, 6)],
 )
 def test_decode_mma_tail_in_grid(
     monkeypatch: pytest.MonkeyPatch, tin: int | str, d: int, group: int, page: int
@@ -85,7 +85,8 @@ def test_decode_mma_tail_in_grid(
     # own launch (tin=0); tails 3, 0, W, P-1 and W+P (several tiles, the last partial; odd counts leave a
     # row of two tokens half empty at head_dim 64) on 5/6/16/32-token pages, GQA 8 (128) and 3, 4 (64, two
     # tokens a row: two tail slots, one per parity), global scales != 1; the first request is its tail alone;
-    # tpp=1: each next tile's page id prefetched (tiles of one page: 16 rows of 1 / 2 tokens)
+    # tpp=1: each next tile's page id prefetched (tiles of one page: 16 rows of 1 / 2 tokens); ts=3 / 2:
+    # that many tail programs share each tail, whole 16-row tiles each (short tails leave some empty)
     import nibblekv.kernels.decode as dec
 
     seen: list[bool] = []
@@ -172,14 +173,14 @@ def test_decode_mma_combine_online(pair: int, db: int, online: int) -> None:
 
 @pytest.mark.parametrize(
     "d,group,tw",
-    [(128, 4, 0), (128, 4, 1)] if DEVICE == "cpu"
+    [(128, 4, 0), (128, 4, "1,ts=2")] if DEVICE == "cpu"
     else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (64, 3, 1), (128, 8, "0,tpp=1,co=1,cdb=128"),
-          (64, 3, "0,tpp=1,co=1,cdb=64")],
+          (64, 3, "0,tpp=1,co=1,cdb=64"), (128, 4, "1,ts=2"), (64, 3, "0,ts=3,co=1,cdb=64"), (128, 4, 1)],
 )
 def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int, tw: int | str) -> None:
     # CUDA-graph padding: only the first 3 of 5 rows are requests (``active`` on the device); decode_mma
     # sizes its splits for them at run time -- 8 warp slots / 3 rows = 2 of the grid's 12 splits here, 1 with
-    # tw=1 (the 6 tail programs' slots kept) -- in a 1-D grid, the tails after every split; padding rows
+    # tw=1 (the tail programs' slots kept; ts=2: two per pair) -- in a 1-D grid, the tails after every split; padding rows
     # (1 token of page 0, no tail) come out zeros; on GPUs also with the opt-in tpp=1, co=1
     import nibblekv.kernels.decode as dec
 

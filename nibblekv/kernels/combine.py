@@ -28,12 +28,13 @@ def _merge_partials(lse_c, o_c, m, l, acc):
 @triton.jit
 def _combine_online(o_part, lse_part, r, n_valid, live, offs_d, S: tl.constexpr, D: tl.constexpr,
                     DB: tl.constexpr, CH: tl.constexpr, HAS_TAIL: tl.constexpr,
-                    TAIL_SLOTS: tl.constexpr):  # fmt: skip
+                    TAIL_SLOTS: tl.constexpr, TB: tl.constexpr):  # fmt: skip
     """``_combine_kernel``'s many-slot case in one pass: the tail's slots and each chunk of ``CH`` split slots
     load lse and partials together, so a short context costs two dependent memory round trips (its length,
     then everything) instead of four. Returns (``acc [DB]``, max ``m``, weight sum ``l``): ``acc / l``."""
-    offs_t = S - TAIL_SLOTS + tl.arange(0, 2)  # one tail slot, or two with PAIR (one per token parity)
-    tmask = (tl.arange(0, 2) < TAIL_SLOTS) & (HAS_TAIL > 0) & live
+    # NOTE: the tail's slots: one per tail program (two with PAIR: one per token parity), TB >= TAIL_SLOTS
+    offs_t = S - TAIL_SLOTS + tl.arange(0, TB)
+    tmask = (tl.arange(0, TB) < TAIL_SLOTS) & (HAS_TAIL > 0) & live
     lse_t = tl.load(lse_part + r * S + offs_t, mask=tmask, other=float("-inf"))
     o_t = tl.load(o_part + (r * S + offs_t)[:, None] * D + offs_d[None, :], mask=tmask[:, None], other=0.0)
     offs_c = tl.arange(0, CH)
@@ -62,7 +63,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
                     PAIR: tl.constexpr = 0, lse_out=None, WRITE_LSE: tl.constexpr = 0,
                     TAIL_SLOTS: tl.constexpr = 1, act_ptr=None, warp_slots=0, reserve_per_req=0,
                     WARPS_PER_REQ: tl.constexpr = 1, DYN: tl.constexpr = 0,
-                    ONLINE: tl.constexpr = 0):  # fmt: skip
+                    ONLINE: tl.constexpr = 0, TB: tl.constexpr = 2):  # fmt: skip
     """Merge the split partials of one (request, query head) for dims ``[DB * pid1, DB * (pid1 + 1))``:
     weights ``2**(lse_s - max lse)``. ``WRITE_LSE``: also ``lse_out[r]`` = the merged log2-sum-exp2 of the
     scores (-inf for an empty context), for a caller that merges this result with another partial.
@@ -96,7 +97,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     CH_MAX: tl.constexpr = 4096 // DB  # a [CH, DB] fp32 chunk: 32 registers per thread (4 warps)
     if ONLINE and MMA_SPLITS > 0 and BS > CH_MAX:
         acc, mo, lo = _combine_online(o_part, lse_part, r, n_valid, live, offs_d, S, D, DB, CH_MAX, HAS_TAIL,
-                                      TAIL_SLOTS)  # fmt: skip
+                                      TAIL_SLOTS, TB)  # fmt: skip
         if WRITE_LSE:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
             if tl.program_id(1) == 0:
                 tl.store(lse_out + r, tl.where(lo > 0, mo + tl.log2(tl.maximum(lo, 1e-30)), float("-inf")))

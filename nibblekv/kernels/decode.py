@@ -348,13 +348,15 @@ def decode_triton(
     pair = int(name == "mma" and d == 64)
     tk, tv, ts, tpt, ttl, tpage = tail_operands(tail, tail_page_table, tail_lens, cache, page_table, lens)
     tail_in_grid = name == "mma" and has_tail and _mma_tail_in_grid(cfg, pair, tk, tv, ts, tpage)
-    tail_wave = int(tail_in_grid) * int(cfg.get("tail_wave", 0))  # the tail programs' slots kept in the wave
+    # NOTE: one-warp tail programs per (request, KV head) in decode_mma's grid (variant option ts)
+    tail_progs = int(tail_in_grid) * max(1, int(cfg.get("tail_splits", 1)))
+    tail_wave = tail_progs * int(cfg.get("tail_wave", 0))  # the tail programs' slots kept in the wave
     if name == "mma":
         lo = bsz if active is None else max(1, min(bsz, min_active or bsz))
         splits = num_splits or mma_num_splits(lo, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]), tail_wave)
     else:
         splits = num_splits or default_num_splits(bsz, hkv, None, bn, cap=int(cfg.get("split_cap", 64)))
-    tail_slots = mma_tail_slots(has_tail, pair, tail_in_grid)
+    tail_slots = mma_tail_slots(has_tail, pair, tail_progs)
     s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + tail_slots
     if out is None:
         out = torch.empty_like(q)
@@ -416,10 +418,10 @@ def decode_triton(
                 )  # fmt: skip
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
         dyn = _dyn_args(active, q.device, int(cfg["ppsm"]), hkv * tail_wave)
-        grid = (bsz * hkv * (splits + int(tail_in_grid)),) if dyn else (bsz, hkv, splits + int(tail_in_grid))
+        grid = (bsz * hkv * (splits + tail_progs),) if dyn else (bsz, hkv, splits + tail_progs)
         k = decode_mma_kernel[grid](
             *args,
-            TAIL_MMA=int(tail_in_grid),
+            TAIL_MMA=tail_progs,
             NW=int(cfg["num_warps"]),
             TPI=int(cfg["tpi"]),
             PF=int(cfg["pf"]),
@@ -461,6 +463,7 @@ def decode_triton(
     _combine_kernel[(bsz * hq, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
         HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, DB=db, lens_ptr=lens,
+        TB=max(2, triton.next_power_of_2(tail_slots)),
         MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
         MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
         lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
@@ -487,10 +490,11 @@ def _dyn_args(active: torch.Tensor | None, device: torch.device, ppsm: int, rese
     return {"act_ptr": active, "warp_slots": ppsm * num_sms(), "reserve_per_req": reserve, "DYN": 1}
 
 
-def mma_tail_slots(has_tail: bool, pair: int, tail_in_grid: bool) -> int:
-    """Partial slots the bf16 tail takes at the end of each head's (decode_mma: two with ``PAIR`` in the
-    grid, one per token parity; NOTE: mirrors ``TAIL_SLOTS`` in ``decode_mma_kernel``)."""
-    return int(has_tail) * (1 + int(pair and tail_in_grid))
+def mma_tail_slots(has_tail: bool, pair: int, tail_progs: int) -> int:
+    """Partial slots the bf16 tail takes at the end of each head's: one per tail program in decode_mma's
+    grid (``tail_progs``), two with ``PAIR`` (one per token parity), else one (its own launch). NOTE:
+    mirrors ``TAIL_SLOTS`` in ``decode_mma_kernel``."""
+    return int(has_tail) * (tail_progs * (1 + int(pair)) if tail_progs else 1)
 
 
 def _mma_tail_in_grid(

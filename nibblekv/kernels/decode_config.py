@@ -191,15 +191,22 @@ def _mma_config() -> dict[str, int | bool]:
         # second short wave per layer); opt-in until an H200 A/B (benchmarks/device_next.sh)
         "tail_wave": 0,
         # NOTE: 1 = the tail program loads the next 16-token tile's page id during this tile (one dependent
-        # round trip a tile instead of two where a tile lies in one page); opt-in until an H200 A/B. Dropped:
+        # round trip a tile instead of two where a tile lies in one page): at B=1 x 2.7K (8B, CUDA graphs)
+        # the decode kernel took 0.311 vs 0.331 / 0.329 ms a step (H200, 2026-12-01, engine-c1-tpp-h200.json;
+        # sm_90 tail loop 408 -> 361 SASS). Dropped:
         # loading V beside K (ptxas already issues a tile's V loads before its QK^T mma, sm_90 SASS) and the
         # tail programs first in the 1-D grid (0.316 vs 0.321 ms of decode a step at B=1 x 2.7K, H200,
         # 2026-12-01, engine-c1-decode-h200.json)
-        "tail_page_prefetch": 0,
+        "tail_page_prefetch": 1,
         # NOTE: 1 = the combine step merges many slots in one pass, lse and partials of a chunk (and the
         # tail's slots) loaded together: at B=1 x 2.7K its launch took 3.1 us a layer vs 1.9 for FP8's
-        # (few slots, one chunk; engine-c1-decode-h200.json); opt-in until an H200 A/B
-        "combine_online": 0,
+        # (few slots, one chunk; engine-c1-decode-h200.json); with it the step took 4.771 vs 4.798 / 4.807
+        # ms, with tpp=1 too 4.764 (FP8 4.674; H200, 2026-12-01, engine-c1-tpp-h200.json)
+        "combine_online": 1,
+        # NOTE: one-warp programs sharing each (request, KV head)'s bf16 tail, whole 16-row tiles each (a
+        # slot each): at B=1 x 2.7K the one tail program (4 tiles of W=64) outlasted every split (decode
+        # 10.2 vs 7.5 us a layer without the tail, engine-c1-decode-h200.json); opt-in until an H200 A/B
+        "tail_splits": 1,
         # NOTE: 1 = token-balanced split-K (decode_balanced): the batch's tiles cut into one wave of equal
         # chunks, which may cross (request, KV head) pairs; 2 (default) = on from BALANCED_MIN_PAIRS pairs.
         # H200, 2026-12-01 (decode-variants-balanced*-h200.json), fraction of the read ceiling, mma -> bal=1:
@@ -252,7 +259,7 @@ _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
     "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
-    "tpp": "tail_page_prefetch", "co": "combine_online",
+    "tpp": "tail_page_prefetch", "co": "combine_online", "ts": "tail_splits",
 }  # fmt: skip
 
 

@@ -760,8 +760,11 @@ def _ld16(ptr, m):
 @triton.jit
 def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scale, o_ptr, lse_ptr, s_oh,
               G: tl.constexpr, D: tl.constexpr, TPAGE: tl.constexpr, VST: tl.constexpr,
-              PAIR: tl.constexpr = 0, TPP: tl.constexpr = 0):  # fmt: skip
+              PAIR: tl.constexpr = 0, TPP: tl.constexpr = 0, part=0, PARTS: tl.constexpr = 1):  # fmt: skip
     """One warp attends the ``n`` bf16 tail tokens of KV head ``h`` and stores partial slot 0 at ``o_ptr``.
+
+    ``PARTS > 1``: only part ``part`` of ``PARTS`` (whole 16-row tiles each, the last ones may be empty),
+    so that many one-warp programs share a tail (variant option ``ts``).
 
     ``TPP`` (where a 16-row tile lies in one page): the next tile's page id is loaded while this tile is
     attended, so a tile costs one dependent memory round trip (its rows) instead of two (page id, rows).
@@ -806,15 +809,20 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
     o40, o41, o42, o43, o50, o51, o52, o53 = z, z, z, z, z, z, z, z
     o60, o61, o62, o63, o70, o71, o72, o73 = z, z, z, z, z, z, z, z
     n0 = n * 0
+    r1 = lim
+    if PARTS > 1:  # rows [n0, r1): this part's whole tiles
+        span = tl.cdiv(tl.cdiv(lim, PARTS), 16) * 16
+        n0 = part * span
+        r1 = tl.minimum(lim, n0 + span)
     nt = step * lim  # tokens: a row's index bound in _tail_rows
     ONE: tl.constexpr = TPP * (TPAGE % (16 * (1 + PAIR)) == 0)  # NOTE: tiles start at multiples of 16 rows
     pg = n0.to(tl.int64)
     if ONE:
-        pg = tl.load(tpt_ptr, mask=lim > 0, other=0).to(tl.int64)
-    while n0 < lim:
+        pg = tl.load(tpt_ptr + (step * n0) // TPAGE, mask=n0 < r1, other=0).to(tl.int64)
+    while n0 < r1:
         pg_next = pg
         if ONE:  # the next tile's page id, in flight while this tile is attended
-            pg_next = tl.load(tpt_ptr + (step * (n0 + 16)) // TPAGE, mask=n0 + 16 < lim, other=0).to(tl.int64)
+            pg_next = tl.load(tpt_ptr + (step * (n0 + 16)) // TPAGE, mask=n0 + 16 < r1, other=0).to(tl.int64)
         # S^T = K Q^T: rows g, g + 8 of the tile, this lane's 32 dims (4 words per k-step pair)
         kp, mg = _tail_rows(kbase, tpt_ptr, step * (n0 + g), nt, t_page, t_tok, TPAGE, pg, ONE)
         kp8, m8 = _tail_rows(kbase, tpt_ptr, step * (n0 + g + 8), nt, t_page, t_tok, TPAGE, pg, ONE)
@@ -979,7 +987,8 @@ def decode_mma_kernel(
 
     Partial slots per head: ``NUM_SPLITS * NW`` (split ``sp``, warp ``w`` -> slot ``sp * NW + w``), then with
     ``HAS_TAIL`` the tail's slot (two with ``PAIR``: one per parity), written by program ``sp = NUM_SPLITS``
-    (``TAIL_MMA``: the grid has one more split; one warp) or else by :func:`decode_tail_kernel` (one slot,
+    (``TAIL_MMA`` > 0: the grid has that many more splits, one-warp programs each attending whole tiles of the
+    tail into a slot of their own, two with ``PAIR``) or else by :func:`decode_tail_kernel` (one slot,
     its own launch). ``BN`` is
     unused here (tiles are 16 tokens); ``s_tok``/``sc_tok`` must be ``D / 2`` / ``D / 16`` (checked by the
     launcher).
@@ -995,11 +1004,12 @@ def decode_mma_kernel(
     the spare programs zero the padding rows.
     """
     HKV: tl.constexpr = HQ // G
+    TM1: tl.constexpr = TAIL_MMA if TAIL_MMA > 0 else 1
     if DYN:
         pid = tl.program_id(0)
         act = tl.load(act_ptr)
         s_run = dyn_splits(act, NUM_SPLITS, warp_slots, HKV * NW, reserve_per_req)
-        grid_main = tl.num_programs(0) - TAIL_MMA * (tl.num_programs(0) // (NUM_SPLITS + 1))
+        grid_main = tl.num_programs(0) - TAIL_MMA * (tl.num_programs(0) // (NUM_SPLITS + TAIL_MMA))
         if (pid >= act * HKV * s_run) & (pid < grid_main):
             if FUSE:  # NOTE: the spare programs (>= one per padding pair) zero the padding rows' outputs
                 pad = act * HKV + pid - act * HKV * s_run
@@ -1008,8 +1018,8 @@ def decode_mma_kernel(
                                WRITE_LSE)  # fmt: skip
             return
         tail_prog = pid >= grid_main
-        pair = tl.where(tail_prog, pid - grid_main, pid // s_run)
-        sp = tl.where(tail_prog, NUM_SPLITS, pid % s_run)
+        pair = tl.where(tail_prog, (pid - grid_main) // TM1, pid // s_run)
+        sp = tl.where(tail_prog, NUM_SPLITS + (pid - grid_main) % TM1, pid % s_run)
         b = pair // HKV
         h = pair % HKV
         if b >= act:
@@ -1019,17 +1029,19 @@ def decode_mma_kernel(
         h = tl.program_id(1)
         sp = tl.program_id(2)
         s_run = NUM_SPLITS
-    TAIL_SLOTS: tl.constexpr = HAS_TAIL * (1 + PAIR * TAIL_MMA)  # NOTE: mirrored by decode.mma_tail_slots
+    # NOTE: mirrored by decode.mma_tail_slots
+    TAIL_SLOTS: tl.constexpr = HAS_TAIL * (TAIL_MMA * (1 + PAIR) if TAIL_MMA > 0 else 1)
     S_TOT = NUM_SPLITS * NW * (1 + PAIR) + TAIL_SLOTS
     DO: tl.constexpr = D // (1 + PAIR)
     q_base = q_ptr + b.to(tl.int64) * s_qb
     if TAIL_MMA:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
-        if sp == NUM_SPLITS:
-            tail_first = (b.to(tl.int64) * HQ + h * G) * S_TOT + S_TOT - TAIL_SLOTS
+        if sp >= NUM_SPLITS:
+            part = sp - NUM_SPLITS
+            tail_first = (b.to(tl.int64) * HQ + h * G) * S_TOT + S_TOT - TAIL_SLOTS + part * (1 + PAIR)
             _mma_tail(
                 q_base, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr + b.to(tl.int64) * s_tpt,
                 tl.load(tlens_ptr + b), h, sm_scale * 1.4426950408889634, o_ptr + tail_first * DO,
-                lse_ptr + tail_first, S_TOT * DO, G, D, TPAGE, VST, PAIR, TPP,
+                lse_ptr + tail_first, S_TOT * DO, G, D, TPAGE, VST, PAIR, TPP, part, TAIL_MMA,
             )  # fmt: skip
             if FUSE:
                 _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
