@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import triton
 
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels.decode import decode_triton
@@ -130,17 +131,19 @@ def test_decode_mma_combine_chunks() -> None:
     assert err <= 1e-2, err
 
 
-@pytest.mark.parametrize("pair,db,online", [(0, 128, 1), (1, 64, 1), (0, 16, 1), (0, 128, 0)])
-def test_decode_mma_combine_online(pair: int, db: int, online: int) -> None:
+@pytest.mark.parametrize(
+    "pair,db,online,ts", [(0, 128, 1, 1), (1, 64, 1, 1), (0, 16, 1, 1), (0, 128, 0, 1), (0, 128, 1, 3), (1, 64, 1, 2)]
+)
+def test_decode_mma_combine_online(pair: int, db: int, online: int, ts: int) -> None:
     # the combine step alone on decode_mma's slot layout (variant option co=1: one online pass, the tail's
     # slots -- two with PAIR -- merged beside the first chunk): 40 splits, MINC 16, slots past each request's
     # written ones NaN; whole-row dim blocks make a chunk 4096 / d slots, so the long request's 38 / 76
     # written slots take two chunks; an empty request (tail only) and one with neither (its tail program
-    # wrote -inf and zeros)
+    # wrote -inf and zeros); ts: tail programs per pair (variant option ts), a slot each (two with PAIR)
     from nibblekv.kernels.combine import _combine_kernel
 
     hq, d, splits, minc = 2, 128 // (1 + pair), 40, 16
-    tail_slots = 1 + pair
+    tail_slots = ts * (1 + pair)
     s_tot = splits * (1 + pair) + tail_slots
     lens = torch.tensor([70, 3, 0, 600 * (1 + pair), 0], dtype=torch.int32)
     torch.manual_seed(5 + pair)
@@ -156,17 +159,20 @@ def test_decode_mma_combine_online(pair: int, db: int, online: int) -> None:
         if written:
             lse[b, 0, 0] = float("-inf")  # an empty split (its partial is zeros)
             o[b, 0, 0] = 0.0
-    out = torch.full((len(lens), hq, d), float("nan"))
+    o, lse, lens_dev = o.to(DEVICE), lse.to(DEVICE), lens.to(DEVICE)
+    out = torch.full((len(lens), hq, d), float("nan"), device=DEVICE)
     _combine_kernel[(len(lens) * hq, d // db)](
-        o, lse, out, out.stride(0), out.stride(1), HQ=hq, S=s_tot, BS=128, D=d, DB=db, lens_ptr=lens,
+        o, lse, out, out.stride(0), out.stride(1), HQ=hq, S=s_tot, BS=128, D=d, DB=db, lens_ptr=lens_dev,
         MMA_SPLITS=splits, MMA_NW=1 + pair, MINC=minc, HAS_TAIL=1, TAIL_SLOTS=tail_slots, PAIR=pair,
-        ONLINE=online, num_warps=4,
+        ONLINE=online, TB=max(2, triton.next_power_of_2(tail_slots)), num_warps=4,
     )  # fmt: skip
     valid = ~torch.isnan(lse)
     w = torch.where(valid, lse, float("-inf"))
     m = w.amax(-1, keepdim=True).clamp_min(-1e30)
     p = torch.exp2(w - m)
     want = (torch.nan_to_num(o) * p[..., None]).sum(-2) / p.sum(-1, keepdim=True).clamp_min(1e-30)
+    out = out.cpu()
+    want = want.cpu()
     assert torch.allclose(out, want, rtol=1e-5, atol=1e-5), (out - want).abs().max()
     assert torch.equal(out[4], torch.zeros_like(out[4]))  # neither context nor tail: zeros, never NaN
 

@@ -205,8 +205,10 @@ def _mma_config() -> dict[str, int | bool]:
         "combine_online": 1,
         # NOTE: one-warp programs sharing each (request, KV head)'s bf16 tail, whole 16-row tiles each (a
         # slot each): at B=1 x 2.7K the one tail program (4 tiles of W=64) outlasted every split (decode
-        # 10.2 vs 7.5 us a layer without the tail, engine-c1-decode-h200.json); opt-in until an H200 A/B
-        "tail_splits": 1,
+        # 10.2 vs 7.5 us a layer without the tail, engine-c1-decode-h200.json). Same run, two of each,
+        # decode kernel / step ms: ts=1 0.310 / 4.76, ts=2 0.254-0.257 / 4.70, ts=4 0.264 / 4.71, FP8 0.252 /
+        # 4.72-4.74 (8B, CUDA graphs, H200, 2026-12-01, engine-c1-ts-h200.json)
+        "tail_splits": 2,
         # NOTE: 1 = token-balanced split-K (decode_balanced): the batch's tiles cut into one wave of equal
         # chunks, which may cross (request, KV head) pairs; 2 (default) = on from BALANCED_MIN_PAIRS pairs.
         # H200, 2026-12-01 (decode-variants-balanced*-h200.json), fraction of the read ceiling, mma -> bal=1:
