@@ -8,7 +8,9 @@
 #   2) The Triton builds SmolLM2's first offline-throughput run compiles after the warm-up, now with each
 #      build's argument attributes (which pointer lost its 16-byte alignment / which int its 16-divisibility),
 #      every dtype; the workload timed twice (first vs warm run).
-#   3) The agentic sweep with the default decode variant or V (e.g. V="mma:ts=2" if it wins in 1), ~470 s).
+#   3) The agentic sweep with the default decode variant or V (e.g. V="mma:ts=2" if it wins in 1), ~250-320 s).
+#   4) The short check (~220 s): GPU tests of the cache write (K and V in programs of their own) and the
+#      combine's early loads, then the agentic sweep's 1 and 2 sessions only (fp8 / nvfp4, no host tier).
 # Usage from the repo root: OUT=... COMMIT=<sha> STEPS="1 2" bash benchmarks/device_next.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
@@ -57,4 +59,13 @@ if [[ $STEPS == *" 3 "* ]]; then
     --workloads agentic --kv-dtypes fp8_e4m3 nvfp4 bf16 --top-only hicache+bf16 --repeats 3 \
     --enable-overlap-schedule > "$OUT/prefix-h200.log" 2>&1
   echo "prefix exit $?"; grep '^{' "$OUT/prefix-h200.log" | cut -c1-150
+fi
+if [[ $STEPS == *" 4 "* ]]; then
+  timeout -k 5 80 python3 -m pytest -q -x tests/test_kernels_write.py tests/test_kernels_decode.py \
+    -k "4over6 or demote or combine_online or active_rows" > "$OUT/gpu-tests-write-combine.log" 2>&1
+  echo "gpu tests exit $?"; tail -2 "$OUT/gpu-tests-write-combine.log"
+  timeout -k 5 ${C12_TIMEOUT:-150} python3 benchmarks/bench_prefix.py --out "$OUT" --name prefix-c12-h200 \
+    --workloads agentic --kv-dtypes fp8_e4m3 nvfp4 --hicache off --concurrency 1 2 --repeats 3 \
+    --enable-overlap-schedule > "$OUT/prefix-c12-h200.log" 2>&1
+  echo "prefix c1/c2 exit $?"; grep '^{' "$OUT/prefix-c12-h200.log" | cut -c1-150
 fi
