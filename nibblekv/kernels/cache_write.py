@@ -188,7 +188,7 @@ def _store_rows_kernel(
     DEMOTE: tl.constexpr,
     FOUR_OVER_SIX: tl.constexpr,
 ):
-    """One program per destination row and tensor (axis 1: 0 = K, 1 = V).
+    """One program per destination row.
 
     write (DEMOTE=False): row r is ``src[r]``, stored at slot ``idx_ptr[r]`` (skipped if < 0).
     demote (DEMOTE=True): row r is offset ``r % PAGE`` of tail page ``idx_ptr[r // PAGE]``, stored at the
@@ -213,19 +213,15 @@ def _store_rows_kernel(
     # NOTE: skipped rows do no work at all, not just masked memory ops: a CUDA-graph decode step launches
     # the demotion over a page per row every step though a request demotes once per page_size steps; the
     # (4over6) quantization of every skipped row cost nvfp4 ~0.1 ms of a 5 ms 8B step at 1-2 requests.
-    # NOTE: K and V in programs of their own: at a decode step the demotion is one page of rows per
-    # request, and a program's serial (4over6) quantization is the launch's latency
     if valid:
-        if tl.program_id(1) == 0:
-            _quantize_store(
-                k_src, k_dst, k_dst_scale, g_ptr, src_off, dst_off, sc_off, s_src_head, s_dst_head, s_sc_head,
-                valid, HKV, BLOCK_H, D, FMT, FOUR_OVER_SIX,
-            )  # fmt: skip
-        else:
-            _quantize_store(
-                v_src, v_dst, v_dst_scale, g_ptr + 1, src_off, dst_off, sc_off, s_src_head, s_dst_head, s_sc_head,
-                valid, HKV, BLOCK_H, D, FMT, FOUR_OVER_SIX,
-            )  # fmt: skip
+        _quantize_store(
+            k_src, k_dst, k_dst_scale, g_ptr, src_off, dst_off, sc_off, s_src_head, s_dst_head, s_sc_head, valid,
+            HKV, BLOCK_H, D, FMT, FOUR_OVER_SIX,
+        )  # fmt: skip
+        _quantize_store(
+            v_src, v_dst, v_dst_scale, g_ptr + 1, src_off, dst_off, sc_off, s_src_head, s_dst_head, s_sc_head,
+            valid, HKV, BLOCK_H, D, FMT, FOUR_OVER_SIX,
+        )  # fmt: skip
 
 
 def _check_head_dim(d: int) -> None:
@@ -302,7 +298,7 @@ def _launch(
     ks, vs, (sp, sh, st) = scale_tensors(cache)
     d = cache.k_data.stride()
     fmt = fmt_code(cache.dtype)
-    _store_rows_kernel[(rows, 2)](
+    _store_rows_kernel[(rows,)](
         k_src, v_src, idx, dst_idx, cache.k_data, cache.v_data, ks, vs, cache.global_scale,
         s_src_a, s_src_tok, s_src_head, d[0], d[1], d[2], sp, sh, st,
         PAGE=lay.page_size, HKV=lay.num_kv_heads, BLOCK_H=triton.next_power_of_2(lay.num_kv_heads),

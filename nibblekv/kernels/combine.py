@@ -26,35 +26,21 @@ def _merge_partials(lse_c, o_c, m, l, acc):
 
 
 @triton.jit
-def _prefetch_online(o_part, lse_part, r, offs_d, S: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
-                     HAS_TAIL: tl.constexpr, TAIL_SLOTS: tl.constexpr, TB: tl.constexpr):  # fmt: skip
-    """The tail's slots and the first ``CH`` split slots of row ``r``, loaded before the row's length is known
-    (unmasked: slots ``< CH < S`` exist; unwritten ones hold stale values, NaN under the interpreter, until
-    :func:`_combine_online` masks them). Returns (``lse_t [TB]``, ``o_t [TB, DB]``, ``lse_c [CH]``,
-    ``o_c [CH, DB]``)."""
+def _combine_online(o_part, lse_part, r, n_valid, live, offs_d, S: tl.constexpr, D: tl.constexpr,
+                    DB: tl.constexpr, CH: tl.constexpr, HAS_TAIL: tl.constexpr,
+                    TAIL_SLOTS: tl.constexpr, TB: tl.constexpr):  # fmt: skip
+    """``_combine_kernel``'s many-slot case in one pass: the tail's slots and each chunk of ``CH`` split slots
+    load lse and partials together, so a short context costs two dependent memory round trips (its length,
+    then everything) instead of four. Returns (``acc [DB]``, max ``m``, weight sum ``l``): ``acc / l``."""
     # NOTE: the tail's slots: one per tail program (two with PAIR: one per token parity), TB >= TAIL_SLOTS
     offs_t = S - TAIL_SLOTS + tl.arange(0, TB)
-    tcon = (tl.arange(0, TB) < TAIL_SLOTS) & (HAS_TAIL > 0)
-    lse_t = tl.load(lse_part + r * S + offs_t, mask=tcon, other=float("-inf"))
-    o_t = tl.load(o_part + (r * S + offs_t)[:, None] * D + offs_d[None, :], mask=tcon[:, None], other=0.0)
-    offs_c = tl.arange(0, CH)
-    lse_c = tl.load(lse_part + r * S + offs_c)
-    o_c = tl.load(o_part + (r * S + offs_c)[:, None] * D + offs_d[None, :])
-    return lse_t, o_t, lse_c, o_c
-
-
-@triton.jit
-def _combine_online(o_part, lse_part, r, n_valid, live, offs_d, lse_t, o_t, lse_c, o_c, S: tl.constexpr,
-                    D: tl.constexpr, DB: tl.constexpr, CH: tl.constexpr):  # fmt: skip
-    """``_combine_kernel``'s many-slot case in one pass over :func:`_prefetch_online`'s loads (issued before
-    the row's length, so a short context costs one memory round trip instead of four), then any split slots
-    past the first ``CH``. Returns (``acc [DB]``, max ``m``, weight sum ``l``): ``acc / l``."""
+    tmask = (tl.arange(0, TB) < TAIL_SLOTS) & (HAS_TAIL > 0) & live
+    lse_t = tl.load(lse_part + r * S + offs_t, mask=tmask, other=float("-inf"))
+    o_t = tl.load(o_part + (r * S + offs_t)[:, None] * D + offs_d[None, :], mask=tmask[:, None], other=0.0)
     offs_c = tl.arange(0, CH)
     cmask = offs_c < n_valid
-    lse_t = tl.where(live, lse_t, float("-inf"))
-    o_t = tl.where(live, o_t, 0.0)
-    lse_c = tl.where(cmask, lse_c, float("-inf"))
-    o_c = tl.where(cmask[:, None], o_c, 0.0)
+    lse_c = tl.load(lse_part + r * S + offs_c, mask=cmask, other=float("-inf"))
+    o_c = tl.load(o_part + (r * S + offs_c)[:, None] * D + offs_d[None, :], mask=cmask[:, None], other=0.0)
     m = tl.full([], float("-inf"), tl.float32)
     m, l, acc = _merge_partials(lse_t, o_t, m, tl.zeros([], tl.float32), tl.zeros([DB], tl.float32))
     m, l, acc = _merge_partials(lse_c, o_c, m, l, acc)
@@ -93,12 +79,6 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     """
     r = tl.program_id(0).to(tl.int64)  # r = b * HQ + head
     offs_s = tl.arange(0, BS)
-    offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
-    CH_MAX: tl.constexpr = 4096 // DB  # a [CH, DB] fp32 chunk: 32 registers per thread (4 warps)
-    ON: tl.constexpr = ONLINE and MMA_SPLITS > 0 and BS > CH_MAX  # NOTE: BS, CH_MAX powers of two: S > CH_MAX
-    if ON:  # before the length loads: see _prefetch_online
-        lse_t, o_t, lse_c, o_c = _prefetch_online(o_part, lse_part, r, offs_d, S, D, CH_MAX, HAS_TAIL, TAIL_SLOTS,
-                                                  TB)  # fmt: skip
     n_valid = S
     live = r >= 0
     if MMA_SPLITS > 0:  # decode_mma skips splits past the context: only cdiv(n, chunk) of them wrote slots
@@ -113,9 +93,11 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
         n_valid = tl.cdiv(n, mma_chunk(n, s_run, MINC)) * MMA_NW
     # NOTE: the tail's slots are the last TAIL_SLOTS (decode_mma with PAIR in its grid: one per parity)
     smask = (offs_s < n_valid) | ((offs_s >= S - TAIL_SLOTS) & (offs_s < S) & (HAS_TAIL > 0) & live)
-    if ON:
-        acc, mo, lo = _combine_online(o_part, lse_part, r, n_valid, live, offs_d, lse_t, o_t, lse_c, o_c, S, D, DB,
-                                      CH_MAX)  # fmt: skip
+    offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
+    CH_MAX: tl.constexpr = 4096 // DB  # a [CH, DB] fp32 chunk: 32 registers per thread (4 warps)
+    if ONLINE and MMA_SPLITS > 0 and BS > CH_MAX:
+        acc, mo, lo = _combine_online(o_part, lse_part, r, n_valid, live, offs_d, S, D, DB, CH_MAX, HAS_TAIL,
+                                      TAIL_SLOTS, TB)  # fmt: skip
         if WRITE_LSE:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
             if tl.program_id(1) == 0:
                 tl.store(lse_out + r, tl.where(lo > 0, mo + tl.log2(tl.maximum(lo, 1e-30)), float("-inf")))
