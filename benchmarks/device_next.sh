@@ -8,7 +8,7 @@
 #   2) The Triton builds SmolLM2's first offline-throughput run compiles after the warm-up, now with each
 #      build's argument attributes (which pointer lost its 16-byte alignment / which int its 16-divisibility),
 #      every dtype; the workload timed twice (first vs warm run).
-#   3) The agentic sweep with the default decode variant or V (e.g. V="mma:ts=2" if it wins in 1), ~250-320 s).
+#   3) The agentic sweep with the default decode variant or V (e.g. V="mma:ts=4"), ~250-320 s.
 #   4) The short check (~220 s): GPU tests of the cache write (K and V in programs of their own) and the
 #      combine's early loads, then the agentic sweep's 1 and 2 sessions only (fp8 / nvfp4, no host tier).
 # Usage from the repo root: OUT=... COMMIT=<sha> STEPS="1 2" bash benchmarks/device_next.sh

@@ -41,8 +41,10 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
 #          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), cv (nibble
-#          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as one more program of the grid),
-#          bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs)
+#          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as programs of the grid), ts
+#          (tail programs per (request, KV head), per-pair splits only), tpp (1: the tail programs prefetch page
+#          ids), tw (1: splits leave the tail programs room in the wave), co (1: the combine in one online
+#          pass), bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more)
 # tok and mma: fuse (1: each (request, KV head)'s last program merges the split partials itself, no combine
 #          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200

@@ -986,10 +986,10 @@ def decode_mma_kernel(
     rows per page, ``lens`` still in tokens; see ``_mma_segment``): twice the slots, ``D / 2`` dims each.
 
     Partial slots per head: ``NUM_SPLITS * NW`` (split ``sp``, warp ``w`` -> slot ``sp * NW + w``), then with
-    ``HAS_TAIL`` the tail's slot (two with ``PAIR``: one per parity), written by program ``sp = NUM_SPLITS``
-    (``TAIL_MMA`` > 0: the grid has that many more splits, one-warp programs each attending whole tiles of the
-    tail into a slot of their own, two with ``PAIR``) or else by :func:`decode_tail_kernel` (one slot,
-    its own launch). ``BN`` is
+    ``HAS_TAIL`` the tail's slots: with ``TAIL_MMA`` > 0 the grid has that many more splits ``sp >=
+    NUM_SPLITS``, one-warp programs each attending whole 16-row tiles of the tail into a slot of their own
+    (two with ``PAIR``: one per parity), else one slot written by :func:`decode_tail_kernel` (its own
+    launch). ``BN`` is
     unused here (tiles are 16 tokens); ``s_tok``/``sc_tok`` must be ``D / 2`` / ``D / 16`` (checked by the
     launcher).
 
