@@ -81,7 +81,8 @@ def one_sm(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_balanced_ragged_batch_with_tails() -> None:
     # lengths 1, P-1, P, P+1 and several tiles, an empty main pool with a tail; tails 0, 1, W; GQA 3;
     # 5-token pages (per-row page lookups) and global scales != 1
-    err = _run_bal([1, P - 1, 0, P + 1, 70], [0, 1, W, 5, W], 2, 3, 5, gscale=(0.37, 2.5), lse=True)
+    hkv = 1 if DEVICE == "cpu" else 2  # NOTE: one KV head keeps the interpreter quick
+    err = _run_bal([1, P - 1, 0, P + 1, 70], [0, 1, W, 5, W], hkv, 3, 5, gscale=(0.37, 2.5), lse=True)
     assert err <= 1e-2, err
 
 
@@ -89,7 +90,7 @@ def test_balanced_ragged_batch_with_tails() -> None:
 def test_balanced_no_tail_gqa4_and_padding_rows() -> None:
     assert _run_bal([100, 1, P], None, 1, 4, P) <= 1e-2
     # CUDA-graph padding: 2 of 4 rows are requests; the padding rows' lengths must not take any warp's work
-    assert _run_bal([33, 90, 1, 1], [W, 3, 0, 0], 1, 4, P, active=2) <= 1e-2
+    assert _run_bal([33, 50, 1, 1], [W, 3, 0, 0], 1, 4, P, active=2) <= 1e-2
 
 
 def test_balanced_option_parses() -> None:
