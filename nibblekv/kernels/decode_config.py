@@ -190,7 +190,7 @@ def _mma_config() -> dict[str, int | bool]:
         # that launch cost ~6 us a layer even beside the main kernel: nvfp4 steps 5.74 ms vs 5.29 with no tail
         "tin": 1,
         # NOTE: 1 = splits leave room for the tail programs in the one wave (else they run after it, a
-        # second short wave per layer); opt-in until an H200 A/B (benchmarks/device_next.sh)
+        # second short wave per layer); opt-in, not yet timed on a GPU
         "tail_wave": 0,
         # NOTE: 1 = the tail program loads the next 16-token tile's page id during this tile (one dependent
         # round trip a tile instead of two where a tile lies in one page): at B=1 x 2.7K (8B, CUDA graphs)
