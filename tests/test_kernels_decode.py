@@ -100,6 +100,47 @@ def test_decode_mma_tail_in_grid(
     assert err <= 1e-2, err
 
 
+TMA_CASES = (
+    [(s, grp, d, page) for s in ("mma:tma=4", "mma:tma=2,tpi=1", "mma:tma=5,tpi=2,bal=1", "mma:tma=3,tpi=1,bal=1")
+     for grp, d, page in ((1, 128, P), (3, 128, 2 * P), (8, 128, P), (4, 64, 2 * P), (3, 64, 4 * P))
+     if d == 128 or "bal" not in s]
+    if DEVICE == "cuda"
+    else [("mma:tma=3,tpi=2", 3, 128, P)]  # NOTE: the balanced kernel's ~2K programs are slow to interpret
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("spec,group,d,page", TMA_CASES)
+def test_decode_mma_tma(monkeypatch: pytest.MonkeyPatch, spec: str, group: int, d: int, page: int) -> None:
+    # tiles staged through shared memory by bulk copies (variant option tma = ring stages; on CPU the twins'
+    # ring in global scratch): several full steps per split (the ring wraps), a masked rest, lengths 1, P-1,
+    # P+1; head_dim 64 (two tokens a row) on 32- and 64-token pages; the balanced path too
+    import nibblekv.kernels._tma as tma
+    import nibblekv.kernels.decode as dec
+    import nibblekv.kernels.decode_balanced as bal
+
+    seen: list[object] = []
+
+    def spy(*a: object) -> dict[str, object]:
+        r = tma.tma_args(*a)  # type: ignore[arg-type]
+        seen.append(r.get("TMA"))
+        return r
+
+    monkeypatch.setattr(dec, "tma_args", spy)
+    monkeypatch.setattr(bal, "tma_args", spy)
+    lens = [1, P - 1, 140, P + 1] if DEVICE == "cpu" else [1, P - 1, 1000, P + 1, 4099, 333]
+    err = _run(KVDtype.NVFP4, lens, [0, 1, W, 5, W, 3][: len(lens)], 1 if DEVICE == "cpu" else 2, group, d, page,
+               3, gscale=(0.37, 2.5), variant=spec)  # fmt: skip
+    assert seen == [int(spec.split("tma=")[1][0])], seen  # the ring ran
+    assert err <= 1e-2, err
+
+
+def test_decode_mma_tma_falls_back() -> None:
+    # pages that split a 16-row tile: the register path (no ring), same results; bad stage counts refused
+    assert _run(KVDtype.NVFP4, [1, 40], [0, 3], 1, 4, 128, 5, 2, variant="mma:tma=4") <= 1e-2
+    with pytest.raises(ValueError, match="tma=7"):
+        _run(KVDtype.NVFP4, [1, 40], [0, 3], 1, 4, 128, P, 2, variant="mma:tma=7")
+
+
 def test_decode_mma_no_tail() -> None:
     # no bf16 tail pool: no tail program in the grid (with one, it is program 0 of the split axis)
     assert _run(KVDtype.NVFP4, [1, P - 1, P, P + 1, 70], None, 1, 4, 128, P, 3, variant="mma:tpi=2") <= 1e-2

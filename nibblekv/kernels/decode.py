@@ -11,6 +11,7 @@ softmax scale and output scale. No host syncs: the launcher is CUDA-graph captur
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 
 import torch
@@ -45,6 +46,7 @@ from nibblekv.kernels.decode_config import (
 from nibblekv.kernels.decode_balanced import launch_balanced
 from nibblekv.kernels.decode_fixup import counters
 from nibblekv.kernels.combine import _combine_kernel
+from nibblekv.kernels._tma import tma_args
 from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel
 from nibblekv.kernels.decode_tok import decode_tok_kernel
 from nibblekv.kernels.types import LayerKV
@@ -431,6 +433,7 @@ def decode_triton(
             VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
             CV=int(cfg["cv"]),
             TPP=int(tail_in_grid and bool(cfg.get("tail_page_prefetch", 0))),
+            **tma_args(cfg, cache, mma_common["PAGE"], math.prod(grid), q.device),
             **dyn,
             **fused,
             **mma_common,

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
 from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
+from nibblekv.kernels._tma import tma_args
 from nibblekv.kernels.decode_mma import _mma_segment, _mma_tail
 from nibblekv.kernels.types import LayerKV
 
@@ -78,6 +79,7 @@ def decode_mma_bal_kernel(
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BP: tl.constexpr, W: tl.constexpr, HAS_TAIL: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     MINC: tl.constexpr, VST: tl.constexpr, VQ: tl.constexpr, CV: tl.constexpr, DYN: tl.constexpr,
+    TMA: tl.constexpr = 0, tma_scratch=None,
 ):  # fmt: skip
     """1-D grid: ``W`` one-warp programs over the balanced chunks, then (``HAS_TAIL``) one tail program per
     pair. ``n_req`` requests, of which the first ``*act_ptr`` are real with ``DYN`` (CUDA-graph padding)."""
@@ -126,12 +128,15 @@ def decode_mma_bal_kernel(
             end = tl.minimum((t0 + nt) * 16, rows)
             gk = tl.load(g_ptr) * (16384.0 if CV & 1 else 64.0)  # see decode_mma_kernel: the codes' 2**-6
             gv = tl.load(g_ptr + 1) * (16384.0 if CV & 2 else 64.0)
+            scratch = tma_scratch
+            if TMA:
+                scratch = tma_scratch + pid.to(tl.int64) * (TMA * 2304)
             _mma_segment(
                 q_ptr + b.to(tl.int64) * s_qb, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page,
                 sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h,
                 sm_scale * 1.4426950408889634 * gk, gv,
                 o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, CV,
+                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, CV, TMA, scratch,
             )  # fmt: skip
             x0 += nt
 
@@ -223,6 +228,7 @@ def launch_balanced(
         TPI=int(cfg["tpi"]), PF=int(cfg["pf"]), MINC=int(cfg["minc"]), VST=int(cfg["vst"]),
         VQ=int(cfg["vq"]),
         CV=int(cfg["cv"]), DYN=dyn, num_warps=1, num_stages=1,
+        **tma_args(cfg, cache, cache.layout.page_size, grid[0], q.device),
         **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
     )  # fmt: skip
     slots = max_pair_slots(warps, hkv)

@@ -263,7 +263,7 @@ _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
     "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
-    "tpp": "tail_page_prefetch", "co": "combine_online", "ts": "tail_splits",
+    "tpp": "tail_page_prefetch", "co": "combine_online", "ts": "tail_splits", "tma": "tma",
 }  # fmt: skip
 
 

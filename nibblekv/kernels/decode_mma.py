@@ -50,6 +50,7 @@ from nibblekv.kernels._mma_ptx import (
     _st4,
     _sum8,
 )
+from nibblekv.kernels._tma import tma_init, tma_issue, tma_read
 from nibblekv.kernels.decode_fixup import fixup
 from nibblekv.kernels.decode_tok import _tok_segment
 
@@ -555,11 +556,32 @@ def _finish(
 
 
 @triton.jit
+def _tma_fill(scratch, lane, i, n_tiles, start, src, dep0, dep1, PAGE: tl.constexpr, D: tl.constexpr,
+              NS: tl.constexpr):  # fmt: skip
+    """Lane 0 starts the bulk copy of tile ``i`` (rows ``start + 16 i``, if ``i < n_tiles``) into stage ``i % NS``
+    (``_tma``); ``src`` = (k, v, k-scale, v-scale, page-table pointers, head offsets, page strides)."""
+    k_ptr, v_ptr, ks_ptr, vs_ptr, pt_ptr, hoff, shoff, s_page, sc_page = src
+    n = start + 16 * i
+    ok = i < n_tiles
+    page = tl.load(pt_ptr + n // PAGE, mask=ok, other=0).to(tl.int64)
+    tok = (n % PAGE).to(tl.int64)
+    zero = (lane * 0).to(tl.int64)
+    d = zero + page * s_page + hoff + tok * (D // 2)
+    s = zero + page * sc_page + shoff + tok * (D // 16)
+    u8: tl.constexpr = tl.pointer_type(tl.uint8)
+    tma_issue(
+        scratch, ((lane % 32) == 0) & ok, zero + i % NS, k_ptr.to(u8) + d, v_ptr.to(u8) + d, ks_ptr.to(u8) + s,
+        vs_ptr.to(u8) + s, dep0, dep1,
+    )  # fmt: skip
+
+
+@triton.jit
 def _mma_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0,
+    TMA: tl.constexpr = 0, scratch=None,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
@@ -576,6 +598,8 @@ def _mma_segment(
     ``VST``: the partial o as 16-byte vector stores (8 per lane) instead of 32 scalar ones, each of which
     touches 32 sectors -- the whole grid stores at once at its end (one wave), so the epilogue is a burst.
     ``VQ``: Q (bf16, rows 16-byte aligned) as 4 vector loads per lane, for the same reason at the start.
+    ``TMA``: the whole-step tiles staged through a ring of that many tiles in shared memory by bulk copies
+    (``_tma``; one warp, pages of a multiple of 16 rows); ``scratch`` is the ring under the interpreter.
     """
     lane = tl.arange(0, 32 * NW)
     warp = lane // 32
@@ -630,7 +654,33 @@ def _mma_segment(
     full_end = start + (end1 - start) // STEP * STEP  # NOTE: end1 == end unless PAIR
     lim = full_end
     lim1 = full_end
-    if PF:
+    if TMA:  # NOTE: one warp (warp == 0, STEP == 16 * TPI): tile i of the segment is rows start + 16 i
+        tl.static_assert(NW == 1, "tma: one warp per program")
+        tma_init(scratch, lane, TMA)
+        n_tiles = (full_end - start) // 16
+        src = (k_ptr, v_ptr, ks_ptr, vs_ptr, pt_ptr, hoff, shoff, s_page, sc_page)
+        for i in tl.static_range(TMA):  # the ring's first fill
+            _tma_fill(scratch, lane, i, n_tiles, start, src, z, z, PAGE, D, TMA)
+        it = 0
+        n0 = start
+        while n0 < full_end:
+            rawA = tma_read(scratch, lane * 0 + it % TMA, lane * 0 + (it // TMA) % 2, lane)
+            rawB = rawA
+            if TPI == 2:
+                rawB = tma_read(scratch, lane * 0 + (it + 1) % TMA, lane * 0 + ((it + 1) // TMA) % 2, lane)
+            (
+                m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            ) = _run_step(
+                rawA, rawB, n0, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10,
+                q11, q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
+                o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, CV,
+            )  # fmt: skip
+            for j in tl.static_range(TPI):  # refill the stages this step read (m0, o00: read before)
+                _tma_fill(scratch, lane, it + j + TMA, n_tiles, start, src, m0, o00, PAGE, D, TMA)
+            it += TPI
+            n0 += STEP
+    if PF and not TMA:
         nb = start + 16 * TPI * warp
         rawA = _load_tile(
             k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
@@ -642,46 +692,47 @@ def _mma_segment(
                 k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
                 PAGE, D, True, PAIR,
             )
-    n0 = start
-    while (
-        n0 < full_end
-    ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
-        nb = n0 + 16 * TPI * warp
-        if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
-            nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
-            nextA = _load_tile(
-                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-                PAGE, D, False, PAIR,
-            )
-            nextB = nextA
-            if TPI == 2:
-                nextB = _load_tile(
-                    k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+    if not TMA:
+        n0 = start
+        while (
+            n0 < full_end
+        ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
+            nb = n0 + 16 * TPI * warp
+            if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
+                nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
+                nextA = _load_tile(
+                    k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
                     PAGE, D, False, PAIR,
                 )
-        else:
-            rawA = _load_tile(
-                k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-                PAGE, D, False, PAIR,
-            )
-            rawB = rawA
-            if TPI == 2:
-                rawB = _load_tile(
-                    k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                nextB = nextA
+                if TPI == 2:
+                    nextB = _load_tile(
+                        k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                        PAGE, D, False, PAIR,
+                    )
+            else:
+                rawA = _load_tile(
+                    k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
                     PAGE, D, False, PAIR,
                 )
-        (
-            m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-        ) = _run_step(
-            rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
-            q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, CV,
-        )  # fmt: skip
-        if PF:
-            rawA = nextA
-            rawB = nextB
-        n0 += STEP
+                rawB = rawA
+                if TPI == 2:
+                    rawB = _load_tile(
+                        k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                        PAGE, D, False, PAIR,
+                    )
+            (
+                m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            ) = _run_step(
+                rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
+                q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, CV,
+            )  # fmt: skip
+            if PF:
+                rawA = nextA
+                rawB = nextB
+            n0 += STEP
     # the rest (< STEP tokens): one masked tile per warp and step
     lim = end
     lim1 = end1
@@ -980,6 +1031,7 @@ def decode_mma_kernel(
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     TPP: tl.constexpr = 0,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
+    TMA: tl.constexpr = 0, tma_scratch=None,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -998,6 +1050,8 @@ def decode_mma_kernel(
     (<= ``NUM_SPLITS``) splits each -- programs ``[0, act * kv_heads * splits)`` in (request, head, split)
     order, so the one wave holds only real work; the tail programs come after all split slots.
     ``TPP``: the tail program prefetches each next tile's page id (``_mma_tail``).
+    ``TMA``: tiles staged through shared memory (``_mma_segment``); ``tma_scratch`` = the interpreter's rings,
+    ``TMA * 2304`` bytes per program in grid order.
 
     ``FUSE``: every program of a real pair, empty splits too, draws a ticket and the
     pair's last one merges its partials into ``out_ptr`` (``decode_fixup``); no combine launch. With ``DYN``
@@ -1067,11 +1121,18 @@ def decode_mma_kernel(
     # scales into the fp32 factors
     gk = tl.load(g_ptr) * (16384.0 if CV & 1 else 64.0)
     gv = tl.load(g_ptr + 1) * (16384.0 if CV & 2 else 64.0)
+    scratch = tma_scratch
+    if TMA:
+        if DYN:
+            lin = tl.program_id(0)
+        else:
+            lin = (b * tl.num_programs(1) + h) * tl.num_programs(2) + sp
+        scratch = tma_scratch + lin.to(tl.int64) * (TMA * 2304)
     _mma_segment(
         q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
         pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
         o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-        G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV,
+        G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV, TMA, scratch,
     )  # fmt: skip
     if FUSE:
         _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
