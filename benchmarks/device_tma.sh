@@ -6,7 +6,7 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-timeout -k 5 200 python3 -m pytest -q -x tests/test_kernels_decode.py -k "tma" > "$OUT/gpu-tests-tma.log" 2>&1
+timeout -k 5 200 python3 -m pytest -q -x tests/test_kernels_decode.py -k "test_decode_mma_tma or test_decode_pdl" > "$OUT/gpu-tests-tma.log" 2>&1
 rc=$?
 echo "gpu tests exit $rc"; tail -3 "$OUT/gpu-tests-tma.log"
 [[ $rc == 0 ]] || exit 1

@@ -141,6 +141,17 @@ def test_decode_mma_tma_falls_back() -> None:
         _run(KVDtype.NVFP4, [1, 40], [0, 3], 1, 4, 128, P, 2, variant="mma:tma=7")
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="programmatic dependent launch: CUDA only (a no-op elsewhere)")
+@pytest.mark.parametrize(
+    "dtype,spec", [(KVDtype.NVFP4, "mma:pdl=1"), (KVDtype.NVFP4, "mma:pdl=1,bal=1,tma=4"),
+                   (KVDtype.FP8, "tok:pdl=1"), (KVDtype.BF16, "tok:pdl=1")],
+)  # fmt: skip
+def test_decode_pdl(dtype: KVDtype, spec: str) -> None:
+    # decode and combine launched with PDL (each waits for the kernel before it), twice back to back
+    for _ in range(2):
+        assert _run(dtype, LENS + [4099], [0, 1, W, 5, W, 3], 2, 4, 128, P, None, variant=spec) <= 1e-2
+
+
 def test_decode_mma_no_tail() -> None:
     # no bf16 tail pool: no tail program in the grid (with one, it is program 0 of the split axis)
     assert _run(KVDtype.NVFP4, [1, P - 1, P, P + 1, 70], None, 1, 4, 128, P, 3, variant="mma:tpi=2") <= 1e-2

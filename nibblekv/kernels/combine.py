@@ -11,6 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from nibblekv.kernels._common import pdl_enter
 from nibblekv.kernels.decode_mma import dyn_splits, mma_chunk
 
 
@@ -63,7 +64,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
                     PAIR: tl.constexpr = 0, lse_out=None, WRITE_LSE: tl.constexpr = 0,
                     TAIL_SLOTS: tl.constexpr = 1, act_ptr=None, warp_slots=0, reserve_per_req=0,
                     WARPS_PER_REQ: tl.constexpr = 1, DYN: tl.constexpr = 0,
-                    ONLINE: tl.constexpr = 0, TB: tl.constexpr = 2):  # fmt: skip
+                    ONLINE: tl.constexpr = 0, TB: tl.constexpr = 2, PDL: tl.constexpr = 0):  # fmt: skip
     """Merge the split partials of one (request, query head) for dims ``[DB * pid1, DB * (pid1 + 1))``:
     weights ``2**(lse_s - max lse)``. ``WRITE_LSE``: also ``lse_out[r]`` = the merged log2-sum-exp2 of the
     scores (-inf for an empty context), for a caller that merges this result with another partial.
@@ -77,6 +78,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     them and they come out as zeros; the real ones used ``dyn_splits`` splits. ``ONLINE`` (decode_mma, more
     slots than one chunk): :func:`_combine_online`.
     """
+    pdl_enter(PDL)  # NOTE: before the first load of the decode kernel's partials
     r = tl.program_id(0).to(tl.int64)  # r = b * HQ + head
     offs_s = tl.arange(0, BS)
     n_valid = S

@@ -30,6 +30,7 @@ from nibblekv.kernels._common import (
     load_v_rows,
     num_sms,
     online_softmax_step,
+    pdl_ok,
     scale_tensors,
     tail_operands,
 )
@@ -403,6 +404,10 @@ def decode_triton(
     )  # fmt: skip
     side = None
     dyn: dict[str, object] = {}
+    # NOTE: programmatic dependent launch (variant option pdl) for decode_tok / decode_mma and the combine
+    # step: each may start while the kernel before it drains (the tail's side-stream launch keeps it off)
+    use_pdl = pdl_ok(cfg, q.device) and (name == "tok" or (name == "mma" and (tail_in_grid or not has_tail)))
+    pdl = {"PDL": 1, "launch_pdl": True} if use_pdl else {}
     # NOTE: the in-kernel fix-up (tok, mma) needs every partial written by this grid (the tail's too)
     whole = name == "tok" or (name == "mma" and (tail_in_grid or not has_tail))
     cnt = counters(q.device, bsz * hkv) if cfg.get("fuse") and whole else None
@@ -434,6 +439,7 @@ def decode_triton(
             CV=int(cfg["cv"]),
             TPP=int(tail_in_grid and bool(cfg.get("tail_page_prefetch", 0))),
             **tma_args(cfg, cache, mma_common["PAGE"], math.prod(grid), q.device),
+            **pdl,
             **dyn,
             **fused,
             **mma_common,
@@ -449,7 +455,9 @@ def decode_triton(
                 f"decode variant {name!r} needs packed NVFP4 scale rows (token stride {d // 16})"
             )
         split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT else 0
-        k = decode_tok_kernel[(bsz, hkv, s_tot)](*args, CONV=int(cfg["conv"]), SPLIT=split, **common, **fused)
+        k = decode_tok_kernel[(bsz, hkv, s_tot)](
+            *args, CONV=int(cfg["conv"]), SPLIT=split, **common, **fused, **pdl
+        )  # fmt: skip
     else:
         paged = name == "paged" and _pages_contiguous(cache, bn)
         k = _decode_kernel[(bsz, hkv, s_tot)](
@@ -470,7 +478,7 @@ def decode_triton(
         MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
         MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
         lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
-        ONLINE=int(mma and bool(cfg.get("combine_online", 0))),
+        ONLINE=int(mma and bool(cfg.get("combine_online", 0))), **pdl,
         **(dict(dyn, WARPS_PER_REQ=hkv * int(cfg["num_warps"])) if mma and dyn else {}),
     )  # fmt: skip
     return out

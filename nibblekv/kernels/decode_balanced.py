@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
+from nibblekv.kernels._common import interpreting, num_sms, pdl_ok, pdl_enter, scale_tensors
 from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels._tma import tma_args
 from nibblekv.kernels.decode_mma import _mma_segment, _mma_tail
@@ -79,10 +79,11 @@ def decode_mma_bal_kernel(
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BP: tl.constexpr, W: tl.constexpr, HAS_TAIL: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     MINC: tl.constexpr, VST: tl.constexpr, VQ: tl.constexpr, CV: tl.constexpr, DYN: tl.constexpr,
-    TMA: tl.constexpr = 0, tma_scratch=None,
+    TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """1-D grid: ``W`` one-warp programs over the balanced chunks, then (``HAS_TAIL``) one tail program per
     pair. ``n_req`` requests, of which the first ``*act_ptr`` are real with ``DYN`` (CUDA-graph padding)."""
+    pdl_enter(PDL)
     HKV: tl.constexpr = HQ // G
     pid = tl.program_id(0)
     n_act = n_req
@@ -146,10 +147,11 @@ def _combine_bal_kernel(
     o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, n_req, act_ptr, lse_out,
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BP: tl.constexpr,
     W: tl.constexpr, BS: tl.constexpr, MINC: tl.constexpr, HAS_TAIL: tl.constexpr, DYN: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
+    WRITE_LSE: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """Merge the partials of one (request, query head), dims ``[DB * pid1, DB * (pid1 + 1))``; padding
     rows (``DYN``) and empty contexts come out zeros. ``BS`` >= the most slots a pair can have."""
+    pdl_enter(PDL)
     HKV: tl.constexpr = HQ // G
     r = tl.program_id(0)
     b = r // HQ
@@ -229,6 +231,7 @@ def launch_balanced(
         VQ=int(cfg["vq"]),
         CV=int(cfg["cv"]), DYN=dyn, num_warps=1, num_stages=1,
         **tma_args(cfg, cache, cache.layout.page_size, grid[0], q.device),
+        PDL=pdl_ok(cfg, q.device), launch_pdl=bool(pdl_ok(cfg, q.device)),
         **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
     )  # fmt: skip
     slots = max_pair_slots(warps, hkv)
@@ -238,6 +241,7 @@ def launch_balanced(
         lse_out if lse_out is not None else lse_part,
         HQ=hq, G=g, D=d, DB=db, BP=bp, W=warps, BS=triton.next_power_of_2(slots), MINC=int(cfg["minc"]),
         HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None), num_warps=4,
+        PDL=pdl_ok(cfg, q.device), launch_pdl=bool(pdl_ok(cfg, q.device)),
     )  # fmt: skip
     return k
 

@@ -264,6 +264,7 @@ _KEYS = {
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
     "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
     "tpp": "tail_page_prefetch", "co": "combine_online", "ts": "tail_splits", "tma": "tma",
+    "pdl": "pdl",
 }  # fmt: skip
 
 

@@ -50,6 +50,7 @@ from nibblekv.kernels._mma_ptx import (
     _st4,
     _sum8,
 )
+from nibblekv.kernels._common import pdl_enter
 from nibblekv.kernels._tma import tma_init, tma_issue, tma_read
 from nibblekv.kernels.decode_fixup import fixup
 from nibblekv.kernels.decode_tok import _tok_segment
@@ -1031,7 +1032,7 @@ def decode_mma_kernel(
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     TPP: tl.constexpr = 0,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
-    TMA: tl.constexpr = 0, tma_scratch=None,
+    TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -1057,6 +1058,7 @@ def decode_mma_kernel(
     pair's last one merges its partials into ``out_ptr`` (``decode_fixup``); no combine launch. With ``DYN``
     the spare programs zero the padding rows.
     """
+    pdl_enter(PDL)
     HKV: tl.constexpr = HQ // G
     TM1: tl.constexpr = TAIL_MMA if TAIL_MMA > 0 else 1
     if DYN:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import nibbles_to_f16x2_ptx, nvfp4_split
+from nibblekv.kernels._common import nibbles_to_f16x2_ptx, nvfp4_split, pdl_enter
 from nibblekv.kernels.decode_fixup import fixup
 
 
@@ -437,11 +437,12 @@ def decode_tok_kernel(
     NUM_SPLITS, HAS_TAIL: tl.constexpr,
     FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, SPLIT: tl.constexpr,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0,
-    WRITE_LSE: tl.constexpr = 0,
+    WRITE_LSE: tl.constexpr = 0, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them).
     ``FUSE``: the pair's last program merges them itself (``decode_fixup``) into ``out_ptr`` (and
-    ``lse_out`` with ``WRITE_LSE``); no combine launch."""
+    ``lse_out`` with ``WRITE_LSE``); no combine launch. ``PDL``: ``_common.pdl_enter``."""
+    pdl_enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     # NOTE: the tail is program 0 of the split axis (scheduled first, not as a short last wave); its
