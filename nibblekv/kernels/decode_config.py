@@ -44,7 +44,12 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as programs of the grid), ts
 #          (tail programs per (request, KV head), per-pair splits only), tpp (1: the tail programs prefetch page
 #          ids), tw (1: splits leave the tail programs room in the wave), co (1: the combine in one online
-#          pass), bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs)
+#          pass), bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs),
+#          tma (N = 2..5: tiles staged through a shared-memory ring by bulk copies, _tma; opt-in: same speed as
+#          the register path on the H200, 2026-12-01, decode-variants-tma-h200.json: .736/.702/.639/.615/.553 vs
+#          .724/.719/.665/.628/.574 at B64x32K/B26x32K/B8x32K/B32x8K/B1x128K with 15% more instructions)
+# tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within +-.012
+#          of the default for every dtype at those shapes, decode-variants-pdl-*-h200.json)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more)
 # tok and mma: fuse (1: each (request, KV head)'s last program merges the split partials itself, no combine
 #          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
