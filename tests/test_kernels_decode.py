@@ -152,6 +152,16 @@ def test_decode_pdl(dtype: KVDtype, spec: str) -> None:
         assert _run(dtype, LENS + [4099], [0, 1, W, 5, W, 3], 2, 4, 128, P, None, variant=spec) <= 1e-2
 
 
+def test_default_num_splits_one_wave() -> None:
+    # wave_ctas (FP8 decode_tok's default 2): 64..2 x 132 (request, KV head) pairs get the splits of one wave
+    # of 2 programs per SM; fewer pairs (B=1) and more keep ~16 programs per SM; wave_ctas 0 = the old rule
+    from nibblekv.kernels.decode_config import default_num_splits
+
+    assert [default_num_splits(b, 8, wave_ctas=2) for b in (8, 26, 32, 34, 1, 4, 64)] == [4, 1, 1, 8, 64, 64, 5]
+    assert [default_num_splits(b, 8) for b in (8, 32, 1)] == [33, 9, 64]
+    assert default_num_splits(8, 8, cap=2, wave_ctas=2) == 2
+
+
 def test_decode_mma_no_tail() -> None:
     # no bf16 tail pool: no tail program in the grid (with one, it is program 0 of the split axis)
     assert _run(KVDtype.NVFP4, [1, P - 1, P, P + 1, 70], None, 1, 4, 128, P, 3, variant="mma:tpi=2") <= 1e-2

@@ -358,7 +358,9 @@ def decode_triton(
         lo = bsz if active is None else max(1, min(bsz, min_active or bsz))
         splits = num_splits or mma_num_splits(lo, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]), tail_wave)
     else:
-        splits = num_splits or default_num_splits(bsz, hkv, None, bn, cap=int(cfg.get("split_cap", 64)))
+        splits = num_splits or default_num_splits(
+            bsz, hkv, None, bn, cap=int(cfg.get("split_cap", 64)), wave_ctas=int(cfg.get("wave_ctas", 0))
+        )
     tail_slots = mma_tail_slots(has_tail, pair, tail_progs)
     s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + tail_slots
     if out is None:

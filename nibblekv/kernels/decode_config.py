@@ -62,15 +62,23 @@ BALANCED_MIN_PAIRS = 256
 
 
 def default_num_splits(
-    batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 128, per_sm: int = 16, cap: int = 64
+    batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 128, per_sm: int = 16, cap: int = 64,
+    wave_ctas: int = 0,
 ) -> int:
     """Splits per request so the grid has ~16 programs per SM (132 SMs on an H200).
 
     Many equal programs keep the last wave short (a grid of ~1.3 waves left a third of the GPU idle in
     our first H200 run). ``max_len`` (a host int, if the caller knows it) caps splits so each gets
     >= 2 key blocks; empty splits exit at once, so over-splitting short contexts is cheap.
+    ``wave_ctas`` (variant option ``wv``, > 0): with 64 to ``wave_ctas`` x SMs (request, KV head) pairs, the
+    splits that fill ONE wave of that many resident programs per SM instead.
     """
     sms = num_sms()
+    pairs = batch * kv_heads
+    if wave_ctas > 0 and 64 <= pairs <= wave_ctas * sms:
+        # NOTE: FP8 decode_tok holds ~2 programs per SM (210 registers x 4 warps): ~16 waves of short splits
+        # paid each program's pipeline ramp with nothing beside it -- 13-27 us per call at 256K-token shapes
+        return max(1, min(cap, wave_ctas * sms // pairs))
     splits = max(1, min(cap, triton.cdiv(per_sm * sms, batch * kv_heads)))
     if max_len is not None:
         splits = max(1, min(splits, triton.cdiv(max_len, 2 * block_n)))
@@ -245,8 +253,12 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
         }
     if fmt == FMT_FP8:
         # NOTE: num_stages 5 (2 buffers in flight): 0.92 / 0.74 / 0.74 / 0.67 of the H200's read ceiling at
-        # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (2026-11-29, same run)
+        # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (2026-11-29, same run).
+        # wave_ctas 2 (head_dim 128; default_num_splits): H200, 2026-12-01, decode-variants-cap-*-h200.json,
+        # with the tail: B8x32K .768 -> .826 (4 splits), B32x8K .746 -> .825 (1); GQA 8 B8x32K .756 -> .848,
+        # B32x8K .744 -> .852. Head_dim 64 keeps the default (B8x32K .696 vs .686 at 4 splits)
         return {
+            "wave_ctas": 2 if d == 128 else 0,
             "block_n": 128 if d <= 128 else 64,
             "tail_block_n": 64,
             "num_warps": 4,
@@ -269,7 +281,7 @@ _KEYS = {
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
     "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
     "tpp": "tail_page_prefetch", "co": "combine_online", "ts": "tail_splits", "tma": "tma",
-    "pdl": "pdl",
+    "pdl": "pdl", "wv": "wave_ctas",
 }  # fmt: skip
 
 
