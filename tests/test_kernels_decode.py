@@ -153,13 +153,17 @@ def test_decode_pdl(dtype: KVDtype, spec: str) -> None:
 
 
 def test_default_num_splits_one_wave() -> None:
-    # wave_ctas (FP8 decode_tok's default 2): 64..2 x 132 (request, KV head) pairs get the splits of one wave
-    # of 2 programs per SM; fewer pairs (B=1) and more keep ~16 programs per SM; wave_ctas 0 = the old rule
-    from nibblekv.kernels.decode_config import default_num_splits
+    # wave_ctas (FP8 decode_tok's default 2): >= 64 (request, KV head) pairs get the splits of one wave of 2
+    # programs per SM where it is >= 90% full (not 208 pairs: 79%); fewer pairs (B=1, 4) and more keep ~16
+    # programs per SM; wave_ctas 0 = the old rule
+    from nibblekv.kernels.decode_config import default_num_splits, graph_num_splits
 
-    assert [default_num_splits(b, 8, wave_ctas=2) for b in (8, 26, 32, 34, 1, 4, 64)] == [4, 1, 1, 8, 64, 64, 5]
+    assert [default_num_splits(b, 8, wave_ctas=2) for b in (8, 16, 32, 26, 34, 1, 4, 64)] == [4, 2, 1, 11, 8, 64, 64, 5]
     assert [default_num_splits(b, 8) for b in (8, 32, 1)] == [33, 9, 64]
     assert default_num_splits(8, 8, cap=2, wave_ctas=2) == 2
+    # a CUDA graph for 8 requests replayed with 5..8: the old rule (5 requests would not fill the wave)
+    assert graph_num_splits(8, 5, 8, 128, 64, 2) == 33 and graph_num_splits(8, 8, 8, 128, 64, 2) == 4
+    assert graph_num_splits(32, 25, 8, 128, 64, 2) == 9 and graph_num_splits(32, 32, 8, 128, 64, 0) == 9
 
 
 def test_decode_mma_no_tail() -> None:

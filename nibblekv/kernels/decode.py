@@ -39,7 +39,7 @@ from nibblekv.kernels.decode_config import (
     _mma_max_registers,
     _mma_unsupported,
     combine_dim_block,
-    default_num_splits,
+    graph_num_splits,
     mma_num_splits,
     non_mma_default,
     resolve_variant,
@@ -354,13 +354,12 @@ def decode_triton(
     # NOTE: one-warp tail programs per (request, KV head) in decode_mma's grid (variant option ts)
     tail_progs = int(tail_in_grid) * max(1, int(cfg.get("tail_splits", 1)))
     tail_wave = tail_progs * int(cfg.get("tail_wave", 0))  # the tail programs' slots kept in the wave
+    lo = bsz if active is None else max(1, min(bsz, min_active or bsz))
     if name == "mma":
-        lo = bsz if active is None else max(1, min(bsz, min_active or bsz))
         splits = num_splits or mma_num_splits(lo, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]), tail_wave)
     else:
-        splits = num_splits or default_num_splits(
-            bsz, hkv, None, bn, cap=int(cfg.get("split_cap", 64)), wave_ctas=int(cfg.get("wave_ctas", 0))
-        )
+        cap, wave = int(cfg.get("split_cap", 64)), int(cfg.get("wave_ctas", 0))
+        splits = num_splits or graph_num_splits(bsz, lo, hkv, bn, cap, wave)
     tail_slots = mma_tail_slots(has_tail, pair, tail_progs)
     s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + tail_slots
     if out is None:

@@ -70,18 +70,29 @@ def default_num_splits(
     Many equal programs keep the last wave short (a grid of ~1.3 waves left a third of the GPU idle in
     our first H200 run). ``max_len`` (a host int, if the caller knows it) caps splits so each gets
     >= 2 key blocks; empty splits exit at once, so over-splitting short contexts is cheap.
-    ``wave_ctas`` (variant option ``wv``, > 0): with 64 to ``wave_ctas`` x SMs (request, KV head) pairs, the
-    splits that fill ONE wave of that many resident programs per SM instead.
+    ``wave_ctas`` (variant option ``wv``, > 0): with >= 64 (request, KV head) pairs, the splits that fill ONE
+    wave of that many resident programs per SM instead, where that wave is >= 90% full.
     """
     sms = num_sms()
     pairs = batch * kv_heads
-    if wave_ctas > 0 and 64 <= pairs <= wave_ctas * sms:
+    one_wave = max(1, min(cap, wave_ctas * sms // pairs)) if wave_ctas > 0 else 0
+    if 64 <= pairs <= wave_ctas * sms and pairs * one_wave >= 0.9 * wave_ctas * sms:
         # NOTE: FP8 decode_tok holds ~2 programs per SM (210 registers x 4 warps): ~16 waves of short splits
-        # paid each program's pipeline ramp with nothing beside it -- 13-27 us per call at 256K-token shapes
-        return max(1, min(cap, wave_ctas * sms // pairs))
+        # paid each program's pipeline ramp with nothing beside it -- 13-27 us per call at 256K-token shapes.
+        # Only a wave >= 90% full: 208 pairs (B=26 x 32K) in 208 programs read .865 vs .891 with 11 splits
+        return one_wave
     splits = max(1, min(cap, triton.cdiv(per_sm * sms, batch * kv_heads)))
     if max_len is not None:
         splits = max(1, min(splits, triton.cdiv(max_len, 2 * block_n)))
+    return splits
+
+
+def graph_num_splits(batch: int, lo: int, kv_heads: int, block_n: int, cap: int, wave_ctas: int) -> int:
+    """``default_num_splits`` for a launch that serves ``lo``..``batch`` requests (a CUDA graph replayed with
+    padding rows): the one-wave rule only where the smallest batch gets the same splits (fills the wave too)."""
+    splits = default_num_splits(batch, kv_heads, None, block_n, cap=cap, wave_ctas=wave_ctas)
+    if wave_ctas and splits != default_num_splits(lo, kv_heads, None, block_n, cap=cap, wave_ctas=wave_ctas):
+        return default_num_splits(batch, kv_heads, None, block_n, cap=cap)
     return splits
 
 
@@ -254,9 +265,10 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
     if fmt == FMT_FP8:
         # NOTE: num_stages 5 (2 buffers in flight): 0.92 / 0.74 / 0.74 / 0.67 of the H200's read ceiling at
         # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (2026-11-29, same run).
-        # wave_ctas 2 (head_dim 128; default_num_splits): H200, 2026-12-01, decode-variants-cap-*-h200.json,
-        # with the tail: B8x32K .768 -> .826 (4 splits), B32x8K .746 -> .825 (1); GQA 8 B8x32K .756 -> .848,
-        # B32x8K .744 -> .852. Head_dim 64 keeps the default (B8x32K .696 vs .686 at 4 splits)
+        # wave_ctas 2 (head_dim 128; default_num_splits): H200, 2026-12-01, decode-variants-{cap,wv}-*-h200.json,
+        # with the tail: B8x32K .768 -> .826 (4 splits), B16x16K .768 -> .820 (2), B32x8K .746 -> .825 (1);
+        # GQA 8 B8x32K .756 -> .848, B32x8K .744 -> .852; B64x32K .930 either way. Head_dim 64 keeps the
+        # default (B8x32K .696 vs .686 at 4 splits)
         return {
             "wave_ctas": 2 if d == 128 else 0,
             "block_n": 128 if d <= 128 else 64,
