@@ -101,7 +101,8 @@ def test_decode_mma_tail_in_grid(
 
 
 TMA_CASES = (
-    [(s, grp, d, page) for s in ("mma:tma=4", "mma:tma=2,tpi=1", "mma:tma=5,tpi=2,bal=1", "mma:tma=3,tpi=1,bal=1")
+    [(s, grp, d, page)
+     for s in ("mma:tma=4", "mma:tma=2,tpi=1", "mma:tma=5,tpi=2,bal=1", "mma:tma=3,tpi=1,bal=1")
      for grp, d, page in ((1, 128, P), (3, 128, 2 * P), (8, 128, P), (4, 64, 2 * P), (3, 64, 4 * P))
      if d == 128 or "bal" not in s]
     if DEVICE == "cuda"
@@ -128,8 +129,9 @@ def test_decode_mma_tma(monkeypatch: pytest.MonkeyPatch, spec: str, group: int, 
     monkeypatch.setattr(dec, "tma_args", spy)
     monkeypatch.setattr(bal, "tma_args", spy)
     lens = [1, P - 1, 140, P + 1] if DEVICE == "cpu" else [1, P - 1, 1000, P + 1, 4099, 333]
-    err = _run(KVDtype.NVFP4, lens, [0, 1, W, 5, W, 3][: len(lens)], 1 if DEVICE == "cpu" else 2, group, d, page,
-               3, gscale=(0.37, 2.5), variant=spec)  # fmt: skip
+    hkv = 1 if DEVICE == "cpu" else 2
+    err = _run(KVDtype.NVFP4, lens, [0, 1, W, 5, W, 3][: len(lens)], hkv, group, d, page, 3, gscale=(0.37, 2.5),
+               variant=spec)  # fmt: skip
     assert seen == [int(spec.split("tma=")[1][0])], seen  # the ring ran
     assert err <= 1e-2, err
 
@@ -158,7 +160,8 @@ def test_default_num_splits_one_wave() -> None:
     # programs per SM; wave_ctas 0 = the old rule
     from nibblekv.kernels.decode_config import default_num_splits, graph_num_splits
 
-    assert [default_num_splits(b, 8, wave_ctas=2) for b in (8, 16, 32, 26, 34, 1, 4, 64)] == [4, 2, 1, 11, 8, 64, 64, 5]
+    got = [default_num_splits(b, 8, wave_ctas=2) for b in (8, 16, 32, 26, 34, 1, 4, 64)]
+    assert got == [4, 2, 1, 11, 8, 64, 64, 5]
     assert [default_num_splits(b, 8) for b in (8, 32, 1)] == [33, 9, 64]
     assert default_num_splits(8, 8, cap=2, wave_ctas=2) == 2
     # a CUDA graph for 8 requests replayed with 5..8: the old rule (5 requests would not fill the wave)

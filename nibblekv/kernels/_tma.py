@@ -36,7 +36,8 @@ def _decl_ptx(ns: int) -> str:
         f".shared .align 128 .b8 nkv_tma[{ns * STAGE_BYTES}]; .shared .align 8 .b64 nkv_tbar[{ns}];"
         " { .reg .pred p; .reg .u32 a; setp.eq.u32 p, $1, 0; mov.u32 a, nkv_tbar;"
         + "".join(f" @p mbarrier.init.shared::cta.b64 [a+{8 * i}], 1;" for i in range(ns))
-        + " fence.mbarrier_init.release.cluster; fence.proxy.async.shared::cta; bar.warp.sync -1; mov.u32 $0, 0; }"
+        + " fence.mbarrier_init.release.cluster; fence.proxy.async.shared::cta;"
+        + " bar.warp.sync -1; mov.u32 $0, 0; }"
     )
 
 
@@ -79,7 +80,8 @@ _READ_PTX = tl.constexpr(
     " ld.shared.u64 $6, [x+1024]; ld.shared.u64 $7, [x+1088]; ld.shared.u64 $8, [x+1536];"
     " ld.shared.u64 $9, [x+1600];"
     " shl.b32 x, t, 4; add.u32 x, x, g; add.u32 x, x, b;"
-    " ld.shared.u8 s0, [x+2176]; ld.shared.u8 s1, [x+2184]; ld.shared.u8 s2, [x+2240]; ld.shared.u8 s3, [x+2248];"
+    " ld.shared.u8 s0, [x+2176]; ld.shared.u8 s1, [x+2184];"
+    " ld.shared.u8 s2, [x+2240]; ld.shared.u8 s3, [x+2248];"
     " bfi.b32 $10, s1, s0, 8, 8; bfi.b32 $11, s3, s2, 8, 8; }"
 )
 
@@ -117,8 +119,8 @@ def tma_read(scratch, stage, parity, lane):
     return tl.inline_asm_elementwise(
         _READ_PTX, "=l,=l,=l,=l,=r,=r,=l,=l,=l,=l,=r,=r,r,r,r",
         [stage.to(tl.int32), parity.to(tl.int32), lane.to(tl.int32)],
-        dtype=(tl.uint64, tl.uint64, tl.uint64, tl.uint64, tl.uint32, tl.uint32, tl.uint64, tl.uint64, tl.uint64,
-               tl.uint64, tl.uint32, tl.uint32),
+        dtype=(tl.uint64, tl.uint64, tl.uint64, tl.uint64, tl.uint32, tl.uint32,
+               tl.uint64, tl.uint64, tl.uint64, tl.uint64, tl.uint32, tl.uint32),
         is_pure=False, pack=1,
     )  # fmt: skip
 

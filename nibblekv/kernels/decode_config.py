@@ -44,10 +44,11 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as programs of the grid), ts
 #          (tail programs per (request, KV head), per-pair splits only), tpp (1: the tail programs prefetch page
 #          ids), tw (1: splits leave the tail programs room in the wave), co (1: the combine in one online
-#          pass), bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs),
-#          tma (N = 2..5: tiles staged through a shared-memory ring by bulk copies, _tma; opt-in: same speed as
-#          the register path on the H200, 2026-12-01, decode-variants-tma-h200.json: .736/.702/.639/.615/.553 vs
-#          .724/.719/.665/.628/.574 at B64x32K/B26x32K/B8x32K/B32x8K/B1x128K with 15% more instructions)
+#          pass), bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by
+#          pairs), tma (N = 2..5: tiles staged through a shared-memory ring by bulk copies, _tma; opt-in: the
+#          same speed as the register path on the H200, 2026-12-01, decode-variants-tma-h200.json:
+#          .736/.702/.639/.615/.553 vs .724/.719/.665/.628/.574 at B64x32K/B26x32K/B8x32K/B32x8K/B1x128K, with
+#          15% more instructions)
 # tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within +-.012
 #          of the default for every dtype at those shapes, decode-variants-pdl-*-h200.json)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more)
@@ -62,8 +63,8 @@ BALANCED_MIN_PAIRS = 256
 
 
 def default_num_splits(
-    batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 128, per_sm: int = 16, cap: int = 64,
-    wave_ctas: int = 0,
+    batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 128, per_sm: int = 16,
+    cap: int = 64, wave_ctas: int = 0,
 ) -> int:
     """Splits per request so the grid has ~16 programs per SM (132 SMs on an H200).
 
@@ -88,8 +89,8 @@ def default_num_splits(
 
 
 def graph_num_splits(batch: int, lo: int, kv_heads: int, block_n: int, cap: int, wave_ctas: int) -> int:
-    """``default_num_splits`` for a launch that serves ``lo``..``batch`` requests (a CUDA graph replayed with
-    padding rows): the one-wave rule only where the smallest batch gets the same splits (fills the wave too)."""
+    """``default_num_splits`` for a launch that serves ``lo``..``batch`` requests (a CUDA graph replayed
+    with padding rows): the one-wave rule only where the smallest batch gets the same splits (fills it too)."""
     splits = default_num_splits(batch, kv_heads, None, block_n, cap=cap, wave_ctas=wave_ctas)
     if wave_ctas and splits != default_num_splits(lo, kv_heads, None, block_n, cap=cap, wave_ctas=wave_ctas):
         return default_num_splits(batch, kv_heads, None, block_n, cap=cap)
@@ -265,8 +266,8 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
     if fmt == FMT_FP8:
         # NOTE: num_stages 5 (2 buffers in flight): 0.92 / 0.74 / 0.74 / 0.67 of the H200's read ceiling at
         # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (2026-11-29, same run).
-        # wave_ctas 2 (head_dim 128; default_num_splits): H200, 2026-12-01, decode-variants-{cap,wv}-*-h200.json,
-        # with the tail: B8x32K .768 -> .826 (4 splits), B16x16K .768 -> .820 (2), B32x8K .746 -> .825 (1);
+        # wave_ctas 2 (head_dim 128; default_num_splits): H200, 2026-12-01,
+        # decode-variants-{cap,wv}-*-h200.json, with the tail: B8x32K .768 -> .826 (4 splits), B16x16K .768 -> .820 (2), B32x8K .746 -> .825 (1);
         # GQA 8 B8x32K .756 -> .848, B32x8K .744 -> .852; B64x32K .930 either way. Head_dim 64 keeps the
         # default (B8x32K .696 vs .686 at 4 splits)
         return {

@@ -559,8 +559,8 @@ def _finish(
 @triton.jit
 def _tma_fill(scratch, lane, i, n_tiles, start, src, dep0, dep1, PAGE: tl.constexpr, D: tl.constexpr,
               NS: tl.constexpr):  # fmt: skip
-    """Lane 0 starts the bulk copy of tile ``i`` (rows ``start + 16 i``, if ``i < n_tiles``) into stage ``i % NS``
-    (``_tma``); ``src`` = (k, v, k-scale, v-scale, page-table pointers, head offsets, page strides)."""
+    """Lane 0 starts the bulk copy of tile ``i`` (rows ``start + 16 i``, if ``i < n_tiles``) into stage
+    ``i % NS`` (``_tma``); ``src`` = (k, v, k-scale, v-scale, page-table pointers, head offsets, page strides)."""
     k_ptr, v_ptr, ks_ptr, vs_ptr, pt_ptr, hoff, shoff, s_page, sc_page = src
     n = start + 16 * i
     ok = i < n_tiles
@@ -571,8 +571,8 @@ def _tma_fill(scratch, lane, i, n_tiles, start, src, dep0, dep1, PAGE: tl.conste
     s = zero + page * sc_page + shoff + tok * (D // 16)
     u8: tl.constexpr = tl.pointer_type(tl.uint8)
     tma_issue(
-        scratch, ((lane % 32) == 0) & ok, zero + i % NS, k_ptr.to(u8) + d, v_ptr.to(u8) + d, ks_ptr.to(u8) + s,
-        vs_ptr.to(u8) + s, dep0, dep1,
+        scratch, ((lane % 32) == 0) & ok, zero + i % NS, k_ptr.to(u8) + d, v_ptr.to(u8) + d,
+        ks_ptr.to(u8) + s, vs_ptr.to(u8) + s, dep0, dep1,
     )  # fmt: skip
 
 
@@ -708,8 +708,8 @@ def _mma_segment(
                 nextB = nextA
                 if TPI == 2:
                     nextB = _load_tile(
-                        k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-                        PAGE, D, False, PAIR,
+                        k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page,
+                        g, t, PAGE, D, False, PAIR,
                     )
             else:
                 rawA = _load_tile(
@@ -719,8 +719,8 @@ def _mma_segment(
                 rawB = rawA
                 if TPI == 2:
                     rawB = _load_tile(
-                        k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-                        PAGE, D, False, PAIR,
+                        k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page,
+                        g, t, PAGE, D, False, PAIR,
                     )
             (
                 m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
