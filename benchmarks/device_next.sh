@@ -11,9 +11,12 @@
 #   3) The agentic sweep with the default decode variant or V (e.g. V="mma:ts=4"), ~250-320 s.
 #   4) The short check (~220 s): GPU tests of the cache write (K and V in programs of their own) and the
 #      combine's early loads, then the agentic sweep's 1 and 2 sessions only (fp8 / nvfp4, no host tier).
-# For stop 28 (not yet run): the whole kernel benchmark at the new decode defaults (bench_kernels.py, issue 3's
-# table), then 71f9a27's two reverted changes one at a time (the cache write's K/V programs, the combine's early
-# loads), re-applied as opt-in options so STEPS=1 can A/B them with C1_VARIANTS; the sweep (STEPS=3) if one wins.
+# Stop 28 ran the whole kernel benchmark instead (kernels-h200.json, c2e7624) and benchmarks/device_tma.sh
+# (tma / pdl: no gain). For stop 29: (a) BF16 / FP8 decode_tok with the bf16 tail: the tail program is one more
+# program per pair, which can tip the grid into one more wave (BF16 B8x32K 0.90 -> 0.846 with the tail) --
+# A/B splits that leave it room; (b) FP8 head_dim 64 one-wave splits (wv=4?); (c) the engine's matched 32K and
+# 16K-floor rows after the FP8 split rule (FP8 may be faster where a graph's batch range fills the wave);
+# (d) 71f9a27's two reverted changes as opt-in options (C1_VARIANTS A/B), the sweep (STEPS=3) if one wins.
 # Usage from the repo root: OUT=... COMMIT=<sha> STEPS="1 2" bash benchmarks/device_next.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
