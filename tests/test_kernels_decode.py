@@ -167,6 +167,8 @@ def test_default_num_splits_one_wave() -> None:
     # a CUDA graph for 8 requests replayed with 5..8: the old rule (5 requests would not fill the wave)
     assert graph_num_splits(8, 5, 8, 128, 64, 2) == 33 and graph_num_splits(8, 8, 8, 128, 64, 2) == 4
     assert graph_num_splits(32, 25, 8, 128, 64, 2) == 9 and graph_num_splits(32, 32, 8, 128, 64, 0) == 9
+    # tail_room (option tr): the tail's program per pair inside the ~16 programs per SM: 64 x (32 + 1) = 2112
+    assert default_num_splits(8, 8, tail_room=1) == 32 and default_num_splits(1, 8, tail_room=1) == 64
 
 
 def test_decode_mma_no_tail() -> None:

@@ -359,7 +359,8 @@ def decode_triton(
         splits = num_splits or mma_num_splits(lo, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]), tail_wave)
     else:
         cap, wave = int(cfg.get("split_cap", 64)), int(cfg.get("wave_ctas", 0))
-        splits = num_splits or graph_num_splits(bsz, lo, hkv, bn, cap, wave)
+        room = int(has_tail) * int(cfg.get("tail_room", 0))  # NOTE: non-mma kernels: one tail program a pair
+        splits = num_splits or graph_num_splits(bsz, lo, hkv, bn, cap, wave, room)
     tail_slots = mma_tail_slots(has_tail, pair, tail_progs)
     s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + tail_slots
     if out is None:

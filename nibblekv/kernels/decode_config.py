@@ -51,7 +51,9 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          15% more instructions)
 # tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within +-.012
 #          of the default for every dtype at those shapes, decode-variants-pdl-*-h200.json)
-# Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more)
+# Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more), wv
+#          (programs per SM of one wave for default_num_splits' one-wave rule; FP8 tok's default 2 at
+#          head_dim 128, else 0 = off), tr (1: the bf16 tail's program counts in the splits' budget; untimed)
 # tok and mma: fuse (1: each (request, KV head)'s last program merges the split partials itself, no combine
 #          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
 #          (2026-12-01, decode-variants-fuse-*-h200.json: the last program's serial merge costs more than the
@@ -64,7 +66,7 @@ BALANCED_MIN_PAIRS = 256
 
 def default_num_splits(
     batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 128, per_sm: int = 16,
-    cap: int = 64, wave_ctas: int = 0,
+    cap: int = 64, wave_ctas: int = 0, tail_room: int = 0,
 ) -> int:
     """Splits per request so the grid has ~16 programs per SM (132 SMs on an H200).
 
@@ -72,7 +74,9 @@ def default_num_splits(
     our first H200 run). ``max_len`` (a host int, if the caller knows it) caps splits so each gets
     >= 2 key blocks; empty splits exit at once, so over-splitting short contexts is cheap.
     ``wave_ctas`` (variant option ``wv``, > 0): with >= 64 (request, KV head) pairs, the splits that fill ONE
-    wave of that many resident programs per SM instead, where that wave is >= 90% full.
+    wave of that many resident programs per SM instead, where that wave is >= 90% full. ``tail_room``
+    (variant option ``tr``, opt-in, untimed): that many more programs per pair (the bf16 tail's) count
+    against the ~16 per SM, so the tail does not push the grid into one more wave.
     """
     sms = num_sms()
     pairs = batch * kv_heads
@@ -82,18 +86,24 @@ def default_num_splits(
         # paid each program's pipeline ramp with nothing beside it -- 13-27 us per call at 256K-token shapes.
         # Only a wave >= 90% full: 208 pairs (B=26 x 32K) in 208 programs read .865 vs .891 with 11 splits
         return one_wave
-    splits = max(1, min(cap, triton.cdiv(per_sm * sms, batch * kv_heads)))
+    if tail_room:
+        splits = max(1, min(cap, per_sm * sms // pairs - tail_room))
+    else:
+        splits = max(1, min(cap, triton.cdiv(per_sm * sms, pairs)))
     if max_len is not None:
         splits = max(1, min(splits, triton.cdiv(max_len, 2 * block_n)))
     return splits
 
 
-def graph_num_splits(batch: int, lo: int, kv_heads: int, block_n: int, cap: int, wave_ctas: int) -> int:
+def graph_num_splits(
+    batch: int, lo: int, kv_heads: int, block_n: int, cap: int, wave_ctas: int, tail_room: int = 0
+) -> int:
     """``default_num_splits`` for a launch that serves ``lo``..``batch`` requests (a CUDA graph replayed
     with padding rows): the one-wave rule only where the smallest batch gets the same splits (fills it too)."""
-    splits = default_num_splits(batch, kv_heads, None, block_n, cap=cap, wave_ctas=wave_ctas)
-    if wave_ctas and splits != default_num_splits(lo, kv_heads, None, block_n, cap=cap, wave_ctas=wave_ctas):
-        return default_num_splits(batch, kv_heads, None, block_n, cap=cap)
+    kw = dict(cap=cap, tail_room=tail_room)
+    splits = default_num_splits(batch, kv_heads, None, block_n, wave_ctas=wave_ctas, **kw)
+    if wave_ctas and splits != default_num_splits(lo, kv_heads, None, block_n, wave_ctas=wave_ctas, **kw):
+        return default_num_splits(batch, kv_heads, None, block_n, **kw)
     return splits
 
 
@@ -294,7 +304,7 @@ _KEYS = {
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
     "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
     "tpp": "tail_page_prefetch", "co": "combine_online", "ts": "tail_splits", "tma": "tma",
-    "pdl": "pdl", "wv": "wave_ctas",
+    "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room",
 }  # fmt: skip
 
 
