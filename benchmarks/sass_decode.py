@@ -83,11 +83,13 @@ def sass_of(cubin: bytes) -> list[tuple[int, str]]:
 
 
 def loops(ins: list[tuple[int, str]]) -> list[tuple[int, int, int]]:
-    """(start, end, instruction count) of each backward branch's range, largest first."""
+    """(start, end, instruction count) of each backward branch's range, largest first. NOTE: only predicated
+    branches close loops; an unconditional backward BRA returns from out-of-line code (e.g. an mbarrier
+    wait's spin block placed after EXIT) into the middle of the real loop."""
     res = []
     for addr, txt in ins:
         m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", txt)
-        if m and "@!PT" not in txt:
+        if m and "@!PT" not in txt and txt.startswith("@"):
             tgt = int(m.group(1), 16)
             if tgt < addr:
                 res.append((tgt, addr, sum(1 for a, _ in ins if tgt <= a <= addr)))
