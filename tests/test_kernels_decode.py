@@ -154,6 +154,13 @@ def test_decode_pdl(dtype: KVDtype, spec: str) -> None:
         assert _run(dtype, LENS + [4099], [0, 1, W, 5, W, 3], 2, 4, 128, P, None, variant=spec) <= 1e-2
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="FP8 decode_tok's one-wave splits: GPU configs only")
+def test_decode_fp8_one_wave_splits() -> None:
+    # 8 requests x 8 KV heads = 64 pairs: the one-wave rule's 4 splits (ragged lengths, tails 0, 1, W)
+    lens = [1, P - 1, P + 1, 1000, 4099, 333, 2048, 70]
+    assert _run(KVDtype.FP8, lens, [0, 1, W, 7, W, 0, 3, 5], 8, 4, 128, P, None) <= 1e-2
+
+
 def test_default_num_splits_one_wave() -> None:
     # wave_ctas (FP8 decode_tok's default 2): >= 64 (request, KV head) pairs get the splits of one wave of 2
     # programs per SM where it is >= 90% full (not 208 pairs: 79%); fewer pairs (B=1, 4) and more keep ~16
