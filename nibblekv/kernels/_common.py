@@ -16,7 +16,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels.types import LayerKV
@@ -399,18 +398,3 @@ def load_v_pages(data_ptr, scale_ptr, page_off, spage_off, D: tl.constexpr, PAGE
         elif INTERP:
             v = v.to(tl.float32)
     return v
-
-
-@triton.jit
-def pdl_enter(PDL: tl.constexpr):
-    """With ``PDL`` (the kernel launched with ``launch_pdl``: it may start while the previous kernel in the
-    stream still runs): wait for that kernel's results, then let the next PDL launch start early (its
-    programs wait for ours in turn). NOTE: call before any load of another kernel's output."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-
-
-def pdl_ok(cfg: dict[str, int | bool], device: torch.device) -> int:
-    """Variant option ``pdl`` (programmatic dependent launch) where it can run: CUDA, not the interpreter."""
-    return int(bool(cfg.get("pdl", 0)) and device.type == "cuda" and not interpreting())

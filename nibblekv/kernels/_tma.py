@@ -86,6 +86,16 @@ _READ_PTX = tl.constexpr(
 )
 
 
+_STAGE = tl.constexpr(STAGE_BYTES)
+
+
+@triton.jit
+def tma_ring(tma_scratch, program, NS: tl.constexpr):
+    """This program's ring in ``tma_scratch`` (the interpreter's twins; unused on a GPU): ``NS`` stages of
+    ``STAGE_BYTES`` per program, in ``program`` order."""
+    return tma_scratch + program.to(tl.int64) * (NS * _STAGE)
+
+
 @triton.jit
 def tma_init(scratch, lane, NS: tl.constexpr):
     """Declare the ring (``NS`` stages) and its barriers; lane 0 initializes them. Call once per segment,
@@ -144,7 +154,7 @@ def _copy_rows(dst, src, n_bytes: tl.constexpr, go):
 @triton.jit
 def _issue_twin(scratch, issue, stage, ksrc, vsrc, kssrc, vssrc, dep0, dep1):
     go = tl.max(issue.to(tl.int32), axis=0) != 0
-    base = scratch + stage.to(tl.int64) * 2304
+    base = scratch + stage.to(tl.int64) * _STAGE
     _copy_rows(base, ksrc, 1024, go)
     _copy_rows(base + 1024, vsrc, 1024, go)
     _copy_rows(base + 2048, kssrc, 128, go)
@@ -156,7 +166,7 @@ def _issue_twin(scratch, issue, stage, ksrc, vsrc, kssrc, vssrc, dep0, dep1):
 def _read_twin(scratch, stage, parity, lane):
     t = lane % 4
     g = (lane % 32) // 4
-    b = stage.to(tl.int64) * 2304
+    b = stage.to(tl.int64) * _STAGE
     s64 = scratch.to(tl.pointer_type(tl.uint64))
     s16 = scratch.to(tl.pointer_type(tl.uint16))
     k = (b + g * 64 + 16 * t) // 8

@@ -30,7 +30,6 @@ from nibblekv.kernels._common import (
     load_v_rows,
     num_sms,
     online_softmax_step,
-    pdl_ok,
     scale_tensors,
     tail_operands,
 )
@@ -47,6 +46,7 @@ from nibblekv.kernels.decode_config import (
 from nibblekv.kernels.decode_balanced import launch_balanced
 from nibblekv.kernels.decode_fixup import counters
 from nibblekv.kernels.combine import _combine_kernel
+from nibblekv.kernels._pdl import pdl_args
 from nibblekv.kernels._tma import tma_args
 from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel
 from nibblekv.kernels.decode_tok import decode_tok_kernel
@@ -408,8 +408,8 @@ def decode_triton(
     dyn: dict[str, object] = {}
     # NOTE: programmatic dependent launch (variant option pdl) for decode_tok / decode_mma and the combine
     # step: each may start while the kernel before it drains (the tail's side-stream launch keeps it off)
-    use_pdl = pdl_ok(cfg, q.device) and (name == "tok" or (name == "mma" and (tail_in_grid or not has_tail)))
-    pdl = {"PDL": 1, "launch_pdl": True} if use_pdl else {}
+    pdl_ok = name == "tok" or (name == "mma" and (tail_in_grid or not has_tail))
+    pdl = pdl_args(cfg, q.device) if pdl_ok else {}
     # NOTE: the in-kernel fix-up (tok, mma) needs every partial written by this grid (the tail's too)
     whole = name == "tok" or (name == "mma" and (tail_in_grid or not has_tail))
     cnt = counters(q.device, bsz * hkv) if cfg.get("fuse") and whole else None

@@ -26,9 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import interpreting, num_sms, pdl_ok, pdl_enter, scale_tensors
+from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
+from nibblekv.kernels._pdl import pdl_args, pdl_enter
 from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
-from nibblekv.kernels._tma import tma_args
+from nibblekv.kernels._tma import tma_args, tma_ring
 from nibblekv.kernels.decode_mma import _mma_segment, _mma_tail
 from nibblekv.kernels.types import LayerKV
 
@@ -131,7 +132,7 @@ def decode_mma_bal_kernel(
             gv = tl.load(g_ptr + 1) * (16384.0 if CV & 2 else 64.0)
             scratch = tma_scratch
             if TMA:
-                scratch = tma_scratch + pid.to(tl.int64) * (TMA * 2304)
+                scratch = tma_ring(tma_scratch, pid, TMA)
             _mma_segment(
                 q_ptr + b.to(tl.int64) * s_qb, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page,
                 sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h,
@@ -221,6 +222,7 @@ def launch_balanced(
     dyn = int(active is not None)
     bp = max(2, triton.next_power_of_2(bsz))
     grid = (warps + bsz * hkv * int(has_tail),)
+    pdl = pdl_args(cfg, q.device)
     k = decode_mma_bal_kernel[grid](
         q, q.stride(0), q.stride(1), cache.k_data, cache.v_data, ks, vs, cache.global_scale,
         ds[0], ds[1], sp, sh, page_table, page_table.stride(0), lens,
@@ -230,8 +232,7 @@ def launch_balanced(
         TPI=int(cfg["tpi"]), PF=int(cfg["pf"]), MINC=int(cfg["minc"]), VST=int(cfg["vst"]),
         VQ=int(cfg["vq"]),
         CV=int(cfg["cv"]), DYN=dyn, num_warps=1, num_stages=1,
-        **tma_args(cfg, cache, cache.layout.page_size, grid[0], q.device),
-        PDL=pdl_ok(cfg, q.device), launch_pdl=bool(pdl_ok(cfg, q.device)),
+        **tma_args(cfg, cache, cache.layout.page_size, grid[0], q.device), **pdl,
         **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
     )  # fmt: skip
     slots = max_pair_slots(warps, hkv)
@@ -240,8 +241,7 @@ def launch_balanced(
         o_part, lse_part, lens, out, out.stride(0), out.stride(1), bsz, active if dyn else lens,
         lse_out if lse_out is not None else lse_part,
         HQ=hq, G=g, D=d, DB=db, BP=bp, W=warps, BS=triton.next_power_of_2(slots), MINC=int(cfg["minc"]),
-        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None), num_warps=4,
-        PDL=pdl_ok(cfg, q.device), launch_pdl=bool(pdl_ok(cfg, q.device)),
+        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None), num_warps=4, **pdl,
     )  # fmt: skip
     return k
 

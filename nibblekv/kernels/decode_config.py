@@ -277,7 +277,8 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
         # NOTE: num_stages 5 (2 buffers in flight): 0.92 / 0.74 / 0.74 / 0.67 of the H200's read ceiling at
         # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (2026-11-29, same run).
         # wave_ctas 2 (head_dim 128; default_num_splits): H200, 2026-12-01,
-        # decode-variants-{cap,wv}-*-h200.json, with the tail: B8x32K .768 -> .826 (4 splits), B16x16K .768 -> .820 (2), B32x8K .746 -> .825 (1);
+        # decode-variants-{cap,wv}-*-h200.json, with the tail: B8x32K .768 -> .826 (4 splits), B16x16K .768 ->
+        # .820 (2), B32x8K .746 -> .825 (1);
         # GQA 8 B8x32K .756 -> .848, B32x8K .744 -> .852; B64x32K .930 either way. Head_dim 64 keeps the
         # default (B8x32K .696 vs .686 at 4 splits)
         return {

@@ -50,8 +50,8 @@ from nibblekv.kernels._mma_ptx import (
     _st4,
     _sum8,
 )
-from nibblekv.kernels._common import pdl_enter
-from nibblekv.kernels._tma import tma_init, tma_issue, tma_read
+from nibblekv.kernels._pdl import pdl_enter
+from nibblekv.kernels._tma import tma_init, tma_issue, tma_read, tma_ring
 from nibblekv.kernels.decode_fixup import fixup
 from nibblekv.kernels.decode_tok import _tok_segment
 
@@ -1052,7 +1052,7 @@ def decode_mma_kernel(
     order, so the one wave holds only real work; the tail programs come after all split slots.
     ``TPP``: the tail program prefetches each next tile's page id (``_mma_tail``).
     ``TMA``: tiles staged through shared memory (``_mma_segment``); ``tma_scratch`` = the interpreter's rings,
-    ``TMA * 2304`` bytes per program in grid order.
+    ``TMA`` stages per program in grid order (``_tma.tma_ring``).
 
     ``FUSE``: every program of a real pair, empty splits too, draws a ticket and the
     pair's last one merges its partials into ``out_ptr`` (``decode_fixup``); no combine launch. With ``DYN``
@@ -1129,7 +1129,7 @@ def decode_mma_kernel(
             lin = tl.program_id(0)
         else:
             lin = (b * tl.num_programs(1) + h) * tl.num_programs(2) + sp
-        scratch = tma_scratch + lin.to(tl.int64) * (TMA * 2304)
+        scratch = tma_ring(tma_scratch, lin, TMA)
     _mma_segment(
         q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
         pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,

@@ -19,7 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import nibbles_to_f16x2_ptx, nvfp4_split, pdl_enter
+from nibblekv.kernels._common import nibbles_to_f16x2_ptx, nvfp4_split
+from nibblekv.kernels._pdl import pdl_enter
 from nibblekv.kernels.decode_fixup import fixup
 
 
@@ -441,7 +442,7 @@ def decode_tok_kernel(
 ):  # fmt: skip
     """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them).
     ``FUSE``: the pair's last program merges them itself (``decode_fixup``) into ``out_ptr`` (and
-    ``lse_out`` with ``WRITE_LSE``); no combine launch. ``PDL``: ``_common.pdl_enter``."""
+    ``lse_out`` with ``WRITE_LSE``); no combine launch. ``PDL``: ``_pdl.pdl_enter``."""
     pdl_enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
