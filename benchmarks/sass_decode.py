@@ -54,6 +54,13 @@ class _FakeDriver:
 _orig_run = JITFunction.run
 
 
+def _root(e: BaseException) -> str:
+    """The innermost cause of a compile error (Triton wraps the real message in one error per call level)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return f"{type(e).__name__}: {e}"
+
+
 def _compile_only(self, *args, grid, warmup, **kwargs):  # type: ignore[no-untyped-def]
     return _orig_run(self, *args, grid=grid, warmup=True, **kwargs)
 
@@ -137,7 +144,7 @@ def main() -> None:
                 dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 0.1, pb.tail, pb.tail_page_table, pb.tail_lens,
                                   num_splits=2, variant=spec, active=act)  # fmt: skip
             except Exception as e:  # noqa: BLE001 - report and go on
-                print(f"{dname:9s} {spec:28s} COMPILE FAILED: {str(e)[-1500:]} | cause: {str(e.__cause__)[-1500:]}", flush=True)
+                print(f"{dname:9s} {spec:28s} COMPILE FAILED: {str(e)[-1500:]} | cause: {_root(e)[-1500:]}", flush=True)
                 continue
             k = dec.LAST_KERNEL["decode"]
             ins = sass_of(k.asm["cubin"])  # type: ignore[attr-defined]

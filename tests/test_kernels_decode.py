@@ -53,7 +53,7 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 # spec x group x page.
 MMA_SPECS = [
     "mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0",
-    "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1,co=1",
+    "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1,co=1", "mma:lz=8", "mma:tpi=1,lz=8",
 ]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
@@ -72,6 +72,25 @@ def test_decode_mma(spec: str, group: int, page: int) -> None:
     err = _run(KVDtype.NVFP4, lens, [0, 1, W, 5, W, 3][: len(lens)], hkv, group, 128, page, 3, gscale=gscale,
                variant=spec)  # fmt: skip
     assert err <= 1e-2, err
+
+
+@pytest.mark.parametrize(
+    "spec", ["mma:lz=2"] if DEVICE != "cuda" else ["mma:lz=2", "mma:lz=8", "mma:lz=1,tpi=1", "mma:lz=2,bal=1"]
+)
+def test_decode_mma_lazy(spec: str) -> None:
+    # lazy rescale (option lz): the running max stays while no score exceeds it by more than lz (log2 units).
+    # Q x 3 spreads the scores (std ~4 log2 units), so over 200 tokens in one split some steps keep the max
+    # and some raise it (at lz=2 a wrong max on either path fails this); lengths 1 and 37, tails W, 0, 3
+    import nibblekv.kernels.decode as dec
+
+    pb = make_batch(KVDtype.NVFP4, [200, 1, 37], 1, 128, P, DEVICE, tail_lens=[W, 0, 3], global_scale=(0.37, 2.5))
+    torch.manual_seed(7)
+    q = (3 * torch.randn(3, 3, 128, device=DEVICE)).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
+    dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 0.125, **targs, num_splits=1, out=out, variant=spec)
+    ref = decode_ref(q.float(), pb.cache, pb.page_table, pb.lens, 0.125, **targs)
+    assert rel_rms(out, ref) <= 1e-2
 
 
 @pytest.mark.parametrize(

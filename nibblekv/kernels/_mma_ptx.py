@@ -238,6 +238,63 @@ def _ld4(ptr, m):
     )  # fmt: skip
 
 
+def _lazy_step_ptx() -> str:
+    """PTX of ``decode_mma._step_max``'s lazy rescale. Operands: outputs $0..$37 = m0, m1, c0, c1, l0, l1 and
+    the 32 O^T fragments; inputs $38..$75 = m0, m1, l0, l1, mx0, mx1 and the 32 fragments, $76 = the slack.
+
+    Unless every lane's step max is within the slack of its running max (``vote.all``; warp-uniform), the
+    column max over the 8 lanes sharing ``L % 4`` (xor 4, 8, 16) becomes the running max and the sums and
+    fragments are rescaled by ``ex2(m_old - c)`` -- ``_max8`` + ``_advance``, skipped by one branch inside
+    one asm block (a Triton ``if`` there made ptxas spill at the 128-register cap).
+    """
+    o_in = [f"${40 + 4 + i}" for i in range(32)]  # $44..$75
+    o_out = [f"${6 + i}" for i in range(32)]
+    lines = [
+        "{ .reg .pred p, q; .reg .f32 t0, t1, a, b, x0, x1, al0, al1;",
+        "add.f32 t0, $38, $76; add.f32 t1, $39, $76;",
+        "setp.le.f32 p, $42, t0; setp.le.and.f32 p, $43, t1, p;",
+        "vote.sync.all.pred p, p, 0xffffffff;",
+        "mov.f32 $0, $38; mov.f32 $1, $39; mov.f32 $4, $40; mov.f32 $5, $41;",
+        "setp.gt.f32 q, $38, 0fFF800000; selp.f32 $2, $38, 0f00000000, q;",
+        "setp.gt.f32 q, $39, 0fFF800000; selp.f32 $3, $39, 0f00000000, q;",
+    ]
+    lines += [f"mov.f32 {d}, {x};" for d, x in zip(o_out, o_in)]
+    lines += ["@p bra LAZY_DONE;", "mov.f32 x0, $42; mov.f32 x1, $43;"]
+    for m in (4, 8, 16):
+        lines.append(f"shfl.sync.bfly.b32 a, x0, {m}, 0x1f, 0xffffffff; shfl.sync.bfly.b32 b, x1, {m}, 0x1f, 0xffffffff;")
+        lines.append("max.f32 x0, x0, a; max.f32 x1, x1, b;")
+    lines += [
+        "max.f32 $0, $38, x0; max.f32 $1, $39, x1;",
+        "setp.gt.f32 q, $0, 0fFF800000; selp.f32 $2, $0, 0f00000000, q;",
+        "setp.gt.f32 q, $1, 0fFF800000; selp.f32 $3, $1, 0f00000000, q;",
+        "sub.f32 a, $38, $2; ex2.approx.f32 al0, a; sub.f32 b, $39, $3; ex2.approx.f32 al1, b;",
+        "mul.f32 $4, $40, al0; mul.f32 $5, $41, al1;",
+    ]
+    # fragment i = o{mt}{j}: j even -> head 2t (al0), j odd -> head 2t+1 (al1)
+    lines += [f"mul.f32 {d}, {x}, {'al1' if i % 2 else 'al0'};" for i, (d, x) in enumerate(zip(o_out, o_in))]
+    lines += ["LAZY_DONE:", "}"]
+    return "\n".join(lines)
+
+
+_LAZY_PTX = tl.constexpr(_lazy_step_ptx())
+_LAZY_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 38 + ["f"] * 39))
+_F32X38 = tl.constexpr((tl.float32,) * 38)
+
+
+@triton.jit
+def _lazy_step(m0, m1, l0, l1, mx0, mx1,
+               o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
+               o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, slack):  # fmt: skip
+    """``_lazy_step_ptx``: (m0, m1, c0, c1, l0, l1, the 32 fragments); ``slack`` in log2 units (fp32)."""
+    return tl.inline_asm_elementwise(
+        _LAZY_PTX, _LAZY_CONSTRAINTS,
+        [m0, m1, l0, l1, mx0, mx1,
+         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+         o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, slack],
+        dtype=_F32X38,
+        is_pure=True, pack=1,
+    )  # fmt: skip
+
 if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (_mma_twins)
     from nibblekv.kernels import _mma_twins as _tw
 

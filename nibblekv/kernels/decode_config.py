@@ -220,6 +220,9 @@ def _mma_config() -> dict[str, int | bool]:
         # NOTE: nibbles -> fp16 by integer ops instead of E4M3 bytes + cvt (bit 1: K, bit 2: V): Hopper's
         # conversions are slow and the default issues 4.4 per token-head; opt-in until timed
         "cv": 0,
+        # NOTE: > 0 = lazy rescale: the running max stays while no score exceeds it by more than lz (log2
+        # units; see decode_mma._step_max); opt-in until timed
+        "lazy": 0,
         # NOTE: 1 = the bf16 tail is one more one-warp program of the grid (bf16 mma.sync), 0 = its own launch
         # (decode_tail_kernel) on a side stream. In the engine at B=1 x 3K (CUDA graphs, H200, 2026-11-30)
         # that launch cost ~6 us a layer even beside the main kernel: nvfp4 steps 5.74 ms vs 5.29 with no tail
@@ -305,7 +308,7 @@ _KEYS = {
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
     "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
     "tpp": "tail_page_prefetch", "co": "combine_online", "ts": "tail_splits", "tma": "tma",
-    "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room",
+    "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy",
 }  # fmt: skip
 
 

@@ -38,6 +38,7 @@ from nibblekv.kernels._mma_ptx import (
     _cvt_word,
     _cvt_word_alu,
     _interleave,
+    _lazy_step,
     _ld4,
     _max8,
     _mma,
@@ -50,10 +51,13 @@ from nibblekv.kernels._mma_ptx import (
     _st4,
     _sum8,
 )
+from nibblekv.kernels._common import interpreting
 from nibblekv.kernels._pdl import pdl_enter
 from nibblekv.kernels._tma import tma_init, tma_issue, tma_read, tma_ring
 from nibblekv.kernels.decode_fixup import fixup
 from nibblekv.kernels.decode_tok import _tok_segment
+
+_INTERP = tl.constexpr(interpreting())
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -330,12 +334,69 @@ def _advance(
 
 
 @triton.jit
+def _step_max(
+    m0, m1, l0, l1, mx0, mx1,
+    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    LZ: tl.constexpr = 0,
+):  # fmt: skip
+    """``_advance`` to the column max of this lane's step maxima ``mx0/mx1`` (the shuffles included).
+
+    ``LZ`` > 0 (variant option ``lz``, lazy rescale): while no lane's step max exceeds the running max by
+    more than ``LZ`` (log2 units), the running max stays, so the step skips the column-max shuffles and the
+    O^T / sum rescale (the common case once a long context has seen its largest scores). Exact: scores
+    subtract the max the sums were kept at, and ``p`` <= 2**LZ fits the fp16 P operand with its relative
+    precision unchanged. NOTE: the decision is warp-uniform (``vote.all`` over the warp's lanes; one PTX
+    block, see ``_mma_ptx._lazy_step_ptx``).
+    """
+    if LZ and not _INTERP:
+        (
+            m0, m1, c0, c1, l0, l1,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _lazy_step(
+            m0, m1, l0, l1, mx0, mx1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
+            o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            tl.full(mx0.shape, LZ, tl.float32),
+        )  # fmt: skip
+    elif LZ:  # the interpreter's twin of _lazy_step
+        c0 = tl.where(m0 > float("-inf"), m0, 0.0)
+        c1 = tl.where(m1 > float("-inf"), m1, 0.0)
+        ok = (mx0 <= m0 + LZ) & (mx1 <= m1 + LZ)
+        if tl.min(ok.to(tl.int32), axis=0) == 0:
+            x0, x1 = _max8(mx0, mx1)
+            (
+                m0, m1, c0, c1, l0, l1,
+                o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
+                o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            ) = _advance(
+                m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
+                o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            )  # fmt: skip
+    else:
+        x0, x1 = _max8(mx0, mx1)
+        (
+            m0, m1, c0, c1, l0, l1,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _advance(
+            m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
+            o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        )  # fmt: skip
+    return (
+        m0, m1, c0, c1, l0, l1,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
+
+
+@triton.jit
 def _run_step(
     rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1,
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    TPI: tl.constexpr, MASKED: tl.constexpr, CV: tl.constexpr = 0,
+    TPI: tl.constexpr, MASKED: tl.constexpr, CV: tl.constexpr = 0, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """One softmax step over ``TPI`` tiles (``rawA``, ``rawB``) of this warp at ``nb``; returns the new
     (m0, m1, l0, l1, O^T fragments)."""
@@ -350,14 +411,13 @@ def _run_step(
         )  # fmt: skip
         mx0 = tl.maximum(tl.maximum(sA0, sA2), tl.maximum(sB0, sB2))
         mx1 = tl.maximum(tl.maximum(sA1, sA3), tl.maximum(sB1, sB3))
-        x0, x1 = _max8(mx0, mx1)
         (
             m0, m1, c0, c1, l0, l1,
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-        ) = _advance(
-            m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
-            o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _step_max(
+            m0, m1, l0, l1, mx0, mx1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
+            o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, LZ,
         )  # fmt: skip
         pA0, pA1 = tl.exp2(sA0 - c0), tl.exp2(sA1 - c1)
         pA2, pA3 = tl.exp2(sA2 - c0), tl.exp2(sA3 - c1)
@@ -386,14 +446,14 @@ def _run_step(
             rawA, qk_scale, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
             MASKED, CV,
         )  # fmt: skip
-        x0, x1 = _max8(tl.maximum(sA0, sA2), tl.maximum(sA1, sA3))
         (
             m0, m1, c0, c1, l0, l1,
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-        ) = _advance(
-            m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
-            o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _step_max(
+            m0, m1, l0, l1, tl.maximum(sA0, sA2), tl.maximum(sA1, sA3), o00, o01, o02, o03, o10, o11, o12, o13,
+            o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63,
+            o70, o71, o72, o73, LZ,
         )  # fmt: skip
         pA0, pA1 = tl.exp2(sA0 - c0), tl.exp2(sA1 - c1)
         pA2, pA3 = tl.exp2(sA2 - c0), tl.exp2(sA3 - c1)
@@ -582,7 +642,7 @@ def _mma_segment(
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0,
-    TMA: tl.constexpr = 0, scratch=None,
+    TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
@@ -676,6 +736,7 @@ def _mma_segment(
                 rawA, rawB, n0, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10,
                 q11, q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
                 o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, CV,
+                LZ,
             )  # fmt: skip
             for j in tl.static_range(TPI):  # refill the stages this step read (m0, o00: read before)
                 _tma_fill(scratch, lane, it + j + TMA, n_tiles, start, src, m0, o00, PAGE, D, TMA)
@@ -729,6 +790,7 @@ def _mma_segment(
                 rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
                 q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
                 o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, CV,
+                LZ,
             )  # fmt: skip
             if PF:
                 rawA = nextA
@@ -749,7 +811,7 @@ def _mma_segment(
         ) = _run_step(
             rawA, rawA, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
             q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True, CV,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True, CV, LZ,
         )  # fmt: skip
         n0 += 16 * NW
     _finish(
@@ -1032,7 +1094,7 @@ def decode_mma_kernel(
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     TPP: tl.constexpr = 0,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
-    TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0,
+    TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -1134,7 +1196,7 @@ def decode_mma_kernel(
         q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
         pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
         o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-        G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV, TMA, scratch,
+        G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV, TMA, scratch, LZ,
     )  # fmt: skip
     if FUSE:
         _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
