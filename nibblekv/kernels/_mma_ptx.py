@@ -247,28 +247,33 @@ def _lazy_step_ptx() -> str:
     fragments are rescaled by ``ex2(m_old - c)`` -- ``_max8`` + ``_advance``, skipped by one branch inside
     one asm block (a Triton ``if`` there made ptxas spill at the 128-register cap).
     """
-    o_in = [f"${40 + 4 + i}" for i in range(32)]  # $44..$75
+    o_in = [f"${44 + i}" for i in range(32)]
     o_out = [f"${6 + i}" for i in range(32)]
+    # NOTE: an output may share its register with its own input (loop-carried m, l, O^T: LLVM coalesces the
+    # phi pair), so m, l and the step maxima are copied first and every output is written from copies or
+    # from its own input only
     lines = [
-        "{ .reg .pred p, q; .reg .f32 t0, t1, a, b, x0, x1, al0, al1;",
-        "add.f32 t0, $38, $76; add.f32 t1, $39, $76;",
-        "setp.le.f32 p, $42, t0; setp.le.and.f32 p, $43, t1, p;",
+        "{ .reg .pred p, q; .reg .f32 m0, m1, l0, l1, y0, y1, s, t0, t1, a, b, x0, x1, n0, n1, k0, k1, al0, al1;",
+        "mov.f32 m0, $38; mov.f32 m1, $39; mov.f32 l0, $40; mov.f32 l1, $41; mov.f32 y0, $42; mov.f32 y1, $43;",
+        "mov.f32 s, $76; add.f32 t0, m0, s; add.f32 t1, m1, s;",
+        "setp.le.f32 p, y0, t0; setp.le.and.f32 p, y1, t1, p;",
         "vote.sync.all.pred p, p, 0xffffffff;",
-        "mov.f32 $0, $38; mov.f32 $1, $39; mov.f32 $4, $40; mov.f32 $5, $41;",
-        "setp.gt.f32 q, $38, 0fFF800000; selp.f32 $2, $38, 0f00000000, q;",
-        "setp.gt.f32 q, $39, 0fFF800000; selp.f32 $3, $39, 0f00000000, q;",
+        "setp.gt.f32 q, m0, 0fFF800000; selp.f32 k0, m0, 0f00000000, q;",
+        "setp.gt.f32 q, m1, 0fFF800000; selp.f32 k1, m1, 0f00000000, q;",
+        "mov.f32 $0, m0; mov.f32 $1, m1; mov.f32 $2, k0; mov.f32 $3, k1; mov.f32 $4, l0; mov.f32 $5, l1;",
     ]
     lines += [f"mov.f32 {d}, {x};" for d, x in zip(o_out, o_in)]
-    lines += ["@p bra LAZY_DONE;", "mov.f32 x0, $42; mov.f32 x1, $43;"]
+    lines += ["@p bra LAZY_DONE;", "mov.f32 x0, y0; mov.f32 x1, y1;"]
     for m in (4, 8, 16):
         lines.append(f"shfl.sync.bfly.b32 a, x0, {m}, 0x1f, 0xffffffff; shfl.sync.bfly.b32 b, x1, {m}, 0x1f, 0xffffffff;")
         lines.append("max.f32 x0, x0, a; max.f32 x1, x1, b;")
     lines += [
-        "max.f32 $0, $38, x0; max.f32 $1, $39, x1;",
-        "setp.gt.f32 q, $0, 0fFF800000; selp.f32 $2, $0, 0f00000000, q;",
-        "setp.gt.f32 q, $1, 0fFF800000; selp.f32 $3, $1, 0f00000000, q;",
-        "sub.f32 a, $38, $2; ex2.approx.f32 al0, a; sub.f32 b, $39, $3; ex2.approx.f32 al1, b;",
-        "mul.f32 $4, $40, al0; mul.f32 $5, $41, al1;",
+        "max.f32 n0, m0, x0; max.f32 n1, m1, x1;",
+        "setp.gt.f32 q, n0, 0fFF800000; selp.f32 k0, n0, 0f00000000, q;",
+        "setp.gt.f32 q, n1, 0fFF800000; selp.f32 k1, n1, 0f00000000, q;",
+        "sub.f32 a, m0, k0; ex2.approx.f32 al0, a; sub.f32 b, m1, k1; ex2.approx.f32 al1, b;",
+        "mov.f32 $0, n0; mov.f32 $1, n1; mov.f32 $2, k0; mov.f32 $3, k1;",
+        "mul.f32 $4, l0, al0; mul.f32 $5, l1, al1;",
     ]
     # fragment i = o{mt}{j}: j even -> head 2t (al0), j odd -> head 2t+1 (al1)
     lines += [f"mul.f32 {d}, {x}, {'al1' if i % 2 else 'al0'};" for i, (d, x) in enumerate(zip(o_out, o_in))]

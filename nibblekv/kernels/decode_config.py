@@ -282,10 +282,11 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
         # wave_ctas 2 (head_dim 128; default_num_splits): H200, 2026-12-01,
         # decode-variants-{cap,wv}-*-h200.json, with the tail: B8x32K .768 -> .826 (4 splits), B16x16K .768 ->
         # .820 (2), B32x8K .746 -> .825 (1);
-        # GQA 8 B8x32K .756 -> .848, B32x8K .744 -> .852; B64x32K .930 either way. Head_dim 64 keeps the
-        # default (B8x32K .696 vs .686 at 4 splits)
+        # GQA 8 B8x32K .756 -> .848, B32x8K .744 -> .852; B64x32K .930 either way. Head_dim 64 (122
+        # registers: 4 programs per SM) wave_ctas 4: B8x32K .693 -> .750, B32x8K .688 -> .751, B64x8K .770 ->
+        # .832 (H200, 2026-12-01, decode-variants-d64-wv-h200.json, one run)
         return {
-            "wave_ctas": 2 if d == 128 else 0,
+            "wave_ctas": {128: 2, 64: 4}.get(d, 0),
             "block_n": 128 if d <= 128 else 64,
             "tail_block_n": 64,
             "num_warps": 4,
