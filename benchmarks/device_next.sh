@@ -17,10 +17,11 @@
 # A/B splits that leave it room; (b) FP8 head_dim 64 one-wave splits (wv=4?); (c) the engine's matched 32K and
 # 16K-floor rows after the FP8 split rule (FP8 may be faster where a graph's batch range fills the wave);
 # (d) 71f9a27's two reverted changes as opt-in options (C1_VARIANTS A/B), the sweep (STEPS=3) if one wins.
-# Stop 29 did (a) (`tok:tr=1`: no change), (b) (FP8 head_dim 64 wv=4: default now), (c) (engine matched 32K at 1024
-# output tokens: 1.28x) and timed decode_mma's lazy rescale (no gain) -- benchmarks/device_s29.sh. For stop 30: a
-# nibble order inside each stored 32-bit word that converts with fewer integer ops (a format change for every
-# NVFP4 reader and writer; the E4M3 route can drop ~2 of ~15 instructions a word); (d) below.
+# Stop 29 did (a) (`tok:tr=1`: no change), (b) (FP8 head_dim 64 wv=4: default now), (c) (engine matched 32K
+# at 1024 output tokens: 1.28x) and timed decode_mma's lazy rescale (no gain) -- benchmarks/device_s29.sh.
+# NOTE: no nibble order saves integer ops on the E4M3 route (7 a word is the minimum: a word has no tiling by
+# two shifts of the E4M3 bit pattern); direct fp16 placement would need >= 9 plus the 4 scale multiplies.
+# For stop 30: (d) below; lz with pf=1 and no spills (fewer live registers).
 # Usage from the repo root: OUT=... COMMIT=<sha> STEPS="1 2" bash benchmarks/device_next.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}

@@ -7,7 +7,8 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-timeout -k 5 150 python3 -m pytest -q -x tests/test_kernels_decode.py -k "test_decode_mma_lazy or (test_decode_mma and lz)" \
+timeout -k 5 150 python3 -m pytest -q -x tests/test_kernels_decode.py \
+  -k "test_decode_mma_lazy or (test_decode_mma and lz)" \
   > "$OUT/gpu-tests-lz.log" 2>&1
 rc=$?
 echo "gpu tests exit $rc"; tail -3 "$OUT/gpu-tests-lz.log"
@@ -19,7 +20,8 @@ echo "bench a exit $?"
 cp "$OUT/a/decode-variants.json" "$OUT/decode-variants-lz-tr-h200.json" 2>/dev/null; rm -rf "$OUT/a"
 tail -40 "$OUT/decode-variants-lz-tr.log" | grep -v "^$"
 timeout -k 5 110 python3 benchmarks/bench_decode_variants.py --out "$OUT/b" --budget-s 80 --head-dim 64 \
-  --shapes 8x32768 64x8192 32x8192 --variants fp8_e4m3=tok fp8_e4m3=tok:wv=4 > "$OUT/decode-variants-d64-wv.log" 2>&1
+  --shapes 8x32768 64x8192 32x8192 --variants fp8_e4m3=tok fp8_e4m3=tok:wv=4 \
+  > "$OUT/decode-variants-d64-wv.log" 2>&1
 echo "bench b exit $?"
 cp "$OUT/b/decode-variants.json" "$OUT/decode-variants-d64-wv-h200.json" 2>/dev/null; rm -rf "$OUT/b"
 tail -12 "$OUT/decode-variants-d64-wv.log" | grep -v "^$"

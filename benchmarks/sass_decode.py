@@ -144,7 +144,8 @@ def main() -> None:
                 dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 0.1, pb.tail, pb.tail_page_table, pb.tail_lens,
                                   num_splits=2, variant=spec, active=act)  # fmt: skip
             except Exception as e:  # noqa: BLE001 - report and go on
-                print(f"{dname:9s} {spec:28s} COMPILE FAILED: {str(e)[-1500:]} | cause: {_root(e)[-1500:]}", flush=True)
+                cause = _root(e)[-1500:]
+                print(f"{dname:9s} {spec:28s} COMPILE FAILED: {str(e)[-1500:]} | cause: {cause}", flush=True)
                 continue
             k = dec.LAST_KERNEL["decode"]
             ins = sass_of(k.asm["cubin"])  # type: ignore[attr-defined]

@@ -83,12 +83,14 @@ def test_decode_mma_lazy(spec: str) -> None:
     # and some raise it (at lz=2 a wrong max on either path fails this); lengths 1 and 37, tails W, 0, 3
     import nibblekv.kernels.decode as dec
 
-    pb = make_batch(KVDtype.NVFP4, [200, 1, 37], 1, 128, P, DEVICE, tail_lens=[W, 0, 3], global_scale=(0.37, 2.5))
+    pb = make_batch(KVDtype.NVFP4, [200, 1, 37], 1, 128, P, DEVICE, tail_lens=[W, 0, 3],
+                    global_scale=(0.37, 2.5))
     torch.manual_seed(7)
     q = (3 * torch.randn(3, 3, 128, device=DEVICE)).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"))
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
-    dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 0.125, **targs, num_splits=1, out=out, variant=spec)
+    dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 0.125, **targs, num_splits=1, out=out,
+                      variant=spec)
     ref = decode_ref(q.float(), pb.cache, pb.page_table, pb.lens, 0.125, **targs)
     assert rel_rms(out, ref) <= 1e-2
 

@@ -253,8 +253,10 @@ def _lazy_step_ptx() -> str:
     # phi pair), so m, l and the step maxima are copied first and every output is written from copies or
     # from its own input only
     lines = [
-        "{ .reg .pred p, q; .reg .f32 m0, m1, l0, l1, y0, y1, s, t0, t1, a, b, x0, x1, n0, n1, k0, k1, al0, al1;",
-        "mov.f32 m0, $38; mov.f32 m1, $39; mov.f32 l0, $40; mov.f32 l1, $41; mov.f32 y0, $42; mov.f32 y1, $43;",
+        "{ .reg .pred p, q; .reg .f32 m0, m1, l0, l1, y0, y1, s, t0, t1, a, b, x0, x1, n0, n1, k0, k1;",
+        ".reg .f32 al0, al1;",
+        "mov.f32 m0, $38; mov.f32 m1, $39; mov.f32 l0, $40; mov.f32 l1, $41;",
+        "mov.f32 y0, $42; mov.f32 y1, $43;",
         "mov.f32 s, $76; add.f32 t0, m0, s; add.f32 t1, m1, s;",
         "setp.le.f32 p, y0, t0; setp.le.and.f32 p, y1, t1, p;",
         "vote.sync.all.pred p, p, 0xffffffff;",
@@ -265,7 +267,8 @@ def _lazy_step_ptx() -> str:
     lines += [f"mov.f32 {d}, {x};" for d, x in zip(o_out, o_in)]
     lines += ["@p bra LAZY_DONE;", "mov.f32 x0, y0; mov.f32 x1, y1;"]
     for m in (4, 8, 16):
-        lines.append(f"shfl.sync.bfly.b32 a, x0, {m}, 0x1f, 0xffffffff; shfl.sync.bfly.b32 b, x1, {m}, 0x1f, 0xffffffff;")
+        lines.append(f"shfl.sync.bfly.b32 a, x0, {m}, 0x1f, 0xffffffff;")
+        lines.append(f"shfl.sync.bfly.b32 b, x1, {m}, 0x1f, 0xffffffff;")
         lines.append("max.f32 x0, x0, a; max.f32 x1, x1, b;")
     lines += [
         "max.f32 n0, m0, x0; max.f32 n1, m1, x1;",

@@ -352,37 +352,30 @@ def _step_max(
     if LZ and not _INTERP:
         (
             m0, m1, c0, c1, l0, l1,
-            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
-            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
+            o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ) = _lazy_step(
-            m0, m1, l0, l1, mx0, mx1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
-            o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            m0, m1, l0, l1, mx0, mx1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
+            o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
             tl.full(mx0.shape, LZ, tl.float32),
         )  # fmt: skip
-    elif LZ:  # the interpreter's twin of _lazy_step
+    else:
+        # the interpreter's twin of _lazy_step with LZ (without, c0 / c1 are dead: _advance sets them)
         c0 = tl.where(m0 > float("-inf"), m0, 0.0)
         c1 = tl.where(m1 > float("-inf"), m1, 0.0)
-        ok = (mx0 <= m0 + LZ) & (mx1 <= m1 + LZ)
-        if tl.min(ok.to(tl.int32), axis=0) == 0:
+        slow = True
+        if LZ:
+            slow = tl.min(((mx0 <= m0 + LZ) & (mx1 <= m1 + LZ)).to(tl.int32), axis=0) == 0
+        if slow:
             x0, x1 = _max8(mx0, mx1)
             (
                 m0, m1, c0, c1, l0, l1,
                 o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
                 o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
             ) = _advance(
-                m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
-                o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+                m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
+                o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
             )  # fmt: skip
-    else:
-        x0, x1 = _max8(mx0, mx1)
-        (
-            m0, m1, c0, c1, l0, l1,
-            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
-            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-        ) = _advance(
-            m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
-            o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-        )  # fmt: skip
     return (
         m0, m1, c0, c1, l0, l1,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
@@ -416,8 +409,8 @@ def _run_step(
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ) = _step_max(
-            m0, m1, l0, l1, mx0, mx1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
-            o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, LZ,
+            m0, m1, l0, l1, mx0, mx1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
+            o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, LZ,
         )  # fmt: skip
         pA0, pA1 = tl.exp2(sA0 - c0), tl.exp2(sA1 - c1)
         pA2, pA3 = tl.exp2(sA2 - c0), tl.exp2(sA3 - c1)
@@ -451,9 +444,9 @@ def _run_step(
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ) = _step_max(
-            m0, m1, l0, l1, tl.maximum(sA0, sA2), tl.maximum(sA1, sA3), o00, o01, o02, o03, o10, o11, o12, o13,
-            o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63,
-            o70, o71, o72, o73, LZ,
+            m0, m1, l0, l1, tl.maximum(sA0, sA2), tl.maximum(sA1, sA3), o00, o01, o02, o03, o10, o11, o12,
+            o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61,
+            o62, o63, o70, o71, o72, o73, LZ,
         )  # fmt: skip
         pA0, pA1 = tl.exp2(sA0 - c0), tl.exp2(sA1 - c1)
         pA2, pA3 = tl.exp2(sA2 - c0), tl.exp2(sA3 - c1)
@@ -964,14 +957,14 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
         s1 = tl.where(mg1, (e1 + f1) * qk_scale, float("-inf"))  # PAIR: column 2t+1 has parity 1
         s2 = tl.where(m8, (e2 + f2) * qk_scale, float("-inf"))
         s3 = tl.where(m81, (e3 + f3) * qk_scale, float("-inf"))
-        x0, x1 = _max8(tl.maximum(s0, s2), tl.maximum(s1, s3))
         (
             m0, m1, c0, c1, l0, l1,
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-        ) = _advance(
-            m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
-            o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _step_max(
+            m0, m1, l0, l1, tl.maximum(s0, s2), tl.maximum(s1, s3), o00, o01, o02, o03, o10, o11, o12, o13,
+            o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62,
+            o63, o70, o71, o72, o73,
         )  # fmt: skip
         p0, p1 = tl.exp2(s0 - c0), tl.exp2(s1 - c1)
         p2, p3 = tl.exp2(s2 - c0), tl.exp2(s3 - c1)
