@@ -372,6 +372,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "vst": 1,
         "vq": 1,
         "cv": 0,
+        "lazy": 0,
         "tin": 1,
         "tail_wave": 0,
         "tail_page_prefetch": 1,
@@ -380,6 +381,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     }
     assert resolve_variant("mma:tin=0", 2, 128, False)[1]["tin"] == 0
     assert resolve_variant("mma:tw=1", 2, 128, False)[1]["tail_wave"] == 1
+    assert resolve_variant("mma:lz=8", 2, 128, False)[1]["lazy"] == 8
     cfg = resolve_variant("mma:tpp=0,co=0,ts=4", 2, 128, False)[1]
     assert (cfg["tail_page_prefetch"], cfg["combine_online"], cfg["tail_splits"]) == (0, 0, 4)
     assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (2026-11-30 run)
