@@ -439,7 +439,7 @@ def decode_triton(
             VST=int(cfg["vst"]),
             VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
             CV=int(cfg["cv"]),
-            LZ=int(cfg.get("lazy", 0)),
+            LZ=int(cfg["lazy"]),
             TPP=int(tail_in_grid and bool(cfg.get("tail_page_prefetch", 0))),
             **tma_args(cfg, cache, mma_common["PAGE"], math.prod(grid), q.device),
             **pdl,

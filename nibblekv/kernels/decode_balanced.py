@@ -231,7 +231,7 @@ def launch_balanced(
         HQ=hq, G=g, D=d, PAGE=cache.layout.page_size, TPAGE=tpage, BP=bp, W=warps, HAS_TAIL=int(has_tail),
         TPI=int(cfg["tpi"]), PF=int(cfg["pf"]), MINC=int(cfg["minc"]), VST=int(cfg["vst"]),
         VQ=int(cfg["vq"]),
-        CV=int(cfg["cv"]), LZ=int(cfg.get("lazy", 0)), DYN=dyn, num_warps=1, num_stages=1,
+        CV=int(cfg["cv"]), LZ=int(cfg["lazy"]), DYN=dyn, num_warps=1, num_stages=1,
         **tma_args(cfg, cache, cache.layout.page_size, grid[0], q.device), **pdl,
         **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
     )  # fmt: skip

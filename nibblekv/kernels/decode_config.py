@@ -221,7 +221,8 @@ def _mma_config() -> dict[str, int | bool]:
         # conversions are slow and the default issues 4.4 per token-head; opt-in until timed
         "cv": 0,
         # NOTE: > 0 = lazy rescale: the running max stays while no score exceeds it by more than lz (log2
-        # units; see decode_mma._step_max); opt-in until timed
+        # units; see decode_mma._step_max). Opt-in: ~1% on the H200 and only without the prefetch (pf=0) or
+        # with one tile a step -- with both it spills (decode-variants-{lz,pf0-lz,gqa8-lz}-h200.json)
         "lazy": 0,
         # NOTE: 1 = the bf16 tail is one more one-warp program of the grid (bf16 mma.sync), 0 = its own launch
         # (decode_tail_kernel) on a side stream. In the engine at B=1 x 3K (CUDA graphs, H200, 2026-11-30)
