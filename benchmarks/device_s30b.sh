@@ -1,0 +1,24 @@
+#!/bin/bash
+# Stop 30, second H200 call (~6 min): BF16 / FP8 decode_tok launch configs (after device_s30.sh: BF16 s=5 read
+# .889 vs .842 at B8x32K with the tail; head_dim 64 BF16 bn=128 .834 and wv=4,s=5 .843, FP8 .728 at B8x32K).
+#   (a) head_dim 128, no tail, GQA 4 and GQA 8: BF16 tok vs s=5 (the default-to-be), FP8 tok beside them.
+#   (b) head_dim 64, no tail: BF16 bn=128 with one-wave splits, FP8 tiles / stages / one-wave programs.
+# Usage from the repo root: OUT=... bash benchmarks/device_s30b.sh
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+run() {  # run NAME SECONDS ARGS...: one bench_decode_variants call -> $OUT/decode-variants-NAME-h200.{json,log}
+  local name=$1 secs=$2; shift 2
+  timeout -k 5 "$secs" python3 benchmarks/bench_decode_variants.py --out "$OUT/$name" --budget-s $((secs - 40)) \
+    "$@" > "$OUT/decode-variants-$name-h200.log" 2>&1
+  echo "$name exit $?"
+  cp "$OUT/$name/decode-variants.json" "$OUT/decode-variants-$name-h200.json" 2>/dev/null; rm -rf "$OUT/$name"
+  grep -A30 "^dtype" "$OUT/decode-variants-$name-h200.log" | grep -v "^$" | head -30
+}
+SH="64x32768 8x32768 32x8192 128x8192 1x131072"
+run s30d 120 --shapes $SH --variants bf16=tok bf16=tok:s=5 bf16=tok:s=6 fp8_e4m3=tok
+run s30e 100 --q-heads 64 --shapes $SH --variants bf16=tok bf16=tok:s=5 fp8_e4m3=tok
+run s30f 200 --head-dim 64 --shapes 8x32768 64x8192 64x32768 32x8192 --variants \
+  bf16=tok:bn=128 bf16=tok:bn=128,wv=2 bf16=tok:bn=128,wv=3 bf16=tok:bn=128,wv=2,s=5 bf16=tok:wv=4,s=5 \
+  bf16=tok:bn=32,wv=8,s=6 fp8_e4m3=tok fp8_e4m3=tok:bn=256 fp8_e4m3=tok:bn=256,wv=2 fp8_e4m3=tok:wv=3 \
+  fp8_e4m3=tok:wv=6 fp8_e4m3=tok:w=8,wv=2 fp8_e4m3=tok:s=4
