@@ -30,8 +30,13 @@ from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
 from nibblekv.kernels._pdl import pdl_args, pdl_enter
 from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels._tma import tma_args, tma_ring
+from nibblekv.kernels.combine import _merge_partials
 from nibblekv.kernels.decode_mma import _mma_segment, _mma_tail
 from nibblekv.kernels.types import LayerKV
+
+# elements of one [slots, dims] fp32 chunk the combine merges at once: 32 registers per thread at 4 warps
+COMBINE_CHUNK = 4096
+
 
 def plan_balanced(lens: list[int], kv_heads: int, warps: int, min_tiles: int) -> list[tuple[int, int, int, int, int]]:
     """The schedule ``decode_mma_bal_kernel`` runs: ``(warp, pair, first token, end token, slot)`` for every
@@ -147,11 +152,16 @@ def decode_mma_bal_kernel(
 def _combine_bal_kernel(
     o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, n_req, act_ptr, lse_out,
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BP: tl.constexpr,
-    W: tl.constexpr, BS: tl.constexpr, MINC: tl.constexpr, HAS_TAIL: tl.constexpr, DYN: tl.constexpr,
-    WRITE_LSE: tl.constexpr, PDL: tl.constexpr = 0,
+    W: tl.constexpr, MINC: tl.constexpr, HAS_TAIL: tl.constexpr, DYN: tl.constexpr,
+    WRITE_LSE: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
-    """Merge the partials of one (request, query head), dims ``[DB * pid1, DB * (pid1 + 1))``; padding
-    rows (``DYN``) and empty contexts come out zeros. ``BS`` >= the most slots a pair can have."""
+    """Merge the partials of one (request, query head), dims ``[DB * pid1, DB * (pid1 + 1))``, ``CH`` slots
+    at a time; padding rows (``DYN``) and empty contexts come out zeros.
+
+    NOTE: one online pass -- the tail's slot and the first chunk of split slots load together (lse and
+    partials), so a pair costs two dependent memory round trips (``lens``, then its slots) instead of three
+    (H200 at B64 x 8K: 11 us of a 198 us decode call in the three-trip version, decode-variants-s30a-h200.json).
+    """
     pdl_enter(PDL)
     HKV: tl.constexpr = HQ // G
     r = tl.program_id(0)
@@ -172,33 +182,33 @@ def _combine_bal_kernel(
     n = tl.where(tiles > 0, (first_tile + tiles - 1) // chunk - fw + 1, 0)
     p = b * HKV + h
     first = (fw + p).to(tl.int64)
-    offs = tl.arange(0, BS)
-    smask = offs < n
-    lse = tl.load(lse_ptr + (first + offs) * G + gi, mask=smask, other=float("-inf"))
+    offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
     tslot = (W + n_req * HKV + p).to(tl.int64)
     has_t = live & (HAS_TAIL > 0)
     lse_t = tl.load(lse_ptr + tslot * G + gi, mask=has_t, other=float("-inf"))
-    mx = tl.maximum(tl.max(lse, axis=0), lse_t)
-    w = tl.where(smask & (lse > float("-inf")), tl.exp2(lse - mx), 0.0)
-    w_t = tl.where(lse_t > float("-inf"), tl.exp2(lse_t - mx), 0.0)
-    tot = tl.sum(w, axis=0) + w_t
-    inv = 1.0 / tl.where(tot > 0, tot, 1.0)  # an empty context yields zeros, never NaN
-    if WRITE_LSE:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
-        if tl.program_id(1) == 0:
-            tl.store(lse_out + r, tl.where(tot > 0, mx + tl.log2(tl.maximum(tot, 1e-30)), float("-inf")))
-    offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
-    CH: tl.constexpr = 4096 // DB  # a [CH, DB] fp32 chunk: 32 registers per thread (4 warps)
-    res = tl.zeros([DB], tl.float32)
-    s0 = 0
-    while s0 < n:
+    o_t = tl.load(o_ptr + (tslot * G + gi) * D + offs_d, mask=has_t & (offs_d < D), other=0.0)
+    offs_c = tl.arange(0, CH)
+    cm = offs_c < n
+    lse_c = tl.load(lse_ptr + (first + offs_c) * G + gi, mask=cm, other=float("-inf"))
+    o_c = tl.load(o_ptr + ((first + offs_c) * G + gi)[:, None] * D + offs_d[None, :], mask=cm[:, None], other=0.0)
+    m = tl.maximum(tl.max(lse_c, axis=0), lse_t)
+    base = tl.where(m > float("-inf"), m, 0.0)
+    w_c = tl.where(lse_c > float("-inf"), tl.exp2(lse_c - base), 0.0)
+    w_t = tl.where(lse_t > float("-inf"), tl.exp2(lse_t - base), 0.0)
+    l = tl.sum(w_c, axis=0) + w_t
+    acc = tl.sum(o_c * w_c[:, None], axis=0) + o_t * w_t
+    s0 = CH + 0 * n
+    while s0 < n:  # NOTE: only where a pair has more than CH slots (few pairs over the whole wave, B=1)
         offs_c = s0 + tl.arange(0, CH)
         cm = offs_c < n
         lse_c = tl.load(lse_ptr + (first + offs_c) * G + gi, mask=cm, other=float("-inf"))
-        w_c = tl.where(cm & (lse_c > float("-inf")), tl.exp2(lse_c - mx), 0.0) * inv
-        o = tl.load(o_ptr + ((first + offs_c) * G + gi)[:, None] * D + offs_d[None, :], mask=cm[:, None], other=0.0)
-        res += tl.sum(o * w_c[:, None], axis=0)
+        o_c = tl.load(o_ptr + ((first + offs_c) * G + gi)[:, None] * D + offs_d[None, :], mask=cm[:, None], other=0.0)
+        m, l, acc = _merge_partials(lse_c, o_c, m, l, acc)
         s0 += CH
-    res += tl.load(o_ptr + (tslot * G + gi) * D + offs_d, mask=has_t & (offs_d < D), other=0.0) * (w_t * inv)
+    if WRITE_LSE:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
+        if tl.program_id(1) == 0:
+            tl.store(lse_out + r, tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf")))
+    res = acc * (1.0 / tl.where(l > 0, l, 1.0))  # an empty context yields zeros, never NaN
     tl.store(out_ptr + b.to(tl.int64) * s_ob + hq * s_oh + offs_d, res.to(out_ptr.dtype.element_ty))
 
 
@@ -240,8 +250,9 @@ def launch_balanced(
     _combine_bal_kernel[(bsz * hq, d // db)](
         o_part, lse_part, lens, out, out.stride(0), out.stride(1), bsz, active if dyn else lens,
         lse_out if lse_out is not None else lse_part,
-        HQ=hq, G=g, D=d, DB=db, BP=bp, W=warps, BS=triton.next_power_of_2(slots), MINC=int(cfg["minc"]),
-        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None), num_warps=4, **pdl,
+        HQ=hq, G=g, D=d, DB=db, BP=bp, W=warps, MINC=int(cfg["minc"]),
+        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None), CH=COMBINE_CHUNK // db, num_warps=4,
+        **pdl,
     )  # fmt: skip
     return k
 

@@ -295,11 +295,15 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
             "conv": 1,
             "split": 1,
         }
+    # NOTE: BF16 num_stages 5 (2 tiles in flight instead of 1): with the 64-token bf16 tail, GQA 4, fraction
+    # of the H200's read ceiling at B26x32K / B64x8K / B8x32K / B32x8K / B1x128K .944/.894/.842/.856/.678 ->
+    # .953/.917/.889/.883/.737; head_dim 64 (no tail) B64x32K / B64x8K / B8x32K .927/.861/.744 ->
+    # .940/.869/.770 (2026-12-02, decode-variants-s30{a,b}-h200.json; s=6 the same as 5)
     return {
         "block_n": 64 if d <= 128 else 32,
         "tail_block_n": 64,
         "num_warps": 4,
-        "num_stages": 4,
+        "num_stages": 5,
         "conv": 0,
         "split": 0,
     }
