@@ -48,7 +48,8 @@ def test_plan_covers_every_token_once_in_unique_slots(lens: list[int], heads: in
 
 
 def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, page: int, active: int | None = None,
-             gscale: tuple[float, float] = (1.0, 1.0), lse: bool = False, ppsm: int = 5) -> float:  # fmt: skip
+             gscale: tuple[float, float] = (1.0, 1.0), lse: bool = False,
+             ppsm: int = 5) -> float:  # fmt: skip
     torch.manual_seed(hash((tuple(lens), hkv, group, page)) % 2**31)
     pb = make_batch(KVDtype.NVFP4, lens, hkv, 128, page, DEVICE, tail_lens=tails, global_scale=gscale)
     q = torch.randn(len(lens), hkv * group, 128, device=DEVICE).to(torch.bfloat16)
@@ -57,7 +58,8 @@ def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, pag
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     act = None if active is None else torch.tensor([active], dtype=torch.int32, device=DEVICE)
     lse_out = torch.full((len(lens), hkv * group), float("nan"), device=DEVICE) if lse else None
-    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, variant=f"mma:bal=1,ppsm={ppsm},minc=16",
+    spec = f"mma:bal=1,ppsm={ppsm},minc=16"
+    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, variant=spec,
                   active=act, lse_out=lse_out)  # type: ignore[arg-type]  # fmt: skip
     n = len(lens) if active is None else active
     t = {k: (v[:n] if isinstance(v, torch.Tensor) else v) for k, v in targs.items()}

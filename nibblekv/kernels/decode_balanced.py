@@ -160,7 +160,7 @@ def _combine_bal_kernel(
 
     NOTE: one online pass -- the tail's slot and the first chunk of split slots load together (lse and
     partials), so a pair costs two dependent memory round trips (``lens``, then its slots) instead of three
-    (H200 at B64 x 8K: 11 us of a 198 us decode call in the three-trip version, decode-variants-s30a-h200.json).
+    (H200, B64 x 8K: 11 us of a 198 us decode call with three trips, decode-variants-s30a-h200.json).
     """
     pdl_enter(PDL)
     HKV: tl.constexpr = HQ // G
@@ -189,8 +189,9 @@ def _combine_bal_kernel(
     o_t = tl.load(o_ptr + (tslot * G + gi) * D + offs_d, mask=has_t & (offs_d < D), other=0.0)
     offs_c = tl.arange(0, CH)
     cm = offs_c < n
-    lse_c = tl.load(lse_ptr + (first + offs_c) * G + gi, mask=cm, other=float("-inf"))
-    o_c = tl.load(o_ptr + ((first + offs_c) * G + gi)[:, None] * D + offs_d[None, :], mask=cm[:, None], other=0.0)
+    rows = (first + offs_c) * G + gi
+    lse_c = tl.load(lse_ptr + rows, mask=cm, other=float("-inf"))
+    o_c = tl.load(o_ptr + rows[:, None] * D + offs_d[None, :], mask=cm[:, None], other=0.0)
     m = tl.maximum(tl.max(lse_c, axis=0), lse_t)
     base = tl.where(m > float("-inf"), m, 0.0)
     w_c = tl.where(lse_c > float("-inf"), tl.exp2(lse_c - base), 0.0)
@@ -201,8 +202,9 @@ def _combine_bal_kernel(
     while s0 < n:  # NOTE: only where a pair has more than CH slots (few pairs over the whole wave, B=1)
         offs_c = s0 + tl.arange(0, CH)
         cm = offs_c < n
-        lse_c = tl.load(lse_ptr + (first + offs_c) * G + gi, mask=cm, other=float("-inf"))
-        o_c = tl.load(o_ptr + ((first + offs_c) * G + gi)[:, None] * D + offs_d[None, :], mask=cm[:, None], other=0.0)
+        rows = (first + offs_c) * G + gi
+        lse_c = tl.load(lse_ptr + rows, mask=cm, other=float("-inf"))
+        o_c = tl.load(o_ptr + rows[:, None] * D + offs_d[None, :], mask=cm[:, None], other=0.0)
         m, l, acc = _merge_partials(lse_c, o_c, m, l, acc)
         s0 += CH
     if WRITE_LSE:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
@@ -251,8 +253,8 @@ def launch_balanced(
         o_part, lse_part, lens, out, out.stride(0), out.stride(1), bsz, active if dyn else lens,
         lse_out if lse_out is not None else lse_part,
         HQ=hq, G=g, D=d, DB=db, BP=bp, W=warps, MINC=int(cfg["minc"]),
-        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None), CH=COMBINE_CHUNK // db, num_warps=4,
-        **pdl,
+        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None), CH=COMBINE_CHUNK // db,
+        num_warps=4, **pdl,
     )  # fmt: skip
     return k
 
