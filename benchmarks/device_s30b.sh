@@ -3,6 +3,8 @@
 # .889 vs .842 at B8x32K with the tail; head_dim 64 BF16 bn=128 .834 and wv=4,s=5 .843, FP8 .728 at B8x32K).
 #   (a) head_dim 128, no tail, GQA 4 and GQA 8: BF16 tok vs s=5 (the default-to-be), FP8 tok beside them.
 #   (b) head_dim 64, no tail: BF16 bn=128 with one-wave splits, FP8 tiles / stages / one-wave programs.
+#   (c) the balanced combine in one pass: its GPU tests, then NVFP4 mma (balanced from 256 pairs) vs bal=0
+#       with per-kernel times (device_s30.sh's s30a has the three-trip combine at the same shapes).
 # Usage from the repo root: OUT=... bash benchmarks/device_s30b.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -15,6 +17,9 @@ run() {  # run NAME SECONDS ARGS...: one bench_decode_variants call -> $OUT/deco
   cp "$OUT/$name/decode-variants.json" "$OUT/decode-variants-$name-h200.json" 2>/dev/null; rm -rf "$OUT/$name"
   grep -A30 "^dtype" "$OUT/decode-variants-$name-h200.log" | grep -v "^$" | head -30
 }
+timeout -k 5 150 python3 -m pytest -q -x tests/test_kernels_decode_balanced.py > "$OUT/gpu-tests-bal-combine.log" 2>&1
+echo "gpu tests exit $?"; tail -1 "$OUT/gpu-tests-bal-combine.log"
+run s30g 110 --tail --breakdown --shapes 32x8192 64x8192 128x8192 --variants nvfp4=mma nvfp4=mma:bal=0
 SH="64x32768 8x32768 32x8192 128x8192 1x131072"
 run s30d 120 --shapes $SH --variants bf16=tok bf16=tok:s=5 bf16=tok:s=6 fp8_e4m3=tok
 run s30e 100 --q-heads 64 --shapes $SH --variants bf16=tok bf16=tok:s=5 fp8_e4m3=tok
