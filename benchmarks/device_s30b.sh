@@ -17,13 +17,13 @@ run() {  # run NAME SECONDS ARGS...: one bench_decode_variants call -> $OUT/deco
   cp "$OUT/$name/decode-variants.json" "$OUT/decode-variants-$name-h200.json" 2>/dev/null; rm -rf "$OUT/$name"
   grep -A30 "^dtype" "$OUT/decode-variants-$name-h200.log" | grep -v "^$" | head -30
 }
-timeout -k 5 150 python3 -m pytest -q -x tests/test_kernels_decode_balanced.py > "$OUT/gpu-tests-bal-combine.log" 2>&1
+timeout -k 5 100 python3 -m pytest -q -x tests/test_kernels_decode_balanced.py > "$OUT/gpu-tests-bal-combine.log" 2>&1
 echo "gpu tests exit $?"; tail -1 "$OUT/gpu-tests-bal-combine.log"
 run s30g 110 --tail --breakdown --shapes 32x8192 64x8192 128x8192 --variants nvfp4=mma nvfp4=mma:bal=0
 SH="64x32768 8x32768 32x8192 128x8192 1x131072"
-run s30d 120 --shapes $SH --variants bf16=tok bf16=tok:s=5 bf16=tok:s=6 fp8_e4m3=tok
-run s30e 100 --q-heads 64 --shapes $SH --variants bf16=tok bf16=tok:s=5 fp8_e4m3=tok
-run s30f 200 --head-dim 64 --shapes 8x32768 64x8192 64x32768 32x8192 --variants \
+run s30d 100 --shapes $SH --variants bf16=tok bf16=tok:s=5 bf16=tok:s=6 fp8_e4m3=tok
+run s30e 90 --q-heads 64 --shapes $SH --variants bf16=tok bf16=tok:s=5 fp8_e4m3=tok
+run s30f 170 --head-dim 64 --shapes 8x32768 64x8192 64x32768 32x8192 --variants \
   bf16=tok:bn=128 bf16=tok:bn=128,wv=2 bf16=tok:bn=128,wv=3 bf16=tok:bn=128,wv=2,s=5 bf16=tok:wv=4,s=5 \
   bf16=tok:bn=32,wv=8,s=6 fp8_e4m3=tok fp8_e4m3=tok:bn=256 fp8_e4m3=tok:bn=256,wv=2 fp8_e4m3=tok:wv=3 \
   fp8_e4m3=tok:wv=6 fp8_e4m3=tok:w=8,wv=2 fp8_e4m3=tok:s=4
