@@ -97,11 +97,11 @@ def test_balanced_no_tail_gqa4_and_padding_rows() -> None:
 
 @pytest.mark.usefixtures("one_sm")
 def test_balanced_pair_over_one_combine_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 12 warps of one tile each, combine chunks of 4 slots (DB = 128): the long pair's 7 slots take the first
-    # chunk and the loop
+    # 12 warps of one tile each, combine chunks of 2 slots (GQA 3 padded to 4 heads x 128 dims): the long
+    # pair's 7 slots take the first chunk and the loop
     import nibblekv.kernels.decode_balanced as bal
 
-    monkeypatch.setattr(bal, "COMBINE_CHUNK", 4 * 128)
+    monkeypatch.setattr(bal, "COMBINE_CHUNK", 2 * 4 * 128)
     assert _run_bal([100, 17], [W, 0], 1, 3, P, ppsm=12, lse=True) <= 1e-2
 
 

@@ -30,11 +30,10 @@ from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
 from nibblekv.kernels._pdl import pdl_args, pdl_enter
 from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels._tma import tma_args, tma_ring
-from nibblekv.kernels.combine import _merge_partials
 from nibblekv.kernels.decode_mma import _mma_segment, _mma_tail
 from nibblekv.kernels.types import LayerKV
 
-# elements of one [slots, dims] fp32 chunk the combine merges at once: 32 registers per thread at 4 warps
+# elements of one [slots, heads, dims] fp32 chunk the combine merges at once: 32 registers a thread at 4 warps
 COMBINE_CHUNK = 4096
 
 
@@ -151,24 +150,25 @@ def decode_mma_bal_kernel(
 @triton.jit
 def _combine_bal_kernel(
     o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, n_req, act_ptr, lse_out,
-    HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BP: tl.constexpr,
+    HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BP: tl.constexpr,
     W: tl.constexpr, MINC: tl.constexpr, HAS_TAIL: tl.constexpr, DYN: tl.constexpr,
     WRITE_LSE: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
-    """Merge the partials of one (request, query head), dims ``[DB * pid1, DB * (pid1 + 1))``, ``CH`` slots
-    at a time; padding rows (``DYN``) and empty contexts come out zeros.
+    """Merge the partials of one (request, KV head) pair -- its ``G`` query heads (``GP`` = the next power of
+    two) -- for dims ``[DB * pid1, DB * (pid1 + 1))``, ``CH`` slots at a time; padding rows (``DYN``) and
+    empty contexts come out zeros.
 
-    NOTE: one online pass -- the tail's slot and the first chunk of split slots load together (lse and
-    partials), so a pair costs two dependent memory round trips (``lens``, then its slots) instead of three
-    (H200, B64 x 8K: 11 us of a 198 us decode call with three trips, decode-variants-s30a-h200.json).
+    NOTE: a pair's slots hold all G heads side by side, so one program per pair reads them as one
+    ``[CH, G, DB]`` run and computes the prefix sums once for G heads. And one online pass: the tail's slot
+    and the first chunk of split slots load together, two dependent memory round trips (``lens``, then the
+    slots). H200, a program per query head and three round trips: 6.0 / 10.6 / 19.4 us of 105 / 200 / 383
+    us decode calls at B32 / B64 / B128 x 8K (decode-variants-s30{a,g}-h200.json).
     """
     pdl_enter(PDL)
     HKV: tl.constexpr = HQ // G
-    r = tl.program_id(0)
-    b = r // HQ
-    hq = r % HQ
-    h = hq // G
-    gi = hq % G
+    p = tl.program_id(0)  # p = b * HKV + h
+    b = p // HKV
+    h = p % HKV
     n_act = n_req
     if DYN:
         n_act = tl.load(act_ptr)
@@ -180,38 +180,48 @@ def _combine_bal_kernel(
     first_tile = (tl.sum(tl.where(idx == b, incl, 0), axis=0) - tiles) * HKV + h * tiles
     fw = first_tile // chunk
     n = tl.where(tiles > 0, (first_tile + tiles - 1) // chunk - fw + 1, 0)
-    p = b * HKV + h
     first = (fw + p).to(tl.int64)
+    offs_g = tl.arange(0, GP)
+    gm = offs_g < G
     offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
     tslot = (W + n_req * HKV + p).to(tl.int64)
-    has_t = live & (HAS_TAIL > 0)
-    lse_t = tl.load(lse_ptr + tslot * G + gi, mask=has_t, other=float("-inf"))
-    o_t = tl.load(o_ptr + (tslot * G + gi) * D + offs_d, mask=has_t & (offs_d < D), other=0.0)
+    tm = gm & live & (HAS_TAIL > 0)
+    lse_t = tl.load(lse_ptr + tslot * G + offs_g, mask=tm, other=float("-inf"))  # [GP]
+    o_t = tl.load(o_ptr + (tslot * G + offs_g)[:, None] * D + offs_d[None, :], mask=tm[:, None], other=0.0)
     offs_c = tl.arange(0, CH)
-    cm = offs_c < n
-    rows = (first + offs_c) * G + gi
+    rows = (first + offs_c)[:, None] * G + offs_g[None, :]  # [CH, GP]
+    cm = (offs_c < n)[:, None] & gm[None, :]
     lse_c = tl.load(lse_ptr + rows, mask=cm, other=float("-inf"))
-    o_c = tl.load(o_ptr + rows[:, None] * D + offs_d[None, :], mask=cm[:, None], other=0.0)
+    o_c = tl.load(o_ptr + rows[:, :, None] * D + offs_d[None, None, :], mask=cm[:, :, None], other=0.0)
     m = tl.maximum(tl.max(lse_c, axis=0), lse_t)
     base = tl.where(m > float("-inf"), m, 0.0)
-    w_c = tl.where(lse_c > float("-inf"), tl.exp2(lse_c - base), 0.0)
+    w_c = tl.where(lse_c > float("-inf"), tl.exp2(lse_c - base[None, :]), 0.0)
     w_t = tl.where(lse_t > float("-inf"), tl.exp2(lse_t - base), 0.0)
     l = tl.sum(w_c, axis=0) + w_t
-    acc = tl.sum(o_c * w_c[:, None], axis=0) + o_t * w_t
+    acc = tl.sum(o_c * w_c[:, :, None], axis=0) + o_t * w_t[:, None]  # [GP, DB]
     s0 = CH + 0 * n
-    while s0 < n:  # NOTE: only where a pair has more than CH slots (few pairs over the whole wave, B=1)
+    while s0 < n:  # NOTE: only where a pair has more than CH slots (small batches: few, long pairs)
         offs_c = s0 + tl.arange(0, CH)
-        cm = offs_c < n
-        rows = (first + offs_c) * G + gi
+        rows = (first + offs_c)[:, None] * G + offs_g[None, :]
+        cm = (offs_c < n)[:, None] & gm[None, :]
         lse_c = tl.load(lse_ptr + rows, mask=cm, other=float("-inf"))
-        o_c = tl.load(o_ptr + rows[:, None] * D + offs_d[None, :], mask=cm[:, None], other=0.0)
-        m, l, acc = _merge_partials(lse_c, o_c, m, l, acc)
+        o_c = tl.load(o_ptr + rows[:, :, None] * D + offs_d[None, None, :], mask=cm[:, :, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_c, axis=0))
+        base = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp2(m - base)  # 0 while nothing was merged (m = -inf)
+        w_c = tl.where(lse_c > float("-inf"), tl.exp2(lse_c - base[None, :]), 0.0)
+        l = l * alpha + tl.sum(w_c, axis=0)
+        acc = acc * alpha[:, None] + tl.sum(o_c * w_c[:, :, None], axis=0)
+        m = m_new
         s0 += CH
+    hq = h * G + offs_g
     if WRITE_LSE:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
         if tl.program_id(1) == 0:
-            tl.store(lse_out + r, tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf")))
-    res = acc * (1.0 / tl.where(l > 0, l, 1.0))  # an empty context yields zeros, never NaN
-    tl.store(out_ptr + b.to(tl.int64) * s_ob + hq * s_oh + offs_d, res.to(out_ptr.dtype.element_ty))
+            lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
+            tl.store(lse_out + b * HQ + hq, lse, mask=gm)
+    res = acc * (1.0 / tl.where(l > 0, l, 1.0))[:, None]  # an empty context yields zeros, never NaN
+    optr = out_ptr + b.to(tl.int64) * s_ob + hq[:, None] * s_oh + offs_d[None, :]
+    tl.store(optr, res.to(out_ptr.dtype.element_ty), mask=gm[:, None])
 
 
 def launch_balanced(
@@ -248,13 +258,14 @@ def launch_balanced(
         **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
     )  # fmt: skip
     slots = max_pair_slots(warps, hkv)
-    db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hq, slots, d)
-    _combine_bal_kernel[(bsz * hq, d // db)](
+    db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hkv, slots, d)
+    gp = triton.next_power_of_2(g)
+    _combine_bal_kernel[(bsz * hkv, d // db)](
         o_part, lse_part, lens, out, out.stride(0), out.stride(1), bsz, active if dyn else lens,
         lse_out if lse_out is not None else lse_part,
-        HQ=hq, G=g, D=d, DB=db, BP=bp, W=warps, MINC=int(cfg["minc"]),
-        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None), CH=COMBINE_CHUNK // db,
-        num_warps=4, **pdl,
+        HQ=hq, G=g, GP=gp, D=d, DB=db, BP=bp, W=warps, MINC=int(cfg["minc"]),
+        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None),
+        CH=max(1, COMBINE_CHUNK // (gp * db)), num_warps=4, **pdl,
     )  # fmt: skip
     return k
 
