@@ -371,6 +371,13 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "combine_online": 1,
         "tail_splits": 2,
     }
+    # BF16 tok: 4 stages, 5 with the bf16 tail at head_dim 128 (s sets both, st the tail's); head_dim 64: BN 128
+    bf = resolve_variant(None, 0, 128, False)[1]
+    assert (bf["num_stages"], bf["tail_stages"]) == (4, 5)
+    got = [resolve_variant(v, 0, 128, False)[1]["tail_stages"] for v in ("tok:s=3", "tok:s=3,st=6")]
+    assert got == [3, 6]
+    bf = resolve_variant(None, 0, 64, False)[1]
+    assert (bf["block_n"], bf["num_stages"], bf["wave_ctas"], "tail_stages" in bf) == (128, 4, 3, False)
     assert resolve_variant("mma:tin=0", 2, 128, False)[1]["tin"] == 0
     assert resolve_variant("mma:tw=1", 2, 128, False)[1]["tail_wave"] == 1
     assert resolve_variant("mma:lz=8", 2, 128, False)[1]["lazy"] == 8

@@ -399,10 +399,11 @@ def decode_triton(
         tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
         o_part, lse_part, float(sm_scale),
     )  # fmt: skip
+    stages = int(cfg.get("tail_stages", cfg["num_stages"]) if has_tail else cfg["num_stages"])
     common = dict(
         HQ=hq, G=g, BH=max(16, triton.next_power_of_2(g)), D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, TBN=tbn,
         NUM_SPLITS=splits, HAS_TAIL=has_tail, FMT=fmt, INTERP=interp,
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
+        num_warps=int(cfg["num_warps"]), num_stages=stages,
     )  # fmt: skip
     side = None
     dyn: dict[str, object] = {}

@@ -51,6 +51,7 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          15% more instructions)
 # tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within +-.012
 #          of the default for every dtype at those shapes, decode-variants-pdl-*-h200.json)
+# tok: st (pipeline stages where the pool has a bf16 tail; BF16's default 5 at head_dim 128, else s's)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more), wv
 #          (programs per SM of one wave for default_num_splits' one-wave rule; FP8 tok's default 2 at
 #          head_dim 128, else 0 = off), tr (1: the bf16 tail's program counts in the splits' budget; untimed)
@@ -295,15 +296,23 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
             "conv": 1,
             "split": 1,
         }
-    # NOTE: BF16 num_stages 5 (2 tiles in flight instead of 1): with the 64-token bf16 tail, GQA 4, fraction
-    # of the H200's read ceiling at B26x32K / B64x8K / B8x32K / B32x8K / B1x128K .944/.894/.842/.856/.678 ->
-    # .953/.917/.889/.883/.737; head_dim 64 (no tail) B64x32K / B64x8K / B8x32K .927/.861/.744 ->
-    # .940/.869/.770 (2026-12-02, decode-variants-s30{a,b}-h200.json; s=6 the same as 5)
+    # NOTE: BF16 at head_dim 128: 5 stages (2 tiles in flight instead of 1) with the bf16 tail, 4 without.
+    # H200, 2026-12-02, fraction of the read ceiling, s=4 -> s=5: with the 64-token tail, GQA 4, B26x32K /
+    # B64x8K / B8x32K / B32x8K / B1x128K .944/.894/.842/.856/.678 -> .953/.917/.889/.883/.737
+    # (decode-variants-s30a-h200.json); no tail, B64x32K / B128x8K / B8x32K / B32x8K / B1x128K GQA 4
+    # .970/.948/.898/.876/.854 -> .954/.944/.874/.879/.708, GQA 8 .965/.933/.882/.864/.854 ->
+    # .953/.928/.856/.862/.729 (decode-variants-s30{d,e}-h200.json). Head_dim 64 (no tail): 128-token tiles,
+    # 4 stages, one wave of 3 programs per SM: B64x32K / B64x8K / B8x32K .927/.861/.744 -> .960/.896/.854
+    # (decode-variants-s30f-h200.json; with the tail not timed)
+    if d == 64:
+        return {"block_n": 128, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 0, "split": 0,
+                "wave_ctas": 3}  # fmt: skip
     return {
         "block_n": 64 if d <= 128 else 32,
         "tail_block_n": 64,
         "num_warps": 4,
-        "num_stages": 5,
+        "num_stages": 4,
+        "tail_stages": 5 if d == 128 else 4,
         "conv": 0,
         "split": 0,
     }
@@ -314,7 +323,7 @@ _KEYS = {
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
     "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
     "tpp": "tail_page_prefetch", "co": "combine_online", "ts": "tail_splits", "tma": "tma",
-    "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy",
+    "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy", "st": "tail_stages",
 }  # fmt: skip
 
 
@@ -344,5 +353,7 @@ def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tupl
         if key not in _KEYS:
             raise ValueError(f"unknown decode variant option {key!r} in {spec!r} (one of {tuple(_KEYS)})")
         if not interp or name == "mma" or key in ("bn", "tbn", "sv", "fuse"):
+            if key == "s" and "tail_stages" in cfg:  # NOTE: s sets the tail's stages too (a later st wins)
+                cfg["tail_stages"] = int(val)
             cfg[_KEYS[key]] = int(val)
     return name, cfg
