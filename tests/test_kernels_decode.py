@@ -54,7 +54,7 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 # spec x group x page.
 MMA_SPECS = [
     "mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0",
-    "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1,co=1", "mma:lz=8", "mma:tpi=1,lz=8",
+    "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1", "mma:lz=8", "mma:tpi=1,lz=8",
 ]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
@@ -219,26 +219,24 @@ def test_decode_mma_empty_splits_and_tail_only() -> None:
 
 def test_decode_mma_combine_chunks() -> None:
     # 64 splits + the two tail programs' slots, whole-row dim blocks (cdb=128: chunks of 32 slots): most
-    # splits past the context write nothing and the combine step (co=1, one online pass) must read only the
+    # splits past the context write nothing and the combine step (one online pass) must read only the
     # written ones (100 tokens: 7; 20: 2) beside the tail's slots. Two chunks of written slots:
     # test_decode_mma_combine_online
     err = _run(KVDtype.NVFP4, [100, 20], [0, 5], 1, 4, 128, P, 64, variant="mma:minc=16,cdb=128")
     assert err <= 1e-2, err
 
 
-@pytest.mark.parametrize(
-    "pair,db,online,ts",
-    [(0, 128, 1, 1), (1, 64, 1, 1), (0, 16, 1, 1), (0, 128, 0, 1), (0, 128, 1, 3), (1, 64, 1, 2)],
-)
-def test_decode_mma_combine_online(pair: int, db: int, online: int, ts: int) -> None:
-    # the combine step alone on decode_mma's slot layout (variant option co=1: one online pass, the tail's
-    # slots -- two with PAIR -- merged beside the first chunk): 40 splits, MINC 16, slots past each request's
-    # written ones NaN; whole-row dim blocks make a chunk 4096 / d slots, so the long request's 38 / 76
-    # written slots take two chunks; an empty request (tail only) and one with neither (its tail program
-    # wrote -inf and zeros); ts: tail programs per pair (variant option ts), a slot each (two with PAIR)
-    from nibblekv.kernels.combine import _combine_kernel
+@pytest.mark.parametrize("pair,db,ts", [(0, 128, 1), (1, 64, 1), (0, 16, 1), (0, 128, 3), (1, 64, 2)])
+def test_decode_mma_combine_online(pair: int, db: int, ts: int) -> None:
+    # the combine step alone on decode_mma's slot layout (one online pass, the tail's slots -- two with PAIR
+    # -- merged beside the first chunk; one program per KV head of 3 query heads): 40 splits, MINC 16, slots
+    # past each request's written ones NaN; chunks of combine_chunk(4, db) slots (16 at db 64, 8 at 128),
+    # so the long request's 38 / 76 written slots take several; an empty request (tail only) and one with
+    # neither (its tail program wrote -inf and zeros); ts: tail programs per pair (variant option ts), a
+    # slot each (two with PAIR)
+    from nibblekv.kernels.combine import _combine_kernel, combine_chunk
 
-    hq, d, splits, minc = 2, 128 // (1 + pair), 40, 16
+    hq, g, d, splits, minc = 6, 3, 128 // (1 + pair), 40, 16
     tail_slots = ts * (1 + pair)
     s_tot = splits * (1 + pair) + tail_slots
     lens = torch.tensor([70, 3, 0, 600 * (1 + pair), 0], dtype=torch.int32)
@@ -257,10 +255,10 @@ def test_decode_mma_combine_online(pair: int, db: int, online: int, ts: int) -> 
             o[b, 0, 0] = 0.0
     o, lse, lens_dev = o.to(DEVICE), lse.to(DEVICE), lens.to(DEVICE)
     out = torch.full((len(lens), hq, d), float("nan"), device=DEVICE)
-    _combine_kernel[(len(lens) * hq, d // db)](
-        o, lse, out, out.stride(0), out.stride(1), HQ=hq, S=s_tot, BS=128, D=d, DB=db, lens_ptr=lens_dev,
-        MMA_SPLITS=splits, MMA_NW=1 + pair, MINC=minc, HAS_TAIL=1, TAIL_SLOTS=tail_slots, PAIR=pair,
-        ONLINE=online, TB=max(2, triton.next_power_of_2(tail_slots)), num_warps=4,
+    _combine_kernel[(len(lens) * hq // g, d // db)](
+        o, lse, out, out.stride(0), out.stride(1), HQ=hq, S=s_tot, D=d, DB=db, CH=combine_chunk(4, db), G=g,
+        GP=4, lens_ptr=lens_dev, MMA_SPLITS=splits, MMA_NW=1 + pair, MINC=minc, HAS_TAIL=1,
+        TAIL_SLOTS=tail_slots, PAIR=pair, TB=max(2, triton.next_power_of_2(tail_slots)), num_warps=4,
     )  # fmt: skip
     valid = ~torch.isnan(lse)
     w = torch.where(valid, lse, float("-inf"))
@@ -276,8 +274,8 @@ def test_decode_mma_combine_online(pair: int, db: int, online: int, ts: int) -> 
 @pytest.mark.parametrize(
     "d,group,tw",
     [(128, 4, 0), (128, 4, "1,ts=2")] if DEVICE == "cpu"
-    else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (64, 3, 1), (128, 8, "0,tpp=1,co=1,cdb=128"),
-          (64, 3, "0,tpp=1,co=1,cdb=64"), (128, 4, "1,ts=2"), (64, 3, "0,ts=3,co=1,cdb=64"), (128, 4, 1)],
+    else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (64, 3, 1), (128, 8, "0,tpp=1,cdb=128"),
+          (64, 3, "0,tpp=1,cdb=64"), (128, 4, "1,ts=2"), (64, 3, "0,ts=3,cdb=64"), (128, 4, 1)],
 )
 def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int, tw: int | str) -> None:
     # CUDA-graph padding: only the first 3 of 5 rows are requests (``active`` on the device); decode_mma
@@ -368,7 +366,6 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "tin": 1,
         "tail_wave": 0,
         "tail_page_prefetch": 1,
-        "combine_online": 1,
         "tail_splits": 2,
     }
     # BF16 tok: 4 stages, 5 with the bf16 tail at head_dim 128 (s sets both, st the tail's); head_dim 64: BN 128
@@ -381,8 +378,8 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_variant("mma:tin=0", 2, 128, False)[1]["tin"] == 0
     assert resolve_variant("mma:tw=1", 2, 128, False)[1]["tail_wave"] == 1
     assert resolve_variant("mma:lz=8", 2, 128, False)[1]["lazy"] == 8
-    cfg = resolve_variant("mma:tpp=0,co=0,ts=4", 2, 128, False)[1]
-    assert (cfg["tail_page_prefetch"], cfg["combine_online"], cfg["tail_splits"]) == (0, 0, 4)
+    cfg = resolve_variant("mma:tpp=0,ts=4", 2, 128, False)[1]
+    assert (cfg["tail_page_prefetch"], cfg["tail_splits"]) == (0, 4)
     assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (2026-11-30 run)
     assert resolve_variant(None, 2, 256, False)[0] == "paged"  # never timed on a GPU
     assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default

@@ -48,8 +48,7 @@ def test_plan_covers_every_token_once_in_unique_slots(lens: list[int], heads: in
 
 
 def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, page: int, active: int | None = None,
-             gscale: tuple[float, float] = (1.0, 1.0), lse: bool = False,
-             ppsm: int = 5) -> float:  # fmt: skip
+             gscale: tuple[float, float] = (1.0, 1.0), lse: bool = False) -> float:  # fmt: skip
     torch.manual_seed(hash((tuple(lens), hkv, group, page)) % 2**31)
     pb = make_batch(KVDtype.NVFP4, lens, hkv, 128, page, DEVICE, tail_lens=tails, global_scale=gscale)
     q = torch.randn(len(lens), hkv * group, 128, device=DEVICE).to(torch.bfloat16)
@@ -58,8 +57,7 @@ def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, pag
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     act = None if active is None else torch.tensor([active], dtype=torch.int32, device=DEVICE)
     lse_out = torch.full((len(lens), hkv * group), float("nan"), device=DEVICE) if lse else None
-    spec = f"mma:bal=1,ppsm={ppsm},minc=16"
-    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, variant=spec,
+    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, variant="mma:bal=1,ppsm=5,minc=16",
                   active=act, lse_out=lse_out)  # type: ignore[arg-type]  # fmt: skip
     n = len(lens) if active is None else active
     t = {k: (v[:n] if isinstance(v, torch.Tensor) else v) for k, v in targs.items()}
@@ -80,9 +78,13 @@ def one_sm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("one_sm")
-def test_balanced_ragged_batch_with_tails() -> None:
+def test_balanced_ragged_batch_with_tails(monkeypatch: pytest.MonkeyPatch) -> None:
     # lengths 1, P-1, P, P+1 and several tiles, an empty main pool with a tail; tails 0, 1, W; GQA 3;
-    # 5-token pages (per-row page lookups) and global scales != 1
+    # 5-token pages (per-row page lookups) and global scales != 1; combine chunks of one slot (GQA 3 padded
+    # to 4 heads x 128 dims), so a pair's later slots go through the combine's loop
+    import nibblekv.kernels.combine as comb
+
+    monkeypatch.setattr(comb, "COMBINE_ELEMS", 4 * 128)
     hkv = 1 if DEVICE == "cpu" else 2  # NOTE: one KV head keeps the interpreter quick
     err = _run_bal([1, P - 1, 0, P + 1, 70], [0, 1, W, 5, W], hkv, 3, 5, gscale=(0.37, 2.5), lse=True)
     assert err <= 1e-2, err
@@ -93,16 +95,6 @@ def test_balanced_no_tail_gqa4_and_padding_rows() -> None:
     assert _run_bal([100, 1, P], None, 1, 4, P) <= 1e-2
     # CUDA-graph padding: 2 of 4 rows are requests; the padding rows' lengths must not take any warp's work
     assert _run_bal([33, 50, 1, 1], [W, 3, 0, 0], 1, 4, P, active=2) <= 1e-2
-
-
-@pytest.mark.usefixtures("one_sm")
-def test_balanced_pair_over_one_combine_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 12 warps of one tile each, combine chunks of 2 slots (GQA 3 padded to 4 heads x 128 dims): the long
-    # pair's 7 slots take the first chunk and the loop
-    import nibblekv.kernels.decode_balanced as bal
-
-    monkeypatch.setattr(bal, "COMBINE_CHUNK", 2 * 4 * 128)
-    assert _run_bal([100, 17], [W, 0], 1, 3, P, ppsm=12, lse=True) <= 1e-2
 
 
 def test_balanced_option_parses() -> None:

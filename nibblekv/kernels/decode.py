@@ -45,7 +45,7 @@ from nibblekv.kernels.decode_config import (
 )
 from nibblekv.kernels.decode_balanced import launch_balanced
 from nibblekv.kernels.decode_fixup import counters
-from nibblekv.kernels.combine import _combine_kernel
+from nibblekv.kernels.combine import _combine_kernel, combine_chunk
 from nibblekv.kernels._pdl import pdl_args
 from nibblekv.kernels._tma import tma_args
 from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel
@@ -473,16 +473,17 @@ def decode_triton(
         torch.cuda.current_stream(q.device).wait_stream(side)
     if fused:  # NOTE: the last program of each (request, KV head) merged its partials (decode_fixup)
         return out
-    db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hq, s_tot, d)
+    # NOTE: one combine program per (request, KV head): its G query heads' rows are adjacent
+    db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hkv, s_tot, d)
     mma = name == "mma"
-    _combine_kernel[(bsz * hq, d // db)](
+    gp = triton.next_power_of_2(g)
+    _combine_kernel[(bsz * hkv, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
-        HQ=hq, S=s_tot, BS=triton.next_power_of_2(s_tot), D=d, DB=db, lens_ptr=lens,
+        HQ=hq, S=s_tot, D=d, DB=db, CH=combine_chunk(gp, db), G=g, GP=gp, lens_ptr=lens,
         TB=max(2, triton.next_power_of_2(tail_slots)),
         MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
         MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
-        lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
-        ONLINE=int(mma and bool(cfg.get("combine_online", 0))), **pdl,
+        lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4, **pdl,
         **(dict(dyn, WARPS_PER_REQ=hkv * int(cfg["num_warps"])) if mma and dyn else {}),
     )  # fmt: skip
     return out

@@ -30,12 +30,9 @@ from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
 from nibblekv.kernels._pdl import pdl_args, pdl_enter
 from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels._tma import tma_args, tma_ring
+from nibblekv.kernels.combine import _merge_rows, combine_chunk
 from nibblekv.kernels.decode_mma import _mma_segment, _mma_tail
 from nibblekv.kernels.types import LayerKV
-
-# elements of one [slots, heads, dims] fp32 chunk the combine merges at once: 32 registers a thread at 4 warps
-COMBINE_CHUNK = 4096
-
 
 def plan_balanced(lens: list[int], kv_heads: int, warps: int, min_tiles: int) -> list[tuple[int, int, int, int, int]]:
     """The schedule ``decode_mma_bal_kernel`` runs: ``(warp, pair, first token, end token, slot)`` for every
@@ -148,6 +145,15 @@ def decode_mma_bal_kernel(
 
 
 @triton.jit
+def _pair_slots(o_ptr, lse_ptr, first, offs_c, n, offs_g, gm, offs_d, G: tl.constexpr, D: tl.constexpr):
+    """lse ``[GP, CH]`` and partials ``[GP, CH, DB]`` of a pair's slots ``first + offs_c`` (those ``< n``)."""
+    idx = (first + offs_c)[None, :] * G + offs_g[:, None]
+    cm = gm[:, None] & (offs_c < n)[None, :]
+    lse = tl.load(lse_ptr + idx, mask=cm, other=float("-inf"))
+    return lse, tl.load(o_ptr + idx[:, :, None] * D + offs_d[None, None, :], mask=cm[:, :, None], other=0.0)
+
+
+@triton.jit
 def _combine_bal_kernel(
     o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, n_req, act_ptr, lse_out,
     HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BP: tl.constexpr,
@@ -159,10 +165,10 @@ def _combine_bal_kernel(
     empty contexts come out zeros.
 
     NOTE: a pair's slots hold all G heads side by side, so one program per pair reads them as one
-    ``[CH, G, DB]`` run and computes the prefix sums once for G heads. And one online pass: the tail's slot
-    and the first chunk of split slots load together, two dependent memory round trips (``lens``, then the
-    slots). H200, a program per query head and three round trips: 6.0 / 10.6 / 19.4 us of 105 / 200 / 383
-    us decode calls at B32 / B64 / B128 x 8K (decode-variants-s30{a,g}-h200.json).
+    ``[CH, G, DB]`` run and computes the prefix sums once for G heads. And one online pass (the tail's slot
+    and the first chunk of split slots load before either is used): two dependent memory round trips
+    (``lens``, then the slots). H200, a program per query head and three round trips: 6.0 / 10.6 / 19.4 us
+    of 105 / 200 / 383 us decode calls at B32 / B64 / B128 x 8K (decode-variants-s30{a,g}-h200.json).
     """
     pdl_enter(PDL)
     HKV: tl.constexpr = HQ // G
@@ -188,31 +194,15 @@ def _combine_bal_kernel(
     tm = gm & live & (HAS_TAIL > 0)
     lse_t = tl.load(lse_ptr + tslot * G + offs_g, mask=tm, other=float("-inf"))  # [GP]
     o_t = tl.load(o_ptr + (tslot * G + offs_g)[:, None] * D + offs_d[None, :], mask=tm[:, None], other=0.0)
-    offs_c = tl.arange(0, CH)
-    rows = (first + offs_c)[:, None] * G + offs_g[None, :]  # [CH, GP]
-    cm = (offs_c < n)[:, None] & gm[None, :]
-    lse_c = tl.load(lse_ptr + rows, mask=cm, other=float("-inf"))
-    o_c = tl.load(o_ptr + rows[:, :, None] * D + offs_d[None, None, :], mask=cm[:, :, None], other=0.0)
-    m = tl.maximum(tl.max(lse_c, axis=0), lse_t)
-    base = tl.where(m > float("-inf"), m, 0.0)
-    w_c = tl.where(lse_c > float("-inf"), tl.exp2(lse_c - base[None, :]), 0.0)
-    w_t = tl.where(lse_t > float("-inf"), tl.exp2(lse_t - base), 0.0)
-    l = tl.sum(w_c, axis=0) + w_t
-    acc = tl.sum(o_c * w_c[:, :, None], axis=0) + o_t * w_t[:, None]  # [GP, DB]
+    lse_c, o_c = _pair_slots(o_ptr, lse_ptr, first, tl.arange(0, CH), n, offs_g, gm, offs_d, G, D)
+    m = tl.full([GP], float("-inf"), tl.float32)
+    m, l, acc = _merge_rows(lse_t[:, None], o_t[:, None, :], m, tl.zeros([GP], tl.float32),
+                            tl.zeros([GP, DB], tl.float32))  # fmt: skip
+    m, l, acc = _merge_rows(lse_c, o_c, m, l, acc)
     s0 = CH + 0 * n
     while s0 < n:  # NOTE: only where a pair has more than CH slots (small batches: few, long pairs)
-        offs_c = s0 + tl.arange(0, CH)
-        rows = (first + offs_c)[:, None] * G + offs_g[None, :]
-        cm = (offs_c < n)[:, None] & gm[None, :]
-        lse_c = tl.load(lse_ptr + rows, mask=cm, other=float("-inf"))
-        o_c = tl.load(o_ptr + rows[:, :, None] * D + offs_d[None, None, :], mask=cm[:, :, None], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse_c, axis=0))
-        base = tl.where(m_new > float("-inf"), m_new, 0.0)
-        alpha = tl.exp2(m - base)  # 0 while nothing was merged (m = -inf)
-        w_c = tl.where(lse_c > float("-inf"), tl.exp2(lse_c - base[None, :]), 0.0)
-        l = l * alpha + tl.sum(w_c, axis=0)
-        acc = acc * alpha[:, None] + tl.sum(o_c * w_c[:, :, None], axis=0)
-        m = m_new
+        lse_c, o_c = _pair_slots(o_ptr, lse_ptr, first, s0 + tl.arange(0, CH), n, offs_g, gm, offs_d, G, D)
+        m, l, acc = _merge_rows(lse_c, o_c, m, l, acc)
         s0 += CH
     hq = h * G + offs_g
     if WRITE_LSE:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
@@ -264,8 +254,8 @@ def launch_balanced(
         o_part, lse_part, lens, out, out.stride(0), out.stride(1), bsz, active if dyn else lens,
         lse_out if lse_out is not None else lse_part,
         HQ=hq, G=g, GP=gp, D=d, DB=db, BP=bp, W=warps, MINC=int(cfg["minc"]),
-        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None),
-        CH=max(1, COMBINE_CHUNK // (gp * db)), num_warps=4, **pdl,
+        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None), CH=combine_chunk(gp, db),
+        num_warps=4, **pdl,
     )  # fmt: skip
     return k
 

@@ -43,12 +43,12 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), cv (nibble
 #          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as programs of the grid), ts
 #          (tail programs per (request, KV head), per-pair splits only), tpp (1: the tail programs prefetch page
-#          ids), tw (1: splits leave the tail programs room in the wave), co (1: the combine in one online
-#          pass), bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by
-#          pairs), tma (N = 2..5: tiles staged through a shared-memory ring by bulk copies, _tma; opt-in: the
-#          same speed as the register path on the H200, 2026-12-01, decode-variants-tma-h200.json:
-#          .736/.702/.639/.615/.553 vs .724/.719/.665/.628/.574 at B64x32K/B26x32K/B8x32K/B32x8K/B1x128K, with
-#          15% more instructions)
+#          ids), tw (1: splits leave the tail programs room in the wave), bal (1: token-balanced split-K over
+#          the whole batch, decode_balanced; 0 off; 2 auto by pairs), tma (N = 2..5: tiles staged through a
+#          shared-memory ring by bulk copies, _tma; opt-in: the same speed as the register path on the H200,
+#          2026-12-01, decode-variants-tma-h200.json: .736/.702/.639/.615/.553 vs .724/.719/.665/.628/.574 at
+#          B64x32K/B26x32K/B8x32K/B32x8K/B1x128K, with 15% more instructions; with lz=8 no better, 2026-12-02,
+#          decode-variants-s30{a,c}-h200.json)
 # tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within +-.012
 #          of the default for every dtype at those shapes, decode-variants-pdl-*-h200.json)
 # tok: st (pipeline stages where the pool has a bf16 tail; BF16's default 5 at head_dim 128, else s's)
@@ -240,11 +240,6 @@ def _mma_config() -> dict[str, int | bool]:
         # tail programs first in the 1-D grid (0.316 vs 0.321 ms of decode a step at B=1 x 2.7K, H200,
         # 2026-12-01, engine-c1-decode-h200.json)
         "tail_page_prefetch": 1,
-        # NOTE: 1 = the combine step merges many slots in one pass, lse and partials of a chunk (and the
-        # tail's slots) loaded together: at B=1 x 2.7K its launch took 3.1 us a layer vs 1.9 for FP8's
-        # (few slots, one chunk; engine-c1-decode-h200.json); with it the step took 4.771 vs 4.798 / 4.807
-        # ms, with tpp=1 too 4.764 (FP8 4.674; H200, 2026-12-01, engine-c1-tpp-h200.json)
-        "combine_online": 1,
         # NOTE: one-warp programs sharing each (request, KV head)'s bf16 tail, whole 16-row tiles each (a
         # slot each): at B=1 x 2.7K the one tail program (4 tiles of W=64) outlasted every split (decode
         # 10.2 vs 7.5 us a layer without the tail, engine-c1-decode-h200.json). Same run, two of each,
@@ -322,7 +317,7 @@ _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
     "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
-    "tpp": "tail_page_prefetch", "co": "combine_online", "ts": "tail_splits", "tma": "tma",
+    "tpp": "tail_page_prefetch", "ts": "tail_splits", "tma": "tma",
     "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy", "st": "tail_stages",
 }  # fmt: skip
 

@@ -30,7 +30,7 @@ from nibblekv.kernels._common import (
     scale_tensors,
     tail_operands,
 )
-from nibblekv.kernels.combine import _combine_kernel
+from nibblekv.kernels.combine import _combine_kernel, combine_chunk
 from nibblekv.kernels.decode import _decode_block, _pages_contiguous
 from nibblekv.kernels.decode_config import combine_dim_block
 from nibblekv.kernels.types import LayerKV
@@ -336,7 +336,7 @@ def extend_triton(
         db = combine_dim_block(t * hq, splits, d)
         _combine_kernel[(t * hq, d // db)](
             o_part, lse_part, out, out.stride(0), out.stride(1),
-            HQ=hq, S=splits, BS=triton.next_power_of_2(splits), D=d, DB=db,
+            HQ=hq, S=splits, D=d, DB=db, CH=combine_chunk(1, db),
             lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
         )  # fmt: skip
     return out
