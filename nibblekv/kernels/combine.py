@@ -38,6 +38,16 @@ def _merge_rows(lse_c, o_c, m, l, acc):
 
 
 @triton.jit
+def _merge_chunk(o_part, lse_part, rows, s0, n, gm, offs_d, m, l, acc, S: tl.constexpr, D: tl.constexpr,
+                 CH: tl.constexpr):  # fmt: skip
+    """``_merge_rows`` of split slots ``[s0, s0 + CH)`` (those ``< n``)."""
+    offs_c = s0 + tl.arange(0, CH)
+    mask = gm[:, None] & (offs_c < n)[None, :]
+    lse_c, o_c = _load_slots(o_part, lse_part, rows, offs_c, mask, offs_d, S, D)
+    return _merge_rows(lse_c, o_c, m, l, acc)
+
+
+@triton.jit
 def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                     DB: tl.constexpr, CH: tl.constexpr, G: tl.constexpr = 1, GP: tl.constexpr = 1,
                     lens_ptr=None, MMA_SPLITS: tl.constexpr = 0,
@@ -64,7 +74,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     / 376 us decode calls at B26 x 32K / B64 x 8K / B128 x 8K (decode-variants-s30{a,g}-h200.json).
     """
     pdl_enter(PDL)  # NOTE: before the first load of the decode kernel's partials
-    r0 = tl.program_id(0).to(tl.int64) * G  # first row: b * HQ + head (HQ % G == 0)
+    r0 = tl.program_id(0) * G  # first row: b * HQ + head (HQ % G == 0)
     b = r0 // HQ
     offs_g = tl.arange(0, GP)
     gm = offs_g < G
@@ -92,13 +102,14 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     m = tl.full([GP], float("-inf"), tl.float32)
     m, l, acc = _merge_rows(lse_t, o_t, m, tl.zeros([GP], tl.float32), tl.zeros([GP, DB], tl.float32))
     m, l, acc = _merge_rows(lse_c, o_c, m, l, acc)
-    s0 = CH + 0 * n_main
-    while s0 < n_main:  # NOTE: only past CH split slots (the engine's B=1 x 3K: 49 of 256)
-        offs_c = s0 + tl.arange(0, CH)
-        cmask = gm[:, None] & (offs_c < n_main)[None, :]
-        lse_c, o_c = _load_slots(o_part, lse_part, rows, offs_c, cmask, offs_d, S, D)
-        m, l, acc = _merge_rows(lse_c, o_c, m, l, acc)
-        s0 += CH
+    if MMA_SPLITS > 0:
+        s0 = CH + 0 * n_main
+        while s0 < n_main:  # NOTE: only past CH split slots (the engine's B=1 x 3K: 49 of 256)
+            m, l, acc = _merge_chunk(o_part, lse_part, rows, s0, n_main, gm, offs_d, m, l, acc, S, D, CH)
+            s0 += CH
+    else:  # NOTE: a constexpr bound: a `while` over it crashed triton 3.6's TritonGPUCoalesce pass
+        for s0 in range(CH, S - TAIL_SLOTS * HAS_TAIL, CH):
+            m, l, acc = _merge_chunk(o_part, lse_part, rows, s0, n_main, gm, offs_d, m, l, acc, S, D, CH)
     if WRITE_LSE:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
         if tl.program_id(1) == 0:
             lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
