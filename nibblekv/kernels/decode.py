@@ -473,13 +473,17 @@ def decode_triton(
         torch.cuda.current_stream(q.device).wait_stream(side)
     if fused:  # NOTE: the last program of each (request, KV head) merged its partials (decode_fixup)
         return out
-    # NOTE: one combine program per (request, KV head): its G query heads' rows are adjacent
-    db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hkv, s_tot, d)
+    # NOTE: one combine program per (request, KV head) -- its G query heads' rows are adjacent -- where the
+    # pairs fill the GPU: H200, combine us per call at B26x32K / B32x8K / B64x8K / B128x8K 5.0 / 6.0 / 10.6 /
+    # 19.4 -> 3.6 / 4.0 / 3.6 / 5.2; with fewer pairs than SMs a program per query head: B8x32K / B1x128K
+    # 3.5 / 3.0 vs 4.1 / 4.6 grouped (decode-variants-{s30a,s30g,combine}-h200.log)
+    gc = g if bsz * hkv >= num_sms() else 1
+    db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hq // gc, s_tot, d)
     mma = name == "mma"
-    gp = triton.next_power_of_2(g)
-    _combine_kernel[(bsz * hkv, d // db)](
+    gp = triton.next_power_of_2(gc)
+    _combine_kernel[(bsz * hq // gc, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
-        HQ=hq, S=s_tot, D=d, DB=db, CH=combine_chunk(gp, db), G=g, GP=gp, lens_ptr=lens,
+        HQ=hq, S=s_tot, D=d, DB=db, CH=combine_chunk(gp, db), G=gc, GP=gp, lens_ptr=lens,
         TB=max(2, triton.next_power_of_2(tail_slots)),
         MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
         MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
