@@ -11,19 +11,12 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-run() {  # run NAME SECONDS ARGS...: one bench_decode_variants call -> $OUT/decode-variants-NAME-h200.{json,log}
-  local name=$1 secs=$2; shift 2
-  timeout -k 5 "$secs" python3 benchmarks/bench_decode_variants.py --out "$OUT/$name" --budget-s $((secs - 40)) \
-    --breakdown "$@" > "$OUT/decode-variants-$name-h200.log" 2>&1
-  echo "$name exit $?"
-  cp "$OUT/$name/decode-variants.json" "$OUT/decode-variants-$name-h200.json" 2>/dev/null; rm -rf "$OUT/$name"
-  grep -A30 "^dtype" "$OUT/decode-variants-$name-h200.log" | grep -v "^$" | head -30
-}
-run s30a 230 --tail --shapes 26x32768 8x32768 32x8192 64x8192 1x131072 --variants \
+source benchmarks/variants_run.sh
+run s30a 230 --breakdown --tail --shapes 26x32768 8x32768 32x8192 64x8192 1x131072 --variants \
   nvfp4=mma nvfp4=mma:tma=3,lz=8 nvfp4=mma:tma=4,lz=8 nvfp4=mma:tma=3 nvfp4=mma:bal=0 nvfp4=mma:bal=1 \
   bf16=tok bf16=tok:s=5 bf16=tok:s=6 bf16=tok:s=5,tr=1
-run s30b 170 --head-dim 64 --shapes 8x32768 64x8192 64x32768 --variants \
+run s30b 170 --breakdown --head-dim 64 --shapes 8x32768 64x8192 64x32768 --variants \
   bf16=tok bf16=tok:s=5 bf16=tok:s=6 bf16=tok:bn=128 bf16=tok:bn=128,s=5 bf16=tok:wv=4 bf16=tok:wv=4,s=5 \
   bf16=tok:wv=4,s=6 fp8_e4m3=tok fp8_e4m3=tok:s=6 fp8_e4m3=tok:bn=64,s=6 nvfp4=mma nvfp4=mma:pf=0,lz=8
-run s30c 130 --tail --q-heads 64 --shapes 8x32768 32x8192 64x8192 --variants \
+run s30c 130 --breakdown --tail --q-heads 64 --shapes 8x32768 32x8192 64x8192 --variants \
   nvfp4=mma nvfp4=mma:tma=3,lz=8 nvfp4=mma:tma=4,lz=8 nvfp4=mma:tma=3

@@ -9,14 +9,7 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-run() {  # run NAME SECONDS ARGS...: one bench_decode_variants call -> $OUT/decode-variants-NAME-h200.{json,log}
-  local name=$1 secs=$2; shift 2
-  timeout -k 5 "$secs" python3 benchmarks/bench_decode_variants.py --out "$OUT/$name" --budget-s $((secs - 40)) \
-    "$@" > "$OUT/decode-variants-$name-h200.log" 2>&1
-  echo "$name exit $?"
-  cp "$OUT/$name/decode-variants.json" "$OUT/decode-variants-$name-h200.json" 2>/dev/null; rm -rf "$OUT/$name"
-  grep -A30 "^dtype" "$OUT/decode-variants-$name-h200.log" | grep -v "^$" | head -30
-}
+source benchmarks/variants_run.sh
 timeout -k 5 100 python3 -m pytest -q -x tests/test_kernels_decode_balanced.py > "$OUT/gpu-tests-bal-combine.log" 2>&1
 echo "gpu tests exit $?"; tail -1 "$OUT/gpu-tests-bal-combine.log"
 run s30g 110 --tail --breakdown --shapes 32x8192 64x8192 128x8192 --variants nvfp4=mma nvfp4=mma:bal=0
