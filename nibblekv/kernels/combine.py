@@ -16,10 +16,11 @@ from nibblekv.kernels.decode_mma import dyn_splits, mma_chunk
 
 
 @triton.jit
-def _load_slots(o_part, lse_part, rows, offs_s, mask, offs_d, S: tl.constexpr, D: tl.constexpr):
+def _load_slots(o_part, lse_part, rows, offs_s, mask, offs_d, RS: tl.constexpr, SS: tl.constexpr,
+                D: tl.constexpr):  # fmt: skip
     """lse ``[GP, N]`` (-inf where masked) and partials ``[GP, N, DB]`` (0 there) of slots ``offs_s [N]`` of
-    rows ``rows [GP]``."""
-    idx = rows[:, None] * S + offs_s[None, :]
+    rows ``rows [GP]``; entry ``rows * RS + offs_s * SS`` (lse elements; partials ``D`` times that)."""
+    idx = rows[:, None] * RS + offs_s[None, :] * SS
     lse = tl.load(lse_part + idx, mask=mask, other=float("-inf"))
     o = tl.load(o_part + idx[:, :, None] * D + offs_d[None, None, :], mask=mask[:, :, None], other=0.0)
     return lse, o
@@ -43,7 +44,7 @@ def _merge_chunk(o_part, lse_part, rows, s0, n, gm, offs_d, m, l, acc, S: tl.con
     """``_merge_rows`` of split slots ``[s0, s0 + CH)`` (those ``< n``)."""
     offs_c = s0 + tl.arange(0, CH)
     mask = gm[:, None] & (offs_c < n)[None, :]
-    lse_c, o_c = _load_slots(o_part, lse_part, rows, offs_c, mask, offs_d, S, D)
+    lse_c, o_c = _load_slots(o_part, lse_part, rows, offs_c, mask, offs_d, S, 1, D)
     return _merge_rows(lse_c, o_c, m, l, acc)
 
 
@@ -68,13 +69,14 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     are padding -- nothing was written for them and they come out as zeros; the real ones used
     ``dyn_splits`` splits.
 
-    NOTE: one program serves a KV head's G query heads (the decode launchers; extend: G = 1) -- their rows
-    are adjacent -- and reads ``lens`` once, then lse and partials together: two dependent memory round
-    trips. H200, a program per query head and separate lse / partial loads: 5.0 / 7.7 / 13.3 us of 296 / 197
-    / 376 us decode calls at B26 x 32K / B64 x 8K / B128 x 8K (decode-variants-s30{a,g}-h200.json).
+    NOTE: one program can serve a KV head's G query heads -- their rows are adjacent (the decode launcher
+    groups them where the pairs fill the GPU; extend: G = 1) -- and reads ``lens`` once, then lse and
+    partials together: two dependent memory round trips. H200, a program per query head and separate lse /
+    partial loads: 5.0 / 7.7 / 13.3 us of 296 / 197 / 376 us decode calls at B26 x 32K / B64 x 8K / B128 x 8K
+    (decode-variants-s30{a,g}-h200.json).
     """
     pdl_enter(PDL)  # NOTE: before the first load of the decode kernel's partials
-    r0 = tl.program_id(0) * G  # first row: b * HQ + head (HQ % G == 0)
+    r0 = tl.program_id(0).to(tl.int64) * G  # first row: b * HQ + head (HQ % G == 0)
     b = r0 // HQ
     offs_g = tl.arange(0, GP)
     gm = offs_g < G
@@ -95,10 +97,10 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     # NOTE: the tail's slots are the last TAIL_SLOTS (decode_mma with PAIR in its grid: one per parity)
     tb = tl.arange(0, TB)
     tmask = gm[:, None] & ((tb < TAIL_SLOTS) & (HAS_TAIL > 0) & live)[None, :]
-    lse_t, o_t = _load_slots(o_part, lse_part, rows, S - TAIL_SLOTS + tb, tmask, offs_d, S, D)
+    lse_t, o_t = _load_slots(o_part, lse_part, rows, S - TAIL_SLOTS + tb, tmask, offs_d, S, 1, D)
     offs_c = tl.arange(0, CH)
     cmask = gm[:, None] & (offs_c < n_main)[None, :]
-    lse_c, o_c = _load_slots(o_part, lse_part, rows, offs_c, cmask, offs_d, S, D)
+    lse_c, o_c = _load_slots(o_part, lse_part, rows, offs_c, cmask, offs_d, S, 1, D)
     m = tl.full([GP], float("-inf"), tl.float32)
     m, l, acc = _merge_rows(lse_t, o_t, m, tl.zeros([GP], tl.float32), tl.zeros([GP, DB], tl.float32))
     m, l, acc = _merge_rows(lse_c, o_c, m, l, acc)
@@ -128,4 +130,4 @@ def combine_chunk(gp: int, db: int) -> int:
     return max(1, triton.next_power_of_2(COMBINE_ELEMS // (gp * db) + 1) // 2)
 
 
-__all__ = ["COMBINE_ELEMS", "_combine_kernel", "_merge_rows", "combine_chunk"]
+__all__ = ["COMBINE_ELEMS", "_combine_kernel", "_load_slots", "_merge_rows", "combine_chunk"]

@@ -30,7 +30,7 @@ from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
 from nibblekv.kernels._pdl import pdl_args, pdl_enter
 from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels._tma import tma_args, tma_ring
-from nibblekv.kernels.combine import _merge_rows, combine_chunk
+from nibblekv.kernels.combine import _load_slots, _merge_rows, combine_chunk
 from nibblekv.kernels.decode_mma import _mma_segment, _mma_tail
 from nibblekv.kernels.types import LayerKV
 
@@ -145,15 +145,6 @@ def decode_mma_bal_kernel(
 
 
 @triton.jit
-def _pair_slots(o_ptr, lse_ptr, first, offs_c, n, offs_g, gm, offs_d, G: tl.constexpr, D: tl.constexpr):
-    """lse ``[GP, CH]`` and partials ``[GP, CH, DB]`` of a pair's slots ``first + offs_c`` (those ``< n``)."""
-    idx = (first + offs_c)[None, :] * G + offs_g[:, None]
-    cm = gm[:, None] & (offs_c < n)[None, :]
-    lse = tl.load(lse_ptr + idx, mask=cm, other=float("-inf"))
-    return lse, tl.load(o_ptr + idx[:, :, None] * D + offs_d[None, None, :], mask=cm[:, :, None], other=0.0)
-
-
-@triton.jit
 def _combine_bal_kernel(
     o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, n_req, act_ptr, lse_out,
     HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BP: tl.constexpr,
@@ -194,14 +185,18 @@ def _combine_bal_kernel(
     tm = gm & live & (HAS_TAIL > 0)
     lse_t = tl.load(lse_ptr + tslot * G + offs_g, mask=tm, other=float("-inf"))  # [GP]
     o_t = tl.load(o_ptr + (tslot * G + offs_g)[:, None] * D + offs_d[None, :], mask=tm[:, None], other=0.0)
-    lse_c, o_c = _pair_slots(o_ptr, lse_ptr, first, tl.arange(0, CH), n, offs_g, gm, offs_d, G, D)
+    offs_c = tl.arange(0, CH)
+    cm = gm[:, None] & (offs_c < n)[None, :]
+    lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c, cm, offs_d, 1, G, D)  # G heads a slot
     m = tl.full([GP], float("-inf"), tl.float32)
     m, l, acc = _merge_rows(lse_t[:, None], o_t[:, None, :], m, tl.zeros([GP], tl.float32),
                             tl.zeros([GP, DB], tl.float32))  # fmt: skip
     m, l, acc = _merge_rows(lse_c, o_c, m, l, acc)
     s0 = CH + 0 * n
     while s0 < n:  # NOTE: only where a pair has more than CH slots (small batches: few, long pairs)
-        lse_c, o_c = _pair_slots(o_ptr, lse_ptr, first, s0 + tl.arange(0, CH), n, offs_g, gm, offs_d, G, D)
+        offs_c = s0 + tl.arange(0, CH)
+        cm = gm[:, None] & (offs_c < n)[None, :]
+        lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c, cm, offs_d, 1, G, D)
         m, l, acc = _merge_rows(lse_c, o_c, m, l, acc)
         s0 += CH
     hq = h * G + offs_g
