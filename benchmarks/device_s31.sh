@@ -1,0 +1,29 @@
+#!/bin/bash
+# Stop 31, the first H200 call (~9 min): (1) GPU tests of the decode / extend kernels and both combine steps
+# at af879ae (its review mend was never run on a GPU); only if they pass: (2) per-kernel times (decode vs
+# combine) where the small-grid rule (a combine program per query head below 132 (request, KV head) pairs)
+# applies -- B8x32K, B1x128K -- and at B26x32K, head_dim 128 and 64; (3) the whole kernel benchmark (a
+# rerun on whichever H200 this is); (4) the engine's matched 32K row at 1024 output tokens (issue 4).
+# Usage from the repo root: OUT=... COMMIT=<sha> bash benchmarks/device_s31.sh
+export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+source benchmarks/variants_run.sh
+timeout -k 5 130 python3 -m pytest -q -x tests/test_kernels_decode.py tests/test_kernels_decode_balanced.py \
+  tests/test_kernels_extend.py -k "combine or active_rows or test_decode_variants or many_slots or tail_only \
+  or gqa_group or matches_reference or balanced or split_prefix" -o addopts="" > "$OUT/gpu-tests-s31.log" 2>&1
+rc=$?
+echo "gpu tests exit $rc"; tail -2 "$OUT/gpu-tests-s31.log"
+# NOTE: a timeout (124) with nothing failed so far still runs the benchmarks
+grep -qE "[0-9]+ (failed|error)|^FAILED|^ERROR" "$OUT/gpu-tests-s31.log" && exit 1
+run s31a 70 --tail --breakdown --shapes 8x32768 1x131072 26x32768 --variants nvfp4=mma fp8_e4m3=tok
+run s31b 55 --tail --breakdown --head-dim 64 --shapes 8x32768 64x8192 --variants nvfp4=mma fp8_e4m3=tok
+timeout -k 5 215 python3 benchmarks/bench_kernels.py --out "$OUT" > "$OUT/kernels-h200.log" 2>&1
+echo "kernels exit $?"; tail -3 "$OUT/kernels-h200.log"
+timeout -k 5 90 python3 benchmarks/bench_engine.py --out "$OUT/e" --part long --long-model llama-3.1-8b \
+  --synthetic-prefill --long-input 32768 --long-requests 26 --long-output 1024 --profile-steps 4 \
+  --kv-dtypes fp8_e4m3 nvfp4 > "$OUT/engine-matched-out1024-h200.log" 2>&1
+echo "engine exit $?"; tail -4 "$OUT/engine-matched-out1024-h200.log"
+cp "$OUT"/e/bench_engine*.json "$OUT/engine-matched-out1024-h200.json" 2>/dev/null; rm -rf "$OUT/e"
+python3 benchmarks/plot_engine.py "$OUT/engine-matched-out1024-h200.json" > /dev/null 2>&1
+ls "$OUT"
