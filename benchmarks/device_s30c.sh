@@ -8,6 +8,7 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+source benchmarks/variants_run.sh
 timeout -k 5 150 python3 -m pytest -q -x tests/test_kernels_decode.py tests/test_kernels_decode_balanced.py \
   tests/test_kernels_extend.py -k "combine or active_rows or test_decode_variants or many_slots or tail_only \
   or gqa_group or matches_reference or balanced or split_prefix" > "$OUT/gpu-tests-combine.log" 2>&1
@@ -23,10 +24,6 @@ echo "variants exit $?"; grep "graph" "$OUT/decode-variants-combine-h200.log"
 rm -rf "$OUT/v"
 timeout -k 5 220 python3 benchmarks/bench_kernels.py --out "$OUT" > "$OUT/kernels-h200.log" 2>&1
 echo "kernels exit $?"; tail -5 "$OUT/kernels-h200.log"
-timeout -k 5 90 python3 benchmarks/bench_engine.py --out "$OUT/e" --part long --long-model llama-3.1-8b \
-  --synthetic-prefill --long-input 32768 --long-requests 26 --long-output 1024 --profile-steps 4 \
-  --kv-dtypes fp8_e4m3 nvfp4 > "$OUT/engine-matched-out1024-h200.log" 2>&1
-echo "engine exit $?"; tail -4 "$OUT/engine-matched-out1024-h200.log"
-cp "$OUT"/e/bench_engine*.json "$OUT/engine-matched-out1024-h200.json" 2>/dev/null; rm -rf "$OUT/e"
-python3 benchmarks/plot_engine.py "$OUT/engine-matched-out1024-h200.json" > /dev/null 2>&1
+engine matched-out1024 90 --part long --long-model llama-3.1-8b --synthetic-prefill --long-input 32768 \
+  --long-requests 26 --long-output 1024 --profile-steps 4 --kv-dtypes fp8_e4m3 nvfp4
 ls "$OUT"

@@ -20,10 +20,6 @@ run s31a 70 --tail --breakdown --shapes 8x32768 1x131072 26x32768 --variants nvf
 run s31b 55 --tail --breakdown --head-dim 64 --shapes 8x32768 64x8192 --variants nvfp4=mma fp8_e4m3=tok
 timeout -k 5 215 python3 benchmarks/bench_kernels.py --out "$OUT" > "$OUT/kernels-h200.log" 2>&1
 echo "kernels exit $?"; tail -3 "$OUT/kernels-h200.log"
-timeout -k 5 90 python3 benchmarks/bench_engine.py --out "$OUT/e" --part long --long-model llama-3.1-8b \
-  --synthetic-prefill --long-input 32768 --long-requests 26 --long-output 1024 --profile-steps 4 \
-  --kv-dtypes fp8_e4m3 nvfp4 > "$OUT/engine-matched-out1024-h200.log" 2>&1
-echo "engine exit $?"; tail -4 "$OUT/engine-matched-out1024-h200.log"
-cp "$OUT"/e/bench_engine*.json "$OUT/engine-matched-out1024-h200.json" 2>/dev/null; rm -rf "$OUT/e"
-python3 benchmarks/plot_engine.py "$OUT/engine-matched-out1024-h200.json" > /dev/null 2>&1
+engine matched-out1024 90 --part long --long-model llama-3.1-8b --synthetic-prefill --long-input 32768 \
+  --long-requests 26 --long-output 1024 --profile-steps 4 --kv-dtypes fp8_e4m3 nvfp4
 ls "$OUT"

@@ -7,13 +7,8 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-timeout -k 5 170 python3 benchmarks/bench_engine.py --out "$OUT/p" --part long --long-model llama-3.1-8b \
-  --synthetic-prefill --long-input 600 --long-requests 256 --long-output 64 --profile-steps 4 \
-  > "$OUT/engine-b256-ctx600-h200.log" 2>&1
-echo "profile exit $?"; tail -5 "$OUT/engine-b256-ctx600-h200.log"
-cp "$OUT"/p/bench_engine*.json "$OUT/engine-b256-ctx600-h200.json" 2>/dev/null; rm -rf "$OUT/p"
-timeout -k 5 300 python3 benchmarks/bench_engine.py --out "$OUT/t" --part throughput \
-  --throughput-models llama-3.1-8b --throughput-repeats 2 > "$OUT/engine-throughput-8b-h200.log" 2>&1
-echo "throughput exit $?"; tail -6 "$OUT/engine-throughput-8b-h200.log"
-cp "$OUT"/t/bench_engine*.json "$OUT/engine-throughput-8b-h200.json" 2>/dev/null; rm -rf "$OUT/t"
+source benchmarks/variants_run.sh
+engine b256-ctx600 170 --part long --long-model llama-3.1-8b --synthetic-prefill --long-input 600 \
+  --long-requests 256 --long-output 64 --profile-steps 4
+engine throughput-8b 300 --part throughput --throughput-models llama-3.1-8b --throughput-repeats 2
 ls "$OUT"
