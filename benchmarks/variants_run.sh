@@ -20,3 +20,12 @@ engine() {
   cp "$OUT/e-$name/bench_engine.json" "$OUT/engine-$name-h200.json" 2>/dev/null
   cp "$OUT/e-$name/bench_engine.png" "$OUT/engine-$name-h200.png" 2>/dev/null; rm -rf "$OUT/e-$name"
 }
+
+# gpu_tests NAME SECONDS PYTEST_ARGS... = the GPU tests -> $OUT/gpu-tests-NAME.log; fails (status 1) when a test
+# failed or errored. NOTE: a timeout (124) with nothing failed so far counts as a pass, so the benchmarks run.
+gpu_tests() {
+  local name=$1 secs=$2; shift 2
+  timeout -k 5 "$secs" python3 -m pytest -q -x -o addopts="" "$@" > "$OUT/gpu-tests-$name.log" 2>&1
+  echo "gpu tests exit $?"; tail -2 "$OUT/gpu-tests-$name.log"
+  ! grep -qE "[0-9]+ (failed|error)|^FAILED|^ERROR" "$OUT/gpu-tests-$name.log"
+}
