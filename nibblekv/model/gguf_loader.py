@@ -9,12 +9,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
 
 from nibblekv.model.config import ModelConfig
+from nibblekv.model.gguf_fast import dequantize, fast_reader_class
+
+_Array = TypeVar("_Array", np.ndarray, torch.Tensor)
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -44,12 +47,12 @@ _SKIP_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggm
 
 
 def open_gguf(path: str | Path) -> GGUFReader:
-    """Memory-map a GGUF file (needs the ``gguf`` package)."""
+    """Memory-map a GGUF file (needs the ``gguf`` package; read with :mod:`gguf_fast`'s reader)."""
     try:
-        from gguf import GGUFReader
+        reader_class = fast_reader_class()
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("reading GGUF files needs the 'gguf' package: pip install gguf") from exc
-    return GGUFReader(str(path))
+    return reader_class(str(path))  # type: ignore[no-any-return]
 
 
 def read_metadata(reader: GGUFReader) -> dict[str, Any]:
@@ -59,8 +62,6 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
 
 def gguf_config(reader: GGUFReader) -> ModelConfig:
     """The :class:`ModelConfig` of an opened GGUF file."""
-    from gguf.quants import dequantize
-
     meta = read_metadata(reader)
     tensors = {t.name: t for t in reader.tensors}
     arch = meta["general.architecture"]
@@ -86,7 +87,7 @@ def hf_name(gguf_name: str) -> str | None:
     return None if module is None else f"{module}.{leaf}"
 
 
-def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute_qk(w: _Array, n_head: int) -> _Array:
     """Undo llama.cpp's Q/K row permutation for Llama-family GGUFs (as transformers' loader does).
 
     llama.cpp reorders each head's rows from NeoX "rotate half" order to interleaved pairs; this maps
@@ -98,8 +99,6 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def iter_gguf_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, float32 tensor)`` for every tensor the model uses, dequantized."""
-    from gguf.quants import dequantize
-
     # NOTE: only GGUF arch "llama" (which includes Mistral) stores permuted Q/K; qwen2/qwen3 do not.
     permuted = config.architecture in ("llama", "mistral")
     for t in reader.tensors:
@@ -111,8 +110,7 @@ def iter_gguf_weights(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple
             w = unpermute_qk(w, config.num_heads)
         elif permuted and ".self_attn.k_proj." in name:
             w = unpermute_qk(w, config.num_kv_heads)
-        # F32 tensors come back as read-only views of the memory map: copy those (only those).
-        yield name, torch.from_numpy(np.require(w, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
+        yield name, w.contiguous()
 
 
 def chat_template(reader: GGUFReader) -> str | None:

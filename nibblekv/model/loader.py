@@ -97,11 +97,13 @@ def _empty_model(
     return model
 
 
-def _load_weights(model: CausalLM, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Fill ``model`` from full checkpoint tensors, each cut to this rank's slice under TP."""
+def _load_weights(model: CausalLM, weights: Iterator[tuple[str, torch.Tensor]], adopt: bool = False) -> None:
+    """Fill ``model`` from full checkpoint tensors, each cut to this rank's slice under TP (``adopt``: see
+    :func:`load_hf_weights`; ignored under TP, whose slices are views)."""
     if isinstance(model, TPCausalLM):
         weights = shard_weights(weights, model.full_config, model.shard)
-    load_hf_weights(model, weights)
+        adopt = False
+    load_hf_weights(model, weights, adopt=adopt)
 
 
 def _load_gguf(
@@ -112,7 +114,8 @@ def _load_gguf(
     reader = gguf_loader.open_gguf(path)
     config = gguf_loader.gguf_config(reader)
     model = _empty_model(config, dtype, device, tp)
-    _load_weights(model, gguf_loader.iter_gguf_weights(reader, config))
+    # NOTE: every dequantized tensor is fresh memory, so the model may keep it (adopt)
+    _load_weights(model, gguf_loader.iter_gguf_weights(reader, config), adopt=True)
     tokenizer = HFTokenizer.from_gguf(path, gguf_loader.chat_template(reader), config.eos_token_ids)
     return model, tokenizer
 

@@ -51,8 +51,14 @@ def map_name(model: CausalLM, hf_name: str) -> tuple[str, tuple[int, int] | None
 
 
 @torch.no_grad()
-def load_hf_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+def load_hf_weights(
+    model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]], adopt: bool = False
+) -> None:
     """Copy every ``(hf_name, tensor)`` into ``model`` (cast to its dtype and device).
+
+    ``adopt``: the caller hands over fresh tensors it no longer uses; a whole parameter of the same dtype,
+    device and shape then takes the tensor itself instead of a copy (on CPU the copy's first touch of the
+    parameter's ~0.5 GB cost seconds for SmolLM2).
 
     Raises ``KeyError`` for a name the model has no slot for, ``ValueError`` for a shape mismatch
     and for any parameter (or fused shard) left unfilled at the end.
@@ -76,7 +82,10 @@ def load_hf_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]
         target = params[name] if rows is None else params[name][rows[0] : rows[1]]
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
-        target.copy_(tensor)
+        if adopt and rows is None and tensor.dtype == target.dtype and tensor.device == target.device:
+            target.data = tensor.contiguous()
+        else:
+            target.copy_(tensor)
         pending.discard((name, rows))
     if pending:
         missing = sorted(f"{n}{'' if r is None else list(r)}" for n, r in pending)
