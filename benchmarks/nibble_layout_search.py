@@ -1,12 +1,13 @@
 """Could a re-encoded NVFP4 byte make the in-register conversion cheaper? An exhaustive check (CPU, seconds).
 
-Today a word of 8 nibbles costs 7 integer ops before ``cvt.rn.f16x2.e4m3x2`` (``_common.nibbles_to_f16x2_ptx``):
-the high nibbles sit 2 bits above their E4M3 place (sign already at bit 7), the low ones need two shifts. If a
-byte's 8 bits were stored in another order, one value could sit at its E4M3 (``s..e1 e0 m..``: bits 7,4,3,2) or
-E5M2 (bits 7,3,2,1) place -- one mask -- and the question is whether the other value can then be moved into
-place by ONE rotation of the word, or by ONE multiply of its masked bits by a constant with <= 4 power-of-two
-terms (an ``IMAD``: several shifts summed), without carries corrupting any output bit. Prints the solutions;
-there are none, so a storage re-layout saves at most ~2 of the word's 15 conversion instructions.
+Today a word of 8 nibbles costs 7 integer ops before ``cvt.rn.f16x2.e4m3x2``
+(``_common.nibbles_to_f16x2_ptx``): the high nibbles sit 2 bits above their E4M3 place (sign already at
+bit 7), the low ones need two shifts. If a byte's 8 bits were stored in another order, one value could sit
+at its E4M3 (``s..e1 e0 m..``: bits 7,4,3,2) or E5M2 (bits 7,3,2,1) place -- one mask -- and the question
+is whether the other value can then be moved into place by ONE rotation of the word, or by ONE multiply of
+its masked bits by a constant with <= 4 power-of-two terms (an ``IMAD``: several shifts summed), without
+carries corrupting any output bit. Prints the solutions; there are none, so a storage re-layout saves at
+most ~2 of the word's 15 conversion instructions.
 
 Usage: ``python benchmarks/nibble_layout_search.py``
 """
@@ -34,7 +35,7 @@ def rotation_solutions() -> list[tuple[str, str, int]]:
 
 
 def multiply_solutions(samples: int = 2000) -> list[tuple[str, str, tuple[int, ...], int, list[int]]]:
-    """(first format, second format, source bits of the second value, output byte offset, multiplier's shifts)."""
+    """(first format, second format, the second value's source bits, output byte offset, shifts summed)."""
     rng = random.Random(1)
     words = [rng.getrandbits(32) for _ in range(samples)] + [0xFFFFFFFF, 0]
     out = []
@@ -49,7 +50,7 @@ def multiply_solutions(samples: int = 2000) -> list[tuple[str, str, tuple[int, .
                         continue
                     mult = sum(1 << k for k in set(shifts))
                     if all(
-                        ((w >> (src[i] + 8 * j)) & 1) == ((((w & mask) * mult) >> (t2[i] + 8 * (j + off))) & 1)
+                        (w >> (src[i] + 8 * j)) & 1 == ((w & mask) * mult >> (t2[i] + 8 * (j + off))) & 1
                         for w in words
                         for j in range(4)
                         for i in range(4)

@@ -153,7 +153,7 @@ def main() -> None:
             usage = ptxas_usage(k.asm["ptx"])  # type: ignore[attr-defined]
             spill_ins = sum(1 for _, t in ins if t.split()[0].startswith(("LDL", "STL")) or " LDL" in t or " STL" in t)
             main_len = lp[0][2] if lp else 0
-            # NOTE: an mma loop iteration attends tpi 16-row tiles per warp; at head_dim 64 a row is two tokens
+            # NOTE: an mma loop iteration attends tpi 16-row tiles per warp (head_dim 64: a row is 2 tokens)
             tiles = int(cfg.get("tpi", 1)) * (2 if d == 64 else 1) if name == "mma" else 1
             per_th = main_len * int(cfg["num_warps"]) / (int(cfg["block_n"]) * tiles)
             rows.append((dname, spec, per_th))
