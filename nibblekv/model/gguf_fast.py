@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-# quantization type -> (block size in values, block size in bytes); GGML's numbering
+# GGML's type numbering; the block types hold 32 values in these many bytes
 _Q4_0, _Q4_1, _Q8_0, _F32, _F16 = 2, 3, 8, 0, 1
-_BLOCKS = {_Q4_0: (32, 18), _Q4_1: (32, 20), _Q8_0: (32, 34)}
+_BLOCK_BYTES = {_Q4_0: 18, _Q4_1: 20, _Q8_0: 34}
 
 
 @functools.cache
@@ -77,14 +77,13 @@ def dequantize(data: np.ndarray, qtype: int) -> torch.Tensor:
         return torch.from_numpy(np.array(data, dtype=np.float32))
     if qt == _F16:
         return torch.from_numpy(np.array(data, dtype=np.float16)).float()
-    if qt not in _BLOCKS:
+    if qt not in _BLOCK_BYTES:
         from gguf.quants import dequantize as gguf_dequantize
 
         out = gguf_dequantize(data, qtype)
         return torch.from_numpy(np.require(out, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
-    values, nbytes = _BLOCKS[qt]
     rows = data.shape[:-1]
-    b = torch.from_numpy(np.array(data, dtype=np.uint8)).reshape(-1, nbytes)
+    b = torch.from_numpy(np.array(data, dtype=np.uint8)).reshape(-1, _BLOCK_BYTES[qt])
     d = b[:, :2].contiguous().view(torch.float16).float()
     if qt == _Q8_0:
         out = b[:, 2:].contiguous().view(torch.int8).float() * d
