@@ -7,8 +7,9 @@ Standalone, it sweeps launch configs (prefix splits x pipeline stages) against t
 
 ``SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS[:MMA]]]]]]`` (0 = the default; OWN = the own-chunk loop's
 stages; DEC=1: ``extend_decode`` -- the NVFP4 prefix through decode_mma, FP8's through decode_tok --
-where it applies, kernel ``extend_decode``; DEC=2: NVFP4 chunks wider than one decode_mma group through
-decode_tok, kernel ``extend_decode_tok``); writes
+where it applies, kernel ``extend_decode``; DEC=2: NVFP4 chunks of more than 8 columns through
+decode_tok, kernel ``extend_decode_tok``; DEC=3: through 8-column decode_mma groups (no decode_mma16), kernel
+``extend_decode_mma8``); writes
 ``DIR/extend-sweep.json``. At BM = BN = 64,
 head_dim 128, the default 5 stages take 180 KB of shared memory (one program per SM) and ~254 registers
 (sm_90 compile, 2026-11-30): fewer stages / more warps are what splitting needs to pay off.
@@ -42,10 +43,11 @@ PAGE = 16
 NAMES = {KVDtype.BF16: "bf16", KVDtype.FP8: "fp8_e4m3", KVDtype.NVFP4: "nvfp4"}
 # (batch, prefix, chunk): decode-like small chunks (speculative / short turns) up to prefill chunks
 SHAPES = (
-    (32, 8192, 16), (64, 8192, 4), (64, 8192, 2), (32, 32768, 1), (8, 8192, 128), (4, 32768, 64), (1, 32768, 512),
+    (32, 8192, 16), (64, 8192, 8), (64, 8192, 4), (64, 8192, 2), (32, 32768, 1), (8, 8192, 128),
+    (4, 32768, 64), (1, 32768, 512),
     (8, 2048, 512),
 )  # fmt: skip
-TINY = ((1, 80, 3),)  # 3 tokens x GQA 4: two decode_mma column groups (NVFP4), one decode_tok group (FP8)
+TINY = ((1, 80, 3),)  # 3 tokens x GQA 4: one group of 12 columns (NVFP4: decode_mma16, FP8: decode_tok)
 
 
 def extend_rows(
@@ -76,11 +78,12 @@ def extend_rows(
                 kw = {"num_splits": splits, "num_stages": stages or None, "num_warps": warps or None,
                       "block_m": bm or None, "block_n": bn or None, "own_stages": own or None,
                       "max_registers": regs or None}  # fmt: skip
-                wide = "tok" if dec == 2 else "mma"
+                wide = {2: "tok", 3: "mma8"}.get(dec, "mma")
                 if dec:
-                    same = dec == 2 and extend_decode_plan(q, pool, chunk, wide) == extend_decode_plan(q, pool, chunk)
+                    plan = extend_decode_plan(q, pool, chunk, wide)
+                    same = dec >= 2 and plan == extend_decode_plan(q, pool, chunk)
                     if same or extend_decode_unsupported(q, pool, chunk, wide):
-                        continue  # DEC=2 only where it differs from DEC=1's plan
+                        continue  # DEC >= 2 only where it differs from DEC=1's plan
                     fn = partial(extend_decode, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
                                  num_splits=splits or None, wide=wide)  # fmt: skip
                 else:
@@ -97,7 +100,9 @@ def extend_rows(
                     )
                     continue
                 nbytes = b * prefix * lay.bytes_per_token() + (q.numel() + 2 * k.numel()) * 2
-                rows.append({"kernel": ("extend", "extend_decode", "extend_decode_tok")[dec], "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv, "d": d,
+                kernel = ("extend", "extend_decode", "extend_decode_tok", "extend_decode_mma8")[dec]
+                rows.append({"kernel": kernel, "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv,
+                             "d": d,
                              "us": us, "nbytes": nbytes, "chunk": chunk, "splits": splits, "stages": stages, "warps": warps,
                              "bm": bm, "bn": bn, "own_stages": own, "max_registers": regs})  # fmt: skip
             del pool
@@ -113,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--configs", nargs="+", default=["0:0"],
         help="SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS[:DEC]]]]]] (0 = default; REGS caps registers per thread; "
-        "DEC=1 times extend_decode where it applies, DEC=2 its decode_tok path for wide NVFP4 chunks)",
+        "DEC=1 times extend_decode where it applies, DEC=2 its decode_tok path for wide NVFP4 chunks, "
+        "DEC=3 its 8-column decode_mma groups)",
     )
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args(argv)

@@ -355,7 +355,9 @@ def main() -> None:
         from benchmarks.bench_extend import extend_rows
 
         # kernel time, as for decode: extend_triton, and extend_decode (NVFP4 / FP8, short chunks) where it applies
-        for r in extend_rows(bench_graph, DEV, args.tiny, configs=((0, 0), (0, 0, 0, 0, 0, 0, 0, 1))):
+        # (NVFP4 also with 8-column decode_mma groups where its plan differs: decode_mma16's comparison)
+        dec = [(0, 0, 0, 0, 0, 0, 0, x) for x in (1, 3)]
+        for r in extend_rows(bench_graph, DEV, args.tiny, configs=((0, 0), *dec)):
             add(**r)
     except ImportError as e:
         print("extend benchmark unavailable:", e)

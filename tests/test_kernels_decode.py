@@ -309,9 +309,28 @@ def test_decode_combine_many_slots() -> None:
 
 
 def test_decode_default_where_mma_cannot_run() -> None:
-    # a GQA group of 16 (> 8): the default NVFP4 kernel falls back to "tok" (on GPUs; "tok" is the
+    # a GQA group of 17 (> 16): the default NVFP4 kernel falls back to "tok" (on GPUs; "tok" is the
     # interpreter's default anyway) instead of failing
-    assert _run(KVDtype.NVFP4, [1, 40], [0, 3], 1, 16, 128, P, 2) <= 1e-2
+    assert _run(KVDtype.NVFP4, [1, 40], [0, 3], 1, 17, 128, P, 2) <= 1e-2
+
+
+# decode_mma16 (GQA groups of 9-16 columns, head_dim 128): (spec, group, page); CPU runs two cases
+MMA16_CASES = (
+    [(s, grp, page) for s in ("mma", "mma:tpi=1,wppsm=9", "mma:w=2,pf=0,vq=0,cv=3") for grp in (9, 16)
+     for page in (P, 5)]
+    if DEVICE == "cuda"
+    else [("mma:tpi=2", 16, P), ("mma:tpi=1,pf=0,vq=0,w=2", 12, 5)]
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("spec,group,page", MMA16_CASES)
+def test_decode_mma16(spec: str, group: int, page: int) -> None:
+    # S = Q K^T with 16 query columns a warp: lengths 1, P-1, P, P+1 and several tiles; the bf16 tail in its
+    # own launch (tails 0, 1, W); global scales != 1 on the odd pages; columns past the group masked
+    lens = [1, P - 1, P, P + 1, 70]
+    gscale = (1.0, 1.0) if page == P else (0.37, 2.5)
+    err = _run(KVDtype.NVFP4, lens, [0, 1, W, 5, W], 1, group, 128, page, 3, gscale=gscale, variant=spec)
+    assert err <= 1e-2, err
 
 
 def test_decode_mma_refuses_other_pools() -> None:
@@ -322,7 +341,7 @@ def test_decode_mma_refuses_other_pools() -> None:
     with pytest.raises(ValueError, match="mma"):
         _run(KVDtype.NVFP4, [5], None, 1, 2, 64, 5, 1, variant="mma")  # head_dim 64: even pages
     with pytest.raises(ValueError, match="mma"):
-        _run(KVDtype.NVFP4, [5], None, 1, 16, 128, P, 1, variant="mma")
+        _run(KVDtype.NVFP4, [5], None, 1, 17, 128, P, 1, variant="mma")  # head_dim 128: groups <= 16
 
 
 @pytest.mark.parametrize("variant", ["tok", "tok:sv=1", "tok:sv=2"])

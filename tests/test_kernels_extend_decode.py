@@ -46,6 +46,12 @@ def test_extend_decode_nvfp4_head_dim_64_and_no_tail() -> None:
     assert _run([1, P + 1, 40], [2, 1, 4], None, 1, 1, 128) <= 1e-2
 
 
+def test_extend_decode_nvfp4_16_and_32_columns() -> None:
+    # chunk x GQA group of 9-16 columns: one decode_mma16 warp reads the prefix once; 17-32: two of them
+    assert _run([1, P + 1, 40], [4, 3, 1], [0, 1, W], 1, 4, 128) <= 1e-2
+    assert _run([P - 1, 40], [8, 5], [W, 1], 1, 4, 128) <= 1e-2
+
+
 @pytest.mark.parametrize("group,chunks", [(3, [1, 5, 2]), (4, [4, 1, 3])])
 def test_extend_decode_fp8(group: int, chunks: list[int]) -> None:
     # decode_tok with up to 16 columns (chunk x GQA group) per KV head, one virtual request per request
@@ -58,7 +64,8 @@ def test_extend_decode_nvfp4_wide_chunks_through_decode_tok() -> None:
     pb = make_batch(KVDtype.NVFP4, [20], 2, 128, P, DEVICE)
     q = torch.randn(3, 8, 128)
     assert ed.extend_decode_plan(q, pb.cache, 3, "tok") == ("tok", 12, 1)
-    assert ed.extend_decode_plan(q, pb.cache, 3) == ("mma", 8, 2)
+    assert ed.extend_decode_plan(q, pb.cache, 3) == ("mma", 12, 1)  # one decode_mma16 group
+    assert ed.extend_decode_plan(q, pb.cache, 8) == ("mma", 16, 2)
     assert ed.extend_decode_plan(q, pb.cache, 2, "tok") == ("mma", 8, 1)  # one group: decode_mma either way
     with pytest.raises(ValueError, match="wide"):
         ed.extend_decode_plan(q, pb.cache, 2, "rows")
@@ -75,18 +82,18 @@ def test_extend_decode_caps_decode_tok_groups_at_16_columns() -> None:
 def test_extend_decode_refuses_what_it_cannot_serve() -> None:
     pb = make_batch(KVDtype.NVFP4, [20], 2, 128, P, DEVICE)
     q = torch.randn(4, 8, 128)
-    assert extend_decode_unsupported(q, pb.cache, 4) is None  # 16 columns = 2 groups of 8
-    assert "columns" in (extend_decode_unsupported(q, pb.cache, 5) or "")
+    assert extend_decode_unsupported(q, pb.cache, 4) is None  # 16 columns: one decode_mma16 group
+    assert extend_decode_unsupported(q, pb.cache, 8) is None  # 32 columns: two groups
+    assert "columns" in (extend_decode_unsupported(q, pb.cache, 9) or "")
     fp8 = make_batch(KVDtype.FP8, [20], 2, 128, P, DEVICE)
     assert extend_decode_unsupported(q, fp8.cache, 4) is None  # 16 columns, one decode_tok group
     assert "columns" in (extend_decode_unsupported(q, fp8.cache, 5) or "")
     bf16 = make_batch(KVDtype.BF16, [20], 2, 128, P, DEVICE)
     assert "NVFP4 or FP8" in (extend_decode_unsupported(q, bf16.cache, 1) or "")
-    cu = torch.tensor([0, 5], dtype=torch.int32)
+    cu = torch.tensor([0, 9], dtype=torch.int32)
+    q9 = torch.randn(9, 8, 128)
     with pytest.raises(ValueError, match="extend variant 'decode'"):
-        extend_decode(
-            q[:5].repeat(2, 1, 1)[:5], q[:5, :2], q[:5, :2], cu, pb.cache, pb.page_table, pb.lens, 0.1, 5
-        )
+        extend_decode(q9, q9[:, :2], q9[:, :2], cu, pb.cache, pb.page_table, pb.lens, 0.1, 9)
 
 
 @pytest.mark.parametrize("g,gv,ng", [(4, 8, 2), (3, 4, 2), (1, 5, 1)])
@@ -132,8 +139,8 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
 
     call(KVDtype.NVFP4, 2)
     call(KVDtype.FP8, 2)  # auto: both quantized dtypes
-    call(KVDtype.NVFP4, 5)  # 20 columns: the tl.dot path
-    call(KVDtype.FP8, 5)
+    call(KVDtype.NVFP4, 9)  # 36 columns: the tl.dot path
+    call(KVDtype.FP8, 5)  # 20
     assert calls == [("nvfp4", 2), ("fp8_e4m3", 2)]
     monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "decode")
     call(KVDtype.FP8, 2)

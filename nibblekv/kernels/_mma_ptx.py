@@ -187,6 +187,39 @@ def _sum8(x, y):
     )
 
 
+def _row_reduce_ptx(op: str) -> str:
+    """PTX: $0/$1 = ``op`` (max or add) of $2/$3 over the 4 lanes sharing ``L // 4`` (xor 1, 2)."""
+    body = "".join(
+        f"""
+        shfl.sync.bfly.b32 a, {x}, {m}, 0x1f, 0xffffffff;
+        shfl.sync.bfly.b32 b, {y}, {m}, 0x1f, 0xffffffff;
+        {op}.f32 $0, {x}, a;
+        {op}.f32 $1, {y}, b;"""
+        for m, x, y in ((1, "$2", "$3"), (2, "$0", "$1"))
+    )
+    return "{ .reg .f32 a, b;" + body + "\n        }"
+
+
+_MAX4_PTX = tl.constexpr(_row_reduce_ptx("max"))
+_SUM4_PTX = tl.constexpr(_row_reduce_ptx("add"))
+
+
+@triton.jit
+def _max4(x, y):
+    """Max of ``x`` and of ``y`` over the 4 lanes sharing ``L // 4`` (one fragment row: ``decode_mma16``)."""
+    return tl.inline_asm_elementwise(
+        _MAX4_PTX, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _sum4(x, y):
+    """Sum of ``x`` and of ``y`` over the 4 lanes sharing ``L // 4``."""
+    return tl.inline_asm_elementwise(
+        _SUM4_PTX, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
+    )
+
+
 @triton.jit
 def _pack_h2(a, b):
     """fp32 (a, b) -> half2 (a low, b high)."""
@@ -315,5 +348,6 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
         _tw.cvt_word_alu,
     )
     _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
+    _max4, _sum4 = _tw.max4, _tw.sum4
     _mma_bf16, _p_frag_bf16 = _tw.mma_bf16, _tw.p_frag_bf16
     _st4, _ld4 = _tw.st4, _tw.ld4

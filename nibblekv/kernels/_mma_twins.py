@@ -196,6 +196,28 @@ def sum8(x, y):
 
 
 @triton.jit
+def _row_bcast(x, MAX: tl.constexpr):
+    """Max (MAX) or sum of ``x`` over the 4 lanes of each ``L // 4`` row, on every lane."""
+    n: tl.constexpr = x.shape[0]
+    x3 = tl.reshape(x, [n // 4, 4])
+    if MAX:
+        red = tl.max(x3, axis=1)
+    else:
+        red = tl.sum(x3, axis=1)
+    return tl.reshape(tl.broadcast_to(red[:, None], [n // 4, 4]), [n])
+
+
+@triton.jit
+def max4(x, y):
+    return _row_bcast(x, True), _row_bcast(y, True)
+
+
+@triton.jit
+def sum4(x, y):
+    return _row_bcast(x, False), _row_bcast(y, False)
+
+
+@triton.jit
 def pack_h2(a, b):
     return _f32_to_u16(a) | (_f32_to_u16(b) << 16)
 

@@ -40,6 +40,7 @@ from nibblekv.kernels.decode_config import (
     combine_dim_block,
     graph_num_splits,
     mma_num_splits,
+    mma_wide_config,
     non_mma_default,
     resolve_variant,
 )
@@ -329,6 +330,8 @@ def decode_triton(
             raise ValueError(f"decode variant 'mma' {why}")
         if why:  # the default where mma does not apply (a GQA group > 8, unaligned pools, odd pages)
             name, cfg = resolve_variant(non_mma_default(d, interp), fmt, d, interp)
+    if name == "mma" and hq // hkv > 8:
+        cfg = mma_wide_config(cfg)
     if name != "mma" and hq // hkv > MAX_GROUP_ROWS:
         kw = dict(tail=tail, tail_page_table=tail_page_table, tail_lens=tail_lens, num_splits=num_splits,
                   block_n=block_n, num_warps=num_warps, num_stages=num_stages, use_asm=use_asm, variant=variant,

@@ -109,20 +109,35 @@ def graph_num_splits(
 
 
 def mma_columns(head_dim: int) -> int:
-    """Query columns per KV head that decode_mma scores at once: 8 at head_dim 128 (one ``mma.sync``
-    n-dimension), 4 at 64 (two tokens a row use two columns each), 0 where it does not run."""
-    return {128: 8, 64: 4}.get(head_dim, 0)
+    """Query columns per KV head that decode_mma scores in one warp: 16 at head_dim 128 (8 by ``S^T = K Q^T``,
+    one ``mma.sync`` n-dimension; 9-16 by ``S = Q K^T``, ``decode_mma16``), 4 at 64 (two tokens a row use two
+    columns each), 0 where it does not run."""
+    return {128: 16, 64: 4}.get(head_dim, 0)
+
+
+# NOTE: one-warp programs per SM for decode_mma16 (a GQA group of 9-16 columns): 64 accumulators + 32 Q
+# registers need more than decode_mma's 128 registers (16 per SM)
+WIDE_PPSM = 8
+
+
+def mma_wide_config(cfg: dict[str, int | bool]) -> dict[str, int | bool]:
+    """``cfg`` for ``decode_mma16`` (a GQA group of 9-16 columns): ``wppsm`` programs per SM (its 64
+    accumulators), the bf16 tail in its own launch, per-pair splits, no TMA / fix-up / lazy rescale."""
+    return dict(cfg, ppsm=cfg.get("wppsm", WIDE_PPSM), tin=0, balanced=0, tma=0, fuse=0, lazy=0)
 
 
 def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
     """Why ``decode_mma`` cannot run on this pool (None if it can): NVFP4, head_dim 128 with a GQA group
-    <= 8 or head_dim 64 with a group <= 4 and an even page size (two tokens a row), packed rows, pages and
+    <= 16 or head_dim 64 with a group <= 4 and an even page size (two tokens a row), packed rows, pages and
     heads 8-byte aligned (the kernel reads them as uint64 / uint16 words)."""
     lay = cache.layout
     d = lay.head_dim
     fits = 0 < g <= mma_columns(d) and (d != 64 or lay.page_size % 2 == 0)
     if fmt_code(cache.dtype) != FMT_NVFP4 or not fits or cache.k_scale is None:
-        return "needs an NVFP4 pool with head_dim 128 and a GQA group <= 8, or head_dim 64, a group <= 4 and even pages"
+        return (
+            "needs an NVFP4 pool with head_dim 128 and a GQA group <= 16, or head_dim 64, a group <= 4 and "
+            "even pages"
+        )
     ds, ss = cache.k_data.stride(), cache.k_scale.stride()
     packed = ds[2] == lay.head_dim // 2 and ss[2] == lay.head_dim // 16
     aligned = all(x % 8 == 0 for x in ds[:2]) and all(x % 2 == 0 for x in ss[:2])
@@ -206,6 +221,8 @@ def _mma_config() -> dict[str, int | bool]:
         # NOTE: one wave of 16 one-warp programs per SM (128 registers): 0.63 of the H200's read ceiling at
         # B8x32K / B32x8K vs 0.60 at 32 (two waves), 0.57 at 24 or 48, equal at B64x32K (2026-11-30)
         "ppsm": 16,
+        # NOTE: programs per SM for a GQA group of 9-16 columns (decode_mma16: 213 registers at tpi=2, sm_90)
+        "wppsm": WIDE_PPSM,
         "tpi": 2,
         "pf": 1,
         # NOTE: >= 4 tiles per split: in the engine at B=1 x 3K (CUDA graphs, 256 splits) one tile per
@@ -315,9 +332,9 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
-    "ppsm": "ppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db", "vst": "vst", "vq": "vq",
-    "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced", "fuse": "fuse",
-    "tpp": "tail_page_prefetch", "ts": "tail_splits", "tma": "tma",
+    "ppsm": "ppsm", "wppsm": "wppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db",
+    "vst": "vst", "vq": "vq", "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced",
+    "fuse": "fuse", "tpp": "tail_page_prefetch", "ts": "tail_splits", "tma": "tma",
     "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy", "st": "tail_stages",
 }  # fmt: skip
 

@@ -12,8 +12,8 @@ Three steps, merged exactly by their log-sum-exps:
 1. the main-pool prefix: ``decode_triton`` on a virtual batch -- request ``b``'s chunk becomes
    ``NG = cdiv(max_chunk * G, GV)`` virtual requests of ``GV`` columns per KV head (column ``cg * GV + n``
    = token ``// G``, head ``% G`` of the chunk), all with ``b``'s page table and prefix length (the NG
-   copies read the same bytes; concurrent, they mostly hit L2). ``GV`` = 8 columns (head_dim 128) or 4
-   (64) for ``decode_mma``, up to ``TOK_MAX_COLUMNS`` in one group for ``decode_tok``;
+   copies read the same bytes; concurrent, they mostly hit L2). ``GV`` <= 16 columns (head_dim 128; 9-16
+   run as ``decode_mma16``) or 4 (64) for ``decode_mma``, up to ``TOK_MAX_COLUMNS`` for ``decode_tok``;
 2. the rest -- the bf16 tail and the chunk's own keys, causally -- by ``extend_triton`` with an empty
    main-pool prefix;
 3. ``o = (o1 * 2**lse1 + o2 * 2**lse2) / (2**lse1 + 2**lse2)`` per row (``_merge_kernel``).
@@ -47,18 +47,20 @@ TOK_MAX_COLUMNS = 16
 def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma") -> tuple[str, int, int] | str:
     """``(decode variant, columns per virtual request GV, virtual requests per request NG)``, or why not.
 
-    ``wide``: the kernel for NVFP4 chunks wider than one ``decode_mma`` group -- ``"mma"`` (several virtual
-    requests, the prefix read once per group) or ``"tok"`` (one ``decode_tok`` group of <=
-    ``TOK_MAX_COLUMNS`` columns, the prefix read once through ``tl.dot``; 0.27 vs 0.34 of the H200's read
-    ceiling at 4-token chunks, extend-sweep-wide-h200.json). ``TOK_MAX_COLUMNS`` also caps FP8's group."""
-    if wide not in ("mma", "tok"):
-        raise ValueError(f"wide must be 'mma' or 'tok', got {wide!r}")
+    ``wide``: the kernel for NVFP4 chunks of more than 8 columns (head_dim 128; 4 at 64) -- ``"mma"``
+    (``decode_mma16`` up to 16 columns, then several virtual requests, the prefix read once per group) or
+    ``"mma8"`` (groups of 8 columns: ``decode_mma`` only, for comparison) or
+    ``"tok"`` (one ``decode_tok`` group of <= ``TOK_MAX_COLUMNS`` columns, the prefix read once through
+    ``tl.dot``; 0.27 vs 0.34 of the H200's read ceiling for two 8-column ``decode_mma`` groups at 4-token
+    chunks, extend-sweep-wide-h200.json). ``TOK_MAX_COLUMNS`` also caps FP8's group."""
+    if wide not in ("mma", "mma8", "tok"):
+        raise ValueError(f"wide must be 'mma', 'mma8' or 'tok', got {wide!r}")
     hkv, d = cache.layout.num_kv_heads, cache.layout.head_dim
     cols = max_chunk * (q.shape[1] // hkv)
     fmt = fmt_code(cache.dtype)
     if fmt == FMT_NVFP4:
-        cap = mma_columns(d)
-        if cols > cap and wide == "tok":
+        cap = mma_columns(d) if wide != "mma8" else min(mma_columns(d), 8)
+        if cols > min(cap, 8) and wide == "tok":  # NOTE: 8 = decode_mma's S^T = K Q^T columns
             return _tok_plan(cols, d)
         why = _mma_unsupported(cache, min(cap, cols))
         if why is None and cols > MAX_GROUPS * cap:
