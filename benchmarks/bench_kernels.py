@@ -172,7 +172,8 @@ class Pools:
             fill_pool(pool)
             self.pools[dt] = pool
         tlay = PageLayout(KVDtype.BF16, kv_heads, head_dim, PAGE)
-        self.tail = LayerKV.allocate(tlay, 128 * 4 + 8, DEV)  # 4 pages of 16 = the 64-token tail
+        # 4 pages of 16 = the 64-token tail, for batches up to 256 (128 until stop 32: B=256 failed)
+        self.tail = LayerKV.allocate(tlay, 256 * 4 + 8, DEV)
         fill_pool(self.tail)
 
     def fits(self, dt: KVDtype, tokens: int) -> bool:
