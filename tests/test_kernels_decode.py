@@ -273,15 +273,16 @@ def test_decode_mma_combine_online(pair: int, db: int, ts: int) -> None:
 
 @pytest.mark.parametrize(
     "d,group,tw",
-    [(128, 4, 0), (128, 4, "1,ts=2")] if DEVICE == "cpu"
-    else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (64, 3, 1), (128, 8, "0,tpp=1,cdb=128"),
+    [(128, 4, 0), (128, 4, "1,ts=2"), (128, 12, 0)] if DEVICE == "cpu"
+    else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (128, 12, 0), (64, 3, 1), (128, 8, "0,tpp=1,cdb=128"),
           (64, 3, "0,tpp=1,cdb=64"), (128, 4, "1,ts=2"), (64, 3, "0,ts=3,cdb=64"), (128, 4, 1)],
 )
 def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int, tw: int | str) -> None:
     # CUDA-graph padding: only the first 3 of 5 rows are requests (``active`` on the device); decode_mma
     # sizes its splits for them at run time -- 8 warp slots / 3 rows = 2 of the grid's 12 splits here, 1 with
     # tw=1 (the tail programs' slots kept; ts=2: two per pair) -- in a 1-D grid, the tails after every
-    # split; padding rows (1 token of page 0, no tail) come out zeros; tpp / co / ts on and off
+    # split; padding rows (1 token of page 0, no tail) come out zeros; tpp / co / ts on and off; group 12:
+    # decode_mma16 (its tail in its own launch)
     import nibblekv.kernels.decode as dec
 
     monkeypatch.setattr(dec, "num_sms", lambda: 1)
