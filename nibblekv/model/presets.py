@@ -167,6 +167,8 @@ _SMOLLM2_135M_INSTRUCT: dict[str, Any] = {
 
 # name -> config.json contents (Hugging Face repo in the comment)
 PRESETS: dict[str, dict[str, Any]] = {
+    # meta-llama/Llama-3.1-405B-Instruct (GQA 16: NVFP4 decode through decode_mma16)
+    "llama-3.1-405b": _llama3(hidden=16384, inter=53248, layers=126, heads=128, head_dim=None),
     # meta-llama/Llama-3.3-70B-Instruct
     "llama-3.3-70b": _llama3(hidden=8192, inter=28672, layers=80, heads=64, head_dim=128),
     # meta-llama/Llama-3.1-70B-Instruct
