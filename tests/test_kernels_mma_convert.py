@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nibblekv.kernels import decode_mma as dm
+from nibblekv.kernels import _mma_tile as dm  # decode_mma / decode_mma16's fragment helpers
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -23,10 +23,7 @@ def _convert_kernel(x_ptr, s_ptr, out_ptr, N: tl.constexpr, ALU: tl.constexpr):
     i = tl.arange(0, N)
     x = tl.load(x_ptr + i)
     s = tl.load(s_ptr + i)
-    if ALU:
-        r0, r1, r2, r3 = dm._cvt_word_alu(x, s)
-    else:
-        r0, r1, r2, r3 = dm._cvt_word(x, s)
+    r0, r1, r2, r3 = dm._cvt(x, s, ALU)
     tl.store(out_ptr + 4 * i, r0)
     tl.store(out_ptr + 4 * i + 1, r1)
     tl.store(out_ptr + 4 * i + 2, r2)

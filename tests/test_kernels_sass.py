@@ -35,6 +35,18 @@ def test_decode_mma_fits_128_registers(group: int, tail: bool, head_dim: int, sp
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
+def test_decode_mma16_fits_its_programs_per_sm() -> None:
+    # decode_mma16 (a GQA group of 16): no spills under the cap that lets WIDE_PPSM one-warp programs share an
+    # SM (213 registers at tpi=2, 2026-12-02)
+    from nibblekv.kernels.decode_config import WIDE_PPSM, _mma_max_registers
+
+    out = _compile("mma", "nvfp4", 16, 128, False)
+    m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)
+    assert m and "decode_mma_kernel" in out, out[-2000:]
+    assert int(m.group(1)) == 0 and 128 < int(m.group(2)) <= _mma_max_registers(WIDE_PPSM), m.group(0)
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
 @pytest.mark.parametrize("dtype", ["fp8_e4m3", "nvfp4", "bf16"])
 @pytest.mark.parametrize("spec", ["tok", "tok:fuse=1"])
 def test_decode_tok_keeps_three_programs_per_sm(dtype: str, spec: str) -> None:
