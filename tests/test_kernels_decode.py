@@ -376,6 +376,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "num_stages": 1,
         "conv": 0,
         "ppsm": 16,
+        "wppsm": 8,
         "tpi": 1,
         "pf": 0,
         "minc": 64,

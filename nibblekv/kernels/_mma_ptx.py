@@ -154,21 +154,24 @@ def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return _mma_asm(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, _MMA_F16_PTX)
 
 
-def _column_reduce_ptx(op: str) -> str:
-    """PTX: $0/$1 = ``op`` (max or add) of $2/$3 over the 8 lanes sharing ``L % 4`` (xor 4, 8, 16)."""
+def _lane_reduce_ptx(op: str, masks: tuple[int, ...]) -> str:
+    """PTX: $0/$1 = ``op`` (max or add) of $2/$3 over the lanes that differ only in the bits of ``masks``
+    (xor 4, 8, 16: the 8 lanes sharing ``L % 4``, one fragment column; xor 1, 2: the 4 sharing ``L // 4``,
+    one fragment row)."""
     body = "".join(
         f"""
         shfl.sync.bfly.b32 a, {x}, {m}, 0x1f, 0xffffffff;
         shfl.sync.bfly.b32 b, {y}, {m}, 0x1f, 0xffffffff;
         {op}.f32 $0, {x}, a;
         {op}.f32 $1, {y}, b;"""
-        for m, x, y in ((4, "$2", "$3"), (8, "$0", "$1"), (16, "$0", "$1"))
+        for i, m in enumerate(masks)
+        for x, y in [("$2", "$3") if i == 0 else ("$0", "$1")]
     )
     return "{ .reg .f32 a, b;" + body + "\n        }"
 
 
-_MAX8_PTX = tl.constexpr(_column_reduce_ptx("max"))
-_SUM8_PTX = tl.constexpr(_column_reduce_ptx("add"))
+_MAX8_PTX = tl.constexpr(_lane_reduce_ptx("max", (4, 8, 16)))
+_SUM8_PTX = tl.constexpr(_lane_reduce_ptx("add", (4, 8, 16)))
 
 
 @triton.jit
@@ -187,21 +190,8 @@ def _sum8(x, y):
     )
 
 
-def _row_reduce_ptx(op: str) -> str:
-    """PTX: $0/$1 = ``op`` (max or add) of $2/$3 over the 4 lanes sharing ``L // 4`` (xor 1, 2)."""
-    body = "".join(
-        f"""
-        shfl.sync.bfly.b32 a, {x}, {m}, 0x1f, 0xffffffff;
-        shfl.sync.bfly.b32 b, {y}, {m}, 0x1f, 0xffffffff;
-        {op}.f32 $0, {x}, a;
-        {op}.f32 $1, {y}, b;"""
-        for m, x, y in ((1, "$2", "$3"), (2, "$0", "$1"))
-    )
-    return "{ .reg .f32 a, b;" + body + "\n        }"
-
-
-_MAX4_PTX = tl.constexpr(_row_reduce_ptx("max"))
-_SUM4_PTX = tl.constexpr(_row_reduce_ptx("add"))
+_MAX4_PTX = tl.constexpr(_lane_reduce_ptx("max", (1, 2)))
+_SUM4_PTX = tl.constexpr(_lane_reduce_ptx("add", (1, 2)))
 
 
 @triton.jit

@@ -69,6 +69,36 @@ def _v_pair(x, y, sc, ALU: tl.constexpr = 0):
 
 
 @triton.jit
+def _k_tile(raw, ALU: tl.constexpr = 0):
+    """``_load_tile``'s key rows g, g + 8 -> their 16 + 16 converted registers (``_k_row``)."""
+    kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15 = _k_row(
+        raw[0], raw[1], raw[4], ALU
+    )
+    k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815 = _k_row(
+        raw[2], raw[3], raw[5], ALU
+    )
+    return (
+        kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
+        k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815,
+    )  # fmt: skip
+
+
+@triton.jit
+def _v_tile(raw, ALU: tl.constexpr = 0):
+    """``_load_tile``'s value rows -> ``_v_pair`` of tokens (2t, 2t+1), then of (2t+8, 2t+9): 16 + 16."""
+    va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15 = _v_pair(
+        raw[6], raw[7], raw[10], ALU
+    )
+    vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15 = _v_pair(
+        raw[8], raw[9], raw[11], ALU
+    )
+    return (
+        va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15,
+        vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15,
+    )  # fmt: skip
+
+
+@triton.jit
 def _row_base(pt_ptr, idx, lim, s_page, sc_page, PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr):
     """Token index -> (data byte offset, scale byte offset, valid) of its row (head offsets not added)."""
     valid = idx < lim

@@ -174,47 +174,39 @@ def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, BF16: tl.constexpr):
 
 
 @triton.jit
-def _column_bcast(x, MAX: tl.constexpr):
-    """Max (MAX) or sum of ``x`` over the 8 lanes of each ``L % 4`` column, on every lane."""
+def _lane_bcast(x, MAX: tl.constexpr, COLUMN: tl.constexpr):
+    """Max (MAX) or sum of ``x`` on every lane, over the 8 lanes of its ``L % 4`` column (COLUMN) or the 4
+    lanes of its ``L // 4`` row."""
     n: tl.constexpr = x.shape[0]
-    x3 = tl.reshape(x, [n // 32, 8, 4])
+    x3 = tl.reshape(x, [n // 32, 8, 4])  # [warp, g, t]
+    AX: tl.constexpr = 1 if COLUMN else 2
     if MAX:
-        red = tl.max(x3, axis=1)
+        red = tl.max(x3, axis=AX)
     else:
-        red = tl.sum(x3, axis=1)
-    return tl.reshape(tl.broadcast_to(red[:, None, :], [n // 32, 8, 4]), [n])
+        red = tl.sum(x3, axis=AX)
+    if COLUMN:
+        return tl.reshape(tl.broadcast_to(red[:, None, :], [n // 32, 8, 4]), [n])
+    return tl.reshape(tl.broadcast_to(red[:, :, None], [n // 32, 8, 4]), [n])
 
 
 @triton.jit
 def max8(x, y):
-    return _column_bcast(x, True), _column_bcast(y, True)
+    return _lane_bcast(x, True, 1), _lane_bcast(y, True, 1)
 
 
 @triton.jit
 def sum8(x, y):
-    return _column_bcast(x, False), _column_bcast(y, False)
-
-
-@triton.jit
-def _row_bcast(x, MAX: tl.constexpr):
-    """Max (MAX) or sum of ``x`` over the 4 lanes of each ``L // 4`` row, on every lane."""
-    n: tl.constexpr = x.shape[0]
-    x3 = tl.reshape(x, [n // 4, 4])
-    if MAX:
-        red = tl.max(x3, axis=1)
-    else:
-        red = tl.sum(x3, axis=1)
-    return tl.reshape(tl.broadcast_to(red[:, None], [n // 4, 4]), [n])
+    return _lane_bcast(x, False, 1), _lane_bcast(y, False, 1)
 
 
 @triton.jit
 def max4(x, y):
-    return _row_bcast(x, True), _row_bcast(y, True)
+    return _lane_bcast(x, True, 0), _lane_bcast(y, True, 0)
 
 
 @triton.jit
 def sum4(x, y):
-    return _row_bcast(x, False), _row_bcast(y, False)
+    return _lane_bcast(x, False, 0), _lane_bcast(y, False, 0)
 
 
 @triton.jit

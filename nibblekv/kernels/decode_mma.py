@@ -45,7 +45,7 @@ from nibblekv.kernels._mma_ptx import (
     _st4,
     _sum8,
 )
-from nibblekv.kernels._mma_tile import _k_row, _load_tile, _q_frags_vec, _q_pair, _softmax, _v_pair
+from nibblekv.kernels._mma_tile import _k_tile, _load_tile, _q_frags_vec, _q_pair, _softmax, _v_tile
 from nibblekv.kernels._common import interpreting
 from nibblekv.kernels._pdl import pdl_enter
 from nibblekv.kernels._tma import tma_init, tma_issue, tma_read, tma_ring
@@ -65,13 +65,10 @@ def _scores(raw, qk_scale, n0, lim, lim1,
     Masked (MASKED: token >= lim; columns 2t+1 token >= lim1, see PAIR in ``_mma_segment``) scores are
     -inf. ``n0`` is this warp's tile start.
     """
-    kga, kgb, k8a, k8b, ksg, ks8 = raw[0], raw[1], raw[2], raw[3], raw[4], raw[5]
-    kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15 = _k_row(
-        kga, kgb, ksg, CV & 1
-    )
-    k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815 = _k_row(
-        k8a, k8b, ks8, CV & 1
-    )
+    (
+        kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
+        k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815,
+    ) = _k_tile(raw, CV & 1)  # fmt: skip
     z = tl.zeros_like(qk_scale)
     e0, e1, e2, e3 = z, z, z, z
     f0, f1, f2, f3 = z, z, z, z
@@ -102,13 +99,10 @@ def _pv(raw, pa, pb,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, CV: tl.constexpr = 0,
         ):  # fmt: skip
     """O^T += V^T P^T for one tile (``pa``/``pb``: P^T fragments of tokens 2t, 2t+1 / 2t+8, 2t+9)."""
-    va_, vb_, vc_, vd_, sv01, sv89 = raw[6], raw[7], raw[8], raw[9], raw[10], raw[11]
-    va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15 = _v_pair(
-        va_, vb_, sv01, CV >> 1
-    )
-    vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15 = _v_pair(
-        vc_, vd_, sv89, CV >> 1
-    )
+    (
+        va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15,
+        vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15,
+    ) = _v_tile(raw, CV >> 1)  # fmt: skip
     o00, o01, o02, o03 = _mma(va0, va1, vb0, vb1, pa, pb, o00, o01, o02, o03)
     o10, o11, o12, o13 = _mma(va2, va3, vb2, vb3, pa, pb, o10, o11, o12, o13)
     o20, o21, o22, o23 = _mma(va4, va5, vb4, vb5, pa, pb, o20, o21, o22, o23)

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._mma_ptx import _max4, _mma, _pack_h2, _st4, _sum4
-from nibblekv.kernels._mma_tile import _k_row, _load_tile, _q_frags_vec, _q_pair, _softmax, _v_pair
+from nibblekv.kernels._mma_tile import _k_tile, _load_tile, _q_frags_vec, _q_pair, _softmax, _v_tile
 
 @triton.jit
 def _scores16(raw, qk_scale, n0, lim,
@@ -39,13 +39,10 @@ qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15,
               MASKED: tl.constexpr, CV: tl.constexpr = 0):  # fmt: skip
     """S fragments of one tile times ``qk_scale``: n-tile 0 ``e`` = (column g; tokens 2t, 2t+1), (g + 8; 2t,
     2t+1); n-tile 1 ``f`` the same for tokens 8 + 2t, 9 + 2t. Tokens ``>= lim`` score -inf (MASKED)."""
-    kga, kgb, k8a, k8b, ksg, ks8 = raw[0], raw[1], raw[2], raw[3], raw[4], raw[5]
-    kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15 = _k_row(
-        kga, kgb, ksg, CV & 1
-    )
-    k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815 = _k_row(
-        k8a, k8b, ks8, CV & 1
-    )
+    (
+        kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
+        k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815,
+    ) = _k_tile(raw, CV & 1)  # fmt: skip
     z = tl.zeros_like(qk_scale)
     e0, e1, e2, e3 = z, z, z, z
     f0, f1, f2, f3 = z, z, z, z
@@ -116,13 +113,10 @@ o9_0, o9_1, o9_2, o9_3, o10_0, o10_1, o10_2, o10_3, o11_0, o11_1, o11_2, o11_3, 
 o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3,
           CV: tl.constexpr = 0):  # fmt: skip
     """O += P V for one tile; ``p0..p3`` = P's A fragment (columns g / g + 8 x tokens 2t.. / 2t + 8..)."""
-    va_, vb_, vc_, vd_, sv01, sv89 = raw[6], raw[7], raw[8], raw[9], raw[10], raw[11]
-    va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15 = _v_pair(
-        va_, vb_, sv01, CV >> 1
-    )
-    vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15 = _v_pair(
-        vc_, vd_, sv89, CV >> 1
-    )
+    (
+        va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15,
+        vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15,
+    ) = _v_tile(raw, CV >> 1)  # fmt: skip
     o0_0, o0_1, o0_2, o0_3 = _mma(p0, p1, p2, p3, va0, vb0, o0_0, o0_1, o0_2, o0_3)
     o1_0, o1_1, o1_2, o1_3 = _mma(p0, p1, p2, p3, va1, vb1, o1_0, o1_1, o1_2, o1_3)
     o2_0, o2_1, o2_2, o2_3 = _mma(p0, p1, p2, p3, va2, vb2, o2_0, o2_1, o2_2, o2_3)
