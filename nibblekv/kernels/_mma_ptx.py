@@ -172,42 +172,40 @@ def _lane_reduce_ptx(op: str, masks: tuple[int, ...]) -> str:
 
 _MAX8_PTX = tl.constexpr(_lane_reduce_ptx("max", (4, 8, 16)))
 _SUM8_PTX = tl.constexpr(_lane_reduce_ptx("add", (4, 8, 16)))
-
-
-@triton.jit
-def _max8(x, y):
-    """Max of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4`` (one fragment column)."""
-    return tl.inline_asm_elementwise(
-        _MAX8_PTX, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
-    )
-
-
-@triton.jit
-def _sum8(x, y):
-    """Sum of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4``."""
-    return tl.inline_asm_elementwise(
-        _SUM8_PTX, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
-    )
-
-
 _MAX4_PTX = tl.constexpr(_lane_reduce_ptx("max", (1, 2)))
 _SUM4_PTX = tl.constexpr(_lane_reduce_ptx("add", (1, 2)))
 
 
 @triton.jit
+def _reduce2(x, y, ASM: tl.constexpr):
+    """``x`` and ``y`` reduced across lanes by ``ASM`` (an ``_lane_reduce_ptx``)."""
+    return tl.inline_asm_elementwise(
+        ASM, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _max8(x, y):
+    """Max of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4`` (one fragment column)."""
+    return _reduce2(x, y, _MAX8_PTX)
+
+
+@triton.jit
+def _sum8(x, y):
+    """Sum of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4``."""
+    return _reduce2(x, y, _SUM8_PTX)
+
+
+@triton.jit
 def _max4(x, y):
     """Max of ``x`` and of ``y`` over the 4 lanes sharing ``L // 4`` (one fragment row: ``decode_mma16``)."""
-    return tl.inline_asm_elementwise(
-        _MAX4_PTX, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
-    )
+    return _reduce2(x, y, _MAX4_PTX)
 
 
 @triton.jit
 def _sum4(x, y):
     """Sum of ``x`` and of ``y`` over the 4 lanes sharing ``L // 4``."""
-    return tl.inline_asm_elementwise(
-        _SUM4_PTX, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
-    )
+    return _reduce2(x, y, _SUM4_PTX)
 
 
 @triton.jit
