@@ -112,7 +112,8 @@ def _row_base(pt_ptr, idx, lim, s_page, sc_page, PAGE: tl.constexpr, D: tl.const
 
 @triton.jit
 def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, sc_page, g, t,
-               PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, PAIR: tl.constexpr = 0):  # fmt: skip
+               PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
+               PAIR: tl.constexpr = 0):  # fmt: skip
     """This lane's raw bytes of the tile at ``n0`` (per lane): K rows g, g+8; V rows 2t, 2t+1, 2t+8, 2t+9.
 
     Returns 4 K uint64, 2 K scale pairs, 4 V uint64, 2 V scale pairs (uint32); masked rows read as 0.

@@ -333,8 +333,8 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "wppsm": "wppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db",
-    "vst": "vst", "vq": "vq", "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave", "bal": "balanced",
-    "fuse": "fuse", "tpp": "tail_page_prefetch", "ts": "tail_splits", "tma": "tma",
+    "vst": "vst", "vq": "vq", "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave",
+    "bal": "balanced", "fuse": "fuse", "tpp": "tail_page_prefetch", "ts": "tail_splits", "tma": "tma",
     "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy", "st": "tail_stages",
 }  # fmt: skip
 

@@ -298,7 +298,7 @@ o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15
 
 @triton.jit
 def _q_cols(qrow, qm, VQ: tl.constexpr):
-    """Column ``qrow``'s 16 A-fragment registers (``decode_mma``'s B fragments of a head; 0 where not ``qm``)."""
+    """Column ``qrow``'s 16 A-fragment registers (``decode_mma``'s B fragments of a head; 0 if not ``qm``)."""
     if VQ:
         return _q_frags_vec(qrow, qm)
     return (
