@@ -253,3 +253,18 @@ def _q_frags_vec(qrow, qm):
         _pack_h2(_bf16_lo(w12), _bf16_lo(w13)), _pack_h2(_bf16_lo(w14), _bf16_lo(w15)),
         _pack_h2(_bf16_hi(w12), _bf16_hi(w13)), _pack_h2(_bf16_hi(w14), _bf16_hi(w15)),
     )  # fmt: skip
+
+
+@triton.jit
+def _q_frags(qrow, qm, VQ: tl.constexpr):
+    """One head's 16 Q fragment registers for the lane's dims ``[32t, 32t + 32)`` at ``qrow`` (already
+    offset by ``32t``; zeros where not ``qm``): ``decode_mma``'s B operand, ``decode_mma16``'s A operand.
+    ``VQ``: 4 vector loads (bf16 rows 16-byte aligned) instead of 32 scattered ones."""
+    if VQ:
+        return _q_frags_vec(qrow, qm)
+    return (
+        _q_pair(qrow, 0, qm), _q_pair(qrow, 4, qm), _q_pair(qrow, 1, qm), _q_pair(qrow, 5, qm),
+        _q_pair(qrow, 8, qm), _q_pair(qrow, 12, qm), _q_pair(qrow, 9, qm), _q_pair(qrow, 13, qm),
+        _q_pair(qrow, 16, qm), _q_pair(qrow, 20, qm), _q_pair(qrow, 17, qm), _q_pair(qrow, 21, qm),
+        _q_pair(qrow, 24, qm), _q_pair(qrow, 28, qm), _q_pair(qrow, 25, qm), _q_pair(qrow, 29, qm),
+    )  # fmt: skip

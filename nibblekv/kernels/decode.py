@@ -39,6 +39,7 @@ from nibblekv.kernels.decode_config import (
     _mma_unsupported,
     combine_dim_block,
     graph_num_splits,
+    mma_narrow_columns,
     mma_num_splits,
     mma_wide_config,
     non_mma_default,
@@ -330,7 +331,7 @@ def decode_triton(
             raise ValueError(f"decode variant 'mma' {why}")
         if why:  # the default where mma does not apply (a GQA group > 8, unaligned pools, odd pages)
             name, cfg = resolve_variant(non_mma_default(d, interp), fmt, d, interp)
-    if name == "mma" and hq // hkv > 8:
+    if name == "mma" and hq // hkv > mma_narrow_columns(d):
         cfg = mma_wide_config(cfg)
     if name != "mma" and hq // hkv > MAX_GROUP_ROWS:
         kw = dict(tail=tail, tail_page_table=tail_page_table, tail_lens=tail_lens, num_splits=num_splits,

@@ -115,6 +115,12 @@ def mma_columns(head_dim: int) -> int:
     return {128: 16, 64: 4}.get(head_dim, 0)
 
 
+def mma_narrow_columns(head_dim: int) -> int:
+    """Query columns per KV head that decode_mma scores as ``S^T = K Q^T`` (8 at head_dim 128, 4 at 64); more
+    (up to ``mma_columns``) run as ``decode_mma16`` with ``mma_wide_config``."""
+    return min(mma_columns(head_dim), 8)
+
+
 # NOTE: one-warp programs per SM for decode_mma16 (a GQA group of 9-16 columns): 64 accumulators + 32 Q
 # registers need more than decode_mma's 128 registers (16 per SM)
 WIDE_PPSM = 8

@@ -45,7 +45,7 @@ from nibblekv.kernels._mma_ptx import (
     _st4,
     _sum8,
 )
-from nibblekv.kernels._mma_tile import _k_tile, _load_tile, _q_frags_vec, _q_pair, _softmax, _v_tile
+from nibblekv.kernels._mma_tile import _k_tile, _load_tile, _q_frags, _softmax, _v_tile
 from nibblekv.kernels._common import interpreting
 from nibblekv.kernels._pdl import pdl_enter
 from nibblekv.kernels._tma import tma_init, tma_issue, tma_read, tma_ring
@@ -459,26 +459,8 @@ def _mma_segment(
     else:
         qm = g < G
         qrow = q_ptr + (h * G + g) * s_qh
-    qd = 32 * t
-    if VQ:  # NOTE: the lane's 32 dims are 64 contiguous bytes: 4 vector loads instead of 32 scattered ones
-        q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _q_frags_vec(qrow + qd, qm)
-    else:
-        q0 = _q_pair(qrow, qd + 0, qm)
-        q1 = _q_pair(qrow, qd + 4, qm)
-        q2 = _q_pair(qrow, qd + 1, qm)
-        q3 = _q_pair(qrow, qd + 5, qm)
-        q4 = _q_pair(qrow, qd + 8, qm)
-        q5 = _q_pair(qrow, qd + 12, qm)
-        q6 = _q_pair(qrow, qd + 9, qm)
-        q7 = _q_pair(qrow, qd + 13, qm)
-        q8 = _q_pair(qrow, qd + 16, qm)
-        q9 = _q_pair(qrow, qd + 20, qm)
-        q10 = _q_pair(qrow, qd + 17, qm)
-        q11 = _q_pair(qrow, qd + 21, qm)
-        q12 = _q_pair(qrow, qd + 24, qm)
-        q13 = _q_pair(qrow, qd + 28, qm)
-        q14 = _q_pair(qrow, qd + 25, qm)
-        q15 = _q_pair(qrow, qd + 29, qm)
+    # NOTE: with VQ the lane's 32 dims are 64 contiguous bytes: 4 vector loads instead of 32 scattered ones
+    q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _q_frags(qrow + 32 * t, qm, VQ)
     m0 = tl.full([32 * NW], float("-inf"), tl.float32)
     m1 = m0
     z = tl.zeros([32 * NW], tl.float32)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._mma_ptx import _max4, _mma, _pack_h2, _st4, _sum4
-from nibblekv.kernels._mma_tile import _k_tile, _load_tile, _q_frags_vec, _q_pair, _softmax, _v_tile
+from nibblekv.kernels._mma_tile import _k_tile, _load_tile, _q_frags, _softmax, _v_tile
 
 @triton.jit
 def _scores16(raw, qk_scale, n0, lim,
@@ -297,19 +297,6 @@ o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15
 
 
 @triton.jit
-def _q_cols(qrow, qm, VQ: tl.constexpr):
-    """Column ``qrow``'s 16 A-fragment registers (``decode_mma``'s B fragments of a head; 0 if not ``qm``)."""
-    if VQ:
-        return _q_frags_vec(qrow, qm)
-    return (
-        _q_pair(qrow, 0, qm), _q_pair(qrow, 4, qm), _q_pair(qrow, 1, qm), _q_pair(qrow, 5, qm),
-        _q_pair(qrow, 8, qm), _q_pair(qrow, 12, qm), _q_pair(qrow, 9, qm), _q_pair(qrow, 13, qm),
-        _q_pair(qrow, 16, qm), _q_pair(qrow, 20, qm), _q_pair(qrow, 17, qm), _q_pair(qrow, 21, qm),
-        _q_pair(qrow, 24, qm), _q_pair(qrow, 28, qm), _q_pair(qrow, 25, qm), _q_pair(qrow, 29, qm),
-    )  # fmt: skip
-
-
-@triton.jit
 def _mma16_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
@@ -332,11 +319,11 @@ def _mma16_segment(
     hoff = h.to(tl.int64) * s_head
     shoff = h.to(tl.int64) * sc_head
     # Q's A fragments, loop-invariant: columns g (qa) and g + 8 (qb), dims [32t, 32t + 32) in k-step order
-    qa0, qa1, qa2, qa3, qa4, qa5, qa6, qa7, qa8, qa9, qa10, qa11, qa12, qa13, qa14, qa15 = _q_cols(
+    qa0, qa1, qa2, qa3, qa4, qa5, qa6, qa7, qa8, qa9, qa10, qa11, qa12, qa13, qa14, qa15 = _q_frags(
         q_ptr + (h * G + g) * s_qh + 32 * t, g < G, VQ
     )
     # NOTE: columns past G read nothing (masked); their scores are 0 and their rows are never stored
-    qb0, qb1, qb2, qb3, qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15 = _q_cols(
+    qb0, qb1, qb2, qb3, qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15 = _q_frags(
         q_ptr + (h * G + tl.minimum(g + 8, G - 1)) * s_qh + 32 * t, g + 8 < G, VQ
     )
     m0 = tl.full([32 * NW], float("-inf"), tl.float32)

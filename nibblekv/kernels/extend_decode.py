@@ -30,7 +30,12 @@ import triton.language as tl
 
 from nibblekv.kernels._common import FMT_FP8, FMT_NVFP4, fmt_code, interpreting
 from nibblekv.kernels.decode import decode_triton
-from nibblekv.kernels.decode_config import TOK_VERIFIED_HEAD_DIMS, _mma_unsupported, mma_columns
+from nibblekv.kernels.decode_config import (
+    TOK_VERIFIED_HEAD_DIMS,
+    _mma_unsupported,
+    mma_columns,
+    mma_narrow_columns,
+)
 from nibblekv.kernels.extend import extend_triton
 from nibblekv.kernels.types import LayerKV
 
@@ -59,8 +64,9 @@ def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: st
     cols = max_chunk * (q.shape[1] // hkv)
     fmt = fmt_code(cache.dtype)
     if fmt == FMT_NVFP4:
-        cap = mma_columns(d) if wide != "mma8" else min(mma_columns(d), 8)
-        if cols > min(cap, 8) and wide == "tok":  # NOTE: 8 = decode_mma's S^T = K Q^T columns
+        narrow = mma_narrow_columns(d)
+        cap = narrow if wide == "mma8" else mma_columns(d)
+        if cols > narrow and wide == "tok":
             return _tok_plan(cols, d)
         why = _mma_unsupported(cache, min(cap, cols))
         if why is None and cols > MAX_GROUPS * cap:
