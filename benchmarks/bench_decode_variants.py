@@ -26,6 +26,7 @@ import traceback
 import torch
 import triton
 
+from benchmarks import bench_kernels
 from benchmarks.bench_kernels import DEV, NAMES, Pools, bench, read_ceiling, run_decode
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels import decode as dec
@@ -116,7 +117,10 @@ def main() -> None:
     ap.add_argument("--q-heads", type=int, default=32, help="query heads over the 8 KV heads (64: GQA 8)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")
     ap.add_argument("--tail", action="store_true", help="with a 64-token bf16 tail per request (the engine's default)")
+    ap.add_argument("--page-order", choices=("random", "sequential"), default="random",
+                    help="where a request's pages lie in the pool (bench_kernels.PAGE_ORDER)")
     args = ap.parse_args()
+    bench_kernels.PAGE_ORDER = args.page_order
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     plan = DEFAULT_PLAN
@@ -188,6 +192,7 @@ def main() -> None:
                 continue
             rows.append(dict(kernel="decode_tail64" if args.tail else "decode", kv_dtype=NAMES[dt], variant=spec, batch=b, context=c,
                              q_heads=args.q_heads, kv_heads=8, head_dim=args.head_dim, page_size=16, us=round(us, 2),
+                             page_order=args.page_order,
                              bytes=nb, tbps=round(nb / us / 1e6, 4), **({"kernels_us": prof} if prof else {}),
                              **({"lens": rg[0]} if rg else {})))  # fmt: skip
             if prof:

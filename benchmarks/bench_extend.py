@@ -53,13 +53,16 @@ TINY = ((1, 80, 3),)  # 3 tokens x GQA 4: one group of 12 columns (NVFP4: decode
 def extend_rows(
     bench: Callable[..., float], dev: str, tiny: bool = False, hq: int = 32, hkv: int = 8, d: int = 128,
     configs: Sequence[tuple[int, ...]] = ((0, 0),),
+    shapes: Sequence[tuple[int, int, int]] | None = None,
+    profile: Callable[..., dict[str, float]] | None = None,
 ) -> list[dict[str, object]]:  # fmt: skip
     """Time extend_triton per (dtype, shape, (splits, stages[, warps[, bm[, bn]]])); rows carry the keys
-    bench_kernels' ``add`` takes (0 = the launcher's default)."""
+    bench_kernels' ``add`` takes (0 = the launcher's default). ``shapes``: (batch, prefix, chunk) items
+    (default SHAPES); ``profile(fn)``: per-kernel GPU times of a call, kept as the row's ``kernels_us``."""
     rows: list[dict[str, object]] = []
     if tiny:  # NOTE: one KV head: decode_mma (extend_decode rows) is slow in the interpreter
         hq, hkv = hq // hkv, 1
-    for b, prefix, chunk in TINY if tiny else SHAPES:
+    for b, prefix, chunk in shapes or (TINY if tiny else SHAPES):
         for dt in (KVDtype.BF16, KVDtype.FP8, KVDtype.NVFP4):
             lay = PageLayout(dt, hkv, d, PAGE)
             pages = b * (prefix // PAGE) + 4
@@ -100,18 +103,20 @@ def extend_rows(
                     )
                     continue
                 nbytes = b * prefix * lay.bytes_per_token() + (q.numel() + 2 * k.numel()) * 2
+                prof = profile(fn) if profile is not None else {}
                 kernel = ("extend", "extend_decode", "extend_decode_tok", "extend_decode_mma8")[dec]
                 rows.append({"kernel": kernel, "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv,
                              "d": d,
                              "us": us, "nbytes": nbytes, "chunk": chunk, "splits": splits, "stages": stages, "warps": warps,
-                             "bm": bm, "bn": bn, "own_stages": own, "max_registers": regs})  # fmt: skip
+                             "bm": bm, "bn": bn, "own_stages": own, "max_registers": regs,
+                             **({"kernels_us": prof} if prof else {})})  # fmt: skip
             del pool
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks.bench_kernels import DEV, GiB, bench_graph, read_ceiling
+    from benchmarks.bench_kernels import DEV, GiB, bench_graph, kernel_breakdown, read_ceiling
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
@@ -122,18 +127,23 @@ def main(argv: list[str] | None = None) -> int:
         "DEC=3 its 8-column decode_mma groups)",
     )
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--shapes", nargs="*", default=None, help="BATCHxPREFIXxCHUNK items (default: SHAPES)")
+    ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")
     args = ap.parse_args(argv)
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes else None
     t0 = time.time()
     ceil = read_ceiling(1 << 20 if args.tiny else 4 * GiB)
     ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"])
-    rows = extend_rows(bench_graph, DEV, args.tiny, configs=configs)  # kernel time (no launcher host work)
+    profile = kernel_breakdown if args.breakdown and DEV == "cuda" else None
+    # kernel time (no launcher host work)
+    rows = extend_rows(bench_graph, DEV, args.tiny, configs=configs, shapes=shapes, profile=profile)  # type: ignore[arg-type]
     for r in rows:
         tb = float(r["nbytes"]) / float(r["us"]) / 1e6  # type: ignore[arg-type]
         r.update(tbps=round(tb, 4), frac_of_ceiling=round(tb / ceiling, 4), us=round(float(r["us"]), 2))  # type: ignore[arg-type]
         print(f"{r['kernel']:10s} {r['dt']:9s} B{r['b']} prefix {r['c']} chunk {r['chunk']} splits/stages/warps/bm/bn/own/regs "
               f"{r['splits']}/{r['stages']}/{r['warps']}/{r['bm']}/{r['bn']}/{r['own_stages']}/{r['max_registers']}: "
-              f"{r['us']} us, {tb:.2f} TB/s ({tb / ceiling:.2f})", flush=True)  # fmt: skip
+              f"{r['us']} us, {tb:.2f} TB/s ({tb / ceiling:.2f}) {r.get('kernels_us', '')}", flush=True)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "extend-sweep.json").write_text(json.dumps({"ceiling_probes": ceil, "rows": rows}, indent=1))
     print(f"done {time.time() - t0:.0f}s")
