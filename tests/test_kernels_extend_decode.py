@@ -10,6 +10,7 @@ from test_kernels_extend import _run as run_extend
 
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels import extend_decode as ed
+from nibblekv.kernels.extend import extend_triton
 from nibblekv.kernels.extend_decode import extend_decode, extend_decode_unsupported, gather_q_ref, merge_ref
 from nibblekv.kernels.testing import make_batch, rel_rms
 
@@ -96,10 +97,10 @@ def test_extend_decode_refuses_what_it_cannot_serve() -> None:
         extend_decode(q9, q9[:, :2], q9[:, :2], cu, pb.cache, pb.page_table, pb.lens, 0.1, 9)
 
 
-@pytest.mark.parametrize("g,gv,ng", [(4, 8, 2), (3, 4, 2), (1, 5, 1)])
+@pytest.mark.parametrize("g,gv,ng", [(4, 8, 2), (3, 5, 2), (1, 5, 1)])
 def test_gather_and_merge_kernels_match_their_twins(g: int, gv: int, ng: int) -> None:
-    # the two small kernels alone: gather bit-exact, merge to fp32 rounding; chunks 1 / 3 / 2 (past-the-end
-    # columns clamp to the last row)
+    # step 1 (gather, bit-exact) and step 3 (extend_triton's merge epilogue) alone, against their twins;
+    # chunks 1 / 3 / 2 (past-the-end columns clamp to the last row), tails 0 / 1 / 17 over an empty prefix
     torch.manual_seed(g * 10 + gv)
     hkv, d = 2, 16
     cu = torch.tensor([0, 1, 4, 6], dtype=torch.int32, device=DEVICE)
@@ -109,16 +110,24 @@ def test_gather_and_merge_kernels_match_their_twins(g: int, gv: int, ng: int) ->
         q, q.stride(0), q.stride(1), cu, qv, 5, G=g, GV=gv, NG=ng, HV=hkv * gv, D=d
     )
     assert torch.equal(qv, gather_q_ref(q, cu, g, gv, ng))
-    o1 = torch.randn(3 * ng, hkv * gv, d, device=DEVICE).to(torch.bfloat16)
+    pb = make_batch(KVDtype.NVFP4, [0, 0, 0], hkv, d, P, DEVICE, tail_lens=[0, 1, 17])
+    k, v = torch.randn(2, 6, hkv, d, device=DEVICE).to(torch.bfloat16)
+    o1 = torch.randn(3 * ng, hkv * gv, d, device=DEVICE)
     lse1 = torch.randn(3 * ng, hkv * gv, device=DEVICE) * 4
     lse1[0, 0] = float("-inf")  # an empty prefix
-    o2, lse2 = torch.randn(6, hkv * g, d, device=DEVICE), torch.randn(6, hkv * g, device=DEVICE)
-    out = torch.full((6, hkv * g, d), float("nan"), device=DEVICE)
-    ed._merge_kernel[(6, hkv * g)](o1, lse1, o2, lse2, out, out.stride(0), out.stride(1), cu, 3,
-                                   HQ=hkv * g, G=g, GV=gv, NG=ng, HV=hkv * gv, D=d, BB=4)  # fmt: skip
+    args = (q, k, v, cu, pb.cache, pb.page_table, pb.lens, 0.3, pb.tail, pb.tail_page_table, pb.tail_lens)
+    o2 = torch.full((6, hkv * g, d), float("nan"), device=DEVICE)
+    lse2 = torch.full((6, hkv * g), float("nan"), device=DEVICE)
+    extend_triton(*args, out=o2, lse_out=lse2)
+    out = torch.full_like(o2, float("nan"))
+    extend_triton(*args, out=out, merge=(o1, lse1, gv, ng))
     want = merge_ref(o1, lse1, o2, lse2, cu, g, gv, ng, torch.empty_like(out))
-    assert torch.isfinite(out).all() and rel_rms(out, want) <= 1e-6
+    assert torch.isfinite(out).all() and rel_rms(out, want) <= 1e-5
     assert rel_rms(out, merge_ref(o1, lse1.roll(1, 1), o2, lse2, cu, g, gv, ng, torch.empty_like(out))) > 1e-2
+    with pytest.raises(ValueError, match="num_splits == 1"):
+        extend_triton(*args, out=out, merge=(o1, lse1, gv, ng), num_splits=2)
+    with pytest.raises(ValueError, match="cover"):
+        extend_triton(*args, out=out, merge=(o1, lse1, 1, 1))
 
 
 def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -110,7 +110,8 @@ def _extend_kernel(
     HQ: tl.constexpr, S, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BN: tl.constexpr, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, USE_ASM: tl.constexpr,
     INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr, OWN_STAGES: tl.constexpr = 0,
-    WRITE_LSE: tl.constexpr = 0,
+    WRITE_LSE: tl.constexpr = 0, mo_ptr=None, mlse_ptr=None, MERGE: tl.constexpr = 0, MGV: tl.constexpr = 1,
+    MNG: tl.constexpr = 1,
 ):  # fmt: skip
     mb = tl.program_id(0)
     b = tl.program_id(1)
@@ -182,6 +183,17 @@ def _extend_kernel(
                                        h.to(tl.int64) * s_kh, D, BN, INTERP)  # fmt: skip
 
         if S == 1:
+            if MERGE:  # the row's partial from extend_decode's prefix decode (its virtual batch, see there)
+                col = t * G + r % G
+                v = (b.to(tl.int64) * MNG + col // MGV) * (HQ // G * MGV) + h * MGV + col % MGV
+                lse1 = tl.load(mlse_ptr + v, mask=rmask, other=float("-inf"))
+                o1 = tl.load(mo_ptr + v[:, None] * D + tl.arange(0, D)[None, :], mask=rmask[:, None], other=0.0)
+                mm = tl.maximum(m, lse1)  # m is finite: a query token sees at least itself
+                w_own = tl.exp2(m - mm)
+                w1 = tl.exp2(lse1 - mm)
+                acc = acc * w_own[:, None] + o1 * w1[:, None]
+                l = l * w_own + w1
+                m = mm
             o = acc / l[:, None]
             optr = (
                 out_ptr + (s + t).to(tl.int64)[:, None] * s_ot + (h * G + r % G).to(tl.int64)[:, None] * s_oh
@@ -197,6 +209,18 @@ def _extend_kernel(
                 o_part + slot[:, None] * D + tl.arange(0, D)[None, :], acc * inv[:, None], mask=rmask[:, None]
             )
             tl.store(lse_part + slot, lse, mask=rmask)
+
+
+def _check_merge(merge: tuple[torch.Tensor, torch.Tensor, int, int], bsz: int, hkv: int, d: int, cols: int) -> None:
+    o, lse, gv, ng = merge
+    if gv < 1 or ng < 1 or gv * ng < cols:
+        raise ValueError(f"merge: GV * NG = {gv} * {ng} must cover the {cols} columns of the longest chunk")
+    want = (bsz * ng, hkv * gv)
+    if (
+        o.shape != (*want, d) or lse.shape != want or o.dtype != torch.float32 or lse.dtype != torch.float32
+        or not (o.is_contiguous() and lse.is_contiguous())
+    ):  # fmt: skip
+        raise ValueError(f"merge needs contiguous float32 o {[*want, d]} and lse {list(want)}")
 
 
 def _default_stages(d: int) -> int:
@@ -247,6 +271,7 @@ def extend_triton(
     own_stages: int | None = None,
     max_registers: int | None = None,
     lse_out: torch.Tensor | None = None,
+    merge: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``extend_ref``: ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` -> ``[T, Hq, D]``.
 
@@ -259,6 +284,10 @@ def extend_triton(
     apart from the prefix loops. ``max_registers`` (default env ``NIBBLEKV_EXTEND_MAXNREG``, else the
     compiler's choice) caps registers per thread, to fit more programs per SM. ``lse_out`` (fp32
     ``[T, Hq]``, contiguous) receives each row's log2-sum-exp2 of its scaled scores, for merging.
+    ``merge = (o, lse, GV, NG)``: every row's attention over keys this call does not see (fp32
+    ``o [B * NG, Hkv * GV, D]``, log2-domain ``lse [B * NG, Hkv * GV]``, contiguous; row ``(t, head)`` of
+    request ``b`` is column ``t * G + head % G`` of the virtual batch in ``extend_decode``), merged into
+    the output in the epilogue (``merge_ref``'s math); it needs one split.
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -308,6 +337,10 @@ def extend_triton(
     splits = splits or (1 if interp else auto_extend_splits(grid_programs))
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
+    if merge is not None:
+        _check_merge(merge, bsz, hkv, d, max_chunk * g)
+        if splits != 1:
+            raise ValueError("merge needs num_splits == 1 (the epilogue holds the whole row)")
     hq, t = q.shape[1], q.shape[0]
     if splits > 1:
         o_part = torch.empty((t, hq, splits, d), dtype=torch.float32, device=q.device)
@@ -330,6 +363,8 @@ def extend_triton(
         OWN_STAGES=0 if interp else (DEFAULT_OWN_STAGES if own_stages is None else own_stages),
         num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else _default_stages(d)),
         WRITE_LSE=int(lse_out is not None and splits == 1),
+        **({} if merge is None else {"mo_ptr": merge[0], "mlse_ptr": merge[1], "MERGE": 1, "MGV": merge[2],
+                                     "MNG": merge[3]}),
         **({} if interp or not maxnreg else {"maxnreg": maxnreg}),
     )  # fmt: skip
     if splits > 1:

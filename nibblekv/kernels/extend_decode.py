@@ -15,11 +15,13 @@ Three steps, merged exactly by their log-sum-exps:
    copies read the same bytes; concurrent, they mostly hit L2). ``GV`` <= 16 columns (head_dim 128; 9-16
    run as ``decode_mma16``) or 4 (64) for ``decode_mma``, up to ``TOK_MAX_COLUMNS`` for ``decode_tok``;
 2. the rest -- the bf16 tail and the chunk's own keys, causally -- by ``extend_triton`` with an empty
-   main-pool prefix;
-3. ``o = (o1 * 2**lse1 + o2 * 2**lse2) / (2**lse1 + 2**lse2)`` per row (``_merge_kernel``).
+   main-pool prefix, which
+3. merges each row's two partials in its epilogue: ``o = (o1 * 2**lse1 + o2 * 2**lse2) / (2**lse1 + 2**lse2)``
+   (``extend_triton``'s ``merge``; a separate merge launch and the o2 round trip cost ~x us at B=64, 4-token
+   chunks).
 
 Columns past a request's chunk read a clamped query row; their outputs are never gathered back.
-``gather_q_ref`` / ``merge_ref`` are the torch twins of the two small kernels (steps 1 and 3).
+``gather_q_ref`` / ``merge_ref`` are the torch twins of steps 1 and 3.
 """
 
 from __future__ import annotations
@@ -142,32 +144,6 @@ def _gather_q_kernel(
     tl.store(qv_ptr + (r.to(tl.int64) * HV + ci) * D + offs, x)
 
 
-@triton.jit
-def _merge_kernel(
-    o1_ptr, lse1_ptr, o2_ptr, lse2_ptr, out_ptr, s_ot, s_oh, cu_ptr, bsz,
-    HQ: tl.constexpr, G: tl.constexpr, GV: tl.constexpr, NG: tl.constexpr, HV: tl.constexpr,
-    D: tl.constexpr, BB: tl.constexpr,
-):  # fmt: skip
-    """Grid ``(T, Hq)``: one output row; its request is the count of chunk ends ``<= t``."""
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    offs_b = tl.arange(0, BB)
-    ends = tl.load(cu_ptr + 1 + offs_b, mask=offs_b < bsz, other=2147483647)
-    b = tl.sum((ends <= t).to(tl.int32), axis=0)
-    c = (t - tl.load(cu_ptr + b)) * G + h % G
-    v = (b.to(tl.int64) * NG + c // GV) * HV + (h // G) * GV + c % GV
-    lse1 = tl.load(lse1_ptr + v)
-    lse2 = tl.load(lse2_ptr + t.to(tl.int64) * HQ + h)
-    m = tl.maximum(lse1, lse2)
-    w1 = tl.exp2(lse1 - m)
-    w2 = tl.exp2(lse2 - m)
-    offs = tl.arange(0, D)
-    o1 = tl.load(o1_ptr + v * D + offs).to(tl.float32)
-    o2 = tl.load(o2_ptr + (t.to(tl.int64) * HQ + h) * D + offs).to(tl.float32)
-    res = (o1 * w1 + o2 * w2) / (w1 + w2)
-    tl.store(out_ptr + t.to(tl.int64) * s_ot + h * s_oh + offs, res.to(out_ptr.dtype.element_ty))
-
-
 def extend_decode(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -216,24 +192,19 @@ def extend_decode(
     )  # fmt: skip
     pv = page_table if ng == 1 else page_table.repeat_interleave(ng, dim=0)
     lv = prefix_lens if ng == 1 else prefix_lens.repeat_interleave(ng)
-    # NOTE: both partials in fp32, contiguous: rounding each half to q's dtype before the merge doubled
-    # the error against extend_ref, and _merge_kernel reads o2 as a packed [T, HQ, D] array
+    # NOTE: the prefix partial in fp32: rounding it to q's dtype before the merge doubled the error against
+    # extend_ref
     o1 = torch.empty(qv.shape, dtype=torch.float32, device=q.device)
     lse1 = torch.empty((bsz * ng, hkv * gv), dtype=torch.float32, device=q.device)
     decode_triton(qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, variant=variant, lse_out=lse1)
-    # 2) tail + own keys: the same extend with an empty main-pool prefix
-    o2 = torch.empty((t_total, hq, d), dtype=torch.float32, device=q.device)
-    lse2 = torch.empty((t_total, hq), dtype=torch.float32, device=q.device)
-    extend_triton(
-        q, k_new, v_new, cu_seqlens, cache, page_table, torch.zeros_like(prefix_lens), sm_scale,
-        tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk, out=o2, lse_out=lse2, num_splits=1,
-    )  # fmt: skip
-    # 3) each real row's prefix partial back, merged with its own
+    # 2) tail + own keys: the same extend with an empty main-pool prefix, each row's prefix partial merged in
+    # its epilogue
     if interpreting():
         out.fill_(float("nan"))
-    _merge_kernel[(t_total, hq)](
-        o1, lse1, o2, lse2, out, out.stride(0), out.stride(1), cu_seqlens, bsz,
-        HQ=hq, G=g, GV=gv, NG=ng, HV=hkv * gv, D=d, BB=triton.next_power_of_2(bsz + 1), num_warps=1,
+    extend_triton(
+        q, k_new, v_new, cu_seqlens, cache, page_table, torch.zeros_like(prefix_lens), sm_scale,
+        tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk, out=out, num_splits=1,
+        merge=(o1, lse1, gv, ng),
     )  # fmt: skip
     return out
 
