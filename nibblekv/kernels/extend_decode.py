@@ -17,8 +17,7 @@ Three steps, merged exactly by their log-sum-exps:
 2. the rest -- the bf16 tail and the chunk's own keys, causally -- by ``extend_triton`` with an empty
    main-pool prefix, which
 3. merges each row's two partials in its epilogue: ``o = (o1 * 2**lse1 + o2 * 2**lse2) / (2**lse1 + 2**lse2)``
-   (``extend_triton``'s ``merge``; a separate merge launch and the o2 round trip cost ~x us at B=64, 4-token
-   chunks).
+   (``extend_triton``'s ``merge``: no merge launch, no o2 / lse2 round trip through memory).
 
 Columns past a request's chunk read a clamped query row; their outputs are never gathered back.
 ``gather_q_ref`` / ``merge_ref`` are the torch twins of steps 1 and 3.
