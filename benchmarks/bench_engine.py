@@ -85,6 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-steps", type=int, default=0, help="long part: profile this many decode steps "
                    "(after 3) with the torch profiler and report the top GPU kernels")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json-model-override-args", default=None, metavar="JSON",
+                   help='merged into every model\'s config, e.g. \'{"num_hidden_layers": 4}\' (a few layers of '
+                   "a big shape)")
     args = p.parse_args(argv)
     if args.smoke:
         args.num_requests, args.input_range, args.output_range = 6, [8, 40], [4, 12]
@@ -106,6 +109,7 @@ def base_config(args: argparse.Namespace, model: str) -> EngineConfig:
         "kv_recent_window": args.kv_recent_window, "disable_cuda_graph": args.disable_cuda_graph,
         "cuda_graph_max_bs": args.cuda_graph_max_bs,
         "decode_log_interval": 0, "enable_overlap_schedule": args.overlap,
+        "json_model_override_args": args.json_model_override_args,
     }  # fmt: skip
     if args.smoke:  # NOTE: on CPU the pool is sized from a byte budget, like the GPU's fraction rule
         return EngineConfig(model=model, device="cpu", mem_budget_gib=1e-3, **common)
@@ -119,7 +123,8 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any]:
         path.write_text(json.dumps(TINY))
         name = str(path)
     device = "cpu" if args.smoke else "cuda"
-    return load_model(name, load_format="dummy", device=device, seed=args.seed)
+    overrides = json.loads(args.json_model_override_args or "{}")
+    return load_model(name, load_format="dummy", device=device, seed=args.seed, overrides=overrides)
 
 
 def free_memory() -> None:

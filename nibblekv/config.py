@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -80,6 +81,9 @@ class EngineConfig:
     # times the pair -- with the host tier; True forces it (the host tier too; on CPU it only exercises the
     # logic), False is --disable-overlap-schedule.
     enable_overlap_schedule: bool | None = None
+    # JSON object merged into the model's HF config.json before it is built (SGLang's flag), e.g.
+    # '{"num_hidden_layers": 4}' to time a few layers of a big model's shape with dummy weights
+    json_model_override_args: str | None = None
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
@@ -125,8 +129,21 @@ class EngineConfig:
             _check(self.hicache_size > 0, "hicache_size", "must be > 0")
         _check_choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
+        self.model_overrides()  # NOTE: a bad JSON text fails here, before any weights load
         if self.enable_overlap_schedule:
             _check(self.tp_size == 1, "enable_overlap_schedule", "is not supported with --tp-size > 1")
+
+    def model_overrides(self) -> dict[str, Any]:
+        """``json_model_override_args`` parsed (``{}`` when unset); ValueError naming the flag if it is not a
+        JSON object."""
+        if not self.json_model_override_args:
+            return {}
+        try:
+            value = json.loads(self.json_model_override_args)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--json-model-override-args is not valid JSON: {e}") from None
+        _check(isinstance(value, dict), "json_model_override_args", f"must be a JSON object, got {value!r}")
+        return dict(value)
 
     def overlap_schedule(self, device_type: str) -> bool:
         """Whether the engine on ``device_type`` runs the overlap schedule (resolves the ``None`` default)."""
@@ -210,6 +227,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--model", default=None, help="GGUF file, HF directory, or preset (dummy); default: SmolLM2"
     )
     g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS)
+    g.add_argument(
+        "--json-model-override-args", default=None, metavar="JSON",
+        help='JSON object merged into the model\'s HF config, e.g. \'{"num_hidden_layers": 4}\' (HF folders '
+        "and dummy models)",
+    )  # fmt: skip
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES, help="model dtype")
     g.add_argument("--device", default=d.device, choices=DEVICES)
     g.add_argument("--seed", type=int, default=d.seed)

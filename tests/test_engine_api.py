@@ -150,6 +150,8 @@ def test_frozen_heap_unfreezes_on_error() -> None:
         (["--kv-recent-window", "10"], "--kv-recent-window must be a multiple of page_size"),
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "0"], "top_p"),
+        (["--json-model-override-args", "[4]"], "--json-model-override-args must be a JSON object"),
+        (["--json-model-override-args", "{layers: 4}"], "--json-model-override-args is not valid JSON"),
     ],
 )
 def test_cli_bad_flags_exit_2(flags: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
@@ -190,6 +192,17 @@ def test_cli_batch_is_resumable(tiny_config: str, tmp_path: Path, monkeypatch: p
     by_id = {d["id"]: d for d in done}
     assert [by_id[str(i)]["completion_tokens"] for i in range(3)] == [3, 4, 5]
     assert by_id["msg"]["completion_tokens"] == 4
+
+
+def test_json_model_override_args_reshape_the_model(tiny_config: str) -> None:
+    # SGLang's flag: a big model's shape with fewer layers (here 1 of the tiny config's layers)
+    engine = Engine(load_format="dummy", model=tiny_config, max_total_tokens=256,
+                    json_model_override_args='{"num_hidden_layers": 1}')  # fmt: skip
+    assert engine.model.config.num_layers == 1 and len(engine.pool.main) == 1
+    out = engine.generate(["a"], SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
+    assert len(out[0].token_ids) == 3
+    with pytest.raises(ValueError, match="not a GGUF"):
+        Engine(json_model_override_args='{"num_hidden_layers": 1}', max_total_tokens=256)
 
 
 def test_decode_log_line_and_kv_scales(

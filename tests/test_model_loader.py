@@ -61,6 +61,14 @@ def test_dummy_preset_runs() -> None:
     assert tok.decode(tok.encode("héllo")) == "héllo"
 
 
+def test_dummy_with_config_overrides(tiny_config: Path) -> None:
+    overrides = {"num_hidden_layers": 1, "head_dim": 32}
+    model, _ = load_model(str(tiny_config), load_format="dummy", overrides=overrides)
+    assert model.config.num_layers == 1 and model.config.head_dim == 32
+    assert "model.layers.1.mlp.down_proj.weight" not in model.state_dict()
+    assert torch.isfinite(_forward(model)).all()
+
+
 def test_bad_requests_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="load_format"):
         load_model(None, load_format="pickle")

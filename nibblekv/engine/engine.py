@@ -82,6 +82,7 @@ class Engine:
                 device=device,
                 seed=cfg.seed,
                 tp=self.tp.context if self.tp is not None else None,
+                overrides=cfg.model_overrides(),
             )
         self.model, self.tokenizer = loaded
         self.device = self.model.device

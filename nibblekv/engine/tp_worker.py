@@ -159,6 +159,7 @@ def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connecti
         device=device,
         seed=config.seed,
         tp=TPContext(rank, size),
+        overrides=config.model_overrides(),
     )
     kind, setup = conn.recv()
     if kind != "setup":

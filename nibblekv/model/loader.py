@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ def load_model(
     device: str | torch.device = "cpu",
     seed: int = 0,
     tp: TPContext | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> tuple[CausalLM, Tokenizer]:
     """Load a model in eval mode on ``device`` in ``dtype`` (default: :func:`default_dtype`).
 
@@ -61,18 +62,23 @@ def load_model(
     ``model``: ``None`` (the bundled SmolLM2 GGUF), a ``.gguf`` file, an HF folder (``config.json`` +
     ``*.safetensors``), or with ``load_format="dummy"`` a preset name / ``config.json`` path / HF folder
     whose weights are replaced by seeded random ones. ``seed`` matters only for dummy weights.
+    ``overrides`` (SGLang's ``--json-model-override-args``): keys merged into the HF ``config.json`` before
+    the model is built, e.g. ``{"num_hidden_layers": 4}`` (dummy and HF folders; a GGUF has no such config).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose from {LOAD_FORMATS}")
     dev = torch.device(device)
     dtype = dtype or default_dtype(dev)
     if load_format == "dummy":
-        return _load_dummy(model, dtype, dev, seed, tp)
+        return _load_dummy(model, dtype, dev, seed, tp, overrides or {})
     path = bundled_model_path() if model is None else Path(model)
     fmt = load_format if load_format != "auto" else _detect_format(path)
     if fmt == "gguf":
+        if overrides:
+            raise ValueError("--json-model-override-args needs an HF config.json (HF folder or dummy), "
+                             "not a GGUF")
         return _load_gguf(path, dtype, dev, tp)
-    return _load_safetensors(path, dtype, dev, tp)
+    return _load_safetensors(path, dtype, dev, tp, overrides or {})
 
 
 def _detect_format(path: Path) -> str:
@@ -148,9 +154,9 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _load_safetensors(
-    folder: Path, dtype: torch.dtype, device: torch.device, tp: TPContext | None
+    folder: Path, dtype: torch.dtype, device: torch.device, tp: TPContext | None, overrides: Mapping[str, Any]
 ) -> tuple[CausalLM, Tokenizer]:
-    config = ModelConfig.from_hf(_read_config(folder))
+    config = ModelConfig.from_hf({**_read_config(folder), **overrides})
     model = _empty_model(config, dtype, device, tp)
     _load_weights(model, iter_safetensors(folder))
     eos = [*config.eos_token_ids, *_generation_eos(folder)]
@@ -188,10 +194,11 @@ def init_dummy_weights(model: CausalLM, seed: int) -> None:
 
 
 def _load_dummy(
-    model: str | None, dtype: torch.dtype, device: torch.device, seed: int, tp: TPContext | None
-) -> tuple[CausalLM, Tokenizer]:
+    model: str | None, dtype: torch.dtype, device: torch.device, seed: int, tp: TPContext | None,
+    overrides: Mapping[str, Any],
+) -> tuple[CausalLM, Tokenizer]:  # fmt: skip
     raw, folder = _dummy_source(model)
-    config = ModelConfig.from_hf(raw)
+    config = ModelConfig.from_hf({**raw, **overrides})
     lm = _empty_model(config, dtype, device, tp)
     if tp is None:
         init_dummy_weights(lm, seed)
