@@ -102,7 +102,7 @@ def test_gather_and_merge_kernels_match_their_twins(g: int, gv: int, ng: int) ->
     # step 1 (gather, bit-exact) and step 3 (extend_triton's merge epilogue) alone, against their twins;
     # chunks 1 / 3 / 2 (past-the-end columns clamp to the last row), tails 0 / 1 / 17 over an empty prefix
     torch.manual_seed(g * 10 + gv)
-    hkv, d = 2, 16
+    hkv, d = 2, 32  # NOTE: extend_triton splits D in halves, and tl.dot needs K >= 16 on the GPU
     cu = torch.tensor([0, 1, 4, 6], dtype=torch.int32, device=DEVICE)
     q = torch.randn(6, hkv * g, d, device=DEVICE).to(torch.bfloat16)
     qv = torch.full((3 * ng, hkv * gv, d), float("nan"), dtype=torch.bfloat16, device=DEVICE)
