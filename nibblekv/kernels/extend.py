@@ -287,7 +287,7 @@ def extend_triton(
     ``merge = (o, lse, GV, NG)``: every row's attention over keys this call does not see (fp32
     ``o [B * NG, Hkv * GV, D]``, log2-domain ``lse [B * NG, Hkv * GV]``, contiguous; row ``(t, head)`` of
     request ``b`` is column ``t * G + head % G`` of the virtual batch in ``extend_decode``), merged into
-    the output in the epilogue (``merge_ref``'s math); it needs one split.
+    the output in the epilogue (``merge_ref``'s math); it needs one split (the default with ``merge``).
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -333,8 +333,8 @@ def extend_triton(
         tail, tail_page_table, tail_prefix_lens, cache, page_table, prefix_lens
     )
     grid_programs = triton.cdiv(max_chunk * g, bm) * bsz * hkv
-    splits = num_splits or int(os.environ.get("NIBBLEKV_EXTEND_SPLITS", "0"))
-    splits = splits or (1 if interp else auto_extend_splits(grid_programs))
+    splits = num_splits or (0 if merge is not None else int(os.environ.get("NIBBLEKV_EXTEND_SPLITS", "0")))
+    splits = splits or (1 if interp or merge is not None else auto_extend_splits(grid_programs))
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     if merge is not None:
