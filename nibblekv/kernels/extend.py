@@ -333,8 +333,11 @@ def extend_triton(
         tail, tail_page_table, tail_prefix_lens, cache, page_table, prefix_lens
     )
     grid_programs = triton.cdiv(max_chunk * g, bm) * bsz * hkv
-    splits = num_splits or (0 if merge is not None else int(os.environ.get("NIBBLEKV_EXTEND_SPLITS", "0")))
-    splits = splits or (1 if interp or merge is not None else auto_extend_splits(grid_programs))
+    if merge is not None:  # NOTE: the epilogue merges whole rows: no split default applies
+        splits = num_splits or 1
+    else:
+        splits = num_splits or int(os.environ.get("NIBBLEKV_EXTEND_SPLITS", "0"))
+        splits = splits or (1 if interp else auto_extend_splits(grid_programs))
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     if merge is not None:
