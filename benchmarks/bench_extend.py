@@ -58,11 +58,13 @@ def extend_rows(
 ) -> list[dict[str, object]]:  # fmt: skip
     """Time extend_triton per (dtype, shape, (splits, stages[, warps[, bm[, bn]]])); rows carry the keys
     bench_kernels' ``add`` takes (0 = the launcher's default). ``shapes``: (batch, prefix, chunk) items
-    (default SHAPES); ``profile(fn)``: per-kernel GPU times of a call, kept as the row's ``kernels_us``."""
+    (default SHAPES; prefixes a multiple of the 16-token page); ``profile(fn)``: per-kernel GPU times of a call, kept as the row's ``kernels_us``."""
     rows: list[dict[str, object]] = []
     if tiny:  # NOTE: one KV head: decode_mma (extend_decode rows) is slow in the interpreter
         hq, hkv = hq // hkv, 1
     for b, prefix, chunk in shapes or (TINY if tiny else SHAPES):
+        if prefix % PAGE:
+            raise ValueError(f"prefix {prefix} must be a multiple of the {PAGE}-token page")
         for dt in (KVDtype.BF16, KVDtype.FP8, KVDtype.NVFP4):
             lay = PageLayout(dt, hkv, d, PAGE)
             pages = b * (prefix // PAGE) + 4

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -22,3 +23,16 @@ def test_extend_sweep_tiny(tmp_path: Path) -> None:
     # extend_decode: NVFP4 (decode_mma) and FP8 (decode_tok); bf16's extend already streams
     assert [(r["dt"], r["splits"]) for r in rows if r["kernel"] == "extend_decode"] == [("fp8_e4m3", 3), ("nvfp4", 3)]
     assert not torch.cuda.is_available() or doc["ceiling_probes"]
+
+
+def test_extend_rows_take_shapes_and_a_per_kernel_profile() -> None:
+    # --shapes / --breakdown: the rows are the shapes asked for, each with the profile's per-kernel times
+    rows = bench_extend.extend_rows(
+        lambda fn: (fn(), 1.0)[1], "cpu", tiny=True, shapes=[(1, 32, 2)], profile=lambda fn: {"_extend_kernel": 2.5}
+    )
+    assert [(r["dt"], r["b"], r["c"], r["chunk"]) for r in rows] == [
+        ("bf16", 1, 32, 2), ("fp8_e4m3", 1, 32, 2), ("nvfp4", 1, 32, 2)
+    ]
+    assert all(r["kernels_us"] == {"_extend_kernel": 2.5} for r in rows)
+    with pytest.raises(ValueError, match="multiple of the 16-token page"):  # a page table one page short
+        bench_extend.extend_rows(lambda fn: 1.0, "cpu", tiny=True, shapes=[(1, 20, 2)])
