@@ -86,8 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(after 3) with the torch profiler and report the top GPU kernels")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-model-override-args", default=None, metavar="JSON",
-                   help='merged into every model\'s config, e.g. \'{"num_hidden_layers": 4}\' (a few layers of '
-                   "a big shape)")
+                   help='merged into every model\'s config, e.g. \'{"num_hidden_layers": 4}\' '
+                   "(a few layers of a big shape)")
     args = p.parse_args(argv)
     if args.smoke:
         args.num_requests, args.input_range, args.output_range = 6, [8, 40], [4, 12]

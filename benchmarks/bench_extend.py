@@ -58,7 +58,8 @@ def extend_rows(
 ) -> list[dict[str, object]]:  # fmt: skip
     """Time extend_triton per (dtype, shape, (splits, stages[, warps[, bm[, bn]]])); rows carry the keys
     bench_kernels' ``add`` takes (0 = the launcher's default). ``shapes``: (batch, prefix, chunk) items
-    (default SHAPES; prefixes a multiple of the 16-token page); ``profile(fn)``: per-kernel GPU times of a call, kept as the row's ``kernels_us``."""
+    (default SHAPES; prefixes a multiple of the 16-token page); ``profile(fn)``: per-kernel GPU times of a
+    call, kept as the row's ``kernels_us``."""
     rows: list[dict[str, object]] = []
     if tiny:  # NOTE: one KV head: decode_mma (extend_decode rows) is slow in the interpreter
         hq, hkv = hq // hkv, 1
@@ -139,13 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"])
     profile = kernel_breakdown if args.breakdown and DEV == "cuda" else None
     # kernel time (no launcher host work)
-    rows = extend_rows(bench_graph, DEV, args.tiny, configs=configs, shapes=shapes, profile=profile)  # type: ignore[arg-type]
+    rows = extend_rows(
+        bench_graph, DEV, args.tiny, configs=configs, shapes=shapes, profile=profile  # type: ignore[arg-type]
+    )
     for r in rows:
         tb = float(r["nbytes"]) / float(r["us"]) / 1e6  # type: ignore[arg-type]
         r.update(tbps=round(tb, 4), frac_of_ceiling=round(tb / ceiling, 4), us=round(float(r["us"]), 2))  # type: ignore[arg-type]
         print(f"{r['kernel']:10s} {r['dt']:9s} B{r['b']} prefix {r['c']} chunk {r['chunk']} splits/stages/warps/bm/bn/own/regs "
               f"{r['splits']}/{r['stages']}/{r['warps']}/{r['bm']}/{r['bn']}/{r['own_stages']}/{r['max_registers']}: "
-              f"{r['us']} us, {tb:.2f} TB/s ({tb / ceiling:.2f}) {r.get('kernels_us', '')}", flush=True)  # fmt: skip
+              f"{r['us']} us, {tb:.2f} TB/s ({tb / ceiling:.2f}) {r.get('kernels_us', '')}",
+              flush=True)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "extend-sweep.json").write_text(json.dumps({"ceiling_probes": ceil, "rows": rows}, indent=1))
     print(f"done {time.time() - t0:.0f}s")

@@ -39,7 +39,8 @@ NAMES = {KVDtype.BF16: "bf16", KVDtype.FP8: "fp8_e4m3", KVDtype.NVFP4: "nvfp4"}
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a --tiny smoke test under TRITON_INTERPRET=1
 # NOTE: "random" (the default, what a long-running engine's free list gives) or "sequential" (each request's
-# pages one after another in the pool): bench_decode_variants' --page-order sets it to see what placement costs
+# pages one after another in the pool): bench_decode_variants' --page-order sets it, to see what placement
+# costs
 PAGE_ORDER = "random"
 
 
@@ -199,7 +200,8 @@ def decode_call(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, w
     main = ctx - tail
     pages = triton.cdiv(main, PAGE)
     gen = torch.Generator().manual_seed(batch * 7919 + ctx)
-    order = torch.randperm(pool.num_pages, generator=gen) if PAGE_ORDER == "random" else torch.arange(pool.num_pages)
+    n = pool.num_pages
+    order = torch.randperm(n, generator=gen) if PAGE_ORDER == "random" else torch.arange(n)
     pt = order[: batch * pages].reshape(batch, pages).to(torch.int32).to(DEV)
     mains = [c - tail for c in ctxs] if ctxs else [main] * batch
     lens = torch.tensor(mains, dtype=torch.int32, device=DEV)

@@ -15,8 +15,10 @@ timeout -k 5 110 python3 benchmarks/bench_extend.py --out "$OUT/x" --breakdown -
 echo "extend exit $?"; cp "$OUT/x/extend-sweep.json" "$OUT/extend-breakdown-s33-h200.json"; rm -rf "$OUT/x"
 grep -E "^extend" "$OUT/extend-breakdown-s33-h200.log" | cut -c1-400
 for order in random sequential; do
-  run "s33-$order" 100 --page-order $order --shapes 8x131072 64x131072 32x8192 --variants nvfp4=mma fp8_e4m3=tok
+  run "s33-$order" 100 --page-order $order --shapes 8x131072 64x131072 32x8192 \
+    --variants nvfp4=mma fp8_e4m3=tok
 done
-engine gqa16 150 --part long --long-model llama-3.1-405b --json-model-override-args '{"num_hidden_layers": 4}' \
+engine gqa16 150 --part long --long-model llama-3.1-405b \
+  --json-model-override-args '{"num_hidden_layers": 4}' \
   --kv-dtypes fp8_e4m3 nvfp4 --long-requests 32 --long-output 64 --synthetic-prefill --profile-steps 4
 ls "$OUT"

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Stop 33, last call: extend_decode with the new gather and own-key launch -- (0) its GPU tests, (1) the extend
-# rows with per-kernel GPU times, (2) the whole kernel benchmark (kernels-h200.{json,log,png}).
+# Stop 33, last call: extend_decode with the new gather and own-key launch -- (0) its GPU tests, (1) the
+# extend rows with per-kernel GPU times, (2) the whole kernel benchmark (kernels-h200.{json,log,png}).
 # Usage from the repo root: OUT=... COMMIT=<sha> bash benchmarks/device_s33c.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}

@@ -28,7 +28,8 @@ def test_extend_sweep_tiny(tmp_path: Path) -> None:
 def test_extend_rows_take_shapes_and_a_per_kernel_profile() -> None:
     # --shapes / --breakdown: the rows are the shapes asked for, each with the profile's per-kernel times
     rows = bench_extend.extend_rows(
-        lambda fn: (fn(), 1.0)[1], "cpu", tiny=True, shapes=[(1, 32, 2)], profile=lambda fn: {"_extend_kernel": 2.5}
+        lambda fn: (fn(), 1.0)[1], "cpu", tiny=True, shapes=[(1, 32, 2)],
+        profile=lambda fn: {"_extend_kernel": 2.5},
     )
     assert [(r["dt"], r["b"], r["c"], r["chunk"]) for r in rows] == [
         ("bf16", 1, 32, 2), ("fp8_e4m3", 1, 32, 2), ("nvfp4", 1, 32, 2)

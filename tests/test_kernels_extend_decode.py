@@ -108,7 +108,8 @@ def test_gather_and_merge_kernels_match_their_twins(g: int, gv: int, ng: int) ->
     q = torch.randn(6, hkv * g, d, device=DEVICE).to(torch.bfloat16)
     qv = torch.full((3 * ng, hkv * gv, d), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     ed._gather_q_kernel[(3 * ng, hkv)](
-        q, q.stride(0), q.stride(1), cu, qv, 5, G=g, GV=gv, GVP=triton.next_power_of_2(gv), NG=ng, HV=hkv * gv, D=d
+        q, q.stride(0), q.stride(1), cu, qv, 5,
+        G=g, GV=gv, GVP=triton.next_power_of_2(gv), NG=ng, HV=hkv * gv, D=d,
     )
     assert torch.equal(qv, gather_q_ref(q, cu, g, gv, ng))
     pb = make_batch(KVDtype.NVFP4, [0, 0, 0], hkv, d, P, DEVICE, tail_lens=[0, 1, 17])

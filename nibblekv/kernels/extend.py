@@ -187,7 +187,9 @@ def _extend_kernel(
                 col = t * G + r % G
                 v = (b.to(tl.int64) * MNG + col // MGV) * (HQ // G * MGV) + h * MGV + col % MGV
                 lse1 = tl.load(mlse_ptr + v, mask=rmask, other=float("-inf"))
-                o1 = tl.load(mo_ptr + v[:, None] * D + tl.arange(0, D)[None, :], mask=rmask[:, None], other=0.0)
+                o1 = tl.load(
+                    mo_ptr + v[:, None] * D + tl.arange(0, D)[None, :], mask=rmask[:, None], other=0.0
+                )
                 mm = tl.maximum(m, lse1)  # m is finite: a query token sees at least itself
                 w_own = tl.exp2(m - mm)
                 w1 = tl.exp2(lse1 - mm)
@@ -211,7 +213,9 @@ def _extend_kernel(
             tl.store(lse_part + slot, lse, mask=rmask)
 
 
-def _check_merge(merge: tuple[torch.Tensor, torch.Tensor, int, int], bsz: int, hkv: int, d: int, cols: int) -> None:
+def _check_merge(
+    merge: tuple[torch.Tensor, torch.Tensor, int, int], bsz: int, hkv: int, d: int, cols: int
+) -> None:
     o, lse, gv, ng = merge
     if gv < 1 or ng < 1 or gv * ng < cols:
         raise ValueError(f"merge: GV * NG = {gv} * {ng} must cover the {cols} columns of the longest chunk")
