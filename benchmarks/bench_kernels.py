@@ -412,6 +412,27 @@ def write_results(
 
 
 
+def _plot_extend(ax, rows: list[dict[str, object]]) -> None:  # type: ignore[no-untyped-def]
+    """Extend over >= 8K-token prefixes by chunk length: extend_triton dashed, extend_decode solid."""
+    for dt, color in (("bf16", "tab:blue"), ("fp8_e4m3", "tab:orange"), ("nvfp4", "tab:green")):
+        for kernel, ls in (("extend", "--"), ("extend_decode", "-")):
+            pts = sorted(
+                (int(r["chunk"]), float(r["frac_of_ceiling"]))  # type: ignore[arg-type]
+                for r in rows
+                if r["kernel"] == kernel and r["kv_dtype"] == dt
+                and int(r["context"]) >= 8192 and int(r["chunk"]) <= 16  # type: ignore[call-overload]
+            )
+            if pts:
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+                ax.plot(xs, ys, ls, marker="o", color=color, label=f"{dt} {kernel}")
+    ax.axhline(0.60, color="gray", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("chunk (query tokens per request), prefix >= 8K")
+    ax.set_ylabel("fraction of read ceiling")
+    ax.set_ylim(0, 1.1)
+    ax.legend(fontsize=7)
+
+
 def plot(doc: dict[str, object], path: str) -> None:
     try:
         import matplotlib
@@ -421,7 +442,8 @@ def plot(doc: dict[str, object], path: str) -> None:
     except ImportError:
         return
     rows = [r for r in doc["rows"] if r["kernel"] == "decode" and r["q_heads"] == 32 and r["head_dim"] == 128]  # type: ignore[union-attr]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    fig, axes = plt.subplots(1, 3, figsize=(19, 5))
+    _plot_extend(axes[2], doc["rows"])  # type: ignore[arg-type]
     for ax, ctx_set in zip(axes, ((1024, 8192), (32768, 131072))):
         for dt, color in (("bf16", "tab:blue"), ("fp8_e4m3", "tab:orange"), ("nvfp4", "tab:green")):
             for c, ls in zip(ctx_set, ("-", "--")):
@@ -435,7 +457,8 @@ def plot(doc: dict[str, object], path: str) -> None:
         ax.set_ylabel("fraction of read ceiling")
         ax.set_ylim(0, 1.1)
         ax.legend(fontsize=7)
-    fig.suptitle(f"paged decode, Hq=32 Hkv=8 D=128, page 16 (ceiling {doc['ceiling_tbps']} TB/s, {doc['gpu']})")
+    fig.suptitle(f"paged decode (left, middle) and extend (right), Hq=32 Hkv=8 D=128, page 16 "
+                 f"(ceiling {doc['ceiling_tbps']} TB/s, {doc['gpu']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
