@@ -44,10 +44,11 @@ def test_kernel_plot_draws_decode_and_extend_panels(tmp_path: Path) -> None:
     from benchmarks import bench_kernels
 
     def row(kernel: str, dt: str, batch: int, ctx: int, frac: float, chunk: int = 0) -> dict[str, object]:
-        return {"kernel": kernel, "kv_dtype": dt, "batch": batch, "context": ctx, "q_heads": 32, "head_dim": 128,
-                "frac_of_ceiling": frac, "chunk": chunk}  # fmt: skip
+        return {"kernel": kernel, "kv_dtype": dt, "batch": batch, "context": ctx, "q_heads": 32,
+                "head_dim": 128, "frac_of_ceiling": frac, "chunk": chunk}  # fmt: skip
 
     rows = [row("decode", "nvfp4", b, c, 0.7) for b in (1, 8) for c in (8192, 32768)]
-    rows += [row(k, "fp8_e4m3", 64, 8192, f, c) for k, f in (("extend", 0.4), ("extend_decode", 0.8)) for c in (1, 4)]
+    kinds = (("extend", 0.4), ("extend_decode", 0.8))
+    rows += [row(k, "fp8_e4m3", 64, 8192, f, c) for k, f in kinds for c in (1, 4)]
     bench_kernels.plot({"rows": rows, "ceiling_tbps": 4.6, "gpu": "test"}, str(tmp_path / "k.png"))
     assert (tmp_path / "k.png").stat().st_size > 10_000
