@@ -426,8 +426,12 @@ def _plot_extend(ax, rows: list[dict[str, object]]) -> None:  # type: ignore[no-
                 xs, ys = [p[0] for p in pts], [p[1] for p in pts]
                 ax.plot(xs, ys, ls, marker="o", color=color, label=f"{dt} {kernel}")
     ax.axhline(0.60, color="gray", lw=0.8, ls=":")
+    _style_axes(ax, "chunk (query tokens per request), prefix >= 8K")
+
+
+def _style_axes(ax, xlabel: str) -> None:  # type: ignore[no-untyped-def]
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("chunk (query tokens per request), prefix >= 8K")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of read ceiling")
     ax.set_ylim(0, 1.1)
     ax.legend(fontsize=7)
@@ -452,11 +456,7 @@ def plot(doc: dict[str, object], path: str) -> None:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, marker="o", color=color, label=f"{dt} ctx={c}")
         ax.axhline(0.65, color="tab:green", lw=0.8, ls=":")
         ax.axhline(0.85, color="tab:blue", lw=0.8, ls=":")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch")
-        ax.set_ylabel("fraction of read ceiling")
-        ax.set_ylim(0, 1.1)
-        ax.legend(fontsize=7)
+        _style_axes(ax, "batch")
     fig.suptitle(f"paged decode (left, middle) and extend (right), Hq=32 Hkv=8 D=128, page 16 "
                  f"(ceiling {doc['ceiling_tbps']} TB/s, {doc['gpu']})")
     fig.tight_layout()
