@@ -123,7 +123,7 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any]:
         path.write_text(json.dumps(TINY))
         name = str(path)
     device = "cpu" if args.smoke else "cuda"
-    overrides = json.loads(args.json_model_override_args or "{}")
+    overrides = base_config(args, name).model_overrides()
     return load_model(name, load_format="dummy", device=device, seed=args.seed, overrides=overrides)
 
 

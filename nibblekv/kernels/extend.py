@@ -337,17 +337,16 @@ def extend_triton(
         tail, tail_page_table, tail_prefix_lens, cache, page_table, prefix_lens
     )
     grid_programs = triton.cdiv(max_chunk * g, bm) * bsz * hkv
-    if merge is not None:  # NOTE: the epilogue merges whole rows: no split default applies
+    if merge is not None:  # NOTE: the epilogue merges whole rows: one split, no split default applies
+        _check_merge(merge, bsz, hkv, d, max_chunk * g)
         splits = num_splits or 1
+        if splits != 1:
+            raise ValueError("merge needs num_splits == 1 (the epilogue holds the whole row)")
     else:
         splits = num_splits or int(os.environ.get("NIBBLEKV_EXTEND_SPLITS", "0"))
         splits = splits or (1 if interp else auto_extend_splits(grid_programs))
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
-    if merge is not None:
-        _check_merge(merge, bsz, hkv, d, max_chunk * g)
-        if splits != 1:
-            raise ValueError("merge needs num_splits == 1 (the epilogue holds the whole row)")
     hq, t = q.shape[1], q.shape[0]
     if splits > 1:
         o_part = torch.empty((t, hq, splits, d), dtype=torch.float32, device=q.device)

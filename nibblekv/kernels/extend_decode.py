@@ -210,7 +210,7 @@ def extend_decode(
     # extend-breakdown-s33-h200.json: 512 programs in 4 waves, each a memory round trip or two)
     extend_triton(
         q, k_new, v_new, cu_seqlens, cache, page_table, torch.zeros_like(prefix_lens), sm_scale,
-        tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk, out=out, num_splits=1,
+        tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk, out=out,
         block_m=min(64, max(16, triton.next_power_of_2(max_chunk * g))), num_stages=1,
         merge=(o1, lse1, gv, ng),
     )  # fmt: skip
