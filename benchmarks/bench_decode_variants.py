@@ -119,8 +119,11 @@ def main() -> None:
     ap.add_argument("--tail", action="store_true", help="with a 64-token bf16 tail per request (the engine's default)")
     ap.add_argument("--page-order", choices=("random", "sequential"), default="random",
                     help="where a request's pages lie in the pool (bench_kernels.PAGE_ORDER)")
+    ap.add_argument("--flush", choices=bench_kernels.FLUSH_MODES, default=bench_kernels.FLUSH,
+                    help="how L2 is emptied before each timed call (bench_kernels.FLUSH)")
     args = ap.parse_args()
     bench_kernels.PAGE_ORDER = args.page_order
+    bench_kernels.set_flush(args.flush)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     plan = DEFAULT_PLAN
@@ -149,6 +152,7 @@ def main() -> None:
         ceiling_probes=ceil, gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
         triton=triton.__version__, commit=os.environ.get("COMMIT", "unknown"),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), variants=[], rows=[],
+        flush=args.flush,
     )  # fmt: skip
     variants: list[dict[str, object]] = doc["variants"]  # type: ignore[assignment]
     rows: list[dict[str, object]] = doc["rows"]  # type: ignore[assignment]

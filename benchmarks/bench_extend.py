@@ -119,6 +119,7 @@ def extend_rows(
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import bench_kernels
     from benchmarks.bench_kernels import DEV, GiB, bench_graph, kernel_breakdown, read_ceiling
 
     ap = argparse.ArgumentParser()
@@ -132,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--shapes", nargs="*", default=None, help="BATCHxPREFIXxCHUNK items (default: SHAPES)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")
+    ap.add_argument("--flush", choices=bench_kernels.FLUSH_MODES, default=bench_kernels.FLUSH,
+                    help="how L2 is emptied before each timed call (bench_kernels.FLUSH)")
     args = ap.parse_args(argv)
+    bench_kernels.set_flush(args.flush)
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes else None
     t0 = time.time()
@@ -151,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['us']} us, {tb:.2f} TB/s ({tb / ceiling:.2f}) {r.get('kernels_us', '')}",
               flush=True)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "extend-sweep.json").write_text(json.dumps({"ceiling_probes": ceil, "rows": rows}, indent=1))
+    doc = {"ceiling_probes": ceil, "flush": args.flush, "rows": rows}
+    (args.out / "extend-sweep.json").write_text(json.dumps(doc, indent=1))
     print(f"done {time.time() - t0:.0f}s")
     return 0
 

@@ -58,32 +58,65 @@ _FLUSH: torch.Tensor | None = None
 
 
 def _flush_buffer() -> torch.Tensor:
-    """256 MB zeroed before every timed call: larger than the H200's 50 MB L2."""
+    """256 MB, read (or zeroed) before every timed call: larger than the H200's 50 MB L2."""
     global _FLUSH
     if _FLUSH is None:
-        _FLUSH = torch.empty(256 << 20, dtype=torch.int8, device=DEV)
+        _FLUSH = torch.zeros(256 << 20, dtype=torch.int8, device=DEV)
     return _FLUSH
+
+
+# NOTE: how bench_graph empties L2 before each timed call. "read" (the default since stop 34) streams the
+# 256 MB buffer through L2, leaving only clean lines; "write" (zero_(), the default until stop 33) leaves
+# ~50 MB of dirty lines that the timed kernel's own misses must write back to HBM first; "none" replays the
+# calls back to back (an engine-like warm L2: only shapes under ~50 MB can hit). benchmarks/probe_flush.py
+# times all three side by side.
+FLUSH = "read"
+FLUSH_MODES = ("read", "write", "none")
+
+
+def set_flush(mode: str) -> None:
+    """Sets ``FLUSH`` (the benchmarks' ``--flush``)."""
+    global FLUSH
+    if mode not in FLUSH_MODES:
+        raise ValueError(f"flush mode {mode!r} is not one of {FLUSH_MODES}")
+    FLUSH = mode
+
+
+def _flusher():  # type: ignore[no-untyped-def]
+    """The call that empties L2 under ``FLUSH`` (None for "none")."""
+    if FLUSH == "none":
+        return None
+    buf = _flush_buffer()
+    if FLUSH == "write":
+        return buf.zero_
+    words = buf.view(torch.float32)  # 64M words in 2048 programs of 8 x 4096
+    out = torch.empty(words.numel() // (4096 * 8), dtype=torch.float32, device=DEV)
+    grid = (out.numel(),)
+    return lambda: _stream_read_kernel[grid](words, out, words.numel(), BLOCK=4096, ITERS=8, num_warps=8)
 
 
 def bench_graph(fn, reps: int = 20, trials: int = 7) -> float:  # type: ignore[no-untyped-def]
     """Median GPU microseconds of ``fn`` as the engine runs decode: replayed from a CUDA graph (no host
-    launch cost), with L2 flushed before every call. A graph of ``reps`` x (flush, fn) minus a graph of
-    ``reps`` flushes, per call. ``do_bench`` times host launch work too: at B*ctx <= 256K the launcher's
-    Python (~150-250 us for three launches on the device's CPU) hid the kernel (2026-11-30 run)."""
+    launch cost), with L2 emptied before every call (``FLUSH``). A graph of ``reps`` x (flush, fn) minus a
+    graph of ``reps`` flushes, per call. ``do_bench`` times host launch work too: at B*ctx <= 256K the
+    launcher's Python (~150-250 us for three launches on the device's CPU) hid the kernel (2026-11-30 run)."""
     if DEV == "cpu":
         return bench(fn)
-    flush = _flush_buffer()
+    flush = _flusher()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up off the capture stream, as torch.cuda.graph requires
         for _ in range(3):
             fn()
+            if flush is not None:
+                flush()
     torch.cuda.current_stream().wait_stream(side)
     graphs = (torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph())
     for g, with_fn in zip(graphs, (True, False)):
         with torch.cuda.graph(g):
             for _ in range(reps):
-                flush.zero_()
+                if flush is not None:
+                    flush()
                 if with_fn:
                     fn()
     times: list[list[float]] = [[], []]
@@ -102,17 +135,17 @@ def bench_graph(fn, reps: int = 20, trials: int = 7) -> float:  # type: ignore[n
 
 def kernel_breakdown(fn, reps: int = 10) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """Mean GPU microseconds per call of each kernel ``fn`` launches (torch.profiler, eager launches, L2
-    flushed before every call; the flush's own kernel left out): where a launcher's time goes."""
+    emptied before every call (``FLUSH``); the flush's own kernel left out): where a launcher's time goes."""
     from torch.profiler import ProfilerActivity, profile
 
-    flush = _flush_buffer()
+    flush = _flusher() or (lambda: None)
     with profile(activities=[ProfilerActivity.CUDA]) as p0:  # the flush alone: which kernel names to drop
-        flush.zero_()
+        flush()
         torch.cuda.synchronize()
     flush_names = {e.key for e in p0.key_averages()}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            flush.zero_()
+            flush()
             fn()
         torch.cuda.synchronize()
     res: dict[str, float] = {}
@@ -285,7 +318,9 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test of this script (interpreter)")
+    ap.add_argument("--flush", choices=FLUSH_MODES, default=FLUSH, help="how L2 is emptied before each call")
     args = ap.parse_args()
+    set_flush(args.flush)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     rows: list[dict[str, object]] = []
@@ -403,7 +438,7 @@ def write_results(
     doc = dict(ceiling_tbps=round(ceiling, 4), ceiling_probes=ceil, commit=commit or os.environ.get("COMMIT", "unknown"),
                gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__, triton=triton.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               timing="decode, extend and write_kv: CUDA-graph replay, L2 flushed per call (bench_graph); sdpa: triton do_bench",
+               timing=f"decode, extend and write_kv: CUDA-graph replay, L2 emptied per call by a {FLUSH} of 256 MB (bench_graph); sdpa: triton do_bench",
                configs=cfgs, rows=rows, sweep=sweep_log)  # fmt: skip
     with open(os.path.join(out, "kernels-h200.json"), "w") as f:
         json.dump(doc, f, indent=1)
