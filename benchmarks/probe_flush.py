@@ -26,11 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import bench_kernels as bk  # noqa: E402
 from nibblekv.formats.layout import KVDtype  # noqa: E402
 
-# (q_heads, head_dim, batch, context, tail): the shapes that read under their targets at stop 33, and two
-# large ones as controls (whose ~1-5 ms calls a 10 us write-back cannot move much)
+# (q_heads, head_dim, batch, context, tail): the shapes that read under their targets at stop 33, a large one
+# as a control (a ~1 ms call that a 10 us write-back cannot move much), and two that fit in L2 (1-9 MB: a
+# flush that empties L2 makes them slower than back-to-back calls)
 SHAPES = (
-    (32, 128, 8, 32768, False), (32, 128, 32, 8192, False), (32, 128, 32, 8192, True), (32, 128, 64, 8192, False),
-    (32, 128, 64, 32768, False), (32, 128, 1, 131072, False), (64, 128, 8, 32768, False), (64, 128, 32, 8192, False),
+    (32, 128, 1, 1024, False), (32, 128, 8, 1024, False), (32, 128, 8, 32768, False), (32, 128, 32, 8192, False),
+    (32, 128, 32, 8192, True), (32, 128, 64, 8192, False), (32, 128, 64, 32768, False), (32, 128, 1, 131072, False), (64, 128, 8, 32768, False), (64, 128, 32, 8192, False),
     (32, 64, 8, 32768, False), (32, 64, 64, 8192, False),
 )  # fmt: skip
 MODES = ("write", "read", "none", "write2")  # write2: the write flush again, the run-to-run spread

@@ -14,8 +14,16 @@ from benchmarks import bench_extend  # noqa: E402
 
 
 def test_extend_sweep_tiny(tmp_path: Path) -> None:
-    assert bench_extend.main(["--tiny", "--configs", "2:0", "3:0:0:0:0:0:0:1", "--out", str(tmp_path)]) == 0
+    from benchmarks import bench_kernels
+
+    argv = ["--tiny", "--configs", "2:0", "3:0:0:0:0:0:0:1", "--out", str(tmp_path), "--flush", "none"]
+    try:
+        assert bench_extend.main(argv) == 0
+        assert bench_kernels.FLUSH == "none" and bench_kernels._flusher() is None
+    finally:
+        bench_kernels.set_flush("read")
     doc = json.loads((tmp_path / "extend-sweep.json").read_text())
+    assert doc["flush"] == "none"
     rows = doc["rows"]
     ext = [r for r in rows if r["kernel"] == "extend"]
     assert {r["dt"] for r in ext} == {"bf16", "fp8_e4m3", "nvfp4"}
@@ -52,3 +60,12 @@ def test_kernel_plot_draws_decode_and_extend_panels(tmp_path: Path) -> None:
     rows += [row(k, "fp8_e4m3", 64, 8192, f, c) for k, f in kinds for c in (1, 4)]
     bench_kernels.plot({"rows": rows, "ceiling_tbps": 4.6, "gpu": "test"}, str(tmp_path / "k.png"))
     assert (tmp_path / "k.png").stat().st_size > 10_000
+
+
+def test_flush_modes_are_checked() -> None:
+    from benchmarks import bench_kernels
+
+    assert bench_kernels.FLUSH == "read"  # the default: clean lines, nothing for the timed kernel to write back
+    with pytest.raises(ValueError, match="flush mode"):
+        bench_kernels.set_flush("zero")
+    assert bench_kernels.FLUSH == "read"
