@@ -72,6 +72,7 @@ def _flush_buffer() -> torch.Tensor:
 # times all three side by side.
 FLUSH = "read"
 FLUSH_MODES = ("read", "write", "none")
+SETTLE_S = 0.1  # untimed replays before each row's trials (_settle); 0 = none
 
 
 def set_flush(mode: str) -> None:
@@ -119,7 +120,8 @@ def bench_graph(fn, reps: int = 20, trials: int = 7) -> float:  # type: ignore[n
                     flush()
                 if with_fn:
                     fn()
-    _settle(graphs[0])
+    if SETTLE_S > 0:
+        _settle(graphs[0], SETTLE_S)
     times: list[list[float]] = [[], []]
     for _ in range(trials):
         for i, g in enumerate(graphs):
