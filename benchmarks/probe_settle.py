@@ -32,7 +32,8 @@ def main() -> None:
         row: dict[str, object] = dict(kv_dtype=bk.NAMES[dt], batch=b, context=c)
         for settle in (0.0, 0.1, 0.0, 0.1):
             bk.SETTLE_S = settle
-            row.setdefault(f"us_settle_{settle}", []).append(round(bk.run_decode(pools, dt, b, c, 32, False)[0], 2))  # type: ignore[union-attr]
+            us = bk.run_decode(pools, dt, b, c, 32, False)[0]
+            row.setdefault(f"us_settle_{settle}", []).append(round(us, 2))  # type: ignore[union-attr]
         rows.append(row)
         print(row, flush=True)
     os.makedirs(args.out, exist_ok=True)
