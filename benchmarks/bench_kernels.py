@@ -458,7 +458,8 @@ def write_results(
     doc = dict(ceiling_tbps=round(ceiling, 4), ceiling_probes=ceil, commit=commit or os.environ.get("COMMIT", "unknown"),
                gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__, triton=triton.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               timing=f"decode, extend and write_kv: CUDA-graph replay, L2 emptied per call by a {FLUSH} of 256 MB (bench_graph); sdpa: triton do_bench",
+               timing=f"decode, extend and write_kv: CUDA-graph replay, L2 emptied per call by a {FLUSH} of"
+                      f" 256 MB, {SETTLE_S} s of untimed replays first (bench_graph); sdpa: triton do_bench",
                configs=cfgs, rows=rows, sweep=sweep_log)  # fmt: skip
     with open(os.path.join(out, "kernels-h200.json"), "w") as f:
         json.dump(doc, f, indent=1)

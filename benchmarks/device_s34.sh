@@ -12,5 +12,6 @@ timeout -k 5 200 python3 benchmarks/probe_flush.py --out "$OUT" > "$OUT/$NAME.lo
 echo "probe exit $?"; sed -n '/^shape/,$p' "$OUT/$NAME.log"
 mv "$OUT/probe-flush.json" "$OUT/$NAME.json" 2>/dev/null
 timeout -k 5 300 python3 benchmarks/bench_kernels.py --out "$OUT" --flush read > "$OUT/kernels-h200.log" 2>&1
-echo "kernels exit $?"; grep -E "^decode +(bf16|fp8_e4m3|nvfp4) +(8 +32768|64 +8192) +32 +64" "$OUT/kernels-h200.log"
+echo "kernels exit $?"
+grep -E "^decode +(bf16|fp8_e4m3|nvfp4) +(8 +32768|64 +8192) +32 +64" "$OUT/kernels-h200.log"
 ls "$OUT"

@@ -30,8 +30,10 @@ from nibblekv.formats.layout import KVDtype  # noqa: E402
 # as a control (a ~1 ms call that a 10 us write-back cannot move much), and two that fit in L2 (1-9 MB: a
 # flush that empties L2 makes them slower than back-to-back calls)
 SHAPES = (
-    (32, 128, 1, 1024, False), (32, 128, 8, 1024, False), (32, 128, 8, 32768, False), (32, 128, 32, 8192, False),
-    (32, 128, 32, 8192, True), (32, 128, 64, 8192, False), (32, 128, 64, 32768, False), (32, 128, 1, 131072, False), (64, 128, 8, 32768, False), (64, 128, 32, 8192, False),
+    (32, 128, 1, 1024, False), (32, 128, 8, 1024, False), (32, 128, 8, 32768, False),
+    (32, 128, 32, 8192, False),
+    (32, 128, 32, 8192, True), (32, 128, 64, 8192, False), (32, 128, 64, 32768, False),
+    (32, 128, 1, 131072, False), (64, 128, 8, 32768, False), (64, 128, 32, 8192, False),
     (32, 64, 8, 32768, False), (32, 64, 64, 8192, False),
 )  # fmt: skip
 MODES = ("write", "read", "none", "write2")  # write2: the write flush again, the run-to-run spread
@@ -47,8 +49,9 @@ def probe(tiny: bool) -> list[dict[str, object]]:
         pools = bk.Pools({dt: most for dt in bk.DTYPES}, 8, d)
         for hq, _, b, c, tail in mine:
             for dt in bk.DTYPES:
-                row: dict[str, object] = dict(kv_dtype=bk.NAMES[dt], q_heads=hq, head_dim=d, batch=b, context=c,
-                                              tail=tail)  # fmt: skip
+                row: dict[str, object] = dict(
+                    kv_dtype=bk.NAMES[dt], q_heads=hq, head_dim=d, batch=b, context=c, tail=tail
+                )
                 for mode in MODES:
                     bk.set_flush(mode.rstrip("2"))
                     us, nbytes = bk.run_decode(pools, dt, b, c, hq, tail)
@@ -72,16 +75,19 @@ def main() -> None:
     rows = probe(args.tiny)
     for r in rows:
         for mode in MODES:
-            r[f"frac_{mode}"] = round(float(r["bytes"]) / float(r[f"us_{mode}"]) / 1e6 / ceiling, 4)  # type: ignore[arg-type]
-    doc = dict(ceiling_tbps=round(ceiling, 4), ceiling_probes=ceil, commit=os.environ.get("COMMIT", "unknown"),
-               gpu=torch.cuda.get_device_name() if bk.DEV == "cuda" else "cpu", torch=torch.__version__,
-               rows=rows)  # fmt: skip
+            tbps = float(r["bytes"]) / float(r[f"us_{mode}"]) / 1e6  # type: ignore[arg-type]
+            r[f"frac_{mode}"] = round(tbps / ceiling, 4)
+    gpu = torch.cuda.get_device_name() if bk.DEV == "cuda" else "cpu"
+    commit = os.environ.get("COMMIT", "unknown")
+    doc = dict(ceiling_tbps=round(ceiling, 4), ceiling_probes=ceil, commit=commit, gpu=gpu,
+               torch=torch.__version__, rows=rows)  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "probe-flush.json"), "w") as f:
         json.dump(doc, f, indent=1)
     print(f"{'shape':28s} " + " ".join(f"{m:>8s}" for m in MODES) + "   (fraction of the ceiling)")
     for r in rows:
-        name = f"{r['kv_dtype']} {r['q_heads']}/{r['head_dim']} {r['batch']}x{r['context']}{' t' if r['tail'] else ''}"
+        tail = " t" if r["tail"] else ""
+        name = f"{r['kv_dtype']} {r['q_heads']}/{r['head_dim']} {r['batch']}x{r['context']}{tail}"
         print(f"{name:28s} " + " ".join(f"{r[f'frac_{m}']:8.3f}" for m in MODES))
     print(f"done {time.time() - t0:.0f}s")
 

@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--shape", default="8x32768")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--history", action="store_true",
-                    help="first fill and free bench_kernels' head_dim-128 pools (~53 GB), as its full run does")
+                    help="first fill and free bench_kernels' head_dim-128 pools (~53 GB), as its run does")
     args = ap.parse_args()
     b, c = (int(x) for x in args.shape.split("x"))
     rows: list[dict[str, object]] = []
@@ -40,7 +40,8 @@ def main() -> None:
         print(rows[-1], flush=True)
         del before
         bk._empty_cache()
-        big = {bk.DTYPES[2]: 128 * 131072 + 4096, bk.DTYPES[1]: 64 * 131072 + 4096, bk.DTYPES[0]: 32 * 131072 + 4096}
+        bf16, fp8, nvfp4 = bk.DTYPES
+        big = {nvfp4: 128 * 131072 + 4096, fp8: 64 * 131072 + 4096, bf16: 32 * 131072 + 4096}
         pools = bk.Pools(big, 8, 128)
         bk.run_decode(pools, bk.DTYPES[0], 64, 32768, 32, False)
         del pools
@@ -57,8 +58,9 @@ def main() -> None:
                 print(row, flush=True)
         del pools
         bk._empty_cache()
-    doc = dict(shape=args.shape, head_dim=args.head_dim, flush=bk.FLUSH, commit=os.environ.get("COMMIT", "unknown"),
-               gpu=torch.cuda.get_device_name() if bk.DEV == "cuda" else "cpu", rows=rows)  # fmt: skip
+    gpu = torch.cuda.get_device_name() if bk.DEV == "cuda" else "cpu"
+    commit = os.environ.get("COMMIT", "unknown")
+    doc = dict(shape=args.shape, head_dim=args.head_dim, flush=bk.FLUSH, commit=commit, gpu=gpu, rows=rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "probe-pool.json"), "w") as f:
         json.dump(doc, f, indent=1)

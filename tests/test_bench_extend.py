@@ -65,7 +65,7 @@ def test_kernel_plot_draws_decode_and_extend_panels(tmp_path: Path) -> None:
 def test_flush_modes_are_checked() -> None:
     from benchmarks import bench_kernels
 
-    assert bench_kernels.FLUSH == "read"  # the default: clean lines, nothing for the timed kernel to write back
+    assert bench_kernels.FLUSH == "read"  # the default: clean lines, nothing for the timed kernel to write
     with pytest.raises(ValueError, match="flush mode"):
         bench_kernels.set_flush("zero")
     assert bench_kernels.FLUSH == "read"
