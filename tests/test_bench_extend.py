@@ -69,3 +69,22 @@ def test_flush_modes_are_checked() -> None:
     with pytest.raises(ValueError, match="flush mode"):
         bench_kernels.set_flush("zero")
     assert bench_kernels.FLUSH == "read"
+
+
+def test_gpu_state_parses_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from benchmarks import bench_kernels
+
+    monkeypatch.setattr(bench_kernels, "DEV", "cuda")
+    out = subprocess.CompletedProcess([], 0, stdout="1755, 412.30, 61\n")
+    monkeypatch.setattr(bench_kernels.subprocess, "run", lambda *a, **k: out)
+    assert bench_kernels.gpu_state() == {"sm_mhz": 1755.0, "power_w": 412.3, "temp_c": 61.0}
+    out = subprocess.CompletedProcess([], 0, stdout="[N/A], 412.30, 61\n")  # a field the GPU does not report
+    assert bench_kernels.gpu_state() == {}
+
+    def missing(*a: object, **k: object) -> None:
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(bench_kernels.subprocess, "run", missing)
+    assert bench_kernels.gpu_state() == {}
