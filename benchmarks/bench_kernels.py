@@ -133,15 +133,12 @@ def bench_graph(fn, reps: int = 20, trials: int = 7) -> float:  # type: ignore[n
             times[i].append(start.elapsed_time(end))
     med = [sorted(t)[len(t) // 2] for t in times]
     del graphs
-    LAST_GPU_STATE.clear()
-    LAST_GPU_STATE.update(gpu_state())
     return max(med[0] - med[1], 0.0) * 1e3 / reps
 
 
-# NOTE: the GPU's SM clock, power and temperature right after the last bench_graph's trials (nvidia-smi; empty
-# without it). Long NVFP4 rows moved 5-14% with how long the GPU had been busy before them (stop 34,
-# probe-settle-h200.json): these fields say whether the clock did.
-LAST_GPU_STATE: dict[str, float] = {}
+# NOTE: bench_kernels' decode rows record the GPU's SM clock, power and temperature right after their trials
+# (nvidia-smi; nothing without it). Long NVFP4 rows moved 5-14% with how long the GPU had been busy before
+# them (stop 34, probe-settle-h200.json): these fields say whether the clock did.
 _SMI = ("nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits")
 
 
@@ -392,7 +389,7 @@ def main() -> None:
     def add(kernel: str, dt: str, b: int, c: int, hq: int, hkv: int, d: int, us: float, nbytes: int, **extra: object) -> None:
         rows.append(dict(kernel=kernel, kv_dtype=dt, batch=b, context=c, q_heads=hq, kv_heads=hkv, head_dim=d,
                          page_size=PAGE, us=round(us, 2), bytes=nbytes, tbps=round(nbytes / us / 1e6, 4),
-                         **(LAST_GPU_STATE if kernel.startswith("decode") else {}), **extra))  # fmt: skip
+                         **(gpu_state() if kernel.startswith("decode") else {}), **extra))  # fmt: skip
 
     for hq in (32,) if args.tiny else (32, 64):
         for b in batches:
