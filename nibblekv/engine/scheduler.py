@@ -94,7 +94,9 @@ class Scheduler:
         budget = self.chunk_tokens if self.chunk_tokens is not None else 1 << 62
         batch = ScheduledBatch(False, [], [])
         # NOTE: at most one running request is mid-prefill (a chunk stops the loop), and it goes first.
-        for req in [r for r in self.running if not r.is_decoding]:
+        # NOTE: is_decoding inlined (one pass over the running requests every step)
+        prefilling = [r for r in self.running if len(r.token_ids) - r.pages.num_tokens != 1]
+        for req in prefilling:
             n = min(req.num_tokens - req.num_cached, budget)
             more = req.num_cached + n < req.num_tokens  # a non-final chunk: the prefill window applies
             growth = self.cache.try_grow(req.pages, req.num_cached + n, prefilling=more)
@@ -104,7 +106,7 @@ class Scheduler:
             batch.growths.append(growth)
             budget -= n
         # Headroom of one main page per decoding request, so admission does not force a preemption.
-        reserve = sum(1 for r in self.running if r.is_decoding)
+        reserve = len(self.running) - len(prefilling) + sum(1 for r in prefilling if r.is_decoding)
         if self.policy == "lpm" and budget > 0 and len(self.running) < self.max_running:
             self._order_by_prefix()
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
@@ -148,7 +150,8 @@ class Scheduler:
 
     @staticmethod
     def _decodes(req: Request) -> bool:
-        if req.status is not RequestStatus.RUNNING or not req.is_decoding:
+        # NOTE: req.is_decoding inlined: called twice per running request and step (overlap schedule)
+        if req.status is not RequestStatus.RUNNING or len(req.token_ids) - req.pages.num_tokens != 1:
             return False  # preempted in this loop, or still prefilling
         # NOTE: overlap schedule only: its last token is on the device, and it ends there
         return not (req.num_pending and req.num_output_tokens + req.num_pending >= req.max_new_tokens)
@@ -164,7 +167,7 @@ class Scheduler:
         for req in list(self.running):
             if not self._decodes(req):
                 continue
-            new_len = req.num_cached + 1
+            new_len = req.pages.num_tokens + 1
             growth = self.cache.try_grow(req.pages, new_len)
             while growth is None:
                 victim = self.running[-1]
