@@ -3,8 +3,10 @@
 # nibblekv/ + bench_engine.py, untracked) against this tree, run back to back on one machine.
 #   1) SmolLM2-135M offline throughput (issue 4's shape: 256 requests, in/out 100-1024), every dtype, timed twice.
 #   2) 256 running SmolLM2 requests of ~600 tokens: decode step time vs the GPU's busy time (profiled steps).
+#   3) MATCHED=1: issue 4's matched row (dummy Llama-3.1-8B, 26 x 32K, fp8_e4m3 and nvfp4), both trees.
+#   LONG_TREES: the trees of step 2 (default "base new").
 # Usage from the repo root: OUT=... BASE=base_tree bash benchmarks/device_s35.sh
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
 BASE=${BASE:-base_tree}
 ROOT=$(pwd)
@@ -19,8 +21,14 @@ for tree in base new; do
   root=$ROOT; [ $tree = base ] && root=$ROOT/$BASE
   T=${T_TPUT:-170} run "tput-$tree" "$root" --part throughput --throughput-models smollm2-135m --throughput-repeats 2
 done
-for tree in base new; do
+for tree in ${LONG_TREES:-base new}; do
   root=$ROOT; [ $tree = base ] && root=$ROOT/$BASE
   T=${T_LONG:-75} run "long-$tree" "$root" --part long --long-model smollm2-135m --long-input 600 --long-output 32 \
     --long-requests 256 --synthetic-prefill --profile-steps 2 --profile-top 12 --kv-dtypes bf16 nvfp4
+done
+[ "${MATCHED:-0}" = 1 ] || exit 0
+for tree in base new; do
+  root=$ROOT; [ $tree = base ] && root=$ROOT/$BASE
+  T=${T_MATCHED:-100} run "matched-$tree" "$root" --part long --long-model llama-3.1-8b --synthetic-prefill \
+    --long-input 32768 --long-requests 26 --long-output 1024 --profile-steps 4 --kv-dtypes fp8_e4m3 nvfp4
 done

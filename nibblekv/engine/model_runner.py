@@ -127,9 +127,14 @@ class ModelRunner:
         """Everything the forward needs, as plain data (syncs the page table as a side effect)."""
         lists = self._host_inputs(batch)
         bs = len(batch.reqs)
-        ends = [e - 1 for e in itertools.accumulate(g.new_len - g.old_len for g in batch.growths)]
+        if batch.is_decode:  # one row per request
+            ends = list(range(bs))
+        else:
+            ends = [e - 1 for e in itertools.accumulate(g.new_len - g.old_len for g in batch.growths)]
         slices: list[PromptSlice] = []
-        for i, (req, g) in enumerate(zip(batch.reqs, batch.growths)):
+        # NOTE: a decode batch has no prompt rows (its one position per request is past the prompt's last
+        # target) and samples every entry: both per-request passes skipped on the decode path
+        for i, (req, g) in enumerate(zip(batch.reqs, batch.growths) if not batch.is_decode else ()):
             rows = _prompt_rows(req, g.old_len, g.new_len)
             start = ends[i] - (g.new_len - g.old_len) + 1  # row of position g.old_len in hidden
             for lo in range(rows.start, rows.stop, PROMPT_LOGITS_ROWS):
@@ -141,7 +146,7 @@ class ModelRunner:
             is_decode=batch.is_decode,
             bs=bs,
             use_graph=bool(batch.is_decode and self.graphs is not None and self.graphs.fits(bs)),
-            sample_rows=[ends[i] for i in range(bs) if batch.samples(i)],
+            sample_rows=ends if batch.is_decode else [ends[i] for i in range(bs) if batch.samples(i)],
             prompt_slices=slices,
         )
 
@@ -154,7 +159,7 @@ class ModelRunner:
         ``prev_tokens[k]``. No logprobs, no penalties (the caller checks)."""
         plan = self.plan(batch)
         logits, _ = self.execute(plan, prev_tokens)
-        reqs = [r for i, r in enumerate(batch.reqs) if batch.samples(i)]
+        reqs = list(batch.reqs) if batch.is_decode else [r for i, r in enumerate(batch.reqs) if batch.samples(i)]
         return reqs, self.sampler.choose(logits, reqs)
 
     @torch.inference_mode()
@@ -186,10 +191,14 @@ class ModelRunner:
 
     def _host_inputs(self, batch: ScheduledBatch) -> dict[str, list[int]]:
         """Token ids, positions, attention metadata and page-table rows, as Python lists."""
-        lists: dict[str, list[int]] = {"input_ids": [], "positions": []}
-        for req, g in zip(batch.reqs, batch.growths):
-            lists["input_ids"].extend(req.token_ids[g.old_len : g.new_len])
-            lists["positions"].extend(range(g.old_len, g.new_len))
+        if batch.is_decode:  # one token a request: no slices
+            positions = [g.old_len for g in batch.growths]
+            lists = {"input_ids": [r.token_ids[p] for r, p in zip(batch.reqs, positions)], "positions": positions}
+        else:
+            lists = {"input_ids": [], "positions": []}
+            for req, g in zip(batch.reqs, batch.growths):
+                lists["input_ids"].extend(req.token_ids[g.old_len : g.new_len])
+                lists["positions"].extend(range(g.old_len, g.new_len))
         pairs = [(r.pages, g) for r, g in zip(batch.reqs, batch.growths)]
         lists.update(host_metadata(pairs, batch.is_decode, self.pool.page_size, bool(self.pool.tail)))
         lists["rows"] = self.page_table.sync([r.pages for r in batch.reqs])
