@@ -13,7 +13,8 @@ ROOT=$(pwd)
 mkdir -p "$OUT"
 run() {  # $1 = tag, $2 = tree root, rest = bench_engine args
   local tag=$1 tree=$2; shift 2
-  (cd "$tree" && PYTHONPATH=. timeout -k 5 "$T" python3 "$ROOT/benchmarks/bench_engine.py" --out "$OUT/$tag" "$@" \
+  local c=$COMMIT; [ "$tree" != "$ROOT" ] && c=${BASE_COMMIT:-base}
+  (cd "$tree" && COMMIT=$c PYTHONPATH=. timeout -k 5 "$T" python3 "$ROOT/benchmarks/bench_engine.py" --out "$OUT/$tag" "$@" \
     > "$OUT/$tag.log" 2>&1)
   echo "$tag exit $?"; grep '^{' "$OUT/$tag.log" | cut -c1-300
 }
