@@ -384,3 +384,58 @@ def test_to_device_views_are_16_byte_aligned() -> None:
         assert d[name].tolist() == values and d[name].dtype == torch.int64
         assert d[name].untyped_storage().data_ptr() == base  # one host-to-device copy
         assert (d[name].data_ptr() - base) % 16 == 0, name
+
+
+@pytest.mark.parametrize("window,sinks", [(0, 0), (8, 0), (8, 1), (32, 1)])
+def test_decode_fast_path_is_the_full_plan(window: int, sinks: int) -> None:
+    """The one-token shortcut of ``_plan`` (no page, no demotion: most decode steps) gives what the tail
+    rule's formulas give, step by step through page boundaries, demotions and sink creation; its growths
+    change no page list."""
+    page = 4
+    pool = _pool(num_pages=200, window=window, page=page, sink_pages=sinks)
+    mgr = TieredCacheManager(pool)
+    rng = random.Random(window * 3 + sinks)
+    for prompt in (1, 3, 4, 5, 13):
+        pages = RequestPages()
+        mgr.finish_growth(mgr.grow(pages, prompt, prefilling=False))
+        fast = 0
+        for _ in range(45):
+            n = pages.num_tokens
+            assert mgr._plan(pages, n + 1) == mgr._plan_full(pages, n + 1)
+            assert mgr._plan(pages, n + 1, prefilling=True) == mgr._plan_full(pages, n + 1, prefilling=True)
+            before = (list(pages.main), list(pages.tail), pages.sink)
+            g = mgr.try_grow(pages, n + 1)
+            assert g is not None and (g.old_len, g.new_len) == (n, n + 1)
+            if mgr._plan_full(RequestPages(before[0], before[1], n, g.old_main, before[2]), n + 1)[1:] == (
+                0, 0, 0, False,
+            ):  # fmt: skip
+                fast += 1
+                assert (list(pages.main), list(pages.tail), pages.sink) == before
+                assert g == Growth(n, n + 1, g.old_main, (), (), g.old_main, tuple(before[1]), before[2], before[2])
+            _check_invariants(pages, page, window)
+            mgr.finish_growth(g)
+            if rng.random() < 0.1:  # a longer growth now and then (the general path)
+                mgr.finish_growth(mgr.grow(pages, pages.num_tokens + rng.randrange(2, 9)))
+        assert fast > 30  # most steps took the shortcut
+        mgr.release(pages)
+    assert pool.all_free()
+
+
+def test_decode_metadata_fast_path_matches_the_general_loop() -> None:
+    """``host_metadata``'s decode path over a bf16 tail fills the same lists as its general loop: sink pages,
+    demotions and page boundaries in one batch of requests at different lengths."""
+    from nibblekv.attention.paged import host_metadata
+
+    page = 4
+    pool = _pool(num_pages=200, window=8, page=page, sink_pages=1, max_running=6)
+    mgr = TieredCacheManager(pool)
+    reqs = [RequestPages() for _ in range(6)]
+    for i, pages in enumerate(reqs):
+        mgr.finish_growth(mgr.grow(pages, 1 + 3 * i))
+    for _ in range(20):
+        batch = [(p, mgr.grow(p, p.num_tokens + 1)) for p in reqs]
+        fast = host_metadata(batch, True, page, tail_pool=True)
+        general = host_metadata(batch, True, page, tail_pool=False)
+        assert fast == general and list(fast) == list(general)
+        for _, g in batch:
+            mgr.finish_growth(g)

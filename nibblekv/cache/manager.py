@@ -229,8 +229,16 @@ class TieredCacheManager(BaseCacheManager):
         ages = cdiv(new_len - self.window, p) * p > pages.num_main
         if new_len == n + 1 and n % p and not prefilling and not ages:
             # NOTE: a decode step's growth, 15 of 16 steps: the token goes into the request's last page (n is
-            # not page-aligned) and Lq does not move (no tail page ages out), so nothing is allocated
+            # not page-aligned) and Lq does not move (no tail page ages out), so nothing is allocated --
+            # what _plan_full returns there (tests/test_cache_manager.py checks it step by step)
             return pages.num_main, 0, 0, 0, False
+        return self._plan_full(pages, new_len, prefilling)
+
+    def _plan_full(
+        self, pages: RequestPages, new_len: int, prefilling: bool = False
+    ) -> tuple[int, int, int, int, bool]:
+        """:meth:`_plan` by the tail rule's formulas, for any growth."""
+        n, p = pages.num_tokens, self.page_size
         if new_len < n:
             raise ValueError(f"cannot shrink a request from {n} to {new_len} tokens")
         lq = main_len_after(pages.num_main, new_len, self.prefill_window if prefilling else self.window, p)
