@@ -411,7 +411,8 @@ def test_decode_fast_path_is_the_full_plan(window: int, sinks: int) -> None:
             ):  # fmt: skip
                 fast += 1
                 assert (list(pages.main), list(pages.tail), pages.sink) == before
-                assert g == Growth(n, n + 1, g.old_main, (), (), g.old_main, tuple(before[1]), before[2], before[2])
+                sink = before[2]
+                assert g == Growth(n, n + 1, g.old_main, (), (), g.old_main, tuple(before[1]), sink, sink)
             _check_invariants(pages, page, window)
             mgr.finish_growth(g)
             if rng.random() < 0.1:  # a longer growth now and then (the general path)
