@@ -28,7 +28,8 @@ def main(folder: str) -> Path:
             x = k + (j - 0.5) * 2.2 * width
             ax.bar(x, r["step_ms"], width, color="C0" if tree == "base" else "C2",
                    label=f"step ({tree}: {rows[tree]['commit']})" if k == 0 else None)
-            ax.bar(x + width, r["gpu_busy_ms_per_step"], width, color="0.6", label="GPU busy" if k == j == 0 else None)
+            busy = "GPU busy" if k == j == 0 else None
+            ax.bar(x + width, r["gpu_busy_ms_per_step"], width, color="0.6", label=busy)
             ax.text(x, r["step_ms"], f"{r['step_ms']:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(dtypes)), dtypes)
     r0 = rows["base"]["rows"][0]

@@ -9,7 +9,7 @@ Requests are admitted with their prompt pages allocated but not computed (``benc
 then ``--warm`` steps run untimed and ``--steps`` under cProfile. On CPU use a tiny model
 (``--json-model-override-args``): the reference attention there is not host work on a GPU.
 
-Usage: ``PYTHONPATH=. python benchmarks/profile_host.py --kv-dtype nvfp4 --requests 256 --input 600 --out DIR``
+Usage: ``PYTHONPATH=. python benchmarks/profile_host.py --kv-dtype nvfp4 --requests 256 --out DIR``
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     need = args.requests * (args.input + args.warm + args.steps + 64)
     eng = Engine(
-        model=args.model, load_format="dummy", kv_cache_dtype=args.kv_dtype, max_running_requests=args.requests,
+        model=args.model, load_format="dummy", kv_cache_dtype=args.kv_dtype,
+        max_running_requests=args.requests,
         decode_log_interval=0, json_model_override_args=args.json_model_override_args,
         max_total_tokens=args.max_total_tokens or (None if torch.cuda.is_available() else need),
     )  # fmt: skip
@@ -76,9 +77,9 @@ def main(argv: list[str] | None = None) -> dict:
         wall = time.perf_counter() - t0
     stats = pstats.Stats(prof)
     rows = []
-    for (file, line, fn), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+    for (file, line, fn), (_, ncalls, own, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
         rows.append({"function": f"{Path(file).name}:{line}({fn})", "calls_per_step": ncalls / args.steps,
-                     "own_us_per_step": 1e6 * tottime / args.steps, "cum_us_per_step": 1e6 * cumtime / args.steps})
+                     "own_us_per_step": 1e6 * own / args.steps, "cum_us_per_step": 1e6 * cum / args.steps})
     rows.sort(key=lambda r: -r["own_us_per_step"])
     doc = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
@@ -87,8 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     }  # fmt: skip
     print(f"{args.kv_dtype} x {args.requests} requests: {doc['profiled_step_ms']} ms a step under cProfile")
     for r in rows[: args.top]:
-        print(f"{r['own_us_per_step']:9.1f} us own {r['cum_us_per_step']:9.1f} cum {r['calls_per_step']:7.1f} calls  "
-              f"{r['function']}")  # fmt: skip
+        own, cum, calls = r["own_us_per_step"], r["cum_us_per_step"], r["calls_per_step"]
+        print(f"{own:9.1f} us own {cum:9.1f} cum {calls:7.1f} calls  {r['function']}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "profile_host.json").write_text(json.dumps(doc, indent=1))

@@ -159,7 +159,10 @@ class ModelRunner:
         ``prev_tokens[k]``. No logprobs, no penalties (the caller checks)."""
         plan = self.plan(batch)
         logits, _ = self.execute(plan, prev_tokens)
-        reqs = list(batch.reqs) if batch.is_decode else [r for i, r in enumerate(batch.reqs) if batch.samples(i)]
+        if batch.is_decode:  # every entry samples
+            reqs = list(batch.reqs)
+        else:
+            reqs = [r for i, r in enumerate(batch.reqs) if batch.samples(i)]
         return reqs, self.sampler.choose(logits, reqs)
 
     @torch.inference_mode()
@@ -193,7 +196,8 @@ class ModelRunner:
         """Token ids, positions, attention metadata and page-table rows, as Python lists."""
         if batch.is_decode:  # one token a request: no slices
             positions = [g.old_len for g in batch.growths]
-            lists = {"input_ids": [r.token_ids[p] for r, p in zip(batch.reqs, positions)], "positions": positions}
+            ids = [r.token_ids[p] for r, p in zip(batch.reqs, positions)]
+            lists = {"input_ids": ids, "positions": positions}
         else:
             lists = {"input_ids": [], "positions": []}
             for req, g in zip(batch.reqs, batch.growths):
