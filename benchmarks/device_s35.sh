@@ -27,7 +27,8 @@ done
 for tree in ${LONG_TREES:-base new}; do
   root=$ROOT; [ $tree = base ] && root=$ROOT/$BASE
   T=${T_LONG:-75} run "long-$tree" "$root" --part long --long-model smollm2-135m --long-input 600 \
-    --long-output 32 --long-requests 256 --synthetic-prefill --profile-steps 2 --profile-top 12 --kv-dtypes bf16 nvfp4
+    --long-output 32 --long-requests 256 --synthetic-prefill --profile-steps 2 --profile-top 12 \
+    --kv-dtypes bf16 nvfp4
 done
 [ "${MATCHED:-0}" = 1 ] || exit 0
 for tree in base new; do
