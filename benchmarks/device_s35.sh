@@ -5,7 +5,7 @@
 #      timed twice.
 #   2) 256 running SmolLM2 requests of ~600 tokens: decode step time vs the GPU's busy time (profiled steps).
 #   3) MATCHED=1: issue 4's matched row (dummy Llama-3.1-8B, 26 x 32K, fp8_e4m3 and nvfp4), both trees.
-#   LONG_TREES: the trees of step 2 (default "base new").
+#   LONG_TREES: the trees of step 2 (default "base new"); LONG_FIRST=1 runs step 2 before step 1.
 # Usage from the repo root: OUT=... BASE=base_tree bash benchmarks/device_s35.sh
 export PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
@@ -19,17 +19,22 @@ run() {  # $1 = tag, $2 = tree root, rest = bench_engine args
     --out "$OUT/$tag" "$@" > "$OUT/$tag.log" 2>&1)
   echo "$tag exit $?"; grep '^{' "$OUT/$tag.log" | cut -c1-300
 }
+tput() {
 for tree in base new; do
   root=$ROOT; [ $tree = base ] && root=$ROOT/$BASE
   T=${T_TPUT:-170} run "tput-$tree" "$root" --part throughput --throughput-models smollm2-135m \
     --throughput-repeats 2
 done
+}
+long() {
 for tree in ${LONG_TREES:-base new}; do
   root=$ROOT; [ $tree = base ] && root=$ROOT/$BASE
   T=${T_LONG:-75} run "long-$tree" "$root" --part long --long-model smollm2-135m --long-input 600 \
     --long-output 32 --long-requests 256 --synthetic-prefill --profile-steps 2 --profile-top 12 \
     --kv-dtypes bf16 nvfp4
 done
+}
+if [ "${LONG_FIRST:-0}" = 1 ]; then long; tput; else tput; long; fi
 [ "${MATCHED:-0}" = 1 ] || exit 0
 for tree in base new; do
   root=$ROOT; [ $tree = base ] && root=$ROOT/$BASE

@@ -401,7 +401,9 @@ def test_decode_fast_path_is_the_full_plan(window: int, sinks: int) -> None:
         fast = 0
         for _ in range(45):
             n = pages.num_tokens
-            assert mgr._plan(pages, n + 1) == mgr._plan_full(pages, n + 1)
+            full = mgr._plan_full(pages, n + 1)
+            assert mgr._plan(pages, n + 1) == full
+            assert mgr.can_grow_all([(pages, n + 1)]) == mgr._fits(full[2], full[3])
             assert mgr._plan(pages, n + 1, prefilling=True) == mgr._plan_full(pages, n + 1, prefilling=True)
             before = (list(pages.main), list(pages.tail), pages.sink)
             g = mgr.try_grow(pages, n + 1)

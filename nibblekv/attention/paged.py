@@ -119,27 +119,30 @@ def _decode_tail_metadata(
     """:func:`host_metadata` of a decode batch over a pool with a bf16 tail, inlined: one token per request,
     which lands in a tail page (checked). NOTE: the same lists as the general loop, ~2x faster (it runs for
     every request of every decode step)."""
-    main_lens, tail_lens, cu = h["main_lens"], h["tail_lens"], h["cu_seqlens"]
-    main_slots, tail_slots = h["main_slots"], h["tail_slots"]
-    demote_src, demote_dst = h["demote_src"], h["demote_dst"]
-    for pages, g in batch:
-        pos, main_len = g.old_len, min(g.num_main, g.new_len)
-        tail_len = g.new_len - main_len
-        if g.sink is not None:  # page 0 is read from its bf16 copy in the tail pool
-            main_len, tail_len = main_len - page_size, tail_len + page_size
-        main_lens.append(main_len)
-        tail_lens.append(tail_len)
-        if g.new_len != pos + 1:
-            raise RuntimeError(f"a decode growth of {g.new_len - pos} tokens (position {pos})")
-        if pos < pages.num_main:
-            raise RuntimeError(f"decode token at position {pos} maps to a main page despite the bf16 tail")
-        main_slots.append(-1)
-        slot = pages.tail[(pos - pages.num_main) // page_size] * page_size + pos % page_size
-        tail_slots.append(g.sink * page_size + pos if g.sink is not None and pos < page_size else slot)
-        cu.append(cu[-1] + 1)
+    p = page_size
+    bad = [(pages, g) for pages, g in batch if g.new_len != g.old_len + 1 or g.old_len < pages.num_main]
+    if bad:
+        pages, g = bad[0]
+        if g.new_len != g.old_len + 1:
+            raise RuntimeError(f"a decode growth of {g.new_len - g.old_len} tokens (position {g.old_len})")
+        raise RuntimeError(f"decode token at position {g.old_len} maps to a main page despite the bf16 tail")
+    # NOTE: comprehensions, not appends: ~1 us a Python call on the H200 host's CPU, 256 requests a step.
+    # With a sink, page 0 is read from its bf16 copy in the tail pool: P tokens move from main to tail.
+    sink = [0 if g.sink is None else p for _, g in batch]
+    main = [min(g.num_main, g.new_len) for _, g in batch]
+    h["main_lens"][:] = [m - s for m, s in zip(main, sink)]
+    h["tail_lens"][:] = [g.new_len - m + s for (_, g), m, s in zip(batch, main, sink)]
+    h["main_slots"][:] = [-1] * len(batch)
+    h["tail_slots"][:] = [
+        g.sink * p + g.old_len if g.sink is not None and g.old_len < p
+        else pages.tail[(g.old_len - pages.num_main) // p] * p + g.old_len % p
+        for pages, g in batch
+    ]  # fmt: skip
+    h["cu_seqlens"][:] = range(len(batch) + 1)
+    for _, g in batch:
         if g.demote_src:
-            demote_src.extend(g.demote_src)
-            demote_dst.extend(g.demote_dst)
+            h["demote_src"].extend(g.demote_src)
+            h["demote_dst"].extend(g.demote_dst)
 
 
 def _read_lens(g: Growth, is_decode: bool, page_size: int) -> tuple[int, int]:

@@ -70,6 +70,9 @@ class RequestPages:
     table_row: int = 0
     synced_main: int = 0
     synced_tail: list[int] = field(default_factory=list)
+    # the ``tail`` list object at the last sync: a growth that changes the tail pages replaces the list (never
+    # mutates it), so the same object means the same tail row
+    synced_tail_src: list[int] | None = None
 
     def slot(self, pos: int, page_size: int) -> tuple[bool, int]:
         """``(in_main, slot)`` of stored position ``pos``."""
@@ -175,7 +178,9 @@ class BaseCacheManager(ABC):
 
     @abstractmethod
     def finish_growth(self, growth: Growth) -> None:
-        """Free the demoted tail pages once the forward that read them is done."""
+        """Free the demoted tail pages once the forward that read them is done.
+
+        NOTE: a no-op for a growth without demotions (``not growth.demote_src``): callers may skip it."""
 
     @abstractmethod
     def release(self, pages: RequestPages, token_ids: Sequence[int] | None = None) -> None:
@@ -226,13 +231,16 @@ class TieredCacheManager(BaseCacheManager):
         ``#new tail`` counts a fresh sink page when page 0 is not a demoted tail page.
         """
         n, p = pages.num_tokens, self.page_size
-        ages = cdiv(new_len - self.window, p) * p > pages.num_main
-        if new_len == n + 1 and n % p and not prefilling and not ages:
+        if new_len == n + 1 and n % p and not prefilling and not self._ages(pages):
             # NOTE: a decode step's growth, 15 of 16 steps: the token goes into the request's last page (n is
             # not page-aligned) and Lq does not move (no tail page ages out), so nothing is allocated --
             # what _plan_full returns there (tests/test_cache_manager.py checks it step by step)
             return pages.num_main, 0, 0, 0, False
         return self._plan_full(pages, new_len, prefilling)
+
+    def _ages(self, pages: RequestPages) -> bool:
+        """Whether one more token moves Lq (a tail page ages out): ``cdiv(n + 1 - W, P) * P > Lq``."""
+        return -((self.window - pages.num_tokens - 1) // self.page_size) * self.page_size > pages.num_main
 
     def _plan_full(
         self, pages: RequestPages, new_len: int, prefilling: bool = False
@@ -260,7 +268,11 @@ class TieredCacheManager(BaseCacheManager):
 
     def can_grow_all(self, growths: Sequence[tuple[RequestPages, int]]) -> bool:
         main = tail = 0
+        p = self.page_size
         for pages, new_len in growths:
+            n = pages.num_tokens
+            if new_len == n + 1 and n % p and -((self.window - new_len) // p) * p <= pages.num_main:
+                continue  # NOTE: _plan's one-token shortcut (_ages inlined): no page, most decode requests
             m, t = self.pages_needed(pages, new_len)
             main, tail = main + m, tail + t
         return self._fits(main, tail)
@@ -271,6 +283,14 @@ class TieredCacheManager(BaseCacheManager):
     def try_grow(
         self, pages: RequestPages, new_len: int, reserve_main: int = 0, prefilling: bool = False
     ) -> Growth | None:
+        n, p, lq = pages.num_tokens, self.page_size, pages.num_main
+        one = new_len == n + 1 and n % p and not (prefilling or reserve_main)
+        if one and -((self.window - new_len) // p) * p <= lq:
+            # NOTE: _plan's shortcut (with _ages inlined) and _apply's no-page branch, per request and decode
+            # step (the H200 host's CPU takes ~1 us a Python call); subclasses' _apply hooks only act on
+            # growths that change pages
+            pages.num_tokens = new_len
+            return Growth(n, new_len, lq, (), (), lq, tuple(pages.tail), pages.sink, pages.sink)
         plan = self._plan(pages, new_len, prefilling)
         need_main, need_tail = plan[2] + reserve_main, plan[3]
         # NOTE: a growth that needs no page always fits (most decode steps: skips _fits' eviction count)

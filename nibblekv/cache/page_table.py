@@ -35,6 +35,10 @@ class PageTable:
         tail_idx: list[list[int]] = [[], [], []]
         rows = []
         for p in batch:
+            same_main = len(p.main) - (p.sink is not None) == p.synced_main
+            if p.table_row and p.synced_tail_src is p.tail and same_main:
+                rows.append(p.table_row)  # NOTE: nothing changed since its last sync (most decode steps)
+                continue
             if p.table_row == 0:
                 if not self._free:
                     raise RuntimeError(
@@ -52,6 +56,7 @@ class PageTable:
                 for col, page in enumerate(tail):
                     _push(tail_idx, p.table_row, col, page)
                 p.synced_tail = tail
+            p.synced_tail_src = p.tail
             rows.append(p.table_row)
         self.last_updates = (main_idx, tail_idx)
         self.apply(self.last_updates)
@@ -71,7 +76,7 @@ class PageTable:
         """Return the request's row (its entries are rewritten by the next owner before use)."""
         if pages.table_row:
             self._free.append(pages.table_row)
-            pages.table_row, pages.synced_main, pages.synced_tail = 0, 0, []
+            pages.table_row, pages.synced_main, pages.synced_tail, pages.synced_tail_src = 0, 0, [], None
 
 
 def _push(idx: list[list[int]], row: int, col: int, page: int) -> None:

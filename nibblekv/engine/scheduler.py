@@ -153,8 +153,9 @@ class Scheduler:
         # NOTE: req.is_decoding inlined: called twice per running request and step (overlap schedule)
         if req.status is not RequestStatus.RUNNING or len(req.token_ids) - req.pages.num_tokens != 1:
             return False  # preempted in this loop, or still prefilling
-        # NOTE: overlap schedule only: its last token is on the device, and it ends there
-        return not (req.num_pending and req.num_output_tokens + req.num_pending >= req.max_new_tokens)
+        # NOTE: overlap schedule only: its last token is on the device, and it ends there (outputs known +
+        # pending = all tokens past the prompt)
+        return not (req.num_pending and len(req.token_ids) - req.num_prompt_tokens >= req.max_new_tokens)
 
     def decode_fits(self) -> bool:
         """Whether the next decode batch grows without preempting or aborting anyone. The overlap schedule
@@ -216,8 +217,10 @@ class Scheduler:
 
     def commit(self, batch: ScheduledBatch) -> None:
         """Host bookkeeping of a launched batch that needs none of its tokens (tail pages it demoted)."""
+        finish = self.cache.finish_growth
         for g in batch.growths:
-            self.cache.finish_growth(g)
+            if g.demote_src:  # NOTE: only growths that demoted free pages (a call per request costs ~1 us)
+                finish(g)
 
     def postprocess(self, batch: ScheduledBatch, result: StepResult) -> list[Request]:
         """Append sampled tokens, apply token-level stops; return the requests this step advanced."""
