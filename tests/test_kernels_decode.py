@@ -226,14 +226,16 @@ def test_decode_mma_combine_chunks() -> None:
     assert err <= 1e-2, err
 
 
-@pytest.mark.parametrize("pair,db,ts", [(0, 128, 1), (1, 64, 1), (0, 16, 1), (0, 128, 3), (1, 64, 2)])
-def test_decode_mma_combine_online(pair: int, db: int, ts: int) -> None:
+@pytest.mark.parametrize(
+    "pair,db,ts,eager", [(0, 128, 1, 1), (1, 64, 1, 1), (0, 16, 1, 1), (0, 128, 3, 1), (1, 64, 2, 1), (1, 64, 2, 0)]
+)
+def test_decode_mma_combine_online(pair: int, db: int, ts: int, eager: int) -> None:
     # the combine step alone on decode_mma's slot layout (one online pass, the tail's slots -- two with PAIR
     # -- merged beside the first chunk; one program per KV head of 3 query heads): 40 splits, MINC 16, slots
-    # past each request's written ones NaN; chunks of combine_chunk(4, db) slots (16 at db 64, 8 at 128),
+    # past each request's written ones NaN; chunks of combine_chunk(4, db) slots (32 at db 64, 16 at 128),
     # so the long request's 38 / 76 written slots take several; an empty request (tail only) and one with
     # neither (its tail program wrote -inf and zeros); ts: tail programs per pair (variant option ts), a
-    # slot each (two with PAIR)
+    # slot each (two with PAIR); eager 0: variant option ce=0 (lens before the first chunk's loads)
     from nibblekv.kernels.combine import _combine_kernel, combine_chunk
 
     hq, g, d, splits, minc = 6, 3, 128 // (1 + pair), 40, 16
@@ -259,6 +261,7 @@ def test_decode_mma_combine_online(pair: int, db: int, ts: int) -> None:
         o, lse, out, out.stride(0), out.stride(1), HQ=hq, S=s_tot, D=d, DB=db, CH=combine_chunk(4, db), G=g,
         GP=4, lens_ptr=lens_dev, MMA_SPLITS=splits, MMA_NW=1 + pair, MINC=minc, HAS_TAIL=1,
         TAIL_SLOTS=tail_slots, PAIR=pair, TB=max(2, triton.next_power_of_2(tail_slots)), num_warps=4,
+        EAGER=eager,
     )  # fmt: skip
     valid = ~torch.isnan(lse)
     w = torch.where(valid, lse, float("-inf"))
@@ -510,6 +513,19 @@ def test_combine_dim_block_splits_dims_only_for_small_grids() -> None:
     assert combine_dim_block(4096, 33, 128) == 128  # a big grid: one program per head
     assert combine_dim_block(8, 12, 64) == 64  # <= 16 slots: never split
     assert combine_dim_block(1, 300, 256) == 16
+
+
+def test_combine_chunk_covers_the_acceptance_rows_slots_in_one_load() -> None:
+    # one chunk = one memory round trip: GQA 8 B=8 x 32K (a row a program, 33 slots at 2112 one-warp
+    # splits / 64 pairs) and decode_balanced's ~10 slots a pair at B=32 x 8K (8 heads x 64 dims) each fit
+    # one; no chunk is wider than the row's slots
+    from nibblekv.kernels.combine import COMBINE_ELEMS, combine_chunk
+
+    assert combine_chunk(1, 128, 33) == 64 and combine_chunk(8, 64) == 16
+    assert combine_chunk(1, 128, 8) == 8 and combine_chunk(4, 64, 1) == 1
+    for gp, db in ((1, 16), (4, 128), (8, 128), (16, 256)):
+        ch = combine_chunk(gp, db)
+        assert ch & (ch - 1) == 0 and (gp * ch * db <= COMBINE_ELEMS or ch == 1)
 
 
 def test_non_mma_default_is_the_fallback_where_mma_cannot_run() -> None:

@@ -49,6 +49,23 @@ def _merge_chunk(o_part, lse_part, rows, s0, n, gm, offs_d, m, l, acc, S: tl.con
 
 
 @triton.jit
+def _written(lens_ptr, act_ptr, b, MMA_SPLITS, warp_slots, reserve_per_req, WARPS_PER_REQ: tl.constexpr,
+             MMA_NW: tl.constexpr, MINC: tl.constexpr, PAIR: tl.constexpr, DYN: tl.constexpr):  # fmt: skip
+    """decode_mma's written split slots of request ``b`` (its first ``cdiv(rows, chunk) * MMA_NW``; ``PAIR``:
+    rows of two tokens) and whether ``b`` is a real request (``DYN``: ``b < *act_ptr``, else always)."""
+    n = tl.load(lens_ptr + b)
+    n = (n + PAIR) // (1 + PAIR)
+    s_run = MMA_SPLITS
+    live = b >= 0
+    if DYN:
+        act = tl.load(act_ptr)
+        live = b < act
+        s_run = dyn_splits(act, MMA_SPLITS, warp_slots, WARPS_PER_REQ, reserve_per_req)
+        n = tl.where(live, n, 0)
+    return tl.cdiv(n, mma_chunk(n, s_run, MINC)) * MMA_NW, live
+
+
+@triton.jit
 def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                     DB: tl.constexpr, CH: tl.constexpr, G: tl.constexpr = 1, GP: tl.constexpr = 1,
                     lens_ptr=None, MMA_SPLITS: tl.constexpr = 0,
@@ -56,7 +73,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
                     PAIR: tl.constexpr = 0, lse_out=None, WRITE_LSE: tl.constexpr = 0,
                     TAIL_SLOTS: tl.constexpr = 1, act_ptr=None, warp_slots=0, reserve_per_req=0,
                     WARPS_PER_REQ: tl.constexpr = 1, DYN: tl.constexpr = 0,
-                    TB: tl.constexpr = 2, PDL: tl.constexpr = 0):  # fmt: skip
+                    TB: tl.constexpr = 2, PDL: tl.constexpr = 0, EAGER: tl.constexpr = 1):  # fmt: skip
     """Merge the split partials of ``G`` rows (query heads ``G * pid0 .. G * pid0 + G - 1`` of the flattened
     (request, head) rows; ``GP`` = the next power of two) for dims ``[DB * pid1, DB * (pid1 + 1))``: weights
     ``2**(lse_s - max lse)``, in one online pass over chunks of ``CH`` slots. ``WRITE_LSE``: also
@@ -67,12 +84,14 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     load beside the first chunk. ``MMA_SPLITS`` > 0 (decode_mma): only the first ``cdiv(rows, chunk) *
     MMA_NW`` splits wrote slots (``PAIR``: rows of two tokens); ``DYN``: rows of requests ``>= *act_ptr``
     are padding -- nothing was written for them and they come out as zeros; the real ones used
-    ``dyn_splits`` splits.
+    ``dyn_splits`` splits. ``EAGER`` = 0 (variant option ``ce=0``, for comparison): load the first chunk
+    only after ``lens`` (masked by the written slots), as before 2026-12-03.
 
     NOTE: one program can serve a KV head's G query heads -- their rows are adjacent (the decode launcher
-    groups them where the pairs fill the GPU; extend: G = 1) -- and reads ``lens`` once, then lse and
-    partials together: two dependent memory round trips. H200, a program per query head and separate lse /
-    partial loads: 5.0 / 7.7 / 13.3 us of 296 / 197 / 376 us decode calls at B26 x 32K / B64 x 8K / B128 x 8K
+    groups them where the pairs fill the GPU; extend: G = 1) -- and loads ``lens``, the tail's slots and the
+    first ``CH`` split slots at once (one dependent memory round trip where they cover every written slot;
+    ``combine_chunk``). H200, a program per query head and three round trips (lens, lse, partials): 5.0 /
+    7.7 / 13.3 us of 296 / 197 / 376 us decode calls at B26 x 32K / B64 x 8K / B128 x 8K
     (decode-variants-s30{a,g}-h200.json).
     """
     pdl_enter(PDL)  # NOTE: before the first load of the decode kernel's partials
@@ -81,26 +100,32 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     offs_g = tl.arange(0, GP)
     gm = offs_g < G
     rows = r0 + offs_g
-    n_main = S - TAIL_SLOTS * HAS_TAIL
-    live = b >= 0
-    if MMA_SPLITS > 0:  # decode_mma skips splits past the context: only cdiv(n, chunk) of them wrote slots
-        n = tl.load(lens_ptr + b)
-        n = (n + PAIR) // (1 + PAIR)  # PAIR: rows of two tokens (decode_mma_kernel)
-        s_run = MMA_SPLITS
-        if DYN:
-            act = tl.load(act_ptr)
-            live = b < act
-            s_run = dyn_splits(act, MMA_SPLITS, warp_slots, WARPS_PER_REQ, reserve_per_req)
-            n = tl.where(live, n, 0)
-        n_main = tl.cdiv(n, mma_chunk(n, s_run, MINC)) * MMA_NW
+    S_MAIN: tl.constexpr = S - TAIL_SLOTS * HAS_TAIL
     offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
-    # NOTE: the tail's slots are the last TAIL_SLOTS (decode_mma with PAIR in its grid: one per parity)
+    offs_c = tl.arange(0, CH)
     tb = tl.arange(0, TB)
+    MMA: tl.constexpr = MMA_SPLITS > 0
+    n_main = S_MAIN + 0 * b
+    live = b >= 0
+    if MMA and not EAGER:
+        n_main, live = _written(lens_ptr, act_ptr, b, MMA_SPLITS, warp_slots, reserve_per_req, WARPS_PER_REQ,
+                                MMA_NW, MINC, PAIR, DYN)  # fmt: skip
+    # NOTE (EAGER): the tail's slots (the last TAIL_SLOTS; decode_mma with PAIR in its grid: one per parity)
+    # and the first chunk load before lens / act are known -- one memory round trip, not two. Slots no
+    # program wrote in this launch (past a short context, padding rows) hold stale values or NaN: masked
+    # after the load.
     tmask = gm[:, None] & ((tb < TAIL_SLOTS) & (HAS_TAIL > 0) & live)[None, :]
     lse_t, o_t = _load_slots(o_part, lse_part, rows, S - TAIL_SLOTS + tb, tmask, offs_d, S, 1, D)
-    offs_c = tl.arange(0, CH)
     cmask = gm[:, None] & (offs_c < n_main)[None, :]
     lse_c, o_c = _load_slots(o_part, lse_part, rows, offs_c, cmask, offs_d, S, 1, D)
+    if MMA and EAGER:
+        n_main, live = _written(lens_ptr, act_ptr, b, MMA_SPLITS, warp_slots, reserve_per_req, WARPS_PER_REQ,
+                                MMA_NW, MINC, PAIR, DYN)  # fmt: skip
+        lse_t = tl.where(live, lse_t, float("-inf"))  # padding rows (DYN): nothing was written
+        o_t = tl.where(live, o_t, 0.0)
+        keep = gm[:, None] & (offs_c < n_main)[None, :]
+        lse_c = tl.where(keep, lse_c, float("-inf"))
+        o_c = tl.where(keep[:, :, None], o_c, 0.0)
     m = tl.full([GP], float("-inf"), tl.float32)
     m, l, acc = _merge_rows(lse_t, o_t, m, tl.zeros([GP], tl.float32), tl.zeros([GP, DB], tl.float32))
     m, l, acc = _merge_rows(lse_c, o_c, m, l, acc)
@@ -121,13 +146,17 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     tl.store(optr, res.to(out_ptr.dtype.element_ty), mask=gm[:, None])
 
 
-# elements of one [rows, slots, dims] fp32 chunk the combine merges at once: 32 registers a thread at 4 warps
-COMBINE_ELEMS = 4096
+# elements of one [rows, slots, dims] fp32 chunk the combine merges at once: 64 registers a thread at 4 warps.
+# NOTE: each further chunk is one more dependent memory round trip (~0.6 us): 4096 split GQA 8's 33 slots
+# (B=8 x 32K, a row a program) and the balanced kernel's ~10 a pair (B=32 x 8K) into two chunks.
+COMBINE_ELEMS = 8192
 
 
-def combine_chunk(gp: int, db: int) -> int:
-    """Slots per chunk (a power of two) for ``gp`` rows x ``db`` dims: ``COMBINE_ELEMS`` elements at most."""
-    return max(1, triton.next_power_of_2(COMBINE_ELEMS // (gp * db) + 1) // 2)
+def combine_chunk(gp: int, db: int, slots: int | None = None) -> int:
+    """Slots per chunk (a power of two) for ``gp`` rows x ``db`` dims: ``COMBINE_ELEMS`` elements at most,
+    and no more than ``slots`` (the most a row has, when known) need."""
+    ch = max(1, triton.next_power_of_2(COMBINE_ELEMS // (gp * db) + 1) // 2)
+    return ch if slots is None else min(ch, triton.next_power_of_2(max(1, slots)))
 
 
 __all__ = ["COMBINE_ELEMS", "_combine_kernel", "_load_slots", "_merge_rows", "combine_chunk"]

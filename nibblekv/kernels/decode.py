@@ -485,9 +485,12 @@ def decode_triton(
     db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hq // gc, s_tot, d)
     mma = name == "mma"
     gp = triton.next_power_of_2(gc)
+    eager = int(cfg.get("combine_eager", 1))
+    # NOTE: ce=0 is the combine as before 2026-12-03 (lens first, chunks of half the elements), to compare
+    ch = combine_chunk(gp, db, s_tot - tail_slots * int(has_tail)) if eager else max(1, combine_chunk(gp, db) // 2)
     _combine_kernel[(bsz * hq // gc, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
-        HQ=hq, S=s_tot, D=d, DB=db, CH=combine_chunk(gp, db), G=gc, GP=gp, lens_ptr=lens,
+        HQ=hq, S=s_tot, D=d, DB=db, CH=ch, G=gc, GP=gp, lens_ptr=lens, EAGER=eager,
         TB=max(2, triton.next_power_of_2(tail_slots)),
         MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
         MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,

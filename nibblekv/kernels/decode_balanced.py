@@ -249,7 +249,8 @@ def launch_balanced(
         o_part, lse_part, lens, out, out.stride(0), out.stride(1), bsz, active if dyn else lens,
         lse_out if lse_out is not None else lse_part,
         HQ=hq, G=g, GP=gp, D=d, DB=db, BP=bp, W=warps, MINC=int(cfg["minc"]),
-        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None), CH=combine_chunk(gp, db),
+        HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None),
+        CH=combine_chunk(gp, db) // (1 if int(cfg.get("combine_eager", 1)) else 2),  # ce=0: the old chunks
         num_warps=4, **pdl,
     )  # fmt: skip
     return k

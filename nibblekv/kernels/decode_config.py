@@ -59,6 +59,8 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
 #          (2026-12-01, decode-variants-fuse-*-h200.json: the last program's serial merge costs more than the
 #          combine launch saves, e.g. GQA 8 B8x32K mma .636 -> .583, B1x128K .561 -> .257; FP8 tok .744 -> .645)
+# Every variant: ce (0: the combine step as before 2026-12-03 -- lens loaded before the partials, chunks of
+#          4096 elements -- to compare with the default 1: one round trip, chunks of up to 8192)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 # NOTE: bal=2 turns decode_balanced on from this many (request, KV head) pairs: 26 x 8 = 208 pairs still
 # favoured per-pair splits (.729 vs .714), 91 x 8 = 728 and the 64-request ragged batches did not
@@ -342,6 +344,7 @@ _KEYS = {
     "vst": "vst", "vq": "vq", "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave",
     "bal": "balanced", "fuse": "fuse", "tpp": "tail_page_prefetch", "ts": "tail_splits", "tma": "tma",
     "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy", "st": "tail_stages",
+    "ce": "combine_eager",
 }  # fmt: skip
 
 

@@ -377,7 +377,7 @@ def extend_triton(
         db = combine_dim_block(t * hq, splits, d)
         _combine_kernel[(t * hq, d // db)](
             o_part, lse_part, out, out.stride(0), out.stride(1),
-            HQ=hq, S=splits, D=d, DB=db, CH=combine_chunk(1, db),
+            HQ=hq, S=splits, D=d, DB=db, CH=combine_chunk(1, db, splits),
             lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
         )  # fmt: skip
     return out
