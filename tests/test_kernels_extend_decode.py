@@ -73,6 +73,16 @@ def test_extend_decode_nvfp4_wide_chunks_through_decode_tok() -> None:
         ed.extend_decode_plan(q, pb.cache, 2, "rows")
 
 
+def test_extend_decode_fp8_two_decode_tok_groups() -> None:
+    # wide="tok": an FP8 chunk of 9 tokens x GQA 3 = 27 columns as two decode_tok groups of 16 (virtual
+    # requests reading the same prefix; the second group's last 5 columns past the chunk); ragged chunks
+    assert _run([0, P + 1, 40], [9, 1, 6], [1, 0, W], 2, 3, 64, dtype=KVDtype.FP8, wide="tok") <= 1e-2
+    pb = make_batch(KVDtype.FP8, [20], 2, 128, P, DEVICE)
+    q = torch.randn(9, 8, 128)
+    assert ed.extend_decode_plan(q, pb.cache, 8, "tok") == ("tok", 16, 2)
+    assert "<= 32 columns" in (extend_decode_unsupported(q, pb.cache, 9, "tok") or "")
+
+
 def test_extend_decode_caps_decode_tok_groups_at_16_columns() -> None:
     # wider decode_tok groups were wrong on the H200 (and slower): 9 tokens x 4 heads is refused, not run
     pb = make_batch(KVDtype.FP8, [20], 2, 128, P, DEVICE)

@@ -58,7 +58,9 @@ def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: st
     ``"mma8"`` (groups of 8 columns: ``decode_mma`` only, for comparison) or
     ``"tok"`` (one ``decode_tok`` group of <= ``TOK_MAX_COLUMNS`` columns, the prefix read once through
     ``tl.dot``; 0.27 vs 0.34 of the H200's read ceiling for two 8-column ``decode_mma`` groups at 4-token
-    chunks, extend-sweep-wide-h200.json). ``TOK_MAX_COLUMNS`` also caps FP8's group."""
+    chunks, extend-sweep-wide-h200.json). ``TOK_MAX_COLUMNS`` also caps FP8's group; with ``wide = "tok"``
+    an FP8 (or NVFP4) chunk of more columns takes up to ``MAX_GROUPS`` ``decode_tok`` groups (virtual
+    requests that read the same prefix; opt-in, for comparison)."""
     if wide not in ("mma", "mma8", "tok"):
         raise ValueError(f"wide must be 'mma', 'mma8' or 'tok', got {wide!r}")
     hkv, d = cache.layout.num_kv_heads, cache.layout.head_dim
@@ -68,22 +70,24 @@ def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: st
         narrow = mma_narrow_columns(d)
         cap = narrow if wide == "mma8" else mma_columns(d)
         if cols > narrow and wide == "tok":
-            return _tok_plan(cols, d)
+            return _tok_plan(cols, d, MAX_GROUPS)
         why = _mma_unsupported(cache, min(cap, cols))
         if why is None and cols > MAX_GROUPS * cap:
             why = f"needs chunk x GQA group <= {MAX_GROUPS * cap} columns per KV head"
         return why or ("mma", min(cap, cols), -(-cols // cap))
     if fmt == FMT_FP8:
-        return _tok_plan(cols, d)
+        return _tok_plan(cols, d, MAX_GROUPS if wide == "tok" else 1)
     return "reads an NVFP4 or FP8 pool (bf16 extend already streams)"
 
 
-def _tok_plan(cols: int, d: int) -> tuple[str, int, int] | str:
+def _tok_plan(cols: int, d: int, groups: int = 1) -> tuple[str, int, int] | str:
+    """``decode_tok`` groups of <= ``TOK_MAX_COLUMNS`` columns, at most ``groups`` of them."""
     if not interpreting() and d not in TOK_VERIFIED_HEAD_DIMS:
         return f"decode_tok needs head_dim in {TOK_VERIFIED_HEAD_DIMS}"
-    if cols > TOK_MAX_COLUMNS:
-        return f"needs chunk x GQA group <= {TOK_MAX_COLUMNS} columns per KV head"
-    return ("tok", cols, 1)
+    if cols > groups * TOK_MAX_COLUMNS:
+        return f"needs chunk x GQA group <= {groups * TOK_MAX_COLUMNS} columns per KV head"
+    gv = min(cols, TOK_MAX_COLUMNS)
+    return ("tok", gv, -(-cols // gv))
 
 
 def extend_decode_unsupported(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma") -> str | None:
