@@ -9,9 +9,11 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-timeout -k 5 ${T_TESTS:-200} python3 -m pytest -v -rfE tests/test_kernels_decode.py tests/test_kernels_decode_balanced.py \
-  tests/test_kernels_extend.py -k "combine or empty or active or balanced or split" > "$OUT/gpu-tests-s36-h200.log" 2>&1
-echo "tests exit $? ($(grep -c PASSED "$OUT/gpu-tests-s36-h200.log") passed)"; tail -2 "$OUT/gpu-tests-s36-h200.log"
+LOG=$OUT/gpu-tests-s36-h200.log
+timeout -k 5 ${T_TESTS:-200} python3 -m pytest -v -rfE tests/test_kernels_decode.py \
+  tests/test_kernels_decode_balanced.py tests/test_kernels_extend.py \
+  -k "combine or empty or active or balanced or split" > "$LOG" 2>&1
+echo "tests exit $? ($(grep -c PASSED "$LOG") passed)"; tail -2 "$LOG"
 ab() {  # $1 = tag, $2 = dtype, $3 = variant, rest = bench_decode_variants args
   local tag=$1 dt=$2 v=$3; shift 3
   timeout -k 5 ${T_AB:-110} python3 benchmarks/bench_decode_variants.py --out "$OUT/$tag" \

@@ -227,7 +227,8 @@ def test_decode_mma_combine_chunks() -> None:
 
 
 @pytest.mark.parametrize(
-    "pair,db,ts,eager", [(0, 128, 1, 1), (1, 64, 1, 1), (0, 16, 1, 1), (0, 128, 3, 1), (1, 64, 2, 1), (1, 64, 2, 0)]
+    "pair,db,ts,eager",
+    [(0, 128, 1, 1), (1, 64, 1, 1), (0, 16, 1, 1), (0, 128, 3, 1), (1, 64, 2, 1), (1, 64, 2, 0)],
 )
 def test_decode_mma_combine_online(pair: int, db: int, ts: int, eager: int) -> None:
     # the combine step alone on decode_mma's slot layout (one online pass, the tail's slots -- two with PAIR

@@ -487,7 +487,8 @@ def decode_triton(
     gp = triton.next_power_of_2(gc)
     eager = int(cfg.get("combine_eager", 1))
     # NOTE: ce=0 is the combine as before 2026-12-03 (lens first, chunks of half the elements), to compare
-    ch = combine_chunk(gp, db, s_tot - tail_slots * int(has_tail)) if eager else max(1, combine_chunk(gp, db) // 2)
+    slots = s_tot - tail_slots * int(has_tail)
+    ch = combine_chunk(gp, db, slots) if eager else max(1, combine_chunk(gp, db) // 2)
     _combine_kernel[(bsz * hq // gc, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
         HQ=hq, S=s_tot, D=d, DB=db, CH=ch, G=gc, GP=gp, lens_ptr=lens, EAGER=eager,
