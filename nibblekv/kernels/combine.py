@@ -152,10 +152,11 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
 COMBINE_ELEMS = 8192
 
 
-def combine_chunk(gp: int, db: int, slots: int | None = None) -> int:
-    """Slots per chunk (a power of two) for ``gp`` rows x ``db`` dims: ``COMBINE_ELEMS`` elements at most,
-    and no more than ``slots`` (the most a row has, when known) need."""
-    ch = max(1, triton.next_power_of_2(COMBINE_ELEMS // (gp * db) + 1) // 2)
+def combine_chunk(gp: int, db: int, slots: int | None = None, half: bool = False) -> int:
+    """Slots per chunk (a power of two) for ``gp`` rows x ``db`` dims: ``COMBINE_ELEMS`` elements at most
+    (``half``: half of them, the chunks before 2026-12-03, for variant option ``ce=0``), and no more than
+    ``slots`` (the most a row has, when known) need."""
+    ch = max(1, triton.next_power_of_2(COMBINE_ELEMS // (gp * db * (1 + half)) + 1) // 2)
     return ch if slots is None else min(ch, triton.next_power_of_2(max(1, slots)))
 
 

@@ -485,10 +485,9 @@ def decode_triton(
     db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hq // gc, s_tot, d)
     mma = name == "mma"
     gp = triton.next_power_of_2(gc)
-    eager = int(cfg.get("combine_eager", 1))
-    # NOTE: ce=0 is the combine as before 2026-12-03 (lens first, chunks of half the elements), to compare
-    slots = s_tot - tail_slots * int(has_tail)
-    ch = combine_chunk(gp, db, slots) if eager else max(1, combine_chunk(gp, db) // 2)
+    eager = int(cfg.get("combine_eager", 1))  # ce=0: the combine as before 2026-12-03, to compare
+    slots = s_tot - tail_slots * int(has_tail) if eager else None
+    ch = combine_chunk(gp, db, slots, half=not eager)
     _combine_kernel[(bsz * hq // gc, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
         HQ=hq, S=s_tot, D=d, DB=db, CH=ch, G=gc, GP=gp, lens_ptr=lens, EAGER=eager,

@@ -250,7 +250,7 @@ def launch_balanced(
         lse_out if lse_out is not None else lse_part,
         HQ=hq, G=g, GP=gp, D=d, DB=db, BP=bp, W=warps, MINC=int(cfg["minc"]),
         HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None),
-        CH=combine_chunk(gp, db) // (1 if int(cfg.get("combine_eager", 1)) else 2),  # ce=0: the old chunks
+        CH=combine_chunk(gp, db, half=not int(cfg.get("combine_eager", 1))),
         num_warps=4, **pdl,
     )  # fmt: skip
     return k
