@@ -1,8 +1,8 @@
 """decode_mma's sm_90 compile (CPU only: a fake driver and the triton wheel's ptxas, see
 benchmarks/sass_decode.py): its launch grid is one wave of 16 one-warp programs per SM, which holds only
 while every build fits 128 registers without spills. Uncapped builds drifted to 130 and 166 registers
-(2026-11-30) and ran 10-25% slower on the H200. The token-balanced kernel (``bal=1``) is checked in the
-builds that fit (``pf=0`` or ``tpi=1``; with both at their defaults it spills ~5 values into its tile loop)."""
+(2026-11-30) and ran 10-25% slower on the H200. The token-balanced kernel (``bal=1``) spilled ~5 values into
+its tile loop at its defaults until the page addresses became one ``IMAD.WIDE.U32`` each (2026-12-03)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     "group,tail,head_dim,spec",
     [(4, False, 128, "mma"), (8, True, 128, "mma"), (3, True, 64, "mma"), (8, False, 128, "mma:vst=0,vq=0"),
      (4, True, 128, "mma:cv=3"), (8, True, 128, "mma:bal=1,pf=0"), (4, False, 128, "mma:bal=1,tpi=1"),
-     (8, True, 128, "mma:fuse=1"), (3, True, 64, "mma:fuse=1"), (8, True, 128, "mma:tpp=1")],
+     (8, True, 128, "mma:fuse=1"), (3, True, 64, "mma:fuse=1"), (8, True, 128, "mma:tpp=1"),
+     (8, True, 128, "mma:bal=1")],
 )
 def test_decode_mma_fits_128_registers(group: int, tail: bool, head_dim: int, spec: str) -> None:
     out = _compile(spec, "nvfp4", group, head_dim, tail)
@@ -32,6 +33,17 @@ def test_decode_mma_fits_128_registers(group: int, tail: bool, head_dim: int, sp
     assert m, out[-2000:]
     assert ("decode_mma_bal_kernel" if "bal=1" in spec else "decode_mma_kernel") in out, out[-2000:]
     assert int(m.group(1)) == 0 and int(m.group(2)) <= 128, m.group(0)
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
+@pytest.mark.parametrize("head_dim,most", [(128, 750), (64, 790)])
+def test_decode_mma_main_loop_builds_each_page_address_in_one_instruction(head_dim: int, most: int) -> None:
+    # A two-tile step's SASS: 776 (head_dim 128: 2 pages) and 843 (64: 4 pages, two a tile) while each page
+    # address was a 64-bit multiply-add plus 64-bit adds per pointer; 742 / 779 with _page_addr (2026-12-03)
+    out = _compile("mma", "nvfp4", 4, head_dim, False)
+    m = re.search(r"main loop (\d+) SASS/iter", out)
+    assert m and "decode_mma_kernel" in out, out[-2000:]
+    assert int(m.group(1)) <= most, m.group(0)
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")

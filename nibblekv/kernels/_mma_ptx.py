@@ -259,6 +259,20 @@ def _ld4(ptr, m):
     )  # fmt: skip
 
 
+@triton.jit
+def _page_addr(page, stride, base):
+    """``base + page * stride`` as one ``mad.wide.u32`` (SASS ``IMAD.WIDE.U32``): ``page``, ``stride``
+    non-negative int32 (a page id, the page's bytes), ``base`` a byte pointer (int64 address) -> int64.
+
+    Why: ``page.to(int64) * s_page + off`` compiles to a full 64-bit multiply-add (sign word, two IMAD,
+    IMAD.WIDE, IADD) and one more 64-bit add per pointer; this is one instruction per pointer.
+    """
+    return tl.inline_asm_elementwise(
+        "mad.wide.u32 $0, $1, $2, $3;", "=l,r,r,l", [page.to(tl.int32), stride.to(tl.int32), base],
+        dtype=tl.int64, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
 def _lazy_step_ptx() -> str:
     """PTX of ``decode_mma._step_max``'s lazy rescale. Operands: outputs $0..$37 = m0, m1, c0, c1, l0, l1 and
     the 32 O^T fragments; inputs $38..$75 = m0, m1, l0, l1, mx0, mx1 and the 32 fragments, $76 = the slack.
@@ -339,3 +353,4 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
     _max4, _sum4 = _tw.max4, _tw.sum4
     _mma_bf16, _p_frag_bf16 = _tw.mma_bf16, _tw.p_frag_bf16
     _st4, _ld4 = _tw.st4, _tw.ld4
+    _page_addr = _tw.page_addr

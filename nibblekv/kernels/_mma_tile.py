@@ -16,6 +16,7 @@ from nibblekv.kernels._mma_ptx import (
     _cvt_word_alu,
     _interleave,
     _ld4,
+    _page_addr,
     _pack_h2,
     _scale_h2,
     _split64,
@@ -111,6 +112,14 @@ def _row_base(pt_ptr, idx, lim, s_page, sc_page, PAGE: tl.constexpr, D: tl.const
 
 
 @triton.jit
+def _page_id(pt_ptr, idx, lim, PAGE: tl.constexpr, MASKED: tl.constexpr):
+    """The page id (int32) of token row ``idx``; 0 past ``lim`` if ``MASKED`` (the table may end there)."""
+    if MASKED:
+        return tl.load(pt_ptr + idx // PAGE, mask=idx < lim, other=0).to(tl.int32)
+    return tl.load(pt_ptr + idx // PAGE).to(tl.int32)
+
+
+@triton.jit
 def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, sc_page, g, t,
                PAGE: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
                PAIR: tl.constexpr = 0):  # fmt: skip
@@ -128,24 +137,41 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, 
     if PAIR:
         klim = tl.where(t >= 2, lim1, lim)
         vlim = tl.where(g >= 4, lim1, lim)
-    if PAGE % 16 == 0 or PAGE == 8:  # tiles start at multiples of 16 rows: one page, or two of 8 rows
-        d0, s0, _ = _row_base(pt_ptr, n0, lim, s_page, sc_page, PAGE, D, MASKED)
-        kp = k64 + ((d0 + hoff) >> 3) + (g * R8 + 2 * t)
-        vp = v64 + ((d0 + hoff) >> 3) + (2 * t * R8 + g)
-        ksp = ks16 + ((s0 + shoff) >> 1) + (g * (R8 // 2) + t)
-        vsp = vs8 + (s0 + shoff) + (2 * t * R8 + g)
+    if PAGE == 16 or PAGE == 8:
+        # NOTE: tiles start at multiples of 16 rows (mma_chunk, decode_balanced's t0 * 16), so at a page's
+        # first row: each pointer is a loop-invariant lane base + page id * page stride (_page_addr)
+        kb = (k64 + (hoff >> 3) + (g * R8 + 2 * t)).to(tl.int64)
+        vb = (v64 + (hoff >> 3) + (2 * t * R8 + g)).to(tl.int64)
+        ksb = (ks16 + (shoff >> 1) + (g * (R8 // 2) + t)).to(tl.int64)
+        vsb = (vs8 + shoff + (2 * t * R8 + g)).to(tl.int64)
+        p0 = _page_id(pt_ptr, n0, lim, PAGE, MASKED)
+        kp = _page_addr(p0, s_page, kb).to(tl.pointer_type(tl.uint64))
+        vp = _page_addr(p0, s_page, vb).to(tl.pointer_type(tl.uint64))
+        ksp = _page_addr(p0, sc_page, ksb).to(tl.pointer_type(tl.uint16))
+        vsp = _page_addr(p0, sc_page, vsb).to(tl.pointer_type(tl.uint8))
         if PAGE == 8:  # rows 8-15 on the next page
-            d1, s1, _ = _row_base(pt_ptr, n0 + 8, lim, s_page, sc_page, PAGE, D, MASKED)
-            kp8 = k64 + ((d1 + hoff) >> 3) + (g * R8 + 2 * t)
-            ksp8 = ks16 + ((s1 + shoff) >> 1) + (g * (R8 // 2) + t)
-            vpc = v64 + ((d1 + hoff) >> 3) + (2 * t * R8 + g)
-            vspc = vs8 + (s1 + shoff) + (2 * t * R8 + g)
+            p1 = _page_id(pt_ptr, n0 + 8, lim, PAGE, MASKED)
+            kp8 = _page_addr(p1, s_page, kb).to(tl.pointer_type(tl.uint64))
+            vpc = _page_addr(p1, s_page, vb).to(tl.pointer_type(tl.uint64))
+            ksp8 = _page_addr(p1, sc_page, ksb).to(tl.pointer_type(tl.uint16))
+            vspc = _page_addr(p1, sc_page, vsb).to(tl.pointer_type(tl.uint8))
             vpb, vpd = vp + R8, vpc + R8
             vspb, vspd = vsp + R8, vspc + R8
         else:
             kp8, ksp8 = kp + 8 * R8, ksp + 4 * R8
             vpb, vpc, vpd = vp + R8, vp + 8 * R8, vp + 9 * R8
             vspb, vspc, vspd = vsp + R8, vsp + 8 * R8, vsp + 9 * R8
+        mg, m8, ma = n0 + g < klim, n0 + g + 8 < klim, n0 + 2 * t < vlim
+        mb, mc, md = n0 + 2 * t + 1 < vlim, n0 + 2 * t + 8 < vlim, n0 + 2 * t + 9 < vlim
+    elif PAGE % 16 == 0:  # tiles start at multiples of 16 rows: inside one page
+        d0, s0, _ = _row_base(pt_ptr, n0, lim, s_page, sc_page, PAGE, D, MASKED)
+        kp = k64 + ((d0 + hoff) >> 3) + (g * R8 + 2 * t)
+        vp = v64 + ((d0 + hoff) >> 3) + (2 * t * R8 + g)
+        ksp = ks16 + ((s0 + shoff) >> 1) + (g * (R8 // 2) + t)
+        vsp = vs8 + (s0 + shoff) + (2 * t * R8 + g)
+        kp8, ksp8 = kp + 8 * R8, ksp + 4 * R8
+        vpb, vpc, vpd = vp + R8, vp + 8 * R8, vp + 9 * R8
+        vspb, vspc, vspd = vsp + R8, vsp + 8 * R8, vsp + 9 * R8
         mg, m8, ma = n0 + g < klim, n0 + g + 8 < klim, n0 + 2 * t < vlim
         mb, mc, md = n0 + 2 * t + 1 < vlim, n0 + 2 * t + 8 < vlim, n0 + 2 * t + 9 < vlim
     else:

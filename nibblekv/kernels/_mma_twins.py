@@ -259,3 +259,8 @@ def ld4(ptr, m):
         tl.load(p + 2, mask=m, other=0),
         tl.load(p + 3, mask=m, other=0),
     )
+
+
+@triton.jit
+def page_addr(page, stride, base):
+    return base + page.to(tl.int64) * stride.to(tl.int64)

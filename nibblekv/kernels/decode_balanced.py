@@ -109,8 +109,7 @@ def decode_mma_bal_kernel(
     more = True
     while more:
         # NOTE: all but x0 is recomputed per segment (a few loads and one cumsum) to keep what stays live
-        # across _mma_segment small: it fills the 128-register cap. Even so, the sm_90 build of tpi=2 with
-        # pf=1 spills ~5 values into the tile loop; pf=0 or tpi=1 builds do not (tests/test_kernels_sass.py)
+        # across _mma_segment small: it fills the 128-register cap (tests/test_kernels_sass.py)
         if DYN:
             n_act = tl.load(act_ptr)
         incl, idx = _tile_prefix(lens_ptr, n_act, BP)
