@@ -12,7 +12,7 @@ the cached values; ``--real-prefill`` computes them, which takes minutes per dty
 
 JSON goes to ``$OUT/bench_tp.json`` (or ``--out``), meant to be committed under
 ``benchmarks/results/``; a table is printed. At the 70B shape one dtype's engine start and runs take
-~40-60 s on an H200 x2 (``tp-h200x2-*.log``); ``benchmarks/device_tp.sh`` logs each step to a file.
+~40-60 s on an H200 x2 (``tp-h200x2-*.log``); ``benchmarks/device/tp.sh`` logs each step to a file.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Plot a host-work A/B (``device_s35.sh``): decode step time vs the GPU's busy time, per tree and KV dtype.
+"""Plot a host-work A/B (``device/s35.sh``): decode step time vs the GPU's busy time, per tree and KV dtype.
 
 Usage: ``python benchmarks/plot_host.py benchmarks/results/host-s35a-h200`` -> ``host-ab.png`` there
 (reads ``long-base.json`` / ``long-new.json``: ``bench_engine.py --part long`` rows with profiled steps).

@@ -1,5 +1,5 @@
 """The device serving-benchmark scripts (issue 7): GGUF reassembly, the merge/plot, and a CPU smoke run
-of ``benchmarks/device_serve.sh`` (device time is scarce: a renamed flag must fail here, not there)."""
+of ``benchmarks/device/serve.sh`` (device time is scarce: a renamed flag must fail here, not there)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _gguf_parts(folder: Path, data: bytes, name: str = "model.gguf") -> None:
 
 
 def _device_gguf(parts: Path, dest: Path) -> subprocess.CompletedProcess[str]:
-    script = ROOT / "benchmarks" / "device_gguf.sh"
+    script = ROOT / "benchmarks" / "device" / "gguf.sh"
     return subprocess.run(
         ["bash", str(script), str(parts), str(dest)], check=False, capture_output=True, text=True
     )
@@ -130,7 +130,7 @@ def test_device_serve_smoke_cpu(tmp_path: Path, smollm2_path: Path) -> None:
         "COMMIT": "test",
     }
     done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "device_serve.sh"), str(smollm2_path)],
+        ["bash", str(ROOT / "benchmarks" / "device" / "serve.sh"), str(smollm2_path)],
         check=False,
         cwd=ROOT,
         env=env,
