@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 run() {  # $1 = tag, $2 = tree (old|new), rest = bench_decode_variants args
   local tag=$1 tree=$2; shift 2
   local pp=.; [ "$tree" = old ] && pp=ab_old:.
-  PYTHONPATH=$pp timeout -k 5 ${T_AB:-60} python3 benchmarks/bench_decode_variants.py --out "$OUT/x" \
+  PYTHONPATH=$pp timeout -k 5 ${T_AB:-50} python3 benchmarks/bench_decode_variants.py --out "$OUT/x" \
     --variants nvfp4=mma "$@" > "$OUT/x.log" 2>&1
   echo "== $tag $tree exit $?"; grep -E "rel_rms|^ *nvfp4|frac" "$OUT/x.log" | grep -v "^dtype" | tail -8
   cat "$OUT/x.log" >> "$OUT/$tag.log"
@@ -33,8 +33,6 @@ for i in 1 2; do
   run pageaddr-d64-h200 old --head-dim 64 --shapes 8x32768 64x8192 64x32768
   run pageaddr-d64-h200 new --head-dim 64 --shapes 8x32768 64x8192 64x32768
 done
-for i in 1 2; do
-  run pageaddr-gqa8-h200 old --q-heads 64 --shapes 8x32768 32x8192 64x32768
-  run pageaddr-gqa8-h200 new --q-heads 64 --shapes 8x32768 32x8192 64x32768
-done
+run pageaddr-gqa8-h200 old --q-heads 64 --shapes 8x32768 32x8192 64x32768
+run pageaddr-gqa8-h200 new --q-heads 64 --shapes 8x32768 32x8192 64x32768
 ls "$OUT"
