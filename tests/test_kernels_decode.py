@@ -54,13 +54,14 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 # spec x group x page.
 MMA_SPECS = [
     "mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0",
-    "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1", "mma:lz=8", "mma:tpi=1,lz=8", "mma:l2=1", "mma:l2=1,tpi=1",
+    "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1", "mma:lz=8", "mma:tpi=1,lz=8", "mma:l2=1",
+    "mma:l2=1,tpi=1",
 ]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
     if DEVICE == "cuda"
-    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P), ("mma:cv=3", 4, 5),
-          ("mma:l2=1", 4, P)]  # minc: later splits stay empty
+    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P),
+          ("mma:cv=3", 4, 5), ("mma:l2=1", 4, P)]  # minc: later splits stay empty
 )
 
 

@@ -9,7 +9,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LOG=$OUT/gpu-tests-s37-h200.log
 timeout -k 5 ${T_TESTS:-330} python3 -m pytest -v -rfE tests/test_kernels_extend_decode.py \
-  tests/test_kernels_decode_balanced.py tests/test_kernels_decode.py -k "mma or balanced or extend" > "$LOG" 2>&1
+  tests/test_kernels_decode_balanced.py tests/test_kernels_decode.py -k "mma or balanced or extend" \
+  > "$LOG" 2>&1
 echo "tests exit $? ($(grep -c PASSED "$LOG") passed)"; tail -3 "$LOG"
 timeout -k 5 200 python3 benchmarks/bench_extend.py --out "$OUT" --shapes 64x8192x8 32x8192x16 64x8192x4 \
   --configs 0:0 0:0:0:0:0:0:0:1 0:0:0:0:0:0:0:2 > "$OUT/extend-fp8-groups-h200.log" 2>&1

@@ -275,8 +275,8 @@ def _page_addr(page, stride, base):
 
 @triton.jit
 def _prefetch_l2(addr, pred):
-    """Where ``pred``: ``prefetch.global.L2`` of the line holding ``addr`` (int64): per lane, no register holds
-    the data (a bulk prefetch takes a warp-uniform address: ptxas loops over the lanes). Returns 0 (int32)."""
+    """Where ``pred``: ``prefetch.global.L2`` of the line holding ``addr`` (int64): per lane, no register
+    holds the data (a bulk prefetch takes a warp-uniform address: ptxas loops over the lanes). Returns 0."""
     return tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
         "=r,l,r", [addr, pred.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,

@@ -135,10 +135,11 @@ def _l2_pages(pt_ptr, nb, lane, TPI: tl.constexpr, PAGE: tl.constexpr):
 @triton.jit
 def _l2_prefetch(k64, v64, ks16, vs8, pages, hoff, shoff, s_page, sc_page, lane,
                  TPI: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr):  # fmt: skip
-    """L2 prefetch of a step's tiles (pages of 8 or 16 rows), two per-lane instructions: data lane ``16 i + 8 kv
-    + l`` takes 128-byte line ``l`` of tile ``i``'s K (kv = 0) or V rows (with 8-row pages lines 4-7 are on the
-    tile's second page); scale lane ``4 i + 2 kv + h`` tile ``i``'s K or V scale bytes of page half ``h`` (h =
-    1 only with 8-row pages). ``pages`` = ``_l2_pages``. NOTE: 16 rows x D / 2 bytes = 8 lines at D = 128."""
+    """L2 prefetch of a step's tiles (pages of 8 or 16 rows), two per-lane instructions: data lane
+    ``16 i + 8 kv + l`` takes 128-byte line ``l`` of tile ``i``'s K (kv = 0) or V rows (with 8-row pages
+    lines 4-7 are on the tile's second page); scale lane ``4 i + 2 kv + h`` tile ``i``'s K or V scale bytes
+    of page half ``h`` (h = 1 only with 8-row pages). ``pages`` = ``_l2_pages``. NOTE: 16 rows x D / 2
+    bytes = 8 lines at D = 128."""
     tl.static_assert(D == 128, "8 lines of 128 bytes a tile")
     pd, ps = pages
     L = lane % 32

@@ -45,7 +45,15 @@ from nibblekv.kernels._mma_ptx import (
     _st4,
     _sum8,
 )
-from nibblekv.kernels._mma_tile import _k_tile, _l2_pages, _l2_prefetch, _load_tile, _q_frags, _softmax, _v_tile
+from nibblekv.kernels._mma_tile import (
+    _k_tile,
+    _l2_pages,
+    _l2_prefetch,
+    _load_tile,
+    _q_frags,
+    _softmax,
+    _v_tile,
+)
 from nibblekv.kernels._common import interpreting
 from nibblekv.kernels._pdl import pdl_enter
 from nibblekv.kernels._tma import tma_init, tma_issue, tma_read, tma_ring
@@ -520,8 +528,8 @@ def _mma_segment(
                 PAGE, D, True, PAIR,
             )
         if L2:  # the page ids of the first L2 prefetch: the second step (or the first again: one step only)
-            pl = _l2_pages(pt_ptr, tl.where(start + STEP < full_end, start + STEP, start) + 16 * TPI * warp, lane,
-                           TPI, PAGE)  # fmt: skip
+            nxs = tl.where(start + STEP < full_end, start + STEP, start)
+            pl = _l2_pages(pt_ptr, nxs + 16 * TPI * warp, lane, TPI, PAGE)
     if not TMA:
         n0 = start
         while (
@@ -867,7 +875,8 @@ def decode_mma_kernel(
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     TPP: tl.constexpr = 0,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
-    TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0, LZ: tl.constexpr = 0, L2: tl.constexpr = 0,
+    TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0, LZ: tl.constexpr = 0,
+    L2: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
