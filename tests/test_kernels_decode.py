@@ -54,14 +54,12 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 # spec x group x page.
 MMA_SPECS = [
     "mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0",
-    "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1", "mma:lz=8", "mma:tpi=1,lz=8", "mma:l2=1",
-    "mma:l2=1,tpi=1",
+    "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1", "mma:lz=8", "mma:tpi=1,lz=8",
 ]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
     if DEVICE == "cuda"
-    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P),
-          ("mma:cv=3", 4, 5), ("mma:l2=1", 4, P)]  # minc: later splits stay empty
+    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P), ("mma:cv=3", 4, 5)]  # minc: later splits stay empty
 )
 
 
@@ -208,15 +206,6 @@ def test_decode_mma_head_dim_64(group: int, page: int, vst: int) -> None:
     spec = f"mma:minc=16,vst={vst},vq={vst},cv={3 * vst}"  # the last case: the opt-in options together
     hkv = 1 if DEVICE == "cpu" else 2  # NOTE: one KV head keeps the interpreter quick
     err = _run(KVDtype.NVFP4, lens, tails, hkv, group, 64, page, 3, gscale=(0.37, 2.5), variant=spec)
-    assert err <= 1e-2, err
-
-
-@pytest.mark.parametrize("head_dim", [64, 128] if DEVICE == "cuda" else [64])
-def test_decode_mma_l2_prefetch_over_several_full_steps(head_dim: int) -> None:
-    # variant option l2: each full step's page ids are loaded a step ahead for the next step's L2 prefetch --
-    # one split, so the contexts hold several full steps (and the last step's prefetch re-targets itself)
-    err = _run(KVDtype.NVFP4, [1, 70, 133, 200], [0, W, 3, 1], 1, 3, head_dim, P, 1, gscale=(0.37, 2.5),
-               variant="mma:l2=1,minc=16")  # fmt: skip
     assert err <= 1e-2, err
 
 

@@ -74,21 +74,23 @@ def test_extend_decode_nvfp4_wide_chunks_through_decode_tok() -> None:
 
 
 def test_extend_decode_fp8_two_decode_tok_groups() -> None:
-    # wide="tok": an FP8 chunk of 9 tokens x GQA 3 = 27 columns as two decode_tok groups of 16 (virtual
-    # requests reading the same prefix; the second group's last 5 columns past the chunk); ragged chunks
-    assert _run([0, P + 1, 40], [9, 1, 6], [1, 0, W], 2, 3, 64, dtype=KVDtype.FP8, wide="tok") <= 1e-2
+    # an FP8 chunk of 9 tokens x GQA 3 = 27 columns as two decode_tok groups of 16 (virtual requests reading
+    # the same prefix; the second group's last 5 columns past the chunk); ragged chunks; the default plan
+    assert _run([0, P + 1, 40], [9, 1, 6], [1, 0, W], 2, 3, 64, dtype=KVDtype.FP8) <= 1e-2
     pb = make_batch(KVDtype.FP8, [20], 2, 128, P, DEVICE)
     q = torch.randn(9, 8, 128)
-    assert ed.extend_decode_plan(q, pb.cache, 8, "tok") == ("tok", 16, 2)
-    assert "<= 32 columns" in (extend_decode_unsupported(q, pb.cache, 9, "tok") or "")
+    assert ed.extend_decode_plan(q, pb.cache, 8) == ("tok", 16, 2)
+    assert ed.extend_decode_plan(q, pb.cache, 8, "tok") == ("tok", 16, 2)  # wide is NVFP4's choice only
 
 
 def test_extend_decode_caps_decode_tok_groups_at_16_columns() -> None:
-    # wider decode_tok groups were wrong on the H200 (and slower): 9 tokens x 4 heads is refused, not run
+    # wider decode_tok groups were wrong on the H200 (and slower): 16-column groups, two at most -- 9 tokens
+    # x 4 heads (36 columns) is refused, not run
     pb = make_batch(KVDtype.FP8, [20], 2, 128, P, DEVICE)
     q = torch.randn(9, 8, 128)
-    assert "<= 16 columns" in (extend_decode_unsupported(q, pb.cache, 9) or "")
+    assert "<= 32 columns" in (extend_decode_unsupported(q, pb.cache, 9) or "")
     assert ed.extend_decode_plan(q, pb.cache, 4) == ("tok", 16, 1)
+    assert ed.extend_decode_plan(q, pb.cache, 5) == ("tok", 16, 2)
 
 
 def test_extend_decode_refuses_what_it_cannot_serve() -> None:
@@ -99,7 +101,8 @@ def test_extend_decode_refuses_what_it_cannot_serve() -> None:
     assert "columns" in (extend_decode_unsupported(q, pb.cache, 9) or "")
     fp8 = make_batch(KVDtype.FP8, [20], 2, 128, P, DEVICE)
     assert extend_decode_unsupported(q, fp8.cache, 4) is None  # 16 columns, one decode_tok group
-    assert "columns" in (extend_decode_unsupported(q, fp8.cache, 5) or "")
+    assert extend_decode_unsupported(q, fp8.cache, 8) is None  # 32 columns, two
+    assert "columns" in (extend_decode_unsupported(q, fp8.cache, 9) or "")
     bf16 = make_batch(KVDtype.BF16, [20], 2, 128, P, DEVICE)
     assert "NVFP4 or FP8" in (extend_decode_unsupported(q, bf16.cache, 1) or "")
     cu = torch.tensor([0, 9], dtype=torch.int32)
@@ -161,15 +164,16 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
     call(KVDtype.NVFP4, 2)
     call(KVDtype.FP8, 2)  # auto: both quantized dtypes
     call(KVDtype.NVFP4, 9)  # 36 columns: the tl.dot path
-    call(KVDtype.FP8, 5)  # 20
-    assert calls == [("nvfp4", 2), ("fp8_e4m3", 2)]
+    call(KVDtype.FP8, 9)  # 36 too
+    call(KVDtype.FP8, 5)  # 20: two decode_tok groups
+    assert calls == [("nvfp4", 2), ("fp8_e4m3", 2), ("fp8_e4m3", 5)]
     monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "decode")
     call(KVDtype.FP8, 2)
-    assert calls == [("nvfp4", 2), ("fp8_e4m3", 2), ("fp8_e4m3", 2)]
+    assert calls == [("nvfp4", 2), ("fp8_e4m3", 2), ("fp8_e4m3", 5), ("fp8_e4m3", 2)]
     monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "triton")
     call(KVDtype.NVFP4, 2)
     call(KVDtype.FP8, 2)
-    assert len(calls) == 3
+    assert len(calls) == 4
     monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "mma")
     with pytest.raises(ValueError, match="NIBBLEKV_EXTEND_VARIANT"):
         call(KVDtype.NVFP4, 2)

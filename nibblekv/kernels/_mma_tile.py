@@ -17,7 +17,6 @@ from nibblekv.kernels._mma_ptx import (
     _interleave,
     _ld4,
     _page_addr,
-    _prefetch_l2,
     _pack_h2,
     _scale_h2,
     _split64,
@@ -118,39 +117,6 @@ def _page_id(pt_ptr, idx, lim, PAGE: tl.constexpr, MASKED: tl.constexpr):
     if MASKED:
         return tl.load(pt_ptr + idx // PAGE, mask=idx < lim, other=0).to(tl.int32)
     return tl.load(pt_ptr + idx // PAGE).to(tl.int32)
-
-
-@triton.jit
-def _l2_pages(pt_ptr, nb, lane, TPI: tl.constexpr, PAGE: tl.constexpr):
-    """The page ids this lane's two ``_l2_prefetch`` lines lie on, for the step at ``nb`` (the warp's first
-    tile): (data line, scale line)."""
-    L = lane % 32
-    hd = 16 * (L // 16) + (8 * ((L % 8) // 4) if PAGE == 8 else 0)  # data: lane = 16 i + 8 kv + line
-    hs = 16 * ((L // 4) % 2) + 8 * (L % 2)  # scales: lane = 4 i + 2 kv + half
-    pd = tl.load(pt_ptr + (nb + hd) // PAGE, mask=L < 16 * TPI, other=0).to(tl.int32)
-    ps = tl.load(pt_ptr + (nb + hs) // PAGE, mask=L < 4 * TPI, other=0).to(tl.int32)
-    return pd, ps
-
-
-@triton.jit
-def _l2_prefetch(k64, v64, ks16, vs8, pages, hoff, shoff, s_page, sc_page, lane,
-                 TPI: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr):  # fmt: skip
-    """L2 prefetch of a step's tiles (pages of 8 or 16 rows), two per-lane instructions: data lane
-    ``16 i + 8 kv + l`` takes 128-byte line ``l`` of tile ``i``'s K (kv = 0) or V rows (with 8-row pages
-    lines 4-7 are on the tile's second page); scale lane ``4 i + 2 kv + h`` tile ``i``'s K or V scale bytes
-    of page half ``h`` (h = 1 only with 8-row pages). ``pages`` = ``_l2_pages``. NOTE: 16 rows x D / 2
-    bytes = 8 lines at D = 128."""
-    tl.static_assert(D == 128, "8 lines of 128 bytes a tile")
-    pd, ps = pages
-    L = lane % 32
-    kv = (L // 8) % 2
-    dbase = tl.where(kv == 0, (k64 + (hoff >> 3)).to(tl.int64), (v64 + (hoff >> 3)).to(tl.int64))
-    dline = (L % 4 if PAGE == 8 else L % 8) * 128
-    a = _prefetch_l2(_page_addr(pd, s_page, dbase + dline), L < 16 * TPI)
-    skv = (L // 2) % 2
-    sbase = tl.where(skv == 0, (ks16 + (shoff >> 1)).to(tl.int64), (vs8 + shoff).to(tl.int64))
-    on = (L < 4 * TPI) & ((L % 2 == 0) | (PAGE == 8))
-    return a + _prefetch_l2(_page_addr(ps, sc_page, sbase), on)
 
 
 @triton.jit

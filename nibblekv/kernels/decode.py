@@ -445,7 +445,6 @@ def decode_triton(
             VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
             CV=int(cfg["cv"]),
             LZ=int(cfg["lazy"]),
-            L2=int(cfg["l2_prefetch"]) * int(mma_common["PAGE"] in (8, 16)),
             TPP=int(tail_in_grid and bool(cfg.get("tail_page_prefetch", 0))),
             **tma_args(cfg, cache, mma_common["PAGE"], math.prod(grid), q.device),
             **pdl,

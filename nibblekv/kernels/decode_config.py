@@ -59,7 +59,10 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
 #          (2026-12-01, decode-variants-fuse-*-h200.json: the last program's serial merge costs more than the
 #          combine launch saves, e.g. GQA 8 B8x32K mma .636 -> .583, B1x128K .561 -> .257; FP8 tok .744 -> .645)
-# mma: l2 (1: an L2 prefetch of the next step's tiles inside each step, _mma_segment's L2; opt-in)
+# (Dropped, stop 37: l2 -- a per-lane prefetch.global.L2 of the next step's tiles mid-step, since ptxas issues the
+# register prefetch at each step's end under the 128-register cap. No gain on the H200 beside the default
+# (pageaddr-s37-h200/: e.g. GQA 4 B64x32K .768/.753 -> .751/.751, B8x32K .684 -> .68): the kernel is bound by
+# its instructions, not by that load's latency -- _page_addr's 4% fewer gave 2-4%.)
 # Every variant: ce (0: the combine step as before 2026-12-03 -- lens loaded before the partials, chunks of
 #          4096 elements -- to compare with the default 1: one round trip, chunks of up to 8192)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
@@ -252,9 +255,6 @@ def _mma_config() -> dict[str, int | bool]:
         # units; see decode_mma._step_max). Opt-in: ~1% on the H200 and only without the prefetch (pf=0) or
         # with one tile a step -- with both it spills (decode-variants-{lz,pf0-lz,gqa8-lz}-h200.json)
         "lazy": 0,
-        # NOTE: 1 = an L2 prefetch of the next step's tiles mid-step (decode_mma._mma_segment's L2): ptxas
-        # issues the register prefetch at the step's end. Opt-in until timed on the H200
-        "l2_prefetch": 0,
         # NOTE: 1 = the bf16 tail is one more one-warp program of the grid (bf16 mma.sync), 0 = its own launch
         # (decode_tail_kernel) on a side stream. In the engine at B=1 x 3K (CUDA graphs, H200, 2026-11-30)
         # that launch cost ~6 us a layer even beside the main kernel: nvfp4 steps 5.74 ms vs 5.29 with no tail
@@ -349,7 +349,7 @@ _KEYS = {
     "vst": "vst", "vq": "vq", "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave",
     "bal": "balanced", "fuse": "fuse", "tpp": "tail_page_prefetch", "ts": "tail_splits", "tma": "tma",
     "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy", "st": "tail_stages",
-    "ce": "combine_eager", "l2": "l2_prefetch",
+    "ce": "combine_eager",
 }  # fmt: skip
 
 

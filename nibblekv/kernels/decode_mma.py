@@ -45,15 +45,7 @@ from nibblekv.kernels._mma_ptx import (
     _st4,
     _sum8,
 )
-from nibblekv.kernels._mma_tile import (
-    _k_tile,
-    _l2_pages,
-    _l2_prefetch,
-    _load_tile,
-    _q_frags,
-    _softmax,
-    _v_tile,
-)
+from nibblekv.kernels._mma_tile import _k_tile, _load_tile, _q_frags, _softmax, _v_tile
 from nibblekv.kernels._common import interpreting
 from nibblekv.kernels._pdl import pdl_enter
 from nibblekv.kernels._tma import tma_init, tma_issue, tma_read, tma_ring
@@ -430,7 +422,7 @@ def _mma_segment(
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0,
-    TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0, L2: tl.constexpr = 0,
+    TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
@@ -449,9 +441,6 @@ def _mma_segment(
     ``VQ``: Q (bf16, rows 16-byte aligned) as 4 vector loads per lane, for the same reason at the start.
     ``TMA``: the whole-step tiles staged through a ring of that many tiles in shared memory by bulk copies
     (``_tma``; one warp, pages of a multiple of 16 rows); ``scratch`` is the ring under the interpreter.
-    ``L2`` (with ``PF``, pages of 8 or 16 rows): each step starts with an L2 prefetch of the next step's
-    tiles (``_l2_prefetch``; their page ids loaded a step before): ptxas places the register prefetch at the
-    step's end (128-register cap), so without it the next step waits a whole DRAM round trip.
     """
     lane = tl.arange(0, 32 * NW)
     warp = lane // 32
@@ -527,9 +516,6 @@ def _mma_segment(
                 k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
                 PAGE, D, True, PAIR,
             )
-        if L2:  # the page ids of the first L2 prefetch: the second step (or the first again: one step only)
-            nxs = tl.where(start + STEP < full_end, start + STEP, start)
-            pl = _l2_pages(pt_ptr, nxs + 16 * TPI * warp, lane, TPI, PAGE)
     if not TMA:
         n0 = start
         while (
@@ -537,12 +523,7 @@ def _mma_segment(
         ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
             nb = n0 + 16 * TPI * warp
             if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
-                nxs = tl.where(n0 + STEP < full_end, n0 + STEP, n0)
-                nxt = nxs + 16 * TPI * warp
-                if L2:  # NOTE: pl holds the pages of step nxs (loaded last step); then those of the one after
-                    _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
-                    pl = _l2_pages(pt_ptr, tl.where(nxs + STEP < full_end, nxs + STEP, nxs) + 16 * TPI * warp,
-                                   lane, TPI, PAGE)  # fmt: skip
+                nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
                 nextA = _load_tile(
                     k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
                     PAGE, D, False, PAIR,
@@ -876,7 +857,6 @@ def decode_mma_kernel(
     TPP: tl.constexpr = 0,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
     TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0, LZ: tl.constexpr = 0,
-    L2: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -986,7 +966,7 @@ def decode_mma_kernel(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV, TMA, scratch, LZ, L2,
+            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV, TMA, scratch, LZ,
         )  # fmt: skip
     if FUSE:
         _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,

@@ -58,9 +58,9 @@ def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: st
     ``"mma8"`` (groups of 8 columns: ``decode_mma`` only, for comparison) or
     ``"tok"`` (one ``decode_tok`` group of <= ``TOK_MAX_COLUMNS`` columns, the prefix read once through
     ``tl.dot``; 0.27 vs 0.34 of the H200's read ceiling for two 8-column ``decode_mma`` groups at 4-token
-    chunks, extend-sweep-wide-h200.json). ``TOK_MAX_COLUMNS`` also caps FP8's group; with ``wide = "tok"``
-    an FP8 (or NVFP4) chunk of more columns takes up to ``MAX_GROUPS`` ``decode_tok`` groups (virtual
-    requests that read the same prefix; opt-in, for comparison)."""
+    chunks, extend-sweep-wide-h200.json), then up to ``MAX_GROUPS`` such groups. An FP8 chunk always takes
+    ``decode_tok`` groups of <= ``TOK_MAX_COLUMNS`` columns, up to ``MAX_GROUPS`` of them (virtual requests
+    that read the same prefix, the second mostly from L2; ``wide`` does not apply)."""
     if wide not in ("mma", "mma8", "tok"):
         raise ValueError(f"wide must be 'mma', 'mma8' or 'tok', got {wide!r}")
     hkv, d = cache.layout.num_kv_heads, cache.layout.head_dim
@@ -76,7 +76,9 @@ def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: st
             why = f"needs chunk x GQA group <= {MAX_GROUPS * cap} columns per KV head"
         return why or ("mma", min(cap, cols), -(-cols // cap))
     if fmt == FMT_FP8:
-        return _tok_plan(cols, d, MAX_GROUPS if wide == "tok" else 1)
+        # NOTE: two groups since stop 37: 8-token chunks at GQA 4 (32 columns) read the prefix at 0.53 of the
+        # H200's read ceiling vs extend_triton's 0.39 (B=64 x 8K, extend-fp8-groups-h200.json)
+        return _tok_plan(cols, d, MAX_GROUPS)
     return "reads an NVFP4 or FP8 pool (bf16 extend already streams)"
 
 
