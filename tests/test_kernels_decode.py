@@ -57,9 +57,10 @@ MMA_SPECS = [
     "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1", "mma:lz=8", "mma:tpi=1,lz=8",
 ]
 MMA_CASES = (
-    [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)]
+    [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)] + [("mma", 4, 2 * P)]
     if DEVICE == "cuda"
-    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P), ("mma:cv=3", 4, 5)]  # minc: later splits stay empty
+    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P), ("mma:cv=3", 4, 5),
+          ("mma:tpi=2", 3, 2 * P)]  # minc: later splits stay empty; 32-token pages: tiles inside a page
 )
 
 

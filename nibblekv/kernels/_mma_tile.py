@@ -137,18 +137,25 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, 
     if PAIR:
         klim = tl.where(t >= 2, lim1, lim)
         vlim = tl.where(g >= 4, lim1, lim)
-    if PAGE == 16 or PAGE == 8:
-        # NOTE: tiles start at multiples of 16 rows (mma_chunk, decode_balanced's t0 * 16), so at a page's
-        # first row: each pointer is a loop-invariant lane base + page id * page stride (_page_addr)
-        kb = (k64 + (hoff >> 3) + (g * R8 + 2 * t)).to(tl.int64)
-        vb = (v64 + (hoff >> 3) + (2 * t * R8 + g)).to(tl.int64)
-        ksb = (ks16 + (shoff >> 1) + (g * (R8 // 2) + t)).to(tl.int64)
-        vsb = (vs8 + shoff + (2 * t * R8 + g)).to(tl.int64)
-        p0 = _page_id(pt_ptr, n0, lim, PAGE, MASKED)
-        kp = _page_addr(p0, s_page, kb).to(tl.pointer_type(tl.uint64))
-        vp = _page_addr(p0, s_page, vb).to(tl.pointer_type(tl.uint64))
-        ksp = _page_addr(p0, sc_page, ksb).to(tl.pointer_type(tl.uint16))
-        vsp = _page_addr(p0, sc_page, vsb).to(tl.pointer_type(tl.uint8))
+    if PAGE % 16 == 0 or PAGE == 8:  # tiles start at multiples of 16 rows: one page, or two of 8 rows
+        if PAGE <= 16:
+            # NOTE: tiles start at multiples of 16 rows (mma_chunk, decode_balanced's t0 * 16), so at a page's
+            # first row: each pointer is a loop-invariant lane base + page id * page stride (_page_addr)
+            kb = (k64 + (hoff >> 3) + (g * R8 + 2 * t)).to(tl.int64)
+            vb = (v64 + (hoff >> 3) + (2 * t * R8 + g)).to(tl.int64)
+            ksb = (ks16 + (shoff >> 1) + (g * (R8 // 2) + t)).to(tl.int64)
+            vsb = (vs8 + shoff + (2 * t * R8 + g)).to(tl.int64)
+            p0 = _page_id(pt_ptr, n0, lim, PAGE, MASKED)
+            kp = _page_addr(p0, s_page, kb).to(tl.pointer_type(tl.uint64))
+            vp = _page_addr(p0, s_page, vb).to(tl.pointer_type(tl.uint64))
+            ksp = _page_addr(p0, sc_page, ksb).to(tl.pointer_type(tl.uint16))
+            vsp = _page_addr(p0, sc_page, vsb).to(tl.pointer_type(tl.uint8))
+        else:  # a tile inside a longer page: its row offset too
+            d0, s0, _ = _row_base(pt_ptr, n0, lim, s_page, sc_page, PAGE, D, MASKED)
+            kp = k64 + ((d0 + hoff) >> 3) + (g * R8 + 2 * t)
+            vp = v64 + ((d0 + hoff) >> 3) + (2 * t * R8 + g)
+            ksp = ks16 + ((s0 + shoff) >> 1) + (g * (R8 // 2) + t)
+            vsp = vs8 + (s0 + shoff) + (2 * t * R8 + g)
         if PAGE == 8:  # rows 8-15 on the next page
             p1 = _page_id(pt_ptr, n0 + 8, lim, PAGE, MASKED)
             kp8 = _page_addr(p1, s_page, kb).to(tl.pointer_type(tl.uint64))
@@ -161,17 +168,6 @@ def _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim1, hoff, shoff, s_page, 
             kp8, ksp8 = kp + 8 * R8, ksp + 4 * R8
             vpb, vpc, vpd = vp + R8, vp + 8 * R8, vp + 9 * R8
             vspb, vspc, vspd = vsp + R8, vsp + 8 * R8, vsp + 9 * R8
-        mg, m8, ma = n0 + g < klim, n0 + g + 8 < klim, n0 + 2 * t < vlim
-        mb, mc, md = n0 + 2 * t + 1 < vlim, n0 + 2 * t + 8 < vlim, n0 + 2 * t + 9 < vlim
-    elif PAGE % 16 == 0:  # tiles start at multiples of 16 rows: inside one page
-        d0, s0, _ = _row_base(pt_ptr, n0, lim, s_page, sc_page, PAGE, D, MASKED)
-        kp = k64 + ((d0 + hoff) >> 3) + (g * R8 + 2 * t)
-        vp = v64 + ((d0 + hoff) >> 3) + (2 * t * R8 + g)
-        ksp = ks16 + ((s0 + shoff) >> 1) + (g * (R8 // 2) + t)
-        vsp = vs8 + (s0 + shoff) + (2 * t * R8 + g)
-        kp8, ksp8 = kp + 8 * R8, ksp + 4 * R8
-        vpb, vpc, vpd = vp + R8, vp + 8 * R8, vp + 9 * R8
-        vspb, vspc, vspd = vsp + R8, vsp + 8 * R8, vsp + 9 * R8
         mg, m8, ma = n0 + g < klim, n0 + g + 8 < klim, n0 + 2 * t < vlim
         mb, mc, md = n0 + 2 * t + 1 < vlim, n0 + 2 * t + 8 < vlim, n0 + 2 * t + 9 < vlim
     else:
