@@ -59,8 +59,9 @@ MMA_SPECS = [
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)] + [("mma", 4, 2 * P)]
     if DEVICE == "cuda"
-    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P), ("mma:cv=3", 4, 5),
-          ("mma:tpi=2", 3, 2 * P)]  # minc: later splits stay empty; 32-token pages: tiles inside a page
+    # minc: later splits stay empty; 32-token pages: tiles inside a page
+    else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P),
+          ("mma:cv=3", 4, 5), ("mma:tpi=2", 3, 2 * P)]
 )
 
 
