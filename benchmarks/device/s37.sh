@@ -1,9 +1,9 @@
 #!/bin/bash
 # Stop 37: decode_mma's page addresses as one IMAD.WIDE.U32 per pointer (_page_addr) against the tree before
 # (38f61d4), one machine, one call, two processes a tree, alternating old/new/old/new per head shape; the new
-# tree also times variant option l2=1 (an L2 prefetch of the next step's tiles mid-step; run at 394385f, dropped
-# after it: no gain). Each
-# bench_decode_variants run checks the kernel against decode_ref on the GPU before it times it.
+# tree also times variant option l2=1 (an L2 prefetch of the next step's tiles mid-step; run at 394385f,
+# dropped after it: no gain). Each bench_decode_variants run checks the kernel against decode_ref on the GPU
+# before it times it.
 # Usage from the repo root, with the old tree unpacked as an untracked folder first:
 #   mkdir -p ab_old && git archive 38f61d4 nibblekv | tar -x -C ab_old
 #   OUT=... COMMIT=<sha> bash benchmarks/device/s37.sh

@@ -59,8 +59,8 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
 #          (2026-12-01, decode-variants-fuse-*-h200.json: the last program's serial merge costs more than the
 #          combine launch saves, e.g. GQA 8 B8x32K mma .636 -> .583, B1x128K .561 -> .257; FP8 tok .744 -> .645)
-# (Dropped, stop 37: l2 -- a per-lane prefetch.global.L2 of the next step's tiles mid-step, since ptxas issues the
-# register prefetch at each step's end under the 128-register cap. No gain on the H200 beside the default
+# (Dropped, stop 37: l2 -- a per-lane prefetch.global.L2 of the next step's tiles mid-step, since ptxas issues
+# the register prefetch at each step's end under the 128-register cap. No gain on the H200 beside the default
 # (pageaddr-s37-h200/: e.g. GQA 4 B64x32K .768/.753 -> .751/.751, B8x32K .684 -> .68): the kernel is bound by
 # its instructions, not by that load's latency -- _page_addr's 4% fewer gave 2-4%.)
 # Every variant: ce (0: the combine step as before 2026-12-03 -- lens loaded before the partials, chunks of
