@@ -156,7 +156,7 @@ def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
     aligned = aligned and cache.k_data.data_ptr() % 8 == 0 and cache.v_data.data_ptr() % 8 == 0
     aligned = aligned and ds[0] < 2**31 and ss[0] < 2**31  # NOTE: _page_addr multiplies 32-bit page strides
     if not (packed and aligned) or cache.k_scale.data_ptr() % 2:
-        return "needs packed NVFP4 rows with 8-byte aligned pages and heads"
+        return "needs packed NVFP4 rows, 8-byte aligned pages and heads, page strides below 2**31 bytes"
     return None
 
 

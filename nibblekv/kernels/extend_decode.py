@@ -70,7 +70,7 @@ def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: st
         narrow = mma_narrow_columns(d)
         cap = narrow if wide == "mma8" else mma_columns(d)
         if cols > narrow and wide == "tok":
-            return _tok_plan(cols, d, MAX_GROUPS)
+            return _tok_plan(cols, d)
         why = _mma_unsupported(cache, min(cap, cols))
         if why is None and cols > MAX_GROUPS * cap:
             why = f"needs chunk x GQA group <= {MAX_GROUPS * cap} columns per KV head"
@@ -78,16 +78,16 @@ def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: st
     if fmt == FMT_FP8:
         # NOTE: two groups since stop 37: 8-token chunks at GQA 4 (32 columns) read the prefix at 0.53 of the
         # H200's read ceiling vs extend_triton's 0.39 (B=64 x 8K, extend-fp8-groups-h200.json)
-        return _tok_plan(cols, d, MAX_GROUPS)
+        return _tok_plan(cols, d)
     return "reads an NVFP4 or FP8 pool (bf16 extend already streams)"
 
 
-def _tok_plan(cols: int, d: int, groups: int = 1) -> tuple[str, int, int] | str:
-    """``decode_tok`` groups of <= ``TOK_MAX_COLUMNS`` columns, at most ``groups`` of them."""
+def _tok_plan(cols: int, d: int) -> tuple[str, int, int] | str:
+    """``decode_tok`` groups of <= ``TOK_MAX_COLUMNS`` columns, at most ``MAX_GROUPS`` of them."""
     if not interpreting() and d not in TOK_VERIFIED_HEAD_DIMS:
         return f"decode_tok needs head_dim in {TOK_VERIFIED_HEAD_DIMS}"
-    if cols > groups * TOK_MAX_COLUMNS:
-        return f"needs chunk x GQA group <= {groups * TOK_MAX_COLUMNS} columns per KV head"
+    if cols > MAX_GROUPS * TOK_MAX_COLUMNS:
+        return f"needs chunk x GQA group <= {MAX_GROUPS * TOK_MAX_COLUMNS} columns per KV head"
     gv = min(cols, TOK_MAX_COLUMNS)
     return ("tok", gv, -(-cols // gv))
 
