@@ -68,7 +68,7 @@ def _scores(raw, qk_scale, n0, lim, lim1,
     (
         kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
         k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815,
-    ) = _k_tile(raw, CV & 1)  # fmt: skip
+    ) = _k_tile(raw, 2 if CV == 4 else CV & 1)  # fmt: skip
     z = tl.zeros_like(qk_scale)
     e0, e1, e2, e3 = z, z, z, z
     f0, f1, f2, f3 = z, z, z, z
@@ -102,7 +102,7 @@ def _pv(raw, pa, pb,
     (
         va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15,
         vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15,
-    ) = _v_tile(raw, CV >> 1)  # fmt: skip
+    ) = _v_tile(raw, 2 if CV == 4 else CV >> 1)  # fmt: skip
     o00, o01, o02, o03 = _mma(va0, va1, vb0, vb1, pa, pb, o00, o01, o02, o03)
     o10, o11, o12, o13 = _mma(va2, va3, vb2, vb3, pa, pb, o10, o11, o12, o13)
     o20, o21, o22, o23 = _mma(va4, va5, vb4, vb5, pa, pb, o20, o21, o22, o23)
@@ -945,8 +945,8 @@ def decode_mma_kernel(
         end1 = tl.minimum(end, n // 2)  # an odd count: the last row's second token is not there
     # E4M3-byte codes are value * 2**-6, ALU-placed ones (CV) value * 2**-14: fold that and the global
     # scales into the fp32 factors
-    gk = tl.load(g_ptr) * (16384.0 if CV & 1 else 64.0)
-    gv = tl.load(g_ptr + 1) * (16384.0 if CV & 2 else 64.0)
+    gk = tl.load(g_ptr) * (16384.0 if CV & 1 or CV == 4 else 64.0)
+    gv = tl.load(g_ptr + 1) * (16384.0 if CV & 2 or CV == 4 else 64.0)
     scratch = tma_scratch
     if TMA:
         if DYN:

@@ -43,7 +43,7 @@ qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15,
     (
         kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
         k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815,
-    ) = _k_tile(raw, CV & 1)  # fmt: skip
+    ) = _k_tile(raw, 2 if CV == 4 else CV & 1)  # fmt: skip
     z = tl.zeros_like(qk_scale)
     e0, e1, e2, e3 = z, z, z, z
     f0, f1, f2, f3 = z, z, z, z
@@ -117,7 +117,7 @@ o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15
     (
         va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15,
         vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15,
-    ) = _v_tile(raw, CV >> 1)  # fmt: skip
+    ) = _v_tile(raw, 2 if CV == 4 else CV >> 1)  # fmt: skip
     o0_0, o0_1, o0_2, o0_3 = _mma(p0, p1, p2, p3, va0, vb0, o0_0, o0_1, o0_2, o0_3)
     o1_0, o1_1, o1_2, o1_3 = _mma(p0, p1, p2, p3, va1, vb1, o1_0, o1_1, o1_2, o1_3)
     o2_0, o2_1, o2_2, o2_3 = _mma(p0, p1, p2, p3, va2, vb2, o2_0, o2_1, o2_2, o2_3)
