@@ -30,7 +30,7 @@ import triton
 from benchmarks import bench_kernels
 from benchmarks.bench_kernels import DEV, NAMES, Pools, bench, read_ceiling, run_decode
 from nibblekv.formats.layout import KVDtype
-from nibblekv.formats.shf_words import to_shf
+from nibblekv.formats.sm_words import to_sm
 from nibblekv.kernels import decode as dec
 from nibblekv.kernels.reference import decode_ref
 from nibblekv.kernels.testing import make_batch, rel_rms
@@ -58,9 +58,9 @@ DEFAULT_PLAN: list[tuple[KVDtype, str]] = [
 def check(dt: KVDtype, spec: str, batch: object) -> tuple[float, dict[str, object]]:
     """rel. RMS error of one variant vs decode_ref on the small odd batch (+ the compiled kernel's resources)."""
     pb, q, ref = batch  # type: ignore[misc]
-    if "cv=4" in spec:  # NOTE: cv=4 reads NVFP4 data in shf order: check it on a converted copy of the pool
+    if "cv=4" in spec:  # NOTE: cv=4 reads NVFP4 data in sm order: check it on a converted copy of the pool
         c = pb.cache
-        pb = dataclasses.replace(pb, cache=dataclasses.replace(c, k_data=to_shf(c.k_data), v_data=to_shf(c.v_data)))
+        pb = dataclasses.replace(pb, cache=dataclasses.replace(c, k_data=to_sm(c.k_data), v_data=to_sm(c.v_data)))
     out = torch.full_like(q, float("nan"))
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     dec.decode_triton(

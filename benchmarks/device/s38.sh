@@ -1,8 +1,8 @@
 #!/bin/bash
-# Stop 38: decode_mma reading NVFP4 data in shf order (variant option cv=4: 4 rotations + 6 masks a word, no
-# cvt.rn.f16x2.e4m3x2; nibblekv/formats/shf_words.py) against the default (E4M3 bytes + cvt), one machine,
+# Stop 38: decode_mma reading NVFP4 data in sm order (variant option cv=4: 6 masks + 5 IMAD shifts a word, no
+# cvt.rn.f16x2.e4m3x2; nibblekv/formats/sm_words.py) against the default (E4M3 bytes + cvt), one machine,
 # one call, both orders per head shape. Each bench_decode_variants run checks every variant against
-# decode_ref on the GPU first (cv=4 on a shf copy of the check pool; timed pools are random bytes).
+# decode_ref on the GPU first (cv=4 on an sm copy of the check pool; timed pools are random bytes).
 # Usage from the repo root: OUT=... COMMIT=<sha> bash benchmarks/device/s38.sh
 export PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
@@ -24,9 +24,9 @@ PY
   rm -rf "$OUT/x" "$OUT/x.log"
 }
 G4="8x32768 26x32768 64x32768 32x8192 1x131072 128x8192"
-run shf-gqa4-h200 --variants nvfp4=mma nvfp4=mma:cv=4 --shapes $G4
-run shf-gqa4-h200 --variants nvfp4=mma:cv=4 nvfp4=mma --shapes $G4
-run shf-d64-h200 --head-dim 64 --variants nvfp4=mma nvfp4=mma:cv=4 --shapes 8x32768 64x8192 64x32768
-run shf-d64-h200 --head-dim 64 --variants nvfp4=mma:cv=4 nvfp4=mma --shapes 8x32768 64x8192 64x32768
-run shf-gqa8-h200 --q-heads 64 --variants nvfp4=mma nvfp4=mma:cv=4 nvfp4=mma:cv=3 --shapes 8x32768 32x8192 64x32768
+run sm-gqa4-h200 --variants nvfp4=mma nvfp4=mma:cv=4 --shapes $G4
+run sm-gqa4-h200 --variants nvfp4=mma:cv=4 nvfp4=mma --shapes $G4
+run sm-d64-h200 --head-dim 64 --variants nvfp4=mma nvfp4=mma:cv=4 --shapes 8x32768 64x8192 64x32768
+run sm-d64-h200 --head-dim 64 --variants nvfp4=mma:cv=4 nvfp4=mma --shapes 8x32768 64x8192 64x32768
+run sm-gqa8-h200 --q-heads 64 --variants nvfp4=mma nvfp4=mma:cv=4 nvfp4=mma:cv=3 --shapes 8x32768 32x8192 64x32768
 ls "$OUT"

@@ -124,21 +124,23 @@ def _cvt_word_alu(x, s):
     return _word_to_h2x4(x, s, _CVT_WORD_ALU_PTX)
 
 
-# $4 = 4 bytes in shf order (nibblekv.formats.shf_words), $5 = half2 multiplier -> _cvt_word_alu's outputs
-# (value * 2**-14 * s) by 4 rotations and 6 masks: no conversion instruction, 3 integer ops more than _cvt_word
-_CVT_WORD_SHF_PTX = tl.constexpr(
-    """{ .reg .b32 t, u, r;
-        shf.r.wrap.b32 t, $4, $4, 23;
-        and.b32 $0, t, 0x8E008E00;
-        shf.r.wrap.b32 t, $4, $4, 26;
+# $4 = 4 bytes in sm order (nibblekv.formats.sm_words), $5 = half2 multiplier -> _cvt_word_alu's outputs
+# (value * 2**-14 * s): 6 masks (ALU pipe) and 5 left shifts (ptxas: IMAD.SHL, FMA pipe), no conversion
+# instruction -- _cvt_word spends 9 ALU-pipe ops a word (5 integer + 4 cvt), and that pipe issues at half rate
+_CVT_WORD_SM_PTX = tl.constexpr(
+    """{ .reg .b32 t, u;
+        and.b32 $0, $4, 0x8E008E00;
+        shl.b32 t, $4, 3;
         and.b32 $1, t, 0x8E008E00;
-        shf.r.wrap.b32 r, $4, $4, 3;
-        and.b32 t, $4, 0x8C008C00;
-        and.b32 u, r, 0x02000200;
+        shl.b32 t, $4, 6;
+        shl.b32 u, $4, 1;
+        and.b32 t, t, 0x0E000E00;
+        and.b32 u, u, 0x80008000;
         or.b32 $2, t, u;
-        shf.r.wrap.b32 t, $4, $4, 30;
-        and.b32 t, t, 0x86008600;
-        and.b32 u, r, 0x08000800;
+        shl.b32 t, $4, 9;
+        shl.b32 u, $4, 2;
+        and.b32 t, t, 0x0E000E00;
+        and.b32 u, u, 0x80008000;
         or.b32 $3, t, u;
         mul.rn.f16x2 $0, $0, $5;
         mul.rn.f16x2 $1, $1, $5;
@@ -149,15 +151,15 @@ _CVT_WORD_SHF_PTX = tl.constexpr(
 
 
 @triton.jit
-def _cvt_word_shf(x, s):
-    """``_cvt_word_alu`` for a word in shf order: 4 half2 ``value * 2**-14 * s`` = (e0, e2), (e4, e6), (e1, e3),
-    (e5, e7) of its standard-order elements (see ``nibblekv.formats.shf_words``)."""
-    return _word_to_h2x4(x, s, _CVT_WORD_SHF_PTX)
+def _cvt_word_sm(x, s):
+    """``_cvt_word_alu`` for a word in sm order: 4 half2 ``value * 2**-14 * s`` = (e0, e2), (e4, e6), (e1, e3),
+    (e5, e7) of its standard-order elements (see ``nibblekv.formats.sm_words``)."""
+    return _word_to_h2x4(x, s, _CVT_WORD_SM_PTX)
 
 
 @triton.jit
-def _halves_shf(a, b):
-    """Two tokens' shf words -> (low halves of a, b), (high halves of a, b): ``_cvt_word_shf`` of each gives
+def _pair_halves(a, b):
+    """Two tokens' sm words -> (low halves of a, b), (high halves of a, b): ``_cvt_word_sm`` of each gives
     (token a, token b) half2 of elements e0, e4, e1, e5 (first) and e2, e6, e3, e7 (second)."""
     return tl.inline_asm_elementwise(
         "prmt.b32 $0, $2, $3, 0x5410; prmt.b32 $1, $2, $3, 0x7632;",
@@ -390,7 +392,7 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
         _tw.cvt_word,
         _tw.cvt_word_alu,
     )
-    _cvt_word_shf, _halves_shf = _tw.cvt_word_shf, _tw.halves_shf
+    _cvt_word_sm, _pair_halves = _tw.cvt_word_sm, _tw.pair_halves
     _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
     _max4, _sum4 = _tw.max4, _tw.sum4
     _mma_bf16, _p_frag_bf16 = _tw.mma_bf16, _tw.p_frag_bf16

@@ -14,8 +14,8 @@ from nibblekv.kernels._mma_ptx import (
     _bcast_h2,
     _cvt_word,
     _cvt_word_alu,
-    _cvt_word_shf,
-    _halves_shf,
+    _cvt_word_sm,
+    _pair_halves,
     _interleave,
     _ld4,
     _page_addr,
@@ -29,10 +29,10 @@ from nibblekv.kernels._mma_ptx import (
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _cvt(x, s, ALU: tl.constexpr):
-    """``ALU`` 0: ``_cvt_word`` (value * 2**-6 * s); 1: ``_cvt_word_alu``, 2: ``_cvt_word_shf`` (the word in shf
+    """``ALU`` 0: ``_cvt_word`` (value * 2**-6 * s); 1: ``_cvt_word_alu``, 2: ``_cvt_word_sm`` (the word in sm
     order): value * 2**-14 * s. Outputs (e0, e2), (e4, e6), (e1, e3), (e5, e7) of the word's elements."""
     if ALU == 2:
-        return _cvt_word_shf(x, s)
+        return _cvt_word_sm(x, s)
     if ALU:
         return _cvt_word_alu(x, s)
     return _cvt_word(x, s)
@@ -65,11 +65,11 @@ def _v_pair(x, y, sc, ALU: tl.constexpr = 0):
     x0, x1 = _split64(x)
     y0, y1 = _split64(y)
     s = _scale_h2(sc)
-    if ALU == 2:  # shf order: (e0, e4, e1, e5) from the low halves, (e2, e6, e3, e7) from the high ones
-        p, q = _halves_shf(x0, y0)
+    if ALU == 2:  # sm order: (e0, e4, e1, e5) from the low halves, (e2, e6, e3, e7) from the high ones
+        p, q = _pair_halves(x0, y0)
         a0, b0, a2, b2 = _cvt(p, s, ALU)
         a1, b1, a3, b3 = _cvt(q, s, ALU)
-        p, q = _halves_shf(x1, y1)
+        p, q = _pair_halves(x1, y1)
         c0, d0, c2, d2 = _cvt(p, s, ALU)
         c1, d1, c3, d3 = _cvt(q, s, ALU)
     else:

@@ -96,22 +96,16 @@ def cvt_word_alu(x, s):
 
 
 @triton.jit
-def _rotr(x, n: tl.constexpr):
-    return ((x >> n) | (x << (32 - n))) & 0xFFFFFFFF
-
-
-@triton.jit
-def cvt_word_shf(x, s):
-    r = _rotr(x, 3)
-    r0 = _rotr(x, 23) & 0x8E008E00
-    r1 = _rotr(x, 26) & 0x8E008E00
-    r2 = (x & 0x8C008C00) | (r & 0x02000200)
-    r3 = (_rotr(x, 30) & 0x86008600) | (r & 0x08000800)
+def cvt_word_sm(x, s):
+    r0 = x & 0x8E008E00
+    r1 = (x << 3) & 0x8E008E00
+    r2 = ((x << 6) & 0x0E000E00) | ((x << 1) & 0x80008000)
+    r3 = ((x << 9) & 0x0E000E00) | ((x << 2) & 0x80008000)
     return _hmul2(r0, s), _hmul2(r1, s), _hmul2(r2, s), _hmul2(r3, s)
 
 
 @triton.jit
-def halves_shf(a, b):
+def pair_halves(a, b):
     return (a & 0xFFFF) | (b << 16), (a >> 16) | (b & 0xFFFF0000)
 
 
