@@ -15,7 +15,6 @@ per shape, each variant's fraction of this run's read ceiling, and the best NVFP
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import math
@@ -30,7 +29,6 @@ import triton
 from benchmarks import bench_kernels
 from benchmarks.bench_kernels import DEV, NAMES, Pools, bench, read_ceiling, run_decode
 from nibblekv.formats.layout import KVDtype
-from nibblekv.formats.sm_words import to_sm
 from nibblekv.kernels import decode as dec
 from nibblekv.kernels.reference import decode_ref
 from nibblekv.kernels.testing import make_batch, rel_rms
@@ -58,9 +56,6 @@ DEFAULT_PLAN: list[tuple[KVDtype, str]] = [
 def check(dt: KVDtype, spec: str, batch: object) -> tuple[float, dict[str, object]]:
     """rel. RMS error of one variant vs decode_ref on the small odd batch (+ the compiled kernel's resources)."""
     pb, q, ref = batch  # type: ignore[misc]
-    if "cv=4" in spec:  # NOTE: cv=4 reads NVFP4 data in sm order: check it on a converted copy of the pool
-        c = pb.cache
-        pb = dataclasses.replace(pb, cache=dataclasses.replace(c, k_data=to_sm(c.k_data), v_data=to_sm(c.v_data)))
     out = torch.full_like(q, float("nan"))
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     dec.decode_triton(
@@ -76,7 +71,7 @@ def check(dt: KVDtype, spec: str, batch: object) -> tuple[float, dict[str, objec
     dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]), out=out2, variant=spec)
     k2 = dec.LAST_KERNEL.get("decode")
     res["n_regs_notail"], res["n_spills_notail"] = getattr(k2, "n_regs", None), getattr(k2, "n_spills", None)
-    ref2 = decode_ref(q.float(), batch[0].cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]))
+    ref2 = decode_ref(q.float(), pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]))
     return max(rel_rms(out, ref), rel_rms(out2, ref2)), res
 
 

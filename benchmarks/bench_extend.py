@@ -94,8 +94,7 @@ def extend_rows(
                                  num_splits=splits or None, wide=wide)  # fmt: skip
                 else:
                     fn = partial(
-                        extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
-                        use_asm=None if dev == "cuda" else False, **kw,
+                        extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out, **kw,
                     )  # fmt: skip
                 try:
                     us = bench(fn)

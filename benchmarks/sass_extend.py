@@ -131,7 +131,7 @@ def compile_extend(dtypes: list[str], configs: list[str]) -> list[tuple[str, str
         if bench_extend.NAMES[pool.dtype] not in dtypes:
             return 0.0
         KERNELS.pop("_extend_kernel", None)
-        fn(use_asm=None)  # the GPU default (extend_rows passes use_asm=False off CUDA)
+        fn()
         k = KERNELS["_extend_kernel"]
         warps, bm, bn = k.metadata.num_warps, int(kw["block_m"] or 64), int(kw["block_n"] or 64)
         cfg = f"S{kw['num_splits']} st{k.metadata.num_stages} w{warps} {bm}x{bn}"

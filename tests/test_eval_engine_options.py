@@ -12,6 +12,7 @@ from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, hadam
 from nibblekv.cache import KVPool, PoolSpec
 from nibblekv.config import EngineConfig, add_engine_args
 from nibblekv.engine import Engine, SamplingParams
+from nibblekv.formats.sm_words import to_sm
 from nibblekv.formats import KVDtype, nvfp4
 from nibblekv.kernels import LayerKV
 from nibblekv.kernels.reference import demote_pages_ref, write_kv_ref
@@ -108,7 +109,7 @@ def test_reference_write_and_demote_use_4over6() -> None:
     write_kv_ref(k, v, cache, slots, four_over_six=True)
     packed, scales = nvfp4.quantize(k, four_over_six=True)
     pages, offs = slots // 4, slots % 4
-    assert torch.equal(cache.k_data[pages, :, offs], packed) and torch.equal(
+    assert torch.equal(cache.k_data[pages, :, offs], to_sm(packed)) and torch.equal(
         cache.k_scale[pages, :, offs].float(), scales.float()
     )
     plain = nvfp4.quantize(k)
@@ -116,7 +117,7 @@ def test_reference_write_and_demote_use_4over6() -> None:
     tail = LayerKV.allocate(_spec(KVDtype.NVFP4).tail_layout, 3, "cpu")
     tail.k_data[1], tail.v_data[1] = k[:4].transpose(0, 1), v[:4].transpose(0, 1)
     demote_pages_ref(tail, torch.tensor([1]), cache, torch.tensor([3]), four_over_six=True)
-    assert torch.equal(cache.v_data[3], nvfp4.quantize(v[:4].transpose(0, 1), four_over_six=True)[0])
+    assert torch.equal(cache.v_data[3], to_sm(nvfp4.quantize(v[:4].transpose(0, 1), four_over_six=True)[0]))
 
 
 def _decode_out(spec: PoolSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -50,18 +50,17 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 
 
 # decode_mma: (spec, GQA group, page size). The interpreter runs its PTX twins slowly (~15 s per launch),
-# so CPU runs four cases (cv=3: the integer nibble conversion, with global scales != 1); GPUs run every
-# spec x group x page.
+# so CPU runs five cases; GPUs run every spec x group x page.
 MMA_SPECS = [
     "mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0",
-    "mma:cv=1", "mma:cv=2", "mma:cv=3", "mma:tpp=1", "mma:lz=8", "mma:tpi=1,lz=8",
+    "mma:tpp=1", "mma:lz=8", "mma:tpi=1,lz=8",
 ]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)] + [("mma", 4, 2 * P)]
     if DEVICE == "cuda"
     # minc: later splits stay empty; 32-token pages: tiles inside a page
     else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P),
-          ("mma:cv=3", 4, 5), ("mma:tpi=2", 3, 2 * P)]
+          ("mma:w=4", 4, 5), ("mma:tpi=2", 3, 2 * P)]
 )
 
 
@@ -205,7 +204,7 @@ def test_decode_mma_head_dim_64(group: int, page: int, vst: int) -> None:
     # of 16 (two 8-row pages a tile), 32 (one) and 6 (per-row lookups); global scales != 1; 3 splits
     lens = [1, P - 1, P, P + 1, 70, 33] if DEVICE == "cpu" else LENS + [1001, 4099]
     tails = [0, 1, W, 5, W, 3, 0][: len(lens)] + [0] * max(0, len(lens) - 7)
-    spec = f"mma:minc=16,vst={vst},vq={vst},cv={3 * vst}"  # the last case: the opt-in options together
+    spec = f"mma:minc=16,vst={vst},vq={vst}"
     hkv = 1 if DEVICE == "cpu" else 2  # NOTE: one KV head keeps the interpreter quick
     err = _run(KVDtype.NVFP4, lens, tails, hkv, group, 64, page, 3, gscale=(0.37, 2.5), variant=spec)
     assert err <= 1e-2, err
@@ -323,7 +322,7 @@ def test_decode_default_where_mma_cannot_run() -> None:
 
 # decode_mma16 (GQA groups of 9-16 columns, head_dim 128): (spec, group, page); CPU runs two cases
 MMA16_CASES = (
-    [(s, grp, page) for s in ("mma", "mma:tpi=1,wppsm=9", "mma:w=2,pf=0,vq=0,cv=3") for grp in (9, 16)
+    [(s, grp, page) for s in ("mma", "mma:tpi=1,wppsm=9", "mma:w=2,pf=0,vq=0") for grp in (9, 16)
      for page in (P, 5)]
     if DEVICE == "cuda"
     else [("mma:tpi=2", 16, P), ("mma:tpi=1,pf=0,vq=0,w=2", 12, 5)]
@@ -363,10 +362,10 @@ def test_decode_tok_variants_odd_page_and_block(variant: str) -> None:
 def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     from nibblekv.kernels.decode import resolve_variant
 
-    monkeypatch.setenv("NIBBLEKV_DECODE_VARIANT", "tok:bn=128,w=8,s=3,conv=2")
+    monkeypatch.setenv("NIBBLEKV_DECODE_VARIANT", "tok:bn=128,w=8,s=3,conv=1")
     assert resolve_variant(None, 2, 128, False) == (
         "tok",
-        {"block_n": 128, "tail_block_n": 64, "num_warps": 8, "num_stages": 3, "conv": 2, "split": 0},
+        {"block_n": 128, "tail_block_n": 64, "num_warps": 8, "num_stages": 3, "conv": 1, "split": 0},
     )
     assert resolve_variant("paged", 0, 128, False)[0] == "paged"  # an explicit variant beats the env
     monkeypatch.delenv("NIBBLEKV_DECODE_VARIANT")
@@ -388,7 +387,6 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "minc": 64,
         "vst": 1,
         "vq": 1,
-        "cv": 0,
         "lazy": 0,
         "tin": 1,
         "tail_wave": 0,

@@ -1,8 +1,8 @@
-"""decode_mma's two nibble converters, exhaustively: every byte and every finite E4M3 block scale.
+"""decode_mma's nibble converter, exhaustively: every byte and every finite E4M3 block scale.
 
-``_cvt_word`` (E4M3 bytes + ``cvt``) gives value * 2**-6 * s, ``_cvt_word_alu`` (integer ops only, variant
-option ``cv``) value * 2**-14 * s; both must be exact. On CPU the interpreter runs their Triton twins, on a
-GPU the inline PTX.
+``_cvt_word_sm`` turns a word of the pool's sm bit order (``nibblekv.formats.sm_words``) into 4 half2
+``value * 2**-14 * s``, which must be exact; ``_pair_halves`` pairs two tokens' words for V. On CPU the
+interpreter runs their Triton twins, on a GPU the inline PTX.
 """
 
 from __future__ import annotations
@@ -12,18 +12,19 @@ import torch
 import triton
 import triton.language as tl
 
-from nibblekv.kernels import _mma_tile as dm  # decode_mma / decode_mma16's fragment helpers
+from nibblekv.formats.sm_words import from_sm, to_sm
+from nibblekv.kernels import _mma_ptx as mp  # decode_mma / decode_mma16's per-lane helpers
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
 @triton.jit
-def _convert_kernel(x_ptr, s_ptr, out_ptr, N: tl.constexpr, ALU: tl.constexpr):
+def _convert_kernel(x_ptr, s_ptr, out_ptr, N: tl.constexpr):
     i = tl.arange(0, N)
     x = tl.load(x_ptr + i)
     s = tl.load(s_ptr + i)
-    r0, r1, r2, r3 = dm._cvt(x, s, ALU)
+    r0, r1, r2, r3 = mp._cvt_word_sm(x, s)
     tl.store(out_ptr + 4 * i, r0)
     tl.store(out_ptr + 4 * i + 1, r1)
     tl.store(out_ptr + 4 * i + 2, r2)
@@ -37,17 +38,36 @@ def _halves(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([lo, hi], -1).reshape(packed.shape[0], 8).float()
 
 
+def _words_bytes(words: torch.Tensor) -> torch.Tensor:
+    """int64 words ``[N]`` -> their little-endian bytes ``[N, 4]`` (uint8)."""
+    return torch.stack([(words >> (8 * i)) & 0xFF for i in range(4)], -1).to(torch.uint8)
+
+
 def _nibble_values(words: torch.Tensor) -> torch.Tensor:
-    """The converters' output order: (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3) of the 4 bytes."""
-    shifts = torch.tensor([0, 8, 16, 24, 4, 12, 20, 28])
-    n = (words[:, None] >> shifts) & 0xF
+    """sm-order words -> the converter's output order: elements (e0, e2), (e4, e6), (e1, e3), (e5, e7)."""
+    std = from_sm(_words_bytes(words)).to(torch.int64)
+    std = std[:, 0] | (std[:, 1] << 8) | (std[:, 2] << 16) | (std[:, 3] << 24)
+    shifts = torch.tensor([0, 8, 16, 24, 4, 12, 20, 28])  # element e sits at bits 4e..4e+3
+    n = (std[:, None] >> shifts) & 0xF
     return torch.where(n >= 8, -1.0, 1.0) * E2M1[n & 7]
 
 
-@pytest.mark.parametrize("alu", [0, 1])
-def test_converters_exact_for_every_byte_and_scale(alu: int) -> None:
+def test_sm_order_round_trips_and_places_each_element_once() -> None:
+    x = torch.randint(0, 256, (64, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(from_sm(to_sm(x)), x)
+    one = torch.zeros(1, 4, dtype=torch.uint8)
+    seen = set()
+    for bit in range(32):  # each standard bit lands on its own sm bit
+        one.zero_()
+        one[0, bit // 8] = 1 << (bit % 8)
+        w = to_sm(one).to(torch.int64)
+        seen.add(int(w[0, 0] | (w[0, 1] << 8) | (w[0, 2] << 16) | (w[0, 3] << 24)))
+    assert len(seen) == 32 and all(v & (v - 1) == 0 for v in seen)
+
+
+def test_converter_exact_for_every_byte_and_scale() -> None:
     n = 1024
-    g = torch.Generator().manual_seed(alu)
+    g = torch.Generator().manual_seed(0)
     words = torch.randint(0, 2**32, (n,), generator=g, dtype=torch.int64)
     words[:256] = torch.arange(256) * 0x01010101  # every byte value, in every byte position
     # every finite positive E4M3 scale byte (0x01..0x7E), the same in both halves of the multiplier
@@ -59,7 +79,26 @@ def test_converters_exact_for_every_byte_and_scale(alu: int) -> None:
     s_dev = mult.to(torch.int32).to(DEVICE)
     out = torch.full((n * 4,), -1, dtype=torch.int32, device=DEVICE)
     # NOTE: uint32 views: the converters shift logically
-    _convert_kernel[(1,)](x_dev.view(torch.uint32), s_dev.view(torch.uint32), out.view(torch.uint32), N=n, ALU=alu)
+    _convert_kernel[(1,)](x_dev.view(torch.uint32), s_dev.view(torch.uint32), out.view(torch.uint32), N=n)
     got = _halves(out.cpu().to(torch.int64).reshape(n, 4) & 0xFFFFFFFF)
-    want = _nibble_values(words) * scale.float()[:, None] * (2.0**-14 if alu else 2.0**-6)
+    want = _nibble_values(words) * scale.float()[:, None] * 2.0**-14
     assert torch.equal(got, want), (got - want).abs().max()
+
+
+@triton.jit
+def _pair_kernel(a_ptr, b_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    p, q = mp._pair_halves(tl.load(a_ptr + i), tl.load(b_ptr + i))
+    tl.store(out_ptr + 2 * i, p)
+    tl.store(out_ptr + 2 * i + 1, q)
+
+
+def test_pair_halves_takes_each_tokens_low_then_high_half() -> None:
+    a = torch.tensor([0x11223344, 0x7FFF0000, 0x0000FFFF, 0x80000001], dtype=torch.int64)
+    b = torch.tensor([0x55667788, 0x00018000, 0x12345678, 0xFFFFFFFF], dtype=torch.int64)
+    out = torch.full((8,), -1, dtype=torch.int32, device=DEVICE)
+    a_dev, b_dev = a.to(torch.int32).to(DEVICE), b.to(torch.int32).to(DEVICE)
+    _pair_kernel[(1,)](a_dev.view(torch.uint32), b_dev.view(torch.uint32), out.view(torch.uint32), N=4)
+    got = out.cpu().to(torch.int64).reshape(4, 2) & 0xFFFFFFFF
+    assert torch.equal(got[:, 0], (a & 0xFFFF) | ((b & 0xFFFF) << 16))
+    assert torch.equal(got[:, 1], (a >> 16) | (b & 0xFFFF0000))

@@ -23,7 +23,7 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 @pytest.mark.parametrize(
     "group,tail,head_dim,spec",
     [(4, False, 128, "mma"), (8, True, 128, "mma"), (3, True, 64, "mma"), (8, False, 128, "mma:vst=0,vq=0"),
-     (4, True, 128, "mma:cv=3"), (8, True, 128, "mma:bal=1,pf=0"), (4, False, 128, "mma:bal=1,tpi=1"),
+     (4, True, 128, "mma"), (8, True, 128, "mma:bal=1,pf=0"), (4, False, 128, "mma:bal=1,tpi=1"),
      (8, True, 128, "mma:fuse=1"), (3, True, 64, "mma:fuse=1"), (8, True, 128, "mma:tpp=1"),
      (8, True, 128, "mma:bal=1")],
 )

@@ -3,7 +3,9 @@
 # cvt.rn.f16x2.e4m3x2; nibblekv/formats/sm_words.py) against the default (E4M3 bytes + cvt), one machine,
 # one call, both orders per head shape. Each bench_decode_variants run checks every variant against
 # decode_ref on the GPU first (cv=4 on an sm copy of the check pool; timed pools are random bytes).
-# Usage from the repo root: OUT=... COMMIT=<sha> bash benchmarks/device/s38.sh
+# Ran at 99f3cf2 (cv=4 = the rotation order, shf-s38-h200/) and e05b8ec (cv=4 = sm order); the option is
+# gone since the pool itself holds sm words (s38b.sh is the A/B of that). Usage at those commits:
+#   OUT=... COMMIT=<sha> bash benchmarks/device/s38.sh
 export PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

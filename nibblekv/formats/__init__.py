@@ -1,6 +1,6 @@
 """KV storage formats, defined once in pure torch: the reference for every kernel."""
 
-from nibblekv.formats import e2m1, fp8, nvfp4
+from nibblekv.formats import e2m1, fp8, nvfp4, sm_words
 from nibblekv.formats.layout import (
     KV_DTYPE_CHOICES,
     KVDtype,
@@ -15,6 +15,7 @@ __all__ = [
     "e2m1",
     "fp8",
     "nvfp4",
+    "sm_words",
     "KV_DTYPE_CHOICES",
     "KVDtype",
     "PageLayout",

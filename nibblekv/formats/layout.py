@@ -4,7 +4,7 @@ One layer's K (and, separately, V) cache is a set of pages. Within a page the KV
 dimension comes first, so one page of one KV head is one contiguous run of bytes::
 
     data  [num_pages, kv_heads, page_size, D]      bf16 / fp16 / fp32 / float8_e4m3fn
-    data  [num_pages, kv_heads, page_size, D/2]    nvfp4: uint8, low nibble = even element
+    data  [num_pages, kv_heads, page_size, D/2]    nvfp4: uint8, 8 elements a 32-bit word in sm bit order
     scale [num_pages, kv_heads, page_size, D/16]   nvfp4 only: float8_e4m3fn block scales
 
     page p, head h:   | tok0: D/2 bytes | tok1: D/2 bytes | ... | tok P-1 |   (data)
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from nibblekv.formats import fp8, nvfp4
+from nibblekv.formats.sm_words import from_sm, to_sm
 
 
 class KVDtype(str, enum.Enum):
@@ -132,9 +133,11 @@ class PageLayout:
 def quantize_rows(
     x: torch.Tensor, dtype: KVDtype, global_scale: float | torch.Tensor = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rows ``x [..., D]`` -> stored (data, scale) in ``dtype`` (scale None unless nvfp4)."""
+    """Rows ``x [..., D]`` -> stored (data, scale) in ``dtype`` (scale None unless nvfp4; nvfp4 data in the
+    pool's sm bit order, :mod:`nibblekv.formats.sm_words`)."""
     if dtype is KVDtype.NVFP4:
-        return nvfp4.quantize(x, global_scale)
+        data, scale = nvfp4.quantize(x, global_scale)
+        return to_sm(data), scale
     if dtype is KVDtype.FP8:
         return fp8.quantize(x, global_scale), None
     return x.to(_KV_TO_TORCH[dtype]), None
@@ -146,7 +149,7 @@ def dequantize_rows(
     """Inverse of :func:`quantize_rows`, as float32 ``[..., D]``."""
     if dtype is KVDtype.NVFP4:
         assert scale is not None
-        return nvfp4.dequantize(data, scale, global_scale)
+        return nvfp4.dequantize(from_sm(data), scale, global_scale)
     if dtype is KVDtype.FP8:
         return fp8.dequantize(data, global_scale)
     return data.float()

@@ -30,32 +30,6 @@ NVFP4_RESIDUAL: float = 128.0
 LOG2E: float = 1.4426950408889634
 
 
-def nibbles_to_f16x2_ptx(src: str, outs: tuple[str, str, str, str]) -> str:
-    """PTX text (declares its own registers): the 8 E2M1 nibbles of b32 ``src`` -> 4 f16x2 ``value * 2**-6``:
-    ``outs`` = (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3) (low/high nibble of byte i). Each nibble goes
-    through the E4M3 byte ``s 0 0 e1 e0 m 0 0`` (exact for all 16 codes; code 1, 0.5, lands on an E4M3
-    subnormal), then ``cvt.rn.f16x2.e4m3x2``. Shared by the converters of ``decode_tok`` / ``decode_mma``.
-    """
-    return f"""
-        .reg .b32 u, h, l;
-        .reg .b16 l0, l1, h0, h1;
-        shr.b32 u, {src}, 2;
-        and.b32 u, u, 0x1C1C1C1C;
-        and.b32 h, {src}, 0x80808080;
-        or.b32 h, h, u;
-        shl.b32 u, {src}, 4;
-        and.b32 l, u, 0x80808080;
-        shl.b32 u, {src}, 2;
-        and.b32 u, u, 0x1C1C1C1C;
-        or.b32 l, l, u;
-        mov.b32 {{l0, l1}}, l;
-        mov.b32 {{h0, h1}}, h;
-        cvt.rn.f16x2.e4m3x2 {outs[0]}, l0;
-        cvt.rn.f16x2.e4m3x2 {outs[1]}, l1;
-        cvt.rn.f16x2.e4m3x2 {outs[2]}, h0;
-        cvt.rn.f16x2.e4m3x2 {outs[3]}, h1;"""
-
-
 def fmt_code(dtype: KVDtype) -> int:
     """Kernel constexpr for a KV dtype."""
     if dtype is KVDtype.NVFP4:
@@ -132,85 +106,34 @@ def tail_operands(
 
 
 @triton.jit
-def _e2m1_bits_to_f16(c):
-    """uint16 codes (0..15) -> fp16 equal to ``value * 2**-14`` (see module doc)."""
-    bits = ((c & 8) << 12) | ((c & 7) << 9)
-    return bits.to(tl.float16, bitcast=True)
+def _f16_lo(o):
+    """The low fp16 of a uint32."""
+    return (o & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
-def _nvfp4_lo_asm(b):
-    """uint8 bytes -> fp16 of their low nibbles (* 2**-14); 4 bytes per PTX block (prmt + shift/mask)."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 t, u, z;
-        mov.b32 z, 0;
-        prmt.b32 t, $2, z, 0x1404;
-        shl.b32 t, t, 4;
-        and.b32 u, t, 0x70007000;
-        shr.b32 u, u, 3;
-        and.b32 t, t, 0x80008000;
-        or.b32 $0, t, u;
-        prmt.b32 t, $2, z, 0x3424;
-        shl.b32 t, t, 4;
-        and.b32 u, t, 0x70007000;
-        shr.b32 u, u, 3;
-        and.b32 t, t, 0x80008000;
-        or.b32 $1, t, u;
-        }
-        """,
-        constraints="=r,=r,r",
-        args=[b],
-        dtype=tl.float16,
-        is_pure=True,
-        pack=4,
-    )
+def _f16_hi(o):
+    """The high fp16 of a uint32."""
+    return (o >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
-def _nvfp4_hi_asm(b):
-    """uint8 bytes -> fp16 of their high nibbles (* 2**-14); 4 bytes per PTX block."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 t, u, z;
-        mov.b32 z, 0;
-        prmt.b32 t, $2, z, 0x1404;
-        and.b32 u, t, 0x70007000;
-        shr.b32 u, u, 3;
-        and.b32 t, t, 0x80008000;
-        or.b32 $0, t, u;
-        prmt.b32 t, $2, z, 0x3424;
-        and.b32 u, t, 0x70007000;
-        shr.b32 u, u, 3;
-        and.b32 t, t, 0x80008000;
-        or.b32 $1, t, u;
-        }
-        """,
-        constraints="=r,=r,r",
-        args=[b],
-        dtype=tl.float16,
-        is_pure=True,
-        pack=4,
-    )
-
-
-@triton.jit
-def nvfp4_split(b, USE_ASM: tl.constexpr):
-    """Packed bytes ``[..., n]`` -> (even elements, odd elements) as fp16 ``[..., n]``, each ``* 2**-14``.
-
-    Low nibble = even element. ``USE_ASM`` picks the PTX path (GPU only; the interpreter cannot run
-    inline asm); both paths give identical bits.
-    """
-    if USE_ASM:
-        lo = _nvfp4_lo_asm(b)
-        hi = _nvfp4_hi_asm(b)
-    else:
-        w = b.to(tl.uint16)
-        lo = _e2m1_bits_to_f16(w & 15)
-        hi = _e2m1_bits_to_f16(w >> 4)
-    return lo, hi
+def nvfp4_split(b):
+    """Pool bytes ``[R, NB, 8]`` (NVFP4 data in sm order, ``nibblekv.formats.sm_words``) -> (even elements,
+    odd elements) as fp16 ``[R, NB, 8]``, each ``value * 2**-14``: two 32-bit words a block of 16, each
+    word's 4 half2 by the sm decoder's shifts and masks (plain Triton; ptxas issues the shifts as IMAD)."""
+    R: tl.constexpr = b.shape[0]
+    NB: tl.constexpr = b.shape[1]
+    sh = (tl.arange(0, 4) * 8).to(tl.uint32)
+    w = tl.sum(tl.reshape(b, [R, NB, 2, 4]).to(tl.uint32) << sh[None, None, None, :], axis=3)
+    o0 = w & 0x8E008E00  # (e0, e2)
+    o1 = (w << 3) & 0x8E008E00  # (e4, e6)
+    o2 = ((w << 6) & 0x0E000E00) | ((w << 1) & 0x80008000)  # (e1, e3)
+    o3 = ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)  # (e5, e7)
+    # NOTE: join(join(a, c), join(b, d)) flattens to a, b, c, d
+    ev = tl.join(tl.join(_f16_lo(o0), _f16_lo(o1)), tl.join(_f16_hi(o0), _f16_hi(o1)))
+    od = tl.join(tl.join(_f16_lo(o2), _f16_lo(o3)), tl.join(_f16_hi(o2), _f16_hi(o3)))
+    return tl.reshape(ev, [R, NB, 8]), tl.reshape(od, [R, NB, 8])
 
 
 @triton.jit
@@ -222,7 +145,6 @@ def load_kv_halves(
     mask,
     D: tl.constexpr,
     FMT: tl.constexpr,
-    USE_ASM: tl.constexpr,
     INTERP: tl.constexpr,
 ):
     """Load ``BN`` cached rows of one KV head and dequantize them in registers.
@@ -244,7 +166,7 @@ def load_kv_halves(
         raw = tl.load(data_ptr + row_off[:, None, None] + col[None, :, :], mask=mask[:, None, None], other=0)
         sc = tl.load(scale_ptr + srow_off[:, None] + offs_b[None, :], mask=mask[:, None], other=0.0)
         sc = (sc.to(tl.float16) * 128.0)[:, :, None]
-        lo, hi = nvfp4_split(raw, USE_ASM)
+        lo, hi = nvfp4_split(raw)
         a = tl.reshape(lo * sc, [row_off.shape[0], HALF])
         b = tl.reshape(hi * sc, [row_off.shape[0], HALF])
     else:
@@ -292,7 +214,6 @@ def load_kv_pages(
     D: tl.constexpr,
     PAGE: tl.constexpr,
     FMT: tl.constexpr,
-    USE_ASM: tl.constexpr,
     INTERP: tl.constexpr,
 ):
     """Like :func:`load_kv_halves` for whole pages: ``page_off [NPG]`` (int64) is the element offset of one
@@ -319,7 +240,7 @@ def load_kv_pages(
             sc = tl.load(scale_ptr + spage_off[:, None] + scols[None, :], mask=sm, other=0.0)
         raw = tl.reshape(raw, [BN, NB, 8])
         sc = (tl.reshape(sc, [BN, NB]).to(tl.float16) * 128.0)[:, :, None]
-        lo, hi = nvfp4_split(raw, USE_ASM)
+        lo, hi = nvfp4_split(raw)
         a = tl.reshape(lo * sc, [BN, HALF])
         b = tl.reshape(hi * sc, [BN, HALF])
     else:
@@ -341,7 +262,7 @@ def load_kv_pages(
 
 
 @triton.jit
-def _nvfp4_rows(raw, sc, USE_ASM: tl.constexpr):
+def _nvfp4_rows(raw, sc):
     """``raw [BN, D/2]`` bytes, ``sc [BN, D/16]`` E4M3 scales -> ``[BN, D]`` fp16 (value * 2**-7 / g), natural order.
 
     NOTE: built with join + reshape in the load layout, so the V tile reaches ``tl.dot`` as fp16 through
@@ -350,14 +271,14 @@ def _nvfp4_rows(raw, sc, USE_ASM: tl.constexpr):
     BN: tl.constexpr = raw.shape[0]
     HALF: tl.constexpr = raw.shape[1]
     NB: tl.constexpr = HALF // 8
-    lo, hi = nvfp4_split(tl.reshape(raw, [BN, NB, 8]), USE_ASM)
+    lo, hi = nvfp4_split(tl.reshape(raw, [BN, NB, 8]))
     s16 = (sc.to(tl.float16) * 128.0)[:, :, None]
     return tl.reshape(tl.join(lo * s16, hi * s16), [BN, 2 * HALF])
 
 
 @triton.jit
 def load_v_rows(data_ptr, scale_ptr, row_off, srow_off, mask, D: tl.constexpr, FMT: tl.constexpr,
-                USE_ASM: tl.constexpr, INTERP: tl.constexpr):  # fmt: skip
+                INTERP: tl.constexpr):  # fmt: skip
     """V rows (per-token offsets, masked rows read as zeros) -> ``[BN, D]`` in natural order.
 
     NVFP4 -> fp16 ``value * 2**-7 / g``; FP8 -> fp16 ``value / g``; float -> own dtype (fp32 if INTERP).
@@ -367,7 +288,7 @@ def load_v_rows(data_ptr, scale_ptr, row_off, srow_off, mask, D: tl.constexpr, F
         raw = tl.load(data_ptr + row_off[:, None] + offs[None, :], mask=mask[:, None], other=0)
         offs_s = tl.arange(0, D // 16)
         sc = tl.load(scale_ptr + srow_off[:, None] + offs_s[None, :], mask=mask[:, None], other=0.0)
-        v = _nvfp4_rows(raw, sc, USE_ASM)
+        v = _nvfp4_rows(raw, sc)
     else:
         offs = tl.arange(0, D)
         v = tl.load(data_ptr + row_off[:, None] + offs[None, :], mask=mask[:, None], other=0.0)
@@ -380,7 +301,7 @@ def load_v_rows(data_ptr, scale_ptr, row_off, srow_off, mask, D: tl.constexpr, F
 
 @triton.jit
 def load_v_pages(data_ptr, scale_ptr, page_off, spage_off, D: tl.constexpr, PAGE: tl.constexpr,
-                 FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr):  # fmt: skip
+                 FMT: tl.constexpr, INTERP: tl.constexpr):  # fmt: skip
     """Whole pages of V (see :func:`load_kv_pages`, no masks) -> ``[NPG * PAGE, D]`` in natural order."""
     NPG: tl.constexpr = page_off.shape[0]
     BN: tl.constexpr = NPG * PAGE
@@ -389,7 +310,7 @@ def load_v_pages(data_ptr, scale_ptr, page_off, spage_off, D: tl.constexpr, PAGE
         scols = tl.arange(0, PAGE * (D // 16))
         raw = tl.load(data_ptr + page_off[:, None] + cols[None, :])
         sc = tl.load(scale_ptr + spage_off[:, None] + scols[None, :])
-        v = _nvfp4_rows(tl.reshape(raw, [BN, D // 2]), tl.reshape(sc, [BN, D // 16]), USE_ASM)
+        v = _nvfp4_rows(tl.reshape(raw, [BN, D // 2]), tl.reshape(sc, [BN, D // 16]))
     else:
         cols = tl.arange(0, PAGE * D)
         v = tl.reshape(tl.load(data_ptr + page_off[:, None] + cols[None, :]), [BN, D])

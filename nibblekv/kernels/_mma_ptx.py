@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import interpreting, nibbles_to_f16x2_ptx
+from nibblekv.kernels._common import interpreting
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -43,28 +43,6 @@ def _bcast_h2(s):
 
 
 @triton.jit
-def _interleave(a, b):
-    """Bytes (a0..a3), (b0..b3) -> (a0 b0 a1 b1), (a2 b2 a3 b3): two tokens' bytes side by side."""
-    return tl.inline_asm_elementwise(
-        "prmt.b32 $0, $2, $3, 0x5140; prmt.b32 $1, $2, $3, 0x7362;",
-        "=r,=r,r,r", [a, b], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
-    )  # fmt: skip
-
-
-# $4 = 4 bytes, $5 = half2 multiplier -> $0..$3 = (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3) times $5
-_CVT_WORD_PTX = tl.constexpr(
-    "{"
-    + nibbles_to_f16x2_ptx("$4", ("$0", "$1", "$2", "$3"))
-    + """
-        mul.rn.f16x2 $0, $0, $5;
-        mul.rn.f16x2 $1, $1, $5;
-        mul.rn.f16x2 $2, $2, $5;
-        mul.rn.f16x2 $3, $3, $5;
-        }"""
-)
-
-
-@triton.jit
 def _word_to_h2x4(x, s, ASM: tl.constexpr):
     """``ASM`` (a converter's PTX: $4 = word, $5 = half2 multiplier) -> its 4 half2 outputs."""
     return tl.inline_asm_elementwise(
@@ -77,56 +55,10 @@ def _word_to_h2x4(x, s, ASM: tl.constexpr):
     )
 
 
-@triton.jit
-def _cvt_word(x, s):
-    """4 bytes = 8 E2M1 nibbles -> 4 half2 ``value * 2**-6 * s``: (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3).
-
-    ``lo_i``/``hi_i`` = low/high nibble of byte ``i``; ``s`` is a half2 multiplier (one per half).
-    """
-    return _word_to_h2x4(x, s, _CVT_WORD_PTX)
-
-
-def _byte_pair_ptx(sel: str, hi: str, lo: str) -> str:
-    """PTX: bytes ``sel`` picks of $4 (prmt) to bytes 1 and 3 of ``y``; ``hi`` / ``lo`` = their high / low
-    nibbles as two fp16 bit patterns ``value * 2**-14`` (sign to bit 15, e1 e0 m to bits 11..9)."""
-    body = ""
-    for src, dst in (("y", hi), ("z", lo)):  # z = y << 4: the low nibbles where the high ones were
-        body += f"""
-        shr.b32 t, {src}, 3;
-        and.b32 t, t, 0x0E000E00;
-        and.b32 {dst}, {src}, 0x80008000;
-        or.b32 {dst}, {dst}, t;"""
-    return f"""
-        prmt.b32 y, $4, 0, {sel};
-        shl.b32 z, y, 4;{body}"""
-
-
-# $4 = 4 bytes, $5 = half2 multiplier -> the outputs of _CVT_WORD_PTX times 2**-8 (value * 2**-14 * s) with
-# no conversion instruction (see _cvt_word_alu)
-_CVT_WORD_ALU_PTX = tl.constexpr(
-    "{ .reg .b32 y, z, t, r0, r1, r2, r3;"
-    + _byte_pair_ptx("0x1404", "r2", "r0")  # bytes 0, 1
-    + _byte_pair_ptx("0x3424", "r3", "r1")  # bytes 2, 3
-    + """
-        mul.rn.f16x2 $0, r0, $5;
-        mul.rn.f16x2 $1, r1, $5;
-        mul.rn.f16x2 $2, r2, $5;
-        mul.rn.f16x2 $3, r3, $5;
-        }"""
-)
-
-
-@triton.jit
-def _cvt_word_alu(x, s):
-    """``_cvt_word`` through integer ops only: 4 half2 ``value * 2**-14 * s`` (exact: <= 6 significant bits,
-    lsb >= 2**-24). Why: Hopper's conversion instructions have a low throughput, and ``_cvt_word`` issues 4
-    per word (variant option ``cv``; the caller folds 2**14 instead of 2**6 into its fp32 factor)."""
-    return _word_to_h2x4(x, s, _CVT_WORD_ALU_PTX)
-
-
-# $4 = 4 bytes in sm order (nibblekv.formats.sm_words), $5 = half2 multiplier -> _cvt_word_alu's outputs
-# (value * 2**-14 * s): 6 masks (ALU pipe) and 5 left shifts (ptxas: IMAD.SHL, FMA pipe), no conversion
-# instruction -- _cvt_word spends 9 ALU-pipe ops a word (5 integer + 4 cvt), and that pipe issues at half rate
+# $4 = 4 bytes in sm order (nibblekv.formats.sm_words), $5 = half2 multiplier -> 4 half2 value * 2**-14 * s:
+# 6 masks (ALU pipe) and 5 left shifts (ptxas: IMAD.SHL, FMA pipe), no conversion instruction. NOTE: the
+# standard order through E4M3 bytes + cvt.rn.f16x2.e4m3x2 (until stop 38) spent 9 ALU-pipe ops a word
+# (5 integer + 4 cvt), and Hopper's ALU pipe issues at half rate
 _CVT_WORD_SM_PTX = tl.constexpr(
     """{ .reg .b32 t, u;
         and.b32 $0, $4, 0x8E008E00;
@@ -152,8 +84,10 @@ _CVT_WORD_SM_PTX = tl.constexpr(
 
 @triton.jit
 def _cvt_word_sm(x, s):
-    """``_cvt_word_alu`` for a word in sm order: 4 half2 ``value * 2**-14 * s`` = (e0, e2), (e4, e6), (e1, e3),
-    (e5, e7) of its standard-order elements (see ``nibblekv.formats.sm_words``)."""
+    """A word in sm order (``nibblekv.formats.sm_words``) and a half2 multiplier ``s`` -> 4 half2
+    ``value * 2**-14 * s`` = elements (e0, e2), (e4, e6), (e1, e3), (e5, e7). Exact for every E4M3 scale: the
+    product has <= 6 significant bits, is a multiple of 2**-15 * 2**-9 = 2**-24 (fp16's subnormal step)
+    and < 2**11."""
     return _word_to_h2x4(x, s, _CVT_WORD_SM_PTX)
 
 
@@ -384,14 +318,7 @@ def _lazy_step(m0, m1, l0, l1, mx0, mx1,
 if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (_mma_twins)
     from nibblekv.kernels import _mma_twins as _tw
 
-    _split64, _scale_h2, _bcast_h2, _interleave, _cvt_word, _cvt_word_alu = (
-        _tw.split64,
-        _tw.scale_h2,
-        _tw.bcast_h2,
-        _tw.interleave,
-        _tw.cvt_word,
-        _tw.cvt_word_alu,
-    )
+    _split64, _scale_h2, _bcast_h2 = _tw.split64, _tw.scale_h2, _tw.bcast_h2
     _cvt_word_sm, _pair_halves = _tw.cvt_word_sm, _tw.pair_halves
     _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
     _max4, _sum4 = _tw.max4, _tw.sum4

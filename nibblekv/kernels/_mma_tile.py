@@ -12,11 +12,8 @@ import triton.language as tl
 
 from nibblekv.kernels._mma_ptx import (
     _bcast_h2,
-    _cvt_word,
-    _cvt_word_alu,
     _cvt_word_sm,
     _pair_halves,
-    _interleave,
     _ld4,
     _page_addr,
     _pack_h2,
@@ -28,35 +25,24 @@ from nibblekv.kernels._mma_ptx import (
 # fragments of one 16-token tile
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _cvt(x, s, ALU: tl.constexpr):
-    """``ALU`` 0: ``_cvt_word`` (value * 2**-6 * s); 1: ``_cvt_word_alu``, 2: ``_cvt_word_sm`` (the word in sm
-    order): value * 2**-14 * s. Outputs (e0, e2), (e4, e6), (e1, e3), (e5, e7) of the word's elements."""
-    if ALU == 2:
-        return _cvt_word_sm(x, s)
-    if ALU:
-        return _cvt_word_alu(x, s)
-    return _cvt_word(x, s)
-
-
-@triton.jit
-def _k_row(lo, hi, sc, ALU: tl.constexpr = 0):
+def _k_row(lo, hi, sc):
     """Key row bytes ``[16t, 16t + 16)`` (two uint64 = blocks 2t, 2t+1) + their 2 scale bytes -> 16 half2.
 
     Output ``2 * kk + j`` is this row's A-fragment register for k-step ``kk`` (j = 0: cols 2t..2t+1,
-    j = 1: cols 2t+8..2t+9): word ``kk // 2``, even ``kk`` its low nibbles, odd ``kk`` its high nibbles.
+    j = 1: cols 2t+8..2t+9): word ``kk // 2``, even ``kk`` its even elements, odd ``kk`` its odd ones.
     """
     w0, w1 = _split64(lo)
     w2, w3 = _split64(hi)
     sa, sb = _bcast_h2(_scale_h2(sc))
-    a0, a1, a2, a3 = _cvt(w0, sa, ALU)
-    b0, b1, b2, b3 = _cvt(w1, sa, ALU)
-    c0, c1, c2, c3 = _cvt(w2, sb, ALU)
-    d0, d1, d2, d3 = _cvt(w3, sb, ALU)
+    a0, a1, a2, a3 = _cvt_word_sm(w0, sa)
+    b0, b1, b2, b3 = _cvt_word_sm(w1, sa)
+    c0, c1, c2, c3 = _cvt_word_sm(w2, sb)
+    d0, d1, d2, d3 = _cvt_word_sm(w3, sb)
     return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
 
 
 @triton.jit
-def _v_pair(x, y, sc, ALU: tl.constexpr = 0):
+def _v_pair(x, y, sc):
     """Block ``g`` (uint64) of two tokens + their block scales (2 bytes) -> 16 half2 (token x, token y).
 
     Output ``i`` holds dim ``16g + [0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15][i]``; m-tile
@@ -65,31 +51,24 @@ def _v_pair(x, y, sc, ALU: tl.constexpr = 0):
     x0, x1 = _split64(x)
     y0, y1 = _split64(y)
     s = _scale_h2(sc)
-    if ALU == 2:  # sm order: (e0, e4, e1, e5) from the low halves, (e2, e6, e3, e7) from the high ones
-        p, q = _pair_halves(x0, y0)
-        a0, b0, a2, b2 = _cvt(p, s, ALU)
-        a1, b1, a3, b3 = _cvt(q, s, ALU)
-        p, q = _pair_halves(x1, y1)
-        c0, d0, c2, d2 = _cvt(p, s, ALU)
-        c1, d1, c3, d3 = _cvt(q, s, ALU)
-    else:
-        p, q = _interleave(x0, y0)
-        a0, a1, a2, a3 = _cvt(p, s, ALU)
-        b0, b1, b2, b3 = _cvt(q, s, ALU)
-        p, q = _interleave(x1, y1)
-        c0, c1, c2, c3 = _cvt(p, s, ALU)
-        d0, d1, d2, d3 = _cvt(q, s, ALU)
+    # sm order: the low halves hold (e0, e4, e1, e5), the high ones (e2, e6, e3, e7)
+    p, q = _pair_halves(x0, y0)
+    a0, b0, a2, b2 = _cvt_word_sm(p, s)
+    a1, b1, a3, b3 = _cvt_word_sm(q, s)
+    p, q = _pair_halves(x1, y1)
+    c0, d0, c2, d2 = _cvt_word_sm(p, s)
+    c1, d1, c3, d3 = _cvt_word_sm(q, s)
     return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
 
 
 @triton.jit
-def _k_tile(raw, ALU: tl.constexpr = 0):
+def _k_tile(raw):
     """``_load_tile``'s key rows g, g + 8 -> their 16 + 16 converted registers (``_k_row``)."""
     kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15 = _k_row(
-        raw[0], raw[1], raw[4], ALU
+        raw[0], raw[1], raw[4]
     )
     k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815 = _k_row(
-        raw[2], raw[3], raw[5], ALU
+        raw[2], raw[3], raw[5]
     )
     return (
         kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
@@ -98,13 +77,13 @@ def _k_tile(raw, ALU: tl.constexpr = 0):
 
 
 @triton.jit
-def _v_tile(raw, ALU: tl.constexpr = 0):
+def _v_tile(raw):
     """``_load_tile``'s value rows -> ``_v_pair`` of tokens (2t, 2t+1), then of (2t+8, 2t+9): 16 + 16."""
     va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15 = _v_pair(
-        raw[6], raw[7], raw[10], ALU
+        raw[6], raw[7], raw[10]
     )
     vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15 = _v_pair(
-        raw[8], raw[9], raw[11], ALU
+        raw[8], raw[9], raw[11]
     )
     return (
         va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15,

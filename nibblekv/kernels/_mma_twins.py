@@ -63,39 +63,6 @@ def bcast_h2(s):
 
 
 @triton.jit
-def interleave(a, b):
-    p = (a & 0xFF) | ((b & 0xFF) << 8) | ((a & 0xFF00) << 8) | ((b & 0xFF00) << 16)
-    q = ((a >> 16) & 0xFF) | (((b >> 16) & 0xFF) << 8) | ((a >> 24) << 16) | ((b >> 24) << 24)
-    return p, q
-
-
-@triton.jit
-def cvt_word(x, s):
-    h = (x & 0x80808080) | ((x >> 2) & 0x1C1C1C1C)
-    l = ((x << 4) & 0x80808080) | ((x << 2) & 0x1C1C1C1C)
-    r0 = _e4m3_to_u16(l) | (_e4m3_to_u16(l >> 8) << 16)
-    r1 = _e4m3_to_u16(l >> 16) | (_e4m3_to_u16(l >> 24) << 16)
-    r2 = _e4m3_to_u16(h) | (_e4m3_to_u16(h >> 8) << 16)
-    r3 = _e4m3_to_u16(h >> 16) | (_e4m3_to_u16(h >> 24) << 16)
-    return _hmul2(r0, s), _hmul2(r1, s), _hmul2(r2, s), _hmul2(r3, s)
-
-
-@triton.jit
-def _e2m1_to_u16(n):
-    """Nibble (low 4 bits) -> fp16 bits of value * 2**-14: sign to bit 15, e1 e0 m to bits 11..9."""
-    return ((n & 8) << 12) | ((n & 7) << 9)
-
-
-@triton.jit
-def cvt_word_alu(x, s):
-    r0 = _e2m1_to_u16(x) | (_e2m1_to_u16(x >> 8) << 16)
-    r1 = _e2m1_to_u16(x >> 16) | (_e2m1_to_u16(x >> 24) << 16)
-    r2 = _e2m1_to_u16(x >> 4) | (_e2m1_to_u16(x >> 12) << 16)
-    r3 = _e2m1_to_u16(x >> 20) | (_e2m1_to_u16(x >> 28) << 16)
-    return _hmul2(r0, s), _hmul2(r1, s), _hmul2(r2, s), _hmul2(r3, s)
-
-
-@triton.jit
 def cvt_word_sm(x, s):
     r0 = x & 0x8E008E00
     r1 = (x << 3) & 0x8E008E00

@@ -89,6 +89,21 @@ def _nvfp4_sq_error(x, s, idx, neg, g):
 
 
 @triton.jit
+def _sm_bytes(idx, neg):
+    """Codes (magnitude ``idx`` 0..7, sign ``neg``) ``[H, W, 8]`` of W words -> their ``[H, 4W]`` bytes in the
+    pool's sm order (``nibblekv.formats.sm_words``): element ``e``'s magnitude at bit ``mpos``, sign at ``spos``."""
+    e = tl.arange(0, 8)
+    hi = 16 * ((e >> 1) & 1)
+    mpos = hi + 9 - 6 * (e & 1) - 3 * (e >> 2)
+    spos = hi + 15 - (e & 1) - 3 * (e >> 2) + 2 * (e >> 2) * (e & 1)
+    bits = (idx.to(tl.uint32) << mpos.to(tl.uint32)) | (neg.to(tl.uint32) << spos.to(tl.uint32))
+    w = tl.sum(bits, axis=2)  # disjoint bits: the sum is their OR
+    sh = (tl.arange(0, 4) * 8).to(tl.uint32)
+    b = ((w[:, :, None] >> sh[None, None, :]) & 0xFF).to(tl.uint8)
+    return tl.reshape(b, [idx.shape[0], idx.shape[1] * 4])
+
+
+@triton.jit
 def _quantize_store(
     src_ptr,
     dst_ptr,
@@ -133,10 +148,7 @@ def _quantize_store(
             neg = tl.where(better[:, :, None], neg4, neg)
         s8 = s.to(tl.float8e4nv)  # exact: s is already an E4M3 value
         # NOTE: a value rounding to zero keeps a positive sign (code 0), as the reference does.
-        code = idx | (neg.to(tl.int32) << 3)
-        pairs = tl.reshape(code, [BLOCK_H, D // 2, 2])
-        even, odd = tl.split(pairs)
-        packed = (even | (odd << 4)).to(tl.uint8)
+        packed = _sm_bytes(tl.reshape(idx, [BLOCK_H, D // 8, 8]), tl.reshape(neg, [BLOCK_H, D // 8, 8]))
         offs_j = tl.arange(0, D // 2)
         tl.store(
             dst_ptr + dst_off + offs_h[:, None] * s_dst_head + offs_j[None, :], packed, mask=hmask[:, None]

@@ -59,7 +59,7 @@ from nibblekv.kernels.types import LayerKV
 def _decode_block(
     n0, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
     head_off, shead_off, pt_ptr,
-    D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr, FMT: tl.constexpr, USE_ASM: tl.constexpr,
+    D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr, FMT: tl.constexpr,
     INTERP: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """Keys ``[n0, n0 + BN)`` of one KV head: load, dequantize, one online-softmax step.
@@ -75,8 +75,8 @@ def _decode_block(
         page = tl.load(pt_ptr + pidx).to(tl.int64)
         row = page * s_page + head_off
         srow = page * sc_page + shead_off
-        ka, kb = load_kv_pages(k_ptr, ks_ptr, row, srow, None, D, PAGE, FMT, USE_ASM, INTERP)
-        v = load_v_pages(v_ptr, vs_ptr, row, srow, D, PAGE, FMT, USE_ASM, INTERP)
+        ka, kb = load_kv_pages(k_ptr, ks_ptr, row, srow, None, D, PAGE, FMT, INTERP)
+        v = load_v_pages(v_ptr, vs_ptr, row, srow, D, PAGE, FMT, INTERP)
     else:
         # NOTE: masked keys load as zeros (page-table reads too): stale V bytes could hold NaN, and 0 * NaN
         # would poison the sum even with p = 0.
@@ -84,8 +84,8 @@ def _decode_block(
         tok = (idx % PAGE).to(tl.int64)
         row = page * s_page + head_off + tok * s_tok
         srow = page * sc_page + shead_off + tok * sc_tok
-        ka, kb = load_kv_halves(k_ptr, ks_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
-        v = load_v_rows(v_ptr, vs_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
+        ka, kb = load_kv_halves(k_ptr, ks_ptr, row, srow, nmask, D, FMT, INTERP)
+        v = load_v_rows(v_ptr, vs_ptr, row, srow, nmask, D, FMT, INTERP)
     return online_softmax_step(qa, qb, ka, kb, v, nmask[None, :], m, l, acc, qk_scale)
 
 
@@ -118,7 +118,6 @@ def _decode_segment(
     PAGE: tl.constexpr,
     BN: tl.constexpr,
     FMT: tl.constexpr,
-    USE_ASM: tl.constexpr,
     INTERP: tl.constexpr,
     PAGED: tl.constexpr,
 ):
@@ -151,19 +150,19 @@ def _decode_segment(
         while n0 < full_end:
             m, l, acc = _decode_block(
                 n0, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
-                sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED, False,
+                sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, INTERP, PAGED, False,
             )  # fmt: skip
             n0 += BN
     else:
         for n0 in range(start, full_end, BN):
             m, l, acc = _decode_block(
                 n0, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
-                sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED, False,
+                sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, INTERP, PAGED, False,
             )  # fmt: skip
     if full_end < end:
         m, l, acc = _decode_block(
             full_end, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
-            sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, False, True,
+            sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, INTERP, False, True,
         )  # fmt: skip
 
     # An empty segment stores lse = -inf and o = 0, which the combine step weighs as nothing.
@@ -185,7 +184,7 @@ def _decode_kernel(
     HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr,
-    FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr,
+    FMT: tl.constexpr, INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -204,7 +203,7 @@ def _decode_kernel(
             q_base, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
             tpt_ptr + b.to(tl.int64) * s_tpt, 0, n, h, sm_scale * 1.4426950408889634, 1.0,
             o_base, lse_base, S_TOT * D,
-            G, BH, D, TPAGE, TBN, 0, False, INTERP, TPAGED,
+            G, BH, D, TPAGE, TBN, 0, INTERP, TPAGED,
         )  # fmt: skip
     else:
         n = tl.load(lens_ptr + b)
@@ -223,7 +222,7 @@ def _decode_kernel(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_base, lse_base, S_TOT * D,
-            G, BH, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED,
+            G, BH, D, PAGE, BN, FMT, INTERP, PAGED,
         )  # fmt: skip
 
 
@@ -443,7 +442,6 @@ def decode_triton(
             PAIR=pair,
             VST=int(cfg["vst"]),
             VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
-            CV=int(cfg["cv"]),
             LZ=int(cfg["lazy"]),
             TPP=int(tail_in_grid and bool(cfg.get("tail_page_prefetch", 0))),
             **tma_args(cfg, cache, mma_common["PAGE"], math.prod(grid), q.device),
@@ -469,7 +467,7 @@ def decode_triton(
     else:
         paged = name == "paged" and _pages_contiguous(cache, bn)
         k = _decode_kernel[(bsz, hkv, s_tot)](
-            *args, USE_ASM=bool(cfg["conv"]), PAGED=paged,
+            *args, PAGED=paged,
             TPAGED=name == "paged" and has_tail and _pages_contiguous(tail, tbn), **common,
         )  # fmt: skip
     LAST_KERNEL["decode"] = k

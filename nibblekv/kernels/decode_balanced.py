@@ -80,7 +80,7 @@ def decode_mma_bal_kernel(
     o_ptr, lse_ptr, sm_scale, n_req, act_ptr,
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BP: tl.constexpr, W: tl.constexpr, HAS_TAIL: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
-    MINC: tl.constexpr, VST: tl.constexpr, VQ: tl.constexpr, CV: tl.constexpr, DYN: tl.constexpr,
+    MINC: tl.constexpr, VST: tl.constexpr, VQ: tl.constexpr, DYN: tl.constexpr,
     TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """1-D grid: ``W`` one-warp programs over the balanced chunks, then (``HAS_TAIL``) one tail program per
@@ -128,8 +128,8 @@ def decode_mma_bal_kernel(
             nt = tl.minimum(tiles - t0, x1 - x0)
             slot = (pid + b * HKV + h).to(tl.int64)
             end = tl.minimum((t0 + nt) * 16, rows)
-            gk = tl.load(g_ptr) * (16384.0 if CV & 1 or CV == 4 else 64.0)  # see decode_mma_kernel: the codes' 2**-6
-            gv = tl.load(g_ptr + 1) * (16384.0 if CV & 2 or CV == 4 else 64.0)
+            gk = tl.load(g_ptr) * 16384.0  # see decode_mma_kernel: the codes' 2**-6
+            gv = tl.load(g_ptr + 1) * 16384.0
             scratch = tma_scratch
             if TMA:
                 scratch = tma_ring(tma_scratch, pid, TMA)
@@ -138,7 +138,7 @@ def decode_mma_bal_kernel(
                 sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h,
                 sm_scale * 1.4426950408889634 * gk, gv,
                 o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, CV, TMA, scratch, LZ,
+                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, TMA, scratch, LZ,
             )  # fmt: skip
             x0 += nt
 
@@ -237,7 +237,7 @@ def launch_balanced(
         HQ=hq, G=g, D=d, PAGE=cache.layout.page_size, TPAGE=tpage, BP=bp, W=warps, HAS_TAIL=int(has_tail),
         TPI=int(cfg["tpi"]), PF=int(cfg["pf"]), MINC=int(cfg["minc"]), VST=int(cfg["vst"]),
         VQ=int(cfg["vq"]),
-        CV=int(cfg["cv"]), LZ=int(cfg["lazy"]), DYN=dyn, num_warps=1, num_stages=1,
+        LZ=int(cfg["lazy"]), DYN=dyn, num_warps=1, num_stages=1,
         **tma_args(cfg, cache, cache.layout.page_size, grid[0], q.device), **pdl,
         **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
     )  # fmt: skip

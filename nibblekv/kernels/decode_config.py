@@ -14,10 +14,9 @@ from nibblekv.kernels._common import FMT_FLOAT, FMT_FP8, FMT_NVFP4, fmt_code, nu
 from nibblekv.kernels.types import LayerKV
 
 # Decode kernel variants (``decode_triton(variant=...)`` or env ``NIBBLEKV_DECODE_VARIANT``), each a name
-# optionally followed by launch overrides ``name:bn=64,tbn=64,w=4,s=4,conv=2,sv=1`` (conv: NVFP4 conversion,
-# 0 plain Triton, 1 two asm blocks, 2 one asm block per 4 bytes, 3 via E4M3 bytes + cvt (tok only);
-# FP8 bit 0: V through the uint16-pair asm;
-# for "paged"/"rows" conv>0 means asm. sv=1 (tok, FP8/NVFP4): V as even/odd column halves, sv=2 NVFP4 K too):
+# optionally followed by launch overrides ``name:bn=64,tbn=64,w=4,s=4,conv=1,sv=1`` (conv, tok FP8 only: bit 0
+# V, bit 1 K through the uint16-pair asm; NVFP4 pools hold sm-order words, decoded by shifts and masks in
+# every variant. sv=1 (tok, FP8/NVFP4): V as even/odd column halves, sv=2 NVFP4 K too):
 #   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the default until 2026-11-29)
 #   rows   the same kernel, per-token addressing, K as two half-D dots (PAGED=False)
 #   tok    decode_tok: per-token gather of [BN, D] tiles, S = Q K^T (Q the A operand), one full-D dot
@@ -40,8 +39,8 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          tokens a row, see PAIR in decode_mma._mma_segment): hand-placed mma.sync fragments, one 16-token tile
 #          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
-#          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), cv (nibble
-#          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as programs of the grid), ts
+#          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), tin (1: the bf16
+#          tail as programs of the grid), ts
 #          (tail programs per (request, KV head), per-pair splits only), tpp (1: the tail programs prefetch page
 #          ids), tw (1: splits leave the tail programs room in the wave), bal (1: token-balanced split-K over
 #          the whole batch, decode_balanced; 0 off; 2 auto by pairs), tma (N = 2..5: tiles staged through a
@@ -248,9 +247,6 @@ def _mma_config() -> dict[str, int | bool]:
         # GQA 4 .75/.63/.63/.57 -> .72/.64/.64/.58 (benchmarks/results/decode-variants-vst-h200.json)
         "vst": 1,
         "vq": 1,
-        # NOTE: nibbles -> fp16 by integer ops instead of E4M3 bytes + cvt (bit 1: K, bit 2: V): Hopper's
-        # conversions are slow and the default issues 4.4 per token-head; opt-in until timed
-        "cv": 0,
         # NOTE: > 0 = lazy rescale: the running max stays while no score exceeds it by more than lz (log2
         # units; see decode_mma._step_max). Opt-in: ~1% on the H200 and only without the prefetch (pf=0) or
         # with one tile a step -- with both it spills (decode-variants-{lz,pf0-lz,gqa8-lz}-h200.json)
@@ -291,8 +287,8 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
     """Launch config of the per-token kernels (measured on the H200 at these settings, see DEFAULT_VARIANT).
 
     Picked by SASS instruction counts per token-head of the main loop (benchmarks/sass_decode.py):
-    FP8 with V as uint16-pair halves (sv=1, conv=1) at BN=128 is ~20 warp-instructions vs ~30 for "paged";
-    NVFP4 through E4M3 bytes + the FP8 converter (conv=3) ~40 vs ~45 (conv=2) and ~46 ("paged").
+    FP8 with V as uint16-pair halves (sv=1, conv=1) at BN=128 is ~20 warp-instructions vs ~30 for "paged".
+    NVFP4 decodes the pool's sm words (``_common.nvfp4_split``); ``conv`` applies to FP8 only.
     """
     if fmt == FMT_NVFP4:
         return {
@@ -300,7 +296,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
             "tail_block_n": 64,
             "num_warps": 4,
             "num_stages": 4,
-            "conv": 3,
+            "conv": 0,
             "split": 0,
         }
     if fmt == FMT_FP8:
@@ -346,7 +342,7 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "wppsm": "wppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db",
-    "vst": "vst", "vq": "vq", "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave",
+    "vst": "vst", "vq": "vq", "tin": "tin", "cap": "split_cap", "tw": "tail_wave",
     "bal": "balanced", "fuse": "fuse", "tpp": "tail_page_prefetch", "ts": "tail_splits", "tma": "tma",
     "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy", "st": "tail_stages",
     "ce": "combine_eager",

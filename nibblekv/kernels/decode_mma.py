@@ -16,13 +16,15 @@ from global memory straight into the register that ``mma.sync.m16n8k16`` reads, 
   16-row padding). Lane ``t`` loads bytes ``[16t, 16t + 16)`` of each key row (blocks ``2t``, ``2t + 1``):
   k-step ``kk`` uses word ``kk // 2``; Q is gathered once in the same permuted dim order.
 * ``O^T += V^T P^T``: V's A operand wants token pairs per register; lane ``(g, t)`` loads block ``g``
-  (8 bytes) of tokens ``2t, 2t+1, 2t+8, 2t+9`` and ``prmt`` interleaves two tokens' bytes, so each
+  (8 bytes) of tokens ``2t, 2t+1, 2t+8, 2t+9`` and ``prmt`` pairs two tokens' 16-bit halves, so each
   converted half2 is (token ``2t``, token ``2t+1``) of one dim, and the V block scales of those two tokens
   form one half2 too. ``P^T`` comes from the score fragment by one ``movmatrix.trans`` per 8 tokens.
-* Nibbles become fp16 through E4M3 bytes (``s 0 0 e1 e0 m 0 0`` = value * 2**-6, exact) and
-  ``cvt.rn.f16x2.e4m3x2``; the block scale multiplies as half2 (exact: <= 6 significant bits). Option
-  ``CV`` (variant option ``cv``) places them as fp16 bits directly (value * 2**-14, integer ops only) for
-  K, V or both, in case Hopper's conversion pipe is the limit.
+* The pool keeps NVFP4 words in sm bit order (``nibblekv.formats.sm_words``): 6 masks and 5 shifts make a
+  word's 8 nibbles 4 half2 of fp16 bits ``value * 2**-14`` (``_mma_ptx._cvt_word_sm``); the block scale
+  multiplies as half2 (exact but for products under 2**-14 with scales under 2**-10, see ``_cvt_word_sm``).
+  V pairs two tokens' low (high) 16-bit halves with one ``prmt``. Why not E4M3 bytes + ``cvt.rn.f16x2.e4m3x2``
+  on the standard order (the kernel until stop 38): that is 9 ALU-pipe ops a word, this 6, and Hopper's ALU
+  pipe issues at half rate -- it, not the instruction count, limited the kernel.
 
 GPU only (sm_89+: E4M3 conversion, ``movmatrix``); head_dim 128, GQA group <= 8, NVFP4 pools with packed
 scale rows. Under the interpreter each PTX helper has a Triton twin on the same packed registers.
@@ -59,7 +61,7 @@ _INTERP = tl.constexpr(interpreting())
 @triton.jit
 def _scores(raw, qk_scale, n0, lim, lim1,
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
-            MASKED: tl.constexpr, CV: tl.constexpr = 0):  # fmt: skip
+            MASKED: tl.constexpr):  # fmt: skip
     """S^T fragment of one tile, times ``qk_scale``: (token g, head 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
 
     Masked (MASKED: token >= lim; columns 2t+1 token >= lim1, see PAIR in ``_mma_segment``) scores are
@@ -68,7 +70,7 @@ def _scores(raw, qk_scale, n0, lim, lim1,
     (
         kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
         k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815,
-    ) = _k_tile(raw, 2 if CV == 4 else CV & 1)  # fmt: skip
+    ) = _k_tile(raw)  # fmt: skip
     z = tl.zeros_like(qk_scale)
     e0, e1, e2, e3 = z, z, z, z
     f0, f1, f2, f3 = z, z, z, z
@@ -96,13 +98,13 @@ def _scores(raw, qk_scale, n0, lim, lim1,
 @triton.jit
 def _pv(raw, pa, pb,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
-    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, CV: tl.constexpr = 0,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ):  # fmt: skip
     """O^T += V^T P^T for one tile (``pa``/``pb``: P^T fragments of tokens 2t, 2t+1 / 2t+8, 2t+9)."""
     (
         va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15,
         vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15,
-    ) = _v_tile(raw, 2 if CV == 4 else CV >> 1)  # fmt: skip
+    ) = _v_tile(raw)  # fmt: skip
     o00, o01, o02, o03 = _mma(va0, va1, vb0, vb1, pa, pb, o00, o01, o02, o03)
     o10, o11, o12, o13 = _mma(va2, va3, vb2, vb3, pa, pb, o10, o11, o12, o13)
     o20, o21, o22, o23 = _mma(va4, va5, vb4, vb5, pa, pb, o20, o21, o22, o23)
@@ -216,18 +218,18 @@ def _run_step(
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    TPI: tl.constexpr, MASKED: tl.constexpr, CV: tl.constexpr = 0, LZ: tl.constexpr = 0,
+    TPI: tl.constexpr, MASKED: tl.constexpr, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """One softmax step over ``TPI`` tiles (``rawA``, ``rawB``) of this warp at ``nb``; returns the new
     (m0, m1, l0, l1, O^T fragments)."""
     if TPI == 2:
         sA0, sA1, sA2, sA3 = _scores(
             rawA, qk_scale, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
-            MASKED, CV,
+            MASKED,
         )  # fmt: skip
         sB0, sB1, sB2, sB3 = _scores(
             rawB, qk_scale, nb + 16, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
-            MASKED, CV,
+            MASKED,
         )  # fmt: skip
         mx0 = tl.maximum(tl.maximum(sA0, sA2), tl.maximum(sB0, sB2))
         mx1 = tl.maximum(tl.maximum(sA1, sA3), tl.maximum(sB1, sB3))
@@ -251,7 +253,7 @@ def _run_step(
         ) = _pv(
             rawA, _p_frag(pA0, pA1), _p_frag(pA2, pA3), o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22,
             o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72,
-            o73, CV,
+            o73,
         )  # fmt: skip
         (
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
@@ -259,12 +261,12 @@ def _run_step(
         ) = _pv(
             rawB, _p_frag(pB0, pB1), _p_frag(pB2, pB3), o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22,
             o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72,
-            o73, CV,
+            o73,
         )  # fmt: skip
     else:
         sA0, sA1, sA2, sA3 = _scores(
             rawA, qk_scale, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
-            MASKED, CV,
+            MASKED,
         )  # fmt: skip
         (
             m0, m1, c0, c1, l0, l1,
@@ -285,7 +287,7 @@ def _run_step(
         ) = _pv(
             rawA, _p_frag(pA0, pA1), _p_frag(pA2, pA3), o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22,
             o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72,
-            o73, CV,
+            o73,
         )  # fmt: skip
     return (
         m0, m1, l0, l1,
@@ -421,7 +423,7 @@ def _mma_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
-    PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0,
+    PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
     TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
@@ -497,7 +499,7 @@ def _mma_segment(
             ) = _run_step(
                 rawA, rawB, n0, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10,
                 q11, q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
-                o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, CV,
+                o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False,
                 LZ,
             )  # fmt: skip
             for j in tl.static_range(TPI):  # refill the stages this step read (m0, o00: read before)
@@ -551,7 +553,7 @@ def _mma_segment(
             ) = _run_step(
                 rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
                 q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, CV,
+                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False,
                 LZ,
             )  # fmt: skip
             if PF:
@@ -573,7 +575,7 @@ def _mma_segment(
         ) = _run_step(
             rawA, rawA, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
             q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True, CV, LZ,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True, LZ,
         )  # fmt: skip
         n0 += 16 * NW
     _finish(
@@ -852,7 +854,7 @@ def decode_mma_kernel(
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, INTERP: tl.constexpr, NW: tl.constexpr,
     TPI: tl.constexpr = 1, PF: tl.constexpr = 1, MINC: tl.constexpr = 16, PAIR: tl.constexpr = 0,
-    VST: tl.constexpr = 0, VQ: tl.constexpr = 0, CV: tl.constexpr = 0, TAIL_MMA: tl.constexpr = 0,
+    VST: tl.constexpr = 0, VQ: tl.constexpr = 0, TAIL_MMA: tl.constexpr = 0,
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     TPP: tl.constexpr = 0,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
@@ -943,10 +945,9 @@ def decode_mma_kernel(
     end1 = end
     if PAIR:
         end1 = tl.minimum(end, n // 2)  # an odd count: the last row's second token is not there
-    # E4M3-byte codes are value * 2**-6, ALU-placed ones (CV) value * 2**-14: fold that and the global
-    # scales into the fp32 factors
-    gk = tl.load(g_ptr) * (16384.0 if CV & 1 or CV == 4 else 64.0)
-    gv = tl.load(g_ptr + 1) * (16384.0 if CV & 2 or CV == 4 else 64.0)
+    # the decoded codes are value * 2**-14: fold that and the global scales into the fp32 factors
+    gk = tl.load(g_ptr) * 16384.0
+    gv = tl.load(g_ptr + 1) * 16384.0
     scratch = tma_scratch
     if TMA:
         if DYN:
@@ -959,14 +960,14 @@ def decode_mma_kernel(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV, TMA, scratch, LZ,
+            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, TMA, scratch, LZ,
         )  # fmt: skip
     else:
         _mma_segment(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, CV, TMA, scratch, LZ,
+            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, TMA, scratch, LZ,
         )  # fmt: skip
     if FUSE:
         _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,

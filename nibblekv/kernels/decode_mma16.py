@@ -37,13 +37,13 @@ from nibblekv.kernels._mma_tile import _k_tile, _load_tile, _q_frags, _softmax, 
 def _scores16(raw, qk_scale, n0, lim,
 qa0, qa1, qa2, qa3, qa4, qa5, qa6, qa7, qa8, qa9, qa10, qa11, qa12, qa13, qa14, qa15, qb0, qb1, qb2, qb3,
 qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15,
-              MASKED: tl.constexpr, CV: tl.constexpr = 0):  # fmt: skip
+              MASKED: tl.constexpr):  # fmt: skip
     """S fragments of one tile times ``qk_scale``: n-tile 0 ``e`` = (column g; tokens 2t, 2t+1), (g + 8; 2t,
     2t+1); n-tile 1 ``f`` the same for tokens 8 + 2t, 9 + 2t. Tokens ``>= lim`` score -inf (MASKED)."""
     (
         kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
         k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815,
-    ) = _k_tile(raw, 2 if CV == 4 else CV & 1)  # fmt: skip
+    ) = _k_tile(raw)  # fmt: skip
     z = tl.zeros_like(qk_scale)
     e0, e1, e2, e3 = z, z, z, z
     f0, f1, f2, f3 = z, z, z, z
@@ -79,8 +79,7 @@ def _rescale16(al0, al1,
 o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3_1, o3_2, o3_3, o4_0, o4_1,
 o4_2, o4_3, o5_0, o5_1, o5_2, o5_3, o6_0, o6_1, o6_2, o6_3, o7_0, o7_1, o7_2, o7_3, o8_0, o8_1, o8_2, o8_3,
 o9_0, o9_1, o9_2, o9_3, o10_0, o10_1, o10_2, o10_3, o11_0, o11_1, o11_2, o11_3, o12_0, o12_1, o12_2, o12_3,
-o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3,
-               ):  # fmt: skip
+o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3):  # fmt: skip
     """Column g's accumulators (``_0``, ``_1``) times ``al0``, column g + 8's (``_2``, ``_3``) by ``al1``."""
     o0_0, o0_1, o0_2, o0_3 = o0_0 * al0, o0_1 * al0, o0_2 * al1, o0_3 * al1
     o1_0, o1_1, o1_2, o1_3 = o1_0 * al0, o1_1 * al0, o1_2 * al1, o1_3 * al1
@@ -111,13 +110,12 @@ def _pv16(raw, p0, p1, p2, p3,
 o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3_1, o3_2, o3_3, o4_0, o4_1,
 o4_2, o4_3, o5_0, o5_1, o5_2, o5_3, o6_0, o6_1, o6_2, o6_3, o7_0, o7_1, o7_2, o7_3, o8_0, o8_1, o8_2, o8_3,
 o9_0, o9_1, o9_2, o9_3, o10_0, o10_1, o10_2, o10_3, o11_0, o11_1, o11_2, o11_3, o12_0, o12_1, o12_2, o12_3,
-o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3,
-          CV: tl.constexpr = 0):  # fmt: skip
+o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3):  # fmt: skip
     """O += P V for one tile; ``p0..p3`` = P's A fragment (columns g / g + 8 x tokens 2t.. / 2t + 8..)."""
     (
         va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15,
         vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15,
-    ) = _v_tile(raw, 2 if CV == 4 else CV >> 1)  # fmt: skip
+    ) = _v_tile(raw)  # fmt: skip
     o0_0, o0_1, o0_2, o0_3 = _mma(p0, p1, p2, p3, va0, vb0, o0_0, o0_1, o0_2, o0_3)
     o1_0, o1_1, o1_2, o1_3 = _mma(p0, p1, p2, p3, va1, vb1, o1_0, o1_1, o1_2, o1_3)
     o2_0, o2_1, o2_2, o2_3 = _mma(p0, p1, p2, p3, va2, vb2, o2_0, o2_1, o2_2, o2_3)
@@ -147,8 +145,7 @@ def _tile16_pv(raw, e0, e1, e2, e3, f0, f1, f2, f3, c0, c1, l0, l1,
 o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3_1, o3_2, o3_3, o4_0, o4_1,
 o4_2, o4_3, o5_0, o5_1, o5_2, o5_3, o6_0, o6_1, o6_2, o6_3, o7_0, o7_1, o7_2, o7_3, o8_0, o8_1, o8_2, o8_3,
 o9_0, o9_1, o9_2, o9_3, o10_0, o10_1, o10_2, o10_3, o11_0, o11_1, o11_2, o11_3, o12_0, o12_1, o12_2, o12_3,
-o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3,
-               CV: tl.constexpr):  # fmt: skip
+o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3):  # fmt: skip
     """``exp2(s - c)`` of a tile's scores into the column sums ``l0`` / ``l1`` and, as fp16 P, into O."""
     e0, e1, e2, e3 = tl.exp2(e0 - c0), tl.exp2(e1 - c0), tl.exp2(e2 - c1), tl.exp2(e3 - c1)
     f0, f1, f2, f3 = tl.exp2(f0 - c0), tl.exp2(f1 - c0), tl.exp2(f2 - c1), tl.exp2(f3 - c1)
@@ -165,7 +162,6 @@ o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3
 o4_2, o4_3, o5_0, o5_1, o5_2, o5_3, o6_0, o6_1, o6_2, o6_3, o7_0, o7_1, o7_2, o7_3, o8_0, o8_1, o8_2, o8_3,
 o9_0, o9_1, o9_2, o9_3, o10_0, o10_1, o10_2, o10_3, o11_0, o11_1, o11_2, o11_3, o12_0, o12_1, o12_2, o12_3,
 o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3,
-        CV,
     )  # fmt: skip
     return (
         l0, l1,
@@ -184,13 +180,13 @@ o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3
 o4_2, o4_3, o5_0, o5_1, o5_2, o5_3, o6_0, o6_1, o6_2, o6_3, o7_0, o7_1, o7_2, o7_3, o8_0, o8_1, o8_2, o8_3,
 o9_0, o9_1, o9_2, o9_3, o10_0, o10_1, o10_2, o10_3, o11_0, o11_1, o11_2, o11_3, o12_0, o12_1, o12_2, o12_3,
 o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3,
-            TPI: tl.constexpr, MASKED: tl.constexpr, CV: tl.constexpr = 0):  # fmt: skip
+            TPI: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
     """One softmax step over ``TPI`` tiles (``rawA`` at ``nb``, ``rawB`` at ``nb + 16``) of this warp."""
     eA0, eA1, eA2, eA3, fA0, fA1, fA2, fA3 = _scores16(
         rawA, qk_scale, nb, lim,
 qa0, qa1, qa2, qa3, qa4, qa5, qa6, qa7, qa8, qa9, qa10, qa11, qa12, qa13, qa14, qa15, qb0, qb1, qb2, qb3,
 qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15,
-        MASKED, CV,
+        MASKED,
     )  # fmt: skip
     mx0 = tl.maximum(tl.maximum(eA0, eA1), tl.maximum(fA0, fA1))
     mx1 = tl.maximum(tl.maximum(eA2, eA3), tl.maximum(fA2, fA3))
@@ -199,7 +195,7 @@ qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15,
             rawB, qk_scale, nb + 16, lim,
 qa0, qa1, qa2, qa3, qa4, qa5, qa6, qa7, qa8, qa9, qa10, qa11, qa12, qa13, qa14, qa15, qb0, qb1, qb2, qb3,
 qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15,
-            MASKED, CV,
+            MASKED,
         )  # fmt: skip
         mx0 = tl.maximum(mx0, tl.maximum(tl.maximum(eB0, eB1), tl.maximum(fB0, fB1)))
         mx1 = tl.maximum(mx1, tl.maximum(tl.maximum(eB2, eB3), tl.maximum(fB2, fB3)))
@@ -229,7 +225,6 @@ o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3
 o4_2, o4_3, o5_0, o5_1, o5_2, o5_3, o6_0, o6_1, o6_2, o6_3, o7_0, o7_1, o7_2, o7_3, o8_0, o8_1, o8_2, o8_3,
 o9_0, o9_1, o9_2, o9_3, o10_0, o10_1, o10_2, o10_3, o11_0, o11_1, o11_2, o11_3, o12_0, o12_1, o12_2, o12_3,
 o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3,
-        CV,
     )  # fmt: skip
     if TPI == 2:
         (
@@ -244,7 +239,6 @@ o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3
 o4_2, o4_3, o5_0, o5_1, o5_2, o5_3, o6_0, o6_1, o6_2, o6_3, o7_0, o7_1, o7_2, o7_3, o8_0, o8_1, o8_2, o8_3,
 o9_0, o9_1, o9_2, o9_3, o10_0, o10_1, o10_2, o10_3, o11_0, o11_1, o11_2, o11_3, o12_0, o12_1, o12_2, o12_3,
 o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3,
-            CV,
         )  # fmt: skip
     return (
         m0, m1, l0, l1,
@@ -302,7 +296,7 @@ def _mma16_segment(
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr,
     PF: tl.constexpr, PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
-    CV: tl.constexpr = 0, TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0,
+    TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """``_mma_segment``'s contract for 8 < ``G`` <= 16 columns (``end1`` and ``VST`` unused: no PAIR, and
     the stores are always 16-byte vectors)."""
@@ -393,7 +387,7 @@ o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3
 o4_2, o4_3, o5_0, o5_1, o5_2, o5_3, o6_0, o6_1, o6_2, o6_3, o7_0, o7_1, o7_2, o7_3, o8_0, o8_1, o8_2, o8_3,
 o9_0, o9_1, o9_2, o9_3, o10_0, o10_1, o10_2, o10_3, o11_0, o11_1, o11_2, o11_3, o12_0, o12_1, o12_2, o12_3,
 o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3,
-            TPI, False, CV,
+            TPI, False,
         )  # fmt: skip
         if PF:
             rawA = nextA
@@ -419,7 +413,7 @@ o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3
 o4_2, o4_3, o5_0, o5_1, o5_2, o5_3, o6_0, o6_1, o6_2, o6_3, o7_0, o7_1, o7_2, o7_3, o8_0, o8_1, o8_2, o8_3,
 o9_0, o9_1, o9_2, o9_3, o10_0, o10_1, o10_2, o10_3, o11_0, o11_1, o11_2, o11_3, o12_0, o12_1, o12_2, o12_3,
 o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15_3,
-            1, True, CV,
+            1, True,
         )  # fmt: skip
         n0 += 16 * NW
     _finish16(

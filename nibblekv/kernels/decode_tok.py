@@ -10,8 +10,7 @@ through shared memory twice and splits K into two half dots (benchmarks/results/
 ``acc [BH, D] += P V``; one dot over the whole head_dim. (The transposed ``S^T = K Q^T``, variant ``kq``,
 was wrong on sm_90 with triton 3.6 and was removed; ``decode_mma`` supersedes it.)
 
-NVFP4 tiles are dequantized to natural head_dim order (``CONV``: 0 plain Triton bit ops, 1 the two-asm
-path of ``_common``, 2 one asm block per 4 bytes giving both nibbles, see ``nvfp4_split2_asm``).
+NVFP4 tiles are dequantized to natural head_dim order by ``_common.nvfp4_split`` (the pool's sm bit order).
 """
 
 from __future__ import annotations
@@ -19,96 +18,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import nibbles_to_f16x2_ptx, nvfp4_split
+from nibblekv.kernels._common import nvfp4_split
 from nibblekv.kernels._pdl import pdl_enter
 from nibblekv.kernels.decode_fixup import fixup
 
 
-# $4 = 4 bytes -> $0, $1 = low nibbles of bytes (0, 1), (2, 3) as f16x2; $2, $3 = the high nibbles
-_SPLIT_E4M3_PTX = tl.constexpr("{" + nibbles_to_f16x2_ptx("$4", ("$0", "$1", "$2", "$3")) + "\n        }")
-
-
 @triton.jit
-def nvfp4_split2_asm(b):
-    """uint8 bytes -> (low nibbles, high nibbles) as fp16 ``value * 2**-14``; one PTX block per 4 bytes.
-
-    Shares the two ``prmt`` between both nibbles (the two-asm path repeats them): per 4 bytes 2 prmt +
-    ~14 shift/mask/lop3 for 8 values, vs 22 instructions. Each prmt puts bytes (b0, b1) / (b2, b3) into
-    the high byte of two 16-bit lanes: then the high nibble's sign is already at bit 15 and its code at
-    [14:12] (>> 3 -> [11:9]); the low nibble's sign is at bit 11 (<< 4) and its code at [10:8] (<< 1).
-    Outputs: $0,$1 = low nibbles of (b0,b1), (b2,b3); $2,$3 = high nibbles; $4 = the 4 input bytes.
-    """
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 t, u, w, z;
-        mov.b32 z, 0;
-        prmt.b32 t, $4, z, 0x1404;
-        shr.b32 u, t, 3;
-        and.b32 u, u, 0x0E000E00;
-        and.b32 w, t, 0x80008000;
-        or.b32 $2, w, u;
-        shl.b32 u, t, 1;
-        and.b32 u, u, 0x0E000E00;
-        shl.b32 w, t, 4;
-        and.b32 w, w, 0x80008000;
-        or.b32 $0, w, u;
-        prmt.b32 t, $4, z, 0x3424;
-        shr.b32 u, t, 3;
-        and.b32 u, u, 0x0E000E00;
-        and.b32 w, t, 0x80008000;
-        or.b32 $3, w, u;
-        shl.b32 u, t, 1;
-        and.b32 u, u, 0x0E000E00;
-        shl.b32 w, t, 4;
-        and.b32 w, w, 0x80008000;
-        or.b32 $1, w, u;
-        }
-        """,
-        constraints="=r,=r,=r,=r,r",
-        args=[b],
-        dtype=(tl.float16, tl.float16),
-        is_pure=True,
-        pack=4,
-    )
-
-
-@triton.jit
-def nvfp4_split_e4m3_asm(b):
-    """uint8 bytes -> (low nibbles, high nibbles) as fp16 ``value * 2**-6`` through the FP8 converter (CONV=3).
-
-    Each nibble ``s e1 e0 m`` becomes the E4M3 byte ``s 0 0 e1 e0 m 0 0`` (sign at bit 7, code at [4:2]),
-    which is ``value * 2**-6`` exactly for all 16 codes (code 1, 0.5, lands on an E4M3 subnormal); then one
-    ``cvt.rn.f16x2.e4m3x2`` per 2 values. Per 4 bytes: 7 shift/mask ops + 4 cvt, vs ~16 ops for the fp16
-    bit placement -- cheaper if the F2FP pipe keeps up (untested on the H200; hence a variant).
-    """
-    return tl.inline_asm_elementwise(
-        asm=_SPLIT_E4M3_PTX,
-        constraints="=r,=r,=r,=r,r",
-        args=[b],
-        dtype=(tl.float16, tl.float16),
-        is_pure=True,
-        pack=4,
-    )
-
-
-@triton.jit
-def _nvfp4_pair(r3, sc, CONV: tl.constexpr):
-    """``r3 [BN, NB, 8]`` bytes, ``sc [BN, NB]`` E4M3 -> (lo, hi) fp16 ``[BN, NB, 8]``, each ``value * 2**-7 / g``.
-
-    CONV 0 plain Triton / 1 two asm blocks / 2 one asm block (fp16 bit placement, ``* 2**-14``, so the scale
-    is multiplied by 2**7) / 3 via E4M3 bytes (``* 2**-6``, so the scale is halved). Both scale factors are
-    exact in fp16 (see ``_common``).
-    """
-    if CONV == 3:
-        lo, hi = nvfp4_split_e4m3_asm(r3)
-        s16 = (sc.to(tl.float16) * 0.5)[:, :, None]
-    else:
-        if CONV == 2:
-            lo, hi = nvfp4_split2_asm(r3)
-        else:
-            lo, hi = nvfp4_split(r3, CONV == 1)
-        s16 = (sc.to(tl.float16) * 128.0)[:, :, None]
+def _nvfp4_pair(r3, sc):
+    """``r3 [BN, NB, 8]`` bytes, ``sc [BN, NB]`` E4M3 -> (even, odd elements) fp16 ``[BN, NB, 8]``, each
+    ``value * 2**-7 / g``: the sm decode (``nvfp4_split``, ``value * 2**-14``) times ``scale * 2**7`` (exact
+    in fp16, see ``_common``)."""
+    lo, hi = nvfp4_split(r3)
+    s16 = (sc.to(tl.float16) * 128.0)[:, :, None]
     return lo * s16, hi * s16
 
 
@@ -143,7 +64,7 @@ def fp8_pairs_to_f16_asm(x):
 
 
 @triton.jit
-def _nvfp4_tile(raw, sc, CONV: tl.constexpr):
+def _nvfp4_tile(raw, sc):
     """``raw [BN, D/2]`` uint8, ``sc [BN, D/16]`` E4M3 -> ``[BN, D]`` fp16 ``value * 2**-7 / g`` in natural order.
 
     The block scale (times 2**7, exact in fp16, see ``_common``) multiplies the tile as packed HMUL2.
@@ -151,7 +72,7 @@ def _nvfp4_tile(raw, sc, CONV: tl.constexpr):
     BN: tl.constexpr = raw.shape[0]
     HALF: tl.constexpr = raw.shape[1]
     NB: tl.constexpr = HALF // 8
-    lo, hi = _nvfp4_pair(tl.reshape(raw, [BN, NB, 8]), sc, CONV)
+    lo, hi = _nvfp4_pair(tl.reshape(raw, [BN, NB, 8]), sc)
     # join puts (even, odd) pairs innermost: column = block*16 + 2*e + (0 | 1) = natural order
     return tl.reshape(tl.join(lo, hi), [BN, 2 * HALF])
 
@@ -175,7 +96,7 @@ def _load_tile(data_ptr, scale_ptr, row, srow, nmask, D: tl.constexpr, FMT: tl.c
         else:
             raw = tl.load(data_ptr + row[:, None] + offs[None, :])
             sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :])
-        x = _nvfp4_tile(raw, sc, CONV)
+        x = _nvfp4_tile(raw, sc)
     elif FMT == 1 and ((IS_V and CONV & 1) or (not IS_V and CONV & 2)):
         BN: tl.constexpr = row.shape[0]
         offs = tl.arange(0, D // 2)
@@ -310,7 +231,7 @@ def _halves(data_ptr, scale_ptr, row, srow, nmask, D: tl.constexpr, FMT: tl.cons
         else:
             raw = tl.load(data_ptr + row[:, None] + offs[None, :])
             sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :])
-        lo, hi = _nvfp4_pair(tl.reshape(raw, [BN, NB, 8]), sc, CONV)
+        lo, hi = _nvfp4_pair(tl.reshape(raw, [BN, NB, 8]), sc)
         a = tl.reshape(lo, [BN, HALF])
         b = tl.reshape(hi, [BN, HALF])
     else:
@@ -356,7 +277,7 @@ def _split_block(
         s = tl.dot(qb, tl.trans(kb), s)
     else:
         k = _load_tile(
-            k_ptr, ks_ptr, row, srow, nmask, D, FMT, CONV if FMT == 2 else 0, INTERP, MASKED, False
+            k_ptr, ks_ptr, row, srow, nmask, D, FMT, 0, INTERP, MASKED, False
         )
         s = tl.dot(q, tl.trans(k))
     s = s * qk_scale

@@ -56,7 +56,7 @@ def _load_q(q_ptr, rows_off, head_off, rmask, D: tl.constexpr, FMT: tl.constexpr
 @triton.jit
 def _prefix_phase(qa, qb, m, l, acc, qk_scale, start, n, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page,
                   sc_tok, head_off, shead_off, pt_ptr, D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr,
-                  FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr, PAGED: tl.constexpr):  # fmt: skip
+                  FMT: tl.constexpr, INTERP: tl.constexpr, PAGED: tl.constexpr):  # fmt: skip
     """Tokens ``[start, n)`` of one pool (no causal mask; ``start`` a multiple of ``BN``): unmasked full
     blocks, then one masked partial block."""
     full_end = start + (n - start) // BN * BN
@@ -65,19 +65,19 @@ def _prefix_phase(qa, qb, m, l, acc, qk_scale, start, n, k_ptr, v_ptr, ks_ptr, v
         while n0 < full_end:
             m, l, acc = _decode_block(
                 n0, n, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
-                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED, False,
+                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, INTERP, PAGED, False,
             )  # fmt: skip
             n0 += BN
     else:
         for n0 in range(start, full_end, BN):
             m, l, acc = _decode_block(
                 n0, n, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
-                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED, False,
+                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, INTERP, PAGED, False,
             )  # fmt: skip
     if full_end < n:
         m, l, acc = _decode_block(
             full_end, n, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
-            head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, False, True,
+            head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, INTERP, False, True,
         )  # fmt: skip
     return m, l, acc
 
@@ -89,8 +89,8 @@ def _own_block(k0, kend, t, qa, qb, m, l, acc, qk_scale, kn_ptr, vn_ptr, s_kt, k
     idx = k0 + tl.arange(0, BN)
     kmask = idx < kend
     row = idx.to(tl.int64) * s_kt + kv_head_off
-    ka, kb = load_kv_halves(kn_ptr, kn_ptr, row, row, kmask, D, 0, False, INTERP)
-    v = load_v_rows(vn_ptr, vn_ptr, row, row, kmask, D, 0, False, INTERP)
+    ka, kb = load_kv_halves(kn_ptr, kn_ptr, row, row, kmask, D, 0, INTERP)
+    v = load_v_rows(vn_ptr, vn_ptr, row, row, kmask, D, 0, INTERP)
     valid = kmask[None, :] & (idx[None, :] <= t[:, None])
     return online_softmax_step(qa, qb, ka, kb, v, valid, m, l, acc, qk_scale)
 
@@ -108,7 +108,7 @@ def _extend_kernel(
     k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok, pt_ptr, s_pt, plens_ptr,
     tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr, sm_scale, o_part, lse_part, lse_out,
     HQ: tl.constexpr, S, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
-    BN: tl.constexpr, HAS_TAIL: tl.constexpr, FMT: tl.constexpr, USE_ASM: tl.constexpr,
+    BN: tl.constexpr, HAS_TAIL: tl.constexpr, FMT: tl.constexpr,
     INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr, OWN_STAGES: tl.constexpr = 0,
     WRITE_LSE: tl.constexpr = 0, mo_ptr=None, mlse_ptr=None, MERGE: tl.constexpr = 0, MGV: tl.constexpr = 1,
     MNG: tl.constexpr = 1,
@@ -147,7 +147,7 @@ def _extend_kernel(
             qa, qb, m, l, acc, sm_scale * log2e * gk, start, tl.minimum(start + chunk, n), k_ptr, v_ptr, ks_ptr,
             vs_ptr, s_page, s_tok, sc_page,
             sc_tok, h.to(tl.int64) * s_head, h.to(tl.int64) * sc_head, pt_ptr + b.to(tl.int64) * s_pt,
-            D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED,
+            D, PAGE, BN, FMT, INTERP, PAGED,
         )  # fmt: skip
         acc = acc * gv  # main-pool V was accumulated in stored units
 
@@ -160,7 +160,7 @@ def _extend_kernel(
             m, l, acc = _prefix_phase(
                 qa, qb, m, l, acc, sm_scale * log2e, 0, nt, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_tok, 0, 0,
                 h.to(tl.int64) * t_head, 0, tpt_ptr + b.to(tl.int64) * s_tpt,
-                D, TPAGE, BN, 0, False, INTERP, TPAGED,
+                D, TPAGE, BN, 0, INTERP, TPAGED,
             )  # fmt: skip
         t_hi = tl.minimum(c - 1, (mb * BM + BM - 1) // G)
         kend = tl.where(last, t_hi + 1, 0)  # NOTE: the chunk's own keys belong to the last split alone
@@ -269,7 +269,6 @@ def extend_triton(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    use_asm: bool | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     own_stages: int | None = None,
@@ -361,7 +360,7 @@ def extend_triton(
         page_table, page_table.stride(0), prefix_lens,
         tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl, float(sm_scale), o_part, lse_part,
         lse_out if lse_out is not None else lse_part, HQ=hq, S=splits, G=g, BM=bm, D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, HAS_TAIL=has_tail, FMT=fmt,
-        USE_ASM=(fmt == FMT_NVFP4 and not interp) if use_asm is None else use_asm, INTERP=interp,
+        INTERP=interp,
         PAGED=_pages_contiguous(cache, bn), TPAGED=has_tail and _pages_contiguous(tail, bn),
         # NOTE: at the kernel's num_stages the own-key loop's buffers took 160 of 176 KiB of shared memory (one
         # program per SM); 1 stage: two per SM, 1.4-1.55x faster for every dtype and shape (H200, 2026-11-30,

@@ -16,6 +16,7 @@ import torch
 
 from nibblekv.formats import nvfp4
 from nibblekv.formats.layout import KVDtype, dequantize_rows, quantize_rows
+from nibblekv.formats.sm_words import to_sm
 from nibblekv.kernels.types import LayerKV
 
 
@@ -24,7 +25,8 @@ def _quantize(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rows in the cache's format; ``four_over_six`` picks NVFP4 block scales by 4over6 (see nvfp4)."""
     if four_over_six and cache.dtype is KVDtype.NVFP4:
-        return nvfp4.quantize(x, g, four_over_six=True)
+        data, scale = nvfp4.quantize(x, g, four_over_six=True)
+        return to_sm(data), scale
     return quantize_rows(x, cache.dtype, g)
 
 
