@@ -94,7 +94,8 @@ def extend_rows(
                                  num_splits=splits or None, wide=wide)  # fmt: skip
                 else:
                     fn = partial(
-                        extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out, **kw,
+                        extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
+                        **kw,
                     )  # fmt: skip
                 try:
                     us = bench(fn)

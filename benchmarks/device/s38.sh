@@ -30,5 +30,6 @@ run sm-gqa4-h200 --variants nvfp4=mma nvfp4=mma:cv=4 --shapes $G4
 run sm-gqa4-h200 --variants nvfp4=mma:cv=4 nvfp4=mma --shapes $G4
 run sm-d64-h200 --head-dim 64 --variants nvfp4=mma nvfp4=mma:cv=4 --shapes 8x32768 64x8192 64x32768
 run sm-d64-h200 --head-dim 64 --variants nvfp4=mma:cv=4 nvfp4=mma --shapes 8x32768 64x8192 64x32768
-run sm-gqa8-h200 --q-heads 64 --variants nvfp4=mma nvfp4=mma:cv=4 nvfp4=mma:cv=3 --shapes 8x32768 32x8192 64x32768
+run sm-gqa8-h200 --q-heads 64 --variants nvfp4=mma nvfp4=mma:cv=4 nvfp4=mma:cv=3 \
+  --shapes 8x32768 32x8192 64x32768
 ls "$OUT"

@@ -15,7 +15,8 @@ run() {  # $1 = tag, $2 = tree (old|new), rest = bench_decode_variants args
   # shellcheck disable=SC2086
   PYTHONPATH=$pp timeout -k 5 ${T_AB:-60} python3 benchmarks/bench_decode_variants.py --out "$OUT/x" \
     --variants nvfp4=mma "$@" > "$OUT/x.log" 2>&1
-  echo "== $tag $tree exit $?"; grep -E "rel_rms|^ *nvfp4" "$OUT/x.log" | grep -v "^dtype" | cut -c1-70 | tail -3
+  echo "== $tag $tree exit $?"
+  grep -E "rel_rms|^ *nvfp4" "$OUT/x.log" | grep -v "^dtype" | cut -c1-70 | tail -3
   cat "$OUT/x.log" >> "$OUT/$tag.log"
   python3 - "$OUT/x/decode-variants.json" "$OUT/$tag.json" "$tree" <<'PY' 2>/dev/null
 import json, os, sys
@@ -39,6 +40,7 @@ import glob, json, sys
 for f in sorted(glob.glob(sys.argv[1] + "/sm-*.json")):
     for run in json.load(open(f)):
         rows = [r for r in run["result"].get("rows", []) if r.get("kv_dtype") == "nvfp4"]
-        print(f.split("/")[-1], run["tree"], " ".join(f"B{r['batch']}x{r['context'] // 1024}K:{r['frac_of_ceiling']:.3f}" for r in rows))
+        cells = [f"B{r['batch']}x{r['context'] // 1024}K:{r['frac_of_ceiling']:.3f}" for r in rows]
+        print(f.split("/")[-1], run["tree"], " ".join(cells))
 PY
 ls "$OUT"

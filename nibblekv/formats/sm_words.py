@@ -40,7 +40,9 @@ SM_BITS: tuple[tuple[int, int, int, int], ...] = (
 def _words(packed: torch.Tensor) -> torch.Tensor:
     """uint8 ``[..., 4n]`` -> int64 ``[..., n]`` little-endian words."""
     if packed.dtype != torch.uint8 or packed.shape[-1] % 4:
-        raise ValueError(f"needs uint8 data with a last dimension divisible by 4, got {packed.dtype} {packed.shape}")
+        raise ValueError(
+            f"needs uint8 data with a last dimension divisible by 4, got {packed.dtype} {packed.shape}"
+        )
     b = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 4, 4).to(torch.int64)
     return b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
 

@@ -90,8 +90,9 @@ def _nvfp4_sq_error(x, s, idx, neg, g):
 
 @triton.jit
 def _sm_bytes(idx, neg):
-    """Codes (magnitude ``idx`` 0..7, sign ``neg``) ``[H, W, 8]`` of W words -> their ``[H, 4W]`` bytes in the
-    pool's sm order (``nibblekv.formats.sm_words``): element ``e``'s magnitude at bit ``mpos``, sign at ``spos``."""
+    """Codes (magnitude ``idx`` 0..7, sign ``neg``) ``[H, W, 8]`` of W words -> their ``[H, 4W]`` bytes in
+    the pool's sm order (``nibblekv.formats.sm_words``): element ``e``'s magnitude at bit ``mpos``, its sign
+    at ``spos``."""
     e = tl.arange(0, 8)
     hi = 16 * ((e >> 1) & 1)
     mpos = hi + 9 - 6 * (e & 1) - 3 * (e >> 2)

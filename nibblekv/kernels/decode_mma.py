@@ -499,8 +499,8 @@ def _mma_segment(
             ) = _run_step(
                 rawA, rawB, n0, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10,
                 q11, q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
-                o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False,
-                LZ,
+                o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+                TPI, False, LZ,
             )  # fmt: skip
             for j in tl.static_range(TPI):  # refill the stages this step read (m0, o00: read before)
                 _tma_fill(scratch, lane, it + j + TMA, n_tiles, start, src, m0, o00, PAGE, D, TMA)
