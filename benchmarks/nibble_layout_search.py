@@ -1,7 +1,7 @@
 """Could a re-encoded NVFP4 byte make the in-register conversion cheaper? An exhaustive check (CPU, seconds).
 
-Today a word of 8 nibbles costs 7 integer ops before ``cvt.rn.f16x2.e4m3x2``
-(``_common.nibbles_to_f16x2_ptx``): the high nibbles sit 2 bits above their E4M3 place (sign already at
+Until stop 38 a word of 8 nibbles cost 7 integer ops before ``cvt.rn.f16x2.e4m3x2`` (the E4M3 route; since
+then the pool stores words in sm order, ``nibblekv/formats/sm_words.py``, decoded without cvt): the high nibbles sit 2 bits above their E4M3 place (sign already at
 bit 7), the low ones need two shifts. If a byte's 8 bits were stored in another order, one value could sit
 at its E4M3 (``s..e1 e0 m..``: bits 7,4,3,2) or E5M2 (bits 7,3,2,1) place -- one mask -- and the question
 is whether the other value can then be moved into place by ONE rotation of the word, or by ONE multiply of
