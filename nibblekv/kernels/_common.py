@@ -118,18 +118,27 @@ def _f16_hi(o):
 
 
 @triton.jit
+def sm_decode(w):
+    """uint32 words in sm order (``nibblekv.formats.sm_words``) -> 4 uint32, each two fp16 bit patterns
+    ``value * 2**-14``: elements (e0, e2), (e4, e6), (e1, e3), (e5, e7). The Triton form of
+    ``_mma_ptx._cvt_word_sm``'s shifts and masks (ptxas issues the shifts as IMAD)."""
+    o0 = w & 0x8E008E00
+    o1 = (w << 3) & 0x8E008E00
+    o2 = ((w << 6) & 0x0E000E00) | ((w << 1) & 0x80008000)
+    o3 = ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)
+    return o0, o1, o2, o3
+
+
+@triton.jit
 def nvfp4_split(b):
     """Pool bytes ``[R, NB, 8]`` (NVFP4 data in sm order, ``nibblekv.formats.sm_words``) -> (even elements,
     odd elements) as fp16 ``[R, NB, 8]``, each ``value * 2**-14``: two 32-bit words a block of 16, each
-    word's 4 half2 by the sm decoder's shifts and masks (plain Triton; ptxas issues the shifts as IMAD)."""
+    word's 4 half2 by :func:`sm_decode`."""
     R: tl.constexpr = b.shape[0]
     NB: tl.constexpr = b.shape[1]
     sh = (tl.arange(0, 4) * 8).to(tl.uint32)
     w = tl.sum(tl.reshape(b, [R, NB, 2, 4]).to(tl.uint32) << sh[None, None, None, :], axis=3)
-    o0 = w & 0x8E008E00  # (e0, e2)
-    o1 = (w << 3) & 0x8E008E00  # (e4, e6)
-    o2 = ((w << 6) & 0x0E000E00) | ((w << 1) & 0x80008000)  # (e1, e3)
-    o3 = ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)  # (e5, e7)
+    o0, o1, o2, o3 = sm_decode(w)  # (e0, e2), (e4, e6), (e1, e3), (e5, e7)
     # NOTE: join(join(a, c), join(b, d)) flattens to a, b, c, d
     ev = tl.join(tl.join(_f16_lo(o0), _f16_lo(o1)), tl.join(_f16_hi(o0), _f16_hi(o1)))
     od = tl.join(tl.join(_f16_lo(o2), _f16_lo(o3)), tl.join(_f16_hi(o2), _f16_hi(o3)))

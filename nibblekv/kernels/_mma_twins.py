@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from nibblekv.kernels._common import sm_decode
+
 
 @triton.jit
 def _u16_to_f32(x):
@@ -64,10 +66,7 @@ def bcast_h2(s):
 
 @triton.jit
 def cvt_word_sm(x, s):
-    r0 = x & 0x8E008E00
-    r1 = (x << 3) & 0x8E008E00
-    r2 = ((x << 6) & 0x0E000E00) | ((x << 1) & 0x80008000)
-    r3 = ((x << 9) & 0x0E000E00) | ((x << 2) & 0x80008000)
+    r0, r1, r2, r3 = sm_decode(x)
     return _hmul2(r0, s), _hmul2(r1, s), _hmul2(r2, s), _hmul2(r3, s)
 
 
