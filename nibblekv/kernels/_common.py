@@ -25,8 +25,6 @@ FMT_FLOAT: int = 0  # bf16 / fp16 / fp32 pages, loaded as they are
 FMT_FP8: int = 1  # float8_e4m3fn pages, one FP32 scale per layer
 FMT_NVFP4: int = 2  # packed E2M1 nibbles + per-16 E4M3 block scales
 
-# 2**7: the part of the fp16 trick's 2**-14 that the per-block scale does not absorb (see module doc).
-NVFP4_RESIDUAL: float = 128.0
 LOG2E: float = 1.4426950408889634
 
 

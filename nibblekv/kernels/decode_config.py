@@ -160,8 +160,13 @@ def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
 
 
 def _mma_max_registers(per_sm: int) -> int:
-    """Registers per thread that let ``per_sm`` one-warp programs share an SM's 64K (allocated in 8s)."""
-    return max(24, min(255, 65536 // (32 * per_sm)) // 8 * 8)
+    """Registers per thread that let ``per_sm`` one-warp programs share an SM (allocated in 8s).
+
+    NOTE: an SM's 64K registers are four 16K files, one per scheduler, and each warp lives in one of them:
+    ``ceil(per_sm / 4)`` warps must fit 16K. 14 programs at 144 registers fit 64K but only 3 a scheduler, so
+    12 ran and the grid planned for 14 took two waves: 0.42-0.56 of the H200's ceiling vs 0.54-0.77 at
+    ppsm 16 or 12 (2026-12-03, benchmarks/results/regs-s39-h200/)."""
+    return max(24, min(255, 16384 // (32 * -(-per_sm // 4))) // 8 * 8)
 
 
 def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int, tail_warps: int = 0) -> int:
@@ -221,7 +226,7 @@ def _default_config(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
     }
 
 
-def _mma_config() -> dict[str, int | bool]:
+def _mma_config(d: int) -> dict[str, int | bool]:
     """``mma`` (decode_mma): 16-token tiles per warp, ``num_warps`` warps per program, no Triton pipelining
     (the kernel prefetches the next tile itself); ``tail_block_n`` is the bf16 tail's ``tl.dot`` block."""
     return {
@@ -231,8 +236,13 @@ def _mma_config() -> dict[str, int | bool]:
         "num_stages": 1,
         "conv": 0,
         # NOTE: one wave of 16 one-warp programs per SM (128 registers): 0.63 of the H200's read ceiling at
-        # B8x32K / B32x8K vs 0.60 at 32 (two waves), 0.57 at 24 or 48, equal at B64x32K (2026-11-30)
-        "ppsm": 16,
+        # B8x32K / B32x8K vs 0.60 at 32 (two waves), 0.57 at 24 or 48, equal at B64x32K (2026-11-30).
+        # Head_dim 64 (two tokens a row): 12 (168 registers). At 128 ptxas sank the next step's loads into
+        # the loop's last ~90 of ~780 SASS and moved a 64-bit value through local memory; at 168 they issue
+        # ~300 SASS before the end: B8x32K / B64x8K / B64x32K .541/.599/.672 -> .637/.710/.775, twice in one
+        # call (H200, 2026-12-03, regs-s39-h200/). Head_dim 128 GQA 4 at 12 (32 spill bytes): B32x8K .654 ->
+        # .697, B1x128K .623 -> .637, B8x32K / B64x32K equal, B26x32K .770 -> .745: kept at 16
+        "ppsm": 12 if d == 64 else 16,
         # NOTE: programs per SM for a GQA group of 9-16 columns (decode_mma16: 213 registers at tpi=2, sm_90)
         "wppsm": WIDE_PPSM,
         "tpi": 2,
@@ -365,7 +375,7 @@ def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tupl
     if name not in VARIANT_NAMES:
         raise ValueError(f"unknown decode variant {name!r} (one of {VARIANT_NAMES})")
     if name == "mma":
-        cfg = _mma_config()
+        cfg = _mma_config(d)
     elif name in ("paged", "rows") or interp:
         cfg = _default_config(fmt, d, interp)
     else:

@@ -1,0 +1,5 @@
+import sys
+
+from nibblekv.cli import main
+
+sys.exit(main())

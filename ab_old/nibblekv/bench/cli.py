@@ -1,0 +1,195 @@
+"""``nibblekv bench serve``: load-test any OpenAI-compatible server (a pure HTTP client, no torch).
+
+Example: ``nibblekv bench serve --base-url http://127.0.0.1:30000 --dataset random --num-prompts 200
+--random-input-len 512 --random-output-len 128 --max-concurrency 32 --output-file run.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+DATASETS = ("random", "shared-prefix", "agentic", "jsonl")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
+    return value
+
+
+def _add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", default="http://127.0.0.1:30000", help="server root (with or without /v1)")
+    p.add_argument("--backend", choices=("completions", "chat"), default="completions")
+    p.add_argument("--model", default=None, help="model name (default: the server's first /v1/models entry)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--dataset", choices=DATASETS, default="random")
+    p.add_argument("--dataset-path", default=None, help="JSONL file for --dataset jsonl")
+    p.add_argument("--num-prompts", type=_positive, default=100, help="requests (agentic: sessions)")
+    p.add_argument("--max-concurrency", type=_positive, default=None)
+    p.add_argument(
+        "--request-rate", type=float, default=math.inf, help="requests/s, Poisson; inf = all at once"
+    )
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--random-input-len", type=_positive, default=1024)
+    p.add_argument("--random-output-len", type=_positive, default=128)
+    p.add_argument(
+        "--random-range-ratio", type=_ratio, default=1.0, help="lengths uniform in [len*ratio, len]"
+    )
+    p.add_argument(
+        "--random-token-ids",
+        action="store_true",
+        help="send random token ids (exact input lengths; completions backend; vocab from the server)",
+    )
+    p.add_argument("--gsp-num-groups", type=_positive, default=8)
+    p.add_argument("--gsp-prompts-per-group", type=_positive, default=16)
+    p.add_argument("--gsp-system-prompt-len", type=_positive, default=1024)
+    p.add_argument("--gsp-question-len", type=_positive, default=64)
+    p.add_argument("--gsp-output-len", type=_positive, default=128)
+    p.add_argument("--agentic-turns", type=_positive, default=4)
+    p.add_argument("--agentic-system-len", type=_positive, default=512)
+    p.add_argument("--agentic-tool-output-len", type=_positive, default=256)
+    p.add_argument("--agentic-output-len", type=_positive, default=64)
+    p.add_argument("--disable-ignore-eos", action="store_true", help="let requests stop at EOS")
+    p.add_argument("--extra-request-body", default=None, help="JSON object merged into every request body")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--output-file", default=None, help="write the metrics (and the config) as JSON here")
+    p.add_argument("--disable-progress", action="store_true")
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the benchmark subcommands (``serve``) to a subparsers object."""
+    serve = sub.add_parser(
+        "serve",
+        help="load-test an OpenAI-compatible server",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    _add_serve_args(serve)
+    serve.set_defaults(func=run)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``bench`` with its subcommands to the ``nibblekv`` CLI."""
+    bench = subparsers.add_parser("bench", help="benchmarks")
+    add_subcommands(bench.add_subparsers(dest="bench_command", required=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m nibblekv.bench serve ...``: the client alone, without the engine's imports (torch)."""
+    parser = argparse.ArgumentParser(prog="python -m nibblekv.bench", description="nibblekv benchmarks")
+    add_subcommands(parser.add_subparsers(dest="bench_command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+def _api_root(base_url: str) -> str:
+    root = base_url.rstrip("/")
+    return root if root.endswith("/v1") else root + "/v1"
+
+
+def _server_facts(root: str, api_key: str | None) -> tuple[str | None, int | None]:
+    """(first model name, vocabulary size) as the server reports them; None where it does not."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    model = vocab = None
+    try:
+        data = httpx.get(f"{root}/models", headers=headers, timeout=30).json().get("data") or []
+        model = data[0]["id"] if data else None
+        info = httpx.get(root.removesuffix("/v1") + "/get_model_info", headers=headers, timeout=30)
+        vocab = info.json().get("vocab_size") if info.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        pass
+    return model, vocab
+
+
+def build_requests(args: argparse.Namespace, vocab_size: int | None) -> list[Any]:
+    """The workload the flags describe."""
+    from nibblekv.bench import datasets as ds
+
+    if args.dataset == "random":
+        vocab = vocab_size if args.random_token_ids else None
+        return ds.random_requests(
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            args.random_range_ratio,
+            args.seed,
+            vocab,
+        )
+    if args.dataset == "shared-prefix":
+        groups = max(1, min(args.gsp_num_groups, args.num_prompts))
+        per_group = max(1, math.ceil(args.num_prompts / groups))
+        reqs = ds.shared_prefix_requests(
+            groups,
+            per_group,
+            args.gsp_system_prompt_len,
+            args.gsp_question_len,
+            args.gsp_output_len,
+            args.seed,
+        )
+        return reqs[: args.num_prompts]
+    if args.dataset == "agentic":
+        return ds.agentic_sessions(
+            args.num_prompts,
+            args.agentic_turns,
+            args.agentic_system_len,
+            args.agentic_tool_output_len,
+            args.agentic_output_len,
+            args.seed,
+        )
+    if not args.dataset_path:
+        raise SystemExit("--dataset jsonl needs --dataset-path")
+    return ds.jsonl_requests(args.dataset_path, args.num_prompts, args.random_output_len)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark, print the report, write JSON; exit 1 if every request failed."""
+    from nibblekv.bench.client import Target
+    from nibblekv.bench.runner import LoadShape, run_benchmark
+    from nibblekv.bench.stats import format_report, summarize
+
+    if args.random_token_ids and args.backend == "chat":
+        raise SystemExit("--random-token-ids needs --backend completions")
+    root = _api_root(args.base_url)
+    model, vocab = _server_facts(root, args.api_key)
+    if args.random_token_ids and not vocab:
+        raise SystemExit("--random-token-ids: the server does not report vocab_size at /get_model_info")
+    extra = json.loads(args.extra_request_body) if args.extra_request_body else {}
+    target = Target(
+        root,
+        args.backend,
+        args.model or model or "default",
+        args.api_key,
+        ignore_eos=not args.disable_ignore_eos,
+        extra_body=extra,
+    )
+    requests = build_requests(args, vocab)
+    shape = LoadShape(
+        args.request_rate, args.max_concurrency, args.seed, args.timeout, not args.disable_progress
+    )
+    results, duration = asyncio.run(run_benchmark(target, requests, shape))
+    metrics = summarize(results, duration)
+    print(format_report(metrics, f"Serving Benchmark ({args.dataset})"), flush=True)
+    if args.output_file:
+        config = {k: v for k, v in vars(args).items() if k not in ("func", "api_key")}
+        config["request_rate"] = (
+            None if math.isinf(args.request_rate) else args.request_rate
+        )  # JSON has no inf
+        payload = {"config": config, "model": target.model, **metrics}
+        Path(args.output_file).write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+        print(f"wrote {args.output_file}", file=sys.stderr)
+    return 0 if metrics["completed"] else 1

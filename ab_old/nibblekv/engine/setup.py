@@ -1,0 +1,147 @@
+"""How an engine's pieces are sized and built: device, KV pool, page table, cache manager.
+
+Shared by :class:`~nibblekv.engine.engine.Engine` (rank 0) and the tensor-parallel workers
+(:mod:`nibblekv.engine.tp_worker`), which must size and build exactly the same pool and table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from nibblekv.cache import (
+    BaseCacheManager,
+    KVPool,
+    PageTable,
+    PoolSpec,
+    TieredCacheManager,
+    load_kv_scales,
+    size_pool,
+)
+from nibblekv.cache.host_tier import HostTier, host_pages_for
+from nibblekv.cache.prefix import PrefixCacheManager
+from nibblekv.config import CPU_DEFAULT_MAX_TOTAL_TOKENS, EngineConfig
+from nibblekv.formats import KVDtype, parse_kv_dtype
+from nibblekv.kernels import check_gpu_head_dim
+from nibblekv.model import CausalLM
+
+logger = logging.getLogger("nibblekv")
+
+DEFAULT_MEM_FRACTION_STATIC: float = 0.88
+DEFAULT_MAX_RUNNING: dict[str, int] = {"cuda": 128, "cpu": 32}
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int | None:
+    """Bytes for the KV pool (both tiers), or None when only ``max_total_tokens`` sizes it.
+
+    CUDA (SGLang's rule): weights + pool take ``mem_fraction_static`` of the GPU, so the pool gets
+    what is free after loading the weights minus the ``1 - fraction`` kept for activations.
+    """
+    if device.type == "cuda":
+        frac = config.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free - total * (1.0 - frac))
+    if config.mem_budget_gib is not None:
+        return int(config.mem_budget_gib * (1 << 30))
+    return None
+
+
+def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSpec:
+    """The pool :func:`build_pool` would allocate now (benchmarks size runs with it)."""
+    mc = model.config
+    if model.device.type == "cuda" and os.environ.get("NIBBLEKV_KERNELS", "auto") != "reference":
+        check_gpu_head_dim(mc.head_dim)
+    budget = kv_budget_bytes(config, model.device)
+    max_tokens = config.max_total_tokens
+    if budget is None and max_tokens is None:
+        max_tokens = CPU_DEFAULT_MAX_TOTAL_TOKENS
+    spec = size_pool(
+        num_layers=mc.num_layers,
+        num_kv_heads=mc.num_kv_heads,
+        head_dim=mc.head_dim,
+        page_size=config.page_size,
+        kv_dtype=parse_kv_dtype(config.kv_cache_dtype, model.dtype),
+        model_kv_dtype=parse_kv_dtype("auto", model.dtype),
+        recent_window=config.kv_recent_window,
+        max_running_requests=max_running,
+        budget_bytes=budget,
+        max_total_tokens=max_tokens,
+        sink_pages=resolve_sink_pages(config, parse_kv_dtype(config.kv_cache_dtype, model.dtype)),
+        prefill_window=config.resolve_prefill_window(),
+    )
+    hadamard, four_over_six = resolve_kv_options(config, spec.kv_dtype, mc.head_dim)
+    return replace(spec, hadamard=hadamard, four_over_six=four_over_six)
+
+
+def resolve_kv_options(config: EngineConfig, kv_dtype: KVDtype, head_dim: int) -> tuple[bool, bool]:
+    """(Hadamard rotation, 4over6 block scales) for this pool: the flags when given, else the nvfp4
+    default chosen from the accuracy run (docs/accuracy.md): both on for nvfp4, the rotation only for
+    a power-of-two head_dim (the Sylvester construction); both off for the other dtypes."""
+    nvfp4 = kv_dtype == KVDtype.NVFP4
+    hadamard = config.kv_hadamard
+    if hadamard is None:
+        hadamard = nvfp4 and head_dim & (head_dim - 1) == 0
+    four_over_six = nvfp4 if config.kv_quant_4over6 is None else config.kv_quant_4over6
+    return hadamard, four_over_six
+
+
+def resolve_sink_pages(config: EngineConfig, kv_dtype: KVDtype) -> int:
+    """bf16 sink pages per request: the flag when given, else 1 for nvfp4 (the chunked-prefill accuracy
+    run in docs/accuracy.md) and 0 for the other dtypes. ``size_pool`` drops them without a tail."""
+    if config.kv_sink_pages is not None:
+        return config.kv_sink_pages
+    return int(kv_dtype == KVDtype.NVFP4)
+
+
+def build_pool(
+    config: EngineConfig,
+    model: CausalLM,
+    max_running: int,
+    agree: Callable[[PoolSpec], PoolSpec] | None = None,
+) -> KVPool:
+    """Size and allocate the pool; ``agree`` (tensor parallel) makes every rank's page count equal."""
+    spec = pool_spec(config, model, max_running)
+    if agree is not None:
+        spec = agree(spec)
+    scales = load_kv_scales(config.kv_scales_path, model.config.num_layers, model.device, spec.hadamard)
+    return KVPool(spec, model.device, scales)
+
+
+def make_page_table(pool: KVPool, max_running: int, context_len: int, device: torch.device) -> PageTable:
+    """One row per running request; each row holds up to ``context_len`` tokens of pages."""
+    p = pool.page_size
+    # NOTE: a tail row holds the window (the prefill window while a prompt is chunked), the page being
+    # demoted and the sink page(s).
+    tail_width = -(-max(pool.recent_window, pool.spec.prefill_window) // p) + 1 + pool.spec.sink_pages
+    return PageTable(max_running, -(-context_len // p) + 1, tail_width, device)
+
+
+def build_cache_manager(config: EngineConfig, pool: KVPool, page_table: PageTable) -> BaseCacheManager:
+    """The tail rule alone, or with prefix reuse (a radix tree), optionally over a host-memory tier."""
+    if config.disable_radix_cache:
+        return TieredCacheManager(pool, page_table)
+    host = None
+    if config.enable_hierarchical_cache:
+        gib = config.hicache_size or 2 * pool.spec.main_bytes() / (1 << 30)  # SGLang's default ratio: 2
+        host = HostTier(pool, max(1, host_pages_for(pool.spec, gib)))
+        logger.info(
+            f"Host KV tier: {host.num_pages} pages, {host.nbytes / (1 << 30):.2f} GiB, {config.hicache_write_policy}"
+        )
+    return PrefixCacheManager(pool, page_table, host=host, write_policy=config.hicache_write_policy)

@@ -1,0 +1,188 @@
+"""Cache kernels: write K/V into pages, attend over them (decode, extend), demote tail pages.
+
+Public ops take the same arguments as their pure-torch twins in ``reference`` and dispatch on the
+device: Triton kernels for CUDA tensors, the reference twin for CPU tensors -- unless the environment
+sets ``NIBBLEKV_KERNELS=triton`` (Triton everywhere: the interpreter on CPU, given
+``TRITON_INTERPRET=1``) or ``NIBBLEKV_KERNELS=reference`` (the twins everywhere).
+``decode_attention`` also takes ``num_splits`` (a host int, for CUDA graphs) and ``out``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from nibblekv.kernels.reference import decode_ref, demote_pages_ref, extend_ref, write_kv_ref
+from nibblekv.kernels.types import LayerKV
+
+
+# NOTE: head dims the Triton attention kernels build for: ``tl.dot`` needs K >= 16 on half a head and the
+# tiles are powers of two (64, 128 and 256 are the ones the GPU tests run).
+GPU_HEAD_DIMS: tuple[int, ...] = (32, 64, 128, 256)
+
+
+def check_gpu_head_dim(head_dim: int) -> None:
+    """Raise a clear error for a model whose heads the GPU kernels cannot take (instead of a Triton
+    compile error in the first forward)."""
+    if head_dim not in GPU_HEAD_DIMS:
+        raise ValueError(
+            f"head_dim {head_dim} is not supported by the GPU attention kernels (one of {GPU_HEAD_DIMS}); "
+            "run this model with --device cpu"
+        )
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Whether ops on ``t`` run the Triton kernels (CUDA tensors, or ``NIBBLEKV_KERNELS=triton``)."""
+    mode = os.environ.get("NIBBLEKV_KERNELS", "auto").lower()
+    if mode == "triton":
+        return True
+    if mode == "reference":
+        return False
+    return t.is_cuda
+
+
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, cache: LayerKV, slots: torch.Tensor, four_over_six: bool = False
+) -> None:
+    """Store ``k, v [T, kv_heads, D]`` at ``slots [T]`` (-1 = skip), quantized as the cache's dtype.
+
+    ``four_over_six``: NVFP4 block scales by 4over6 (see ``nibblekv.formats.nvfp4.quantize``).
+    """
+    if use_triton(k):
+        from nibblekv.kernels.cache_write import write_kv_triton
+
+        write_kv_triton(k, v, cache, slots, four_over_six)
+    else:
+        write_kv_ref(k, v, cache, slots, four_over_six)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    cache: LayerKV,
+    page_table: torch.Tensor,
+    lens: torch.Tensor,
+    sm_scale: float,
+    tail: LayerKV | None = None,
+    tail_page_table: torch.Tensor | None = None,
+    tail_lens: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    active: torch.Tensor | None = None,
+    min_active: int | None = None,
+) -> torch.Tensor:
+    """One query token per request: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (see ``decode_ref``).
+
+    ``active`` / ``min_active`` (CUDA graphs): only the first ``active`` (int32 ``[1]`` device tensor,
+    ``>= min_active``) rows are requests; padding rows' outputs are unspecified (see ``decode_triton``).
+    """
+    if use_triton(q):
+        from nibblekv.kernels.decode import decode_triton
+
+        return decode_triton(q, cache, page_table, lens, sm_scale, tail, tail_page_table, tail_lens,
+                             num_splits=num_splits, out=out, active=active, min_active=min_active)  # fmt: skip
+    res = decode_ref(q, cache, page_table, lens, sm_scale, tail, tail_page_table, tail_lens)
+    if out is not None:
+        out.copy_(res)
+        return out
+    return res
+
+
+EXTEND_VARIANTS = ("auto", "decode", "triton")
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cache: LayerKV,
+    page_table: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    sm_scale: float,
+    tail: LayerKV | None = None,
+    tail_page_table: torch.Tensor | None = None,
+    tail_prefix_lens: torch.Tensor | None = None,
+    max_chunk: int | None = None,
+) -> torch.Tensor:
+    """A chunk of new tokens per request over its cached prefix plus itself, causally (see ``extend_ref``).
+
+    ``max_chunk`` (host int >= the longest chunk, optional) spares the Triton launcher a device sync and
+    lets short chunks take ``extend_decode`` (the prefix through the decode kernels). Env
+    ``NIBBLEKV_EXTEND_VARIANT``: ``auto`` (default) and ``decode`` send NVFP4 and FP8 pools there where it
+    applies, ``triton`` none. Timed on the H200 (``kernels-h200.json``, fd99b25): 1-, 2-, 4-token chunks read
+    NVFP4 0.71 / 0.59 / 0.34 of the ceiling vs ``extend_triton``'s 0.25 / 0.24 / 0.24, FP8 0.89 / 0.76 / 0.71
+    vs 0.40 / 0.39 / 0.40; FP8 8-token chunks (two decode_tok groups) 0.53 vs 0.39 (e825a64)."""
+    if use_triton(q):
+        from nibblekv.kernels import extend_decode as ed
+        from nibblekv.kernels.extend import extend_triton
+
+        mode = os.environ.get("NIBBLEKV_EXTEND_VARIANT", "auto")
+        if mode not in EXTEND_VARIANTS:
+            raise ValueError(f"NIBBLEKV_EXTEND_VARIANT must be one of {EXTEND_VARIANTS}, got {mode!r}")
+        if mode != "triton" and max_chunk is not None:  # noqa: SIM102 - max_chunk narrowed for the call
+            if ed.extend_decode_unsupported(q, cache, max_chunk) is None:
+                return ed.extend_decode(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
+                                        max_chunk, tail, tail_page_table, tail_prefix_lens)  # fmt: skip
+
+        return extend_triton(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
+                             tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk)  # fmt: skip
+    return extend_ref(
+        q,
+        k_new,
+        v_new,
+        cu_seqlens,
+        cache,
+        page_table,
+        prefix_lens,
+        sm_scale,
+        tail,
+        tail_page_table,
+        tail_prefix_lens,
+    )
+
+
+def gather_pages(segs: Sequence[torch.Tensor], idx: torch.Tensor, out: torch.Tensor) -> None:
+    """``out [N, sum widths]`` (uint8) = the pages ``idx [N]`` of every segment ``[pages, width]``, side by side."""
+    from nibblekv.kernels import page_copy
+
+    (page_copy.gather_pages_triton if use_triton(idx) else page_copy.gather_pages_ref)(segs, idx, out)
+
+
+def scatter_pages(src: torch.Tensor, segs: Sequence[torch.Tensor], idx: torch.Tensor) -> None:
+    """The inverse of :func:`gather_pages`: rows of ``src`` into the pages ``idx`` of every segment."""
+    from nibblekv.kernels import page_copy
+
+    (page_copy.scatter_pages_triton if use_triton(idx) else page_copy.scatter_pages_ref)(src, segs, idx)
+
+
+def demote_pages(
+    tail: LayerKV,
+    src_pages: torch.Tensor,
+    cache: LayerKV,
+    dst_pages: torch.Tensor,
+    four_over_six: bool = False,
+) -> None:
+    """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]`` (``four_over_six``
+    as in :func:`write_kv`)."""
+    if use_triton(src_pages if src_pages.is_cuda else tail.k_data):
+        from nibblekv.kernels.cache_write import demote_pages_triton
+
+        demote_pages_triton(tail, src_pages, cache, dst_pages, four_over_six)
+    else:
+        demote_pages_ref(tail, src_pages, cache, dst_pages, four_over_six)
+
+
+__all__ = [
+    "LayerKV",
+    "decode_attention",
+    "demote_pages",
+    "extend_attention",
+    "gather_pages",
+    "scatter_pages",
+    "use_triton",
+    "check_gpu_head_dim",
+    "GPU_HEAD_DIMS",
+    "write_kv",
+]

@@ -1,0 +1,356 @@
+"""``decode_mma``'s per-lane PTX helpers (inline asm, each elementwise for Triton; the warp-collective ones
+need all 32 lanes of a warp), and their Triton twins under the interpreter (``_mma_twins``).
+
+Every helper works on one lane's fragment registers: uint32 = two fp16 (or bf16) / four bytes, fp32 = one
+accumulator; see ``decode_mma`` for the fragment layouts they serve.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from nibblekv.kernels._common import interpreting, nibbles_to_f16x2_ptx
+
+
+# ----------------------------------------------------------------------------------------------------
+# per-lane PTX helpers (each is elementwise for Triton; the warp-collective ones need all 32 lanes)
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _split64(x):
+    """uint64 -> (low, high) uint32."""
+    return tl.inline_asm_elementwise(
+        "mov.b64 {$0, $1}, $2;", "=r,=r,l", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _scale_h2(s):
+    """Low 16 bits = two E4M3 bytes -> half2 (byte 0 low, byte 1 high)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 a; cvt.u16.u32 a, $1; cvt.rn.f16x2.e4m3x2 $0, a; }",
+        "=r,r", [s], dtype=tl.uint32, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _bcast_h2(s):
+    """half2 (a, b) -> ((a, a), (b, b))."""
+    return tl.inline_asm_elementwise(
+        "prmt.b32 $0, $2, 0, 0x1010; prmt.b32 $1, $2, 0, 0x3232;",
+        "=r,=r,r", [s], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _interleave(a, b):
+    """Bytes (a0..a3), (b0..b3) -> (a0 b0 a1 b1), (a2 b2 a3 b3): two tokens' bytes side by side."""
+    return tl.inline_asm_elementwise(
+        "prmt.b32 $0, $2, $3, 0x5140; prmt.b32 $1, $2, $3, 0x7362;",
+        "=r,=r,r,r", [a, b], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+# $4 = 4 bytes, $5 = half2 multiplier -> $0..$3 = (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3) times $5
+_CVT_WORD_PTX = tl.constexpr(
+    "{"
+    + nibbles_to_f16x2_ptx("$4", ("$0", "$1", "$2", "$3"))
+    + """
+        mul.rn.f16x2 $0, $0, $5;
+        mul.rn.f16x2 $1, $1, $5;
+        mul.rn.f16x2 $2, $2, $5;
+        mul.rn.f16x2 $3, $3, $5;
+        }"""
+)
+
+
+@triton.jit
+def _word_to_h2x4(x, s, ASM: tl.constexpr):
+    """``ASM`` (a converter's PTX: $4 = word, $5 = half2 multiplier) -> its 4 half2 outputs."""
+    return tl.inline_asm_elementwise(
+        asm=ASM,
+        constraints="=r,=r,=r,=r,r,r",
+        args=[x, s],
+        dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _cvt_word(x, s):
+    """4 bytes = 8 E2M1 nibbles -> 4 half2 ``value * 2**-6 * s``: (lo0, lo1), (lo2, lo3), (hi0, hi1), (hi2, hi3).
+
+    ``lo_i``/``hi_i`` = low/high nibble of byte ``i``; ``s`` is a half2 multiplier (one per half).
+    """
+    return _word_to_h2x4(x, s, _CVT_WORD_PTX)
+
+
+def _byte_pair_ptx(sel: str, hi: str, lo: str) -> str:
+    """PTX: bytes ``sel`` picks of $4 (prmt) to bytes 1 and 3 of ``y``; ``hi`` / ``lo`` = their high / low
+    nibbles as two fp16 bit patterns ``value * 2**-14`` (sign to bit 15, e1 e0 m to bits 11..9)."""
+    body = ""
+    for src, dst in (("y", hi), ("z", lo)):  # z = y << 4: the low nibbles where the high ones were
+        body += f"""
+        shr.b32 t, {src}, 3;
+        and.b32 t, t, 0x0E000E00;
+        and.b32 {dst}, {src}, 0x80008000;
+        or.b32 {dst}, {dst}, t;"""
+    return f"""
+        prmt.b32 y, $4, 0, {sel};
+        shl.b32 z, y, 4;{body}"""
+
+
+# $4 = 4 bytes, $5 = half2 multiplier -> the outputs of _CVT_WORD_PTX times 2**-8 (value * 2**-14 * s) with
+# no conversion instruction (see _cvt_word_alu)
+_CVT_WORD_ALU_PTX = tl.constexpr(
+    "{ .reg .b32 y, z, t, r0, r1, r2, r3;"
+    + _byte_pair_ptx("0x1404", "r2", "r0")  # bytes 0, 1
+    + _byte_pair_ptx("0x3424", "r3", "r1")  # bytes 2, 3
+    + """
+        mul.rn.f16x2 $0, r0, $5;
+        mul.rn.f16x2 $1, r1, $5;
+        mul.rn.f16x2 $2, r2, $5;
+        mul.rn.f16x2 $3, r3, $5;
+        }"""
+)
+
+
+@triton.jit
+def _cvt_word_alu(x, s):
+    """``_cvt_word`` through integer ops only: 4 half2 ``value * 2**-14 * s`` (exact: <= 6 significant bits,
+    lsb >= 2**-24). Why: Hopper's conversion instructions have a low throughput, and ``_cvt_word`` issues 4
+    per word (variant option ``cv``; the caller folds 2**14 instead of 2**6 into its fp32 factor)."""
+    return _word_to_h2x4(x, s, _CVT_WORD_ALU_PTX)
+
+
+def _mma_ptx(ab: str) -> str:
+    """PTX of one ``mma.sync.m16n8k16`` with ``ab`` (f16 or bf16) operands and f32 accumulators."""
+    return (
+        f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, "
+        "{$10, $11, $12, $13};"
+    )
+
+
+_MMA_F16_PTX = tl.constexpr(_mma_ptx("f16"))
+_MMA_BF16_PTX = tl.constexpr(_mma_ptx("bf16"))
+# score-fragment pair -> P^T B-fragment: round to 16-bit pairs, then one 8x8 transpose across the warp
+_P_F16_PTX = tl.constexpr("{ .reg .b32 p; cvt.rn.f16x2.f32 p, $2, $1; movmatrix.sync.aligned.m8n8.trans.b16 $0, p; }")
+_P_BF16_PTX = tl.constexpr("{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $2, $1; movmatrix.sync.aligned.m8n8.trans.b16 $0, p; }")
+
+
+@triton.jit
+def _mma_asm(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, ASM: tl.constexpr):
+    """D = A B + C on this lane's fragment registers, by ``ASM`` (an ``_mma_ptx``)."""
+    return tl.inline_asm_elementwise(
+        ASM, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """One ``mma.sync.m16n8k16`` (f16 x f16 -> f32): D = A B + C on this lane's fragment registers."""
+    return _mma_asm(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, _MMA_F16_PTX)
+
+
+def _lane_reduce_ptx(op: str, masks: tuple[int, ...]) -> str:
+    """PTX: $0/$1 = ``op`` (max or add) of $2/$3 over the lanes that differ only in the bits of ``masks``
+    (xor 4, 8, 16: the 8 lanes sharing ``L % 4``, one fragment column; xor 1, 2: the 4 sharing ``L // 4``,
+    one fragment row)."""
+    body = "".join(
+        f"""
+        shfl.sync.bfly.b32 a, {x}, {m}, 0x1f, 0xffffffff;
+        shfl.sync.bfly.b32 b, {y}, {m}, 0x1f, 0xffffffff;
+        {op}.f32 $0, {x}, a;
+        {op}.f32 $1, {y}, b;"""
+        for i, m in enumerate(masks)
+        for x, y in [("$2", "$3") if i == 0 else ("$0", "$1")]
+    )
+    return "{ .reg .f32 a, b;" + body + "\n        }"
+
+
+_MAX8_PTX = tl.constexpr(_lane_reduce_ptx("max", (4, 8, 16)))
+_SUM8_PTX = tl.constexpr(_lane_reduce_ptx("add", (4, 8, 16)))
+_MAX4_PTX = tl.constexpr(_lane_reduce_ptx("max", (1, 2)))
+_SUM4_PTX = tl.constexpr(_lane_reduce_ptx("add", (1, 2)))
+
+
+@triton.jit
+def _reduce2(x, y, ASM: tl.constexpr):
+    """``x`` and ``y`` reduced across lanes by ``ASM`` (an ``_lane_reduce_ptx``)."""
+    return tl.inline_asm_elementwise(
+        ASM, "=f,=f,f,f", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _max8(x, y):
+    """Max of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4`` (one fragment column)."""
+    return _reduce2(x, y, _MAX8_PTX)
+
+
+@triton.jit
+def _sum8(x, y):
+    """Sum of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4``."""
+    return _reduce2(x, y, _SUM8_PTX)
+
+
+@triton.jit
+def _max4(x, y):
+    """Max of ``x`` and of ``y`` over the 4 lanes sharing ``L // 4`` (one fragment row: ``decode_mma16``)."""
+    return _reduce2(x, y, _MAX4_PTX)
+
+
+@triton.jit
+def _sum4(x, y):
+    """Sum of ``x`` and of ``y`` over the 4 lanes sharing ``L // 4``."""
+    return _reduce2(x, y, _SUM4_PTX)
+
+
+@triton.jit
+def _pack_h2(a, b):
+    """fp32 (a, b) -> half2 (a low, b high)."""
+    return tl.inline_asm_elementwise(
+        "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [a, b], dtype=tl.uint32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _p_asm(a, b, ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(ASM, "=r,f,f", [a, b], dtype=tl.uint32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _p_frag(a, b):
+    """Score-fragment pair (token g; heads 2t, 2t+1) -> P^T B-fragment (tokens 2t, 2t+1; head g), fp16."""
+    return _p_asm(a, b, _P_F16_PTX)
+
+
+@triton.jit
+def _mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """``_mma`` on bf16 fragments (the bf16 tail: its K/V need no conversion)."""
+    return _mma_asm(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, _MMA_BF16_PTX)
+
+
+@triton.jit
+def _p_frag_bf16(a, b):
+    """``_p_frag`` in bf16 (the B operand of ``_mma_bf16``)."""
+    return _p_asm(a, b, _P_BF16_PTX)
+
+
+@triton.jit
+def _st4(ptr, a, b, c, d, m):
+    """``st.global.v4.f32``: four consecutive fp32 at ``ptr`` (16-byte aligned) where ``m``."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $6, 0; @p st.global.v4.f32 [$1], {$2, $3, $4, $5}; mov.b32 $0, 0; }",
+        "=r,l,f,f,f,f,r", [ptr.to(tl.int64), a, b, c, d, m.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _ld4(ptr, m):
+    """``ld.global.v4.u32``: 16 bytes at ``ptr`` (16-byte aligned) as four uint32 where ``m``, else zeros."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; "
+        "@p ld.global.v4.u32 {$0, $1, $2, $3}, [$4]; }",
+        "=r,=r,=r,=r,l,r", [ptr.to(tl.int64), m.to(tl.int32)], dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+        is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _page_addr(page, stride, base):
+    """``base + page * stride`` as one ``mad.wide.u32`` (SASS ``IMAD.WIDE.U32``): ``page``, ``stride``
+    non-negative int32 (a page id, the page's bytes), ``base`` a byte pointer (int64 address) -> int64.
+
+    Why: ``page.to(int64) * s_page + off`` compiles to a full 64-bit multiply-add (sign word, two IMAD,
+    IMAD.WIDE, IADD) and one more 64-bit add per pointer; this is one instruction per pointer.
+    """
+    return tl.inline_asm_elementwise(
+        "mad.wide.u32 $0, $1, $2, $3;", "=l,r,r,l", [page.to(tl.int32), stride.to(tl.int32), base],
+        dtype=tl.int64, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+def _lazy_step_ptx() -> str:
+    """PTX of ``decode_mma._step_max``'s lazy rescale. Operands: outputs $0..$37 = m0, m1, c0, c1, l0, l1 and
+    the 32 O^T fragments; inputs $38..$75 = m0, m1, l0, l1, mx0, mx1 and the 32 fragments, $76 = the slack.
+
+    Unless every lane's step max is within the slack of its running max (``vote.all``; warp-uniform), the
+    column max over the 8 lanes sharing ``L % 4`` (xor 4, 8, 16) becomes the running max and the sums and
+    fragments are rescaled by ``ex2(m_old - c)`` -- ``_max8`` + ``_advance``, skipped by one branch inside
+    one asm block (a Triton ``if`` there made ptxas spill at the 128-register cap).
+    """
+    o_in = [f"${44 + i}" for i in range(32)]
+    o_out = [f"${6 + i}" for i in range(32)]
+    # NOTE: an output may share its register with its own input (loop-carried m, l, O^T: LLVM coalesces the
+    # phi pair), so m, l and the step maxima are copied first and every output is written from copies or
+    # from its own input only
+    lines = [
+        "{ .reg .pred p, q; .reg .f32 m0, m1, l0, l1, y0, y1, s, t0, t1, a, b, x0, x1, n0, n1, k0, k1;",
+        ".reg .f32 al0, al1;",
+        "mov.f32 m0, $38; mov.f32 m1, $39; mov.f32 l0, $40; mov.f32 l1, $41;",
+        "mov.f32 y0, $42; mov.f32 y1, $43;",
+        "mov.f32 s, $76; add.f32 t0, m0, s; add.f32 t1, m1, s;",
+        "setp.le.f32 p, y0, t0; setp.le.and.f32 p, y1, t1, p;",
+        "vote.sync.all.pred p, p, 0xffffffff;",
+        "setp.gt.f32 q, m0, 0fFF800000; selp.f32 k0, m0, 0f00000000, q;",
+        "setp.gt.f32 q, m1, 0fFF800000; selp.f32 k1, m1, 0f00000000, q;",
+        "mov.f32 $0, m0; mov.f32 $1, m1; mov.f32 $2, k0; mov.f32 $3, k1; mov.f32 $4, l0; mov.f32 $5, l1;",
+    ]
+    lines += [f"mov.f32 {d}, {x};" for d, x in zip(o_out, o_in)]
+    lines += ["@p bra LAZY_DONE;", "mov.f32 x0, y0; mov.f32 x1, y1;"]
+    for m in (4, 8, 16):
+        lines.append(f"shfl.sync.bfly.b32 a, x0, {m}, 0x1f, 0xffffffff;")
+        lines.append(f"shfl.sync.bfly.b32 b, x1, {m}, 0x1f, 0xffffffff;")
+        lines.append("max.f32 x0, x0, a; max.f32 x1, x1, b;")
+    lines += [
+        "max.f32 n0, m0, x0; max.f32 n1, m1, x1;",
+        "setp.gt.f32 q, n0, 0fFF800000; selp.f32 k0, n0, 0f00000000, q;",
+        "setp.gt.f32 q, n1, 0fFF800000; selp.f32 k1, n1, 0f00000000, q;",
+        "sub.f32 a, m0, k0; ex2.approx.f32 al0, a; sub.f32 b, m1, k1; ex2.approx.f32 al1, b;",
+        "mov.f32 $0, n0; mov.f32 $1, n1; mov.f32 $2, k0; mov.f32 $3, k1;",
+        "mul.f32 $4, l0, al0; mul.f32 $5, l1, al1;",
+    ]
+    # fragment i = o{mt}{j}: j even -> head 2t (al0), j odd -> head 2t+1 (al1)
+    lines += [f"mul.f32 {d}, {x}, {'al1' if i % 2 else 'al0'};" for i, (d, x) in enumerate(zip(o_out, o_in))]
+    lines += ["LAZY_DONE:", "}"]
+    return "\n".join(lines)
+
+
+_LAZY_PTX = tl.constexpr(_lazy_step_ptx())
+_LAZY_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 38 + ["f"] * 39))
+_F32X38 = tl.constexpr((tl.float32,) * 38)
+
+
+@triton.jit
+def _lazy_step(m0, m1, l0, l1, mx0, mx1,
+               o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
+               o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, slack):  # fmt: skip
+    """``_lazy_step_ptx``: (m0, m1, c0, c1, l0, l1, the 32 fragments); ``slack`` in log2 units (fp32)."""
+    return tl.inline_asm_elementwise(
+        _LAZY_PTX, _LAZY_CONSTRAINTS,
+        [m0, m1, l0, l1, mx0, mx1,
+         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+         o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, slack],
+        dtype=_F32X38,
+        is_pure=True, pack=1,
+    )  # fmt: skip
+
+if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (_mma_twins)
+    from nibblekv.kernels import _mma_twins as _tw
+
+    _split64, _scale_h2, _bcast_h2, _interleave, _cvt_word, _cvt_word_alu = (
+        _tw.split64,
+        _tw.scale_h2,
+        _tw.bcast_h2,
+        _tw.interleave,
+        _tw.cvt_word,
+        _tw.cvt_word_alu,
+    )
+    _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
+    _max4, _sum4 = _tw.max4, _tw.sum4
+    _mma_bf16, _p_frag_bf16 = _tw.mma_bf16, _tw.p_frag_bf16
+    _st4, _ld4 = _tw.st4, _tw.ld4
+    _page_addr = _tw.page_addr

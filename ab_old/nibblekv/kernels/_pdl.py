@@ -1,0 +1,31 @@
+"""Programmatic dependent launch (variant option ``pdl``): a kernel may start while the one before it in the
+stream drains; each such kernel waits for its predecessor's results before its first load of them.
+Measured on the H200 (2026-12-01, decode-variants-pdl-*-h200.json): within +-0.012 of plain launches for
+decode + combine, so opt-in."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from nibblekv.kernels._common import interpreting
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """With ``PDL`` (the kernel launched with ``launch_pdl``: it may start while the previous kernel in the
+    stream still runs): wait for that kernel's results, then let the next PDL launch start early (its
+    programs wait for ours in turn). NOTE: call before any load of another kernel's output."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+def pdl_args(cfg: dict[str, int | bool], device: torch.device) -> dict[str, object]:
+    """Launch arguments for a kernel with a ``PDL`` constexpr: on for variant option ``pdl`` where it can
+    run (CUDA, not the interpreter), else none (the kernel's default is off)."""
+    if cfg.get("pdl", 0) and device.type == "cuda" and not interpreting():
+        return {"PDL": 1, "launch_pdl": True}
+    return {}

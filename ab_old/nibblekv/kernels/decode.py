@@ -1,0 +1,586 @@
+"""Paged decode attention (split-K flash-decoding) over a BF16 / FP8 / NVFP4 cache plus a bf16 tail.
+
+Grid ``(B, kv_heads, num_splits [+1])``: one program reads one KV head's pages once for all ``G`` query
+heads of its GQA group (padded to ``BH >= 16`` rows for ``tl.dot``), over one slice of the request's
+main-pool tokens; with a tail pool, the extra last split attends over the tail (its newest tokens).
+Each program writes an fp32 partial output and its log-sum-exp (base 2); ``combine._combine_kernel``
+merges the splits. Dequantization happens in registers (``load_kv_halves``); global scales fold into the fp32
+softmax scale and output scale. No host syncs: the launcher is CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from nibblekv.kernels._common import (
+    FMT_FLOAT,
+    FMT_NVFP4,
+    check_cache,
+    fmt_code,
+    interpreting,
+    load_kv_halves,
+    load_kv_pages,
+    load_v_pages,
+    load_v_rows,
+    num_sms,
+    online_softmax_step,
+    scale_tensors,
+    tail_operands,
+)
+from nibblekv.kernels.decode_config import (
+    BALANCED_MIN_PAIRS,
+    _mma_max_registers,
+    _mma_unsupported,
+    combine_dim_block,
+    graph_num_splits,
+    mma_narrow_columns,
+    mma_num_splits,
+    mma_wide_config,
+    non_mma_default,
+    resolve_variant,
+)
+from nibblekv.kernels.decode_balanced import launch_balanced
+from nibblekv.kernels.decode_fixup import counters
+from nibblekv.kernels.combine import _combine_kernel, combine_chunk
+from nibblekv.kernels._pdl import pdl_args
+from nibblekv.kernels._tma import tma_args
+from nibblekv.kernels.decode_mma import decode_mma_kernel, decode_tail_kernel
+from nibblekv.kernels.decode_tok import decode_tok_kernel
+from nibblekv.kernels.types import LayerKV
+
+
+@triton.jit
+def _decode_block(
+    n0, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+    head_off, shead_off, pt_ptr,
+    D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr, FMT: tl.constexpr, USE_ASM: tl.constexpr,
+    INTERP: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """Keys ``[n0, n0 + BN)`` of one KV head: load, dequantize, one online-softmax step.
+
+    MASKED=False needs ``n0 + BN <= end`` (no load masks at all); MASKED=True masks keys ``>= end``.
+    PAGED=True (whole-page tiles) needs MASKED=False.
+    """
+    idx = n0 + tl.arange(0, BN)
+    nmask = idx < end
+    if PAGED:  # whole pages: one page-table entry and one base address per page
+        NPG: tl.constexpr = BN // PAGE
+        pidx = n0 // PAGE + tl.arange(0, NPG)
+        page = tl.load(pt_ptr + pidx).to(tl.int64)
+        row = page * s_page + head_off
+        srow = page * sc_page + shead_off
+        ka, kb = load_kv_pages(k_ptr, ks_ptr, row, srow, None, D, PAGE, FMT, USE_ASM, INTERP)
+        v = load_v_pages(v_ptr, vs_ptr, row, srow, D, PAGE, FMT, USE_ASM, INTERP)
+    else:
+        # NOTE: masked keys load as zeros (page-table reads too): stale V bytes could hold NaN, and 0 * NaN
+        # would poison the sum even with p = 0.
+        page = tl.load(pt_ptr + idx // PAGE, mask=nmask, other=0).to(tl.int64)
+        tok = (idx % PAGE).to(tl.int64)
+        row = page * s_page + head_off + tok * s_tok
+        srow = page * sc_page + shead_off + tok * sc_tok
+        ka, kb = load_kv_halves(k_ptr, ks_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
+        v = load_v_rows(v_ptr, vs_ptr, row, srow, nmask, D, FMT, USE_ASM, INTERP)
+    return online_softmax_step(qa, qb, ka, kb, v, nmask[None, :], m, l, acc, qk_scale)
+
+
+@triton.jit
+def _decode_segment(
+    q_ptr,
+    s_qh,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    s_page,
+    s_head,
+    s_tok,
+    sc_page,
+    sc_head,
+    sc_tok,
+    pt_ptr,
+    start,
+    end,
+    h,
+    qk_scale,
+    out_scale,
+    o_ptr,
+    lse_ptr,
+    s_os,
+    G: tl.constexpr,
+    BH: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BN: tl.constexpr,
+    FMT: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    INTERP: tl.constexpr,
+    PAGED: tl.constexpr,
+):
+    """Attend the group's query rows over tokens ``[start, end)`` of one pool; store partial o / lse."""
+    HALF: tl.constexpr = D // 2
+    offs_g = tl.arange(0, BH)
+    gmask = offs_g < G
+    offs_j = tl.arange(0, HALF)
+    if FMT == 2:  # NVFP4 tiles come as (even, odd) elements of head_dim
+        col_a = offs_j * 2
+        col_b = offs_j * 2 + 1
+    else:  # other formats as (first half, second half)
+        col_a = offs_j
+        col_b = offs_j + HALF
+    q_rows = q_ptr + (h * G + offs_g)[:, None] * s_qh
+    qa = tl.load(q_rows + col_a[None, :], mask=gmask[:, None], other=0.0)
+    qb = tl.load(q_rows + col_b[None, :], mask=gmask[:, None], other=0.0)
+
+    m = tl.full([BH], float("-inf"), tl.float32)
+    l = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, D], tl.float32)
+    head_off = h.to(tl.int64) * s_head
+    shead_off = h.to(tl.int64) * sc_head
+    # Full blocks run unmasked; the last, partial block (if any) runs once more with per-token masks.
+    full_end = start + (end - start) // BN * BN
+    if (
+        INTERP
+    ):  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
+        n0 = start
+        while n0 < full_end:
+            m, l, acc = _decode_block(
+                n0, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
+                sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED, False,
+            )  # fmt: skip
+            n0 += BN
+    else:
+        for n0 in range(start, full_end, BN):
+            m, l, acc = _decode_block(
+                n0, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
+                sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED, False,
+            )  # fmt: skip
+    if full_end < end:
+        m, l, acc = _decode_block(
+            full_end, end, qa, qb, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
+            sc_page, sc_tok, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, USE_ASM, INTERP, False, True,
+        )  # fmt: skip
+
+    # An empty segment stores lse = -inf and o = 0, which the combine step weighs as nothing.
+    inv = tl.where(l > 0, out_scale / tl.maximum(l, 1e-30), 0.0)
+    lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
+    o_rows = o_ptr + offs_g[:, None] * s_os
+    tl.store(o_rows + tl.arange(0, D)[None, :], acc * inv[:, None], mask=gmask[:, None])
+    tl.store(lse_ptr + offs_g * (s_os // D), lse, mask=gmask)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, s_qb, s_qh,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr,
+    s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
+    pt_ptr, s_pt, lens_ptr,
+    tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr,
+    o_ptr, lse_ptr, sm_scale,
+    HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr,
+    PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
+    NUM_SPLITS, HAS_TAIL: tl.constexpr,
+    FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    # NOTE: the tail is program 0 of the split axis (scheduled first, not as a short last wave); its
+    # partial slot stays the last one
+    sp = tl.program_id(2) - HAS_TAIL
+    S_TOT = NUM_SPLITS + HAS_TAIL  # NUM_SPLITS is a runtime int: one compile serves every split count
+    q_base = q_ptr + b.to(tl.int64) * s_qb
+    # partials: o [B, HQ, S_TOT, D] fp32, lse [B, HQ, S_TOT]; row (b, h*G + g, sp)
+    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + tl.where(sp < 0, NUM_SPLITS, sp)
+    o_base = o_ptr + first * D
+    lse_base = lse_ptr + first
+    if HAS_TAIL and sp < 0:
+        n = tl.load(tlens_ptr + b)
+        _decode_segment(
+            q_base, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
+            tpt_ptr + b.to(tl.int64) * s_tpt, 0, n, h, sm_scale * 1.4426950408889634, 1.0,
+            o_base, lse_base, S_TOT * D,
+            G, BH, D, TPAGE, TBN, 0, False, INTERP, TPAGED,
+        )  # fmt: skip
+    else:
+        n = tl.load(lens_ptr + b)
+        chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BN) * BN
+        start = sp * chunk
+        end = tl.minimum(start + chunk, n)
+        gk = 1.0
+        gv = 1.0
+        if FMT != 0:  # global scales apply to quantized pools only (as in the formats reference)
+            gk = tl.load(g_ptr)
+            gv = tl.load(g_ptr + 1)
+        if FMT == 2:
+            gk = gk * 128.0
+            gv = gv * 128.0
+        _decode_segment(
+            q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
+            pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
+            o_base, lse_base, S_TOT * D,
+            G, BH, D, PAGE, BN, FMT, USE_ASM, INTERP, PAGED,
+        )  # fmt: skip
+
+
+# NOTE: GQA groups over 16 run as chunks of <= 16 query heads (each reads the KV head again): the tok/paged
+# builds with 64-row query blocks (group 36) hit an illegal address on the H200 (2026-12-01, stop 24;
+# the interpreter passed) and 32/64-column extend groups were wrong there (stop 23)
+MAX_GROUP_ROWS = 16
+
+
+def _decode_group_chunks(
+    q: torch.Tensor,
+    cache: LayerKV,
+    page_table: torch.Tensor,
+    lens: torch.Tensor,
+    sm_scale: float,
+    out: torch.Tensor | None,
+    lse_out: torch.Tensor | None,
+    kw: dict[str, object],
+) -> torch.Tensor:
+    """``decode_triton`` over equal chunks of each KV head's query heads (GQA group > ``MAX_GROUP_ROWS``)."""
+    bsz, hq, d = q.shape
+    hkv = cache.layout.num_kv_heads
+    g = hq // hkv
+    n = -(-g // MAX_GROUP_ROWS)
+    size = -(-g // n)
+    if out is not None and out.shape != q.shape:
+        raise ValueError("out must be shaped like q with unit last stride")
+    out = torch.empty_like(q) if out is None else out
+    qv, ov = q.unflatten(1, (hkv, g)), out.unflatten(1, (hkv, g))
+    lv = None if lse_out is None else lse_out.view(bsz, hkv, g)
+    for j0 in range(0, g, size):
+        j1 = min(g, j0 + size)
+        qs = qv[:, :, j0:j1].reshape(bsz, hkv * (j1 - j0), d)
+        ls = None if lv is None else torch.empty((bsz, hkv * (j1 - j0)), dtype=torch.float32, device=q.device)
+        os_ = decode_triton(qs, cache, page_table, lens, sm_scale, lse_out=ls, **kw)  # type: ignore[arg-type]
+        ov[:, :, j0:j1] = os_.view(bsz, hkv, j1 - j0, d)
+        if lv is not None and ls is not None:
+            lv[:, :, j0:j1] = ls.view(bsz, hkv, j1 - j0)
+    return out
+
+
+def decode_triton(
+    q: torch.Tensor,
+    cache: LayerKV,
+    page_table: torch.Tensor,
+    lens: torch.Tensor,
+    sm_scale: float,
+    tail: LayerKV | None = None,
+    tail_page_table: torch.Tensor | None = None,
+    tail_lens: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    use_asm: bool | None = None,
+    out: torch.Tensor | None = None,
+    variant: str | None = None,
+    lse_out: torch.Tensor | None = None,
+    active: torch.Tensor | None = None,
+    min_active: int | None = None,
+) -> torch.Tensor:
+    """Triton twin of ``decode_ref``: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (q's dtype).
+
+    ``page_table [B, >= ceil(max lens / page)]`` int32/int64, ``lens [B]`` main-pool tokens; the tail
+    (optional) likewise. ``num_splits`` (host int) fixes the split-K factor (default: fill the GPU);
+    ``block_n``/``num_warps``/``num_stages``/``use_asm`` override the tuned launch config; ``out``
+    (like ``q``) receives the result if given. ``variant`` (default: env ``NIBBLEKV_DECODE_VARIANT``, else
+    ``decode_config.resolve_variant``'s default) picks the kernel and may carry launch overrides (see
+    ``decode_config.VARIANT_NAMES``).
+
+    ``active`` (int32 ``[1]`` on q's device) / ``min_active`` (host int): only the first ``active`` rows
+    are requests, the rest padding (a CUDA graph captured for B replays batches of ``min_active``..B).
+    decode_mma then sizes its splits for the real rows at run time (a one-wave grid sized for B gives 6/16
+    of its slots to padding rows at 10 of 16) and returns zeros for padding rows; other variants ignore it.
+    """
+    check_cache(cache, "cache")
+    lay = cache.layout
+    bsz, hq, d = q.shape if q.dim() == 3 else (0, 0, 0)
+    hkv = lay.num_kv_heads
+    if q.dim() != 3 or d != lay.head_dim or hq % hkv or q.stride(-1) != 1:
+        raise ValueError(f"q must be [B, Hq, {lay.head_dim}] with Hq % {hkv} == 0 and unit last stride")
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {d}")
+    if page_table.dim() != 2 or page_table.shape[0] != bsz or lens.shape != (bsz,):
+        raise ValueError("page_table must be [B, pages] and lens [B]")
+    if page_table.stride(-1) != 1:
+        page_table = page_table.contiguous()
+    has_tail = tail is not None and tail_lens is not None
+    if has_tail:
+        assert tail is not None and tail_page_table is not None and tail_lens is not None
+        check_cache(tail, "tail")
+        if tail.dtype.quantized or (tail.layout.num_kv_heads, tail.layout.head_dim) != (hkv, d):
+            raise ValueError("tail must be an unquantized pool with the main pool's kv_heads and head_dim")
+        if tail_page_table.dim() != 2 or tail_page_table.shape[0] != bsz or tail_lens.shape != (bsz,):
+            raise ValueError("tail_page_table must be [B, pages] and tail_lens [B]")
+        if tail_page_table.stride(-1) != 1:
+            tail_page_table = tail_page_table.contiguous()
+    fmt = fmt_code(cache.dtype)
+    interp = interpreting()
+    explicit = bool(variant or os.environ.get("NIBBLEKV_DECODE_VARIANT"))
+    name, cfg = resolve_variant(variant, fmt, d, interp)
+    if name == "mma":
+        why = _mma_unsupported(cache, hq // hkv)
+        if why and explicit:
+            raise ValueError(f"decode variant 'mma' {why}")
+        if why:  # the default where mma does not apply (a GQA group > 8, unaligned pools, odd pages)
+            name, cfg = resolve_variant(non_mma_default(d, interp), fmt, d, interp)
+    if name == "mma" and hq // hkv > mma_narrow_columns(d):
+        cfg = mma_wide_config(cfg)
+    if name != "mma" and hq // hkv > MAX_GROUP_ROWS:
+        kw = dict(tail=tail, tail_page_table=tail_page_table, tail_lens=tail_lens, num_splits=num_splits,
+                  block_n=block_n, num_warps=num_warps, num_stages=num_stages, use_asm=use_asm, variant=variant,
+                  active=active, min_active=min_active)  # fmt: skip
+        return _decode_group_chunks(q, cache, page_table, lens, sm_scale, out, lse_out, kw)
+    for key, val in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages)):
+        if val:
+            cfg[key] = val
+    if use_asm is not None:
+        cfg["conv"] = int(use_asm)
+    if interp:
+        cfg["conv"] = 0  # the interpreter cannot run inline PTX
+    bn, tbn = int(cfg["block_n"]), int(cfg["tail_block_n"])
+    if name == "mma":
+        if int(cfg["minc"]) < 16 or int(cfg["minc"]) % 16:
+            raise ValueError(
+                f"decode variant 'mma': minc must be a positive multiple of 16, got {cfg['minc']}"
+            )
+    # NOTE: "mma" writes one partial slot per warp of each split, two at head_dim 64 (PAIR in decode_mma)
+    pair = int(name == "mma" and d == 64)
+    tk, tv, ts, tpt, ttl, tpage = tail_operands(tail, tail_page_table, tail_lens, cache, page_table, lens)
+    tail_in_grid = name == "mma" and has_tail and _mma_tail_in_grid(cfg, pair, tk, tv, ts, tpage)
+    # NOTE: one-warp tail programs per (request, KV head) in decode_mma's grid (variant option ts)
+    tail_progs = int(tail_in_grid) * max(1, int(cfg.get("tail_splits", 1)))
+    tail_wave = tail_progs * int(cfg.get("tail_wave", 0))  # the tail programs' slots kept in the wave
+    lo = bsz if active is None else max(1, min(bsz, min_active or bsz))
+    if name == "mma":
+        splits = num_splits or mma_num_splits(lo, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]), tail_wave)
+    else:
+        cap, wave = int(cfg.get("split_cap", 64)), int(cfg.get("wave_ctas", 0))
+        room = int(has_tail) * int(cfg.get("tail_room", 0))  # NOTE: non-mma kernels: one tail program a pair
+        splits = num_splits or graph_num_splits(bsz, lo, hkv, bn, cap, wave, room)
+    tail_slots = mma_tail_slots(has_tail, pair, tail_progs)
+    s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + tail_slots
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError("out must be shaped like q with unit last stride")
+    if lse_out is not None and (
+        lse_out.shape != (bsz, hq) or lse_out.dtype != torch.float32 or not lse_out.is_contiguous()
+    ):
+        raise ValueError(f"lse_out must be contiguous float32 [{bsz}, {hq}]")
+    if bsz == 0:
+        return out
+    if name == "mma" and _balanced(cfg, pair, has_tail, tail_in_grid, bsz * hkv):
+        bal_cfg = dict(cfg, vq=int(cfg["vq"]) * int(_q_vector_ok(q)))
+        tail_ops = (tk, tv, ts, tpt, ttl, tpage)
+        LAST_KERNEL["decode"] = launch_balanced(
+            q, cache, page_table, lens, sm_scale, tail_ops, has_tail, bal_cfg, out, lse_out, active
+        )
+        return out
+    o_part = torch.empty((bsz, hq, s_tot, d), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((bsz, hq, s_tot), dtype=torch.float32, device=q.device)
+    if interp:  # NOTE: CPU tests see any partial slot the combine step reads but no program wrote
+        o_part.fill_(float("nan"))
+        lse_part.fill_(float("nan"))
+    ks, vs, (sp, sh, st) = scale_tensors(cache)
+    ds = cache.k_data.stride()
+    tok = name == "tok"
+    if has_tail and not tok:
+        tbn = max(tbn, tpage) if _pages_contiguous(tail, max(tbn, tpage)) else tbn
+    g = hq // hkv
+    args = (
+        q, q.stride(0), q.stride(1),
+        cache.k_data, cache.v_data, ks, vs, cache.global_scale,
+        ds[0], ds[1], ds[2], sp, sh, st,
+        page_table, page_table.stride(0), lens,
+        tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
+        o_part, lse_part, float(sm_scale),
+    )  # fmt: skip
+    stages = int(cfg.get("tail_stages", cfg["num_stages"]) if has_tail else cfg["num_stages"])
+    common = dict(
+        HQ=hq, G=g, BH=max(16, triton.next_power_of_2(g)), D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, TBN=tbn,
+        NUM_SPLITS=splits, HAS_TAIL=has_tail, FMT=fmt, INTERP=interp,
+        num_warps=int(cfg["num_warps"]), num_stages=stages,
+    )  # fmt: skip
+    side = None
+    dyn: dict[str, object] = {}
+    # NOTE: programmatic dependent launch (variant option pdl) for decode_tok / decode_mma and the combine
+    # step: each may start while the kernel before it drains (the tail's side-stream launch keeps it off)
+    pdl_ok = name == "tok" or (name == "mma" and (tail_in_grid or not has_tail))
+    pdl = pdl_args(cfg, q.device) if pdl_ok else {}
+    # NOTE: the in-kernel fix-up (tok, mma) needs every partial written by this grid (the tail's too)
+    whole = name == "tok" or (name == "mma" and (tail_in_grid or not has_tail))
+    cnt = counters(q.device, bsz * hkv) if cfg.get("fuse") and whole else None
+    fused = {} if cnt is None else _fused_args(cnt, out, lse_out)
+    if name == "mma":
+        if has_tail and not tail_in_grid:  # its own launch (decode_tail_kernel), beside the main kernel
+            side = side_stream(q.device)
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream(q.device))
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                decode_tail_kernel[(bsz, hkv)](
+                    q, q.stride(0), q.stride(1), tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
+                    o_part, lse_part, float(sm_scale), s_tot, s_tot - 1,
+                    HQ=hq, G=g, BH=common["BH"], D=d, TPAGE=tpage, TBN=tbn, INTERP=interp, num_warps=4,
+                )  # fmt: skip
+        mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
+        dyn = _dyn_args(active, q.device, int(cfg["ppsm"]), hkv * tail_wave)
+        grid = (bsz * hkv * (splits + tail_progs),) if dyn else (bsz, hkv, splits + tail_progs)
+        k = decode_mma_kernel[grid](
+            *args,
+            TAIL_MMA=tail_progs,
+            NW=int(cfg["num_warps"]),
+            TPI=int(cfg["tpi"]),
+            PF=int(cfg["pf"]),
+            MINC=int(cfg["minc"]),
+            PAIR=pair,
+            VST=int(cfg["vst"]),
+            VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
+            CV=int(cfg["cv"]),
+            LZ=int(cfg["lazy"]),
+            TPP=int(tail_in_grid and bool(cfg.get("tail_page_prefetch", 0))),
+            **tma_args(cfg, cache, mma_common["PAGE"], math.prod(grid), q.device),
+            **pdl,
+            **dyn,
+            **fused,
+            **mma_common,
+            # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
+            # resident (128 at 16). Uncapped, sm_90 compiles drifted to 130 (GQA 8) and 166 (no tail, after
+            # an early return was added): 15 / 12 warps per SM, two waves, 0.44-0.59 of the H200's ceiling
+            # instead of 0.64-0.73 (2026-11-30). Capped at 128 none spills (tests/test_kernels_sass.py).
+            **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
+        )
+    elif tok:
+        if fmt == FMT_NVFP4 and st != d // 16:
+            raise ValueError(
+                f"decode variant {name!r} needs packed NVFP4 scale rows (token stride {d // 16})"
+            )
+        split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT else 0
+        k = decode_tok_kernel[(bsz, hkv, s_tot)](
+            *args, CONV=int(cfg["conv"]), SPLIT=split, **common, **fused, **pdl
+        )  # fmt: skip
+    else:
+        paged = name == "paged" and _pages_contiguous(cache, bn)
+        k = _decode_kernel[(bsz, hkv, s_tot)](
+            *args, USE_ASM=bool(cfg["conv"]), PAGED=paged,
+            TPAGED=name == "paged" and has_tail and _pages_contiguous(tail, tbn), **common,
+        )  # fmt: skip
+    LAST_KERNEL["decode"] = k
+    if side is not None:
+        torch.cuda.current_stream(q.device).wait_stream(side)
+    if fused:  # NOTE: the last program of each (request, KV head) merged its partials (decode_fixup)
+        return out
+    # NOTE: one combine program per (request, KV head) -- its G query heads' rows are adjacent -- where the
+    # pairs fill the GPU: H200, combine us per call at B26x32K / B32x8K / B64x8K / B128x8K 5.0 / 6.0 / 10.6 /
+    # 19.4 -> 3.6 / 4.0 / 3.6 / 5.2; with fewer pairs than SMs a program per query head: B8x32K / B1x128K
+    # 3.5 / 3.0 vs 4.1 / 4.6 grouped (decode-variants-{s30a,s30g,combine}-h200.log)
+    gc = g if bsz * hkv >= num_sms() else 1
+    db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hq // gc, s_tot, d)
+    mma = name == "mma"
+    gp = triton.next_power_of_2(gc)
+    eager = int(cfg.get("combine_eager", 1))  # ce=0: the combine as before 2026-12-03, to compare
+    slots = s_tot - tail_slots * int(has_tail) if eager else None
+    ch = combine_chunk(gp, db, slots, half=not eager)
+    _combine_kernel[(bsz * hq // gc, d // db)](
+        o_part, lse_part, out, out.stride(0), out.stride(1),
+        HQ=hq, S=s_tot, D=d, DB=db, CH=ch, G=gc, GP=gp, lens_ptr=lens, EAGER=eager,
+        TB=max(2, triton.next_power_of_2(tail_slots)),
+        MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
+        MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
+        lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4, **pdl,
+        **(dict(dyn, WARPS_PER_REQ=hkv * int(cfg["num_warps"])) if mma and dyn else {}),
+    )  # fmt: skip
+    return out
+
+
+def _fused_args(cnt: torch.Tensor, out: torch.Tensor, lse_out: torch.Tensor | None) -> dict[str, object]:
+    """decode_tok / decode_mma arguments of the in-kernel fix-up (``decode_fixup``)."""
+    return dict(
+        cnt_ptr=cnt, out_ptr=out, s_ob=out.stride(0), s_oh=out.stride(1), lse_out=lse_out, FUSE=1,
+        WRITE_LSE=int(lse_out is not None),
+    )  # fmt: skip
+
+
+def _dyn_args(active: torch.Tensor | None, device: torch.device, ppsm: int, reserve: int) -> dict[str, object]:
+    """decode_mma / combine arguments for ``active`` (empty without it: the static grid)."""
+    if active is None:
+        return {}
+    if active.shape != (1,) or active.dtype != torch.int32 or active.device != device:
+        raise ValueError(f"active must be an int32 [1] tensor on {device}, got {active.dtype} {tuple(active.shape)}")
+    return {"act_ptr": active, "warp_slots": ppsm * num_sms(), "reserve_per_req": reserve, "DYN": 1}
+
+
+def mma_tail_slots(has_tail: bool, pair: int, tail_progs: int) -> int:
+    """Partial slots the bf16 tail takes at the end of each head's: one per tail program in decode_mma's
+    grid (``tail_progs``), two with ``PAIR`` (one per token parity), else one (its own launch). NOTE:
+    mirrors ``TAIL_SLOTS`` in ``decode_mma_kernel``."""
+    return int(has_tail) * (tail_progs * (1 + int(pair)) if tail_progs else 1)
+
+
+def _mma_tail_in_grid(
+    cfg: dict[str, int | bool], pair: int, tk: torch.Tensor, tv: torch.Tensor, ts: tuple[int, ...], tpage: int
+) -> bool:
+    """Whether decode_mma attends the bf16 tail as one more one-warp program of its grid (``TAIL_MMA``):
+    variant option ``tin`` (default 1), one warp per program, bf16 rows whose addresses are 16-byte aligned
+    (it reads them as vectors), packed rows; with ``PAIR`` (head_dim 64) even tail pages (two tokens a
+    row). Else ``decode_tail_kernel`` runs beside it."""
+    aligned = all(x % 8 == 0 for x in ts[:3]) and tk.data_ptr() % 16 == 0 and tv.data_ptr() % 16 == 0
+    ok = tk.dtype == torch.bfloat16 and tk.stride(-1) == 1 and aligned
+    if pair:
+        ok = ok and tpage % 2 == 0 and ts[2] == tk.shape[-1]  # a row's two tokens adjacent
+    return bool(cfg.get("tin", 1)) and int(cfg["num_warps"]) == 1 and ok
+
+
+def _balanced(cfg: dict[str, int | bool], pair: int, has_tail: bool, tail_in_grid: bool, pairs: int) -> bool:
+    """Whether decode_mma runs token-balanced (``decode_balanced``): variant option ``bal=1``, or ``bal=2``
+    (default) from ``BALANCED_MIN_PAIRS`` (request, KV head) pairs; head_dim 128 (no ``PAIR``), one warp per
+    program, the bf16 tail (if any) in the grid. ``num_splits`` does not apply there (the warps split the
+    batch's tiles, not each request)."""
+    mode = int(cfg.get("balanced", 0))
+    on = mode == 1 or (mode == 2 and pairs >= BALANCED_MIN_PAIRS)
+    return on and not pair and int(cfg["num_warps"]) == 1 and (tail_in_grid or not has_tail)
+
+
+def _q_vector_ok(q: torch.Tensor) -> bool:
+    """Whether decode_mma may load Q rows as 16-byte vectors (bf16, rows and heads 16-byte aligned)."""
+    return q.dtype == torch.bfloat16 and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A second stream per GPU for small launches that overlap the main one (None off CUDA).
+
+    NOTE: the bf16 tail's launch is independent of decode_mma's until the combine step; run in sequence
+    at B=1 it added ~5 us a layer (H200, 2026-11-30). The caller forks (``wait_stream``) before and
+    joins after, which CUDA-graph capture records as two parallel branches.
+    """
+    if device.type != "cuda" or interpreting() or os.environ.get("NIBBLEKV_SIDE_STREAM", "1") == "0":
+        return None  # NOTE: NIBBLEKV_SIDE_STREAM=0 runs the side launches in sequence (a diagnostic A/B)
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SIDE_STREAMS:
+        _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return _SIDE_STREAMS[idx]
+
+
+def _pages_contiguous(cache: LayerKV | None, block_n: int) -> bool:
+    """Whether whole-page tiles apply: power-of-two pages dividing the key block, tokens packed in a page."""
+    if cache is None:
+        return False
+    p, lay = cache.page_size, cache.layout
+    ok = p & (p - 1) == 0 and block_n % p == 0 and cache.k_data.stride(2) == lay.data_width
+    if cache.k_scale is not None:
+        ok = ok and cache.k_scale.stride(2) == lay.head_dim // 16
+    return ok
+
+
+# The compiled kernel of the last launch (benchmarks read its register / spill counts).
+LAST_KERNEL: dict[str, object] = {}

@@ -1,0 +1,385 @@
+"""Decode launch configuration: the kernel variants, their tuned launch configs and split counts.
+
+Which kernel ``decode_triton`` runs for a pool (``resolve_variant``, ``_mma_unsupported``) and with what
+launch parameters; every number here was measured on an H200 (the NOTEs say when and where).
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+
+from nibblekv.kernels._common import FMT_FLOAT, FMT_FP8, FMT_NVFP4, fmt_code, num_sms
+from nibblekv.kernels.types import LayerKV
+
+# Decode kernel variants (``decode_triton(variant=...)`` or env ``NIBBLEKV_DECODE_VARIANT``), each a name
+# optionally followed by launch overrides ``name:bn=64,tbn=64,w=4,s=4,conv=2,sv=1`` (conv: NVFP4 conversion,
+# 0 plain Triton, 1 two asm blocks, 2 one asm block per 4 bytes, 3 via E4M3 bytes + cvt (tok only);
+# FP8 bit 0: V through the uint16-pair asm;
+# for "paged"/"rows" conv>0 means asm. sv=1 (tok, FP8/NVFP4): V as even/odd column halves, sv=2 NVFP4 K too):
+#   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the default until 2026-11-29)
+#   rows   the same kernel, per-token addressing, K as two half-D dots (PAGED=False)
+#   tok    decode_tok: per-token gather of [BN, D] tiles, S = Q K^T (Q the A operand), one full-D dot
+# (kq -- S^T = K Q^T, wrong on sm_90 -- and bs -- NVFP4 block scales outside the elementwise path, more SASS
+# than tok -- were measured and removed as dead ends; mma supersedes them, see decode-variants-sass.md.)
+# NOTE: "tok" is the default since the H200 run of 2026-11-29 (benchmarks/results/decode-variants-h200.*):
+# fraction of the 4.63 TB/s read ceiling at B64x32K / B8x32K / B32x8K / B1x128K, "paged" -> "tok":
+# BF16 .59/.53/.55/.43 -> .97/.88/.86/.78, FP8 .39/.36/.36/.35 -> .79/.65/.65/.60,
+# NVFP4 .24/.22/.22/.21 -> .30/.28/.27/.22 (each checked against the reference on the GPU first).
+DEFAULT_VARIANT = "tok"
+# NOTE: head dims where "tok" is the default (its inline-PTX paths cannot run in the interpreter; 64 and
+# 128 passed the GPU tests and were timed): at 64 (H200, 2026-11-30, benchmarks/results/decode-variants-d64-h200.json,
+# B64x32K / B8x32K / B32x8K / B1x128K) "paged" -> "tok": FP8 .43/.39/.39/.38 -> .91/.69/.69/.61,
+# BF16 .54/.48/.50/.49 -> .93/.75/.77/.73. 256 keeps "paged" (tested on the GPU, never timed).
+TOK_VERIFIED_HEAD_DIMS = (64, 128)
+# NOTE: decode_mma at head_dim 64 (two tokens a row) is the NVFP4 default since the same run: "paged"
+# .23/.20/.20/.16 -> .69/.56/.55/.45 (3x); it matched the reference on the GPU (rel. RMS 1.7e-3).
+MMA_VERIFIED_HEAD_DIMS = (64, 128)
+#   mma    decode_mma (NVFP4; head_dim 128 with GQA groups <= 8, or 64 with groups <= 4 read as 128 with two
+#          tokens a row, see PAIR in decode_mma._mma_segment): hand-placed mma.sync fragments, one 16-token tile
+#          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
+#          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
+#          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), cv (nibble
+#          conversion by integer ops: 1 K, 2 V, 3 both), tin (1: the bf16 tail as programs of the grid), ts
+#          (tail programs per (request, KV head), per-pair splits only), tpp (1: the tail programs prefetch page
+#          ids), tw (1: splits leave the tail programs room in the wave), bal (1: token-balanced split-K over
+#          the whole batch, decode_balanced; 0 off; 2 auto by pairs), tma (N = 2..5: tiles staged through a
+#          shared-memory ring by bulk copies, _tma; opt-in: the same speed as the register path on the H200,
+#          2026-12-01, decode-variants-tma-h200.json: .736/.702/.639/.615/.553 vs .724/.719/.665/.628/.574 at
+#          B64x32K/B26x32K/B8x32K/B32x8K/B1x128K, with 15% more instructions; with lz=8 no better, 2026-12-02,
+#          decode-variants-s30{a,c}-h200.json)
+# tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within +-.012
+#          of the default for every dtype at those shapes, decode-variants-pdl-*-h200.json)
+# tok: st (pipeline stages where the pool has a bf16 tail; BF16's default 5 at head_dim 128, else s's)
+# Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more), wv
+#          (programs per SM of one wave for default_num_splits' one-wave rule; FP8 tok's default 2 at
+#          head_dim 128, else 0 = off), tr (1: the bf16 tail's program counts in the splits' budget; untimed)
+# tok and mma: fuse (1: each (request, KV head)'s last program merges the split partials itself, no combine
+#          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
+#          (2026-12-01, decode-variants-fuse-*-h200.json: the last program's serial merge costs more than the
+#          combine launch saves, e.g. GQA 8 B8x32K mma .636 -> .583, B1x128K .561 -> .257; FP8 tok .744 -> .645)
+# (Dropped, stop 37: l2 -- a per-lane prefetch.global.L2 of the next step's tiles mid-step, since ptxas issues
+# the register prefetch at each step's end under the 128-register cap. No gain on the H200 beside the default
+# (pageaddr-s37-h200/: e.g. GQA 4 B64x32K .768/.753 -> .751/.751, B8x32K .684 -> .68): the kernel is bound by
+# its instructions, not by that load's latency -- _page_addr's 4% fewer gave 2-4%.)
+# Every variant: ce (0: the combine step as before 2026-12-03 -- lens loaded before the partials, chunks of
+#          4096 elements -- to compare with the default 1: one round trip, chunks of up to 8192)
+VARIANT_NAMES = ("paged", "rows", "tok", "mma")
+# NOTE: bal=2 turns decode_balanced on from this many (request, KV head) pairs: 26 x 8 = 208 pairs still
+# favoured per-pair splits (.729 vs .714), 91 x 8 = 728 and the 64-request ragged batches did not
+BALANCED_MIN_PAIRS = 256
+
+
+def default_num_splits(
+    batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 128, per_sm: int = 16,
+    cap: int = 64, wave_ctas: int = 0, tail_room: int = 0,
+) -> int:
+    """Splits per request so the grid has ~16 programs per SM (132 SMs on an H200).
+
+    Many equal programs keep the last wave short (a grid of ~1.3 waves left a third of the GPU idle in
+    our first H200 run). ``max_len`` (a host int, if the caller knows it) caps splits so each gets
+    >= 2 key blocks; empty splits exit at once, so over-splitting short contexts is cheap.
+    ``wave_ctas`` (variant option ``wv``, > 0): with >= 64 (request, KV head) pairs, the splits that fill ONE
+    wave of that many resident programs per SM instead, where that wave is >= 90% full. ``tail_room``
+    (variant option ``tr``, opt-in, untimed): that many more programs per pair (the bf16 tail's) count
+    against the ~16 per SM, so the tail does not push the grid into one more wave.
+    """
+    sms = num_sms()
+    pairs = batch * kv_heads
+    one_wave = max(1, min(cap, wave_ctas * sms // pairs)) if wave_ctas > 0 else 0
+    if 64 <= pairs <= wave_ctas * sms and pairs * one_wave >= 0.9 * wave_ctas * sms:
+        # NOTE: FP8 decode_tok holds ~2 programs per SM (210 registers x 4 warps): ~16 waves of short splits
+        # paid each program's pipeline ramp with nothing beside it -- 13-27 us per call at 256K-token shapes.
+        # Only a wave >= 90% full: 208 pairs (B=26 x 32K) in 208 programs read .865 vs .891 with 11 splits
+        return one_wave
+    if tail_room:
+        splits = max(1, min(cap, per_sm * sms // pairs - tail_room))
+    else:
+        splits = max(1, min(cap, triton.cdiv(per_sm * sms, pairs)))
+    if max_len is not None:
+        splits = max(1, min(splits, triton.cdiv(max_len, 2 * block_n)))
+    return splits
+
+
+def graph_num_splits(
+    batch: int, lo: int, kv_heads: int, block_n: int, cap: int, wave_ctas: int, tail_room: int = 0
+) -> int:
+    """``default_num_splits`` for a launch that serves ``lo``..``batch`` requests (a CUDA graph replayed
+    with padding rows): the one-wave rule only where the smallest batch gets the same splits (fills it too)."""
+    kw = dict(cap=cap, tail_room=tail_room)
+    splits = default_num_splits(batch, kv_heads, None, block_n, wave_ctas=wave_ctas, **kw)
+    if wave_ctas and splits != default_num_splits(lo, kv_heads, None, block_n, wave_ctas=wave_ctas, **kw):
+        return default_num_splits(batch, kv_heads, None, block_n, **kw)
+    return splits
+
+
+def mma_columns(head_dim: int) -> int:
+    """Query columns per KV head that decode_mma scores in one warp: 16 at head_dim 128 (8 by ``S^T = K Q^T``,
+    one ``mma.sync`` n-dimension; 9-16 by ``S = Q K^T``, ``decode_mma16``), 4 at 64 (two tokens a row use two
+    columns each), 0 where it does not run."""
+    return {128: 16, 64: 4}.get(head_dim, 0)
+
+
+def mma_narrow_columns(head_dim: int) -> int:
+    """Query columns per KV head that decode_mma scores as ``S^T = K Q^T`` (8 at head_dim 128, 4 at 64); more
+    (up to ``mma_columns``) run as ``decode_mma16`` with ``mma_wide_config``."""
+    return min(mma_columns(head_dim), 8)
+
+
+# NOTE: one-warp programs per SM for decode_mma16 (a GQA group of 9-16 columns): 64 accumulators + 32 Q
+# registers need more than decode_mma's 128 registers (16 per SM)
+WIDE_PPSM = 8
+
+
+def mma_wide_config(cfg: dict[str, int | bool]) -> dict[str, int | bool]:
+    """``cfg`` for ``decode_mma16`` (a GQA group of 9-16 columns): ``wppsm`` programs per SM (its 64
+    accumulators), the bf16 tail in its own launch, per-pair splits, no TMA / fix-up / lazy rescale."""
+    return dict(cfg, ppsm=cfg.get("wppsm", WIDE_PPSM), tin=0, balanced=0, tma=0, fuse=0, lazy=0)
+
+
+def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
+    """Why ``decode_mma`` cannot run on this pool (None if it can): NVFP4, head_dim 128 with a GQA group
+    <= 16 or head_dim 64 with a group <= 4 and an even page size (two tokens a row), packed rows, pages and
+    heads 8-byte aligned (the kernel reads them as uint64 / uint16 words)."""
+    lay = cache.layout
+    d = lay.head_dim
+    fits = 0 < g <= mma_columns(d) and (d != 64 or lay.page_size % 2 == 0)
+    if fmt_code(cache.dtype) != FMT_NVFP4 or not fits or cache.k_scale is None:
+        return (
+            "needs an NVFP4 pool with head_dim 128 and a GQA group <= 16, or head_dim 64, a group <= 4 and "
+            "even pages"
+        )
+    ds, ss = cache.k_data.stride(), cache.k_scale.stride()
+    packed = ds[2] == lay.head_dim // 2 and ss[2] == lay.head_dim // 16
+    aligned = all(x % 8 == 0 for x in ds[:2]) and all(x % 2 == 0 for x in ss[:2])
+    aligned = aligned and cache.k_data.data_ptr() % 8 == 0 and cache.v_data.data_ptr() % 8 == 0
+    aligned = aligned and ds[0] < 2**31 and ss[0] < 2**31  # NOTE: _page_addr multiplies 32-bit page strides
+    if not (packed and aligned) or cache.k_scale.data_ptr() % 2:
+        return "needs packed NVFP4 rows, 8-byte aligned pages and heads, page strides below 2**31 bytes"
+    return None
+
+
+def _mma_max_registers(per_sm: int) -> int:
+    """Registers per thread that let ``per_sm`` one-warp programs share an SM's 64K (allocated in 8s)."""
+    return max(24, min(255, 65536 // (32 * per_sm)) // 8 * 8)
+
+
+def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int, tail_warps: int = 0) -> int:
+    """Splits for ``decode_mma``: ``per_sm`` warps per SM in all, rounded DOWN (whole waves).
+
+    Every warp has the same work, so the grid should be whole waves: with ~16 warps resident per SM (128
+    registers), a grid of 1.1 waves ran at 0.50 of the H200's read ceiling and 2.06 waves at 0.57
+    (B=32 x 8K, 2026-11-29). The bf16 tail is one more program per (request, KV head) past these waves
+    (``TAIL_MMA``) or its own launch (``decode_tail_kernel``). Capped at 256 partial slots per head (each
+    warp writes one; the combine step reads them all). ``tail_warps`` (variant option ``tw``): keep that
+    many slots per (request, KV head) for the tail programs, so they run in the same wave.
+    """
+    sms = num_sms()
+    slots = per_sm * sms - batch * kv_heads * tail_warps
+    return max(1, min(256 // num_warps, slots // (batch * kv_heads * num_warps)))
+
+
+def combine_dim_block(rows: int, slots: int, d: int) -> int:
+    """Dims per combine program for ``rows`` (request, head) pairs of ``slots`` partials each.
+
+    NOTE: split the dims only as far as the grid needs to cover the GPU (~2 programs per SM): one program
+    per head looping over 256 slots was latency-bound at B=1 (32 programs), while splitting every head 8
+    ways whenever slots > 16 gave B=8 x GQA 8 4096 programs for 33 slots (until 2026-11-30; the time per
+    launch is not measured apart -- compare with variant option ``cdb=16``).
+    """
+    if slots <= 16:
+        return d
+    sms = num_sms()
+    ways = min(d // 16, triton.next_power_of_2(triton.cdiv(2 * sms, max(rows, 1))))
+    return d // ways
+
+
+def _default_config(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
+    """Launch config by format (H200 sweeps in benchmarks/bench_kernels.py).
+
+    NOTE: with the page-table load in the loop, triton 3.6's pipeliner keeps ``num_stages - 3`` data
+    buffers in flight at BN=64/128 (checked in the TTGIR): stages <= 4 means no overlap at all.
+    """
+    if interp:
+        return {"block_n": 16, "tail_block_n": 16, "num_warps": 4, "num_stages": 1, "conv": 0}
+    if fmt == FMT_NVFP4:
+        return {
+            "block_n": 128 if d <= 128 else 64,
+            "tail_block_n": 64,
+            "num_warps": 4,
+            "num_stages": 6,
+            "conv": 1,
+        }
+    if fmt == FMT_FLOAT:
+        return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "conv": 0}
+    return {
+        "block_n": 128 if d <= 128 else 64,
+        "tail_block_n": 64,
+        "num_warps": 4,
+        "num_stages": 5,
+        "conv": 0,
+    }
+
+
+def _mma_config() -> dict[str, int | bool]:
+    """``mma`` (decode_mma): 16-token tiles per warp, ``num_warps`` warps per program, no Triton pipelining
+    (the kernel prefetches the next tile itself); ``tail_block_n`` is the bf16 tail's ``tl.dot`` block."""
+    return {
+        "block_n": 16,
+        "tail_block_n": 64,
+        "num_warps": 1,
+        "num_stages": 1,
+        "conv": 0,
+        # NOTE: one wave of 16 one-warp programs per SM (128 registers): 0.63 of the H200's read ceiling at
+        # B8x32K / B32x8K vs 0.60 at 32 (two waves), 0.57 at 24 or 48, equal at B64x32K (2026-11-30)
+        "ppsm": 16,
+        # NOTE: programs per SM for a GQA group of 9-16 columns (decode_mma16: 213 registers at tpi=2, sm_90)
+        "wppsm": WIDE_PPSM,
+        "tpi": 2,
+        "pf": 1,
+        # NOTE: >= 4 tiles per split: in the engine at B=1 x 3K (CUDA graphs, 256 splits) one tile per
+        # warp took 27.7 us a layer, minc 64 23.9 (FP8: 10.7; H200, 2026-11-30, with the tail still inside
+        # the kernel); no effect at B*ctx >= 256K (chunks >= 512 there)
+        "minc": 64,
+        # NOTE: 1 = the partial o as 16-byte vector stores (VST) and Q as 16-byte vector loads (VQ): the
+        # one-wave grid loads Q and stores partials all at once. H200, 2026-11-30, one run, fraction of the
+        # read ceiling at B64x32K / B8x32K / B32x8K / B1x128K: GQA 8 .73/.56/.55/.43 -> .72/.62/.62/.57;
+        # GQA 4 .75/.63/.63/.57 -> .72/.64/.64/.58 (benchmarks/results/decode-variants-vst-h200.json)
+        "vst": 1,
+        "vq": 1,
+        # NOTE: nibbles -> fp16 by integer ops instead of E4M3 bytes + cvt (bit 1: K, bit 2: V): Hopper's
+        # conversions are slow and the default issues 4.4 per token-head; opt-in until timed
+        "cv": 0,
+        # NOTE: > 0 = lazy rescale: the running max stays while no score exceeds it by more than lz (log2
+        # units; see decode_mma._step_max). Opt-in: ~1% on the H200 and only without the prefetch (pf=0) or
+        # with one tile a step -- with both it spills (decode-variants-{lz,pf0-lz,gqa8-lz}-h200.json)
+        "lazy": 0,
+        # NOTE: 1 = the bf16 tail is one more one-warp program of the grid (bf16 mma.sync), 0 = its own launch
+        # (decode_tail_kernel) on a side stream. In the engine at B=1 x 3K (CUDA graphs, H200, 2026-11-30)
+        # that launch cost ~6 us a layer even beside the main kernel: nvfp4 steps 5.74 ms vs 5.29 with no tail
+        "tin": 1,
+        # NOTE: 1 = splits leave room for the tail programs in the one wave (else they run after it, a
+        # second short wave per layer); opt-in, not yet timed on a GPU
+        "tail_wave": 0,
+        # NOTE: 1 = the tail program loads the next 16-token tile's page id during this tile (one dependent
+        # round trip a tile instead of two where a tile lies in one page): at B=1 x 2.7K (8B, CUDA graphs)
+        # the decode kernel took 0.311 vs 0.331 / 0.329 ms a step (H200, 2026-12-01, engine-c1-tpp-h200.json;
+        # sm_90 tail loop 408 -> 361 SASS). Dropped:
+        # loading V beside K (ptxas already issues a tile's V loads before its QK^T mma, sm_90 SASS) and the
+        # tail programs first in the 1-D grid (0.316 vs 0.321 ms of decode a step at B=1 x 2.7K, H200,
+        # 2026-12-01, engine-c1-decode-h200.json)
+        "tail_page_prefetch": 1,
+        # NOTE: one-warp programs sharing each (request, KV head)'s bf16 tail, whole 16-row tiles each (a
+        # slot each): at B=1 x 2.7K the one tail program (4 tiles of W=64) outlasted every split (decode
+        # 10.2 vs 7.5 us a layer without the tail, engine-c1-decode-h200.json). Same run, two of each,
+        # decode kernel / step ms: ts=1 0.310 / 4.76, ts=2 0.254-0.257 / 4.70, ts=4 0.264 / 4.71, FP8 0.252 /
+        # 4.72-4.74 (8B, CUDA graphs, H200, 2026-12-01, engine-c1-ts-h200.json)
+        "tail_splits": 2,
+        # NOTE: 1 = token-balanced split-K (decode_balanced): the batch's tiles cut into one wave of equal
+        # chunks, which may cross (request, KV head) pairs; 2 (default) = on from BALANCED_MIN_PAIRS pairs.
+        # H200, 2026-12-01 (decode-variants-balanced*-h200.json), fraction of the read ceiling, mma -> bal=1:
+        # B91x32K .555 -> .744, ragged 1x32K+63x1K .061 -> .450 and 4x32K+60x2K .147 -> .607, B64x32K .740
+        # -> .747, B32x32K .720 -> .725, B128x8K .713 -> .698, B32x8K .641 -> .629, B26x32K .729 -> .720,
+        # B8x32K .668 -> .585, B1x128K .572 -> .506 (per-pair splits win only with few, equally long pairs).
+        # tpi=1 builds: equal on ragged batches, .01-.03 lower on uniform ones
+        "balanced": 2,
+    }
+
+
+def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
+    """Launch config of the per-token kernels (measured on the H200 at these settings, see DEFAULT_VARIANT).
+
+    Picked by SASS instruction counts per token-head of the main loop (benchmarks/sass_decode.py):
+    FP8 with V as uint16-pair halves (sv=1, conv=1) at BN=128 is ~20 warp-instructions vs ~30 for "paged";
+    NVFP4 through E4M3 bytes + the FP8 converter (conv=3) ~40 vs ~45 (conv=2) and ~46 ("paged").
+    """
+    if fmt == FMT_NVFP4:
+        return {
+            "block_n": 128 if d <= 128 else 64,
+            "tail_block_n": 64,
+            "num_warps": 4,
+            "num_stages": 4,
+            "conv": 3,
+            "split": 0,
+        }
+    if fmt == FMT_FP8:
+        # NOTE: num_stages 5 (2 buffers in flight): 0.92 / 0.74 / 0.74 / 0.67 of the H200's read ceiling at
+        # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (2026-11-29, same run).
+        # wave_ctas 2 (head_dim 128; default_num_splits): H200, 2026-12-01,
+        # decode-variants-{cap,wv}-*-h200.json, with the tail: B8x32K .768 -> .826 (4 splits), B16x16K .768 ->
+        # .820 (2), B32x8K .746 -> .825 (1);
+        # GQA 8 B8x32K .756 -> .848, B32x8K .744 -> .852; B64x32K .930 either way. Head_dim 64 (122
+        # registers: 4 programs per SM) wave_ctas 4: B8x32K .693 -> .750, B32x8K .688 -> .751, B64x8K .770 ->
+        # .832 (H200, 2026-12-01, decode-variants-d64-wv-h200.json, one run)
+        return {
+            "wave_ctas": {128: 2, 64: 4}.get(d, 0),
+            "block_n": 128 if d <= 128 else 64,
+            "tail_block_n": 64,
+            "num_warps": 4,
+            "num_stages": 5,
+            "conv": 1,
+            "split": 1,
+        }
+    # NOTE: BF16 at head_dim 128: 5 stages (2 tiles in flight instead of 1) with the bf16 tail, 4 without.
+    # H200, 2026-12-02, fraction of the read ceiling, s=4 -> s=5: with the 64-token tail, GQA 4, B26x32K /
+    # B64x8K / B8x32K / B32x8K / B1x128K .944/.894/.842/.856/.678 -> .953/.917/.889/.883/.737
+    # (decode-variants-s30a-h200.json); no tail, B64x32K / B128x8K / B8x32K / B32x8K / B1x128K GQA 4
+    # .970/.948/.898/.876/.854 -> .954/.944/.874/.879/.708, GQA 8 .965/.933/.882/.864/.854 ->
+    # .953/.928/.856/.862/.729 (decode-variants-s30{d,e}-h200.json). Head_dim 64 (no tail): 128-token tiles,
+    # 4 stages, one wave of 3 programs per SM: B64x32K / B64x8K / B8x32K .927/.861/.744 -> .960/.896/.854
+    # (decode-variants-s30f-h200.json; with the tail not timed)
+    if d == 64:
+        return {"block_n": 128, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 0, "split": 0,
+                "wave_ctas": 3}  # fmt: skip
+    return {
+        "block_n": 64 if d <= 128 else 32,
+        "tail_block_n": 64,
+        "num_warps": 4,
+        "num_stages": 4,
+        "tail_stages": 5 if d == 128 else 4,
+        "conv": 0,
+        "split": 0,
+    }
+
+
+_KEYS = {
+    "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
+    "ppsm": "ppsm", "wppsm": "wppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db",
+    "vst": "vst", "vq": "vq", "cv": "cv", "tin": "tin", "cap": "split_cap", "tw": "tail_wave",
+    "bal": "balanced", "fuse": "fuse", "tpp": "tail_page_prefetch", "ts": "tail_splits", "tma": "tma",
+    "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy", "st": "tail_stages",
+    "ce": "combine_eager",
+}  # fmt: skip
+
+
+def non_mma_default(d: int, interp: bool) -> str:
+    """The default variant where ``mma`` is not (or cannot run): ``tok`` where verified, else ``paged``."""
+    return DEFAULT_VARIANT if interp or d in TOK_VERIFIED_HEAD_DIMS else "paged"
+
+
+def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tuple[str, dict[str, int | bool]]:
+    """``"name[:bn=..,tbn=..,w=..,s=..,conv=..]"`` -> (kernel name, launch config); see ``VARIANT_NAMES``."""
+    if fmt == FMT_NVFP4 and d in MMA_VERIFIED_HEAD_DIMS and not interp:
+        default = "mma"  # decode_triton falls back to non_mma_default where the pool rules it out
+    else:
+        default = non_mma_default(d, interp)
+    spec = variant or os.environ.get("NIBBLEKV_DECODE_VARIANT") or default
+    name, _, opts = spec.partition(":")
+    if name not in VARIANT_NAMES:
+        raise ValueError(f"unknown decode variant {name!r} (one of {VARIANT_NAMES})")
+    if name == "mma":
+        cfg = _mma_config()
+    elif name in ("paged", "rows") or interp:
+        cfg = _default_config(fmt, d, interp)
+    else:
+        cfg = _tok_config(fmt, d)
+    for item in filter(None, opts.split(",")):
+        key, _, val = item.partition("=")
+        if key not in _KEYS:
+            raise ValueError(f"unknown decode variant option {key!r} in {spec!r} (one of {tuple(_KEYS)})")
+        if not interp or name == "mma" or key in ("bn", "tbn", "sv", "fuse"):
+            if key == "s" and "tail_stages" in cfg:  # NOTE: s sets the tail's stages too (a later st wins)
+                cfg["tail_stages"] = int(val)
+            cfg[_KEYS[key]] = int(val)
+    return name, cfg

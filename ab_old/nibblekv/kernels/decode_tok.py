@@ -1,0 +1,494 @@
+"""Per-token paged decode (variant ``tok*`` of ``decode_triton``): the plain structure of NOTES.md.
+
+Same grid, partials and combine step as ``decode._decode_kernel`` (``(B, kv_heads, splits [+1 tail])``),
+but every key tile is gathered row by row through the page table -- ``slot = table[t // P] * P + t % P``,
+one ``[BN, D]`` load per tile -- instead of reshaping whole-page tiles ``[pages, P*D] -> [BN, D]``.
+Why: on the H200 a plain kernel of this shape read BF16 at 4.5 TB/s, while the page-tile reshape sends V
+through shared memory twice and splits K into two half dots (benchmarks/results/kernels-h200.md).
+
+``S = Q K^T`` with Q ``[BH, D]`` (the GQA group padded to 16 rows) as the A operand and
+``acc [BH, D] += P V``; one dot over the whole head_dim. (The transposed ``S^T = K Q^T``, variant ``kq``,
+was wrong on sm_90 with triton 3.6 and was removed; ``decode_mma`` supersedes it.)
+
+NVFP4 tiles are dequantized to natural head_dim order (``CONV``: 0 plain Triton bit ops, 1 the two-asm
+path of ``_common``, 2 one asm block per 4 bytes giving both nibbles, see ``nvfp4_split2_asm``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from nibblekv.kernels._common import nibbles_to_f16x2_ptx, nvfp4_split
+from nibblekv.kernels._pdl import pdl_enter
+from nibblekv.kernels.decode_fixup import fixup
+
+
+# $4 = 4 bytes -> $0, $1 = low nibbles of bytes (0, 1), (2, 3) as f16x2; $2, $3 = the high nibbles
+_SPLIT_E4M3_PTX = tl.constexpr("{" + nibbles_to_f16x2_ptx("$4", ("$0", "$1", "$2", "$3")) + "\n        }")
+
+
+@triton.jit
+def nvfp4_split2_asm(b):
+    """uint8 bytes -> (low nibbles, high nibbles) as fp16 ``value * 2**-14``; one PTX block per 4 bytes.
+
+    Shares the two ``prmt`` between both nibbles (the two-asm path repeats them): per 4 bytes 2 prmt +
+    ~14 shift/mask/lop3 for 8 values, vs 22 instructions. Each prmt puts bytes (b0, b1) / (b2, b3) into
+    the high byte of two 16-bit lanes: then the high nibble's sign is already at bit 15 and its code at
+    [14:12] (>> 3 -> [11:9]); the low nibble's sign is at bit 11 (<< 4) and its code at [10:8] (<< 1).
+    Outputs: $0,$1 = low nibbles of (b0,b1), (b2,b3); $2,$3 = high nibbles; $4 = the 4 input bytes.
+    """
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 t, u, w, z;
+        mov.b32 z, 0;
+        prmt.b32 t, $4, z, 0x1404;
+        shr.b32 u, t, 3;
+        and.b32 u, u, 0x0E000E00;
+        and.b32 w, t, 0x80008000;
+        or.b32 $2, w, u;
+        shl.b32 u, t, 1;
+        and.b32 u, u, 0x0E000E00;
+        shl.b32 w, t, 4;
+        and.b32 w, w, 0x80008000;
+        or.b32 $0, w, u;
+        prmt.b32 t, $4, z, 0x3424;
+        shr.b32 u, t, 3;
+        and.b32 u, u, 0x0E000E00;
+        and.b32 w, t, 0x80008000;
+        or.b32 $3, w, u;
+        shl.b32 u, t, 1;
+        and.b32 u, u, 0x0E000E00;
+        shl.b32 w, t, 4;
+        and.b32 w, w, 0x80008000;
+        or.b32 $1, w, u;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r",
+        args=[b],
+        dtype=(tl.float16, tl.float16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def nvfp4_split_e4m3_asm(b):
+    """uint8 bytes -> (low nibbles, high nibbles) as fp16 ``value * 2**-6`` through the FP8 converter (CONV=3).
+
+    Each nibble ``s e1 e0 m`` becomes the E4M3 byte ``s 0 0 e1 e0 m 0 0`` (sign at bit 7, code at [4:2]),
+    which is ``value * 2**-6`` exactly for all 16 codes (code 1, 0.5, lands on an E4M3 subnormal); then one
+    ``cvt.rn.f16x2.e4m3x2`` per 2 values. Per 4 bytes: 7 shift/mask ops + 4 cvt, vs ~16 ops for the fp16
+    bit placement -- cheaper if the F2FP pipe keeps up (untested on the H200; hence a variant).
+    """
+    return tl.inline_asm_elementwise(
+        asm=_SPLIT_E4M3_PTX,
+        constraints="=r,=r,=r,=r,r",
+        args=[b],
+        dtype=(tl.float16, tl.float16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _nvfp4_pair(r3, sc, CONV: tl.constexpr):
+    """``r3 [BN, NB, 8]`` bytes, ``sc [BN, NB]`` E4M3 -> (lo, hi) fp16 ``[BN, NB, 8]``, each ``value * 2**-7 / g``.
+
+    CONV 0 plain Triton / 1 two asm blocks / 2 one asm block (fp16 bit placement, ``* 2**-14``, so the scale
+    is multiplied by 2**7) / 3 via E4M3 bytes (``* 2**-6``, so the scale is halved). Both scale factors are
+    exact in fp16 (see ``_common``).
+    """
+    if CONV == 3:
+        lo, hi = nvfp4_split_e4m3_asm(r3)
+        s16 = (sc.to(tl.float16) * 0.5)[:, :, None]
+    else:
+        if CONV == 2:
+            lo, hi = nvfp4_split2_asm(r3)
+        else:
+            lo, hi = nvfp4_split(r3, CONV == 1)
+        s16 = (sc.to(tl.float16) * 128.0)[:, :, None]
+    return lo * s16, hi * s16
+
+
+@triton.jit
+def fp8_pairs_to_f16_asm(x):
+    """uint16 ``[...]`` holding two float8_e4m3 each -> (first, second) fp16 ``[...]``: 1 prmt + 2 cvt per 4 values.
+
+    With pack=2 one register holds pairs (e0, e1), (e2, e3); ``prmt`` regroups the bytes as (e0, e2),
+    (e1, e3) and ``cvt.rn.f16x2.e4m3x2`` converts each half. The caller joins the two outputs back to
+    natural order: the join (like the NVFP4 V path) keeps the conversion in the load layout, so the fp16
+    tile crosses shared memory once, vectorized. NOTE: a plain ``.to(tl.float16)`` (or an elementwise asm)
+    gets moved after a shared-memory load in the MMA operand layout, which for V (the MMA wants token
+    pairs, the cache stores head_dim pairs) reads every byte alone: 128 LDS.U8 per 128-key block.
+    """
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 t;
+        .reg .b16 lo, hi;
+        prmt.b32 t, $2, 0, 0x3120;
+        mov.b32 {lo, hi}, t;
+        cvt.rn.f16x2.e4m3x2 $0, lo;
+        cvt.rn.f16x2.e4m3x2 $1, hi;
+        }
+        """,
+        constraints="=r,=r,r",
+        args=[x],
+        dtype=(tl.float16, tl.float16),
+        is_pure=True,
+        pack=2,
+    )
+
+
+@triton.jit
+def _nvfp4_tile(raw, sc, CONV: tl.constexpr):
+    """``raw [BN, D/2]`` uint8, ``sc [BN, D/16]`` E4M3 -> ``[BN, D]`` fp16 ``value * 2**-7 / g`` in natural order.
+
+    The block scale (times 2**7, exact in fp16, see ``_common``) multiplies the tile as packed HMUL2.
+    """
+    BN: tl.constexpr = raw.shape[0]
+    HALF: tl.constexpr = raw.shape[1]
+    NB: tl.constexpr = HALF // 8
+    lo, hi = _nvfp4_pair(tl.reshape(raw, [BN, NB, 8]), sc, CONV)
+    # join puts (even, odd) pairs innermost: column = block*16 + 2*e + (0 | 1) = natural order
+    return tl.reshape(tl.join(lo, hi), [BN, 2 * HALF])
+
+
+@triton.jit
+def _load_tile(data_ptr, scale_ptr, row, srow, nmask, D: tl.constexpr, FMT: tl.constexpr, CONV: tl.constexpr,
+               INTERP: tl.constexpr, MASKED: tl.constexpr, IS_V: tl.constexpr):  # fmt: skip
+    """``BN`` gathered rows -> ``[BN, D]`` tile for ``tl.dot``: fp16 for FP8/NVFP4, own dtype (fp32 if INTERP) else.
+
+    FP8 with ``CONV & 1`` (V) / ``CONV & 2`` (K): the tile loads as uint16 pairs and converts through
+    ``fp8_pairs_to_f16_asm``; else ``.to(tl.float16)``.
+
+    NOTE: masked rows read as zeros: stale V bytes could hold NaN and 0 * NaN would poison the sum.
+    """
+    if FMT == 2:
+        offs = tl.arange(0, D // 2)
+        offs_s = tl.arange(0, D // 16)
+        if MASKED:
+            raw = tl.load(data_ptr + row[:, None] + offs[None, :], mask=nmask[:, None], other=0)
+            sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :], mask=nmask[:, None], other=0.0)
+        else:
+            raw = tl.load(data_ptr + row[:, None] + offs[None, :])
+            sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :])
+        x = _nvfp4_tile(raw, sc, CONV)
+    elif FMT == 1 and ((IS_V and CONV & 1) or (not IS_V and CONV & 2)):
+        BN: tl.constexpr = row.shape[0]
+        offs = tl.arange(0, D // 2)
+        p16 = data_ptr.to(tl.pointer_type(tl.uint16)) + (row // 2)[:, None] + offs[None, :]  # rows are even
+        if MASKED:
+            raw = tl.load(p16, mask=nmask[:, None], other=0)
+        else:
+            raw = tl.load(p16)
+        a, b = fp8_pairs_to_f16_asm(raw)
+        x = tl.reshape(tl.join(a, b), [BN, D])
+    else:
+        offs = tl.arange(0, D)
+        if MASKED:
+            x = tl.load(data_ptr + row[:, None] + offs[None, :], mask=nmask[:, None], other=0.0)
+        else:
+            x = tl.load(data_ptr + row[:, None] + offs[None, :])
+        if FMT == 1:
+            x = x.to(tl.float16)  # one cvt.rn.f16x2.e4m3x2 per 2 values on sm_90
+        elif INTERP:
+            x = x.to(tl.float32)  # NOTE: the interpreter's bf16 tl.dot is wrong
+    return x
+
+
+@triton.jit
+def _tok_block(
+    n0, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+    head_off, shead_off, pt_ptr,
+    D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr, FMT: tl.constexpr, CONV: tl.constexpr,
+    INTERP: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """Keys ``[n0, n0 + BN)``: gather, dequantize, one online-softmax step (MASKED: keys >= end masked)."""
+    idx = n0 + tl.arange(0, BN)
+    nmask = idx < end
+    if MASKED:  # NOTE: mask the page-table read too (the interpreter does not catch out-of-bounds loads)
+        page = tl.load(pt_ptr + idx // PAGE, mask=nmask, other=0).to(tl.int64)
+    else:
+        page = tl.load(pt_ptr + idx // PAGE).to(tl.int64)
+    tok = (idx % PAGE).to(tl.int64)
+    row = page * s_page + head_off + tok * s_tok
+    if FMT == 2:
+        # NOTE: the scale row stride as a constexpr (D/16 bytes, packed pages): a runtime 8 would tell
+        # Triton nothing about alignment, and then it neither vectorizes nor pipelines (cp.async) the
+        # scale loads -- seen in the TTGIR as a plain tt.load waiting a full memory latency per block.
+        srow = page * sc_page + shead_off + tok * (D // 16)
+    else:
+        srow = row
+    k = _load_tile(k_ptr, ks_ptr, row, srow, nmask, D, FMT, CONV, INTERP, MASKED, False)
+    v = _load_tile(v_ptr, vs_ptr, row, srow, nmask, D, FMT, CONV, INTERP, MASKED, True)
+    # q [BH, D]; scores [BH, BN]; acc [BH, D]
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        s = tl.where(nmask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l, acc
+
+
+@triton.jit
+def _tok_segment(
+    q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
+    pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_os,
+    G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr,
+    FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr,
+):  # fmt: skip
+    """Attend the group's query rows over tokens ``[start, end)`` of one pool; store partial o / lse."""
+    offs_g = tl.arange(0, BH)
+    gmask = offs_g < G
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :], mask=gmask[:, None], other=0.0)
+    if FMT != 0:
+        q = q.to(tl.float16)  # the dequantized K/V tiles are fp16
+    elif INTERP:
+        q = q.to(tl.float32)
+    else:  # NOTE: tl.dot needs both operands in one dtype: an fp32 q over a bf16 pool failed to compile
+        q = q.to(k_ptr.dtype.element_ty)
+    m = tl.full([BH], float("-inf"), tl.float32)
+    l = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, D], tl.float32)
+    head_off = h.to(tl.int64) * s_head
+    shead_off = h.to(tl.int64) * sc_head
+    full_end = start + (end - start) // BN * BN
+    if (
+        INTERP
+    ):  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
+        n0 = start
+        while n0 < full_end:
+            m, l, acc = _tok_block(
+                n0, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, False,
+            )  # fmt: skip
+            n0 += BN
+    else:
+        for n0 in range(start, full_end, BN):
+            m, l, acc = _tok_block(
+                n0, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+                head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, False,
+            )  # fmt: skip
+    if full_end < end:
+        m, l, acc = _tok_block(
+            full_end, end, q, m, l, acc, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page, sc_tok,
+            head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, True,
+        )  # fmt: skip
+    # An empty segment stores lse = -inf and o = 0, which the combine step weighs as nothing.
+    inv = tl.where(l > 0, out_scale / tl.maximum(l, 1e-30), 0.0)
+    lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
+    o_ptrs = o_ptr + offs_g[:, None] * s_os + offs_d[None, :]
+    tl.store(o_ptrs, acc * inv[:, None], mask=gmask[:, None])
+    tl.store(lse_ptr + offs_g * (s_os // D), lse, mask=gmask)
+
+
+@triton.jit
+def _halves(data_ptr, scale_ptr, row, srow, nmask, D: tl.constexpr, FMT: tl.constexpr, CONV: tl.constexpr,
+            MASKED: tl.constexpr):  # fmt: skip
+    """``BN`` gathered rows -> (even columns, odd columns) as two fp16 ``[BN, D/2]`` tiles, never joined.
+
+    NVFP4: low / high nibbles (times the block scale); FP8: the two bytes of each uint16 pair.
+    Why: joining the halves back to natural order costs a byte permute (PRMT) per 2 values and moves the
+    tile through a layout conversion; the dots consume the halves as they are (see ``_split_block``).
+    """
+    HALF: tl.constexpr = D // 2
+    BN: tl.constexpr = row.shape[0]
+    offs = tl.arange(0, HALF)
+    if FMT == 2:
+        NB: tl.constexpr = D // 16
+        offs_s = tl.arange(0, NB)
+        if MASKED:
+            raw = tl.load(data_ptr + row[:, None] + offs[None, :], mask=nmask[:, None], other=0)
+            sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :], mask=nmask[:, None], other=0.0)
+        else:
+            raw = tl.load(data_ptr + row[:, None] + offs[None, :])
+            sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :])
+        lo, hi = _nvfp4_pair(tl.reshape(raw, [BN, NB, 8]), sc, CONV)
+        a = tl.reshape(lo, [BN, HALF])
+        b = tl.reshape(hi, [BN, HALF])
+    else:
+        p16 = data_ptr.to(tl.pointer_type(tl.uint16)) + (row // 2)[:, None] + offs[None, :]  # rows are even
+        if MASKED:
+            raw = tl.load(p16, mask=nmask[:, None], other=0)
+        else:
+            raw = tl.load(p16)
+        if CONV == 0:  # plain Triton (interpreter): split the uint16 into its two float8 bytes
+            a = (raw & 255).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            b = (raw >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        else:
+            a, b = fp8_pairs_to_f16_asm(raw)
+    return a, b
+
+
+@triton.jit
+def _split_block(
+    n0, end, q, qa, qb, m, l, acc_a, acc_b, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok, sc_page,
+    head_off, shead_off, pt_ptr,
+    D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr, FMT: tl.constexpr, CONV: tl.constexpr,
+    INTERP: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """Like ``_tok_block`` (S = Q K^T) with V -- and with SPLIT=2 for NVFP4 also K -- as (even, odd) halves.
+
+    ``acc_a / acc_b [BH, D/2]`` accumulate the even / odd output columns; split NVFP4 scores are
+    ``qa ka^T + qb kb^T`` (Q's even / odd columns), else ``q k^T`` with K in natural order.
+    NOTE (sm_90 SASS, triton 3.6): split K halves get their conversion moved after a shared-memory load
+    in the MMA operand layout (bytes unpacked and repacked one by one); the joined natural-order K does not.
+    """
+    idx = n0 + tl.arange(0, BN)
+    nmask = idx < end
+    if MASKED:
+        page = tl.load(pt_ptr + idx // PAGE, mask=nmask, other=0).to(tl.int64)
+    else:
+        page = tl.load(pt_ptr + idx // PAGE).to(tl.int64)
+    tok = (idx % PAGE).to(tl.int64)
+    row = page * s_page + head_off + tok * s_tok
+    srow = page * sc_page + shead_off + tok * (D // 16)  # NOTE: constexpr stride, see _tok_block
+    if FMT == 2 and SPLIT == 2:
+        ka, kb = _halves(k_ptr, ks_ptr, row, srow, nmask, D, FMT, CONV, MASKED)
+        s = tl.dot(qa, tl.trans(ka))
+        s = tl.dot(qb, tl.trans(kb), s)
+    else:
+        k = _load_tile(
+            k_ptr, ks_ptr, row, srow, nmask, D, FMT, CONV if FMT == 2 else 0, INTERP, MASKED, False
+        )
+        s = tl.dot(q, tl.trans(k))
+    s = s * qk_scale
+    if MASKED:
+        s = tl.where(nmask[None, :], s, float("-inf"))
+    va, vb = _halves(v_ptr, vs_ptr, row, srow, nmask, D, FMT, CONV, MASKED)
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    p16 = p.to(tl.float16)
+    acc_a = tl.dot(p16, va, acc_a * alpha[:, None])
+    acc_b = tl.dot(p16, vb, acc_b * alpha[:, None])
+    return m_new, l, acc_a, acc_b
+
+
+@triton.jit
+def _split_segment(
+    q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head,
+    pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_os,
+    G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr,
+    FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """``_tok_segment`` for quantized pools with column halves (variant option ``sv=1|2``; see ``_split_block``)."""
+    HALF: tl.constexpr = D // 2
+    offs_g = tl.arange(0, BH)
+    gmask = offs_g < G
+    offs_j = tl.arange(0, HALF)
+    q_rows = q_ptr + (h * G + offs_g)[:, None] * s_qh
+    q = tl.load(q_rows + tl.arange(0, D)[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
+    qa = tl.load(q_rows + 2 * offs_j[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
+    qb = tl.load(q_rows + 2 * offs_j[None, :] + 1, mask=gmask[:, None], other=0.0).to(tl.float16)
+    m = tl.full([BH], float("-inf"), tl.float32)
+    l = tl.zeros([BH], tl.float32)
+    acc_a = tl.zeros([BH, HALF], tl.float32)
+    acc_b = tl.zeros([BH, HALF], tl.float32)
+    head_off = h.to(tl.int64) * s_head
+    shead_off = h.to(tl.int64) * sc_head
+    full_end = start + (end - start) // BN * BN
+    if (
+        INTERP
+    ):  # NOTE: triton 3.6's interpreter cannot run `for` over loaded bounds; GPUs need `for` to pipeline
+        n0 = start
+        while n0 < full_end:
+            m, l, acc_a, acc_b = _split_block(
+                n0, end, q, qa, qb, m, l, acc_a, acc_b, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
+                sc_page, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, False, SPLIT,
+            )  # fmt: skip
+            n0 += BN
+    else:
+        for n0 in range(start, full_end, BN):
+            m, l, acc_a, acc_b = _split_block(
+                n0, end, q, qa, qb, m, l, acc_a, acc_b, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
+                sc_page, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, False, SPLIT,
+            )  # fmt: skip
+    if full_end < end:
+        m, l, acc_a, acc_b = _split_block(
+            full_end, end, q, qa, qb, m, l, acc_a, acc_b, qk_scale, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_tok,
+            sc_page, head_off, shead_off, pt_ptr, D, PAGE, BN, FMT, CONV, INTERP, True, SPLIT,
+        )  # fmt: skip
+    inv = tl.where(l > 0, out_scale / tl.maximum(l, 1e-30), 0.0)
+    lse = tl.where(l > 0, m + tl.log2(tl.maximum(l, 1e-30)), float("-inf"))
+    o_rows = o_ptr + offs_g[:, None] * s_os
+    tl.store(o_rows + 2 * offs_j[None, :], acc_a * inv[:, None], mask=gmask[:, None])
+    tl.store(o_rows + 2 * offs_j[None, :] + 1, acc_b * inv[:, None], mask=gmask[:, None])
+    tl.store(lse_ptr + offs_g * (s_os // D), lse, mask=gmask)
+
+
+@triton.jit
+def decode_tok_kernel(
+    q_ptr, s_qb, s_qh,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr,
+    s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
+    pt_ptr, s_pt, lens_ptr,
+    tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr, s_tpt, tlens_ptr,
+    o_ptr, lse_ptr, sm_scale,
+    HQ: tl.constexpr, G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr,
+    PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
+    NUM_SPLITS, HAS_TAIL: tl.constexpr,
+    FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, SPLIT: tl.constexpr,
+    cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0,
+    WRITE_LSE: tl.constexpr = 0, PDL: tl.constexpr = 0,
+):  # fmt: skip
+    """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them).
+    ``FUSE``: the pair's last program merges them itself (``decode_fixup``) into ``out_ptr`` (and
+    ``lse_out`` with ``WRITE_LSE``); no combine launch. ``PDL``: ``_pdl.pdl_enter``."""
+    pdl_enter(PDL)
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    # NOTE: the tail is program 0 of the split axis (scheduled first, not as a short last wave); its
+    # partial slot stays the last one
+    sp = tl.program_id(2) - HAS_TAIL
+    S_TOT = NUM_SPLITS + HAS_TAIL  # NUM_SPLITS is a runtime int: one compile serves every split count
+    q_base = q_ptr + b.to(tl.int64) * s_qb
+    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + tl.where(sp < 0, NUM_SPLITS, sp)
+    o_base = o_ptr + first * D
+    lse_base = lse_ptr + first
+    if HAS_TAIL and sp < 0:
+        n = tl.load(tlens_ptr + b)
+        _tok_segment(
+            q_base, s_qh, tk_ptr, tv_ptr, tk_ptr, tv_ptr, t_page, t_head, t_tok, 0, 0, 0,
+            tpt_ptr + b.to(tl.int64) * s_tpt, 0, n, h, sm_scale * 1.4426950408889634, 1.0,
+            o_base, lse_base, S_TOT * D,
+            G, BH, D, TPAGE, TBN, 0, 0, INTERP,
+        )  # fmt: skip
+    else:
+        n = tl.load(lens_ptr + b)
+        chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BN) * BN
+        start = sp * chunk
+        end = tl.minimum(start + chunk, n)
+        gk = 1.0
+        gv = 1.0
+        if FMT != 0:  # global scales apply to quantized pools only (as in the formats reference)
+            gk = tl.load(g_ptr)
+            gv = tl.load(g_ptr + 1)
+        if FMT == 2:
+            gk = gk * 128.0
+            gv = gv * 128.0
+        if SPLIT:
+            _split_segment(
+                q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head,
+                pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
+                o_base, lse_base, S_TOT * D,
+                G, BH, D, PAGE, BN, FMT, CONV, INTERP, SPLIT,
+            )  # fmt: skip
+        else:
+            _tok_segment(
+                q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head, sc_tok,
+                pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
+                o_base, lse_base, S_TOT * D,
+                G, BH, D, PAGE, BN, FMT, CONV, INTERP,
+            )  # fmt: skip
+    if FUSE:
+        fixup(cnt_ptr + b * (HQ // G) + h, S_TOT, o_ptr, lse_ptr, S_TOT, S_TOT, 0, out_ptr, s_ob, s_oh, lse_out,
+              b, h, HQ, G, D, 16, WRITE_LSE)  # fmt: skip

@@ -1,0 +1,191 @@
+"""Fused elementwise kernels for the model forward: add + RMSNorm, SiLU * mul (RoPE: :mod:`.rope`).
+
+A decode step runs a handful of tiny torch kernels per op (RMSNorm alone is about 8, RoPE on q and k
+about 12 per layer); each of these Triton kernels does one op in one launch, with the same roundings
+as the eager code (the twins in :mod:`nibblekv.kernels.fused_ref` are the definition):
+
+* every elementwise step is computed in float32 and rounded to the activation dtype where torch
+  rounds (``a * b`` and ``a + b`` on bf16/fp16 tensors compute in float32 and round once);
+* RoPE is bit-exact in every dtype (launched with ``enable_fp_fusion=False`` so that float32
+  ``x * cos + r * sin`` never becomes an FMA); SiLU uses libdevice ``expf`` and an IEEE division on the
+  GPU, like torch's CUDA kernel; RMSNorm sums in a different order than torch, so its float32
+  statistics may differ in the last bits (then a bf16 output may differ by an ulp).
+
+NOTE: the Triton interpreter rounds float32 -> bfloat16 by truncation; when interpreting, bf16
+results are rounded to nearest-even with integer ops instead (``BF16_BITS``), so CPU tests see the
+GPU's roundings.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from nibblekv.kernels._common import interpreting
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_MAX_BLOCK = 65536  # add_rms_norm: a whole row of H values is one tile
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+@triton.jit
+def _bf16_rtne(x):
+    """float32 -> bfloat16, round to nearest even with integer ops (NaN -> 0x7FC0, as torch)."""
+    b = x.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    r = tl.where((b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, r)  # NaN
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _round(x, like_ptr, BF16_BITS: tl.constexpr):
+    """float32 ``x`` rounded to the element type of ``like_ptr`` (nearest even)."""
+    if BF16_BITS:
+        y = _bf16_rtne(x)
+    else:
+        y = x.to(like_ptr.dtype.element_ty)
+    return y
+
+
+def _bf16_bits(dtype: torch.dtype) -> bool:
+    """Whether kernels must round to bf16 with integer ops (the interpreter truncates)."""
+    return dtype == torch.bfloat16 and interpreting()
+
+
+def _check_rows(t: torch.Tensor, name: str) -> None:
+    if t.dim() != 2 or t.stride(-1) != 1:
+        raise ValueError(f"{name} must be 2-D [T, width] with unit last stride, got shape {tuple(t.shape)}")
+    if t.dtype not in _FLOATS:
+        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+
+
+def _warps(block: int) -> int:
+    return 4 if block < 2048 else 8 if block < 8192 else 16
+
+
+# ----------------------------------------------------------------------------- add + RMSNorm
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr, r_ptr, w_ptr, out_ptr, res_ptr,
+    stride_x, stride_r, stride_out, stride_res,
+    H, eps,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, X_BITS: tl.constexpr, OUT_BITS: tl.constexpr,
+):  # fmt: skip
+    """One row: ``s = x + r`` (rounded to x's dtype, stored), ``out = round(round(s * rstd) * w)``."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    s = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+        s_rounded = _round(s + r, x_ptr, X_BITS)
+        tl.store(res_ptr + row * stride_res + cols, s_rounded, mask=mask)
+        s = s_rounded.to(tl.float32)
+    var = tl.sum(s * s, axis=0) / H
+    rstd = tl.math.rsqrt(var + eps)
+    normed = _round(s * rstd, x_ptr, X_BITS).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, _round(normed * w, out_ptr, OUT_BITS), mask=mask)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused residual add and RMSNorm: ``(rms_norm(s) * weight, s)`` with ``s = x + residual``.
+
+    ``x, residual [T, H]``: same dtype (float32 / bfloat16 / float16), unit last stride (any row
+    stride); ``residual=None`` means ``s = x`` (returned as is, no copy). ``weight [H]`` contiguous.
+    Returns new contiguous tensors: normed ``[T, H]`` in ``promote_types(weight.dtype, x.dtype)``
+    and ``s [T, H]`` in ``x``'s dtype. Same roundings as :func:`~nibblekv.kernels.fused_ref.add_rms_norm_ref`.
+    """
+    _check_rows(x, "x")
+    t, h = x.shape
+    if residual is not None:
+        _check_rows(residual, "residual")
+        if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+            raise ValueError(
+                f"residual must match x: got {tuple(residual.shape)} {residual.dtype} on {residual.device}, "
+                f"x is {tuple(x.shape)} {x.dtype} on {x.device}"
+            )
+    if weight.shape != (h,) or not weight.is_contiguous() or weight.dtype not in _FLOATS:
+        raise ValueError(
+            f"weight must be a contiguous float [{h}] tensor, got {tuple(weight.shape)} {weight.dtype}"
+        )
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device}, x on {x.device}")
+    block = triton.next_power_of_2(h)
+    if block > _MAX_BLOCK:
+        raise ValueError(f"hidden size {h} is too large for one program per row (max {_MAX_BLOCK})")
+    out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    new_res = x if residual is None else torch.empty((t, h), dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out, new_res
+    r = x if residual is None else residual
+    _add_rms_norm_kernel[(t,)](
+        x, r, weight, out, new_res,
+        x.stride(0), r.stride(0), out.stride(0), new_res.stride(0),
+        h, float(eps),
+        HAS_RES=residual is not None, BLOCK=block, X_BITS=_bf16_bits(x.dtype), OUT_BITS=_bf16_bits(out.dtype),
+        num_warps=_warps(block),
+    )  # fmt: skip
+    return out, new_res
+
+
+# ----------------------------------------------------------------------------- SiLU * mul
+
+
+@triton.jit
+def _exp(x, INTERP: tl.constexpr):
+    """expf: libdevice's on the GPU (torch's CUDA SiLU calls the same ``expf``), numpy's when interpreting."""
+    if INTERP:
+        y = tl.exp(x)
+    else:
+        y = libdevice.exp(x)
+    return y
+
+
+@triton.jit
+def _silu_and_mul_kernel(
+    gu_ptr, out_ptr, stride_gu, stride_out, I,
+    BLOCK: tl.constexpr, BF16_BITS: tl.constexpr, INTERP: tl.constexpr,
+):  # fmt: skip
+    """``BLOCK`` columns of one row: ``round(round(g / (1 + exp(-g))) * u)``."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < I
+    src = gu_ptr + row * stride_gu + cols
+    g = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(src + I, mask=mask, other=0.0).to(tl.float32)
+    silu = _round(tl.math.div_rn(g, 1.0 + _exp(-g, INTERP)), out_ptr, BF16_BITS).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, _round(silu * u, out_ptr, BF16_BITS), mask=mask)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gate_up [T, 2I]`` (columns ``[gate | up]``, unit last stride) -> ``silu(gate) * up`` ``[T, I]``.
+
+    Float32 / bfloat16 / float16; the output is a new contiguous tensor in the input dtype, rounded as
+    ``F.silu(gate) * up`` (see :func:`~nibblekv.kernels.fused_ref.silu_and_mul_ref`).
+    """
+    _check_rows(gate_up, "gate_up")
+    t, two_i = gate_up.shape
+    if two_i % 2:
+        raise ValueError(f"gate_up must have an even number of columns [gate | up], got {two_i}")
+    inter = two_i // 2
+    out = torch.empty((t, inter), dtype=gate_up.dtype, device=gate_up.device)
+    if t == 0 or inter == 0:
+        return out
+    block = min(triton.next_power_of_2(inter), 1024)
+    _silu_and_mul_kernel[(t, triton.cdiv(inter, block))](
+        gate_up, out, gate_up.stride(0), out.stride(0), inter,
+        BLOCK=block, BF16_BITS=_bf16_bits(gate_up.dtype), INTERP=interpreting(), num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+__all__ = ["add_rms_norm", "silu_and_mul"]

@@ -1,0 +1,116 @@
+"""Builders of random paged caches for kernel tests and benchmarks (not used by the engine).
+
+Pages are placed at random pool positions so kernels cannot rely on contiguity across pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nibblekv.formats.layout import KVDtype, PageLayout
+from nibblekv.kernels.reference import write_kv_ref
+from nibblekv.kernels.types import LayerKV
+
+
+@dataclass
+class PagedBatch:
+    """A batch of requests laid out in a main pool (+ optional tail pool) at random pages."""
+
+    cache: LayerKV
+    page_table: torch.Tensor  # int32 [B, max pages]
+    lens: torch.Tensor  # int32 [B]
+    tail: LayerKV | None
+    tail_page_table: torch.Tensor | None
+    tail_lens: torch.Tensor | None
+
+
+def fill_pool(pool: LayerKV, scale: float = 1.0, chunk_pages: int = 4096) -> None:
+    """Random contents for a whole pool, in place: valid codes/scales for quantized dtypes (no NaN).
+
+    Works ``chunk_pages`` pages at a time so multi-GB benchmark pools need no fp32 temporaries of their size.
+    """
+    for data, sc in ((pool.k_data, pool.k_scale), (pool.v_data, pool.v_scale)):
+        for p0 in range(0, data.shape[0], chunk_pages):
+            d = data[p0 : p0 + chunk_pages]
+            if pool.dtype is KVDtype.NVFP4:
+                d.copy_(torch.randint(0, 256, d.shape, dtype=torch.uint8, device=d.device))
+                assert sc is not None
+                s = sc[p0 : p0 + chunk_pages]
+                s.copy_((torch.rand(s.shape, device=s.device) * 2 * scale + 0.05).to(torch.float8_e4m3fn))
+            elif pool.dtype is KVDtype.FP8:
+                d.copy_((torch.randn(d.shape, device=d.device) * scale).to(torch.float8_e4m3fn))
+            else:
+                d.normal_(0.0, scale)
+
+
+def random_pages(
+    batch: int,
+    pages_per_req: int,
+    pool_pages: int,
+    device: torch.device | str,
+    gen: torch.Generator | None = None,
+) -> torch.Tensor:
+    """int32 ``[batch, pages_per_req]`` distinct random page ids from ``pool_pages``."""
+    perm = torch.randperm(pool_pages, generator=gen)[: batch * pages_per_req]
+    return perm.reshape(batch, pages_per_req).to(torch.int32).to(device)
+
+
+def make_batch(
+    dtype: KVDtype,
+    lens: list[int],
+    kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    device: torch.device | str,
+    tail_lens: list[int] | None = None,
+    tail_dtype: torch.dtype = torch.bfloat16,
+    global_scale: tuple[float, float] = (1.0, 1.0),
+    via_write: bool = True,
+    spare_pages: int = 3,
+) -> PagedBatch:
+    """Random requests of ``lens`` main-pool tokens (+ ``tail_lens`` tail tokens).
+
+    ``via_write`` stores bf16-ish random rows through the reference cache write (realistic values);
+    otherwise the pool is filled with random codes directly (fast, for benchmarks).
+    """
+    b = len(lens)
+    lay = PageLayout(dtype, kv_heads, head_dim, page_size)
+    per_req = max(1, -(-max(lens) // page_size))
+    pool_pages = b * per_req + spare_pages
+    gs = torch.tensor(global_scale if dtype.quantized else (1.0, 1.0), dtype=torch.float32, device=device)
+    cache = LayerKV.allocate(lay, pool_pages, device, gs)
+    pt = random_pages(b, per_req, pool_pages, device)
+    if via_write:
+        fill_pool(cache)  # stale pages and slots beyond each length hold random (finite) bytes
+        for i, n in enumerate(lens):
+            if n == 0:
+                continue
+            pos = torch.arange(n, device=device)
+            slots = pt[i, pos // page_size].long() * page_size + pos % page_size
+            k = torch.randn(n, kv_heads, head_dim, device=device) * 2.0 * global_scale[0]
+            v = torch.randn(n, kv_heads, head_dim, device=device) * global_scale[1]
+            write_kv_ref(k, v, cache, slots)
+    else:
+        fill_pool(cache)
+    tail = tpt = tl_t = None
+    if tail_lens is not None:
+        tlay = PageLayout(
+            KVDtype.BF16 if tail_dtype == torch.bfloat16 else KVDtype.FP32, kv_heads, head_dim, page_size
+        )
+        tper = max(1, -(-max(max(tail_lens), 1) // page_size))
+        tpool = b * tper + spare_pages
+        tail = LayerKV.allocate(tlay, tpool, device)
+        fill_pool(tail)
+        tpt = random_pages(b, tper, tpool, device)
+        tl_t = torch.tensor(tail_lens, dtype=torch.int32, device=device)
+    return PagedBatch(cache, pt, torch.tensor(lens, dtype=torch.int32, device=device), tail, tpt, tl_t)
+
+
+def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (NaN anywhere -> inf)."""
+    o, r = out.double(), ref.double()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return float((o - r).norm() / r.norm().clamp_min(1e-30))

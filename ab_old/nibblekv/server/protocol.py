@@ -1,0 +1,309 @@
+"""OpenAI-compatible request and response bodies (pydantic v2).
+
+Requests ignore unknown fields (clients such as lm-eval send extras) but reject wrong types and
+out-of-range values with a 400. Fields marked "extension" follow vLLM / SGLang.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+
+# Upper bounds that keep a hostile body from allocating absurd work before the engine sees it.
+MAX_N = 16
+MAX_LOGPROBS = 20
+MAX_STOP_SEQUENCES = 16
+MAX_BATCH_PROMPTS = 256
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+
+
+class _Request(BaseModel):
+    """Base for request bodies: unknown fields are ignored, strings are not coerced to numbers."""
+
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=False)
+
+
+class StreamOptions(_Request):
+    """``stream_options``: ``include_usage`` adds a final chunk carrying ``usage``."""
+
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
+
+
+class SamplingFields(_Request):
+    """Sampling fields shared by completions and chat completions."""
+
+    model: str | None = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    # allow_inf_nan=False: NaN would slip through ge/le comparisons.
+    temperature: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, ge=-1, lt=2**31)  # extension; -1 or 0 = off
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)  # extension
+    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)  # extension
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_SEQUENCES)  # extension
+    ignore_eos: StrictBool = False  # extension
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p_range(cls, value: float | None) -> float | None:
+        if value is not None and not 0.0 < value <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        return value
+
+    def stop_list(self) -> list[str]:
+        """``stop`` as a list with empty strings dropped."""
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stops if s]
+
+    def include_usage(self) -> bool:
+        """Whether a streaming response ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+PromptInput = str | list[str] | list[TokenId] | list[list[TokenId]]
+
+
+class CompletionRequest(SamplingFields):
+    """``POST /v1/completions``."""
+
+    prompt: PromptInput
+    max_tokens: int | None = Field(default=16, ge=0, lt=2**31)
+    echo: StrictBool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_shape(cls, value: PromptInput) -> PromptInput:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("prompt must not be empty")
+            if len(value) > MAX_BATCH_PROMPTS and not isinstance(value[0], int):
+                raise ValueError(f"at most {MAX_BATCH_PROMPTS} prompts per request")
+        return value
+
+
+class TextPart(_Request):
+    """One text part of a multi-part message ``content``."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    """One chat message; ``content`` may be a string or a list of text parts."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        """The message content as one string."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    max_tokens: int | None = Field(default=None, ge=0, lt=2**31)
+    max_completion_tokens: int | None = Field(default=None, ge=0, lt=2**31)
+    logprobs: StrictBool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: StrictBool = True  # extension
+
+    def max_new_tokens(self) -> int | None:
+        """``max_completion_tokens`` (newer name) wins over ``max_tokens``."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# ---------------------------------------------------------------- responses
+
+
+def make_id(prefix: str) -> str:
+    """A fresh response id such as ``cmpl-3f2a...``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    """Unix time in seconds, for ``created``."""
+    return int(time.time())
+
+
+class PromptTokensDetails(BaseModel):
+    """How many prompt tokens came from the prefix cache."""
+
+    cached_tokens: int = 0
+
+
+class UsageInfo(BaseModel):
+    """Token accounting of one response."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+
+    def add(self, prompt: int, completion: int, cached: int) -> None:
+        """Accumulate one generation's counts."""
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.total_tokens += prompt + completion
+        self.prompt_tokens_details.cached_tokens += cached
+
+
+class CompletionLogprobs(BaseModel):
+    """Legacy completions logprobs: parallel lists, one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    """One choice of a completion (or one delta of a streamed one)."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    """Body of ``/v1/completions`` (``object`` is the same for stream chunks, as in OpenAI)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class TopLogprob(BaseModel):
+    """One alternative token in chat logprobs."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    """One sampled token in chat logprobs with its alternatives."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    """Chat ``logprobs``: one entry per generated token."""
+
+    content: list[TokenLogprob] = Field(default_factory=list)
+
+
+class ChatResponseMessage(BaseModel):
+    """The assistant message of a chat choice (``delta`` in a stream chunk)."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    """One choice of a chat completion."""
+
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatStreamChoice(BaseModel):
+    """One choice of a streamed chat chunk."""
+
+    index: int
+    delta: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    """Body of ``/v1/chat/completions``."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=now)
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One SSE chunk of a streamed chat completion."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=now)
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    """One entry of ``/v1/models``."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=now)
+    owned_by: str = "nibblekv"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    """Body of ``/v1/models``."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    """The ``error`` object of an OpenAI-style error body."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI-style error body: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorInfo
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """A response model as a JSON-ready dict."""
+    return model.model_dump(mode="json")

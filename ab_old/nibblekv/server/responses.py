@@ -1,0 +1,88 @@
+"""Pieces shared by the completion handlers: model check, metrics at finish, SSE and disconnects."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from nibblekv.server.errors import APIError, error_body
+from nibblekv.server.formatting import ChoiceState
+from nibblekv.server.generation import stop_on_disconnect, unless_disconnected
+from nibblekv.server.metrics import TokenTimer
+from nibblekv.server.state import ServerState
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    """Accept the served model's name, its path, or no name; anything else is a 404 like OpenAI's."""
+    if model is None or model in (state.model_name, state.model_info.get("model_path"), "default"):
+        return
+    raise APIError(
+        f"The model `{model}` does not exist. This server serves `{state.model_name}`.",
+        status=404,
+        param="model",
+    )
+
+
+def finish_metrics(state: ServerState, choice: ChoiceState, timer: TokenTimer) -> None:
+    """Count a finished generation's tokens and latency."""
+    timer.on_finish()
+    state.metrics.record_finished(choice.prompt_tokens, choice.completion_tokens, choice.cached_tokens)
+    state.metrics.requests.labels(outcome=choice.finish_reason or "stop").inc()
+
+
+async def respond(request: Request, work: Awaitable[T]) -> T:
+    """Await a non-streaming generation, aborting it if the client disconnects (then 499)."""
+    return await unless_disconnected(request, work)
+
+
+class _ReleasingStream(StreamingResponse):
+    """A streaming response that releases its admission slots however the stream ends."""
+
+    def __init__(self, content: AsyncIterator[str], release: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+async def _sse_events(
+    request: Request, payloads: AsyncIterator[str], release: Callable[[], None]
+) -> AsyncIterator[str]:
+    """``data: ...`` events, an error event if generation fails, and always ``data: [DONE]``."""
+    try:
+        async for payload in stop_on_disconnect(request, payloads):
+            yield f"data: {payload}\n\n"
+    except APIError as exc:
+        yield f"data: {json.dumps(error_body(exc.message, exc.status, exc.param))}\n\n"
+    except ValueError as exc:  # the engine rejected the request (validation it alone can do)
+        yield f"data: {json.dumps(error_body(str(exc), 400))}\n\n"
+    except Exception as exc:  # the stream has started: report in-band, then end cleanly
+        log.exception("error while streaming")
+        yield f"data: {json.dumps(error_body(f'internal server error: {type(exc).__name__}', 500))}\n\n"
+    finally:
+        release()
+    yield "data: [DONE]\n\n"
+
+
+def sse_response(
+    request: Request, payloads: AsyncIterator[str], release: Callable[[], None]
+) -> StreamingResponse:
+    """A server-sent-events response over JSON payloads, ending with ``data: [DONE]``."""
+    return _ReleasingStream(_sse_events(request, payloads, release), release)
