@@ -57,7 +57,7 @@ def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, pag
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     act = None if active is None else torch.tensor([active], dtype=torch.int32, device=DEVICE)
     lse_out = torch.full((len(lens), hkv * group), float("nan"), device=DEVICE) if lse else None
-    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, variant="mma:bal=1,ppsm=5,minc=16",
+    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, variant="mma:bal=1,bppsm=5,minc=16",
                   active=act, lse_out=lse_out)  # type: ignore[arg-type]  # fmt: skip
     n = len(lens) if active is None else active
     t = {k: (v[:n] if isinstance(v, torch.Tensor) else v) for k, v in targs.items()}
@@ -71,7 +71,7 @@ def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, pag
 
 @pytest.fixture
 def one_sm(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 5 warps (ppsm=5 x 1 SM): chunks cross pairs, a pair spans several warps, some warps hold several pairs
+    # 5 warps (bppsm=5 x 1 SM): chunks cross pairs, a pair spans several warps, some warps hold several pairs
     import nibblekv.kernels.decode_balanced as bal
 
     monkeypatch.setattr(bal, "num_sms", lambda: 1)

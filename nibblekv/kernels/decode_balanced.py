@@ -220,7 +220,8 @@ def launch_balanced(
     bsz, hq, d = q.shape
     hkv = cache.layout.num_kv_heads
     g = hq // hkv
-    warps = int(cfg["ppsm"]) * num_sms()
+    per_sm = int(cfg["bal_ppsm"])
+    warps = per_sm * num_sms()
     interp = interpreting()
     o_part, lse_part = empty_partials(partial_slots(warps, bsz * hkv, has_tail), g, d, q.device, interp)
     ks, vs, (sp, sh, _) = scale_tensors(cache)
@@ -239,7 +240,7 @@ def launch_balanced(
         VQ=int(cfg["vq"]),
         LZ=int(cfg["lazy"]), DYN=dyn, num_warps=1, num_stages=1,
         **tma_args(cfg, cache, cache.layout.page_size, grid[0], q.device), **pdl,
-        **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
+        **({} if interp else {"maxnreg": _mma_max_registers(per_sm)}),
     )  # fmt: skip
     slots = max_pair_slots(warps, hkv)
     db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hkv, slots, d)
