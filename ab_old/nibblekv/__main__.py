@@ -1,5 +1,0 @@
-import sys
-
-from nibblekv.cli import main
-
-sys.exit(main())
