@@ -1,8 +1,9 @@
 #!/bin/bash
 # Stop 39: decode_mma's register budget. At ppsm=16 (128 registers) ptxas sinks the next tile's loads to the
 # loop's last ~90 of ~780 SASS and moves one 64-bit value through local memory; at ppsm=14 (144) / 12 (168)
-# it issues them ~200 / ~300 SASS before the end, with no spill at head_dim 64. Variants side by side, one call:
-# head_dim 64 (plus the tree before the sm order, f3bc8c2, for the regression), GQA 4 and GQA 8 at head_dim 128.
+# it issues them ~200 / ~300 SASS before the end, with no spill at head_dim 64. Variants side by side, one
+# call: head_dim 64 (plus the tree before the sm order, f3bc8c2, for the regression), GQA 4 and GQA 8 at
+# head_dim 128.
 # Usage from the repo root, with the old tree unpacked as an untracked folder first:
 #   mkdir -p ab_old && git archive f3bc8c2 nibblekv | tar -x -C ab_old
 #   OUT=... COMMIT=<sha> bash benchmarks/device/s39.sh

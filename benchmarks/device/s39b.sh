@@ -6,7 +6,8 @@
 export PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown} PYTHONPATH=.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/engine" "$OUT/kernels"
-timeout -k 5 ${T_KERNELS:-300} python3 benchmarks/bench_kernels.py --out "$OUT/kernels" > "$OUT/kernels/kernels.log" 2>&1
+timeout -k 5 ${T_KERNELS:-300} python3 benchmarks/bench_kernels.py --out "$OUT/kernels" \
+  > "$OUT/kernels/kernels.log" 2>&1
 echo "kernels exit $?"; tail -25 "$OUT/kernels/kernels.log"
 timeout -k 5 ${T_ENGINE:-160} python3 benchmarks/bench_engine.py --part long --synthetic-prefill \
   --kv-dtypes fp8_e4m3 nvfp4 \
