@@ -57,7 +57,8 @@ def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, pag
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     act = None if active is None else torch.tensor([active], dtype=torch.int32, device=DEVICE)
     lse_out = torch.full((len(lens), hkv * group), float("nan"), device=DEVICE) if lse else None
-    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, variant="mma:bal=1,bppsm=5,minc=16",
+    spec = "mma:bal=1,bppsm=5,minc=16"
+    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, variant=spec,
                   active=act, lse_out=lse_out)  # type: ignore[arg-type]  # fmt: skip
     n = len(lens) if active is None else active
     t = {k: (v[:n] if isinstance(v, torch.Tensor) else v) for k, v in targs.items()}

@@ -1,8 +1,9 @@
 """decode_mma's sm_90 compile (CPU only: a fake driver and the triton wheel's ptxas, see
 benchmarks/sass_decode.py): its launch grid is one wave of 16 one-warp programs per SM (12 at head_dim 64 and
-in the balanced kernel), which holds only while every build fits 128 (168) registers without spills. Uncapped builds drifted to 130 and 166 registers
-(2026-11-30) and ran 10-25% slower on the H200. The token-balanced kernel (``bal=1``) spilled ~5 values into
-its tile loop at its defaults until the page addresses became one ``IMAD.WIDE.U32`` each (2026-12-03).
+in the balanced kernel), which holds only while every build fits 128 (168) registers without spills.
+Uncapped builds drifted to 130 and 166 registers (2026-11-30) and ran 10-25% slower on the H200. The
+token-balanced kernel (``bal=1``) spilled ~5 values into its tile loop at its defaults until the page
+addresses became one ``IMAD.WIDE.U32`` each (2026-12-03).
 NOTE: since the pool's NVFP4 words moved to sm order (stop 38) ptxas moves one 64-bit value through local
 memory at the loop's end at 128 registers (8 bytes): timed faster than before on the H200 all the same
 (benchmarks/results/sm-s38-h200/), so the budget below is that, and any more fails. Head_dim 64 and the

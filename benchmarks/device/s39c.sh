@@ -6,7 +6,8 @@ export PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown} PYTHONPATH=.
 OUT=${OUT:-/tmp/out}
 run() {  # $1 = tag, rest = bench_decode_variants args
   local tag=$1; shift
-  timeout -k 5 ${T_AB:-60} python3 benchmarks/bench_decode_variants.py --out "$OUT/$tag" "$@" > "$OUT/$tag.log" 2>&1
+  timeout -k 5 ${T_AB:-60} python3 benchmarks/bench_decode_variants.py --out "$OUT/$tag" "$@" \
+    > "$OUT/$tag.log" 2>&1
   echo "== $tag exit $?"; grep -E "^ *nvfp4|^B|x[0-9]+ " "$OUT/$tag.log" | tail -8
 }
 mkdir -p "$OUT"

@@ -43,7 +43,8 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          tail as programs of the grid), ts
 #          (tail programs per (request, KV head), per-pair splits only), tpp (1: the tail programs prefetch page
 #          ids), tw (1: splits leave the tail programs room in the wave), bal (1: token-balanced split-K over
-#          the whole batch, decode_balanced; 0 off; 2 auto by pairs; bppsm its programs per SM), tma (N = 2..5: tiles staged through a
+#          the whole batch, decode_balanced; 0 off; 2 auto by pairs; bppsm its programs per SM),
+#          tma (N = 2..5: tiles staged through a
 #          shared-memory ring by bulk copies, _tma; opt-in: the same speed as the register path on the H200,
 #          2026-12-01, decode-variants-tma-h200.json: .736/.702/.639/.615/.553 vs .724/.719/.665/.628/.574 at
 #          B64x32K/B26x32K/B8x32K/B32x8K/B1x128K, with 15% more instructions; with lz=8 no better, 2026-12-02,
@@ -291,9 +292,9 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         # tpi=1 builds: equal on ragged batches, .01-.03 lower on uniform ones
         "balanced": 2,
         # NOTE: programs per SM of the token-balanced kernel (variant option bppsm): 12 (168 registers, no
-        # spill; at 128 it spilled 32-40 bytes). H200, 2026-12-03, two calls (regs-s39-h200/, ppsm-s39-h200/),
-        # 16 -> 12: GQA 4 B32x8K .654/.661 -> .697/.696, GQA 8 B32x8K .670 -> .688; GQA 4 B128x8K .742 -> .737,
-        # B64x32K .764 -> .761 (no full kernel run at 12 yet)
+        # spill; at 128 it spilled 32-40 bytes). H200, 2026-12-03, two calls (regs-s39-h200/,
+        # ppsm-s39-h200/), 16 -> 12: GQA 4 B32x8K .654/.661 -> .697/.696, GQA 8 B32x8K .670 -> .688; GQA 4
+        # B128x8K .742 -> .737, B64x32K .764 -> .761 (no full kernel run at 12 yet)
         "bal_ppsm": 12,
     }
 
