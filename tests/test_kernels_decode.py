@@ -392,7 +392,10 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "tail_wave": 0,
         "tail_page_prefetch": 1,
         "tail_splits": 2,
+        "bal_ppsm": 12,
     }
+    # decode_mma at head_dim 64: 12 programs per SM (168 registers; stop 39), 16 at 128
+    assert [resolve_variant(None, 2, d, False)[1]["ppsm"] for d in (64, 128)] == [12, 16]
     # BF16 tok: 4 stages, 5 with the bf16 tail at head_dim 128 (s sets both, st the tail's); head_dim 64: BN 128
     bf = resolve_variant(None, 0, 128, False)[1]
     assert (bf["num_stages"], bf["tail_stages"]) == (4, 5)
