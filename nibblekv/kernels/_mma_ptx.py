@@ -42,19 +42,6 @@ def _bcast_h2(s):
     )  # fmt: skip
 
 
-@triton.jit
-def _word_to_h2x4(x, s, ASM: tl.constexpr):
-    """``ASM`` (a converter's PTX: $4 = word, $5 = half2 multiplier) -> its 4 half2 outputs."""
-    return tl.inline_asm_elementwise(
-        asm=ASM,
-        constraints="=r,=r,=r,=r,r,r",
-        args=[x, s],
-        dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
-        is_pure=True,
-        pack=1,
-    )
-
-
 # $4 = 4 bytes in sm order (nibblekv.formats.sm_words), $5 = half2 multiplier -> 4 half2 value * 2**-14 * s:
 # 6 masks (ALU pipe) and 5 left shifts (ptxas: IMAD.SHL, FMA pipe), no conversion instruction. NOTE: the
 # standard order through E4M3 bytes + cvt.rn.f16x2.e4m3x2 (until stop 38) spent 9 ALU-pipe ops a word
@@ -88,7 +75,14 @@ def _cvt_word_sm(x, s):
     ``value * 2**-14 * s`` = elements (e0, e2), (e4, e6), (e1, e3), (e5, e7). Exact for every E4M3 scale: the
     product has <= 6 significant bits, is a multiple of 2**-15 * 2**-9 = 2**-24 (fp16's subnormal step)
     and < 2**11."""
-    return _word_to_h2x4(x, s, _CVT_WORD_SM_PTX)
+    return tl.inline_asm_elementwise(
+        asm=_CVT_WORD_SM_PTX,
+        constraints="=r,=r,=r,=r,r,r",
+        args=[x, s],
+        dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+        is_pure=True,
+        pack=1,
+    )
 
 
 @triton.jit

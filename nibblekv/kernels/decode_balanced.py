@@ -128,7 +128,7 @@ def decode_mma_bal_kernel(
             nt = tl.minimum(tiles - t0, x1 - x0)
             slot = (pid + b * HKV + h).to(tl.int64)
             end = tl.minimum((t0 + nt) * 16, rows)
-            gk = tl.load(g_ptr) * 16384.0  # see decode_mma_kernel: the codes' 2**-6
+            gk = tl.load(g_ptr) * 16384.0  # see decode_mma_kernel: the codes' 2**-14
             gv = tl.load(g_ptr + 1) * 16384.0
             scratch = tma_scratch
             if TMA:
