@@ -66,9 +66,11 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 # Every variant: ce (0: the combine step as before 2026-12-03 -- lens loaded before the partials, chunks of
 #          4096 elements -- to compare with the default 1: one round trip, chunks of up to 8192)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
-# NOTE: bal=2 turns decode_balanced on from this many (request, KV head) pairs: 26 x 8 = 208 pairs still
-# favoured per-pair splits (.729 vs .714), 91 x 8 = 728 and the 64-request ragged batches did not
-BALANCED_MIN_PAIRS = 256
+# NOTE: bal=2 turns decode_balanced on from this many (request, KV head) pairs. At 16 programs per SM 26 x 8 =
+# 208 pairs favoured per-pair splits (.729 vs .714); since the balanced kernel runs 12 (stop 39) it reads
+# .771 vs .760 there (B26x32K with the bf16 tail, H200, 2026-12-03, benchmarks/results/bal208-s40-h200/);
+# 8 x 8 = 64 pairs stay per-pair (.668 vs .585 at 16)
+BALANCED_MIN_PAIRS = 208
 
 
 def default_num_splits(
