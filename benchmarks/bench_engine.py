@@ -389,6 +389,11 @@ def decode_run(
         "max_step_ms": round(1e3 * max(t for _, t, _ in timed), 3),
         **({"top_kernels": []} | prof),
         "step_ms": round(1e3 * statistics.median(t for _, t, _ in at_full), 3),
+        # NOTE: the steady state, running requests over the median step: decode_tok_s also averages in the
+        # second step (one-time costs, 41-88 ms at 26 x 32K on the H200), the short step after the profiled
+        # ones and the last (26 requests' pages freed, 44-63 ms), which moved the fp8 / nvfp4 ratio by +-0.02
+        # between runs of one commit (2026-12-03, engine-matched-s40*-h200/)
+        "steady_tok_s": round(full / statistics.median(t for _, t, _ in at_full), 1),
         "step_floor_ms": round(1e3 * statistics.median(f for _, _, f in at_full), 3),
         "decode_steps_at_full": len(at_full),
         # every timed decode step in order (batch size, ms): where a slow step falls says what it was
@@ -444,7 +449,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     cols = {
         "throughput": ["model", "kv_dtype", "num_requests", "output_tok_s", "total_tok_s", "max_total_num_tokens",
                        "preemptions", "seconds"],
-        "long": ["kv_dtype", "mode", "running_requests", "decode_tok_s", "max_total_num_tokens", "step_ms",
+        "long": ["kv_dtype", "mode", "running_requests", "decode_tok_s", "steady_tok_s",
+                 "max_total_num_tokens", "step_ms",
                  "step_floor_ms", "step_over_floor", "first_step_ms", "max_step_ms"],
     }  # fmt: skip
     for bench, names in cols.items():

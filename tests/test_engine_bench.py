@@ -38,6 +38,7 @@ def test_bench_engine_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     for r in long.values():
         for field in ("running_requests", "decode_tok_s", "max_total_num_tokens", "step_ms", "step_floor_ms"):
             assert r[field] > 0
+        assert r["steady_tok_s"] == pytest.approx(1e3 * r["running_requests"] / r["step_ms"], rel=1e-3)
     matched = {r["running_requests"] for (m, _), r in long.items() if m == "matched"}
     assert len(matched) == 1  # every dtype ran bf16's count
     assert (

@@ -9,5 +9,6 @@ timeout -k 5 ${T_ENGINE:-240} python3 benchmarks/bench_engine.py --part long --s
   --kv-dtypes fp8_e4m3 nvfp4 \
   --long-requests 26 --long-output 128 --profile-steps 3 --out "$OUT/engine" > "$OUT/engine/engine.log" 2>&1
 echo "engine exit $?"; grep -E "^kv_dtype|^fp8|^nvfp4" "$OUT/engine/engine.log" | tail -4
-grep -o '"kv_dtype": "[a-z0-9_]*"\|"decode_tok_s": [0-9.]*\|"kernel": "decode[a-z_]*", "ms_per_step": [0-9.]*' \
+grep -o "$(printf '%s' '"kv_dtype": "[a-z0-9_]*"\|"decode_tok_s": [0-9.]*\|' \
+  '"kernel": "decode[a-z_]*", "ms_per_step": [0-9.]*')" \
   "$OUT/engine/engine.log"
