@@ -382,18 +382,19 @@ def decode_run(
     at_full = [(bs, t, f) for bs, t, f in steps if bs == full]
     # NOTE: the first full step pays one-time costs (Triton compiles, CUDA-graph capture): reported apart
     timed = at_full[1:] or at_full
+    step = statistics.median(t for _, t, _ in at_full)
     return {
         "running_requests": full,
         "decode_tok_s": round(sum(bs for bs, _, _ in timed) / sum(t for _, t, _ in timed), 1),
         "first_step_ms": round(1e3 * at_full[0][1], 3),
         "max_step_ms": round(1e3 * max(t for _, t, _ in timed), 3),
         **({"top_kernels": []} | prof),
-        "step_ms": round(1e3 * statistics.median(t for _, t, _ in at_full), 3),
+        "step_ms": round(1e3 * step, 3),
         # NOTE: the steady state, running requests over the median step: decode_tok_s also averages in the
         # second step (one-time costs, 41-88 ms at 26 x 32K on the H200), the short step after the profiled
-        # ones and the last (26 requests' pages freed, 44-63 ms), which moved the fp8 / nvfp4 ratio by +-0.02
-        # between runs of one commit (2026-12-03, engine-matched-s40*-h200/)
-        "steady_tok_s": round(full / statistics.median(t for _, t, _ in at_full), 1),
+        # ones and the last (26 requests' pages freed, 44-63 ms): FP8's unchanged path read 1397.8 and 1432.3
+        # tok/s in two runs of one session, 17.84 and 17.92 ms median steps (engine-matched-s40*-h200/)
+        "steady_tok_s": round(full / step, 1),
         "step_floor_ms": round(1e3 * statistics.median(f for _, _, f in at_full), 3),
         "decode_steps_at_full": len(at_full),
         # every timed decode step in order (batch size, ms): where a slow step falls says what it was
