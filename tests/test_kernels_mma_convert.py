@@ -7,6 +7,7 @@ interpreter runs their Triton twins, on a GPU the inline PTX.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -81,6 +82,45 @@ def test_converter_exact_for_every_byte_and_scale() -> None:
     # NOTE: uint32 views: the converters shift logically
     _convert_kernel[(1,)](x_dev.view(torch.uint32), s_dev.view(torch.uint32), out.view(torch.uint32), N=n)
     got = _halves(out.cpu().to(torch.int64).reshape(n, 4) & 0xFFFFFFFF)
+    want = _nibble_values(words) * scale.float()[:, None] * 2.0**-14
+    assert torch.equal(got, want), (got - want).abs().max()
+
+
+def _emulate_ptx(ptx: str, regs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Runs the subset of PTX that ``_CVT_WORD_SM_PTX`` uses (b32 and / or / shl, mul.lo.u32, mul.rn.f16x2)
+    on uint32 arrays, register by register -- the converter's own text, which the interpreter never runs."""
+    m32 = np.uint64(0xFFFFFFFF)
+    for stmt in ptx.replace("{", ";").replace("}", ";").split(";"):
+        words = stmt.replace(",", " ").split()
+        if not words or words[0] == ".reg":
+            continue
+        op, dst, *src = words
+        a, b = (regs[x] if x in regs else np.uint64(int(x, 0)) for x in src)
+        a, b = a.astype(np.uint64), b.astype(np.uint64)
+        if op == "mul.rn.f16x2":  # each 16-bit half as fp16, rounded to nearest even
+            halves = [(x >> np.uint64(k)) & np.uint64(0xFFFF) for x in (a, b) for k in (0, 16)]
+            f = [h.astype(np.uint16).view(np.float16) for h in halves]
+            lo, hi = ((f[i] * f[i + 2]).view(np.uint16).astype(np.uint64) for i in (0, 1))
+            regs[dst] = lo | (hi << np.uint64(16))
+        else:
+            fn = {"and.b32": np.bitwise_and, "or.b32": np.bitwise_or, "mul.lo.u32": np.multiply,
+                  "shl.b32": np.left_shift}[op]  # fmt: skip
+            regs[dst] = fn(a, b) & m32
+    return regs
+
+
+def test_converter_ptx_text_is_exact_on_the_cpu() -> None:
+    # the inline PTX of _cvt_word_sm (GPU only) emulated: every byte in every position, random words, every
+    # finite positive E4M3 scale -> the same fp16 bits as E2M1 value * 2**-14 * scale
+    n = 1024
+    g = torch.Generator().manual_seed(1)
+    words = torch.randint(0, 2**32, (n,), generator=g, dtype=torch.int64)
+    words[:256] = torch.arange(256) * 0x01010101
+    scale = (torch.arange(n) % 126 + 1).to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float16)
+    s_bits = scale.view(torch.int16).to(torch.int64) & 0xFFFF
+    regs = {"$4": words.numpy().astype(np.uint64), "$5": (s_bits | (s_bits << 16)).numpy().astype(np.uint64)}
+    out = _emulate_ptx(str(mp._CVT_WORD_SM_PTX.value), regs)
+    got = _halves(torch.from_numpy(np.stack([out[f"${i}"] for i in range(4)], -1).astype(np.int64)))
     want = _nibble_values(words) * scale.float()[:, None] * 2.0**-14
     assert torch.equal(got, want), (got - want).abs().max()
 

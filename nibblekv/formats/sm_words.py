@@ -12,6 +12,7 @@ rate of the FMA pipe, and it limits the NVFP4 decode kernel. In the sm order eac
     out1 = (w << 3) & M                                          = (e4, e6)
     out2 = ((w << 6) & 0x0E000E00) | ((w << 1) & 0x80008000)     = (e1, e3)
     out3 = ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)     = (e5, e7)
+         = ((w & 0x20072007) * 516) & M   (516 = 2**9 + 2**2: the two copies never overlap)
 
 (low half, high half) each. The low 16 bits hold e0, e4, e1, e5 and the high 16 bits e2, e6, e3, e7 in
 the same places (+16), so pairing two tokens' low (high) halves with one ``prmt`` and decoding that gives
