@@ -6,19 +6,27 @@ The standard order (:func:`nibblekv.formats.e2m1.pack`) keeps element ``e`` of a
 rate of the FMA pipe, and it limits the NVFP4 decode kernel. In the sm order each 16-bit half holds its
 4 elements' signs in bits 12..15 and their 3-bit magnitudes (``e1 e0 m``) in bits 0..11, so left shifts
 (``IMAD.SHL``, FMA pipe) and masks put them at an fp16's bit 15 (s) and bits 11..9 (e1 e0 m) =
-``value * 2**-14`` -- 6 ALU ops (masks) and 5 shifts give the same 4 half2 (``M = 0x8E008E00``)::
+``value * 2**-14`` -- 6 ALU ops (masks), one shift and two multiplies give the same 4 half2 (``M =
+0x8E008E00``)::
 
     out0 = w & M                                                 = (e0, e2)
     out1 = (w << 3) & M                                          = (e4, e6)
-    out2 = ((w << 6) & 0x0E000E00) | ((w << 1) & 0x80008000)     = (e1, e3)
-    out3 = ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)     = (e5, e7)
-         = ((w & 0x20072007) * 516) & M   (516 = 2**9 + 2**2: the two copies never overlap)
+    out2 = ((w << 9) & 0x0E000E00) | ((w << 1) & 0x80008000)     = (e1, e3)
+         = ((w & 0x40074007) * 514) & M                           (514 = 2**9 + 2**1)
+    out3 = ((w << 6) & 0x0E000E00) | ((w << 2) & 0x80008000)     = (e5, e7)
+         = ((w & 0x20382038) * 68) & M                            (68 = 2**6 + 2**2)
+
+The multiply puts two shifted copies of the isolated bits in one word; in this order they never overlap each
+other or a wanted bit, so it adds without a carry and the mask keeps the wanted copy (equal to the two-shift
+form for all 2**32 words). Until stop 40, e1 and e5 had swapped magnitudes (e1 at 3..5, e5 at 0..2), where
+only out3 has that form (out2's copies collide); a search over the shift choices that partition a 16-bit half
+found this order, which gives both.
 
 (low half, high half) each. The low 16 bits hold e0, e4, e1, e5 and the high 16 bits e2, e6, e3, e7 in
 the same places (+16), so pairing two tokens' low (high) halves with one ``prmt`` and decoding that gives
 (token x, token y) half2 of one element -- what the value operand of ``mma.sync`` wants. No order lets
 every output be one shift and one mask (4 translates of the pattern cannot tile 32 bits; checked
-exhaustively), so two outputs take two masks.
+exhaustively), so two outputs take two masks (and a multiply).
 """
 
 from __future__ import annotations
@@ -28,13 +36,13 @@ import torch
 # SM_BITS[e] = bit positions of element e's (m, e0, e1, s) within its 32-bit word
 SM_BITS: tuple[tuple[int, int, int, int], ...] = (
     (9, 10, 11, 15),  # e0
-    (3, 4, 5, 14),  # e1
+    (0, 1, 2, 14),  # e1
     (25, 26, 27, 31),  # e2
-    (19, 20, 21, 30),  # e3
+    (16, 17, 18, 30),  # e3
     (6, 7, 8, 12),  # e4
-    (0, 1, 2, 13),  # e5
+    (3, 4, 5, 13),  # e5
     (22, 23, 24, 28),  # e6
-    (16, 17, 18, 29),  # e7
+    (19, 20, 21, 29),  # e7
 )
 
 

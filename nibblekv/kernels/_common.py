@@ -122,10 +122,10 @@ def sm_decode(w):
     ``_mma_ptx._cvt_word_sm``'s shifts, masks and multiply (ptxas issues shifts and multiply as IMAD)."""
     o0 = w & 0x8E008E00
     o1 = (w << 3) & 0x8E008E00
-    o2 = ((w << 6) & 0x0E000E00) | ((w << 1) & 0x80008000)
-    # NOTE: = ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000) for every word (checked over all 2**32):
-    # the copies t << 9 and t << 2 of t = e5's bits never overlap, so the multiply adds without carries
-    o3 = ((w & 0x20072007) * 516) & 0x8E008E00
+    # NOTE: (t << 9) | (t << 1) and (t << 6) | (t << 2) of e1's / e5's isolated bits t as one multiply: the
+    # copies never overlap, so it adds without carries (nibblekv.formats.sm_words; all 2**32 words checked)
+    o2 = ((w & 0x40074007) * 514) & 0x8E008E00
+    o3 = ((w & 0x20382038) * 68) & 0x8E008E00
     return o0, o1, o2, o3
 
 

@@ -43,25 +43,21 @@ def _bcast_h2(s):
 
 
 # $4 = 4 bytes in sm order (nibblekv.formats.sm_words), $5 = half2 multiplier -> 4 half2 value * 2**-14 * s:
-# 6 masks (ALU pipe), 3 left shifts and one multiply (ptxas: IMAD, FMA pipe), no conversion instruction.
+# 6 masks (ALU pipe), one left shift and two multiplies (ptxas: IMAD, FMA pipe), no conversion instruction.
 # NOTE: the standard order through E4M3 bytes + cvt.rn.f16x2.e4m3x2 (until stop 38) spent 9 ALU-pipe ops a
-# word (5 integer + 4 cvt), and Hopper's ALU pipe issues at half rate. The last output, (w << 9) & mags |
-# (w << 2) & signs until stop 40, is (w & e5's bits) * (2**9 + 2**2) & M: the two copies never overlap, so
-# the multiply adds without carries (equal for all 2**32 words; _common.sm_decode is the Triton form). sm_90
-# main loop a two-tile step, tail builds: head_dim 128 GQA 4 742 -> 715 SASS, balanced 744 -> 723, head_dim
-# 64 767 -> 754 (sass_decode.py); untimed
+# word (5 integer + 4 cvt), and Hopper's ALU pipe issues at half rate. Outputs 2 and 3, two shifts and two
+# masks each until stop 40, are (w & isolated bits) * (2**a + 2**b) & M: the two copies never overlap, so
+# the multiply adds without carries (sm_words; _common.sm_decode is the Triton form)
 _CVT_WORD_SM_PTX = tl.constexpr(
     """{ .reg .b32 t, u;
         and.b32 $0, $4, 0x8E008E00;
         shl.b32 t, $4, 3;
         and.b32 $1, t, 0x8E008E00;
-        shl.b32 t, $4, 6;
-        shl.b32 u, $4, 1;
-        and.b32 t, t, 0x0E000E00;
-        and.b32 u, u, 0x80008000;
-        or.b32 $2, t, u;
-        and.b32 t, $4, 0x20072007;
-        mul.lo.u32 t, t, 516;
+        and.b32 t, $4, 0x40074007;
+        mul.lo.u32 t, t, 514;
+        and.b32 $2, t, 0x8E008E00;
+        and.b32 t, $4, 0x20382038;
+        mul.lo.u32 t, t, 68;
         and.b32 $3, t, 0x8E008E00;
         mul.rn.f16x2 $0, $0, $5;
         mul.rn.f16x2 $1, $1, $5;

@@ -95,7 +95,7 @@ def _sm_bytes(idx, neg):
     at ``spos``."""
     e = tl.arange(0, 8)
     hi = 16 * ((e >> 1) & 1)
-    mpos = hi + 9 - 6 * (e & 1) - 3 * (e >> 2)
+    mpos = hi + 9 - 9 * (e & 1) - 3 * (e >> 2) + 6 * (e & 1) * (e >> 2)
     spos = hi + 15 - (e & 1) - 3 * (e >> 2) + 2 * (e >> 2) * (e & 1)
     bits = (idx.to(tl.uint32) << mpos.to(tl.uint32)) | (neg.to(tl.uint32) << spos.to(tl.uint32))
     w = tl.sum(bits, axis=2)  # disjoint bits: the sum is their OR
