@@ -49,7 +49,7 @@ def _bcast_h2(s):
 # masks each until stop 40, are (w & isolated bits) * (2**a + 2**b) & M: the two copies never overlap, so
 # the multiply adds without carries (sm_words; _common.sm_decode is the Triton form)
 _CVT_WORD_SM_PTX = tl.constexpr(
-    """{ .reg .b32 t, u;
+    """{ .reg .b32 t;
         and.b32 $0, $4, 0x8E008E00;
         shl.b32 t, $4, 3;
         and.b32 $1, t, 0x8E008E00;
