@@ -25,6 +25,6 @@ done
 ab_summary "$OUT/cvt-*.json"
 mkdir -p "$OUT/engine"
 PYTHONPATH=. timeout -k 5 ${T_ENGINE:-150} python3 benchmarks/bench_engine.py --part long \
-  --synthetic-prefill --kv-dtypes fp8_e4m3 nvfp4 --long-requests 26 --long-output 128 --profile-steps 3 --out "$OUT/engine" \
-  > "$OUT/engine/engine.log" 2>&1
+  --synthetic-prefill --kv-dtypes fp8_e4m3 nvfp4 --long-requests 26 --long-output 128 --profile-steps 3 \
+  --out "$OUT/engine" > "$OUT/engine/engine.log" 2>&1
 echo "engine exit $?"; grep -E "^kv_dtype|^fp8|^nvfp4" "$OUT/engine/engine.log" | tail -3
