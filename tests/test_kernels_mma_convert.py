@@ -66,23 +66,27 @@ def test_sm_order_round_trips_and_places_each_element_once() -> None:
     assert len(seen) == 32 and all(v & (v - 1) == 0 for v in seen)
 
 
-def test_converter_exact_for_every_byte_and_scale() -> None:
-    n = 1024
-    g = torch.Generator().manual_seed(0)
+def _cases(seed: int, n: int = 1024) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(words, half2 scale multipliers, the exact outputs ``[n, 8]``): every byte value in every byte
+    position, then random words; every finite positive E4M3 scale byte (0x01..0x7E) in both halves."""
+    g = torch.Generator().manual_seed(seed)
     words = torch.randint(0, 2**32, (n,), generator=g, dtype=torch.int64)
-    words[:256] = torch.arange(256) * 0x01010101  # every byte value, in every byte position
-    # every finite positive E4M3 scale byte (0x01..0x7E), the same in both halves of the multiplier
-    codes = torch.arange(n) % 126 + 1
-    scale = codes.to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float16)
+    words[:256] = torch.arange(256) * 0x01010101
+    scale = (torch.arange(n) % 126 + 1).to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float16)
     s_bits = scale.view(torch.int16).to(torch.int64) & 0xFFFF
-    mult = s_bits | (s_bits << 16)
+    want = _nibble_values(words) * scale.float()[:, None] * 2.0**-14
+    return words, s_bits | (s_bits << 16), want
+
+
+def test_converter_exact_for_every_byte_and_scale() -> None:
+    words, mult, want = _cases(0)
+    n = words.shape[0]
     x_dev = words.to(torch.int32).to(DEVICE)  # same bits (two's complement) as the uint32 words
     s_dev = mult.to(torch.int32).to(DEVICE)
     out = torch.full((n * 4,), -1, dtype=torch.int32, device=DEVICE)
     # NOTE: uint32 views: the converters shift logically
     _convert_kernel[(1,)](x_dev.view(torch.uint32), s_dev.view(torch.uint32), out.view(torch.uint32), N=n)
     got = _halves(out.cpu().to(torch.int64).reshape(n, 4) & 0xFFFFFFFF)
-    want = _nibble_values(words) * scale.float()[:, None] * 2.0**-14
     assert torch.equal(got, want), (got - want).abs().max()
 
 
@@ -112,16 +116,10 @@ def _emulate_ptx(ptx: str, regs: dict[str, np.ndarray]) -> dict[str, np.ndarray]
 def test_converter_ptx_text_is_exact_on_the_cpu() -> None:
     # the inline PTX of _cvt_word_sm (GPU only) emulated: every byte in every position, random words, every
     # finite positive E4M3 scale -> the same fp16 bits as E2M1 value * 2**-14 * scale
-    n = 1024
-    g = torch.Generator().manual_seed(1)
-    words = torch.randint(0, 2**32, (n,), generator=g, dtype=torch.int64)
-    words[:256] = torch.arange(256) * 0x01010101
-    scale = (torch.arange(n) % 126 + 1).to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float16)
-    s_bits = scale.view(torch.int16).to(torch.int64) & 0xFFFF
-    regs = {"$4": words.numpy().astype(np.uint64), "$5": (s_bits | (s_bits << 16)).numpy().astype(np.uint64)}
+    words, mult, want = _cases(1)
+    regs = {"$4": words.numpy().astype(np.uint64), "$5": mult.numpy().astype(np.uint64)}
     out = _emulate_ptx(str(mp._CVT_WORD_SM_PTX.value), regs)
     got = _halves(torch.from_numpy(np.stack([out[f"${i}"] for i in range(4)], -1).astype(np.int64)))
-    want = _nibble_values(words) * scale.float()[:, None] * 2.0**-14
     assert torch.equal(got, want), (got - want).abs().max()
 
 
