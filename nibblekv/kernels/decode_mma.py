@@ -20,11 +20,11 @@ from global memory straight into the register that ``mma.sync.m16n8k16`` reads, 
   converted half2 is (token ``2t``, token ``2t+1``) of one dim, and the V block scales of those two tokens
   form one half2 too. ``P^T`` comes from the score fragment by one ``movmatrix.trans`` per 8 tokens.
 * The pool keeps NVFP4 words in sm bit order (``nibblekv.formats.sm_words``): 6 masks, a shift and two
-  multiplies make a word's 8 nibbles 4 half2 of fp16 bits ``value * 2**-14`` (``_mma_ptx._cvt_word_sm``); the
-  block scale multiplies as half2 (exact but for products under 2**-14 with scales under 2**-10, see
-  ``_cvt_word_sm``). V pairs two tokens' low (high) 16-bit halves with one ``prmt``. Why not E4M3 bytes + ``cvt.rn.f16x2.e4m3x2``
-  on the standard order (the kernel until stop 38): that is 9 ALU-pipe ops a word, this 6, and Hopper's ALU
-  pipe issues at half rate -- it, not the instruction count, limited the kernel.
+  multiplies make a word's 8 nibbles 4 half2 of fp16 bits ``value * 2**-14`` (``_mma_ptx._cvt_word_sm``);
+  the block scale multiplies as half2 (exact but for products under 2**-14 with scales under 2**-10, see
+  ``_cvt_word_sm``). V pairs two tokens' low (high) 16-bit halves with one ``prmt``. Why not E4M3 bytes +
+  ``cvt.rn.f16x2.e4m3x2`` on the standard order (the kernel until stop 38): that is 9 ALU-pipe ops a word,
+  this 6, and Hopper's ALU pipe issues at half rate -- it, not the instruction count, limited the kernel.
 
 GPU only (sm_89+: E4M3 conversion, ``movmatrix``); head_dim 128, GQA group <= 8, NVFP4 pools with packed
 scale rows. Under the interpreter each PTX helper has a Triton twin on the same packed registers.
