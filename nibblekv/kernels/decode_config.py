@@ -130,7 +130,9 @@ def mma_narrow_columns(head_dim: int) -> int:
 
 
 # NOTE: one-warp programs per SM for decode_mma16 (a GQA group of 9-16 columns): 64 accumulators + 32 Q
-# registers need more than decode_mma's 128 registers (16 per SM)
+# registers need more than decode_mma's 128 registers (16 per SM). 12 (168 registers, no spill) was slower
+# at GQA 16 on the H200: .52-.60 vs .56-.63 at B64x8K/B32x8K/B8x32K/B128x8K, two A/B rounds each way
+# (2026-12-03, benchmarks/results/s42-h200/wppsm.json)
 WIDE_PPSM = 8
 
 
