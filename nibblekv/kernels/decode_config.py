@@ -129,10 +129,9 @@ def mma_narrow_columns(head_dim: int) -> int:
     return min(mma_columns(head_dim), 8)
 
 
-# NOTE: one-warp programs per SM for decode_mma16 (a GQA group of 9-16 columns): 64 accumulators + 32 Q
-# registers need more than decode_mma's 128 registers (16 per SM). 12 (168 registers, no spill) was slower
-# at GQA 16 on the H200: .52-.60 vs .56-.63 at B64x8K/B32x8K/B8x32K/B128x8K, two A/B rounds each way
-# (2026-12-03, benchmarks/results/s42-h200/wppsm.json)
+# NOTE: one-warp programs per SM, decode_mma16: 64 accumulators + 32 Q registers need more than 128 (16 a SM).
+# 12 (168 registers, no spill) lost at GQA 16 on the H200: .52-.60 vs .56-.63 of the ceiling, B64x8K/32x8K/
+# 8x32K/128x8K, two rounds each way (2026-12-03, benchmarks/results/s42-h200/wppsm.json)
 WIDE_PPSM = 8
 
 
