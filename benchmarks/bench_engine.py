@@ -161,14 +161,19 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
         engine = Engine(cfg, loaded=loaded)
         sync()
         warm = warm_up(engine, vocab, args)
-        runs, compiles = [], []
+        runs, compiles, cached = [], [], []
         for _ in range(args.throughput_repeats):  # NOTE: later runs find every Triton build compiled
+            # NOTE: each run starts from an empty prefix cache: a repeat of the same prompts would otherwise
+            # skip their prefill (until 2026-12-03 the second run did -- 14.55 -> 11.03 s for the 8B's bf16,
+            # its prefill_only_s 3.6 s -- and that run was reported)
+            engine.flush_cache()
             # frozen heap: as `nibblekv generate` / `serve` run (engine/gc_heap.py)
             with frozen_heap(), compile_log(compiles):
                 t0 = time.perf_counter()
                 outs = engine.generate(prompts, params)
                 sync()
                 runs.append(time.perf_counter() - t0)
+            cached.append(sum(o.cached_tokens for o in outs))
         secs = min(runs)
         n_out = sum(o.completion_tokens for o in outs)
         n_in = sum(o.prompt_tokens for o in outs)
@@ -180,7 +185,7 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
             "output_tok_s": round(n_out / secs, 1), "total_tok_s": round((n_in + n_out) / secs, 1),
             "max_total_num_tokens": engine.max_total_num_tokens, "preemptions": engine.scheduler.num_preemptions,
             "warmup_s": round(warm, 3), "prefill_only_s": round(prefill, 3),
-            "seconds_runs": [round(x, 3) for x in runs],
+            "seconds_runs": [round(x, 3) for x in runs], "cached_prompt_tokens_runs": cached,
             # the Triton builds the timed runs compiled (warm_up missed them): count, then each one's key
             "compiles_in_runs": len(compiles), "compiled": compiles[:64],
         })  # fmt: skip

@@ -24,7 +24,8 @@ def test_bench_engine_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    assert bench.main(["--smoke", "--throughput-models", "smollm2-135m", "--out", str(tmp_path)]) == 0
+    argv = ["--smoke", "--throughput-models", "smollm2-135m", "--throughput-repeats", "2", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
     data = json.loads((tmp_path / "bench_engine_smoke.json").read_text())
     assert {"device", "commit", "date", "torch"} <= set(data)
     assert (tmp_path / "bench_engine_smoke.png").stat().st_size > 10_000  # the three panels
@@ -33,6 +34,8 @@ def test_bench_engine_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert [r["kv_dtype"] for r in thr] == ["bf16", "fp8_e4m3", "nvfp4"]
     assert all(r["output_tok_s"] > 0 and r["num_requests"] == 6 for r in thr)
     assert all(0 < r["prefill_only_s"] and 0 < r["warmup_s"] for r in thr)
+    # every timed run prefills its prompts: the repeat finds no prefix of the run before it cached
+    assert all(r["cached_prompt_tokens_runs"] == [0, 0] and len(r["seconds_runs"]) == 2 for r in thr)
     long = {(r["mode"], r["kv_dtype"]): r for r in rows if r["bench"] == "long"}
     assert set(long) == {(m, k) for m in ("matched", "capacity") for k in ("bf16", "fp8_e4m3", "nvfp4")}
     for r in long.values():
