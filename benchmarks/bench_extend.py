@@ -7,8 +7,9 @@ Standalone, it sweeps launch configs (prefix splits x pipeline stages) against t
 
 ``SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS[:MMA]]]]]]`` (0 = the default; OWN = the own-chunk loop's
 stages; DEC=1: ``extend_decode`` -- the NVFP4 prefix through decode_mma, FP8's through decode_tok --
-where it applies, kernel ``extend_decode``; DEC=2: NVFP4 chunks of more than 8 columns through
-decode_tok, kernel ``extend_decode_tok``; DEC=3: through 8-column decode_mma groups (no decode_mma16), kernel
+where it applies, kernel ``extend_decode``, WARPS / BN its own-chunk launch's; DEC=2: NVFP4 chunks of
+more than 8 columns through decode_tok, kernel ``extend_decode_tok``; DEC=3: through 8-column decode_mma
+groups (no decode_mma16), kernel
 ``extend_decode_mma8``); writes
 ``DIR/extend-sweep.json``. At BM = BN = 64,
 head_dim 128, the default 5 stages take 180 KB of shared memory (one program per SM) and ~254 registers
@@ -90,8 +91,10 @@ def extend_rows(
                     same = dec >= 2 and plan == extend_decode_plan(q, pool, chunk)
                     if same or extend_decode_unsupported(q, pool, chunk, wide):
                         continue  # DEC >= 2 only where it differs from DEC=1's plan
+                    # NOTE: WARPS / BN set step 2's launch (the own-chunk keys, the tail and the merge)
                     fn = partial(extend_decode, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
-                                 num_splits=splits or None, wide=wide)  # fmt: skip
+                                 num_splits=splits or None, wide=wide, own_warps=warps or None,
+                                 own_block_n=bn or None)  # fmt: skip
                 else:
                     fn = partial(
                         extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,

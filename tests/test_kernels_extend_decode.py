@@ -54,6 +54,23 @@ def test_extend_decode_nvfp4_16_and_32_columns() -> None:
     assert _run([P - 1, 40], [8, 5], [W, 1], 1, 4, 128) <= 1e-2
 
 
+def test_extend_decode_own_chunk_launch_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    # own_warps / own_block_n (a benchmark sweep's knobs) reach step 2's launch alone: 32-key blocks over
+    # the chunk's own keys and the bf16 tail (16 is the interpreter's default), one warp
+    seen: list[tuple[object, object]] = []
+
+    def spy(*args: object, **kw: object) -> object:
+        seen.append((kw.get("num_warps"), kw.get("block_n")))
+        return extend_triton(*args, **kw)
+
+    monkeypatch.setattr(ed, "extend_triton", spy)
+    splits = 3 if DEVICE == "cpu" else None
+    fn = partial(extend_decode_fn, num_splits=splits, own_warps=1, own_block_n=32)
+    err = run_extend(KVDtype.NVFP4, [1, P + 1, 40], [4, 3, 1], [W, 1, 0], 1, 4, 128, gscale=(0.37, 2.5),
+                     fn=fn)  # fmt: skip
+    assert err <= 1e-2 and seen == [(1, 32)]
+
+
 @pytest.mark.parametrize("group,chunks", [(3, [1, 5, 2]), (4, [4, 1, 3])])
 def test_extend_decode_fp8(group: int, chunks: list[int]) -> None:
     # decode_tok with up to 16 columns (chunk x GQA group) per KV head, one virtual request per request

@@ -169,11 +169,15 @@ def extend_decode(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     wide: str = "mma",
+    own_warps: int | None = None,
+    own_block_n: int | None = None,
 ) -> torch.Tensor:
     """``extend_triton``'s contract (``q [T, Hq, D]`` -> ``[T, Hq, D]``) for an NVFP4 or FP8 pool whose
     decode kernel takes ``max_chunk * G`` columns per KV head (``extend_decode_plan``); ``max_chunk`` (host
     int) >= every chunk of ``cu_seqlens [B + 1]``. ``num_splits``: the prefix decode's split count
-    (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`."""
+    (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`. ``own_warps`` /
+    ``own_block_n``: step 2's launch (``extend_triton``'s ``num_warps`` / ``block_n``; default its own) --
+    for benchmark sweeps of that ~12 us launch (stop 33's breakdown at B=64 x 8K, 4-token chunks)."""
     plan = extend_decode_plan(q, cache, max_chunk, wide)
     if isinstance(plan, str):
         raise ValueError(f"extend variant 'decode' {plan}")  # noqa: TRY004 - a reason, not a wrong type
@@ -218,7 +222,7 @@ def extend_decode(
         q, k_new, v_new, cu_seqlens, cache, page_table, torch.zeros_like(prefix_lens), sm_scale,
         tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk, out=out,
         block_m=min(64, max(16, triton.next_power_of_2(max_chunk * g))), num_stages=1,
-        merge=(o1, lse1, gv, ng),
+        num_warps=own_warps, block_n=own_block_n, merge=(o1, lse1, gv, ng),
     )  # fmt: skip
     return out
 
