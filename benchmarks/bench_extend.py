@@ -56,11 +56,13 @@ def extend_rows(
     configs: Sequence[tuple[int, ...]] = ((0, 0),),
     shapes: Sequence[tuple[int, int, int]] | None = None,
     profile: Callable[..., dict[str, float]] | None = None,
+    decode_opts: Sequence[str] = ("",),
 ) -> list[dict[str, object]]:  # fmt: skip
     """Time extend_triton per (dtype, shape, (splits, stages[, warps[, bm[, bn]]])); rows carry the keys
     bench_kernels' ``add`` takes (0 = the launcher's default). ``shapes``: (batch, prefix, chunk) items
     (default SHAPES; prefixes a multiple of the 16-token page); ``profile(fn)``: per-kernel GPU times of a
-    call, kept as the row's ``kernels_us``."""
+    call, kept as the row's ``kernels_us``; ``decode_opts``: the prefix decode's variant options of the
+    ``extend_decode`` rows, one row each (``extend_decode``'s ``decode_opts``)."""
     rows: list[dict[str, object]] = []
     if tiny:  # NOTE: one KV head: decode_mma (extend_decode rows) is slow in the interpreter
         hq, hkv = hq // hkv, 1
@@ -80,7 +82,7 @@ def extend_rows(
             k = torch.randn(t, hkv, d, device=dev).to(torch.bfloat16)
             v = torch.randn_like(k)
             out = torch.empty_like(q)
-            for cfg in configs:
+            for cfg, dopts in [(c, o) for c in configs for o in (decode_opts if len(c) > 7 and c[7] else ("",))]:
                 splits, stages, warps, bm, bn, own, regs, dec = (*cfg, 0, 0, 0, 0, 0, 0, 0)[:8]
                 kw = {"num_splits": splits, "num_stages": stages or None, "num_warps": warps or None,
                       "block_m": bm or None, "block_n": bn or None, "own_stages": own or None,
@@ -94,7 +96,7 @@ def extend_rows(
                     # NOTE: WARPS / BN set step 2's launch (the own-chunk keys, the tail and the merge)
                     fn = partial(extend_decode, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
                                  num_splits=splits or None, wide=wide, own_warps=warps or None,
-                                 own_block_n=bn or None)  # fmt: skip
+                                 own_block_n=bn or None, decode_opts=dopts)  # fmt: skip
                 else:
                     fn = partial(
                         extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
@@ -114,7 +116,7 @@ def extend_rows(
                 rows.append({"kernel": kernel, "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv,
                              "d": d,
                              "us": us, "nbytes": nbytes, "chunk": chunk, "splits": splits, "stages": stages, "warps": warps,
-                             "bm": bm, "bn": bn, "own_stages": own, "max_registers": regs,
+                             "bm": bm, "bn": bn, "own_stages": own, "max_registers": regs, "decode_opts": dopts,
                              **({"kernels_us": prof} if prof else {})})  # fmt: skip
             del pool
     return rows
@@ -133,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         "DEC=1 times extend_decode where it applies, DEC=2 its decode_tok path for wide NVFP4 chunks, "
         "DEC=3 its 8-column decode_mma groups)",
     )
+    ap.add_argument("--decode-opts", nargs="+", default=[""],
+                    help="prefix-decode variant options of the DEC rows, one row each (e.g. '' 'l2=1')")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--shapes", nargs="*", default=None, help="BATCHxPREFIXxCHUNK items (default: SHAPES)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")
@@ -148,13 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     profile = kernel_breakdown if args.breakdown and DEV == "cuda" else None
     # kernel time (no launcher host work)
     rows = extend_rows(
-        bench_graph, DEV, args.tiny, configs=configs, shapes=shapes, profile=profile  # type: ignore[arg-type]
+        bench_graph, DEV, args.tiny, configs=configs, shapes=shapes, profile=profile,  # type: ignore[arg-type]
+        decode_opts=args.decode_opts,
     )
     for r in rows:
         tb = float(r["nbytes"]) / float(r["us"]) / 1e6  # type: ignore[arg-type]
         r.update(tbps=round(tb, 4), frac_of_ceiling=round(tb / ceiling, 4), us=round(float(r["us"]), 2))  # type: ignore[arg-type]
         print(f"{r['kernel']:10s} {r['dt']:9s} B{r['b']} prefix {r['c']} chunk {r['chunk']} splits/stages/warps/bm/bn/own/regs "
-              f"{r['splits']}/{r['stages']}/{r['warps']}/{r['bm']}/{r['bn']}/{r['own_stages']}/{r['max_registers']}: "
+              f"{r['splits']}/{r['stages']}/{r['warps']}/{r['bm']}/{r['bn']}/{r['own_stages']}/{r['max_registers']}"
+              f"{' ' + str(r['decode_opts']) if r['decode_opts'] else ''}: "
               f"{r['us']} us, {tb:.2f} TB/s ({tb / ceiling:.2f}) {r.get('kernels_us', '')}",
               flush=True)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

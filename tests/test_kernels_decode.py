@@ -324,15 +324,17 @@ def test_decode_default_where_mma_cannot_run() -> None:
 MMA16_CASES = (
     [(s, grp, page) for s in ("mma", "mma:tpi=1,wppsm=9", "mma:w=2,pf=0,vq=0") for grp in (9, 16)
      for page in (P, 5)]
+    + [("mma:l2=1", 16, P), ("mma:l2=2", 9, P), ("mma:l2=2,tpi=1", 16, P), ("mma:l2=1", 16, 5)]
     if DEVICE == "cuda"
-    else [("mma:tpi=2", 16, P), ("mma:tpi=1,pf=0,vq=0,w=2", 12, 5)]
+    else [("mma:tpi=2", 16, P), ("mma:tpi=1,pf=0,vq=0,w=2", 12, 5), ("mma:l2=2", 16, P)]
 )  # fmt: skip
 
 
 @pytest.mark.parametrize("spec,group,page", MMA16_CASES)
 def test_decode_mma16(spec: str, group: int, page: int) -> None:
     # S = Q K^T with 16 query columns a warp: lengths 1, P-1, P, P+1 and several tiles; the bf16 tail in its
-    # own launch (tails 0, 1, W); global scales != 1 on the odd pages; columns past the group masked
+    # own launch (tails 0, 1, W); global scales != 1 on the odd pages; columns past the group masked. l2: the
+    # L2 prefetch's page ids (a no-op hint under the interpreter, and on 5-row pages)
     lens = [1, P - 1, P, P + 1, 70]
     gscale = (1.0, 1.0) if page == P else (0.37, 2.5)
     err = _run(KVDtype.NVFP4, lens, [0, 1, W, 5, W], 1, group, 128, page, 3, gscale=gscale, variant=spec)

@@ -69,6 +69,12 @@ def test_extend_decode_own_chunk_launch_config(monkeypatch: pytest.MonkeyPatch) 
     err = run_extend(KVDtype.NVFP4, [1, P + 1, 40], [4, 3, 1], [W, 1, 0], 1, 4, 128, gscale=(0.37, 2.5),
                      fn=fn)  # fmt: skip
     assert err <= 1e-2 and seen == [(1, 32)]
+    # the defaults: 16-key blocks, one warp up to 16 columns (4 tokens x GQA 4), two beyond (8 x 4 = 32)
+    seen.clear()
+    for chunks in ([4, 3, 1], [8, 5]):
+        fn = partial(extend_decode_fn, num_splits=splits)
+        run_extend(KVDtype.NVFP4, [1, P + 1, 40][: len(chunks)], chunks, None, 1, 4, 128, fn=fn)
+    assert seen == [(1, 16), (2, 16)]
 
 
 @pytest.mark.parametrize("group,chunks", [(3, [1, 5, 2]), (4, [4, 1, 3])])

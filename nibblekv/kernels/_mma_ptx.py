@@ -242,6 +242,16 @@ def _page_addr(page, stride, base):
     )  # fmt: skip
 
 
+@triton.jit
+def _prefetch_l2(addr, pred):
+    """Where ``pred``: ``prefetch.global.L2`` of the line holding ``addr`` (int64): per lane, no register
+    holds the data (a bulk prefetch takes a warp-uniform address: ptxas loops over the lanes). Returns 0."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+        "=r,l,r", [addr, pred.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
 def _lazy_step_ptx() -> str:
     """PTX of ``decode_mma._step_max``'s lazy rescale. Operands: outputs $0..$37 = m0, m1, c0, c1, l0, l1 and
     the 32 O^T fragments; inputs $38..$75 = m0, m1, l0, l1, mx0, mx1 and the 32 fragments, $76 = the slack.
@@ -316,4 +326,4 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
     _max4, _sum4 = _tw.max4, _tw.sum4
     _mma_bf16, _p_frag_bf16 = _tw.mma_bf16, _tw.p_frag_bf16
     _st4, _ld4 = _tw.st4, _tw.ld4
-    _page_addr = _tw.page_addr
+    _page_addr, _prefetch_l2 = _tw.page_addr, _tw.prefetch_l2

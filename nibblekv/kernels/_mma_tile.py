@@ -17,6 +17,7 @@ from nibblekv.kernels._mma_ptx import (
     _ld4,
     _page_addr,
     _pack_h2,
+    _prefetch_l2,
     _scale_h2,
     _split64,
 )
@@ -109,6 +110,34 @@ def _page_id(pt_ptr, idx, lim, PAGE: tl.constexpr, MASKED: tl.constexpr):
     if MASKED:
         return tl.load(pt_ptr + idx // PAGE, mask=idx < lim, other=0).to(tl.int32)
     return tl.load(pt_ptr + idx // PAGE).to(tl.int32)
+
+
+@triton.jit
+def _l2_pages(pt_ptr, nb, lane, TPI: tl.constexpr, PAGE: tl.constexpr):
+    """The page ids this lane's two ``_l2_prefetch`` lines lie on, for the step at ``nb`` (the warp's first
+    tile; pages of 16 rows): (data line, scale line)."""
+    L = lane % 32
+    pd = tl.load(pt_ptr + (nb + 16 * (L // 16)) // PAGE, mask=L < 16 * TPI, other=0).to(tl.int32)
+    ps = tl.load(pt_ptr + (nb + 16 * ((L // 4) % 2)) // PAGE, mask=L < 4 * TPI, other=0).to(tl.int32)
+    return pd, ps
+
+
+@triton.jit
+def _l2_prefetch(k64, v64, ks16, vs8, pages, hoff, shoff, s_page, sc_page, lane,
+                 TPI: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr):  # fmt: skip
+    """L2 prefetch of a step's tiles (16-row pages: a tile is one page of one KV head), two per-lane
+    instructions: data lane ``16 i + 8 kv + l`` takes 128-byte line ``l`` of tile ``i``'s K (kv = 0) or V
+    rows; scale lane ``4 i + 2 kv`` tile ``i``'s K or V scale bytes (16 x D / 16 bytes, one line).
+    ``pages`` = ``_l2_pages``. NOTE: 16 rows x D / 2 bytes = 8 lines at D = 128."""
+    tl.static_assert(D == 128 and PAGE == 16, "8 lines of 128 bytes a tile, one page a tile")
+    pd, ps = pages
+    L = lane % 32
+    kv = (L // 8) % 2
+    dbase = tl.where(kv == 0, (k64 + (hoff >> 3)).to(tl.int64), (v64 + (hoff >> 3)).to(tl.int64))
+    a = _prefetch_l2(_page_addr(pd, s_page, dbase + (L % 8) * 128), L < 16 * TPI)
+    skv = (L // 2) % 2
+    sbase = tl.where(skv == 0, (ks16 + (shoff >> 1)).to(tl.int64), (vs8 + shoff).to(tl.int64))
+    return a + _prefetch_l2(_page_addr(ps, sc_page, sbase), (L < 4 * TPI) & (L % 2 == 0))
 
 
 @triton.jit

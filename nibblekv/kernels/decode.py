@@ -443,6 +443,7 @@ def decode_triton(
             VST=int(cfg["vst"]),
             VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
             LZ=int(cfg["lazy"]),
+            L2=int(cfg.get("l2_ahead", 0)),
             TPP=int(tail_in_grid and bool(cfg.get("tail_page_prefetch", 0))),
             **tma_args(cfg, cache, mma_common["PAGE"], math.prod(grid), q.device),
             **pdl,

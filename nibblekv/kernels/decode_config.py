@@ -364,7 +364,7 @@ _KEYS = {
     "vst": "vst", "vq": "vq", "tin": "tin", "cap": "split_cap", "tw": "tail_wave",
     "bal": "balanced", "fuse": "fuse", "tpp": "tail_page_prefetch", "ts": "tail_splits", "tma": "tma",
     "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy", "st": "tail_stages",
-    "ce": "combine_eager", "bppsm": "bal_ppsm",
+    "ce": "combine_eager", "bppsm": "bal_ppsm", "l2": "l2_ahead",
 }  # fmt: skip
 
 

@@ -859,6 +859,7 @@ def decode_mma_kernel(
     TPP: tl.constexpr = 0,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
     TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0, LZ: tl.constexpr = 0,
+    L2: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -879,6 +880,8 @@ def decode_mma_kernel(
     ``TPP``: the tail program prefetches each next tile's page id (``_mma_tail``).
     ``TMA``: tiles staged through shared memory (``_mma_segment``); ``tma_scratch`` = the interpreter's rings,
     ``TMA`` stages per program in grid order (``_tma.tma_ring``).
+
+    ``L2``: ``decode_mma16``'s L2 prefetch distance in steps (variant option ``l2``; 0 = off).
 
     ``FUSE``: every program of a real pair, empty splits too, draws a ticket and the
     pair's last one merges its partials into ``out_ptr`` (``decode_fixup``); no combine launch. With ``DYN``
@@ -960,7 +963,7 @@ def decode_mma_kernel(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, TMA, scratch, LZ,
+            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, TMA, scratch, LZ, L2,
         )  # fmt: skip
     else:
         _mma_segment(

@@ -31,7 +31,15 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._mma_ptx import _max4, _mma, _pack_h2, _st4, _sum4
-from nibblekv.kernels._mma_tile import _k_tile, _load_tile, _q_frags, _softmax, _v_tile
+from nibblekv.kernels._mma_tile import (
+    _k_tile,
+    _l2_pages,
+    _l2_prefetch,
+    _load_tile,
+    _q_frags,
+    _softmax,
+    _v_tile,
+)
 
 @triton.jit
 def _scores16(raw, qk_scale, n0, lim,
@@ -296,10 +304,15 @@ def _mma16_segment(
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr,
     PF: tl.constexpr, PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
-    TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0,
+    TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0, L2: tl.constexpr = 0,
 ):  # fmt: skip
     """``_mma_segment``'s contract for 8 < ``G`` <= 16 columns (``end1`` and ``VST`` unused: no PAIR, and
-    the stores are always 16-byte vectors)."""
+    the stores are always 16-byte vectors).
+
+    ``L2`` > 0 (with ``PF``, 16-row pages): each step starts with an L2 prefetch of the tiles ``L2`` steps
+    ahead (page ids loaded a step before). Why: at 8 one-warp programs per SM (two a scheduler) ptxas issues
+    the register prefetch of the next step only ~260 of the step's ~760 instructions before it is used --
+    less than a loaded DRAM round trip -- and there are no other warps to cover the wait."""
     tl.static_assert(PAIR == 0 and TMA == 0 and LZ == 0, "decode_mma16: no PAIR, TMA or lazy rescale")
     tl.static_assert(D == 128, "decode_mma16: head_dim 128")
     lane = tl.arange(0, 32 * NW)
@@ -346,11 +359,18 @@ def _mma16_segment(
                 k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
                 PAGE, D, True,
             )  # fmt: skip
+        if L2 > 0 and PAGE == 16:  # the first L2 prefetch's pages (past the last full step: this one again)
+            la = start + L2 * STEP
+            pl = _l2_pages(pt_ptr, tl.where(la < full_end, la, start) + 16 * TPI * warp, lane, TPI, PAGE)
     n0 = start
     # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
     while n0 < full_end:
         nb = n0 + 16 * TPI * warp
         if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
+            if L2 > 0 and PAGE == 16:  # NOTE: pl holds the pages of step n0 + L2 * STEP (loaded last step)
+                _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
+                la = n0 + (L2 + 1) * STEP
+                pl = _l2_pages(pt_ptr, tl.where(la < full_end, la, n0) + 16 * TPI * warp, lane, TPI, PAGE)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
             nextA = _load_tile(
                 k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,

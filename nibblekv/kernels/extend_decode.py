@@ -171,13 +171,15 @@ def extend_decode(
     wide: str = "mma",
     own_warps: int | None = None,
     own_block_n: int | None = None,
+    decode_opts: str = "",
 ) -> torch.Tensor:
     """``extend_triton``'s contract (``q [T, Hq, D]`` -> ``[T, Hq, D]``) for an NVFP4 or FP8 pool whose
     decode kernel takes ``max_chunk * G`` columns per KV head (``extend_decode_plan``); ``max_chunk`` (host
     int) >= every chunk of ``cu_seqlens [B + 1]``. ``num_splits``: the prefix decode's split count
     (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`. ``own_warps`` /
-    ``own_block_n``: step 2's launch (``extend_triton``'s ``num_warps`` / ``block_n``; default its own) --
-    for benchmark sweeps of that ~12 us launch (stop 33's breakdown at B=64 x 8K, 4-token chunks)."""
+    ``own_block_n``: step 2's launch (``extend_triton``'s ``num_warps`` / ``block_n``; default 1 warp, 2
+    from 17 columns, and 16-key blocks) -- for benchmark sweeps of that ~8 us launch.
+    ``decode_opts``: variant options for the prefix decode (``decode_config.resolve_variant``'s ``a=1,b=2``)."""
     plan = extend_decode_plan(q, cache, max_chunk, wide)
     if isinstance(plan, str):
         raise ValueError(f"extend variant 'decode' {plan}")  # noqa: TRY004 - a reason, not a wrong type
@@ -210,19 +212,25 @@ def extend_decode(
     # extend_ref
     o1 = torch.empty(qv.shape, dtype=torch.float32, device=q.device)
     lse1 = torch.empty((bsz * ng, hkv * gv), dtype=torch.float32, device=q.device)
-    decode_triton(qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, variant=variant, lse_out=lse1)
+    spec = f"{variant}:{decode_opts}" if decode_opts else variant
+    decode_triton(qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, variant=spec, lse_out=lse1)
     # 2) tail + own keys: the same extend with an empty main-pool prefix, each row's prefix partial merged in
     # its epilogue
     if interpreting():
         out.fill_(float("nan"))
     # NOTE: query blocks of the chunk's rows (not 64) and one stage: with the prefix kernel's 5 stages (180 KB
     # of shared memory, one program per SM) this launch took 20 us at B=64, 4-token chunks, GQA 4 (H200,
-    # extend-breakdown-s33-h200.json: 512 programs in 4 waves, each a memory round trip or two)
+    # extend-breakdown-s33-h200.json: 512 programs in 4 waves, each a memory round trip or two). 16-key
+    # blocks and 1 warp (2 from 17 columns): the launch 13.3 -> 8.4 us at B=64 x 8K, 4-token chunks (2 / 8:
+    # 12.1 -> 7.1, 23.2 -> 17.8 at 2 warps; 1 warp 32.2), whole call 236.7 -> 230.6 us; FP8 alike (H200,
+    # 2026-12-04, benchmarks/results/s43-h200/extend-sweep.json; no bf16 tail in those rows)
+    if own_warps is None:
+        own_warps = 1 if max_chunk * g <= 16 else 2
     extend_triton(
         q, k_new, v_new, cu_seqlens, cache, page_table, torch.zeros_like(prefix_lens), sm_scale,
         tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk, out=out,
         block_m=min(64, max(16, triton.next_power_of_2(max_chunk * g))), num_stages=1,
-        num_warps=own_warps, block_n=own_block_n, merge=(o1, lse1, gv, ng),
+        num_warps=own_warps, block_n=own_block_n or 16, merge=(o1, lse1, gv, ng),
     )  # fmt: skip
     return out
 
