@@ -324,7 +324,7 @@ def test_decode_default_where_mma_cannot_run() -> None:
 MMA16_CASES = (
     [(s, grp, page) for s in ("mma", "mma:tpi=1,wppsm=9", "mma:w=2,pf=0,vq=0") for grp in (9, 16)
      for page in (P, 5)]
-    + [("mma:l2=1", 16, P), ("mma:l2=2", 9, P), ("mma:l2=2,tpi=1", 16, P), ("mma:l2=1", 16, 5)]
+    + [("mma:l2=0", 16, P), ("mma:l2=2", 9, P), ("mma:l2=2,tpi=1", 16, P), ("mma:l2=1", 16, 5)]
     if DEVICE == "cuda"
     else [("mma:tpi=2", 16, P), ("mma:tpi=1,pf=0,vq=0,w=2", 12, 5), ("mma:l2=2", 16, P)]
 )  # fmt: skip

@@ -72,7 +72,7 @@ def test_decode_mma_main_loop_builds_each_page_address_in_one_instruction(head_d
 @pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
 def test_decode_mma16_fits_its_programs_per_sm() -> None:
     # decode_mma16 (a GQA group of 16): no spills under the cap that lets WIDE_PPSM one-warp programs share an
-    # SM (213 registers at tpi=2, 2026-12-02)
+    # SM (213 registers at tpi=2, 2026-12-02; 225 with its default L2 prefetch, 2026-12-04)
     from nibblekv.kernels.decode_config import WIDE_PPSM, _mma_max_registers
 
     out = _compile("mma", "nvfp4", 16, 128, False)

@@ -40,17 +40,15 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
 #          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
 #          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), tin (1: the bf16
-#          tail as programs of the grid), ts
-#          (tail programs per (request, KV head), per-pair splits only), tpp (1: the tail programs prefetch page
-#          ids), tw (1: splits leave the tail programs room in the wave), bal (1: token-balanced split-K over
-#          the whole batch, decode_balanced; 0 off; 2 auto by pairs; bppsm its programs per SM),
-#          tma (N = 2..5: tiles staged through a
-#          shared-memory ring by bulk copies, _tma; opt-in: the same speed as the register path on the H200,
-#          2026-12-01, decode-variants-tma-h200.json: .736/.702/.639/.615/.553 vs .724/.719/.665/.628/.574 at
-#          B64x32K/B26x32K/B8x32K/B32x8K/B1x128K, with 15% more instructions; with lz=8 no better, 2026-12-02,
-#          decode-variants-s30{a,c}-h200.json)
-# tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within +-.012
-#          of the default for every dtype at those shapes, decode-variants-pdl-*-h200.json)
+#          tail as programs of the grid), ts (tail programs per (request, KV head), per-pair splits only), tpp
+#          (1: the tail programs prefetch page ids), tw (1: splits leave the tail programs room in the wave),
+#          bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs; bppsm
+#          its programs per SM), tma (N = 2..5: tiles staged through a shared-memory ring by bulk copies, _tma;
+#          opt-in: the same speed as the register path on the H200, 2026-12-01, decode-variants-tma-h200.json:
+#          .736/.702/.639/.615/.553 vs .724/.719/.665/.628/.574 at B64x32K/B26x32K/B8x32K/B32x8K/B1x128K, with
+#          15% more instructions; with lz=8 no better, 2026-12-02, decode-variants-s30{a,c}-h200.json)
+# tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within
+#          +-.012 of the default, every dtype at those shapes, decode-variants-pdl-*-h200.json)
 # tok: st (pipeline stages where the pool has a bf16 tail; BF16's default 5 at head_dim 128, else s's)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more), wv
 #          (programs per SM of one wave for default_num_splits' one-wave rule; FP8 tok's default 2 at
@@ -59,10 +57,8 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
 #          (2026-12-01, decode-variants-fuse-*-h200.json: the last program's serial merge costs more than the
 #          combine launch saves, e.g. GQA 8 B8x32K mma .636 -> .583, B1x128K .561 -> .257; FP8 tok .744 -> .645)
-# (Dropped, stop 37: l2 -- a per-lane prefetch.global.L2 of the next step's tiles mid-step, since ptxas issues
-# the register prefetch at each step's end under the 128-register cap. No gain on the H200 beside the default
-# (pageaddr-s37-h200/: e.g. GQA 4 B64x32K .768/.753 -> .751/.751, B8x32K .684 -> .68): the kernel is bound by
-# its instructions, not by that load's latency -- _page_addr's 4% fewer gave 2-4%.)
+# mma, 9-16 columns (decode_mma16) only: l2 (N: a per-lane prefetch.global.L2 of the tiles N steps ahead; 0
+# off; default WIDE_L2). In decode_mma (16 programs per SM) it gained nothing (stop 37, pageaddr-s37-h200/).
 # Every variant: ce (0: the combine step as before 2026-12-03 -- lens loaded before the partials, chunks of
 #          4096 elements -- to compare with the default 1: one round trip, chunks of up to 8192)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
@@ -131,14 +127,18 @@ def mma_narrow_columns(head_dim: int) -> int:
 
 # NOTE: one-warp programs per SM, decode_mma16: 64 accumulators + 32 Q registers need more than 128 (16 a SM).
 # 12 (168 registers, no spill) lost at GQA 16 on the H200: .52-.60 vs .56-.63 of the ceiling, B64x8K/32x8K/
-# 8x32K/128x8K, two rounds each way (2026-12-03, benchmarks/results/s42-h200/wppsm.json)
+# 8x32K/128x8K, two rounds each way (2026-12-03, benchmarks/results/s42-h200/wppsm.json). Its L2 prefetch a
+# step ahead (option l2): 2.81/2.62-2.65/2.56-2.57/2.87-2.89 -> 2.92-2.93/2.71-2.72/2.64-2.66/2.89-2.93 TB/s
+# at those shapes, two rounds; l2=2 2.85/2.70/2.62/2.94 (2026-12-04, benchmarks/results/s43-h200/l2.log)
 WIDE_PPSM = 8
+WIDE_L2 = 1
 
 
 def mma_wide_config(cfg: dict[str, int | bool]) -> dict[str, int | bool]:
     """``cfg`` for ``decode_mma16`` (a GQA group of 9-16 columns): ``wppsm`` programs per SM (its 64
-    accumulators), the bf16 tail in its own launch, per-pair splits, no TMA / fix-up / lazy rescale."""
-    return dict(cfg, ppsm=cfg.get("wppsm", WIDE_PPSM), tin=0, balanced=0, tma=0, fuse=0, lazy=0)
+    accumulators), the L2 prefetch, the tail in its own launch, per-pair splits, no TMA / fix-up / lz."""
+    return dict(cfg, ppsm=cfg.get("wppsm", WIDE_PPSM), l2_ahead=cfg.get("l2_ahead", WIDE_L2), tin=0, balanced=0,
+                tma=0, fuse=0, lazy=0)  # fmt: skip
 
 
 def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
