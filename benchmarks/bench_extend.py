@@ -82,7 +82,8 @@ def extend_rows(
             k = torch.randn(t, hkv, d, device=dev).to(torch.bfloat16)
             v = torch.randn_like(k)
             out = torch.empty_like(q)
-            for cfg, dopts in [(c, o) for c in configs for o in (decode_opts if len(c) > 7 and c[7] else ("",))]:
+            runs = [(c, o) for c in configs for o in (decode_opts if len(c) > 7 and c[7] else ("",))]
+            for cfg, dopts in runs:
                 splits, stages, warps, bm, bn, own, regs, dec = (*cfg, 0, 0, 0, 0, 0, 0, 0)[:8]
                 kw = {"num_splits": splits, "num_stages": stages or None, "num_warps": warps or None,
                       "block_m": bm or None, "block_n": bn or None, "own_stages": own or None,
@@ -116,7 +117,8 @@ def extend_rows(
                 rows.append({"kernel": kernel, "dt": NAMES[dt], "b": b, "c": prefix, "hq": hq, "hkv": hkv,
                              "d": d,
                              "us": us, "nbytes": nbytes, "chunk": chunk, "splits": splits, "stages": stages, "warps": warps,
-                             "bm": bm, "bn": bn, "own_stages": own, "max_registers": regs, "decode_opts": dopts,
+                             "bm": bm, "bn": bn, "own_stages": own, "max_registers": regs,
+                             "decode_opts": dopts,
                              **({"kernels_us": prof} if prof else {})})  # fmt: skip
             del pool
     return rows
@@ -152,14 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     profile = kernel_breakdown if args.breakdown and DEV == "cuda" else None
     # kernel time (no launcher host work)
     rows = extend_rows(
-        bench_graph, DEV, args.tiny, configs=configs, shapes=shapes, profile=profile,  # type: ignore[arg-type]
-        decode_opts=args.decode_opts,
+        bench_graph, DEV, args.tiny, configs=configs, shapes=shapes,  # type: ignore[arg-type]
+        profile=profile, decode_opts=args.decode_opts,
     )
     for r in rows:
         tb = float(r["nbytes"]) / float(r["us"]) / 1e6  # type: ignore[arg-type]
         r.update(tbps=round(tb, 4), frac_of_ceiling=round(tb / ceiling, 4), us=round(float(r["us"]), 2))  # type: ignore[arg-type]
         print(f"{r['kernel']:10s} {r['dt']:9s} B{r['b']} prefix {r['c']} chunk {r['chunk']} splits/stages/warps/bm/bn/own/regs "
-              f"{r['splits']}/{r['stages']}/{r['warps']}/{r['bm']}/{r['bn']}/{r['own_stages']}/{r['max_registers']}"
+              f"{r['splits']}/{r['stages']}/{r['warps']}/{r['bm']}/{r['bn']}/{r['own_stages']}/"
+              f"{r['max_registers']}"
               f"{' ' + str(r['decode_opts']) if r['decode_opts'] else ''}: "
               f"{r['us']} us, {tb:.2f} TB/s ({tb / ceiling:.2f}) {r.get('kernels_us', '')}",
               flush=True)  # fmt: skip

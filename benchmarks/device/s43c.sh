@@ -5,7 +5,7 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/kernels"
-COMMIT=$(git rev-parse HEAD 2>/dev/null || echo "${COMMIT:-unknown}") timeout -k 5 "${T_KERNELS:-280}" \
+COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)} timeout -k 5 "${T_KERNELS:-280}" \
   python3 benchmarks/bench_kernels.py --out "$OUT/kernels" > "$OUT/kernels/kernels.log" 2>&1
 echo "kernels exit $?"; tail -4 "$OUT/kernels/kernels.log"
 TEST_TIMEOUT=${TEST_TIMEOUT:-280} OUT=$OUT bash benchmarks/device/tests.sh | head -12

@@ -43,10 +43,10 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          tail as programs of the grid), ts (tail programs per (request, KV head), per-pair splits only), tpp
 #          (1: the tail programs prefetch page ids), tw (1: splits leave the tail programs room in the wave),
 #          bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs; bppsm
-#          its programs per SM), tma (N = 2..5: tiles staged through a shared-memory ring by bulk copies, _tma;
-#          opt-in: the same speed as the register path on the H200, 2026-12-01, decode-variants-tma-h200.json:
-#          .736/.702/.639/.615/.553 vs .724/.719/.665/.628/.574 at B64x32K/B26x32K/B8x32K/B32x8K/B1x128K, with
-#          15% more instructions; with lz=8 no better, 2026-12-02, decode-variants-s30{a,c}-h200.json)
+#          its programs per SM), tma (N = 2..5: tiles staged through a shared-memory ring by bulk copies,
+#          _tma; opt-in: the same speed as the register path on the H200, 2026-12-01, decode-variants-tma-
+#          h200.json: .736/.702/.639/.615/.553 vs .724/.719/.665/.628/.574 at B64x32K/B26x32K/B8x32K/B32x8K/
+#          B1x128K, 15% more instructions; with lz=8 no better, 2026-12-02, decode-variants-s30{a,c}-h200.json)
 # tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within
 #          +-.012 of the default, every dtype at those shapes, decode-variants-pdl-*-h200.json)
 # tok: st (pipeline stages where the pool has a bf16 tail; BF16's default 5 at head_dim 128, else s's)
@@ -137,8 +137,8 @@ WIDE_L2 = 1
 def mma_wide_config(cfg: dict[str, int | bool]) -> dict[str, int | bool]:
     """``cfg`` for ``decode_mma16`` (a GQA group of 9-16 columns): ``wppsm`` programs per SM (its 64
     accumulators), the L2 prefetch, the tail in its own launch, per-pair splits, no TMA / fix-up / lz."""
-    return dict(cfg, ppsm=cfg.get("wppsm", WIDE_PPSM), l2_ahead=cfg.get("l2_ahead", WIDE_L2), tin=0, balanced=0,
-                tma=0, fuse=0, lazy=0)  # fmt: skip
+    l2 = cfg.get("l2_ahead", WIDE_L2)
+    return dict(cfg, ppsm=cfg.get("wppsm", WIDE_PPSM), l2_ahead=l2, tin=0, balanced=0, tma=0, fuse=0, lazy=0)
 
 
 def _mma_unsupported(cache: LayerKV, g: int) -> str | None:

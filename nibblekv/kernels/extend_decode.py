@@ -179,7 +179,7 @@ def extend_decode(
     (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`. ``own_warps`` /
     ``own_block_n``: step 2's launch (``extend_triton``'s ``num_warps`` / ``block_n``; default 1 warp, 2
     from 17 columns, and 16-key blocks) -- for benchmark sweeps of that ~8 us launch.
-    ``decode_opts``: variant options for the prefix decode (``decode_config.resolve_variant``'s ``a=1,b=2``)."""
+    ``decode_opts``: variant options of the prefix decode (``resolve_variant``'s ``a=1,b=2``)."""
     plan = extend_decode_plan(q, cache, max_chunk, wide)
     if isinstance(plan, str):
         raise ValueError(f"extend variant 'decode' {plan}")  # noqa: TRY004 - a reason, not a wrong type
@@ -223,7 +223,7 @@ def extend_decode(
     # extend-breakdown-s33-h200.json: 512 programs in 4 waves, each a memory round trip or two). 16-key
     # blocks and 1 warp (2 from 17 columns): the launch 13.3 -> 8.4 us at B=64 x 8K, 4-token chunks (2 / 8:
     # 12.1 -> 7.1, 23.2 -> 17.8 at 2 warps; 1 warp 32.2), whole call 236.7 -> 230.6 us; FP8 alike (H200,
-    # 2026-12-04, benchmarks/results/s43-h200/extend-sweep.json; no bf16 tail in those rows)
+    # 2026-12-04, benchmarks/results/s43-h200/own-launch-sweep.json; no bf16 tail in those rows)
     if own_warps is None:
         own_warps = 1 if max_chunk * g <= 16 else 2
     extend_triton(
