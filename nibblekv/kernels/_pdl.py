@@ -23,6 +23,22 @@ def pdl_enter(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+@triton.jit
+def pdl_release(PDL: tl.constexpr):
+    """With ``PDL``: let the next PDL launch start now, before this kernel waits for its own predecessor
+    (``pdl_wait``). Safe: a PDL kernel starts only once every program of the one before it has released
+    it, so those programs are all resident and nothing waits for room they hold."""
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """With ``PDL``: wait until the previous kernel in the stream has finished and its writes are visible."""
+    if PDL:
+        gdc_wait()
+
+
 def pdl_args(cfg: dict[str, int | bool], device: torch.device) -> dict[str, object]:
     """Launch arguments for a kernel with a ``PDL`` constexpr: on for variant option ``pdl`` where it can
     run (CUDA, not the interpreter), else none (the kernel's default is off)."""

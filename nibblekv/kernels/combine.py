@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._pdl import pdl_enter
+from nibblekv.kernels._pdl import pdl_release, pdl_wait
 from nibblekv.kernels.decode_mma import dyn_splits, mma_chunk
 
 
@@ -94,7 +94,10 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     7.7 / 13.3 us of 296 / 197 / 376 us decode calls at B26 x 32K / B64 x 8K / B128 x 8K
     (decode-variants-s30{a,g}-h200.json).
     """
-    pdl_enter(PDL)  # NOTE: before the first load of the decode kernel's partials
+    # NOTE: release the next PDL kernel (extend_decode's own-key pass, which needs this result only in its
+    # epilogue) first, then wait for the decode kernel before the first load of its partials
+    pdl_release(PDL)
+    pdl_wait(PDL)
     r0 = tl.program_id(0).to(tl.int64) * G  # first row: b * HQ + head (HQ % G == 0)
     b = r0 // HQ
     offs_g = tl.arange(0, GP)

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
-from nibblekv.kernels._pdl import pdl_args, pdl_enter
+from nibblekv.kernels._pdl import pdl_args, pdl_enter, pdl_release, pdl_wait
 from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels._tma import tma_args, tma_ring
 from nibblekv.kernels.combine import _load_slots, _merge_rows, combine_chunk
@@ -160,7 +160,8 @@ def _combine_bal_kernel(
     (``lens``, then the slots). H200, a program per query head and three round trips: 6.0 / 10.6 / 19.4 us
     of 105 / 200 / 383 us decode calls at B32 / B64 / B128 x 8K (decode-variants-s30{a,g}-h200.json).
     """
-    pdl_enter(PDL)
+    pdl_release(PDL)  # NOTE: as _combine_kernel: release the next PDL kernel, then wait for the partials
+    pdl_wait(PDL)
     HKV: tl.constexpr = HQ // G
     p = tl.program_id(0)  # p = b * HKV + h
     b = p // HKV

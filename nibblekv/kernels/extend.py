@@ -30,6 +30,7 @@ from nibblekv.kernels._common import (
     scale_tensors,
     tail_operands,
 )
+from nibblekv.kernels._pdl import pdl_release, pdl_wait
 from nibblekv.kernels.combine import _combine_kernel, combine_chunk
 from nibblekv.kernels.decode import _decode_block, _pages_contiguous
 from nibblekv.kernels.decode_config import combine_dim_block
@@ -111,8 +112,9 @@ def _extend_kernel(
     BN: tl.constexpr, HAS_TAIL: tl.constexpr, FMT: tl.constexpr,
     INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr, OWN_STAGES: tl.constexpr = 0,
     WRITE_LSE: tl.constexpr = 0, mo_ptr=None, mlse_ptr=None, MERGE: tl.constexpr = 0, MGV: tl.constexpr = 1,
-    MNG: tl.constexpr = 1,
+    MNG: tl.constexpr = 1, PDL: tl.constexpr = 0,
 ):  # fmt: skip
+    pdl_release(PDL)
     mb = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2) // S
@@ -184,6 +186,9 @@ def _extend_kernel(
 
         if S == 1:
             if MERGE:  # the row's partial from extend_decode's prefix decode (its virtual batch, see there)
+                # NOTE: with PDL everything above ran beside the kernel before us (the prefix's combine step):
+                # wait for it only here, before the first load of its output
+                pdl_wait(PDL)
                 col = t * G + r % G
                 v = (b.to(tl.int64) * MNG + col // MGV) * (HQ // G * MGV) + h * MGV + col % MGV
                 lse1 = tl.load(mlse_ptr + v, mask=rmask, other=float("-inf"))
@@ -275,6 +280,7 @@ def extend_triton(
     max_registers: int | None = None,
     lse_out: torch.Tensor | None = None,
     merge: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Triton twin of ``extend_ref``: ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` -> ``[T, Hq, D]``.
 
@@ -291,6 +297,9 @@ def extend_triton(
     ``o [B * NG, Hkv * GV, D]``, log2-domain ``lse [B * NG, Hkv * GV]``, contiguous; row ``(t, head)`` of
     request ``b`` is column ``t * G + head % G`` of the virtual batch in ``extend_decode``), merged into
     the output in the epilogue (``merge_ref``'s math); it needs one split (the default with ``merge``).
+    ``pdl`` (with ``merge``, on CUDA): launched by programmatic dependent launch -- everything but the
+    merge runs while the kernel that writes ``merge`` (a PDL launch whose programs release this one, e.g.
+    decode's combine step with variant option ``pdl``) still runs.
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -371,6 +380,7 @@ def extend_triton(
         **({} if merge is None else {"mo_ptr": merge[0], "mlse_ptr": merge[1], "MERGE": 1, "MGV": merge[2],
                                      "MNG": merge[3]}),
         **({} if interp or not maxnreg else {"maxnreg": maxnreg}),
+        **({"PDL": 1, "launch_pdl": True} if pdl and merge is not None and not interp else {}),
     )  # fmt: skip
     if splits > 1:
         db = combine_dim_block(t * hq, splits, d)

@@ -48,6 +48,9 @@ MAX_GROUPS = 2
 # wrong (FP8, head_dim 64, 36 columns: rel. RMS 0.42; correct under the interpreter) and slower than
 # extend_triton (16-token chunks at GQA 4: FP8 0.22 vs 0.39 of the read ceiling, extend-sweep-wide-h200.json)
 TOK_MAX_COLUMNS = 16
+# NOTE: the prefix decode, its combine step and step 2 as programmatic dependent launches (decode_opts pdl=0
+# turns it off): step 2's own keys run beside the combine step, its merge waits for it
+EXTEND_PDL = True
 
 
 def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma") -> tuple[str, int, int] | str:
@@ -179,7 +182,8 @@ def extend_decode(
     (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`. ``own_warps`` /
     ``own_block_n``: step 2's launch (``extend_triton``'s ``num_warps`` / ``block_n``; default 1 warp, 2
     from 17 columns, and 16-key blocks) -- for benchmark sweeps of that ~8 us launch.
-    ``decode_opts``: variant options of the prefix decode (``resolve_variant``'s ``a=1,b=2``)."""
+    ``decode_opts``: variant options of the prefix decode (``resolve_variant``'s ``a=1,b=2``); ``pdl``
+    (default ``EXTEND_PDL``: on) launches step 2 by PDL too: its own keys run beside the combine step."""
     plan = extend_decode_plan(q, cache, max_chunk, wide)
     if isinstance(plan, str):
         raise ValueError(f"extend variant 'decode' {plan}")  # noqa: TRY004 - a reason, not a wrong type
@@ -198,6 +202,9 @@ def extend_decode(
         out = torch.empty_like(q)
     if bsz == 0 or t_total == 0:
         return out
+    # NOTE: allocated (a fill launch) before the gather: with pdl nothing may sit between the combine step and
+    # step 2's launch
+    no_prefix = torch.zeros_like(prefix_lens)
     # 1) the prefix as a decode over a virtual batch
     qv = torch.empty((bsz * ng, hkv * gv, d), dtype=q.dtype, device=q.device)
     if interpreting():
@@ -212,7 +219,11 @@ def extend_decode(
     # extend_ref
     o1 = torch.empty(qv.shape, dtype=torch.float32, device=q.device)
     lse1 = torch.empty((bsz * ng, hkv * gv), dtype=torch.float32, device=q.device)
-    spec = f"{variant}:{decode_opts}" if decode_opts else variant
+    opts = [o for o in decode_opts.split(",") if o]
+    pdl = "pdl=1" in opts or (EXTEND_PDL and "pdl=0" not in opts)
+    if pdl and "pdl=1" not in opts:
+        opts.append("pdl=1")
+    spec = f"{variant}:{','.join(opts)}" if opts else variant
     decode_triton(qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, variant=spec, lse_out=lse1)
     # 2) tail + own keys: the same extend with an empty main-pool prefix, each row's prefix partial merged in
     # its epilogue
@@ -227,16 +238,17 @@ def extend_decode(
     if own_warps is None:
         own_warps = 1 if max_chunk * g <= 16 else 2
     extend_triton(
-        q, k_new, v_new, cu_seqlens, cache, page_table, torch.zeros_like(prefix_lens), sm_scale,
+        q, k_new, v_new, cu_seqlens, cache, page_table, no_prefix, sm_scale,
         tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk, out=out,
         block_m=min(64, max(16, triton.next_power_of_2(max_chunk * g))), num_stages=1,
         num_warps=own_warps, block_n=own_block_n or 16, merge=(o1, lse1, gv, ng),
+        pdl=pdl,
     )  # fmt: skip
     return out
 
 
 __all__ = [
-    "MAX_GROUPS", "TOK_MAX_COLUMNS", "extend_decode", "extend_decode_plan",
+    "EXTEND_PDL", "MAX_GROUPS", "TOK_MAX_COLUMNS", "extend_decode", "extend_decode_plan",
     "extend_decode_unsupported",
     "gather_q_ref", "merge_ref",
 ]  # fmt: skip
