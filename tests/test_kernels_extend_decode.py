@@ -77,12 +77,12 @@ def test_extend_decode_own_chunk_launch_config(monkeypatch: pytest.MonkeyPatch) 
     assert seen == [(1, 16), (2, 16)]
 
 
-@pytest.mark.parametrize("opts", ["pdl=0"] if DEVICE == "cpu" else ["pdl=0", "pdl=1,bal=1", "l2=0", "bal=1,pdl=0"])
+@pytest.mark.parametrize("opts", ["pdl=1"] if DEVICE == "cpu" else ["pdl=1", "pdl=1,bal=1", "pdl=1,l2=0"])
 def test_extend_decode_pdl(opts: str) -> None:
-    # pdl (EXTEND_PDL, on by default; the other tests run it): the prefix decode, its combine step and step 2
-    # as programmatic dependent launches (step 2's own keys beside the combine step, its merge after it;
-    # bal=1: the balanced kernel's combine); pdl=0 the plain launches. On the GPU 16 and 8 columns a KV head
-    # (decode_mma16, decode_mma); under the interpreter a no-op hint, so this runs the plumbing only
+    # pdl=1 (opt-in, EXTEND_PDL): the prefix decode, its combine step and step 2 as programmatic dependent
+    # launches (step 2's own keys beside the combine step, its merge after it; bal=1: the balanced kernel's
+    # combine). On the GPU 16 and 8 columns a KV head (decode_mma16, decode_mma); under the interpreter a
+    # no-op hint, so this runs the plumbing only
     chunks = [[1, 2]] if DEVICE == "cpu" else [[4, 3, 1], [2, 1, 2]]
     splits = 3 if DEVICE == "cpu" else None
     for ch in chunks:

@@ -48,9 +48,11 @@ MAX_GROUPS = 2
 # wrong (FP8, head_dim 64, 36 columns: rel. RMS 0.42; correct under the interpreter) and slower than
 # extend_triton (16-token chunks at GQA 4: FP8 0.22 vs 0.39 of the read ceiling, extend-sweep-wide-h200.json)
 TOK_MAX_COLUMNS = 16
-# NOTE: the prefix decode, its combine step and step 2 as programmatic dependent launches (decode_opts pdl=0
-# turns it off): step 2's own keys run beside the combine step, its merge waits for it
-EXTEND_PDL = True
+# NOTE: the prefix decode, its combine step and step 2 as programmatic dependent launches (decode_opts pdl=1):
+# step 2's own keys run beside the combine step, its merge waits for it. Off: no gain on the H200 -- us with /
+# without at B=64 x 8K, 4 / 2 / 8-token chunks 222.3 / 223.9, 184.2 / 183.5, 412.9 / 414.9, B=32 x 32K x 4
+# 448.6 / 439.3 (2026-12-04, benchmarks/results/s43-h200/extend-pdl.log)
+EXTEND_PDL = False
 
 
 def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma") -> tuple[str, int, int] | str:
@@ -183,7 +185,7 @@ def extend_decode(
     ``own_block_n``: step 2's launch (``extend_triton``'s ``num_warps`` / ``block_n``; default 1 warp, 2
     from 17 columns, and 16-key blocks) -- for benchmark sweeps of that ~8 us launch.
     ``decode_opts``: variant options of the prefix decode (``resolve_variant``'s ``a=1,b=2``); ``pdl``
-    (default ``EXTEND_PDL``: on) launches step 2 by PDL too: its own keys run beside the combine step."""
+    (``pdl=1``; default ``EXTEND_PDL``, off) launches step 2 by PDL too: its own keys beside the combine."""
     plan = extend_decode_plan(q, cache, max_chunk, wide)
     if isinstance(plan, str):
         raise ValueError(f"extend variant 'decode' {plan}")  # noqa: TRY004 - a reason, not a wrong type
