@@ -84,6 +84,14 @@ def _prefix_phase(qa, qb, m, l, acc, qk_scale, start, n, k_ptr, v_ptr, ks_ptr, v
 
 
 @triton.jit
+def _merge_loads(mo_ptr, mlse_ptr, mrow, rmask, D: tl.constexpr):
+    """A block's rows of the partial to merge: (lse [BM], o [BM, D]); rows past the chunk weigh nothing."""
+    lse = tl.load(mlse_ptr + mrow, mask=rmask, other=float("-inf"))
+    o = tl.load(mo_ptr + mrow[:, None] * D + tl.arange(0, D)[None, :], mask=rmask[:, None], other=0.0)
+    return lse, o
+
+
+@triton.jit
 def _own_block(k0, kend, t, qa, qb, m, l, acc, qk_scale, kn_ptr, vn_ptr, s_kt, kv_head_off,
                D: tl.constexpr, BN: tl.constexpr, INTERP: tl.constexpr):  # fmt: skip
     """Chunk keys ``[k0, k0 + BN)`` (fresh rows), causal: query token ``t`` sees keys ``<= t``."""
@@ -132,30 +140,39 @@ def _extend_kernel(
         acc = tl.zeros([BM, D], tl.float32)
         log2e = 1.4426950408889634
 
-        # 1) main-pool prefix, in the cache dtype
-        n = tl.load(plens_ptr + b)
-        qa, qb = _load_q(q_ptr, qrow, qhead, rmask, D, FMT)
-        gk = 1.0
-        gv = 1.0
-        if FMT != 0:
-            gk = tl.load(g_ptr)
-            gv = tl.load(g_ptr + 1)
-        if FMT == 2:
-            gk = gk * 128.0
-            gv = gv * 128.0
-        chunk = tl.cdiv(tl.cdiv(n, S), BN) * BN
-        start = tl.minimum(sp * chunk, n)
-        m, l, acc = _prefix_phase(
-            qa, qb, m, l, acc, sm_scale * log2e * gk, start, tl.minimum(start + chunk, n), k_ptr, v_ptr, ks_ptr,
-            vs_ptr, s_page, s_tok, sc_page,
-            sc_tok, h.to(tl.int64) * s_head, h.to(tl.int64) * sc_head, pt_ptr + b.to(tl.int64) * s_pt,
-            D, PAGE, BN, FMT, INTERP, PAGED,
-        )  # fmt: skip
-        acc = acc * gv  # main-pool V was accumulated in stored units
+        if MERGE:  # NOTE: no main-pool pass: the merged partial covers that prefix (prefix_lens unread)
+            # the partial's row in extend_decode's virtual batch; its loads go out now, beside the own keys'
+            # (with PDL they must wait for the kernel that writes it: in the epilogue)
+            col = t * G + r % G
+            mrow = (b.to(tl.int64) * MNG + col // MGV) * (HQ // G * MGV) + h * MGV + col % MGV
+            if not PDL:
+                lse1, o1 = _merge_loads(mo_ptr, mlse_ptr, mrow, rmask, D)
+            qa, qb = _load_q(q_ptr, qrow, qhead, rmask, D, 0)
+        else:
+            # 1) main-pool prefix, in the cache dtype
+            n = tl.load(plens_ptr + b)
+            qa, qb = _load_q(q_ptr, qrow, qhead, rmask, D, FMT)
+            gk = 1.0
+            gv = 1.0
+            if FMT != 0:
+                gk = tl.load(g_ptr)
+                gv = tl.load(g_ptr + 1)
+            if FMT == 2:
+                gk = gk * 128.0
+                gv = gv * 128.0
+            chunk = tl.cdiv(tl.cdiv(n, S), BN) * BN
+            start = tl.minimum(sp * chunk, n)
+            m, l, acc = _prefix_phase(
+                qa, qb, m, l, acc, sm_scale * log2e * gk, start, tl.minimum(start + chunk, n), k_ptr, v_ptr,
+                ks_ptr, vs_ptr, s_page, s_tok, sc_page,
+                sc_tok, h.to(tl.int64) * s_head, h.to(tl.int64) * sc_head, pt_ptr + b.to(tl.int64) * s_pt,
+                D, PAGE, BN, FMT, INTERP, PAGED,
+            )  # fmt: skip
+            acc = acc * gv  # main-pool V was accumulated in stored units
+            if FMT != 0:
+                qa, qb = _load_q(q_ptr, qrow, qhead, rmask, D, 0)
 
         # 2) tail prefix (bf16), 3) the chunk itself, causally
-        if FMT != 0:
-            qa, qb = _load_q(q_ptr, qrow, qhead, rmask, D, 0)
         last = sp == S - 1
         if HAS_TAIL and last:
             nt = tl.load(tlens_ptr + b)
@@ -186,15 +203,10 @@ def _extend_kernel(
 
         if S == 1:
             if MERGE:  # the row's partial from extend_decode's prefix decode (its virtual batch, see there)
-                # NOTE: with PDL everything above ran beside the kernel before us (the prefix's combine step):
-                # wait for it only here, before the first load of its output
-                pdl_wait(PDL)
-                col = t * G + r % G
-                v = (b.to(tl.int64) * MNG + col // MGV) * (HQ // G * MGV) + h * MGV + col % MGV
-                lse1 = tl.load(mlse_ptr + v, mask=rmask, other=float("-inf"))
-                o1 = tl.load(
-                    mo_ptr + v[:, None] * D + tl.arange(0, D)[None, :], mask=rmask[:, None], other=0.0
-                )
+                if PDL:  # NOTE: everything above ran beside the kernel before us (the prefix's combine step):
+                    # wait for it only here, before the first load of its output
+                    pdl_wait(PDL)
+                    lse1, o1 = _merge_loads(mo_ptr, mlse_ptr, mrow, rmask, D)
                 mm = tl.maximum(m, lse1)  # m is finite: a query token sees at least itself
                 w_own = tl.exp2(m - mm)
                 w1 = tl.exp2(lse1 - mm)
@@ -296,7 +308,8 @@ def extend_triton(
     ``merge = (o, lse, GV, NG)``: every row's attention over keys this call does not see (fp32
     ``o [B * NG, Hkv * GV, D]``, log2-domain ``lse [B * NG, Hkv * GV]``, contiguous; row ``(t, head)`` of
     request ``b`` is column ``t * G + head % G`` of the virtual batch in ``extend_decode``), merged into
-    the output in the epilogue (``merge_ref``'s math); it needs one split (the default with ``merge``).
+    the output in the epilogue (``merge_ref``'s math); it needs one split (the default with ``merge``), and
+    the main pool is not read (``prefix_lens`` unused): ``merge`` covers that prefix.
     ``pdl`` (with ``merge``, on CUDA): launched by programmatic dependent launch -- everything but the
     merge runs while the kernel that writes ``merge`` (a PDL launch whose programs release this one, e.g.
     decode's combine step with variant option ``pdl``) still runs.

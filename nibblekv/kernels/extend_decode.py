@@ -14,8 +14,8 @@ Three steps, merged exactly by their log-sum-exps:
    = token ``// G``, head ``% G`` of the chunk), all with ``b``'s page table and prefix length (the NG
    copies read the same bytes; concurrent, they mostly hit L2). ``GV`` <= 16 columns (head_dim 128; 9-16
    run as ``decode_mma16``) or 4 (64) for ``decode_mma``, up to ``TOK_MAX_COLUMNS`` for ``decode_tok``;
-2. the rest -- the bf16 tail and the chunk's own keys, causally -- by ``extend_triton`` with an empty
-   main-pool prefix, which
+2. the rest -- the bf16 tail and the chunk's own keys, causally -- by ``extend_triton`` with ``merge``
+   (it skips the main pool: step 1 covered it), which
 3. merges each row's two partials in its epilogue: ``o = (o1 * 2**lse1 + o2 * 2**lse2) / (2**lse1 + 2**lse2)``
    (``extend_triton``'s ``merge``: no merge launch, no o2 / lse2 round trip through memory).
 
@@ -204,9 +204,6 @@ def extend_decode(
         out = torch.empty_like(q)
     if bsz == 0 or t_total == 0:
         return out
-    # NOTE: allocated (a fill launch) before the gather: with pdl nothing may sit between the combine step and
-    # step 2's launch
-    no_prefix = torch.zeros_like(prefix_lens)
     # 1) the prefix as a decode over a virtual batch
     qv = torch.empty((bsz * ng, hkv * gv, d), dtype=q.dtype, device=q.device)
     if interpreting():
@@ -227,8 +224,8 @@ def extend_decode(
         opts.append("pdl=1")
     spec = f"{variant}:{','.join(opts)}" if opts else variant
     decode_triton(qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, variant=spec, lse_out=lse1)
-    # 2) tail + own keys: the same extend with an empty main-pool prefix, each row's prefix partial merged in
-    # its epilogue
+    # 2) tail + own keys: extend_triton with merge (no main-pool pass; until stop 43 a zeros prefix_lens, one
+    # more fill launch), each row's prefix partial loaded first and merged in its epilogue
     if interpreting():
         out.fill_(float("nan"))
     # NOTE: query blocks of the chunk's rows (not 64) and one stage: with the prefix kernel's 5 stages (180 KB
@@ -240,7 +237,7 @@ def extend_decode(
     if own_warps is None:
         own_warps = 1 if max_chunk * g <= 16 else 2
     extend_triton(
-        q, k_new, v_new, cu_seqlens, cache, page_table, no_prefix, sm_scale,
+        q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
         tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk, out=out,
         block_m=min(64, max(16, triton.next_power_of_2(max_chunk * g))), num_stages=1,
         num_warps=own_warps, block_n=own_block_n or 16, merge=(o1, lse1, gv, ng),
