@@ -9,7 +9,8 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/ab1" "$OUT/ab2" "$OUT/kernels"
 TEST_TIMEOUT=${TEST_TIMEOUT:-150} OUT=$OUT TEST_FILES="tests/test_kernels_extend_decode.py \
-  tests/test_kernels_decode.py::test_decode_pdl tests/test_kernels_extend.py" bash benchmarks/device/tests.sh | head -6
+  tests/test_kernels_decode.py::test_decode_pdl tests/test_kernels_extend.py" \
+  bash benchmarks/device/tests.sh | head -6
 S="--shapes 64x8192x4 64x8192x2 32x32768x4 64x8192x8 --configs 0:0:0:0:0:0:0:1"
 # shellcheck disable=SC2086
 timeout -k 5 100 python3 benchmarks/bench_extend.py $S --breakdown --decode-opts pdl=0 "" --out "$OUT/ab1" \

@@ -46,7 +46,7 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          its programs per SM), tma (N = 2..5: tiles staged through a shared-memory ring by bulk copies,
 #          _tma; opt-in: the same speed as the register path on the H200, 2026-12-01, decode-variants-tma-
 #          h200.json: .736/.702/.639/.615/.553 vs .724/.719/.665/.628/.574 at B64x32K/B26x32K/B8x32K/B32x8K/
-#          B1x128K, 15% more instructions; with lz=8 no better, 2026-12-02, decode-variants-s30{a,c}-h200.json)
+#          B1x128K, 15% more instructions; lz=8 no better, 2026-12-02, decode-variants-s30{a,c}-h200.json)
 # tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within
 #          +-.012 of the default, every dtype at those shapes, decode-variants-pdl-*-h200.json)
 # tok: st (pipeline stages where the pool has a bf16 tail; BF16's default 5 at head_dim 128, else s's)
