@@ -97,7 +97,9 @@ def extend_rows(
                     # NOTE: WARPS / BN set step 2's launch (the own-chunk keys, the tail and the merge)
                     fn = partial(extend_decode, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
                                  num_splits=splits or None, wide=wide, own_warps=warps or None,
-                                 own_block_n=bn or None, decode_opts=dopts)  # fmt: skip
+                                 own_block_n=bn or None,
+                                 decode_opts=",".join(o for o in dopts.split(",") if o != "fold"),
+                                 **({"fold_q": True} if "fold" in dopts.split(",") else {}))  # fmt: skip
                 else:
                     fn = partial(
                         extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
@@ -138,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         "DEC=3 its 8-column decode_mma groups)",
     )
     ap.add_argument("--decode-opts", nargs="+", default=[""],
-                    help="prefix-decode variant options of the DEC rows, one row each (e.g. '' 'l2=1')")
+                    help="prefix-decode variant options of the DEC rows, one row each (e.g. '' 'l2=1'); "
+                    "'fold': extend_decode's fold_q")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--shapes", nargs="*", default=None, help="BATCHxPREFIXxCHUNK items (default: SHAPES)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")

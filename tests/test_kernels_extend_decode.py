@@ -11,6 +11,7 @@ from test_kernels_extend import _run as run_extend
 
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels import extend_decode as ed
+from nibblekv.kernels.decode import decode_triton
 from nibblekv.kernels.extend import extend_triton
 from nibblekv.kernels.extend_decode import extend_decode, extend_decode_unsupported, gather_q_ref, merge_ref
 from nibblekv.kernels.testing import make_batch, rel_rms
@@ -90,6 +91,34 @@ def test_extend_decode_pdl(opts: str) -> None:
         err = run_extend(KVDtype.NVFP4, [1, P + 1, 40][: len(ch)], ch, [W, 1, 0][: len(ch)], 1, 4, 128,
                          gscale=(0.37, 2.5), fn=fn)  # fmt: skip
         assert err <= 1e-2, (opts, ch, err)
+
+
+def test_extend_decode_fold_q(monkeypatch: pytest.MonkeyPatch) -> None:
+    # fold_q: decode_mma16 reads the virtual batch's query rows from q itself (decode_triton's q_rows, no
+    # gather launch): one group of 9-16 columns, ragged chunks (columns past a chunk clamp to the last row);
+    # on the GPU also two groups (NG = 2) and a group of 12
+    folded: list[bool] = []
+
+    def spy(*args: object, **kw: object) -> object:
+        folded.append(kw.get("q_rows") is not None)
+        return decode_triton(*args, **kw)
+
+    monkeypatch.setattr(ed, "decode_triton", spy)
+    cases = [([1, P + 1, 40], [4, 3, 1], 4)] if DEVICE == "cpu" else [
+        ([1, P + 1, 40], [4, 3, 1], 4), ([P - 1, 40], [8, 5], 4), ([0, P + 1, 40], [3, 1, 2], 4)]
+    splits = 3 if DEVICE == "cpu" else None
+    for prefix, chunks, group in cases:
+        fn = partial(extend_decode_fn, num_splits=splits, fold_q=True)
+        err = run_extend(KVDtype.NVFP4, prefix, chunks, [W, 1, 0][: len(chunks)], 1, group, 128,
+                         gscale=(0.37, 2.5), fn=fn)  # fmt: skip
+        assert err <= 1e-2, (chunks, err)
+    assert folded == [True] * len(cases)
+    pb = make_batch(KVDtype.NVFP4, [20, 5], 1, 128, P, DEVICE)
+    q = torch.randn(3, 4, 128, device=DEVICE).to(torch.bfloat16)
+    cu = torch.tensor([0, 2, 3], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="q_rows"):  # 8 columns: decode_mma, which has no q_rows
+        decode_triton(q.as_strided((2, 8, 128), (0, 0, 1)), pb.cache, pb.page_table, pb.lens, 0.1,
+                      variant="mma", q_rows=(q, cu, 4, 1))  # fmt: skip
 
 
 @pytest.mark.parametrize("group,chunks", [(3, [1, 5, 2]), (4, [4, 1, 3])])

@@ -283,6 +283,7 @@ def decode_triton(
     lse_out: torch.Tensor | None = None,
     active: torch.Tensor | None = None,
     min_active: int | None = None,
+    q_rows: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``decode_ref``: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (q's dtype).
 
@@ -297,6 +298,10 @@ def decode_triton(
     are requests, the rest padding (a CUDA graph captured for B replays batches of ``min_active``..B).
     decode_mma then sizes its splits for the real rows at run time (a one-wave grid sized for B gives 6/16
     of its slots to padding rows at 10 of 16) and returns zeros for padding rows; other variants ignore it.
+
+    ``q_rows = (q_real [T, Hq', D], cu_seqlens [B' + 1], G', NG)`` (``decode_mma16`` only: 9-16 columns, no
+    tail, no ``active``): ``q`` only gives the shape ``[B' * NG, Hkv * G, D]`` of ``extend_decode``'s virtual
+    batch and the kernel reads its rows from ``q_real`` itself (``gather_q_ref``'s map), no gather launch.
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -332,6 +337,9 @@ def decode_triton(
             name, cfg = resolve_variant(non_mma_default(d, interp), fmt, d, interp)
     if name == "mma" and hq // hkv > mma_narrow_columns(d):
         cfg = mma_wide_config(cfg)
+    wide = name == "mma" and hq // hkv > mma_narrow_columns(d)
+    if q_rows is not None and (not wide or has_tail or active is not None):
+        raise ValueError("q_rows needs decode_mma16 (variant mma, 9-16 columns a KV head), no tail or active")
     if name != "mma" and hq // hkv > MAX_GROUP_ROWS:
         kw = dict(tail=tail, tail_page_table=tail_page_table, tail_lens=tail_lens, num_splits=num_splits,
                   block_n=block_n, num_warps=num_warps, num_stages=num_stages, use_asm=use_asm, variant=variant,
@@ -441,9 +449,10 @@ def decode_triton(
             MINC=int(cfg["minc"]),
             PAIR=pair,
             VST=int(cfg["vst"]),
-            VQ=int(cfg["vq"]) * int(_q_vector_ok(q)),
+            VQ=int(cfg["vq"]) * int(_q_vector_ok(q if q_rows is None else q_rows[0])),
             LZ=int(cfg["lazy"]),
             L2=int(cfg.get("l2_ahead", 0)),
+            **_q_rows_args(q_rows),
             TPP=int(tail_in_grid and bool(cfg.get("tail_page_prefetch", 0))),
             **tma_args(cfg, cache, mma_common["PAGE"], math.prod(grid), q.device),
             **pdl,
@@ -545,6 +554,17 @@ def _balanced(cfg: dict[str, int | bool], pair: int, has_tail: bool, tail_in_gri
     mode = int(cfg.get("balanced", 0))
     on = mode == 1 or (mode == 2 and pairs >= BALANCED_MIN_PAIRS)
     return on and not pair and int(cfg["num_warps"]) == 1 and (tail_in_grid or not has_tail)
+
+
+def _q_rows_args(q_rows: tuple[torch.Tensor, torch.Tensor, int, int] | None) -> dict[str, object]:
+    """``decode_mma_kernel``'s arguments for ``decode_triton``'s ``q_rows`` (none without)."""
+    if q_rows is None:
+        return {}
+    qr, cu, qg, ng = q_rows
+    if qr.dim() != 3 or qr.stride(-1) != 1 or cu.dim() != 1 or qr.shape[1] % qg:
+        raise ValueError("q_rows: q_real must be [T, Hq, D] with unit last stride, cu_seqlens [B + 1]")
+    return dict(qr_ptr=qr, s_qt=qr.stride(0), s_qr=qr.stride(1), qcu_ptr=cu, q_last=qr.shape[0] - 1, QG=qg,
+                QNG=ng)  # fmt: skip
 
 
 def _q_vector_ok(q: torch.Tensor) -> bool:

@@ -859,7 +859,8 @@ def decode_mma_kernel(
     TPP: tl.constexpr = 0,
     cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
     TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0, LZ: tl.constexpr = 0,
-    L2: tl.constexpr = 0,
+    L2: tl.constexpr = 0, qr_ptr=None, s_qt=0, s_qr=0, qcu_ptr=None, q_last=0, QG: tl.constexpr = 0,
+    QNG: tl.constexpr = 1,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -882,6 +883,9 @@ def decode_mma_kernel(
     ``TMA`` stages per program in grid order (``_tma.tma_ring``).
 
     ``L2``: ``decode_mma16``'s L2 prefetch distance in steps (variant option ``l2``; 0 = off).
+    ``QG`` > 0 (``decode_mma16`` only): Q rows from ``qr_ptr`` (``q [T, Hq, D]``, strides ``s_qt`` /
+    ``s_qr``) through ``decode_triton``'s ``q_rows`` map -- request ``b`` is virtual: real request ``b //
+    QNG`` (its first token ``qcu_ptr[b // QNG]``), columns from ``(b % QNG) * G``; ``q_ptr`` is unused.
 
     ``FUSE``: every program of a real pair, empty splits too, draws a ticket and the
     pair's last one merges its partials into ``out_ptr`` (``decode_fixup``); no combine launch. With ``DYN``
@@ -959,11 +963,17 @@ def decode_mma_kernel(
             lin = (b * tl.num_programs(1) + h) * tl.num_programs(2) + sp
         scratch = tma_ring(tma_scratch, lin, TMA)
     if G > 8:  # 9-16 columns: one S = Q K^T warp (decode_mma16)
+        qtok0 = 0
+        if QG > 0:
+            q_base = qr_ptr
+            s_qh = s_qr
+            qtok0 = tl.load(qcu_ptr + b // QNG)
         _mma16_segment(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
             G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, TMA, scratch, LZ, L2,
+            qtok0, (b % QNG) * G, s_qt, q_last, QG,
         )  # fmt: skip
     else:
         _mma_segment(

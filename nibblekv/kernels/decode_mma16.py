@@ -306,6 +306,7 @@ def _mma16_segment(
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr,
     PF: tl.constexpr, PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
     TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0, L2: tl.constexpr = 0,
+    qtok0=0, qcol0=0, s_qt=0, q_last=0, QG: tl.constexpr = 0,
 ):  # fmt: skip
     """``_mma_segment``'s contract for 8 < ``G`` <= 16 columns (``end1`` and ``VST`` unused: no PAIR, and
     the stores are always 16-byte vectors).
@@ -313,7 +314,12 @@ def _mma16_segment(
     ``L2`` > 0 (with ``PF``, 16-row pages): each step starts with an L2 prefetch of the tiles ``L2`` steps
     ahead (page ids loaded a step before). Why: at 8 one-warp programs per SM (two a scheduler) ptxas issues
     the register prefetch of the next step only ~260 of the step's ~760 instructions before it is used --
-    less than a loaded DRAM round trip -- and there are no other warps to cover the wait."""
+    less than a loaded DRAM round trip -- and there are no other warps to cover the wait.
+
+    ``QG`` > 0 (``decode_triton``'s ``q_rows``): ``q_ptr`` is the real ``q [T, Hq, D]`` (token stride
+    ``s_qt``, head stride ``s_qh``) and column ``c`` of KV head ``h`` is virtual column ``qcol0 + c``: token
+    ``min(qtok0 + (qcol0 + c) // QG, q_last)``, head ``h * QG + (qcol0 + c) % QG`` -- ``extend_decode``'s
+    gather, done by the loads themselves."""
     tl.static_assert(PAIR == 0 and TMA == 0 and LZ == 0, "decode_mma16: no PAIR, TMA or lazy rescale")
     tl.static_assert(D == 128, "decode_mma16: head_dim 128")
     lane = tl.arange(0, 32 * NW)
@@ -327,12 +333,22 @@ def _mma16_segment(
     hoff = h.to(tl.int64) * s_head
     shoff = h.to(tl.int64) * sc_head
     # Q's A fragments, loop-invariant: columns g (qa) and g + 8 (qb), dims [32t, 32t + 32) in k-step order
+    gb = tl.minimum(g + 8, G - 1)
+    if QG > 0:
+        ca, cb = qcol0 + g, qcol0 + gb
+        ra = tl.minimum(qtok0 + ca // QG, q_last).to(tl.int64) * s_qt
+        rb = tl.minimum(qtok0 + cb // QG, q_last).to(tl.int64) * s_qt
+        qpa = q_ptr + ra + (h * QG + ca % QG) * s_qh + 32 * t
+        qpb = q_ptr + rb + (h * QG + cb % QG) * s_qh + 32 * t
+    else:
+        qpa = q_ptr + (h * G + g) * s_qh + 32 * t
+        qpb = q_ptr + (h * G + gb) * s_qh + 32 * t
     qa0, qa1, qa2, qa3, qa4, qa5, qa6, qa7, qa8, qa9, qa10, qa11, qa12, qa13, qa14, qa15 = _q_frags(
-        q_ptr + (h * G + g) * s_qh + 32 * t, g < G, VQ
+        qpa, g < G, VQ
     )
     # NOTE: columns past G read nothing (masked); their scores are 0 and their rows are never stored
     qb0, qb1, qb2, qb3, qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15 = _q_frags(
-        q_ptr + (h * G + tl.minimum(g + 8, G - 1)) * s_qh + 32 * t, g + 8 < G, VQ
+        qpb, g + 8 < G, VQ
     )
     m0 = tl.full([32 * NW], float("-inf"), tl.float32)
     m1 = m0

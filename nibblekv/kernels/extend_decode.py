@@ -53,6 +53,9 @@ TOK_MAX_COLUMNS = 16
 # without at B=64 x 8K, 4 / 2 / 8-token chunks 222.3 / 223.9, 184.2 / 183.5, 412.9 / 414.9, B=32 x 32K x 4
 # 448.6 / 439.3 (2026-12-04, benchmarks/results/s43-h200/extend-pdl.log)
 EXTEND_PDL = False
+# NOTE: decode_mma16 reads the virtual batch's Q rows from q itself (decode_triton's q_rows) instead of a
+# gather launch (2.6 us of the 4-token chunk's 217.9 at B=64 x 8K, H200, stop 43). Untimed: opt-in (fold_q)
+FOLD_Q = False
 
 
 def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma") -> tuple[str, int, int] | str:
@@ -177,6 +180,7 @@ def extend_decode(
     own_warps: int | None = None,
     own_block_n: int | None = None,
     decode_opts: str = "",
+    fold_q: bool | None = None,
 ) -> torch.Tensor:
     """``extend_triton``'s contract (``q [T, Hq, D]`` -> ``[T, Hq, D]``) for an NVFP4 or FP8 pool whose
     decode kernel takes ``max_chunk * G`` columns per KV head (``extend_decode_plan``); ``max_chunk`` (host
@@ -185,7 +189,9 @@ def extend_decode(
     ``own_block_n``: step 2's launch (``extend_triton``'s ``num_warps`` / ``block_n``; default 1 warp, 2
     from 17 columns, and 16-key blocks) -- for benchmark sweeps of that ~8 us launch.
     ``decode_opts``: variant options of the prefix decode (``resolve_variant``'s ``a=1,b=2``); ``pdl``
-    (``pdl=1``; default ``EXTEND_PDL``, off) launches step 2 by PDL too: its own keys beside the combine."""
+    (``pdl=1``; default ``EXTEND_PDL``, off) launches step 2 by PDL too: its own keys beside the combine.
+    ``fold_q`` (default ``FOLD_Q``, off): where the prefix runs ``decode_mma16`` (9-16 columns), its kernel
+    reads the query rows itself (``decode_triton``'s ``q_rows``): no gather launch."""
     plan = extend_decode_plan(q, cache, max_chunk, wide)
     if isinstance(plan, str):
         raise ValueError(f"extend variant 'decode' {plan}")  # noqa: TRY004 - a reason, not a wrong type
@@ -205,13 +211,18 @@ def extend_decode(
     if bsz == 0 or t_total == 0:
         return out
     # 1) the prefix as a decode over a virtual batch
-    qv = torch.empty((bsz * ng, hkv * gv, d), dtype=q.dtype, device=q.device)
-    if interpreting():
-        qv.fill_(float("nan"))
-    _gather_q_kernel[(bsz * ng, hkv)](
-        q, q.stride(0), q.stride(1), cu_seqlens, qv, t_total - 1,
-        G=g, GV=gv, GVP=triton.next_power_of_2(gv), NG=ng, HV=hkv * gv, D=d, num_warps=4,
-    )  # fmt: skip
+    fold = (FOLD_Q if fold_q is None else fold_q) and variant == "mma" and gv > mma_narrow_columns(d)
+    q_rows = (q, cu_seqlens, g, ng) if fold else None
+    if fold:  # NOTE: only the virtual batch's shape: decode_mma16 reads the rows from q (q_rows)
+        qv = q.as_strided((bsz * ng, hkv * gv, d), (0, 0, 1))
+    else:
+        qv = torch.empty((bsz * ng, hkv * gv, d), dtype=q.dtype, device=q.device)
+        if interpreting():
+            qv.fill_(float("nan"))
+        _gather_q_kernel[(bsz * ng, hkv)](
+            q, q.stride(0), q.stride(1), cu_seqlens, qv, t_total - 1,
+            G=g, GV=gv, GVP=triton.next_power_of_2(gv), NG=ng, HV=hkv * gv, D=d, num_warps=4,
+        )  # fmt: skip
     pv = page_table if ng == 1 else page_table.repeat_interleave(ng, dim=0)
     lv = prefix_lens if ng == 1 else prefix_lens.repeat_interleave(ng)
     # NOTE: the prefix partial in fp32: rounding it to q's dtype before the merge doubled the error against
@@ -223,7 +234,9 @@ def extend_decode(
     if pdl and "pdl=1" not in opts:
         opts.append("pdl=1")
     spec = f"{variant}:{','.join(opts)}" if opts else variant
-    decode_triton(qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, variant=spec, lse_out=lse1)
+    decode_triton(
+        qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, variant=spec, lse_out=lse1, q_rows=q_rows
+    )
     # 2) tail + own keys: extend_triton with merge (no main-pool pass; until stop 43 a zeros prefix_lens, one
     # more fill launch), each row's prefix partial loaded first and merged in its epilogue
     if interpreting():
@@ -247,7 +260,7 @@ def extend_decode(
 
 
 __all__ = [
-    "EXTEND_PDL", "MAX_GROUPS", "TOK_MAX_COLUMNS", "extend_decode", "extend_decode_plan",
+    "EXTEND_PDL", "FOLD_Q", "MAX_GROUPS", "TOK_MAX_COLUMNS", "extend_decode", "extend_decode_plan",
     "extend_decode_unsupported",
     "gather_q_ref", "merge_ref",
 ]  # fmt: skip
