@@ -53,7 +53,7 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 # so CPU runs five cases; GPUs run every spec x group x page.
 MMA_SPECS = [
     "mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0",
-    "mma:tpp=1", "mma:lz=8", "mma:tpi=1,lz=8",
+    "mma:tpp=1", "mma:lz=8", "mma:tpi=1,lz=8", "mma:l2=1", "mma:tpi=1,l2=2",
 ]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)] + [("mma", 4, 2 * P)]

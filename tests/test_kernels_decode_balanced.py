@@ -48,7 +48,8 @@ def test_plan_covers_every_token_once_in_unique_slots(lens: list[int], heads: in
 
 
 def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, page: int, active: int | None = None,
-             gscale: tuple[float, float] = (1.0, 1.0), lse: bool = False) -> float:  # fmt: skip
+             gscale: tuple[float, float] = (1.0, 1.0), lse: bool = False,
+             spec: str = "mma:bal=1,bppsm=5,minc=16") -> float:  # fmt: skip
     torch.manual_seed(hash((tuple(lens), hkv, group, page)) % 2**31)
     pb = make_batch(KVDtype.NVFP4, lens, hkv, 128, page, DEVICE, tail_lens=tails, global_scale=gscale)
     q = torch.randn(len(lens), hkv * group, 128, device=DEVICE).to(torch.bfloat16)
@@ -57,7 +58,6 @@ def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, pag
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     act = None if active is None else torch.tensor([active], dtype=torch.int32, device=DEVICE)
     lse_out = torch.full((len(lens), hkv * group), float("nan"), device=DEVICE) if lse else None
-    spec = "mma:bal=1,bppsm=5,minc=16"
     decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, variant=spec,
                   active=act, lse_out=lse_out)  # type: ignore[arg-type]  # fmt: skip
     n = len(lens) if active is None else active
@@ -89,6 +89,15 @@ def test_balanced_ragged_batch_with_tails(monkeypatch: pytest.MonkeyPatch) -> No
     hkv = 1 if DEVICE == "cpu" else 2  # NOTE: one KV head keeps the interpreter quick
     err = _run_bal([1, P - 1, 0, P + 1, 70], [0, 1, W, 5, W], hkv, 3, 5, gscale=(0.37, 2.5), lse=True)
     assert err <= 1e-2, err
+
+
+@pytest.mark.usefixtures("one_sm")
+@pytest.mark.parametrize("l2", [1] if DEVICE == "cpu" else [1, 2])
+def test_balanced_l2_prefetch(l2: int) -> None:
+    # variant option l2 (opt-in): an L2 prefetch of the tiles l2 steps ahead -- page ids of steps past a
+    # warp's chunk clamp to its current step; a no-op hint under the interpreter (the page-id loads run)
+    spec = f"mma:bal=1,bppsm=5,minc=16,tpi=2,l2={l2}"
+    assert _run_bal([100, 1, P + 1, 40], [W, 0, 3, 1], 1, 4, P, spec=spec) <= 1e-2
 
 
 @pytest.mark.usefixtures("one_sm")

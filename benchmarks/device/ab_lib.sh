@@ -29,9 +29,11 @@ ab_summary() {
 import glob, json, sys
 for f in sorted(glob.glob(sys.argv[1])):
     for run in json.load(open(f)):
-        rows = [r for r in run["result"].get("rows", []) if r.get("kv_dtype") == "nvfp4"]
-        cells = [f"{r.get('variant', '?')}:B{r['batch']}x{r['context'] // 1024}K:{r['frac_of_ceiling']:.3f}"
-                 for r in rows]
+        res = run["result"]
+        ceil = max(res.get("ceiling_probes", {}).values() or [1.0])  # NOTE: rows carry tbps, not the fraction
+        rows = [r for r in res.get("rows", []) if r.get("kv_dtype") == "nvfp4"]
+        cells = [f"{r.get('variant', '?')}:B{r['batch']}x{r['context'] // 1024}K:"
+                 f"{r.get('frac_of_ceiling', r['tbps'] / ceil):.3f}" for r in rows]
         print(f.split("/")[-1], run["tree"], " ".join(cells))
 PY
 }

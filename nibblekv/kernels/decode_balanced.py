@@ -82,6 +82,7 @@ def decode_mma_bal_kernel(
     BP: tl.constexpr, W: tl.constexpr, HAS_TAIL: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     MINC: tl.constexpr, VST: tl.constexpr, VQ: tl.constexpr, DYN: tl.constexpr,
     TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0, LZ: tl.constexpr = 0,
+    L2: tl.constexpr = 0,
 ):  # fmt: skip
     """1-D grid: ``W`` one-warp programs over the balanced chunks, then (``HAS_TAIL``) one tail program per
     pair. ``n_req`` requests, of which the first ``*act_ptr`` are real with ``DYN`` (CUDA-graph padding)."""
@@ -138,7 +139,7 @@ def decode_mma_bal_kernel(
                 sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h,
                 sm_scale * 1.4426950408889634 * gk, gv,
                 o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, TMA, scratch, LZ,
+                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, TMA, scratch, LZ, L2,
             )  # fmt: skip
             x0 += nt
 
@@ -239,7 +240,7 @@ def launch_balanced(
         HQ=hq, G=g, D=d, PAGE=cache.layout.page_size, TPAGE=tpage, BP=bp, W=warps, HAS_TAIL=int(has_tail),
         TPI=int(cfg["tpi"]), PF=int(cfg["pf"]), MINC=int(cfg["minc"]), VST=int(cfg["vst"]),
         VQ=int(cfg["vq"]),
-        LZ=int(cfg["lazy"]), DYN=dyn, num_warps=1, num_stages=1,
+        LZ=int(cfg["lazy"]), L2=int(cfg.get("l2_ahead", 0)), DYN=dyn, num_warps=1, num_stages=1,
         **tma_args(cfg, cache, cache.layout.page_size, grid[0], q.device), **pdl,
         **({} if interp else {"maxnreg": _mma_max_registers(per_sm)}),
     )  # fmt: skip

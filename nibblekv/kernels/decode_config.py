@@ -57,8 +57,8 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
 #          (2026-12-01, decode-variants-fuse-*-h200.json: the last program's serial merge costs more than the
 #          combine launch saves, e.g. GQA 8 B8x32K mma .636 -> .583, B1x128K .561 -> .257; FP8 tok .744 -> .645)
-# mma, 9-16 columns (decode_mma16) only: l2 (N: a per-lane prefetch.global.L2 of the tiles N steps ahead; 0
-# off; default WIDE_L2). In decode_mma (16 programs per SM) it gained nothing (stop 37, pageaddr-s37-h200/).
+# mma: l2 (N: a per-lane prefetch.global.L2 of the tiles N steps ahead; 0 off; decode_mma16's default WIDE_L2,
+# opt-in elsewhere: decode_mma at 16 programs per SM gained nothing, stop 37; at 12 (bal=1) untimed).
 # Every variant: ce (0: the combine step as before 2026-12-03 -- lens loaded before the partials, chunks of
 #          4096 elements -- to compare with the default 1: one round trip, chunks of up to 8192)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")

@@ -47,7 +47,15 @@ from nibblekv.kernels._mma_ptx import (
     _st4,
     _sum8,
 )
-from nibblekv.kernels._mma_tile import _k_tile, _load_tile, _q_frags, _softmax, _v_tile
+from nibblekv.kernels._mma_tile import (
+    _k_tile,
+    _l2_pages,
+    _l2_prefetch,
+    _load_tile,
+    _q_frags,
+    _softmax,
+    _v_tile,
+)
 from nibblekv.kernels._common import interpreting
 from nibblekv.kernels._pdl import pdl_enter
 from nibblekv.kernels._tma import tma_init, tma_issue, tma_read, tma_ring
@@ -424,7 +432,7 @@ def _mma_segment(
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
-    TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0,
+    TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0, L2: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
@@ -443,6 +451,8 @@ def _mma_segment(
     ``VQ``: Q (bf16, rows 16-byte aligned) as 4 vector loads per lane, for the same reason at the start.
     ``TMA``: the whole-step tiles staged through a ring of that many tiles in shared memory by bulk copies
     (``_tma``; one warp, pages of a multiple of 16 rows); ``scratch`` is the ring under the interpreter.
+    ``L2`` (with ``PF``, 16-row pages, no PAIR / TMA; variant option ``l2``): ``decode_mma16``'s L2 prefetch
+    of the tiles ``L2`` steps ahead. Gained nothing at 16 programs per SM (stop 37); opt-in for 12.
     """
     lane = tl.arange(0, 32 * NW)
     warp = lane // 32
@@ -518,6 +528,9 @@ def _mma_segment(
                 k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
                 PAGE, D, True, PAIR,
             )
+        if L2 > 0 and PAGE == 16 and PAIR == 0:  # the first L2 prefetch's pages (as decode_mma16's)
+            la = start + L2 * STEP
+            pl = _l2_pages(pt_ptr, tl.where(la < full_end, la, start) + 16 * TPI * warp, lane, TPI, PAGE)
     if not TMA:
         n0 = start
         while (
@@ -525,6 +538,10 @@ def _mma_segment(
         ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
             nb = n0 + 16 * TPI * warp
             if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
+                if L2 > 0 and PAGE == 16 and PAIR == 0:  # NOTE: pl holds the pages of step n0 + L2 * STEP
+                    _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
+                    la = n0 + (L2 + 1) * STEP
+                    pl = _l2_pages(pt_ptr, tl.where(la < full_end, la, n0) + 16 * TPI * warp, lane, TPI, PAGE)
                 nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
                 nextA = _load_tile(
                     k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
@@ -980,7 +997,7 @@ def decode_mma_kernel(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, TMA, scratch, LZ,
+            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, TMA, scratch, LZ, L2,
         )  # fmt: skip
     if FUSE:
         _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
