@@ -113,9 +113,12 @@ def _page_id(pt_ptr, idx, lim, PAGE: tl.constexpr, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _l2_pages(pt_ptr, nb, lane, TPI: tl.constexpr, PAGE: tl.constexpr):
-    """The page ids this lane's two ``_l2_prefetch`` lines lie on, for the step at ``nb`` (the warp's first
-    tile; pages of 16 rows): (data line, scale line)."""
+def _l2_pages(pt_ptr, n0, ahead, full_end, lane, warp, TPI: tl.constexpr, PAGE: tl.constexpr):
+    """The page ids this lane's two ``_l2_prefetch`` lines lie on (pages of 16 rows), for this warp's tiles
+    of the step ``ahead`` tokens past the step at ``n0`` (past the last full step: the one at ``n0``
+    again): (data line, scale line)."""
+    la = n0 + ahead
+    nb = tl.where(la < full_end, la, n0) + 16 * TPI * warp
     L = lane % 32
     pd = tl.load(pt_ptr + (nb + 16 * (L // 16)) // PAGE, mask=L < 16 * TPI, other=0).to(tl.int32)
     ps = tl.load(pt_ptr + (nb + 16 * ((L // 4) % 2)) // PAGE, mask=L < 4 * TPI, other=0).to(tl.int32)

@@ -335,9 +335,9 @@ def decode_triton(
             raise ValueError(f"decode variant 'mma' {why}")
         if why:  # the default where mma does not apply (a GQA group > 8, unaligned pools, odd pages)
             name, cfg = resolve_variant(non_mma_default(d, interp), fmt, d, interp)
-    if name == "mma" and hq // hkv > mma_narrow_columns(d):
-        cfg = mma_wide_config(cfg)
     wide = name == "mma" and hq // hkv > mma_narrow_columns(d)
+    if wide:
+        cfg = mma_wide_config(cfg)
     if q_rows is not None and (not wide or has_tail or active is not None):
         raise ValueError("q_rows needs decode_mma16 (variant mma, 9-16 columns a KV head), no tail or active")
     if name != "mma" and hq // hkv > MAX_GROUP_ROWS:

@@ -377,8 +377,7 @@ def _mma16_segment(
                 PAGE, D, True,
             )  # fmt: skip
         if L2 > 0 and PAGE == 16:  # the first L2 prefetch's pages (past the last full step: this one again)
-            la = start + L2 * STEP
-            pl = _l2_pages(pt_ptr, tl.where(la < full_end, la, start) + 16 * TPI * warp, lane, TPI, PAGE)
+            pl = _l2_pages(pt_ptr, start, L2 * STEP, full_end, lane, warp, TPI, PAGE)
     n0 = start
     # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
     while n0 < full_end:
@@ -386,8 +385,7 @@ def _mma16_segment(
         if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
             if L2 > 0 and PAGE == 16:  # NOTE: pl holds the pages of step n0 + L2 * STEP (loaded last step)
                 _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
-                la = n0 + (L2 + 1) * STEP
-                pl = _l2_pages(pt_ptr, tl.where(la < full_end, la, n0) + 16 * TPI * warp, lane, TPI, PAGE)
+                pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
             nextA = _load_tile(
                 k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
