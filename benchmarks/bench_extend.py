@@ -51,6 +51,12 @@ SHAPES = (
 TINY = ((1, 80, 3),)  # 3 tokens x GQA 4: one group of 12 columns (NVFP4: decode_mma16, FP8: decode_tok)
 
 
+def _fold_kw(dopts: str) -> dict[str, bool]:
+    """'fold' / 'nofold' in a --decode-opts item: extend_decode's fold_q on / off (else its default)."""
+    toks = dopts.split(",")
+    return {"fold_q": True} if "fold" in toks else {"fold_q": False} if "nofold" in toks else {}
+
+
 def extend_rows(
     bench: Callable[..., float], dev: str, tiny: bool = False, hq: int = 32, hkv: int = 8, d: int = 128,
     configs: Sequence[tuple[int, ...]] = ((0, 0),),
@@ -98,8 +104,8 @@ def extend_rows(
                     fn = partial(extend_decode, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
                                  num_splits=splits or None, wide=wide, own_warps=warps or None,
                                  own_block_n=bn or None,
-                                 decode_opts=",".join(o for o in dopts.split(",") if o != "fold"),
-                                 **({"fold_q": True} if "fold" in dopts.split(",") else {}))  # fmt: skip
+                                 decode_opts=",".join(o for o in dopts.split(",") if "fold" not in o),
+                                 **_fold_kw(dopts))  # fmt: skip
                 else:
                     fn = partial(
                         extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
@@ -141,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--decode-opts", nargs="+", default=[""],
                     help="prefix-decode variant options of the DEC rows, one row each (e.g. '' 'l2=1'); "
-                    "'fold': extend_decode's fold_q")
+                    "'fold' / 'nofold': extend_decode's fold_q on / off")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--shapes", nargs="*", default=None, help="BATCHxPREFIXxCHUNK items (default: SHAPES)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")

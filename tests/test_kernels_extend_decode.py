@@ -93,8 +93,9 @@ def test_extend_decode_pdl(opts: str) -> None:
         assert err <= 1e-2, (opts, ch, err)
 
 
-def test_extend_decode_fold_q(monkeypatch: pytest.MonkeyPatch) -> None:
-    # fold_q: decode_mma16 reads the virtual batch's query rows from q itself (decode_triton's q_rows, no
+@pytest.mark.parametrize("fold", [True, False])
+def test_extend_decode_fold_q(monkeypatch: pytest.MonkeyPatch, fold: bool) -> None:
+    # fold_q (the default) / off: decode_mma16 reads the virtual batch's query rows from q itself (decode_triton's q_rows, no
     # gather launch): one group of 9-16 columns, ragged chunks (columns past a chunk clamp to the last row);
     # on the GPU also two groups (NG = 2) and a group of 12
     folded: list[bool] = []
@@ -108,11 +109,11 @@ def test_extend_decode_fold_q(monkeypatch: pytest.MonkeyPatch) -> None:
         ([1, P + 1, 40], [4, 3, 1], 4), ([P - 1, 40], [8, 5], 4), ([0, P + 1, 40], [3, 1, 2], 4)]
     splits = 3 if DEVICE == "cpu" else None
     for prefix, chunks, group in cases:
-        fn = partial(extend_decode_fn, num_splits=splits, fold_q=True)
+        fn = partial(extend_decode_fn, num_splits=splits, fold_q=fold)
         err = run_extend(KVDtype.NVFP4, prefix, chunks, [W, 1, 0][: len(chunks)], 1, group, 128,
                          gscale=(0.37, 2.5), fn=fn)  # fmt: skip
         assert err <= 1e-2, (chunks, err)
-    assert folded == [True] * len(cases)
+    assert folded == [fold] * len(cases)
     pb = make_batch(KVDtype.NVFP4, [20, 5], 1, 128, P, DEVICE)
     q = torch.randn(3, 4, 128, device=DEVICE).to(torch.bfloat16)
     cu = torch.tensor([0, 2, 3], dtype=torch.int32, device=DEVICE)

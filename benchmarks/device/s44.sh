@@ -18,7 +18,7 @@ S="--shapes 64x8192x4 64x8192x2 32x32768x4 --configs 0:0:0:0:0:0:0:1"
 for tree in old new old new; do
   pp=.; [ "$tree" = old ] && pp=ab_old:.
   mkdir -p "$OUT/$tree"
-  opts=(""); [ "$tree" = new ] && opts=("" fold)
+  opts=(""); [ "$tree" = new ] && opts=(nofold fold)  # NOTE: fold_q became the default at stop 44
   # shellcheck disable=SC2086
   PYTHONPATH=$pp timeout -k 5 "${T_AB:-90}" python3 benchmarks/bench_extend.py $S --decode-opts "${opts[@]}" \
     --out "$OUT/x" > "$OUT/x.log" 2>&1

@@ -54,8 +54,9 @@ TOK_MAX_COLUMNS = 16
 # 448.6 / 439.3 (2026-12-04, benchmarks/results/s43-h200/extend-pdl.log)
 EXTEND_PDL = False
 # NOTE: decode_mma16 reads the virtual batch's Q rows from q itself (decode_triton's q_rows) instead of a
-# gather launch (2.6 us of the 4-token chunk's 217.9 at B=64 x 8K, H200, stop 43). Untimed: opt-in (fold_q)
-FOLD_Q = False
+# gather launch (2.6 us). On: us with / without at 4-token chunks, B=64 x 8K 213.9 / 215.3, B=32 x 32K 402.1 /
+# 403.9 (means of four rounds in alternating order, H200, 2026-12-04, benchmarks/results/s44-h200/fold.log)
+FOLD_Q = True
 
 
 def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma") -> tuple[str, int, int] | str:
@@ -190,7 +191,7 @@ def extend_decode(
     from 17 columns, and 16-key blocks) -- for benchmark sweeps of that ~8 us launch.
     ``decode_opts``: variant options of the prefix decode (``resolve_variant``'s ``a=1,b=2``); ``pdl``
     (``pdl=1``; default ``EXTEND_PDL``, off) launches step 2 by PDL too: its own keys beside the combine.
-    ``fold_q`` (default ``FOLD_Q``, off): where the prefix runs ``decode_mma16`` (9-16 columns), its kernel
+    ``fold_q`` (default ``FOLD_Q``, on): where the prefix runs ``decode_mma16`` (9-16 columns), its kernel
     reads the query rows itself (``decode_triton``'s ``q_rows``): no gather launch."""
     plan = extend_decode_plan(q, cache, max_chunk, wide)
     if isinstance(plan, str):
