@@ -51,6 +51,9 @@ SHAPES = (
 TINY = ((1, 80, 3),)  # 3 tokens x GQA 4: one group of 12 columns (NVFP4: decode_mma16, FP8: decode_tok)
 
 
+_FOLD_TOKENS = ("fold", "nofold")
+
+
 def _fold_kw(dopts: str) -> dict[str, bool]:
     """'fold' / 'nofold' in a --decode-opts item: extend_decode's fold_q on / off (else its default)."""
     toks = dopts.split(",")
@@ -104,7 +107,7 @@ def extend_rows(
                     fn = partial(extend_decode, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
                                  num_splits=splits or None, wide=wide, own_warps=warps or None,
                                  own_block_n=bn or None,
-                                 decode_opts=",".join(o for o in dopts.split(",") if "fold" not in o),
+                                 decode_opts=",".join(o for o in dopts.split(",") if o not in _FOLD_TOKENS),
                                  **_fold_kw(dopts))  # fmt: skip
                 else:
                     fn = partial(

@@ -95,9 +95,9 @@ def test_extend_decode_pdl(opts: str) -> None:
 
 @pytest.mark.parametrize("fold", [True, False])
 def test_extend_decode_fold_q(monkeypatch: pytest.MonkeyPatch, fold: bool) -> None:
-    # fold_q (the default) / off: decode_mma16 reads the virtual batch's query rows from q itself (decode_triton's q_rows, no
-    # gather launch): one group of 9-16 columns, ragged chunks (columns past a chunk clamp to the last row);
-    # on the GPU also two groups (NG = 2) and a group of 12
+    # fold_q (the default; and off): decode_mma16 reads the virtual batch's query rows from q itself
+    # (decode_triton's q_rows, no gather launch): one group of 9-16 columns, ragged chunks (columns past a
+    # chunk clamp to the last row); on the GPU also two groups (NG = 2) and a group of 12
     folded: list[bool] = []
 
     def spy(*args: object, **kw: object) -> object:
@@ -114,6 +114,8 @@ def test_extend_decode_fold_q(monkeypatch: pytest.MonkeyPatch, fold: bool) -> No
                          gscale=(0.37, 2.5), fn=fn)  # fmt: skip
         assert err <= 1e-2, (chunks, err)
     assert folded == [fold] * len(cases)
+    if not fold:
+        return
     pb = make_batch(KVDtype.NVFP4, [20, 5], 1, 128, P, DEVICE)
     q = torch.randn(3, 4, 128, device=DEVICE).to(torch.bfloat16)
     cu = torch.tensor([0, 2, 3], dtype=torch.int32, device=DEVICE)
