@@ -253,7 +253,7 @@ def _prefetch_l2(addr, pred):
 
 
 def _lazy_step_ptx() -> str:
-    """PTX of ``decode_mma._step_max``'s lazy rescale. Operands: outputs $0..$37 = m0, m1, c0, c1, l0, l1 and
+    """PTX of ``_mma_step._step_max``'s lazy rescale. Operands: outputs $0..$37 = m0, m1, c0, c1, l0, l1 and
     the 32 O^T fragments; inputs $38..$75 = m0, m1, l0, l1, mx0, mx1 and the 32 fragments, $76 = the slack.
 
     Unless every lane's step max is within the slack of its running max (``vote.all``; warp-uniform), the

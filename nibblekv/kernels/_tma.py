@@ -10,7 +10,7 @@ registers are held for bytes in flight.
 
 Stage ``s`` of the program's ring (``NS`` stages of ``STAGE_BYTES``): K rows ``[0, 1024)`` (64 bytes a
 row), V rows ``[1024, 2048)``, K scale rows ``[2048, 2176)`` (8 bytes a row), V scale rows ``[2176, 2304)``.
-Each fragment read returns exactly what ``decode_mma._load_tile`` returns for the same tile.
+Each fragment read returns exactly what ``_mma_tile._load_tile`` returns for the same tile.
 
 The shared memory is declared in PTX (``nkv_tma``, ``nkv_tbar``: one declaration per kernel, emitted by
 ``tma_init``'s single call site). Under the interpreter the twins copy through ``scratch`` (global memory, the
@@ -65,7 +65,7 @@ _ISSUE_PTX = tl.constexpr(
     " mov.b32 $0, 0; }"
 )
 
-# $12 = stage, $13 = parity, $14 = lane -> $0..$11 as decode_mma._load_tile's tuple
+# $12 = stage, $13 = parity, $14 = lane -> $0..$11 as _mma_tile._load_tile's tuple
 _READ_PTX = tl.constexpr(
     "{ .reg .pred p; .reg .u32 a, b, g, t, x, s0, s1, s2, s3;"
     " mov.u32 a, nkv_tbar; mad.lo.u32 a, $12, 8, a;"

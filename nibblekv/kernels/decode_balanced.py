@@ -31,7 +31,8 @@ from nibblekv.kernels._pdl import pdl_args, pdl_enter, pdl_release, pdl_wait
 from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels._tma import tma_args, tma_ring
 from nibblekv.kernels.combine import _load_slots, _merge_rows, combine_chunk
-from nibblekv.kernels.decode_mma import _mma_segment, _mma_tail
+from nibblekv.kernels.decode_mma import _mma_segment
+from nibblekv.kernels.decode_mma_tail import _mma_tail
 from nibblekv.kernels.types import LayerKV
 
 def plan_balanced(lens: list[int], kv_heads: int, warps: int, min_tiles: int) -> list[tuple[int, int, int, int, int]]:

@@ -262,7 +262,7 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         "vst": 1,
         "vq": 1,
         # NOTE: > 0 = lazy rescale: the running max stays while no score exceeds it by more than lz (log2
-        # units; see decode_mma._step_max). Opt-in: ~1% on the H200 and only without the prefetch (pf=0) or
+        # units; see _mma_step._step_max). Opt-in: ~1% on the H200 and only without the prefetch (pf=0) or
         # with one tile a step -- with both it spills (decode-variants-{lz,pf0-lz,gqa8-lz}-h200.json)
         "lazy": 0,
         # NOTE: 1 = the bf16 tail is one more one-warp program of the grid (bf16 mma.sync), 0 = its own launch

@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._common import (
-    FMT_NVFP4,
     check_cache,
     fmt_code,
     interpreting,
@@ -32,8 +31,9 @@ from nibblekv.kernels._common import (
 )
 from nibblekv.kernels._pdl import pdl_release, pdl_wait
 from nibblekv.kernels.combine import _combine_kernel, combine_chunk
-from nibblekv.kernels.decode import _decode_block, _pages_contiguous
+from nibblekv.kernels.decode import _pages_contiguous
 from nibblekv.kernels.decode_config import combine_dim_block
+from nibblekv.kernels.decode_paged import _decode_block
 from nibblekv.kernels.types import LayerKV
 
 
