@@ -51,13 +51,12 @@ SHAPES = (
 TINY = ((1, 80, 3),)  # 3 tokens x GQA 4: one group of 12 columns (NVFP4: decode_mma16, FP8: decode_tok)
 
 
-_FOLD_TOKENS = ("fold", "nofold")
-
-
-def _fold_kw(dopts: str) -> dict[str, bool]:
-    """'fold' / 'nofold' in a --decode-opts item: extend_decode's fold_q on / off (else its default)."""
+def _decode_kw(dopts: str) -> dict[str, object]:
+    """A --decode-opts item -> extend_decode keywords: 'fold' / 'nofold' set fold_q on / off (else its
+    default), the other options go to decode_opts."""
     toks = dopts.split(",")
-    return {"fold_q": True} if "fold" in toks else {"fold_q": False} if "nofold" in toks else {}
+    fold = {"fold_q": True} if "fold" in toks else {"fold_q": False} if "nofold" in toks else {}
+    return {"decode_opts": ",".join(o for o in toks if o not in ("fold", "nofold")), **fold}
 
 
 def extend_rows(
@@ -106,9 +105,7 @@ def extend_rows(
                     # NOTE: WARPS / BN set step 2's launch (the own-chunk keys, the tail and the merge)
                     fn = partial(extend_decode, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
                                  num_splits=splits or None, wide=wide, own_warps=warps or None,
-                                 own_block_n=bn or None,
-                                 decode_opts=",".join(o for o in dopts.split(",") if o not in _FOLD_TOKENS),
-                                 **_fold_kw(dopts))  # fmt: skip
+                                 own_block_n=bn or None, **_decode_kw(dopts))  # fmt: skip
                 else:
                     fn = partial(
                         extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
