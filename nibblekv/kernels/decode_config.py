@@ -1,7 +1,8 @@
 """Decode launch configuration: the kernel variants, their tuned launch configs and split counts.
 
 Which kernel ``decode_triton`` runs for a pool (``resolve_variant``, ``_mma_unsupported``) and with what
-launch parameters; every number here was measured on an H200 (the NOTEs say when and where).
+launch parameters; the NOTEs give the H200 measurements behind each default (docs/results.md, what we
+tried, has the rest).
 """
 
 from __future__ import annotations
@@ -17,55 +18,53 @@ from nibblekv.kernels.types import LayerKV
 # optionally followed by launch overrides ``name:bn=64,tbn=64,w=4,s=4,conv=1,sv=1`` (conv, tok FP8 only: bit 0
 # V, bit 1 K through the uint16-pair asm; NVFP4 pools hold sm-order words, decoded by shifts and masks in
 # every variant. sv=1 (tok, FP8/NVFP4): V as even/odd column halves, sv=2 NVFP4 K too):
-#   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the default until 2026-11-29)
+#   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the first kernel)
 #   rows   the same kernel, per-token addressing, K as two half-D dots (PAGED=False)
 #   tok    decode_tok: per-token gather of [BN, D] tiles, S = Q K^T (Q the A operand), one full-D dot
 # (kq -- S^T = K Q^T, wrong on sm_90 -- and bs -- NVFP4 block scales outside the elementwise path, more SASS
-# than tok -- were measured and removed as dead ends; mma supersedes them, see decode-variants-sass.md.)
-# NOTE: "tok" is the default since the H200 run of 2026-11-29 (benchmarks/results/decode-variants-h200.*):
-# fraction of the 4.63 TB/s read ceiling at B64x32K / B8x32K / B32x8K / B1x128K, "paged" -> "tok":
+# than tok -- were measured and removed as dead ends; mma supersedes them.)
+# NOTE: "tok" is the default: on the H200, fraction of the 4.63 TB/s read ceiling at B64x32K / B8x32K /
+# B32x8K / B1x128K, "paged" -> "tok":
 # BF16 .59/.53/.55/.43 -> .97/.88/.86/.78, FP8 .39/.36/.36/.35 -> .79/.65/.65/.60,
 # NVFP4 .24/.22/.22/.21 -> .30/.28/.27/.22 (each checked against the reference on the GPU first).
 DEFAULT_VARIANT = "tok"
 # NOTE: head dims where "tok" is the default (its inline-PTX paths cannot run in the interpreter; 64 and
-# 128 passed the GPU tests and were timed): at 64 (H200, 2026-11-30, benchmarks/results/decode-variants-d64-h200.json,
+# 128 passed the GPU tests and were timed): at 64 (H200,
 # B64x32K / B8x32K / B32x8K / B1x128K) "paged" -> "tok": FP8 .43/.39/.39/.38 -> .91/.69/.69/.61,
 # BF16 .54/.48/.50/.49 -> .93/.75/.77/.73. 256 keeps "paged" (tested on the GPU, never timed).
 TOK_VERIFIED_HEAD_DIMS = (64, 128)
-# NOTE: decode_mma at head_dim 64 (two tokens a row) is the NVFP4 default since the same run: "paged"
+# NOTE: decode_mma at head_dim 64 (two tokens a row) is the NVFP4 default (same shapes): "paged"
 # .23/.20/.20/.16 -> .69/.56/.55/.45 (3x); it matched the reference on the GPU (rel. RMS 1.7e-3).
 MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #   mma    decode_mma (NVFP4; head_dim 128 with GQA groups <= 8, or 64 with groups <= 4 read as 128 with two
-#          tokens a row, see PAIR in decode_mma._mma_segment): hand-placed mma.sync fragments, one 16-token tile
-#          per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim for),
-#          tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
+#          tokens a row, see PAIR in decode_mma._mma_segment): hand-placed mma.sync fragments, one 16-token
+#          tile per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim
+#          for), tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
 #          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), tin (1: the bf16
 #          tail as programs of the grid), ts (tail programs per (request, KV head), per-pair splits only), tpp
 #          (1: the tail programs prefetch page ids), tw (1: splits leave the tail programs room in the wave),
 #          bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs; bppsm
 #          its programs per SM), tma (N = 2..5: tiles staged through a shared-memory ring by bulk copies,
-#          _tma; opt-in: the same speed as the register path on the H200, 2026-12-01, decode-variants-tma-
-#          h200.json: .736/.702/.639/.615/.553 vs .724/.719/.665/.628/.574 at B64x32K/B26x32K/B8x32K/B32x8K/
-#          B1x128K, 15% more instructions; lz=8 no better, 2026-12-02, decode-variants-s30{a,c}-h200.json)
+#          _tma; opt-in: no faster than the register path on the H200, within -.026..+.012 of the ceiling at
+#          B64x32K/B26x32K/B8x32K/B32x8K/B1x128K with 15% more instructions; lz=8 no better)
 # tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within
-#          +-.012 of the default, every dtype at those shapes, decode-variants-pdl-*-h200.json)
+#          +-.012 of the default on the H200, every dtype at those shapes)
 # tok: st (pipeline stages where the pool has a bf16 tail; BF16's default 5 at head_dim 128, else s's)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more), wv
 #          (programs per SM of one wave for default_num_splits' one-wave rule; FP8 tok's default 2 at
 #          head_dim 128, else 0 = off), tr (1: the bf16 tail's program counts in the splits' budget; untimed)
 # tok and mma: fuse (1: each (request, KV head)'s last program merges the split partials itself, no combine
 #          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
-#          (2026-12-01, decode-variants-fuse-*-h200.json: the last program's serial merge costs more than the
-#          combine launch saves, e.g. GQA 8 B8x32K mma .636 -> .583, B1x128K .561 -> .257; FP8 tok .744 -> .645)
+#          (the last program's serial merge costs more than the combine launch saves, e.g. GQA 8 B8x32K
+#          mma .636 -> .583, B1x128K .561 -> .257; FP8 tok .744 -> .645)
 # mma: l2 (N: a per-lane prefetch.global.L2 of the tiles N steps ahead; 0 off; decode_mma16's default WIDE_L2,
-# opt-in elsewhere: decode_mma at 16 programs per SM gained nothing, stop 37; at 12 (bal=1) untimed).
-# Every variant: ce (0: the combine step as before 2026-12-03 -- lens loaded before the partials, chunks of
+# opt-in elsewhere: decode_mma at 16 programs per SM gained nothing; at 12 (bal=1) untimed).
+# Every variant: ce (0: the older two-round-trip combine step -- lens loaded before the partials, chunks of
 #          4096 elements -- to compare with the default 1: one round trip, chunks of up to 8192)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
-# NOTE: bal=2 turns decode_balanced on from this many (request, KV head) pairs. At 16 programs per SM 26 x 8 =
-# 208 pairs favoured per-pair splits (.729 vs .714); since the balanced kernel runs 12 (stop 39) it reads
-# .771 vs .760 there (B26x32K with the bf16 tail, H200, 2026-12-03, benchmarks/results/bal208-s40-h200/);
-# 8 x 8 = 64 pairs stay per-pair (.668 vs .585 at 16)
+# NOTE: bal=2 turns decode_balanced on from this many (request, KV head) pairs. At 26 x 8 = 208 pairs the
+# balanced kernel at 12 programs per SM reads .771 vs .760 for per-pair splits (B26x32K with the bf16 tail,
+# H200; at 16 per SM it lost there, .714 vs .729); 8 x 8 = 64 pairs stay per-pair (.668 vs .585 at 16)
 BALANCED_MIN_PAIRS = 208
 
 
@@ -75,8 +74,8 @@ def default_num_splits(
 ) -> int:
     """Splits per request so the grid has ~16 programs per SM (132 SMs on an H200).
 
-    Many equal programs keep the last wave short (a grid of ~1.3 waves left a third of the GPU idle in
-    our first H200 run). ``max_len`` (a host int, if the caller knows it) caps splits so each gets
+    Many equal programs keep the last wave short (a grid of ~1.3 waves left a third of the GPU idle on
+    the H200). ``max_len`` (a host int, if the caller knows it) caps splits so each gets
     >= 2 key blocks; empty splits exit at once, so over-splitting short contexts is cheap.
     ``wave_ctas`` (variant option ``wv``, > 0): with >= 64 (request, KV head) pairs, the splits that fill ONE
     wave of that many resident programs per SM instead, where that wave is >= 90% full. ``tail_room``
@@ -104,7 +103,8 @@ def graph_num_splits(
     batch: int, lo: int, kv_heads: int, block_n: int, cap: int, wave_ctas: int, tail_room: int = 0
 ) -> int:
     """``default_num_splits`` for a launch that serves ``lo``..``batch`` requests (a CUDA graph replayed
-    with padding rows): the one-wave rule only where the smallest batch gets the same splits (fills it too)."""
+    with padding rows): the one-wave rule only where the smallest batch gets the same splits (fills it
+    too)."""
     kw = dict(cap=cap, tail_room=tail_room)
     splits = default_num_splits(batch, kv_heads, None, block_n, wave_ctas=wave_ctas, **kw)
     if wave_ctas and splits != default_num_splits(lo, kv_heads, None, block_n, wave_ctas=wave_ctas, **kw):
@@ -127,9 +127,8 @@ def mma_narrow_columns(head_dim: int) -> int:
 
 # NOTE: one-warp programs per SM, decode_mma16: 64 accumulators + 32 Q registers need more than 128 (16 a SM).
 # 12 (168 registers, no spill) lost at GQA 16 on the H200: .52-.60 vs .56-.63 of the ceiling, B64x8K/32x8K/
-# 8x32K/128x8K, two rounds each way (2026-12-03, benchmarks/results/s42-h200/wppsm.json). Its L2 prefetch a
-# step ahead (option l2): 2.81/2.62-2.65/2.56-2.57/2.87-2.89 -> 2.92-2.93/2.71-2.72/2.64-2.66/2.89-2.93 TB/s
-# at those shapes, two rounds; l2=2 2.85/2.70/2.62/2.94 (2026-12-04, benchmarks/results/s43-h200/l2.log)
+# 8x32K/128x8K, two rounds each way. Its L2 prefetch a step ahead (option l2) gains 1-4% there
+# (2.56-2.89 -> 2.64-2.93 TB/s, two rounds); two steps ahead (l2=2) gains less
 WIDE_PPSM = 8
 WIDE_L2 = 1
 
@@ -169,7 +168,7 @@ def _mma_max_registers(per_sm: int) -> int:
     NOTE: an SM's 64K registers are four 16K files, one per scheduler, and each warp lives in one of them:
     ``ceil(per_sm / 4)`` warps must fit 16K. 14 programs at 144 registers fit 64K but only 3 a scheduler, so
     12 ran and the grid planned for 14 took two waves: 0.42-0.56 of the H200's ceiling vs 0.54-0.77 at
-    ppsm 16 or 12 (2026-12-03, benchmarks/results/regs-s39-h200/)."""
+    ppsm 16 or 12."""
     return max(24, min(255, 16384 // (32 * -(-per_sm // 4))) // 8 * 8)
 
 
@@ -178,7 +177,7 @@ def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int, tail_
 
     Every warp has the same work, so the grid should be whole waves: with ~16 warps resident per SM (128
     registers), a grid of 1.1 waves ran at 0.50 of the H200's read ceiling and 2.06 waves at 0.57
-    (B=32 x 8K, 2026-11-29). The bf16 tail is one more program per (request, KV head) past these waves
+    (B=32 x 8K). The bf16 tail is one more program per (request, KV head) past these waves
     (``TAIL_MMA``) or its own launch (``decode_tail_kernel``). Capped at 256 partial slots per head (each
     warp writes one; the combine step reads them all). ``tail_warps`` (variant option ``tw``): keep that
     many slots per (request, KV head) for the tail programs, so they run in the same wave.
@@ -193,8 +192,8 @@ def combine_dim_block(rows: int, slots: int, d: int) -> int:
 
     NOTE: split the dims only as far as the grid needs to cover the GPU (~2 programs per SM): one program
     per head looping over 256 slots was latency-bound at B=1 (32 programs), while splitting every head 8
-    ways whenever slots > 16 gave B=8 x GQA 8 4096 programs for 33 slots (until 2026-11-30; the time per
-    launch is not measured apart -- compare with variant option ``cdb=16``).
+    ways whenever slots > 16 gives B=8 x GQA 8 4096 programs for 33 slots (the time per launch is not
+    measured apart -- compare with variant option ``cdb=16``).
     """
     if slots <= 16:
         return d
@@ -240,11 +239,11 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         "num_stages": 1,
         "conv": 0,
         # NOTE: one wave of 16 one-warp programs per SM (128 registers): 0.63 of the H200's read ceiling at
-        # B8x32K / B32x8K vs 0.60 at 32 (two waves), 0.57 at 24 or 48, equal at B64x32K (2026-11-30).
+        # B8x32K / B32x8K vs 0.60 at 32 (two waves), 0.57 at 24 or 48, equal at B64x32K.
         # Head_dim 64 (two tokens a row): 12 (168 registers). At 128 ptxas sank the next step's loads into
         # the loop's last ~90 of ~780 SASS and moved a 64-bit value through local memory; at 168 they issue
-        # ~300 SASS before the end: B8x32K / B64x8K / B64x32K .541/.599/.672 -> .637/.710/.775, twice in one
-        # call (H200, 2026-12-03, regs-s39-h200/). Head_dim 128 GQA 4 at 12 (32 spill bytes): B32x8K .654 ->
+        # ~300 SASS before the end: B8x32K / B64x8K / B64x32K .541/.599/.672 -> .637/.710/.775 (H200,
+        # two runs). Head_dim 128 GQA 4 at 12 (32 spill bytes): B32x8K .654 ->
         # .697, B1x128K .623 -> .637, B8x32K / B64x32K equal, B26x32K .770 -> .745: kept at 16
         "ppsm": 12 if d == 64 else 16,
         # NOTE: programs per SM for a GQA group of 9-16 columns (decode_mma16: 213 registers at tpi=2, sm_90)
@@ -252,52 +251,48 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         "tpi": 2,
         "pf": 1,
         # NOTE: >= 4 tiles per split: in the engine at B=1 x 3K (CUDA graphs, 256 splits) one tile per
-        # warp took 27.7 us a layer, minc 64 23.9 (FP8: 10.7; H200, 2026-11-30, with the tail still inside
-        # the kernel); no effect at B*ctx >= 256K (chunks >= 512 there)
+        # warp took 27.7 us a layer, minc 64 23.9 (FP8: 10.7; H200, with the tail inside the kernel);
+        # no effect at B*ctx >= 256K (chunks >= 512 there)
         "minc": 64,
         # NOTE: 1 = the partial o as 16-byte vector stores (VST) and Q as 16-byte vector loads (VQ): the
-        # one-wave grid loads Q and stores partials all at once. H200, 2026-11-30, one run, fraction of the
+        # one-wave grid loads Q and stores partials all at once. H200, one run, fraction of the
         # read ceiling at B64x32K / B8x32K / B32x8K / B1x128K: GQA 8 .73/.56/.55/.43 -> .72/.62/.62/.57;
-        # GQA 4 .75/.63/.63/.57 -> .72/.64/.64/.58 (benchmarks/results/decode-variants-vst-h200.json)
+        # GQA 4 .75/.63/.63/.57 -> .72/.64/.64/.58
         "vst": 1,
         "vq": 1,
         # NOTE: > 0 = lazy rescale: the running max stays while no score exceeds it by more than lz (log2
         # units; see _mma_step._step_max). Opt-in: ~1% on the H200 and only without the prefetch (pf=0) or
-        # with one tile a step -- with both it spills (decode-variants-{lz,pf0-lz,gqa8-lz}-h200.json)
+        # with one tile a step -- with both it spills
         "lazy": 0,
         # NOTE: 1 = the bf16 tail is one more one-warp program of the grid (bf16 mma.sync), 0 = its own launch
-        # (decode_tail_kernel) on a side stream. In the engine at B=1 x 3K (CUDA graphs, H200, 2026-11-30)
+        # (decode_tail_kernel) on a side stream. In the engine at B=1 x 3K (CUDA graphs, H200)
         # that launch cost ~6 us a layer even beside the main kernel: nvfp4 steps 5.74 ms vs 5.29 with no tail
         "tin": 1,
         # NOTE: 1 = splits leave room for the tail programs in the one wave (else they run after it, a
-        # second short wave per layer); opt-in, not yet timed on a GPU
+        # second short wave per layer); opt-in, untimed on a GPU
         "tail_wave": 0,
         # NOTE: 1 = the tail program loads the next 16-token tile's page id during this tile (one dependent
         # round trip a tile instead of two where a tile lies in one page): at B=1 x 2.7K (8B, CUDA graphs)
-        # the decode kernel took 0.311 vs 0.331 / 0.329 ms a step (H200, 2026-12-01, engine-c1-tpp-h200.json;
-        # sm_90 tail loop 408 -> 361 SASS). Dropped:
-        # loading V beside K (ptxas already issues a tile's V loads before its QK^T mma, sm_90 SASS) and the
-        # tail programs first in the 1-D grid (0.316 vs 0.321 ms of decode a step at B=1 x 2.7K, H200,
-        # 2026-12-01, engine-c1-decode-h200.json)
+        # the decode kernel took 0.311 vs 0.331 / 0.329 ms a step (H200; sm_90 tail loop 408 -> 361 SASS).
+        # Not taken: loading V beside K (ptxas already issues a tile's V loads before its QK^T mma, sm_90
+        # SASS) and the tail programs first in the 1-D grid (0.316 vs 0.321 ms of decode a step)
         "tail_page_prefetch": 1,
         # NOTE: one-warp programs sharing each (request, KV head)'s bf16 tail, whole 16-row tiles each (a
         # slot each): at B=1 x 2.7K the one tail program (4 tiles of W=64) outlasted every split (decode
-        # 10.2 vs 7.5 us a layer without the tail, engine-c1-decode-h200.json). Same run, two of each,
-        # decode kernel / step ms: ts=1 0.310 / 4.76, ts=2 0.254-0.257 / 4.70, ts=4 0.264 / 4.71, FP8 0.252 /
-        # 4.72-4.74 (8B, CUDA graphs, H200, 2026-12-01, engine-c1-ts-h200.json)
+        # 10.2 vs 7.5 us a layer without the tail). Two runs each, decode kernel / step ms: ts=1 0.310 /
+        # 4.76, ts=2 0.254-0.257 / 4.70, ts=4 0.264 / 4.71, FP8 0.252 / 4.72-4.74 (8B, CUDA graphs, H200)
         "tail_splits": 2,
         # NOTE: 1 = token-balanced split-K (decode_balanced): the batch's tiles cut into one wave of equal
         # chunks, which may cross (request, KV head) pairs; 2 (default) = on from BALANCED_MIN_PAIRS pairs.
-        # H200, 2026-12-01 (decode-variants-balanced*-h200.json), fraction of the read ceiling, mma -> bal=1:
+        # H200, fraction of the read ceiling, mma -> bal=1:
         # B91x32K .555 -> .744, ragged 1x32K+63x1K .061 -> .450 and 4x32K+60x2K .147 -> .607, B64x32K .740
         # -> .747, B32x32K .720 -> .725, B128x8K .713 -> .698, B32x8K .641 -> .629, B26x32K .729 -> .720,
         # B8x32K .668 -> .585, B1x128K .572 -> .506 (per-pair splits win only with few, equally long pairs).
         # tpi=1 builds: equal on ragged batches, .01-.03 lower on uniform ones
         "balanced": 2,
         # NOTE: programs per SM of the token-balanced kernel (variant option bppsm): 12 (168 registers, no
-        # spill; at 128 it spilled 32-40 bytes). H200, 2026-12-03, two calls (regs-s39-h200/,
-        # ppsm-s39-h200/), 16 -> 12: GQA 4 B32x8K .654/.661 -> .697/.696, GQA 8 B32x8K .670 -> .688; GQA 4
-        # B128x8K .742 -> .737, B64x32K .764 -> .761 (no full kernel run at 12 yet)
+        # spill; at 128 it spilled 32-40 bytes). H200, two runs, 16 -> 12: GQA 4 B32x8K .654/.661 ->
+        # .697/.696, GQA 8 B32x8K .670 -> .688; GQA 4 B128x8K .742 -> .737, B64x32K .764 -> .761
         "bal_ppsm": 12,
     }
 
@@ -320,13 +315,12 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
         }
     if fmt == FMT_FP8:
         # NOTE: num_stages 5 (2 buffers in flight): 0.92 / 0.74 / 0.74 / 0.67 of the H200's read ceiling at
-        # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (2026-11-29, same run).
-        # wave_ctas 2 (head_dim 128; default_num_splits): H200, 2026-12-01,
-        # decode-variants-{cap,wv}-*-h200.json, with the tail: B8x32K .768 -> .826 (4 splits), B16x16K .768 ->
-        # .820 (2), B32x8K .746 -> .825 (1);
-        # GQA 8 B8x32K .756 -> .848, B32x8K .744 -> .852; B64x32K .930 either way. Head_dim 64 (122
+        # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (same run).
+        # wave_ctas 2 (head_dim 128; default_num_splits): H200, with the tail: B8x32K .768 -> .826 (4
+        # splits), B16x16K .768 -> .820 (2), B32x8K .746 -> .825 (1); GQA 8 B8x32K .756 -> .848, B32x8K
+        # .744 -> .852; B64x32K .930 either way. Head_dim 64 (122
         # registers: 4 programs per SM) wave_ctas 4: B8x32K .693 -> .750, B32x8K .688 -> .751, B64x8K .770 ->
-        # .832 (H200, 2026-12-01, decode-variants-d64-wv-h200.json, one run)
+        # .832 (H200, one run)
         return {
             "wave_ctas": {128: 2, 64: 4}.get(d, 0),
             "block_n": 128 if d <= 128 else 64,
@@ -337,13 +331,13 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
             "split": 1,
         }
     # NOTE: BF16 at head_dim 128: 5 stages (2 tiles in flight instead of 1) with the bf16 tail, 4 without.
-    # H200, 2026-12-02, fraction of the read ceiling, s=4 -> s=5: with the 64-token tail, GQA 4, B26x32K /
-    # B64x8K / B8x32K / B32x8K / B1x128K .944/.894/.842/.856/.678 -> .953/.917/.889/.883/.737
-    # (decode-variants-s30a-h200.json); no tail, B64x32K / B128x8K / B8x32K / B32x8K / B1x128K GQA 4
+    # H200, fraction of the read ceiling, s=4 -> s=5: with the 64-token tail, GQA 4, B26x32K /
+    # B64x8K / B8x32K / B32x8K / B1x128K .944/.894/.842/.856/.678 -> .953/.917/.889/.883/.737;
+    # no tail, B64x32K / B128x8K / B8x32K / B32x8K / B1x128K GQA 4
     # .970/.948/.898/.876/.854 -> .954/.944/.874/.879/.708, GQA 8 .965/.933/.882/.864/.854 ->
-    # .953/.928/.856/.862/.729 (decode-variants-s30{d,e}-h200.json). Head_dim 64 (no tail): 128-token tiles,
+    # .953/.928/.856/.862/.729. Head_dim 64 (no tail): 128-token tiles,
     # 4 stages, one wave of 3 programs per SM: B64x32K / B64x8K / B8x32K .927/.861/.744 -> .960/.896/.854
-    # (decode-variants-s30f-h200.json; with the tail not timed)
+    # (with the tail not timed)
     if d == 64:
         return {"block_n": 128, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 0, "split": 0,
                 "wave_ctas": 3}  # fmt: skip
