@@ -44,18 +44,18 @@ from nibblekv.kernels.types import LayerKV
 # often; the tl.dot path converts each byte once for all columns.
 MAX_GROUPS = 2
 # NOTE: decode_tok's query block is max(16, next_pow2(columns)) rows: 16 columns cost no more registers.
-# Groups of up to 64 columns were tried (stop 22): the sm_90 build had no spills, but on the H200 it was
+# Groups of up to 64 columns were tried: the sm_90 build had no spills, but on the H200 it was
 # wrong (FP8, head_dim 64, 36 columns: rel. RMS 0.42; correct under the interpreter) and slower than
-# extend_triton (16-token chunks at GQA 4: FP8 0.22 vs 0.39 of the read ceiling, extend-sweep-wide-h200.json)
+# extend_triton (16-token chunks at GQA 4: FP8 0.22 vs 0.39 of the read ceiling)
 TOK_MAX_COLUMNS = 16
 # NOTE: the prefix decode, its combine step and step 2 as programmatic dependent launches (decode_opts pdl=1):
 # step 2's own keys run beside the combine step, its merge waits for it. Off: no gain on the H200 -- us with /
 # without at B=64 x 8K, 4 / 2 / 8-token chunks 222.3 / 223.9, 184.2 / 183.5, 412.9 / 414.9, B=32 x 32K x 4
-# 448.6 / 439.3 (2026-12-04, benchmarks/results/s43-h200/extend-pdl.log)
+# 448.6 / 439.3
 EXTEND_PDL = False
 # NOTE: decode_mma16 reads the virtual batch's Q rows from q itself (decode_triton's q_rows) instead of a
 # gather launch (2.6 us). On: us with / without at 4-token chunks, B=64 x 8K 213.9 / 215.3, B=32 x 32K 402.1 /
-# 403.9 (means of four rounds in alternating order, H200, 2026-12-04, benchmarks/results/s44-h200/fold.log)
+# 403.9 (means of four rounds in alternating order, H200)
 FOLD_Q = True
 
 
@@ -67,7 +67,7 @@ def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: st
     ``"mma8"`` (groups of 8 columns: ``decode_mma`` only, for comparison) or
     ``"tok"`` (one ``decode_tok`` group of <= ``TOK_MAX_COLUMNS`` columns, the prefix read once through
     ``tl.dot``; 0.27 vs 0.34 of the H200's read ceiling for two 8-column ``decode_mma`` groups at 4-token
-    chunks, extend-sweep-wide-h200.json), then up to ``MAX_GROUPS`` such groups. An FP8 chunk always takes
+    chunks), then up to ``MAX_GROUPS`` such groups. An FP8 chunk always takes
     ``decode_tok`` groups of <= ``TOK_MAX_COLUMNS`` columns, up to ``MAX_GROUPS`` of them (virtual requests
     that read the same prefix, the second mostly from L2; ``wide`` does not apply)."""
     if wide not in ("mma", "mma8", "tok"):
@@ -85,8 +85,8 @@ def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: st
             why = f"needs chunk x GQA group <= {MAX_GROUPS * cap} columns per KV head"
         return why or ("mma", min(cap, cols), -(-cols // cap))
     if fmt == FMT_FP8:
-        # NOTE: two groups since stop 37: 8-token chunks at GQA 4 (32 columns) read the prefix at 0.53 of the
-        # H200's read ceiling vs extend_triton's 0.39 (B=64 x 8K, extend-fp8-groups-h200.json)
+        # NOTE: up to two groups: 8-token chunks at GQA 4 (32 columns) read the prefix at 0.53 of the
+        # H200's read ceiling vs extend_triton's 0.39 (B=64 x 8K)
         return _tok_plan(cols, d)
     return "reads an NVFP4 or FP8 pool (bf16 extend already streams)"
 
@@ -148,8 +148,8 @@ def _gather_q_kernel(
     G: tl.constexpr, GV: tl.constexpr, GVP: tl.constexpr, NG: tl.constexpr, HV: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(B * NG, Hkv)``, ``HV = Hkv * GV``: the ``GV`` virtual query rows (D values each) of one KV head
-    per program (``GVP`` = next power of two). NOTE: a program per row (stop 32) took 6.4 us at B=64, 4-token
-    chunks, GQA 4 -- 8192 one-warp programs for 2 MB (H200, extend-breakdown-s33-h200.json)."""
+    per program (``GVP`` = next power of two). NOTE: a program per row took 6.4 us at B=64, 4-token chunks,
+    GQA 4 -- 8192 one-warp programs for 2 MB (H200)."""
     r = tl.program_id(0)
     h = tl.program_id(1)
     n = tl.arange(0, GVP)
@@ -238,16 +238,16 @@ def extend_decode(
     decode_triton(
         qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, variant=spec, lse_out=lse1, q_rows=q_rows
     )
-    # 2) tail + own keys: extend_triton with merge (no main-pool pass; until stop 43 a zeros prefix_lens, one
-    # more fill launch), each row's prefix partial loaded first and merged in its epilogue
+    # 2) tail + own keys: extend_triton with merge (no main-pool pass, and no zeros prefix_lens -- one fill
+    # launch less), each row's prefix partial loaded first and merged in its epilogue
     if interpreting():
         out.fill_(float("nan"))
     # NOTE: query blocks of the chunk's rows (not 64) and one stage: with the prefix kernel's 5 stages (180 KB
-    # of shared memory, one program per SM) this launch took 20 us at B=64, 4-token chunks, GQA 4 (H200,
-    # extend-breakdown-s33-h200.json: 512 programs in 4 waves, each a memory round trip or two). 16-key
+    # of shared memory, one program per SM) this launch took 20 us at B=64, 4-token chunks, GQA 4 (H200:
+    # 512 programs in 4 waves, each a memory round trip or two). 16-key
     # blocks and 1 warp (2 from 17 columns): the launch 13.3 -> 8.4 us at B=64 x 8K, 4-token chunks (2 / 8:
     # 12.1 -> 7.1, 23.2 -> 17.8 at 2 warps; 1 warp 32.2), whole call 236.7 -> 230.6 us; FP8 alike (H200,
-    # 2026-12-04, benchmarks/results/s43-h200/own-launch-sweep.json; no bf16 tail in those rows)
+    # no bf16 tail in those rows)
     if own_warps is None:
         own_warps = 1 if max_chunk * g <= 16 else 2
     extend_triton(
