@@ -14,6 +14,7 @@ import torch
 
 from nibblekv import Engine, SamplingParams
 from nibblekv.cache.manager import main_len_after
+from nibblekv.eval.data import DEFAULT_DATA_DIR
 from nibblekv.model import CausalLM, Tokenizer
 
 PROMPTS = [
@@ -21,7 +22,7 @@ PROMPTS = [
     "Write a haiku about the sea.",
     "List three prime numbers and explain why they are prime.",
 ]
-AUSTEN = Path(__file__).resolve().parents[2] / "shared" / "data" / "austen" / "pride_and_prejudice.txt"
+AUSTEN = DEFAULT_DATA_DIR / "pride_and_prejudice.txt"  # the packaged excerpt
 GREEDY = SamplingParams(temperature=0, max_new_tokens=32, ignore_eos=True)
 
 

@@ -11,7 +11,6 @@ chunking does not matter; for NVFP4 it makes both runs read the same stored byte
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +18,10 @@ import torch
 from nibblekv import Engine, SamplingParams
 from nibblekv.cache.prefix import PrefixCacheManager
 from nibblekv.engine.async_engine import AsyncEngine
+from nibblekv.eval.data import DEFAULT_DATA_DIR
 from nibblekv.model import CausalLM, Tokenizer
 
-AUSTEN = Path(__file__).resolve().parents[2] / "shared" / "data" / "austen" / "pride_and_prejudice.txt"
+AUSTEN = DEFAULT_DATA_DIR / "pride_and_prejudice.txt"  # the packaged excerpt
 PREFIX = 64  # tokens, 4 pages
 QUESTIONS = [
     " Who is the first character named here?",

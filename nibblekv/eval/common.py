@@ -28,7 +28,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         choices=("auto", *_DTYPES),
         help="model dtype (auto: bf16 on CUDA, fp32 on CPU)",
     )
-    p.add_argument("--data-dir", default=None, help="folder of Austen *.txt (default: ../shared/data/austen)")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder of *.txt: northanger_abbey.txt calibrates, the others are scored (default: the "
+        "packaged opening chapters of four Austen novels)",
+    )
     p.add_argument(
         "--calib-windows", type=int, default=8, help="calibration windows from northanger_abbey.txt"
     )

@@ -9,17 +9,17 @@ import torch
 from nibblekv.model import Tokenizer
 
 CALIBRATION_FILE: str = "northanger_abbey.txt"
-# Relative to the repository root (the folder holding nibblekv/): the shared data checkout beside it.
-DEFAULT_DATA_DIR: Path = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "austen"
+# Shipped with the package: the opening chapters of four Austen novels (public domain, ~190 KB).
+DEFAULT_DATA_DIR: Path = Path(__file__).resolve().parent / "texts"
 
 
 def resolve_data_dir(path: str | Path | None) -> Path:
-    """``--data-dir`` (default ``../shared/data/austen`` beside the repo) -> an existing folder of ``*.txt``."""
+    """``--data-dir`` (default: the packaged Austen excerpts) -> an existing folder of ``*.txt``."""
     folder = Path(path) if path is not None else DEFAULT_DATA_DIR
     if not folder.is_dir() or not any(folder.glob("*.txt")):
         raise FileNotFoundError(
             f"no evaluation text in {folder.resolve()}: pass --data-dir pointing at a folder of *.txt "
-            f"(the Austen novels; {CALIBRATION_FILE} is used for calibration, the others for evaluation)"
+            f"({CALIBRATION_FILE} is used for calibration, the others for evaluation)"
         )
     return folder
 
