@@ -111,9 +111,9 @@ def extend_attention(
     ``max_chunk`` (host int >= the longest chunk, optional) spares the Triton launcher a device sync and
     lets short chunks take ``extend_decode`` (the prefix through the decode kernels). Env
     ``NIBBLEKV_EXTEND_VARIANT``: ``auto`` (default) and ``decode`` send NVFP4 and FP8 pools there where it
-    applies, ``triton`` none. Timed on the H200 (``kernels-h200.json``, fd99b25): 1-, 2-, 4-token chunks read
-    NVFP4 0.71 / 0.59 / 0.34 of the ceiling vs ``extend_triton``'s 0.25 / 0.24 / 0.24, FP8 0.89 / 0.76 / 0.71
-    vs 0.40 / 0.39 / 0.40; FP8 8-token chunks (two decode_tok groups) 0.53 vs 0.39 (e825a64)."""
+    applies, ``triton`` none. Timed on the H200: 1-, 2-, 4-token chunks read NVFP4 0.71 / 0.59 / 0.34 of
+    the ceiling vs ``extend_triton``'s 0.25 / 0.24 / 0.24, FP8 0.89 / 0.76 / 0.71 vs 0.40 / 0.39 / 0.40;
+    FP8 8-token chunks (two decode_tok groups) 0.53 vs 0.39."""
     if use_triton(q):
         from nibblekv.kernels import extend_decode as ed
         from nibblekv.kernels.extend import extend_triton

@@ -44,9 +44,9 @@ def _bcast_h2(s):
 
 # $4 = 4 bytes in sm order (nibblekv.formats.sm_words), $5 = half2 multiplier -> 4 half2 value * 2**-14 * s:
 # 6 masks (ALU pipe), one left shift and two multiplies (ptxas: IMAD, FMA pipe), no conversion instruction.
-# NOTE: the standard order through E4M3 bytes + cvt.rn.f16x2.e4m3x2 (until stop 38) spent 9 ALU-pipe ops a
-# word (5 integer + 4 cvt), and Hopper's ALU pipe issues at half rate. Outputs 2 and 3, two shifts and two
-# masks each until stop 40, are (w & isolated bits) * (2**a + 2**b) & M: the two copies never overlap, so
+# NOTE: the standard order through E4M3 bytes + cvt.rn.f16x2.e4m3x2 spends 9 ALU-pipe ops a word (5
+# integer + 4 cvt), and Hopper's ALU pipe issues at half rate. Outputs 2 and 3 take a multiply instead of
+# two shifts and two masks each: (w & isolated bits) * (2**a + 2**b) & M, the two copies never overlap, so
 # the multiply adds without carries (sm_words; _common.sm_decode is the Triton form)
 _CVT_WORD_SM_PTX = tl.constexpr(
     """{ .reg .b32 t;

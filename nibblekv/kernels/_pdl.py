@@ -1,7 +1,7 @@
 """Programmatic dependent launch (variant option ``pdl``): a kernel may start while the one before it in the
 stream drains; each such kernel waits for its predecessor's results before its first load of them.
-Measured on the H200 (2026-12-01, decode-variants-pdl-*-h200.json): within +-0.012 of plain launches for
-decode + combine, so opt-in."""
+Measured on the H200: within +-0.012 of the read ceiling of plain launches for decode + combine, so
+opt-in."""
 
 from __future__ import annotations
 

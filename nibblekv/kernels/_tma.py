@@ -1,7 +1,7 @@
 """Bulk-copy staging of ``decode_mma``'s 16-token tiles through shared memory (variant option ``tma``).
 
 Why: the register path (``_load_tile``) makes each warp wait a full DRAM round trip per softmax step --
-under the 128-register cap ptxas sinks the next step's loads below the math (stop 24's profile: long
+under the 128-register cap ptxas sinks the next step's loads below the math (an H200 profile: long
 scoreboard stalls the largest share, 61% of issue slots busy). Here lane 0 of the (one-warp) program hands
 whole tiles to the copy engine (``cp.async.bulk``, one instruction per contiguous run: a tile's K and V
 bytes are 1 KiB each, its scale bytes 128 each, when pages hold a multiple of 16 rows), ``NS`` tiles ahead,

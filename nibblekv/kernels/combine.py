@@ -85,14 +85,13 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     MMA_NW`` splits wrote slots (``PAIR``: rows of two tokens); ``DYN``: rows of requests ``>= *act_ptr``
     are padding -- nothing was written for them and they come out as zeros; the real ones used
     ``dyn_splits`` splits. ``EAGER`` = 0 (variant option ``ce=0``, for comparison): load the first chunk
-    only after ``lens`` (masked by the written slots), as before 2026-12-03.
+    only after ``lens`` (masked by the written slots), one more dependent round trip.
 
     NOTE: one program can serve a KV head's G query heads -- their rows are adjacent (the decode launcher
     groups them where the pairs fill the GPU; extend: G = 1) -- and loads ``lens``, the tail's slots and the
     first ``CH`` split slots at once (one dependent memory round trip where they cover every written slot;
     ``combine_chunk``). H200, a program per query head and three round trips (lens, lse, partials): 5.0 /
-    7.7 / 13.3 us of 296 / 197 / 376 us decode calls at B26 x 32K / B64 x 8K / B128 x 8K
-    (decode-variants-s30{a,g}-h200.json).
+    7.7 / 13.3 us of 296 / 197 / 376 us decode calls at B26 x 32K / B64 x 8K / B128 x 8K.
     """
     # NOTE: release the next PDL kernel (extend_decode's own-key pass, which needs this result only in its
     # epilogue) first, then wait for the decode kernel before the first load of its partials
@@ -157,7 +156,7 @@ COMBINE_ELEMS = 8192
 
 def combine_chunk(gp: int, db: int, slots: int | None = None, half: bool = False) -> int:
     """Slots per chunk (a power of two) for ``gp`` rows x ``db`` dims: ``COMBINE_ELEMS`` elements at most
-    (``half``: half of them, the chunks before 2026-12-03, for variant option ``ce=0``), and no more than
+    (``half``: half of them, the older chunks, for variant option ``ce=0``), and no more than
     ``slots`` (the most a row has, when known) need."""
     ch = max(1, triton.next_power_of_2(COMBINE_ELEMS // (gp * db * (1 + half)) + 1) // 2)
     return ch if slots is None else min(ch, triton.next_power_of_2(max(1, slots)))

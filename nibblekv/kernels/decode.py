@@ -47,8 +47,8 @@ from nibblekv.kernels.decode_tok import decode_tok_kernel
 from nibblekv.kernels.types import LayerKV
 
 # NOTE: GQA groups over 16 run as chunks of <= 16 query heads (each reads the KV head again): the tok/paged
-# builds with 64-row query blocks (group 36) hit an illegal address on the H200 (2026-12-01, stop 24;
-# the interpreter passed) and 32/64-column extend groups were wrong there (stop 23)
+# builds with 64-row query blocks (group 36) hit an illegal address on the H200 (the interpreter
+# passed) and 32/64-column extend groups were wrong there
 MAX_GROUP_ROWS = 16
 
 
@@ -280,9 +280,9 @@ def decode_triton(
             **fused,
             **mma_common,
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
-            # resident (128 at 16). Uncapped, sm_90 compiles drifted to 130 (GQA 8) and 166 (no tail, after
-            # an early return was added): 15 / 12 warps per SM, two waves, 0.44-0.59 of the H200's ceiling
-            # instead of 0.64-0.73 (2026-11-30). Capped at 128 none spills (tests/test_kernels_sass.py).
+            # resident (128 at 16). Uncapped, sm_90 compiles drift to 130 (GQA 8) and 166 (no tail, with
+            # an early return): 15 / 12 warps per SM, two waves, 0.44-0.59 of the H200's ceiling
+            # instead of 0.64-0.73. Capped at 128 none spills (tests/test_kernels_sass.py).
             **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
         )
     elif tok:
@@ -308,12 +308,12 @@ def decode_triton(
     # NOTE: one combine program per (request, KV head) -- its G query heads' rows are adjacent -- where the
     # pairs fill the GPU: H200, combine us per call at B26x32K / B32x8K / B64x8K / B128x8K 5.0 / 6.0 / 10.6 /
     # 19.4 -> 3.6 / 4.0 / 3.6 / 5.2; with fewer pairs than SMs a program per query head: B8x32K / B1x128K
-    # 3.5 / 3.0 vs 4.1 / 4.6 grouped (decode-variants-{s30a,s30g,combine}-h200.log)
+    # 3.5 / 3.0 vs 4.1 / 4.6 grouped
     gc = g if bsz * hkv >= num_sms() else 1
     db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hq // gc, s_tot, d)
     mma = name == "mma"
     gp = triton.next_power_of_2(gc)
-    eager = int(cfg.get("combine_eager", 1))  # ce=0: the combine as before 2026-12-03, to compare
+    eager = int(cfg.get("combine_eager", 1))  # ce=0: the older two-round-trip combine, to compare
     slots = s_tot - tail_slots * int(has_tail) if eager else None
     ch = combine_chunk(gp, db, slots, half=not eager)
     _combine_kernel[(bsz * hq // gc, d // db)](
@@ -399,7 +399,7 @@ def side_stream(device: torch.device) -> torch.cuda.Stream | None:
     """A second stream per GPU for small launches that overlap the main one (None off CUDA).
 
     NOTE: the bf16 tail's launch is independent of decode_mma's until the combine step; run in sequence
-    at B=1 it added ~5 us a layer (H200, 2026-11-30). The caller forks (``wait_stream``) before and
+    at B=1 it added ~5 us a layer (H200). The caller forks (``wait_stream``) before and
     joins after, which CUDA-graph capture records as two parallel branches.
     """
     if device.type != "cuda" or interpreting() or os.environ.get("NIBBLEKV_SIDE_STREAM", "1") == "0":

@@ -4,8 +4,8 @@ Why: ``decode_mma`` (like every split-K decode here) gives each (request, KV hea
 splits, so a batch's time is its longest request's (one 32K request among 63 of 1K: that request's warps
 read 8K tokens each while the average warp reads ~360), and a batch whose pair count does not divide the
 GPU's warp slots leaves slots idle for the whole kernel (91 requests x 8 KV heads = 728 pairs -> 2 splits
--> 1456 of 2112 one-warp slots busy; the engine's nvfp4 step at that batch was 1.66x its memory floor,
-benchmarks/results/engine-h200.json). Here the main pool's 16-token tiles of all pairs, in (request, KV
+-> 1456 of 2112 one-warp slots busy; the engine's nvfp4 step at that batch was 1.66x its memory floor
+on the H200). Here the main pool's 16-token tiles of all pairs, in (request, KV
 head) order, form one sequence cut into ``W`` (one wave of warps) equal chunks; warp ``w`` attends chunk
 ``w``, which may finish one pair and start the next -- the load-balanced decode schedule of FlashInfer and
 FlashDecoding++ (stream-K, for GEMMs).
@@ -160,7 +160,7 @@ def _combine_bal_kernel(
     ``[CH, G, DB]`` run and computes the prefix sums once for G heads. And one online pass (the tail's slot
     and the first chunk of split slots load before either is used): two dependent memory round trips
     (``lens``, then the slots). H200, a program per query head and three round trips: 6.0 / 10.6 / 19.4 us
-    of 105 / 200 / 383 us decode calls at B32 / B64 / B128 x 8K (decode-variants-s30{a,g}-h200.json).
+    of 105 / 200 / 383 us decode calls at B32 / B64 / B128 x 8K.
     """
     pdl_release(PDL)  # NOTE: as _combine_kernel: release the next PDL kernel, then wait for the partials
     pdl_wait(PDL)

@@ -1,7 +1,7 @@
 """Split-K fix-up inside the decode kernel: the last program of a (request, KV head) merges its partials.
 
 Why: at medium shapes (B x context of 256K tokens cut into ~1K-token splits) the separate combine launch
-is 5-7.5% of the decode time on the H200 (``decode-variants-vst-h200.json``, GQA 8, B=8 x 32K /
+is 5-7.5% of the decode time on the H200 (GQA 8, B=8 x 32K /
 B=32 x 8K: combine 6.7 / 8.0 us of 107 us for ``decode_mma``, 7.3 / 7.8 of 159 / 160 us for
 ``decode_tok``) -- the rows that miss issue 3's targets by 0.01-0.03 of the read ceiling.
 

@@ -23,8 +23,8 @@ from global memory straight into the register that ``mma.sync.m16n8k16`` reads, 
   multiplies make a word's 8 nibbles 4 half2 of fp16 bits ``value * 2**-14`` (``_mma_ptx._cvt_word_sm``);
   the block scale multiplies as half2 (exact but for products under 2**-14 with scales under 2**-10, see
   ``_cvt_word_sm``). V pairs two tokens' low (high) 16-bit halves with one ``prmt``. Why not E4M3 bytes +
-  ``cvt.rn.f16x2.e4m3x2`` on the standard order (the kernel until stop 38): that is 9 ALU-pipe ops a word,
-  this 6, and Hopper's ALU pipe issues at half rate -- it, not the instruction count, limited the kernel.
+  ``cvt.rn.f16x2.e4m3x2`` on the standard order (the first form of this kernel): that is 9 ALU-pipe ops a
+  word, this 6, and Hopper's ALU pipe issues at half rate -- it, not the instruction count, limited the kernel.
 
 GPU only (sm_89+: E4M3 conversion, ``movmatrix``); head_dim 128, GQA group <= 8, NVFP4 pools with packed
 scale rows. Under the interpreter each PTX helper has a Triton twin on the same packed registers.
@@ -90,7 +90,7 @@ def _mma_segment(
     ``TMA``: the whole-step tiles staged through a ring of that many tiles in shared memory by bulk copies
     (``_tma``; one warp, pages of a multiple of 16 rows); ``scratch`` is the ring under the interpreter.
     ``L2`` (with ``PF``, 16-row pages, no PAIR / TMA; variant option ``l2``): ``decode_mma16``'s L2 prefetch
-    of the tiles ``L2`` steps ahead. Gained nothing at 16 programs per SM (stop 37); opt-in for 12.
+    of the tiles ``L2`` steps ahead. Gained nothing at 16 programs per SM; opt-in for 12.
     """
     lane = tl.arange(0, 32 * NW)
     warp = lane // 32

@@ -210,7 +210,7 @@ def decode_tail_kernel(
     """The bf16 tail of each (request, KV head) into partial slot ``SLOT`` of ``S_TOT``; grid ``(B, kv_heads)``.
 
     NOTE: its own launch, not a program of ``decode_mma_kernel``: a one-warp ``tl.dot`` tail inside that
-    kernel made the whole kernel 255 registers with ~1 KB of spills (sm_90, 2026-11-30) against 128 and
+    kernel made the whole kernel 255 registers with ~1 KB of spills (sm_90) against 128 and
     none without it, halving the warps per SM of every split.
     """
     b = tl.program_id(0)

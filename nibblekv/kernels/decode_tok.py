@@ -1,10 +1,10 @@
-"""Per-token paged decode (variant ``tok*`` of ``decode_triton``): the plain structure of NOTES.md.
+"""Per-token paged decode (variant ``tok*`` of ``decode_triton``): the plain per-token structure.
 
 Same grid, partials and combine step as ``decode._decode_kernel`` (``(B, kv_heads, splits [+1 tail])``),
 but every key tile is gathered row by row through the page table -- ``slot = table[t // P] * P + t % P``,
 one ``[BN, D]`` load per tile -- instead of reshaping whole-page tiles ``[pages, P*D] -> [BN, D]``.
 Why: on the H200 a plain kernel of this shape read BF16 at 4.5 TB/s, while the page-tile reshape sends V
-through shared memory twice and splits K into two half dots (benchmarks/results/kernels-h200.md).
+through shared memory twice and splits K into two half dots.
 
 ``S = Q K^T`` with Q ``[BH, D]`` (the GQA group padded to 16 rows) as the A operand and
 ``acc [BH, D] += P V``; one dot over the whole head_dim. (The transposed ``S^T = K Q^T``, variant ``kq``,

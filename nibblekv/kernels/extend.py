@@ -106,11 +106,11 @@ def _own_block(k0, kend, t, qa, qb, m, l, acc, qk_scale, kn_ptr, vn_ptr, s_kt, k
 
 # NOTE: S (prefix splits) is a runtime argument, not a constexpr: the launcher picks it per batch from the
 # grid size, and a serving engine sees many batch shapes -- as a constexpr each new value was a JIT compile
-# of this kernel (seconds) inside a running step (the 2026-11-30 agentic sweep lost 7-10 s per row so).
+# of this kernel (seconds) inside a running step (an agentic sweep lost 7-10 s per row so).
 # NOTE: s_tpt (the tail page table's row stride: the batch's most prefix tail pages) changes from batch
 # to batch too; Triton would build the kernel again for each of == 1, % 16 == 0 (0 included) and other
-# values -- compiles inside the first real requests (SmolLM2's first offline-throughput run built
-# _extend_kernel twice after the warm-up, H200, 2026-12-01). Index math only: nothing gains from it.
+# values -- compiles inside the first real requests (an offline-throughput run of SmolLM2 built
+# _extend_kernel twice after the warm-up, H200). Index math only: nothing gains from it.
 @triton.jit(do_not_specialize=["S", "s_tpt"])
 def _extend_kernel(
     q_ptr, s_qt, s_qh, kn_ptr, vn_ptr, s_kt, s_kh, cu_ptr, out_ptr, s_ot, s_oh,
@@ -192,7 +192,7 @@ def _extend_kernel(
                                        h.to(tl.int64) * s_kh, D, BN, INTERP)  # fmt: skip
                 k0 += BN
         elif OWN_STAGES > 0:  # NOTE: its own pipeline depth: at the kernel's 5 stages this loop's buffers
-            # take 160 of 176 KiB of shared memory (one program per SM; benchmarks/results/extend-sass.md)
+            # take 160 of 176 KiB of shared memory (one program per SM; sm_90 build)
             for k0 in tl.range(0, kend, BN, num_stages=OWN_STAGES):
                 m, l, acc = _own_block(k0, kend, t, qa, qb, m, l, acc, sm_scale * log2e, kn_base, vn_base, s_kt,
                                        h.to(tl.int64) * s_kh, D, BN, INTERP)  # fmt: skip
@@ -258,9 +258,8 @@ def auto_extend_splits(grid_programs: int) -> int:
 
     NOTE: split only a grid that cannot give every SM a program: B=4 x 32K prefix with 64-token chunks
     (128 programs) ran 787 us at 1 split and 605 at 4; B=1 x 32K with a 512-token chunk (256 programs)
-    1061 at 1 and 1218 at 4; B=32 x 8K with 16-token chunks (256) 285 at 1 and 383 at 4 (H200,
-    2026-11-30, benchmarks/results/extend-sweep-h200.json). Aim at two programs per SM (the default
-    launch's occupancy).
+    1061 at 1 and 1218 at 4; B=32 x 8K with 16-token chunks (256) 285 at 1 and 383 at 4 (H200).
+    Aim at two programs per SM (the default launch's occupancy).
     """
     sms = num_sms()
     if grid_programs > sms:
@@ -385,8 +384,8 @@ def extend_triton(
         INTERP=interp,
         PAGED=_pages_contiguous(cache, bn), TPAGED=has_tail and _pages_contiguous(tail, bn),
         # NOTE: at the kernel's num_stages the own-key loop's buffers took 160 of 176 KiB of shared memory (one
-        # program per SM); 1 stage: two per SM, 1.4-1.55x faster for every dtype and shape (H200, 2026-11-30,
-        # benchmarks/results/extend-sweep-h200.json: B32 x 8K prefix, 16-token chunks, bf16 417 -> 274 us)
+        # program per SM); 1 stage: two per SM, 1.4-1.55x faster for every dtype and shape (H200,
+        # e.g. B32 x 8K prefix, 16-token chunks, bf16 417 -> 274 us)
         OWN_STAGES=0 if interp else (DEFAULT_OWN_STAGES if own_stages is None else own_stages),
         num_warps=num_warps or 4, num_stages=num_stages or (1 if interp else _default_stages(d)),
         WRITE_LSE=int(lse_out is not None and splits == 1),

@@ -215,14 +215,13 @@ def _launch_plain(
 _ROT_SPLIT_TOKENS = 64  # below this many tokens the fused rotated kernel splits output columns (see NOTE)
 # NOTE: from this many tokens on (prefill chunks; decode batches in CUDA graphs stay below it) the rotation is
 # a GEMM after the plain RoPE kernel: the fused kernel (one token's 16 head rows a program, each loading all
-# of rot) took 76 us a layer at a 1.4K-token prefill vs 22 for the plain kernel (8B, H200, 2026-12-01,
-# profile_prefill.py: ~4% of nvfp4's TTFT); 64-row blocks spanning tokens were slower still (140 us,
-# bench_rope.py). Eager, below 512 tokens the GEMM path's second launch costs more host time than the GPU
-# saves: back-to-back wall 137-150 us vs 59-74 fused at 128-512 tokens (rope-h200.json, 2026-12-01).
+# of rot) took 76 us a layer at a 1.4K-token prefill vs 22 for the plain kernel (8B, H200:
+# ~4% of nvfp4's TTFT); 64-row blocks spanning tokens were slower still (140 us). Eager, below 512 tokens the GEMM path's second launch costs more host time than the GPU
+# saves: back-to-back wall 137-150 us vs 59-74 fused at 128-512 tokens.
 _ROT_FUSED_MAX_TOKENS = 512
 # NOTE: inside a CUDA graph (decode batches) only GPU time counts: GEMM path vs fused, graph-replay us at
 # 8 / 32 / 64 / 128 / 256 / 512 tokens: 3.97 / 4.36 / 4.93 / 6.09 / 8.45 / 13.54 vs 2.50 / 3.90 / 6.53 / 9.71
-# / 17.83 / 30.70 (8B shapes, H200, 2026-12-01, rope-h200.json): the GEMM wins from 64 tokens.
+# / 17.83 / 30.70 (8B shapes, H200): the GEMM wins from 64 tokens.
 _ROT_FUSED_MAX_TOKENS_GRAPH = 64
 
 
@@ -263,7 +262,7 @@ def _launch_rotated(
     bh = 16  # tl.dot's smallest M
     # NOTE: few tokens (decode) -> split the output columns over programs: at batch 1 the kernel was ~3
     # programs each loading all of rot (32 KB at D=128) and running the full dot, 4.0 us a layer vs 1.6
-    # for the plain RoPE kernel (H200, 2026-11-30); more tokens -> whole rows, rot loaded once a program
+    # for the plain RoPE kernel (H200); more tokens -> whole rows, rot loaded once a program
     bc = d if qkv.shape[0] >= _ROT_SPLIT_TOKENS else 32
     _rope_qkv_rot_kernel[(qkv.shape[0], triton.cdiv(nh, bh), d // bc)](
         qkv, cos, sin, rotation, q, k, v,
