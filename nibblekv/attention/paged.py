@@ -172,7 +172,7 @@ def to_device(lists: dict[str, list[int]], device: torch.device) -> dict[str, to
     NOTE: every view starts 16-byte aligned (each list padded to an even length): Triton builds a kernel
     again for each pointer argument that is or is not 16-byte aligned, so views at odd offsets (slots,
     demotion pages) made the first real batches compile ``_store_rows_kernel`` builds the warm-up had not
-    (four in SmolLM2's first offline-throughput run, H200, 2026-12-01).
+    (four in an offline-throughput run of SmolLM2 on the H200).
     """
     sizes = [len(v) for v in lists.values()]
     padded = [n + (n & 1) for n in sizes]

@@ -2,7 +2,7 @@
 
 Why: once an engine is up, the process holds ~350K long-lived objects that the cyclic collector tracks
 (torch, transformers, triton, sympy, the model's modules). A full (oldest-generation) pass walks every one
-of them -- 180 ms on the 2-core CI machine (2026-11-30) -- and lands inside whatever decode step is
+of them -- 180 ms on the 2-core CI machine -- and lands inside whatever decode step is
 running. vLLM and SGLang freeze their start-up heap for the same reason: frozen objects are never
 scanned again, so full passes only walk what serving allocates.
 

@@ -2,7 +2,7 @@
 
 Why: a decode step's host work (scheduling, page growth, metadata, page-table sync, graph inputs,
 demotion launches, sampling sync, stop checks) left the H200 idle 2.7-3.0 ms of every ~15-26 ms step at
-24-48 requests of 32K (``benchmarks/results/engine-h200-matched.json``). SGLang hides it the same way.
+24-48 requests of 32K (the engine benchmark, docs/results.md). SGLang hides it the same way.
 
 How: a launched decode step's tokens stay on the device. Each sampling request gets a placeholder token
 (``request.placeholder(row)``) so lengths, page growth and the next plan are right without them; the

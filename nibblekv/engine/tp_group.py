@@ -200,7 +200,7 @@ class TPGroup:
         if dist.is_initialized() and healthy:
             # NOTE: NCCL's teardown (ncclCommFinalize + ncclCommDestroy) is collective: rank 0 must
             # leave the group together with the workers, which do so right after "stop". Joining them
-            # first deadlocked on 2x H200 (2026-11-30): each side waited for the other, the worker was
+            # first deadlocked on 2x H200: each side waited for the other, the worker was
             # killed after STOP_TIMEOUT_S, and rank 0's later destroy hung for good on the dead peer.
             # Every rank frees its CUDA graphs first (the hooks above; the workers on "stop").
             stuck = not _destroy_group_within(DESTROY_TIMEOUT_S)

@@ -18,8 +18,8 @@ rate of the FMA pipe, and it limits the NVFP4 decode kernel. In the sm order eac
 
 The multiply puts two shifted copies of the isolated bits in one word; in this order they never overlap each
 other or a wanted bit, so it adds without a carry and the mask keeps the wanted copy (equal to the two-shift
-form for all 2**32 words). Until stop 40, e1 and e5 had swapped magnitudes (e1 at 3..5, e5 at 0..2), where
-only out3 has that form (out2's copies collide); a search over the shift choices that partition a 16-bit half
+form for all 2**32 words). With e1 and e5's magnitudes swapped (e1 at 3..5, e5 at 0..2) only out3 has
+that form (out2's copies collide); a search over the shift choices that partition a 16-bit half
 found this order, which gives both.
 
 (low half, high half) each. The low 16 bits hold e0, e4, e1, e5 and the high 16 bits e2, e6, e3, e7 in
