@@ -77,8 +77,8 @@ class EngineConfig:
     hicache_size: float | None = None  # host tier GiB; None = twice the main pool's bytes
     hicache_write_policy: str = "write_back"  # host copy at eviction, or as soon as a page is cached
     # Schedule decode step N+1 while step N runs (engine/overlap.py). None = SGLang's default: on for one
-    # CUDA GPU (measured on the H200: every step faster, see README), off elsewhere and -- until a GPU run
-    # times the pair -- with the host tier; True forces it (the host tier too; on CPU it only exercises the
+    # CUDA GPU (measured on the H200: every step faster, docs/results.md), off elsewhere and with the host
+    # tier (no GPU run has timed the pair); True forces it (the host tier too; on CPU it only exercises the
     # logic), False is --disable-overlap-schedule.
     enable_overlap_schedule: bool | None = None
     # JSON object merged into the model's HF config.json before it is built (SGLang's flag), e.g.
