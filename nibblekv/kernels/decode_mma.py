@@ -24,7 +24,8 @@ from global memory straight into the register that ``mma.sync.m16n8k16`` reads, 
   the block scale multiplies as half2 (exact but for products under 2**-14 with scales under 2**-10, see
   ``_cvt_word_sm``). V pairs two tokens' low (high) 16-bit halves with one ``prmt``. Why not E4M3 bytes +
   ``cvt.rn.f16x2.e4m3x2`` on the standard order (the first form of this kernel): that is 9 ALU-pipe ops a
-  word, this 6, and Hopper's ALU pipe issues at half rate -- it, not the instruction count, limited the kernel.
+  word, this 6, and Hopper's ALU pipe issues at half rate -- it, not the instruction count, limited the
+  kernel.
 
 GPU only (sm_89+: E4M3 conversion, ``movmatrix``); head_dim 128, GQA group <= 8, NVFP4 pools with packed
 scale rows. Under the interpreter each PTX helper has a Triton twin on the same packed registers.

@@ -215,9 +215,10 @@ def _launch_plain(
 _ROT_SPLIT_TOKENS = 64  # below this many tokens the fused rotated kernel splits output columns (see NOTE)
 # NOTE: from this many tokens on (prefill chunks; decode batches in CUDA graphs stay below it) the rotation is
 # a GEMM after the plain RoPE kernel: the fused kernel (one token's 16 head rows a program, each loading all
-# of rot) took 76 us a layer at a 1.4K-token prefill vs 22 for the plain kernel (8B, H200:
-# ~4% of nvfp4's TTFT); 64-row blocks spanning tokens were slower still (140 us). Eager, below 512 tokens the GEMM path's second launch costs more host time than the GPU
-# saves: back-to-back wall 137-150 us vs 59-74 fused at 128-512 tokens.
+# of rot) took 76 us a layer at a 1.4K-token prefill vs 22 for the plain kernel (8B, H200: ~4% of
+# nvfp4's TTFT); 64-row blocks spanning tokens were slower still (140 us). Eager, below 512 tokens the
+# GEMM path's second launch costs more host time than the GPU saves: back-to-back wall 137-150 us vs
+# 59-74 fused at 128-512 tokens.
 _ROT_FUSED_MAX_TOKENS = 512
 # NOTE: inside a CUDA graph (decode batches) only GPU time counts: GEMM path vs fused, graph-replay us at
 # 8 / 32 / 64 / 128 / 256 / 512 tokens: 3.97 / 4.36 / 4.93 / 6.09 / 8.45 / 13.54 vs 2.50 / 3.90 / 6.53 / 9.71
