@@ -1,4 +1,5 @@
-"""SIGTERM on the real server: in-flight requests finish, new ones are refused, the process exits 0."""
+"""SIGTERM on the real server: in-flight requests finish, new ones get 503, the process exits 0 (the drain
+timeout case: tests/test_server_drain.py)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ def test_sigterm_drains_in_flight_requests(small_server: ServerProcess) -> None:
                 _wait_in_flight(small_server, 2)
                 small_server.proc.send_signal(signal.SIGTERM)
                 time.sleep(0.5)
-                with pytest.raises(httpx.TransportError):  # the listener is closed while draining
-                    httpx.get(small_server.url + "/health", timeout=5)
+                # Draining: the listener stays open; /health turns 503 so a router stops sending work.
+                assert httpx.get(small_server.url + "/health", timeout=5).status_code == 503
         worker.join(timeout=120)
 
     assert lines[-1] == "data: [DONE]"

@@ -22,7 +22,14 @@ from nibblekv.server.protocol import (
     dump,
     make_id,
 )
-from nibblekv.server.responses import check_model, finish_metrics, respond, sse_response
+from nibblekv.server.responses import (
+    admit,
+    check_model,
+    check_not_shut_down,
+    finish_metrics,
+    respond,
+    sse_response,
+)
 from nibblekv.server.state import ServerState, get_state, parse_body
 
 
@@ -44,7 +51,7 @@ async def create_chat_completion(request: Request) -> Response:
     req = await parse_body(request, ChatCompletionRequest)
     check_model(state, req.model)
     jobs, states = _jobs(req, state)
-    release = state.admission.reserve(len(jobs))
+    release = admit(state, len(jobs))
     rid = make_id("chatcmpl")
     if req.stream:
         return sse_response(request, _stream(req, state, jobs, states, rid), release)
@@ -52,6 +59,7 @@ async def create_chat_completion(request: Request) -> Response:
         await respond(request, _collect(state, jobs, states))
     finally:
         release()
+    check_not_shut_down(state, states.values())
     names = TokenNames(state.tokenizer)
     choices = [
         ChatChoice(
@@ -70,7 +78,7 @@ async def create_chat_completion(request: Request) -> Response:
 
 async def _collect(state: ServerState, jobs: list[GenerationJob], states: dict[int, ChoiceState]) -> None:
     timers = {job.index: TokenTimer(state.metrics) for job in jobs}
-    async for index, delta in merged_streams(state.engine, jobs):
+    async for index, delta in merged_streams(state.engine, jobs, state.live_requests):
         timers[index].on_tokens(len(delta.token_ids))
         states[index].apply(delta)
         if delta.finished:
@@ -93,7 +101,7 @@ async def _stream(
 
     for index in sorted(states):
         yield chunk(ChatStreamChoice(index=index, delta=ChatResponseMessage(role="assistant", content="")))
-    async for index, delta in merged_streams(state.engine, jobs):
+    async for index, delta in merged_streams(state.engine, jobs, state.live_requests):
         choice = states[index]
         timers[index].on_tokens(len(delta.token_ids))
         shown = choice.apply(delta)

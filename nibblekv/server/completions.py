@@ -22,7 +22,14 @@ from nibblekv.server.generation import GenerationJob, merged_streams
 from nibblekv.server.metrics import TokenTimer
 from nibblekv.server.params import completion_prompts, make_params, resolve_max_tokens, sampling_kwargs
 from nibblekv.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, dump, make_id
-from nibblekv.server.responses import check_model, finish_metrics, respond, sse_response
+from nibblekv.server.responses import (
+    admit,
+    check_model,
+    check_not_shut_down,
+    finish_metrics,
+    respond,
+    sse_response,
+)
 from nibblekv.server.state import ServerState, get_state, parse_body
 
 
@@ -77,7 +84,7 @@ async def create_completion(request: Request) -> Response:
     if req.suffix:
         raise APIError("suffix (insertion) is not supported", param="suffix")
     jobs, states = _jobs(req, state)
-    release = state.admission.reserve(len(jobs))
+    release = admit(state, len(jobs))
     rid = make_id("cmpl")
     if req.stream:
         return sse_response(request, _stream(req, state, jobs, states, rid), release)
@@ -85,6 +92,7 @@ async def create_completion(request: Request) -> Response:
         await respond(request, _collect(state, jobs, states))
     finally:
         release()
+    check_not_shut_down(state, states.values())
     names = TokenNames(state.tokenizer)
     choices = [_final_choice(req, state, states[i], names) for i in sorted(states)]
     body = CompletionResponse(
@@ -95,7 +103,7 @@ async def create_completion(request: Request) -> Response:
 
 async def _collect(state: ServerState, jobs: list[GenerationJob], states: dict[int, ChoiceState]) -> None:
     timers = {job.index: TokenTimer(state.metrics) for job in jobs}
-    async for index, delta in merged_streams(state.engine, jobs):
+    async for index, delta in merged_streams(state.engine, jobs, state.live_requests):
         _observe(states[index], delta, timers[index], state)
 
 
@@ -124,7 +132,7 @@ async def _stream(
     def chunk(choice: CompletionChoice) -> str:
         return json.dumps(dump(CompletionResponse(id=rid, model=state.model_name, choices=[choice])))
 
-    async for index, delta in merged_streams(state.engine, jobs):
+    async for index, delta in merged_streams(state.engine, jobs, state.live_requests):
         choice = states[index]
         shown = _observe(choice, delta, timers[index], state)
         text, entries = shown.text, list(shown.logprobs)

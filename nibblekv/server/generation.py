@@ -31,13 +31,18 @@ class GenerationJob:
     params: Any
 
 
-async def generation_stream(engine: ServingEngine, job: GenerationJob) -> AsyncIterator[Delta]:
-    """Deltas of one engine request; aborts it if the consumer stops early."""
+async def generation_stream(
+    engine: ServingEngine, job: GenerationJob, live: set[str] | None = None
+) -> AsyncIterator[Delta]:
+    """Deltas of one engine request; aborts it if the consumer stops early. Its engine request id is in
+    ``live`` while it runs (a draining server aborts those at the drain timeout)."""
     request_id = uuid.uuid4().hex
     finished = False
     reader = DeltaReader(job.prompt_ids)
     if not engine.is_healthy():
         raise APIError("the engine is not running", status=503)
+    live = set() if live is None else live
+    live.add(request_id)
     try:
         async for out in engine.generate(job.prompt_ids, job.params, request_id=request_id):
             delta = reader.read(out)
@@ -46,16 +51,18 @@ async def generation_stream(engine: ServingEngine, job: GenerationJob) -> AsyncI
             if finished:
                 return
     finally:
+        live.discard(request_id)
         if not finished:
             engine.abort(request_id)
 
 
 async def merged_streams(
-    engine: ServingEngine, jobs: Sequence[GenerationJob]
+    engine: ServingEngine, jobs: Sequence[GenerationJob], live: set[str] | None = None
 ) -> AsyncIterator[tuple[int, Delta]]:
-    """Deltas of several engine requests as they arrive, tagged with their job index."""
+    """Deltas of several engine requests as they arrive, tagged with their job index (``live``: see
+    :func:`generation_stream`)."""
     if len(jobs) == 1:  # the common case needs no tasks
-        async with contextlib.aclosing(generation_stream(engine, jobs[0])) as stream:
+        async with contextlib.aclosing(generation_stream(engine, jobs[0], live)) as stream:
             async for delta in stream:
                 yield jobs[0].index, delta
         return
@@ -63,7 +70,7 @@ async def merged_streams(
 
     async def pump(job: GenerationJob) -> None:
         try:
-            async with contextlib.aclosing(generation_stream(engine, job)) as stream:
+            async with contextlib.aclosing(generation_stream(engine, job, live)) as stream:
                 async for delta in stream:
                     await queue.put((job.index, delta))
         except Exception as exc:  # noqa: BLE001 -- handed to the consumer, which re-raises it

@@ -1,8 +1,11 @@
 """Starting the server: engine -> :class:`ServerState` -> uvicorn, with a draining SIGTERM.
 
-On SIGTERM / SIGINT uvicorn stops accepting connections and waits for in-flight requests up to
-``--drain-timeout`` seconds; ``/health`` answers 503 meanwhile so a router stops sending work. Requests
-still running at the timeout are cancelled (their engine requests aborted), then the engine stops.
+On SIGTERM / SIGINT the server drains: the listener stays open but ``/health`` and new requests answer 503
+(so a router sends work elsewhere), and in-flight requests run on for up to ``--drain-timeout`` seconds.
+Those still running then are aborted in the engine, which frees their pages and ends each the way SGLang
+clients expect: a stream gets a last chunk with ``finish_reason: "abort"`` and ``data: [DONE]``, a
+non-streaming request a 503 error. Only then does uvicorn close the listener; the process exits 0.
+A second signal ends the drain at once (the same aborts).
 """
 
 from __future__ import annotations
@@ -89,12 +92,22 @@ def state_from_engine(engine: Any, args: argparse.Namespace) -> ServerState:
     )
 
 
-class _DrainingServer(uvicorn.Server):
-    """Marks the app as draining (``/health`` -> 503) as soon as a shutdown signal arrives."""
+# After the drain timeout: how long aborted requests get to send their last event before uvicorn
+# closes the connections anyway (an abort reaches the engine between two steps, milliseconds).
+ABORT_GRACE_S: float = 5.0
+DRAIN_POLL_S: float = 0.1
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, with a drain between the shutdown signal and closing the listener (module docstring)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout: float) -> None:
         super().__init__(config)
         self._state = state
+        self._drain_timeout = drain_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._cut_short = False
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -109,13 +122,51 @@ class _DrainingServer(uvicorn.Server):
             for sig, handler in originals.items():
                 signal.signal(sig, handler)
 
+    async def startup(self, sockets: list[Any] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets=sockets)
+
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if not self._state.draining:
-            log.warning(
-                "shutdown signal %s: draining %d in-flight requests", sig, self._state.admission.in_flight
-            )
+        if not self.started or self._loop is None:  # still starting: nothing to drain
+            super().handle_exit(sig, frame)
+            return
+        if self._state.draining:
+            log.warning("second shutdown signal %s: ending the drain now", sig)
+            self._cut_short = True
+            return
         self._state.draining = True
-        super().handle_exit(sig, frame)
+        log.warning(
+            "shutdown signal %s: draining %d in-flight requests (up to %.1f s); /health answers 503",
+            sig,
+            self._state.admission.in_flight,
+            self._drain_timeout,
+        )
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        """Wait for in-flight requests up to the timeout, abort the rest, then let uvicorn close."""
+        state = self._state
+        deadline = time.monotonic() + self._drain_timeout
+        while state.admission.in_flight and not self._cut_short and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if state.admission.in_flight:
+            log.warning("drain timeout: aborting %d requests still in flight", state.admission.in_flight)
+            state.drain_expired = True
+            aborted: set[str] = set()
+            grace_end = time.monotonic() + ABORT_GRACE_S
+            # NOTE: re-checked until all end: a request admitted just before the signal may reach the
+            # engine after the first sweep.
+            while state.admission.in_flight and time.monotonic() < grace_end:
+                for request_id in state.live_requests - aborted:
+                    state.engine.abort(request_id)
+                    aborted.add(request_id)
+                await asyncio.sleep(DRAIN_POLL_S)
+        else:
+            log.info("drained: no request in flight")
+        self.should_exit = True
 
 
 # NOTE: fresh prompts below and above rope_qk's eager GEMM switch (512 tokens), then the long one again
@@ -161,16 +212,29 @@ def serve(engine: Any, args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        timeout_graceful_shutdown=args.drain_timeout,
+        timeout_graceful_shutdown=ABORT_GRACE_S,  # the drain itself runs before uvicorn's shutdown
         timeout_keep_alive=5,
         access_log=args.log_level == "debug",
     )
-    server = _DrainingServer(config, state)
+    server = _DrainingServer(config, state, args.drain_timeout)
     log.info("serving %s on http://%s:%d", state.model_name, args.host, args.port)
     log.info("The server is fired up and ready to roll!")
     try:
         server.run()  # returns once drained (or at the drain timeout)
     finally:
         state.draining = True
+        _log_engine_at_exit(engine)
         engine.shutdown()
     return 0 if server.started else 1
+
+
+def _log_engine_at_exit(engine: Any) -> None:
+    """What the engine still holds as it stops: after a drain, nothing runs and (without a prefix
+    cache) no KV page is in use."""
+    stats = engine.stats()
+    log.info(
+        "engine at exit: %d running, %d queued, %d KV tokens in use",
+        stats["running"],
+        stats["queued"],
+        stats["used_tokens"],
+    )

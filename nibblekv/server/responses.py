@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from starlette.requests import Request
@@ -30,6 +30,22 @@ def check_model(state: ServerState, model: str | None) -> None:
         status=404,
         param="model",
     )
+
+
+def admit(state: ServerState, count: int) -> Callable[[], None]:
+    """Reserve ``count`` engine requests, or 503 while the server drains (as SGLang does at shutdown, so
+    a router sends the request elsewhere); returns the idempotent release function."""
+    if state.draining:
+        raise APIError("The server is shutting down; send the request to another replica.", status=503)
+    return state.admission.reserve(count)
+
+
+def check_not_shut_down(state: ServerState, choices: Iterable[ChoiceState]) -> None:
+    """A non-streaming request the drain timeout cut short is a 503, not a partial answer."""
+    if state.drain_expired and any(c.finish_reason == "abort" for c in choices):
+        raise APIError(
+            "The server shut down before the request finished (aborted at the drain timeout).", status=503
+        )
 
 
 def finish_metrics(state: ServerState, choice: ChoiceState, timer: TokenTimer) -> None:

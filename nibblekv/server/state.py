@@ -70,7 +70,9 @@ class ServerState:
     admission: Admission
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     api_key: str | None = None
-    draining: bool = False
+    draining: bool = False  # a shutdown signal arrived: /health and new requests get 503
+    drain_expired: bool = False  # the drain timeout passed: live requests were aborted
+    live_requests: set[str] = field(default_factory=set)  # engine request ids now generating
     server_info: dict[str, Any] = field(default_factory=dict)
     model_info: dict[str, Any] = field(default_factory=dict)
 
