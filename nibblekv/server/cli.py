@@ -36,7 +36,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--drain-timeout",
         type=float,
         default=30.0,
-        help="seconds SIGTERM waits for in-flight requests before cancelling them",
+        help="seconds SIGTERM waits for in-flight requests before aborting them (streams end with "
+        'finish_reason "abort", others get 503)',
     )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
