@@ -1,0 +1,196 @@
+"""FP8 linear layers on Hopper: dynamic activation quantization and the block-scaled FP8 GEMM.
+
+* :func:`quant_fp8_groups`: ``x [M, K]`` -> e4m3 codes + one FP32 scale per token-group (or per token),
+  the math of :func:`nibblekv.formats.fp8_weights.quantize_act_groups`.
+* :func:`fp8_block_gemm`: ``C = sum_kb (A_kb @ B_kb^T) * a_scale[m, kb] * b_scale[n // B, kb]`` for
+  128x128 block-scaled weights (DeepSeek / Qwen3 FP8 checkpoints), FP8 tensor cores, FP32 accumulation.
+* :func:`fp8_linear_rowwise`: per-token activations x per-channel weights through ``torch._scaled_mm``.
+
+Launchers only allocate and launch (no host sync), so CUDA graphs capture them. Twins: ``fp8_ref``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from nibblekv.formats.fp8_weights import ACT_EPS
+from nibblekv.formats.nvfp4 import E4M3_MAX
+from nibblekv.kernels._common import interpreting
+from nibblekv.kernels.cache_write import _round_to_e4m3
+
+
+
+@triton.jit
+def _quant_kernel(
+    x_ptr, q_ptr, s_ptr, K, GROUP, n_groups, stride_x, stride_q,
+    BLOCK: tl.constexpr, EPS: tl.constexpr, FP8_MAX: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    start = g * GROUP
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over runtime bounds
+    k0 = 0
+    while k0 < GROUP:
+        within = k0 + tl.arange(0, BLOCK)
+        offs = start + within
+        mask = (within < GROUP) & (offs < K)
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+        k0 += BLOCK
+    scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), EPS), FP8_MAX)
+    tl.store(s_ptr + row * n_groups + g, scale)
+    k0 = 0
+    while k0 < GROUP:
+        within = k0 + tl.arange(0, BLOCK)
+        offs = start + within
+        mask = (within < GROUP) & (offs < K)
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        q = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX))  # exact cast, also interpreted
+        tl.store(q_ptr + row * stride_q + offs, q.to(tl.float8e4nv), mask=mask)
+        k0 += BLOCK
+
+
+def quant_fp8_groups(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` (unit stride along K) -> ``(xq float8_e4m3fn [M, K], scale float32 [M, groups])``;
+    ``group=None``: one scale per token."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"quant_fp8_groups needs a 2-D x with unit column stride, got {tuple(x.shape)}")
+    m, k = x.shape
+    g = k if group is None else min(group, k)
+    n_groups = triton.cdiv(k, g)
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((m, n_groups), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q, s
+    block = min(triton.next_power_of_2(g), 1024)
+    _quant_kernel[(m, n_groups)](
+        x, q, s, k, g, n_groups, x.stride(0), q.stride(0), BLOCK=block, EPS=ACT_EPS, FP8_MAX=E4M3_MAX,
+        num_warps=4 if block >= 512 else 1,
+    )
+    return q, s
+
+
+@triton.jit
+def _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr):
+    """``acc + (A_kb @ B_kb^T) * a_scale[:, kb] * b_scale[:, kb]`` for k-block ``kb`` (masked past K)."""
+    k_left = K - kb * GROUP
+    a = tl.load(a_ptrs + kb * GROUP, mask=offs_k[None, :] < k_left, other=0.0)
+    b = tl.load(b_ptrs + kb * GROUP, mask=offs_k[:, None] < k_left, other=0.0)
+    a_s = tl.load(as_ptrs + kb)
+    b_s = tl.load(bs_ptrs + kb)
+    return acc + tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+
+
+@triton.jit
+def _block_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K, n_kblocks,
+    stride_am, stride_bn, stride_cm, stride_as, stride_bs,
+    HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr, INTERP: tl.constexpr,
+):  # fmt: skip
+    # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * grid_n  # swizzle: GROUP_M row tiles share each weight tile while it is in L2
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = (offs_m % M).to(tl.int64)  # out-of-range rows/columns read valid memory; their results are dropped
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, GROUP)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + cols[None, :] * stride_bn + offs_k[:, None]
+    as_ptrs = as_ptr + rows * stride_as
+    bs_ptrs = bs_ptr + (cols // GROUP) * stride_bs
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if INTERP:  # NOTE: the interpreter cannot run `for` over runtime bounds; GPUs need `for` to pipeline
+        kb = 0
+        while kb < n_kblocks:
+            acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
+            kb += 1
+    else:
+        for kb in range(0, n_kblocks):
+            acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def _block_config(m: int, n: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for an ``m x n`` output."""
+    if m > 64:
+        return 128, 128, 8, 3
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    block_m = 16 if m <= 16 else 64
+    # decode batches read weights: enough column tiles to keep every SM streaming
+    block_n = 128
+    while block_n > 32 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < 2 * sms:
+        block_n //= 2
+    return block_m, block_n, 4, 4
+
+
+def fp8_block_gemm(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    wq: torch.Tensor,
+    w_scale: torch.Tensor,
+    block: int,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``xq [M, K]`` e4m3 with ``x_scale [M, ceil(K/B)]``, ``wq [N, K]`` e4m3 with ``w_scale [ceil(N/B),
+    ceil(K/B)]`` (``B = block``) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref``)."""
+    m, k = xq.shape
+    n = wq.shape[0]
+    kb = triton.cdiv(k, block)
+    if wq.shape[1] != k or xq.stride(1) != 1 or wq.stride(1) != 1:
+        raise ValueError(f"fp8_block_gemm: x {tuple(xq.shape)} and w {tuple(wq.shape)} need the same K, unit stride")
+    if tuple(x_scale.shape) != (m, kb) or tuple(w_scale.shape) != (triton.cdiv(n, block), kb):
+        raise ValueError(
+            f"fp8_block_gemm: scales {tuple(x_scale.shape)} / {tuple(w_scale.shape)} do not fit x {tuple(xq.shape)}, "
+            f"w {tuple(wq.shape)} with block {block}"
+        )
+    if x_scale.stride(1) != 1 or w_scale.stride(1) != 1 or block not in (32, 64, 128, 256):
+        raise ValueError(f"fp8_block_gemm: scales need unit column stride and block in 32/64/128/256, got {block}")
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return out
+    bm, bn, warps, stages = _block_config(m, n, xq.device)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _block_gemm_kernel[grid](
+        xq, wq, out, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb,
+        xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), w_scale.stride(0),
+        HAS_BIAS=bias is not None, GROUP=block, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, INTERP=interpreting(),
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out
+
+
+def fp8_linear_block(
+    x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, block: int, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Block-scaled FP8 linear on ``x [..., K]``: per token-group activation quantization + the GEMM."""
+    x2 = x.reshape(-1, x.shape[-1])
+    xq, xs = quant_fp8_groups(x2, block)
+    y = fp8_block_gemm(xq, xs, wq, w_scale, block, x.dtype, bias)
+    return y.reshape(*x.shape[:-1], wq.shape[0])
+
+
+def fp8_linear_rowwise(
+    x: torch.Tensor, wq: torch.Tensor, w_scale_row: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Per-channel FP8 linear on ``x [..., K]`` (bf16, CUDA, K and N multiples of 16): per-token activation
+    scales times ``w_scale_row [1, N]`` through cuBLASLt's row-wise scaled FP8 GEMM."""
+    x2 = x.reshape(-1, x.shape[-1])
+    xq, xs = quant_fp8_groups(x2, None)
+    y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale_row, bias=bias, out_dtype=x.dtype)
+    return y.reshape(*x.shape[:-1], wq.shape[0])
