@@ -221,7 +221,7 @@ def test_engine_with_options(smollm2) -> None:  # type: ignore[no-untyped-def]
 
 def test_gpu_pool_rejects_head_dims_the_kernels_cannot_take(monkeypatch: pytest.MonkeyPatch) -> None:
     """A head_dim the Triton kernels do not build for fails at start-up with the fix named, not with a
-    Triton compile error in the first forward (2x H200, 2026-11-30: head_dim 16 on CUDA)."""
+    Triton compile error in the first forward (as head_dim 16 did on 2x H200)."""
     from nibblekv.engine.setup import pool_spec
     from nibblekv.kernels import GPU_HEAD_DIMS, check_gpu_head_dim
 

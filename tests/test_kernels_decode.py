@@ -396,7 +396,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "tail_splits": 2,
         "bal_ppsm": 12,
     }
-    # decode_mma at head_dim 64: 12 programs per SM (168 registers; stop 39), 16 at 128
+    # decode_mma at head_dim 64: 12 programs per SM (168 registers), 16 at 128
     assert [resolve_variant(None, 2, d, False)[1]["ppsm"] for d in (64, 128)] == [12, 16]
     # BF16 tok: 4 stages, 5 with the bf16 tail at head_dim 128 (s sets both, st the tail's); head_dim 64: BN 128
     bf = resolve_variant(None, 0, 128, False)[1]
@@ -410,7 +410,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_variant("mma:lz=8", 2, 128, False)[1]["lazy"] == 8
     cfg = resolve_variant("mma:tpp=0,ts=4", 2, 128, False)[1]
     assert (cfg["tail_page_prefetch"], cfg["tail_splits"]) == (0, 4)
-    assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (2026-11-30 run)
+    assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (timed)
     assert resolve_variant(None, 2, 256, False)[0] == "paged"  # never timed on a GPU
     assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default
     with pytest.raises(ValueError):
@@ -490,7 +490,7 @@ GROUP_CASES = (
 @pytest.mark.parametrize("variant,group,d", GROUP_CASES)
 def test_decode_gqa_group_over_16(variant: str | None, group: int, d: int) -> None:
     # query blocks of 32 / 64 rows (BH = next_pow2(group)): decode_tok groups of 36 columns for FP8 were
-    # wrong on the H200 (extend_decode, stop 23) while the interpreter passed; None = the default variant
+    # wrong on the H200 (extend_decode) while the interpreter passed; None = the default variant
     lens, tails = [1, 17, 300], [0, W, 5]
     for dt in (KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16) if DEVICE == "cuda" else (KVDtype.FP8,):
         assert _run(dt, lens, tails, 2, group, d, P, None, variant=variant) <= 1e-2, (variant, dt)

@@ -1,13 +1,13 @@
 """decode_mma's sm_90 compile (CPU only: a fake driver and the triton wheel's ptxas, see
 benchmarks/sass_decode.py): its launch grid is one wave of 16 one-warp programs per SM (12 at head_dim 64 and
 in the balanced kernel), which holds only while every build fits 128 (168) registers without spills.
-Uncapped builds drifted to 130 and 166 registers (2026-11-30) and ran 10-25% slower on the H200. The
-token-balanced kernel (``bal=1``) spilled ~5 values into its tile loop at its defaults until the page
-addresses became one ``IMAD.WIDE.U32`` each (2026-12-03).
-NOTE: since the pool's NVFP4 words moved to sm order (stop 38) ptxas moves one 64-bit value through local
-memory at the loop's end at 128 registers (8 bytes): timed faster than before on the H200 all the same
-(benchmarks/results/sm-s38-h200/), so the budget below is that, and any more fails. Head_dim 64 and the
-balanced kernel run 12 programs per SM (168 registers) since stop 39 and spill nothing."""
+Uncapped builds drift to 130 and 166 registers and run 10-25% slower on the H200. The token-balanced
+kernel (``bal=1``) spills ~5 values into its tile loop at its defaults unless each page address is one
+``IMAD.WIDE.U32``.
+NOTE: with the pool's NVFP4 words in sm order ptxas moves one 64-bit value through local memory at the
+loop's end at 128 registers (8 bytes): faster on the H200 than the standard order all the same, so the
+budget below is that, and any more fails. Head_dim 64 and the balanced kernel run 12 programs per SM (168
+registers) and spill nothing."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_decode_mma_fits_its_programs_per_sm(group: int, tail: bool, head_dim: i
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)
     assert m, out[-2000:]
     assert ("decode_mma_bal_kernel" if "bal=1" in spec else "decode_mma_kernel") in out, out[-2000:]
-    # at 168 registers (head_dim 64, the balanced kernel; stop 39) nothing spills but the opt-in fused
+    # at 168 registers (head_dim 64, the balanced kernel) nothing spills but the opt-in fused
     # fix-up at head_dim 64 (28 bytes)
     if ppsm == 12:
         most_spill = 32 if "fuse=1" in spec else 0
@@ -62,7 +62,7 @@ def test_mma_register_cap_counts_each_schedulers_file() -> None:
 @pytest.mark.parametrize("head_dim,most", [(128, 750), (64, 790)])
 def test_decode_mma_main_loop_builds_each_page_address_in_one_instruction(head_dim: int, most: int) -> None:
     # A two-tile step's SASS: 776 (head_dim 128: 2 pages) and 843 (64: 4 pages, two a tile) while each page
-    # address was a 64-bit multiply-add plus 64-bit adds per pointer; 742 / 779 with _page_addr (2026-12-03)
+    # address was a 64-bit multiply-add plus 64-bit adds per pointer; 742 / 779 with _page_addr
     out = _compile("mma", "nvfp4", 4, head_dim, False)
     m = re.search(r"main loop (\d+) SASS/iter", out)
     assert m and "decode_mma_kernel" in out, out[-2000:]
@@ -72,7 +72,7 @@ def test_decode_mma_main_loop_builds_each_page_address_in_one_instruction(head_d
 @pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
 def test_decode_mma16_fits_its_programs_per_sm() -> None:
     # decode_mma16 (a GQA group of 16): no spills under the cap that lets WIDE_PPSM one-warp programs share an
-    # SM (213 registers at tpi=2, 2026-12-02; 225 with its default L2 prefetch, 2026-12-04)
+    # SM (213 registers at tpi=2; 225 with its default L2 prefetch)
     from nibblekv.kernels.decode_config import WIDE_PPSM, _mma_max_registers
 
     out = _compile("mma", "nvfp4", 16, 128, False)
@@ -86,9 +86,9 @@ def test_decode_mma16_fits_its_programs_per_sm() -> None:
 @pytest.mark.parametrize("spec", ["tok", "tok:fuse=1"])
 def test_decode_tok_keeps_three_programs_per_sm(dtype: str, spec: str) -> None:
     # 4-warp programs: <= 168 registers keep 3 of them per SM (65536 / (168 * 128)); the fix-up's merge, when
-    # it was inlined, took FP8 to 186 (2 per SM). NOTE: NVFP4 (a fallback where decode_mma cannot run) went
-    # to 190 (2 per SM) when its tiles began to decode sm-order words in plain Triton (stop 38): a known cost;
-    # 194 since the converter's multiplies (stop 40: its loop 1581 -> 1538 SASS), still 2 per SM (<= 255)
+    # inlined, takes FP8 to 186 (2 per SM). NOTE: NVFP4 (a fallback where decode_mma cannot run) takes 194
+    # (2 per SM, <= 255): decoding sm-order words in plain Triton costs registers (190 with shifts and
+    # masks, 194 with the converter's multiplies, whose loop is 1581 -> 1538 SASS): a known cost
     most = 200 if dtype == "nvfp4" else 168
     out = _compile(spec, dtype, 8, 128, True)
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)
