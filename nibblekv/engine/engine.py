@@ -126,7 +126,11 @@ class Engine:
         self._live: dict[str, Request] = {}
         self.last_batch: ScheduledBatch | None = None  # for benchmarks and tests
         self.stream = False  # True: step() returns an output for every request it advanced
-        self._overlap = OverlapLoop(self) if cfg.overlap_schedule(self.device.type) else None
+        self._overlap = (
+            OverlapLoop(self.scheduler, self.runner, self.stats, self.note_batch, self.run_batch)
+            if cfg.overlap_schedule(self.device.type)
+            else None
+        )
         logger.info("overlap schedule: %s", "on" if self._overlap is not None else "off")
 
     @property

@@ -26,16 +26,15 @@ NOTE (invariants):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from nibblekv.engine.model_runner import ModelRunner
 from nibblekv.engine.request import Request, RequestStatus, placeholder
-from nibblekv.engine.scheduler import ScheduledBatch
-
-if TYPE_CHECKING:
-    from nibblekv.engine.engine import Engine
+from nibblekv.engine.scheduler import ScheduledBatch, Scheduler
+from nibblekv.engine.stats import EngineStats
 
 
 @dataclass
@@ -67,35 +66,49 @@ def overlappable(batch: ScheduledBatch) -> bool:
 
 
 class OverlapLoop:
-    """The engine step under the overlap schedule (``--enable-overlap-schedule``)."""
+    """The engine step under the overlap schedule (``--enable-overlap-schedule``).
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    NOTE: it gets the engine's parts, not the engine (no import back up): ``note_batch`` records a launched
+    batch, ``run_batch`` runs a batch the synchronous way and returns the requests it advanced.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        stats: EngineStats,
+        note_batch: Callable[[ScheduledBatch], None],
+        run_batch: Callable[[ScheduledBatch], list[Request]],
+    ) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.stats = stats
+        self.note_batch = note_batch
+        self.run_batch = run_batch
         self.pending: Pending | None = None
 
     def before_schedule(self) -> list[Request]:
         """Resolve the pending step if the next decode would preempt or abort for pages (the requests it
         advanced): as in the synchronous loop, that is decided on known tokens, never on a pending one
         that may be a stop token."""
-        if self.pending is None or self.engine.scheduler.decode_fits():
+        if self.pending is None or self.scheduler.decode_fits():
             return []
         return self.flush()
 
     def step(self, batch: ScheduledBatch | None) -> list[Request]:
         """Run ``batch`` (just scheduled); the requests whose tokens reached the host in this call."""
-        e = self.engine
         if batch is not None and overlappable(batch):
-            e.runner.backend.loads = batch.loads  # none (overlappable), but never a previous batch's
-            reqs, tokens = e.runner.launch(batch, self.pending.tokens if self.pending else None)
-            e.scheduler.commit(batch)
-            e.note_batch(batch)
+            self.runner.backend.loads = batch.loads  # none (overlappable), but never a previous batch's
+            reqs, tokens = self.runner.launch(batch, self.pending.tokens if self.pending else None)
+            self.scheduler.commit(batch)
+            self.note_batch(batch)
             prev, self.pending = self.pending, self._hold(reqs, tokens)
             return self._resolve(prev) if prev is not None else []
         touched = self.flush()
         if batch is not None:
             batch = self._drop_finished(batch)
             if batch.reqs:
-                touched += e.run_batch(batch)
+                touched += self.run_batch(batch)
         return touched
 
     def flush(self) -> list[Request]:
@@ -120,11 +133,11 @@ class OverlapLoop:
 
     def _resolve(self, p: Pending) -> list[Request]:
         """Put the pending step's tokens in place and apply token stops; the requests they advanced."""
-        s = self.engine.scheduler
+        s = self.scheduler
         advanced = []
         for r, pos, token in zip(p.reqs, p.positions, p.wait()):
             if r.status is RequestStatus.FINISHED:  # ended (and emitted) while in flight: drop the rest
-                self.engine.stats.drop_tokens(r.num_pending)
+                self.stats.drop_tokens(r.num_pending)
                 del r.token_ids[pos:]
                 r.num_pending = 0
                 continue
@@ -138,7 +151,7 @@ class OverlapLoop:
             r.num_pending -= 1
             s.check_stop(r, token)
             if r.status is RequestStatus.FINISHED and r.num_pending:  # launched once more: drop that token
-                self.engine.stats.drop_tokens(r.num_pending)
+                self.stats.drop_tokens(r.num_pending)
                 del r.token_ids[pos + 1 :]
                 r.num_pending = 0
         return advanced
@@ -149,7 +162,7 @@ class OverlapLoop:
         if len(keep) == len(batch.reqs):
             return batch
         for i in set(range(len(batch.reqs))) - set(keep):
-            self.engine.scheduler.cache.finish_growth(batch.growths[i])
+            self.scheduler.cache.finish_growth(batch.growths[i])
         batch.reqs = [batch.reqs[i] for i in keep]
         batch.growths = [batch.growths[i] for i in keep]
         return batch
