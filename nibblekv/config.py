@@ -10,6 +10,7 @@ from typing import Any
 from nibblekv.formats import KV_DTYPE_CHOICES
 
 LOAD_FORMATS: tuple[str, ...] = ("auto", "gguf", "safetensors", "dummy")
+QUANTIZATIONS: tuple[str, ...] = ("fp8",)  # --quantization (SGLang's names); see nibblekv.model.fp8
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 HICACHE_WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through")
@@ -84,9 +85,14 @@ class EngineConfig:
     # JSON object merged into the model's HF config.json before it is built (SGLang's flag), e.g.
     # '{"num_hidden_layers": 4}' to time a few layers of a big model's shape with dummy weights
     json_model_override_args: str | None = None
+    # Weight quantization at load time (SGLang's --quantization): "fp8" = per-channel FP8 linear layers with
+    # dynamic per-token activation scales. None: the checkpoint's own (an FP8 checkpoint stays FP8).
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
+        if self.quantization is not None:
+            _check_choice("quantization", self.quantization, QUANTIZATIONS)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("device", self.device, DEVICES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_DTYPE_CHOICES)
@@ -233,6 +239,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "and dummy models)",
     )  # fmt: skip
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES, help="model dtype")
+    g.add_argument(
+        "--quantization", default=None, choices=QUANTIZATIONS,
+        help="fp8: quantize the linear layers' weights to FP8 at load time (per-channel scales, dynamic "
+        "per-token activation scales; FP8 tensor cores on Hopper). FP8 checkpoints load as FP8 without it",
+    )  # fmt: skip
     g.add_argument("--device", default=d.device, choices=DEVICES)
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_DTYPE_CHOICES)

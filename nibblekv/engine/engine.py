@@ -30,6 +30,7 @@ from nibblekv.engine.setup import (
 )
 from nibblekv.engine.stats import EngineStats, decode_log_line, prefill_log_line
 from nibblekv.model import CausalLM, Tokenizer, load_model
+from nibblekv.model.fp8 import QuantMethod, has_fp8_weights, weight_bytes
 
 if TYPE_CHECKING:
     from nibblekv.engine.tp_group import TPGroup
@@ -83,10 +84,15 @@ class Engine:
                 seed=cfg.seed,
                 tp=self.tp.context if self.tp is not None else None,
                 overrides=cfg.model_overrides(),
+                quantization=QuantMethod(cfg.quantization) if cfg.quantization else None,
             )
         self.model, self.tokenizer = loaded
         self.device = self.model.device
-        logger.info("Load weight end. Time elapsed: %.1f s", time.perf_counter() - t0)
+        logger.info(
+            "Load weight end. Time elapsed: %.1f s, dtype=%s, quantization=%s, mem usage=%.2f GB",
+            time.perf_counter() - t0, self.model.dtype, "fp8" if has_fp8_weights(self.model) else None,
+            weight_bytes(self.model) / (1 << 30),
+        )  # fmt: skip
         max_pos = self.model.config.max_position_embeddings
         self.context_len = cfg.context_length or max_pos
         if self.context_len > max_pos:

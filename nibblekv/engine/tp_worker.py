@@ -145,6 +145,7 @@ def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connecti
     from nibblekv.engine.gc_heap import frozen_heap
     from nibblekv.engine.model_runner import ModelRunner, execute_mirror
     from nibblekv.model import load_model
+    from nibblekv.model.fp8 import QuantMethod
     from nibblekv.model.parallel import TPContext
 
     device = device_for(config, rank)
@@ -160,6 +161,7 @@ def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connecti
         seed=config.seed,
         tp=TPContext(rank, size),
         overrides=config.model_overrides(),
+        quantization=QuantMethod(config.quantization) if config.quantization else None,
     )
     kind, setup = conn.recv()
     if kind != "setup":
@@ -168,7 +170,7 @@ def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connecti
     def agree_pool(spec: Any) -> Any:
         return replace(spec, num_pages=_ask(conn, "pool", spec.num_pages))
 
-    pool = build_pool(config, model, setup.max_running, agree_pool)
+    pool = build_pool(config, model, setup.max_running, agree_pool, setup.context_len)
     table = make_page_table(pool, setup.max_running, setup.context_len, device)
     runner = ModelRunner(
         model,

@@ -83,6 +83,8 @@ class Attention(nn.Module):
         if self.o_rotation is not None:
             return
         w = self.o_proj.weight
+        if w.dtype == torch.float8_e4m3fn:
+            return  # FP8 o_proj: folding would requantize it; forward rotates the output instead (exact)
         with torch.no_grad():
             cols = w.view(w.shape[0], -1, self.head_dim).float() @ rotation.float()
             w.copy_(cols.reshape(w.shape).to(w.dtype))

@@ -13,6 +13,14 @@ import torch
 
 from nibblekv.model.causal_lm import CausalLM
 from nibblekv.model.config import ModelConfig
+from nibblekv.model.fp8 import (
+    Fp8Config,
+    QuantMethod,
+    fp8_checkpoint_weights,
+    install_fp8_layers,
+    parse_quantization_config,
+    quantize_model,
+)
 from nibblekv.model.parallel import TPCausalLM, TPContext, dummy_hf_weights, shard_weights
 from nibblekv.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from nibblekv.model.weights import load_hf_weights
@@ -53,6 +61,7 @@ def load_model(
     seed: int = 0,
     tp: TPContext | None = None,
     overrides: Mapping[str, Any] | None = None,
+    quantization: QuantMethod | None = None,
 ) -> tuple[CausalLM, Tokenizer]:
     """Load a model in eval mode on ``device`` in ``dtype`` (default: :func:`default_dtype`).
 
@@ -64,21 +73,34 @@ def load_model(
     whose weights are replaced by seeded random ones. ``seed`` matters only for dummy weights.
     ``overrides`` (SGLang's ``--json-model-override-args``): keys merged into the HF ``config.json`` before
     the model is built, e.g. ``{"num_hidden_layers": 4}`` (dummy and HF folders; a GGUF has no such config).
+    ``quantization`` (``--quantization fp8``): quantize the decoder's linear layers to per-channel FP8 after
+    loading. An HF folder whose config has an FP8 ``quantization_config`` loads its FP8 weights as they are
+    (see :mod:`nibblekv.model.fp8`); a dummy model of such a config is quantized as with ``fp8``.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose from {LOAD_FORMATS}")
     dev = torch.device(device)
     dtype = dtype or default_dtype(dev)
     if load_format == "dummy":
-        return _load_dummy(model, dtype, dev, seed, tp, overrides or {})
+        lm, tok = _load_dummy(model, dtype, dev, seed, tp, overrides or {})
+        return _quantize(lm, quantization), tok
     path = bundled_model_path() if model is None else Path(model)
     fmt = load_format if load_format != "auto" else _detect_format(path)
     if fmt == "gguf":
         if overrides:
             raise ValueError("--json-model-override-args needs an HF config.json (HF folder or dummy), "
                              "not a GGUF")
-        return _load_gguf(path, dtype, dev, tp)
-    return _load_safetensors(path, dtype, dev, tp, overrides or {})
+        lm, tok = _load_gguf(path, dtype, dev, tp)
+    else:
+        lm, tok = _load_safetensors(path, dtype, dev, tp, overrides or {})
+    return _quantize(lm, quantization), tok
+
+
+def _quantize(model: CausalLM, quantization: QuantMethod | None) -> CausalLM:
+    """``--quantization fp8``: per-channel FP8 for every decoder projection not already FP8."""
+    if quantization is QuantMethod.FP8:
+        quantize_model(model)
+    return model
 
 
 def _detect_format(path: Path) -> str:
@@ -93,21 +115,28 @@ def _detect_format(path: Path) -> str:
 
 
 def _empty_model(
-    config: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPContext | None = None
-) -> CausalLM:
-    """An uninitialized model (``tp``: this rank's shard) allocated directly on ``device``."""
+    config: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPContext | None = None,
+    fp8: Fp8Config | None = None,
+) -> CausalLM:  # fmt: skip
+    """An uninitialized model (``tp``: this rank's shard) allocated directly on ``device``; ``fp8``: with
+    FP8 linear layers for a checkpoint's FP8 weights."""
     with torch.device("meta"):
         model = CausalLM(config) if tp is None else TPCausalLM(config, tp)
-    model = model.to(dtype=dtype).to_empty(device=device).eval()
+    model = model.to(dtype=dtype)
+    if fp8 is not None:
+        install_fp8_layers(model, fp8.block)  # NOTE: after .to(dtype), which would cast the FP8 weights
+    model = model.to_empty(device=device).eval()
     model.rotary.prepare(model.device)
     return model
 
 
-def _load_weights(model: CausalLM, weights: Iterator[tuple[str, torch.Tensor]], adopt: bool = False) -> None:
+def _load_weights(
+    model: CausalLM, weights: Iterator[tuple[str, torch.Tensor]], adopt: bool = False, block: int | None = None
+) -> None:
     """Fill ``model`` from full checkpoint tensors, each cut to this rank's slice under TP (``adopt``: see
-    :func:`load_hf_weights`; ignored under TP, whose slices are views)."""
+    :func:`load_hf_weights`; ignored under TP, whose slices are views; ``block``: FP8 scale block size)."""
     if isinstance(model, TPCausalLM):
-        weights = shard_weights(weights, model.full_config, model.shard)
+        weights = shard_weights(weights, model.full_config, model.shard, block)
         adopt = False
     load_hf_weights(model, weights, adopt=adopt)
 
@@ -156,9 +185,14 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
 def _load_safetensors(
     folder: Path, dtype: torch.dtype, device: torch.device, tp: TPContext | None, overrides: Mapping[str, Any]
 ) -> tuple[CausalLM, Tokenizer]:
-    config = ModelConfig.from_hf({**_read_config(folder), **overrides})
-    model = _empty_model(config, dtype, device, tp)
-    _load_weights(model, iter_safetensors(folder))
+    raw = {**_read_config(folder), **overrides}
+    config = ModelConfig.from_hf(raw)
+    fp8 = parse_quantization_config(raw)
+    model = _empty_model(config, dtype, device, tp, fp8)
+    weights = iter_safetensors(folder)
+    if fp8 is not None:
+        weights = fp8_checkpoint_weights(weights, fp8)
+    _load_weights(model, weights, block=fp8.block if fp8 is not None else None)
     eos = [*config.eos_token_ids, *_generation_eos(folder)]
     return model, HFTokenizer.from_folder(folder, eos)
 
@@ -209,4 +243,6 @@ def _load_dummy(
         tokenizer = HFTokenizer.from_folder(folder, [*config.eos_token_ids, *_generation_eos(folder)])
     else:
         tokenizer = ByteTokenizer(config.vocab_size)  # NOTE: no tokenizer on hand; see ByteTokenizer
+    if parse_quantization_config({**raw, **overrides}) is not None:
+        quantize_model(lm)  # random weights of an FP8 checkpoint's config are served in FP8 too (per channel)
     return lm, tokenizer

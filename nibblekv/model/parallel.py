@@ -194,8 +194,47 @@ def _rows(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     return t[lo:hi]
 
 
-def shard_tensor(name: str, t: torch.Tensor, config: ModelConfig, shard: TPShard) -> torch.Tensor:
-    """This rank's slice of HF-named, HF-shaped checkpoint tensor ``t`` (a view where possible)."""
+def _shard_scale(
+    name: str, t: torch.Tensor, config: ModelConfig, shard: TPShard, block: int | None
+) -> torch.Tensor:
+    """This rank's FP8 ``weight_scale``: per-channel scales ``[N]`` follow a column-parallel layer's rows and
+    are whole for a row-parallel one; block scales ``[N/B, K/B]`` follow the weight's cut in block units
+    (the cut must fall on a block boundary); per-tensor scalars are replicated."""
+    if t.numel() == 1:
+        return t
+    d = config.head_dim
+    q, kv, mlp = shard.q_heads, shard.kv_heads, shard.intermediate
+    cuts = {
+        ".self_attn.q_proj.": (0, q[0] * d, q[1] * d, config.q_size),
+        ".self_attn.k_proj.": (0, kv[0] * d, kv[1] * d, config.kv_size),
+        ".self_attn.v_proj.": (0, kv[0] * d, kv[1] * d, config.kv_size),
+        ".self_attn.o_proj.": (1, q[0] * d, q[1] * d, config.q_size),
+        ".mlp.gate_proj.": (0, *mlp, config.intermediate_size),
+        ".mlp.up_proj.": (0, *mlp, config.intermediate_size),
+        ".mlp.down_proj.": (1, *mlp, config.intermediate_size),
+    }
+    cut = next((c for key, c in cuts.items() if key in name), None)
+    if cut is None:
+        return t
+    dim, lo, hi, total = cut
+    if block is None:
+        return t[lo:hi] if dim == 0 else t
+    if lo % block or (hi % block and hi != total):
+        raise ValueError(
+            f"--tp-size {shard.size}: rank {shard.rank} of {name} is [{lo}, {hi}) of {total}, which does not "
+            f"fall on the checkpoint's {block}-wide FP8 scale blocks; choose a --tp-size that does"
+        )
+    lo_b, hi_b = lo // block, -(-hi // block)
+    return t[lo_b:hi_b] if dim == 0 else t[:, lo_b:hi_b]
+
+
+def shard_tensor(
+    name: str, t: torch.Tensor, config: ModelConfig, shard: TPShard, block: int | None = None
+) -> torch.Tensor:
+    """This rank's slice of HF-named, HF-shaped checkpoint tensor ``t`` (a view where possible);
+    ``block``: the FP8 weight block size of a block-scaled checkpoint (its scales are cut in blocks)."""
+    if name.endswith(".weight_scale"):
+        return _shard_scale(name, t, config, shard, block)
     d = config.head_dim
     q, kv, mlp = shard.q_heads, shard.kv_heads, shard.intermediate
     if ".self_attn.q_proj." in name:
@@ -216,10 +255,10 @@ def shard_tensor(name: str, t: torch.Tensor, config: ModelConfig, shard: TPShard
     return t
 
 
-def shard_weights(weights: Weights, config: ModelConfig, shard: TPShard) -> Weights:
+def shard_weights(weights: Weights, config: ModelConfig, shard: TPShard, block: int | None = None) -> Weights:
     """:func:`shard_tensor` over a ``(hf_name, tensor)`` stream (for :func:`load_hf_weights`)."""
     for name, t in weights:
-        yield name, shard_tensor(name, t, config, shard)
+        yield name, shard_tensor(name, t, config, shard, block)
 
 
 # our fused parameter -> the HF projections stacked in it, in row order

@@ -50,6 +50,29 @@ def map_name(model: CausalLM, hf_name: str) -> tuple[str, tuple[int, int] | None
     return hf_name, None
 
 
+def _scale_slot(
+    model: CausalLM, hf_name: str, name: str, param: torch.Tensor, rows: tuple[int, int] | None,
+    tensor: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(slice of ``param`` to fill, tensor to copy) for an FP8 ``weight_scale``: a per-tensor scalar fills
+    its rows of per-channel scales; block scales ``[N/B, K/B]`` take rows ``rows / B``."""
+    block = getattr(model.get_submodule(name.rpartition(".")[0]), "block", None)
+    if block is None:
+        target = param if rows is None else param[rows[0] : rows[1]]
+        if tensor.numel() == 1:
+            tensor = tensor.reshape(()).expand(target.shape)
+        return target, tensor
+    if rows is None:
+        return param, tensor
+    lo, hi = rows
+    if lo % block:
+        raise ValueError(
+            f"{hf_name}: the fused projection's part starts at row {lo}, inside a {block}-row scale block "
+            "(block-scaled FP8 needs every fused q/k/v and gate/up part to start on a block boundary)"
+        )
+    return param[lo // block : -(-hi // block)], tensor
+
+
 @torch.no_grad()
 def load_hf_weights(
     model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]], adopt: bool = False
@@ -79,7 +102,14 @@ def load_hf_weights(
         name, rows = mapped
         if name not in params:
             raise KeyError(f"checkpoint tensor {hf_name!r} has no place in the model (mapped to {name!r})")
-        target = params[name] if rows is None else params[name][rows[0] : rows[1]]
+        param = params[name]
+        if name.endswith(".weight_scale"):  # FP8 weight scales: rows in scale units, scalars per shard
+            target, tensor = _scale_slot(model, hf_name, name, param, rows, tensor)
+        else:
+            target = param if rows is None else param[rows[0] : rows[1]]
+            if param.dtype == torch.float8_e4m3fn and tensor.dtype != param.dtype:
+                raise ValueError(f"{hf_name}: checkpoint dtype {tensor.dtype} in an FP8 layer (float8_e4m3fn "
+                                 "expected: the quantization_config says this checkpoint is FP8)")  # fmt: skip
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
         if adopt and rows is None and tensor.dtype == target.dtype and tensor.device == target.device:
