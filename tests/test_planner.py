@@ -350,8 +350,24 @@ def test_moe_weights_need_explicit_size(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_quantized_config_needs_weights_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _write(tmp_path, _edited(LLAMA, quantization_config={"quant_method": "fp8"}))
+    path = _write(tmp_path, _edited(LLAMA, quantization_config={"quant_method": "awq", "bits": 4}))
     assert "quantization_config" in _error_line(capsys, "--model", path, "--gpu", "H200", "--context", "8192")
+
+
+@pytest.mark.parametrize(
+    "qc",
+    [
+        {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+        {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}},
+    ],
+)
+def test_fp8_checkpoint_config_plans_fp8_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], qc: dict[str, Any]
+) -> None:
+    """An FP8 checkpoint's config sizes its weights at 1 byte per linear parameter, as --weights-dtype fp8."""
+    doc = _plan_json(capsys, "--model", _write(tmp_path, _edited(LLAMA, quantization_config=qc)), "--gpu", "H200",
+                     "--context", "8192")  # fmt: skip
+    assert doc["weights"]["dtype"] == "fp8" and doc["weights"]["gib"] == pytest.approx(67.7, rel=0.005)
 
 
 def test_nvfp4_unsupported_head_dim_is_explicit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

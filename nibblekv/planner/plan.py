@@ -20,6 +20,7 @@ from typing import Any
 
 from nibblekv.formats import KVDtype, PageLayout, bytes_per_value
 from nibblekv.model.presets import PRESETS, published_weights_gib
+from nibblekv.planner.engine_fit import EngineOptions, resident_requests
 from nibblekv.planner.shape import (  # noqa: F401  (re-exported: the planner's public names)
     ModelShape,
     PlanError,
@@ -136,6 +137,13 @@ class Weights:
     source: str  # "explicit", "published" or "estimated"
 
 
+def _is_fp8_config(qc: Mapping[str, Any]) -> bool:
+    """An HF ``quantization_config`` of the FP8 checkpoints the engine loads (block ``fp8`` or
+    compressed-tensors ``float-quantized``); the engine itself validates the details."""
+    method = qc.get("quant_method")
+    return method == "fp8" or (method == "compressed-tensors" and qc.get("format") == "float-quantized")
+
+
 def resolve_weights(
     name: str, shape: ModelShape, cfg: Mapping[str, Any], weights_dtype: str | None, weights_gib: float | None
 ) -> Weights:
@@ -145,9 +153,12 @@ def resolve_weights(
             raise PlanError(f"--weights-gib must be a non-negative number, got {weights_gib}")
         return Weights(dtype=weights_dtype, gib=weights_gib, source="explicit")
     if weights_dtype is None:
-        if cfg.get("quantization_config") is not None:
-            raise PlanError("config has 'quantization_config': pass --weights-dtype or --weights-gib")
         weights_dtype = "bf16"
+        qc = cfg.get("quantization_config")
+        if qc is not None:
+            if not _is_fp8_config(qc):
+                raise PlanError("config has a non-FP8 'quantization_config': pass --weights-dtype or --weights-gib")
+            weights_dtype = "fp8"  # an FP8 checkpoint (what `nibblekv serve` loads as FP8)
     if weights_dtype not in WEIGHT_BYTES_PER_PARAM:
         raise PlanError(
             f"unknown weights dtype {weights_dtype!r}; choose from {', '.join(WEIGHT_BYTES_PER_PARAM)}"
@@ -262,6 +273,9 @@ class Plan:
     kv_budget_gib: float
     kv: tuple[KVPlan, ...]
     unsupported: tuple[tuple[str, str], ...]  # (kv dtype, why) for dtypes this model cannot use
+    engine: EngineOptions = EngineOptions()
+    # (kv dtype, sessions resident at once as the engine sizes its pool: tail, sink pages, page table paid)
+    requests: tuple[tuple[str, int], ...] = ()
 
     def kv_plan(self, dtype: KVDtype) -> KVPlan | None:
         """The plan for ``dtype``, None when unsupported for this model."""
@@ -288,22 +302,39 @@ class Plan:
             "context": self.context,
             "kv": {p.dtype.value: p.to_json() for p in self.kv},
             "unsupported_kv": dict(self.unsupported),
+            "engine": {
+                "page_size": self.engine.page_size,
+                "kv_recent_window": self.engine.kv_recent_window,
+                "chunked_prefill_size": self.engine.chunked_prefill_size,
+                "requests": dict(self.requests),
+            },
         }
 
 
-def make_plan(shape: ModelShape, gpu: Gpu, weights: Weights, context: int, rule: MemoryRule) -> Plan:
-    """Size every KV dtype of :data:`PLAN_KV_DTYPES` for ``context``-token sessions."""
+def make_plan(
+    shape: ModelShape, gpu: Gpu, weights: Weights, context: int, rule: MemoryRule, engine: EngineOptions | None = None
+) -> Plan:
+    """Size every KV dtype of :data:`PLAN_KV_DTYPES` for ``context``-token sessions: the raw token count,
+    and the sessions the engine (``engine`` options) holds at once."""
     if context < 1:
         raise PlanError(f"--context must be a positive number of tokens, got {context}")
+    engine = engine or EngineOptions()
     budget = rule.kv_budget_bytes(gpu, weights)
     plans: list[KVPlan] = []
     unsupported: list[tuple[str, str]] = []
+    requests: list[tuple[str, int]] = []
     for dtype in PLAN_KV_DTYPES:
         try:
             plans.append(plan_kv(shape, dtype, context, budget))
         except PlanError as exc:
             unsupported.append((dtype.value, str(exc)))
-    return Plan(shape, gpu, weights, rule, context, float(budget / GIB), tuple(plans), tuple(unsupported))
+            continue
+        n = resident_requests(shape, dtype, max(budget, Fraction(0)), engine.request_tokens(context), context, engine)
+        requests.append((dtype.value, n))
+    return Plan(
+        shape, gpu, weights, rule, context, float(budget / GIB), tuple(plans), tuple(unsupported), engine,
+        tuple(requests),
+    )  # fmt: skip
 
 
 def plan_for(
@@ -314,6 +345,7 @@ def plan_for(
     weights_dtype: str | None = None,
     weights_gib: float | None = None,
     rule: MemoryRule | None = None,
+    engine: EngineOptions | None = None,
 ) -> Plan:
     """Resolve the string inputs of ``nibblekv plan`` and build the :class:`Plan`."""
     if context < 1:
@@ -322,4 +354,4 @@ def plan_for(
     shape = shape_from_config(cfg, name)
     card = parse_gpu(gpu)
     weights = resolve_weights(name, shape, cfg, weights_dtype, weights_gib)
-    return make_plan(shape, card, weights, context, rule or MemoryRule())
+    return make_plan(shape, card, weights, context, rule or MemoryRule(), engine)
