@@ -234,3 +234,28 @@ def test_malformed_checkpoints_give_clear_errors(tmp_path: Path) -> None:
                "model.layers.0.mlp.down_proj.weight_scale": torch.ones(256, 1)}, str(path))  # fmt: skip
     with pytest.raises(ValueError, match="per-channel scales in a checkpoint whose quantization_config says"):
         load_model(str(tmp_path / "m"), dtype=torch.float32)
+
+
+def test_engine_and_cli_serve_fp8_weights(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--quantization fp8`` through the engine (paged KV, fp32 and nvfp4 caches) and the CLI: the engine's
+    greedy tokens are the dense forward's, the start-up log reports FP8 weights and their size."""
+    from nibblekv.cli import main
+    from nibblekv.engine import Engine, SamplingParams
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CFG, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32}))
+    caplog.set_level("INFO", logger="nibblekv")
+    engine = Engine(load_format="dummy", model=str(path), max_total_tokens=256, quantization="fp8", seed=2)
+    assert isinstance(engine.model.model.layers[0].mlp.gate_up_proj, Fp8Linear)
+    assert "quantization=fp8, mem usage=" in caplog.text
+    prompt = [7, 11, 3, 5, 9]
+    out = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True))
+    assert out[0].token_ids == _greedy(engine.model, prompt, 5)
+    argv = ["generate", "hi", "--max-new-tokens", "3", "--load-format", "dummy", "--model", str(path),
+            "--max-total-tokens", "256", "--kv-cache-dtype", "nvfp4", "--quantization", "fp8"]  # fmt: skip
+    assert main(argv) == 0
+    with pytest.raises(SystemExit) as exc:
+        main([*argv[:-1], "awq"])
+    assert exc.value.code == 2 and "--quantization" in capsys.readouterr().err
