@@ -65,6 +65,10 @@ class EngineConfig:
     # chunk attends to the previous one in bf16. See resolve_prefill_window() and docs/accuracy.md.
     kv_prefill_window: int | None = None
     context_length: int | None = None
+    # Serve --context-length past the model's max_position_embeddings (SGLang's
+    # SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, as a flag): the RoPE scaling in the model config or
+    # --json-model-override-args must make those positions meaningful; refused without it.
+    allow_long_context: bool = False
     disable_cuda_graph: bool = False
     # largest decode batch replayed from a CUDA graph (bigger ones run eagerly); None = every batch the
     # scheduler can form, up to DEFAULT_CUDA_GRAPH_MAX_BS. NOTE: eager decode is bound by Python's kernel
@@ -293,6 +297,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "2048) + --kv-recent-window; multiple of --page-size; see docs/accuracy.md)",
     )
     g.add_argument("--context-length", type=_positive_int, default=None)
+    g.add_argument(
+        "--allow-long-context", action="store_true",
+        help="accept a --context-length beyond the model's max_position_embeddings (SGLang's "
+        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN); give RoPE scaling for those positions in the model "
+        "config or --json-model-override-args; logged at start",
+    )  # fmt: skip
     g.add_argument("--disable-cuda-graph", action="store_true")
     g.add_argument("--cuda-graph-max-bs", type=_positive_int, default=d.cuda_graph_max_bs)
     g.add_argument("--cuda-graph-bs", type=_positive_int, nargs="+", default=None,
@@ -325,7 +335,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 def config_from_args_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> EngineConfig:
     """:meth:`EngineConfig.from_args`, turning a bad combination into ``parser.error`` (exit 2)."""
     try:
-        return EngineConfig.from_args(args)
+        config = EngineConfig.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
+    from nibblekv.engine.long_context import context_length_cli_error
+
+    problem = context_length_cli_error(config)  # NOTE: before any weights load (presets, HF folders)
+    if problem:
+        parser.error(problem)
+    return config

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from nibblekv.cache.prefix import PrefixCacheManager
 from nibblekv.config import EngineConfig
+from nibblekv.engine.long_context import check_context_length
 from nibblekv.engine.model_runner import ModelRunner
 from nibblekv.engine.output import OutputProcessor
 from nibblekv.engine.overlap import OverlapLoop
@@ -93,14 +94,13 @@ class Engine:
             time.perf_counter() - t0, self.model.dtype, "fp8" if has_fp8_weights(self.model) else None,
             weight_bytes(self.model) / (1 << 30),
         )  # fmt: skip
-        max_pos = self.model.config.max_position_embeddings
-        self.context_len = cfg.context_length or max_pos
-        if self.context_len > max_pos:
-            logger.warning("context length %d exceeds the model's %d positions", self.context_len, max_pos)
+        mc = self.model.config
+        self.context_len = check_context_length(cfg, mc.max_position_embeddings, mc.rope_scaling)
         self.max_running = cfg.max_running_requests or DEFAULT_MAX_RUNNING.get(self.device.type, 32)
         if self.tp is not None:
             self.tp.setup(self.max_running, self.context_len)
-        self.pool = build_pool(cfg, self.model, self.max_running, self.tp.agree_pool_spec if self.tp else None)
+        agree = self.tp.agree_pool_spec if self.tp else None
+        self.pool = build_pool(cfg, self.model, self.max_running, agree, self.context_len)
         for line in self.pool.startup_lines(self.max_running, self.context_len):
             logger.info(line)
         self.page_table = make_page_table(self.pool, self.max_running, self.context_len, self.device)

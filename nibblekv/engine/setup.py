@@ -32,6 +32,7 @@ from nibblekv.model import CausalLM
 logger = logging.getLogger("nibblekv")
 
 DEFAULT_MEM_FRACTION_STATIC: float = 0.88
+PAGE_ID_BYTES: int = 4  # page-table entries are int32 (page ids; kernels widen them before scaling)
 DEFAULT_MAX_RUNNING: dict[str, int] = {"cuda": 128, "cpu": 32}
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -63,8 +64,26 @@ def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int | None:
     return None
 
 
-def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSpec:
-    """The pool :func:`build_pool` would allocate now (benchmarks size runs with it)."""
+def page_table_widths(spec: PoolSpec, context_len: int) -> tuple[int, int]:
+    """(main, tail) page ids per page-table row: ``context_len`` tokens of main pages (+1: the partial
+    page), and the tail row: the window (the prefill window while a prompt is chunked), the page being
+    demoted and the sink page(s)."""
+    p = spec.page_size
+    tail = -(-max(spec.recent_window, spec.prefill_window) // p) + 1 + spec.sink_pages
+    return -(-context_len // p) + 1, max(1, tail)
+
+
+def page_table_bytes(spec: PoolSpec, max_running: int, context_len: int) -> int:
+    """Device bytes of the page table (int32 ids, one row per running request plus the padding row):
+    at 1M tokens a row is 65K pages, 256 KiB, so 128 rows take 32 MiB of the KV budget."""
+    main, tail = page_table_widths(spec, context_len)
+    return (max_running + 1) * (main + tail) * PAGE_ID_BYTES
+
+
+def pool_spec(config: EngineConfig, model: CausalLM, max_running: int, context_len: int | None = None) -> PoolSpec:
+    """The pool :func:`build_pool` would allocate now (benchmarks size runs with it): the byte budget less
+    the page table for ``max_running`` rows of ``context_len`` tokens (default: ``--context-length``, else
+    the model's positions)."""
     mc = model.config
     if model.device.type == "cuda" and os.environ.get("NIBBLEKV_KERNELS", "auto") != "reference":
         check_gpu_head_dim(mc.head_dim)
@@ -72,7 +91,20 @@ def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSp
     max_tokens = config.max_total_tokens
     if budget is None and max_tokens is None:
         max_tokens = CPU_DEFAULT_MAX_TOTAL_TOKENS
-    spec = size_pool(
+    context = context_len or config.context_length or mc.max_position_embeddings
+    if budget is not None:
+        shape = _size_pool(config, model, max_running, None, config.page_size)  # the table's widths only
+        budget -= page_table_bytes(shape, max_running, context)
+    spec = _size_pool(config, model, max_running, budget, max_tokens)
+    hadamard, four_over_six = resolve_kv_options(config, spec.kv_dtype, mc.head_dim)
+    return replace(spec, hadamard=hadamard, four_over_six=four_over_six)
+
+
+def _size_pool(
+    config: EngineConfig, model: CausalLM, max_running: int, budget: int | None, max_tokens: int | None
+) -> PoolSpec:
+    mc = model.config
+    return size_pool(
         num_layers=mc.num_layers,
         num_kv_heads=mc.num_kv_heads,
         head_dim=mc.head_dim,
@@ -86,8 +118,6 @@ def pool_spec(config: EngineConfig, model: CausalLM, max_running: int) -> PoolSp
         sink_pages=resolve_sink_pages(config, parse_kv_dtype(config.kv_cache_dtype, model.dtype)),
         prefill_window=config.resolve_prefill_window(),
     )
-    hadamard, four_over_six = resolve_kv_options(config, spec.kv_dtype, mc.head_dim)
-    return replace(spec, hadamard=hadamard, four_over_six=four_over_six)
 
 
 def resolve_kv_options(config: EngineConfig, kv_dtype: KVDtype, head_dim: int) -> tuple[bool, bool]:
@@ -115,9 +145,10 @@ def build_pool(
     model: CausalLM,
     max_running: int,
     agree: Callable[[PoolSpec], PoolSpec] | None = None,
+    context_len: int | None = None,
 ) -> KVPool:
     """Size and allocate the pool; ``agree`` (tensor parallel) makes every rank's page count equal."""
-    spec = pool_spec(config, model, max_running)
+    spec = pool_spec(config, model, max_running, context_len)
     if agree is not None:
         spec = agree(spec)
     scales = load_kv_scales(config.kv_scales_path, model.config.num_layers, model.device, spec.hadamard)
@@ -126,11 +157,32 @@ def build_pool(
 
 def make_page_table(pool: KVPool, max_running: int, context_len: int, device: torch.device) -> PageTable:
     """One row per running request; each row holds up to ``context_len`` tokens of pages."""
-    p = pool.page_size
-    # NOTE: a tail row holds the window (the prefill window while a prompt is chunked), the page being
-    # demoted and the sink page(s).
-    tail_width = -(-max(pool.recent_window, pool.spec.prefill_window) // p) + 1 + pool.spec.sink_pages
-    return PageTable(max_running, -(-context_len // p) + 1, tail_width, device)
+    main, tail = page_table_widths(pool.spec, context_len)
+    return PageTable(max_running, main, tail, device)
+
+
+def resident_capacity(config: EngineConfig, model: CausalLM, tokens_per_request: int, context_len: int) -> int:
+    """The most requests of ``tokens_per_request`` main-pool tokens (whole pages) the pool holds at once,
+    ``max_running_requests`` set to that count (0 if not one fits).
+
+    The tail pool and the page table grow with ``max_running_requests``, so the main pool shrinks as the
+    count grows: binary-search the largest ``n`` whose pool still holds ``n`` requests.
+    """
+
+    def holds(n: int) -> bool:
+        try:
+            spec = pool_spec(replace(config, max_running_requests=n), model, n, context_len)
+        except ValueError:  # the tail pool alone exceeds the budget
+            return False
+        return spec.max_total_num_tokens >= n * tokens_per_request
+
+    lo, hi = 0, 1
+    while holds(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return lo
 
 
 def build_cache_manager(config: EngineConfig, pool: KVPool, page_table: PageTable) -> BaseCacheManager:

@@ -9,6 +9,7 @@ from typing import TextIO
 
 from nibblekv.formats import KVDtype
 from nibblekv.model.presets import PRESETS
+from nibblekv.planner.engine_fit import EngineOptions
 from nibblekv.planner.plan import GPUS, WEIGHT_BYTES_PER_PARAM, MemoryRule, Plan, PlanError, plan_for
 
 PROG = "nibblekv plan"
@@ -45,6 +46,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("--mem-fraction", type=float, default=0.9, help="share of reported memory usable (0.9)")
     p.add_argument("--reserve-gib", type=float, default=3.0, help="GiB kept for activations and runtime (3)")
+    e = EngineOptions()
+    p.add_argument("--page-size", type=int, default=e.page_size, help="engine: tokens per KV page")
+    p.add_argument(
+        "--kv-recent-window", type=int, default=e.kv_recent_window,
+        help="engine: newest tokens per request kept in bf16 (fp8/nvfp4), paid from the KV budget",
+    )  # fmt: skip
+    p.add_argument(
+        "--chunked-prefill-size", type=int, default=e.chunked_prefill_size,
+        help="engine: prefill chunk (sets the bf16 prefill window the engine reserves)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
@@ -86,6 +97,14 @@ def _rows(plan: Plan) -> list[str]:
         sizes = f"{p.bytes_per_token:>13,}{p.gib_per_session:>13.6g}"
         rows.append(f"  {p.dtype.value:<10}{sizes}{p.tokens:>14,}{p.sessions:>10,}")
     rows += [f"  {name:<10}unsupported: {why}" for name, why in plan.unsupported]
+    if plan.requests:
+        e = plan.engine
+        counts = ", ".join(f"{name} {n:,}" for name, n in plan.requests)
+        rows += [
+            "",
+            f"engine resident requests (bf16 tail W={e.kv_recent_window}, sink and prefill pages, page table, "
+            f"page {e.page_size}): {counts}",
+        ]
     return rows
 
 
@@ -119,6 +138,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             weights_dtype=args.weights_dtype,
             weights_gib=args.weights_gib,
             rule=MemoryRule(args.mem_fraction, args.reserve_gib),
+            engine=EngineOptions(args.page_size, args.kv_recent_window, args.chunked_prefill_size),
         )
     except PlanError as exc:
         print(f"{PROG}: error: {exc}", file=err)

@@ -1,0 +1,90 @@
+"""``--context-length`` past the model's ``max_position_embeddings``: refused unless ``--allow-long-context``.
+
+SGLang refuses such a context length unless ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``; here the opt-in
+is a config field (:attr:`~nibblekv.config.EngineConfig.allow_long_context`). When it is used, one warning
+line names both lengths and the RoPE scaling in effect (from the model config or
+``--json-model-override-args``), since positions past the trained range are only as good as that scaling.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from nibblekv.config import EngineConfig
+from nibblekv.model.config import RopeScaling
+from nibblekv.model.presets import PRESETS
+
+logger = logging.getLogger("nibblekv")
+
+
+def describe_rope_scaling(scaling: RopeScaling) -> str:
+    """One phrase for the log line, e.g. ``llama3 (factor 8.0, original_max_position_embeddings 8192)``."""
+    if scaling.rope_type == "default":
+        return "none"
+    if scaling.rope_type == "linear":
+        return f"linear (factor {scaling.factor})"
+    if scaling.rope_type == "freq_factors":
+        return f"freq_factors ({len(scaling.freq_factors)} values from the GGUF)"
+    return (
+        f"{scaling.rope_type} (factor {scaling.factor}, low_freq_factor {scaling.low_freq_factor}, "
+        f"high_freq_factor {scaling.high_freq_factor}, original_max_position_embeddings "
+        f"{scaling.original_max_position_embeddings})"
+    )
+
+
+def long_context_error(context_length: int, max_position_embeddings: int) -> str:
+    return (
+        f"--context-length {context_length} exceeds the model's max_position_embeddings "
+        f"{max_position_embeddings}; pass --allow-long-context to serve it anyway (with RoPE scaling for those "
+        "positions in the model config or --json-model-override-args, e.g. "
+        '\'{"rope_scaling": {"rope_type": "llama3", "factor": 64.0, ...}}\')'
+    )
+
+
+def check_context_length(config: EngineConfig, max_position_embeddings: int, rope_scaling: RopeScaling) -> int:
+    """The context length the engine serves; ``ValueError`` naming the flag when it passes the model's
+    positions without ``allow_long_context``, a warning line with both numbers and the RoPE scaling with it."""
+    context_len = config.context_length or max_position_embeddings
+    if context_len <= max_position_embeddings:
+        return context_len
+    if not config.allow_long_context:
+        raise ValueError(long_context_error(context_len, max_position_embeddings))
+    logger.warning(
+        "--allow-long-context: context length %d exceeds the model's max_position_embeddings %d; "
+        "RoPE scaling: %s",
+        context_len,
+        max_position_embeddings,
+        describe_rope_scaling(rope_scaling),
+    )
+    return context_len
+
+
+def max_positions_before_load(config: EngineConfig) -> int | None:
+    """``max_position_embeddings`` of a preset or an HF folder (with the JSON overrides), read without
+    loading weights; None when it cannot be told cheaply (a GGUF: the engine checks once it is loaded)."""
+    raw: dict[str, Any]
+    if config.model in PRESETS and not Path(config.model).exists():
+        raw = dict(PRESETS[config.model])
+    elif config.model is not None and (Path(config.model) / "config.json").is_file():
+        try:
+            raw = json.loads((Path(config.model) / "config.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return None  # NOTE: the loader reports a broken config.json with its own message
+    else:
+        return None
+    raw.update(config.model_overrides())
+    value = raw.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
+
+
+def context_length_cli_error(config: EngineConfig) -> str | None:
+    """Why the CLI should refuse ``--context-length`` before the engine starts, or None."""
+    if config.context_length is None or config.allow_long_context:
+        return None
+    limit = max_positions_before_load(config)
+    if limit is None or config.context_length <= limit:
+        return None
+    return long_context_error(config.context_length, limit)

@@ -1,0 +1,122 @@
+"""Resident requests as the engine sizes its pool: everything it allocates per request, not just KV tokens.
+
+The engine carves its KV budget into (nibblekv/engine/setup.py, nibblekv/cache/pool.py):
+
+* the page table: int32 page ids, one row per running request plus a padding row, each row
+  ``ceil(context / page) + 1`` main ids and the tail ids below;
+* the tail pool (quantized dtypes with ``--kv-recent-window`` W > 0), in the model's dtype: per running
+  request ``W / page + 1`` pages plus the bf16 sink page(s) (default 1 for nvfp4), plus
+  ``2 x (ceil(max(Wp, W) / page) + 1)`` pages for the chunked prefill in flight (Wp: the prefill window,
+  default ``min(chunk, 2048) + W``), plus a scratch page;
+* the main pool: what is left, in whole pages, minus its scratch page.
+
+A request is resident when its tokens (whole pages) fit in the main pool next to the others'. This module
+repeats that arithmetic without torch allocations so ``nibblekv plan`` can print the count the engine's
+own sizing (:func:`nibblekv.engine.setup.resident_capacity`) reaches; a test holds the two equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from nibblekv.formats import KVDtype, PageLayout
+from nibblekv.planner.shape import ModelShape, PlanError
+
+PAGE_ID_BYTES: int = 4  # int32 page-table entries
+SCRATCH_PAGES: int = 1  # page 0 of each pool
+MAX_DEFAULT_PREFILL_CHUNK: int = 2048  # the engine's default prefill window covers this much of a chunk
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The engine flags that change what a request costs (defaults: the engine's)."""
+
+    page_size: int = 16
+    kv_recent_window: int = 64
+    chunked_prefill_size: int = 2048  # <= 0: unchunked
+    kv_sink_pages: int | None = None  # None: 1 for nvfp4, 0 otherwise
+    kv_prefill_window: int | None = None  # None: min(chunk, 2048) + W
+    model_dtype: KVDtype = KVDtype.BF16  # the tail pool's dtype
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise PlanError(f"--page-size must be >= 1, got {self.page_size}")
+        if self.kv_recent_window < 0 or self.kv_recent_window % self.page_size:
+            raise PlanError(f"--kv-recent-window must be a multiple of --page-size, got {self.kv_recent_window}")
+
+    def window(self, dtype: KVDtype) -> int:
+        """W in tokens: 0 for unquantized dtypes (nothing to keep exact)."""
+        return self.kv_recent_window if dtype.quantized else 0
+
+    def sink_pages(self, dtype: KVDtype) -> int:
+        if not self.window(dtype):
+            return 0
+        return int(dtype is KVDtype.NVFP4) if self.kv_sink_pages is None else self.kv_sink_pages
+
+    def prefill_window(self, dtype: KVDtype) -> int:
+        w = self.window(dtype)
+        if not w:
+            return 0
+        if self.kv_prefill_window is not None:
+            return max(self.kv_prefill_window, w)
+        if self.chunked_prefill_size <= 0:
+            return w
+        return min(self.chunked_prefill_size, MAX_DEFAULT_PREFILL_CHUNK) + w
+
+    def tail_pages(self, dtype: KVDtype, running: int) -> int:
+        """Tail-pool pages for ``running`` requests (scratch page excluded)."""
+        w, p = self.window(dtype), self.page_size
+        if not w:
+            return 0
+        per_prefill = -(-self.prefill_window(dtype) // p) + 1
+        return running * (w // p + 1 + self.sink_pages(dtype)) + 2 * per_prefill
+
+    def table_bytes(self, dtype: KVDtype, running: int, context_len: int) -> int:
+        """The page table's bytes: ``running`` rows plus the padding row."""
+        p = self.page_size
+        main = -(-context_len // p) + 1
+        tail = max(1, -(-self.prefill_window(dtype) // p) + 1 + self.sink_pages(dtype))
+        return (running + 1) * (main + tail) * PAGE_ID_BYTES
+
+    def request_tokens(self, context: int) -> int:
+        """Main-pool tokens one request of ``context`` tokens is sized for: its pages plus one."""
+        return (-(-context // self.page_size) + 1) * self.page_size
+
+
+def main_pool_tokens(
+    shape: ModelShape, dtype: KVDtype, budget_bytes: int | Fraction, running: int, context_len: int, opts: EngineOptions
+) -> int:
+    """Main-pool tokens the engine allocates from ``budget_bytes`` for ``running`` requests (<= 0: none)."""
+    p = opts.page_size
+    page_bytes = p * PageLayout(dtype, shape.num_kv_heads, shape.head_dim, p).bytes_per_token() * shape.num_layers
+    tail_layout = PageLayout(opts.model_dtype, shape.num_kv_heads, shape.head_dim, p)
+    tail_page_bytes = p * tail_layout.bytes_per_token() * shape.num_layers
+    left = int(budget_bytes) - opts.table_bytes(dtype, running, context_len)
+    left -= (opts.tail_pages(dtype, running) + SCRATCH_PAGES) * tail_page_bytes
+    return (left // page_bytes - SCRATCH_PAGES) * p
+
+
+def resident_requests(
+    shape: ModelShape,
+    dtype: KVDtype,
+    budget_bytes: int | Fraction,
+    tokens_per_request: int,
+    context_len: int,
+    opts: EngineOptions | None = None,
+) -> int:
+    """The most requests of ``tokens_per_request`` main-pool tokens that fit together, each request's tail,
+    sink and table row paid for (``context_len``: the page table's row length, the engine's context)."""
+    opts = opts or EngineOptions()
+
+    def holds(n: int) -> bool:
+        tokens = main_pool_tokens(shape, dtype, budget_bytes, n, context_len, opts)
+        return tokens >= opts.page_size and tokens >= n * tokens_per_request
+
+    lo, hi = 0, 1
+    while holds(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return lo
