@@ -3,6 +3,10 @@
 Usage (on the GPU machine, from the repo root)::
 
     PYTHONPATH=. python benchmarks/bench_decode_variants.py --out $OUT [--budget-s 330] [--variants SPEC...]
+    TRITON_INTERPRET=1 python benchmarks/bench_decode_variants.py --smoke --out DIR   # CPU (interpreter)
+
+A kernel A/B: e.g. ``--variants nvfp4=mma nvfp4=mma:wppsm=12 --shapes 64x8192``, run twice in reverse
+order to see past the GPU's drift between runs.
 
 For each (kv dtype, variant spec) in priority order: compile + check against ``decode_ref`` on a small odd
 batch (lengths 1, 15, 16, 17, 1000, 4099; tails 0/1/32/7/64/0; Hq=32 Hkv=8 D=128), print registers and
@@ -23,15 +27,19 @@ import sys
 import time
 import traceback
 
+from pathlib import Path
+
 import torch
 import triton
 
-from benchmarks import bench_kernels
-from benchmarks.bench_kernels import DEV, NAMES, Pools, bench, read_ceiling, run_decode
-from nibblekv.formats.layout import KVDtype
-from nibblekv.kernels import decode as dec
-from nibblekv.kernels.reference import decode_ref
-from nibblekv.kernels.testing import make_batch, rel_rms
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root, for `benchmarks.*`
+from benchmarks import bench_kernels, timing  # noqa: E402
+from benchmarks.bench_kernels import NAMES, Pools, run_decode  # noqa: E402
+from benchmarks.timing import DEV, read_ceiling  # noqa: E402
+from nibblekv.formats.layout import KVDtype  # noqa: E402
+from nibblekv.kernels import decode as dec  # noqa: E402
+from nibblekv.kernels.reference import decode_ref  # noqa: E402
+from nibblekv.kernels.testing import make_batch, rel_rms  # noqa: E402
 
 # Acceptance shapes (B, ctx): B*ctx >= 256K and B=1 x 128K; (32, 8192) is a mid row.
 SHAPES = [(64, 32768), (8, 32768), (1, 131072), (32, 8192)]
@@ -81,11 +89,11 @@ def _pad16(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def make_check_batch(dt: KVDtype, tiny: bool, head_dim: int = 128, q_heads: int = 32) -> object:
+def make_check_batch(dt: KVDtype, smoke: bool, head_dim: int = 128, q_heads: int = 32, kv_heads: int = 8) -> object:
     torch.manual_seed(1234)
-    lens = [1, 15, 16, 17, 100, 77] if tiny else [1, 15, 16, 17, 1000, 4099]
-    tails = [0, 1, 32, 7, 64, 0]
-    pb = make_batch(dt, lens, 8, head_dim, 16, DEV, tail_lens=tails, global_scale=(0.7, 1.3))
+    lens = [1, 17, 40] if smoke else [1, 15, 16, 17, 1000, 4099]
+    tails = [0, 7, 32] if smoke else [0, 1, 32, 7, 64, 0]
+    pb = make_batch(dt, lens, kv_heads, head_dim, 16, DEV, tail_lens=tails, global_scale=(0.7, 1.3))
     # NOTE: page tables padded to 16 columns, like the timed shapes', so Triton's divisibility
     # specialization of their row stride matches and the timed launches reuse the checked compile.
     pb.page_table, pb.tail_page_table = _pad16(pb.page_table), _pad16(pb.tail_page_table)
@@ -103,12 +111,13 @@ def make_check_batch(dt: KVDtype, tiny: bool, head_dim: int = 128, q_heads: int 
     return pb, q, ref
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Decode kernel variants side by side (see the module docstring).")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"), help="folder for decode-variants.json")
     ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new variants after this")
     ap.add_argument("--variants", nargs="*", default=None, help="dtype=spec items, e.g. nvfp4=tok:bn=128")
-    ap.add_argument("--tiny", action="store_true", help="CPU smoke test (interpreter)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny shapes on CPU (TRITON_INTERPRET=1): checks the code path, not the numbers")
     ap.add_argument(
         "--shapes", nargs="*", default=None, help="BxCTX items, e.g. 1x4096 12x3072 (default: SHAPES)"
     )
@@ -119,18 +128,18 @@ def main() -> None:
     ap.add_argument("--tail", action="store_true", help="with a 64-token bf16 tail per request (the engine's default)")
     ap.add_argument("--page-order", choices=("random", "sequential"), default="random",
                     help="where a request's pages lie in the pool (bench_kernels.PAGE_ORDER)")
-    ap.add_argument("--flush", choices=bench_kernels.FLUSH_MODES, default=bench_kernels.FLUSH,
-                    help="how L2 is emptied before each timed call (bench_kernels.FLUSH)")
-    args = ap.parse_args()
+    ap.add_argument("--flush", choices=timing.FLUSH_MODES, default=timing.FLUSH,
+                    help="how L2 is emptied before each timed call (timing.FLUSH)")
+    args = ap.parse_args(argv)
     bench_kernels.PAGE_ORDER = args.page_order
-    bench_kernels.set_flush(args.flush)
+    timing.set_flush(args.flush)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     plan = DEFAULT_PLAN
     if args.variants:
         by_name = {v: k for k, v in NAMES.items()}
         plan = [(by_name[s.split("=", 1)[0]], s.split("=", 1)[1]) for s in args.variants]
-    shapes = list([(1, 96), (2, 64)] if args.tiny else SHAPES)
+    shapes = list([(1, 96), (2, 64)] if args.smoke else SHAPES)
     if args.shapes:
         shapes = [(int(b), int(c)) for b, c in (x.split("x") for x in args.shapes)]
     # ragged batches "1x32768+63x1024": rows carry batch, the mean context and the spec as "lens"
@@ -140,13 +149,16 @@ def main() -> None:
         key = (len(ctxs), sum(ctxs) // len(ctxs))
         ragged[key] = (spec, ctxs)
         shapes.append(key)
-    ceil = read_ceiling(1 << 20 if args.tiny else 4 << 30)
+    ceil = read_ceiling(1 << 20 if args.smoke else 4 << 30)
     print("ceiling probes", ceil, flush=True)
     probe_ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"])  # per-line fractions use this
     max_tok = max([b * c for b, c in shapes] + [len(x) * max(x) for _, x in ragged.values()]) + 4096
-    pools = Pools({dt: max_tok for dt in NAMES}, 8, args.head_dim)
+    # 8 KV heads (Llama-3.1-8B); the smoke run: one, at the same GQA ratio (the interpreter is slow)
+    hkv = 1 if args.smoke else 8
+    q_heads = args.q_heads * hkv // 8
+    pools = Pools({dt: max_tok for dt in NAMES}, hkv, args.head_dim)
     print(f"pools ready {time.time() - t0:.0f}s", flush=True)
-    checks = {dt: make_check_batch(dt, args.tiny, args.head_dim, args.q_heads) for dt in NAMES}
+    checks = {dt: make_check_batch(dt, args.smoke, args.head_dim, q_heads, hkv) for dt in NAMES}
     print(f"check batches ready {time.time() - t0:.0f}s", flush=True)
     doc: dict[str, object] = dict(
         ceiling_probes=ceil, gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
@@ -189,13 +201,13 @@ def main() -> None:
             try:
                 prof: dict[str, float] | None = {} if args.breakdown else None
                 rg = ragged.get((b, c))
-                us, nb = run_decode(pools, dt, b, max(rg[1]) if rg else c, args.q_heads, args.tail, {"variant": spec},
+                us, nb = run_decode(pools, dt, b, max(rg[1]) if rg else c, q_heads, args.tail, {"variant": spec},
                                     profile=prof, ctxs=rg[1] if rg else None)  # fmt: skip
             except Exception as e:  # noqa: BLE001
                 print(f"{NAMES[dt]:9s} {spec:22s} B={b} ctx={c} FAILED {repr(e)[:200]}", flush=True)
                 continue
             rows.append(dict(kernel="decode_tail64" if args.tail else "decode", kv_dtype=NAMES[dt], variant=spec, batch=b, context=c,
-                             q_heads=args.q_heads, kv_heads=8, head_dim=args.head_dim, page_size=16, us=round(us, 2),
+                             q_heads=q_heads, kv_heads=hkv, head_dim=args.head_dim, page_size=16, us=round(us, 2),
                              page_order=args.page_order,
                              bytes=nb, tbps=round(nb / us / 1e6, 4), **({"kernels_us": prof} if prof else {}),
                              **({"lens": rg[0]} if rg else {})))  # fmt: skip
@@ -210,6 +222,7 @@ def main() -> None:
     finish(doc, ceil)
     save()
     print(f"done {time.time() - t0:.0f}s", flush=True)
+    return 0
 
 
 def finish(doc: dict[str, object], ceil: dict[str, float]) -> None:
@@ -266,4 +279,4 @@ def finish(doc: dict[str, object], ceil: dict[str, float]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

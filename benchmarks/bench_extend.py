@@ -3,7 +3,7 @@
 Standalone, it sweeps launch configs (prefix splits x pipeline stages) against the run's read ceiling:
 
     PYTHONPATH=. python benchmarks/bench_extend.py --configs 1:0 4:0 4:3 8:2 --out DIR   # on the GPU
-    PYTHONPATH=. python benchmarks/bench_extend.py --tiny                               # CPU smoke (interpreter)
+    TRITON_INTERPRET=1 python benchmarks/bench_extend.py --smoke --out DIR              # CPU (interpreter)
 
 ``SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS[:MMA]]]]]]`` (0 = the default; OWN = the own-chunk loop's
 stages; DEC=1: ``extend_decode`` -- the NVFP4 prefix through decode_mma, FP8's through decode_tok --
@@ -13,7 +13,7 @@ groups (no decode_mma16), kernel
 ``extend_decode_mma8``); writes
 ``DIR/extend-sweep.json``. At BM = BN = 64,
 head_dim 128, the default 5 stages take 180 KB of shared memory (one program per SM) and ~254 registers
-(sm_90 compile, 2026-11-30): fewer stages / more warps are what splitting needs to pay off.
+(sm_90 compile): fewer stages / more warps are what splitting needs to pay off.
 """
 
 from __future__ import annotations
@@ -30,15 +30,18 @@ from pathlib import Path
 
 import torch
 
-from nibblekv.formats.layout import KVDtype, PageLayout
-from nibblekv.kernels.extend import extend_triton
-from nibblekv.kernels.extend_decode import (
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root, for `benchmarks.*`
+from benchmarks import timing  # noqa: E402
+from benchmarks.timing import DEV, GiB, bench_graph, kernel_breakdown, read_ceiling  # noqa: E402
+from nibblekv.formats.layout import KVDtype, PageLayout  # noqa: E402
+from nibblekv.kernels.extend import extend_triton  # noqa: E402
+from nibblekv.kernels.extend_decode import (  # noqa: E402
     extend_decode,
     extend_decode_plan,
     extend_decode_unsupported,
 )
-from nibblekv.kernels.testing import fill_pool
-from nibblekv.kernels.types import LayerKV
+from nibblekv.kernels.testing import fill_pool  # noqa: E402
+from nibblekv.kernels.types import LayerKV  # noqa: E402
 
 PAGE = 16
 NAMES = {KVDtype.BF16: "bf16", KVDtype.FP8: "fp8_e4m3", KVDtype.NVFP4: "nvfp4"}
@@ -48,7 +51,7 @@ SHAPES = (
     (4, 32768, 64), (1, 32768, 512),
     (8, 2048, 512),
 )  # fmt: skip
-TINY = ((1, 80, 3),)  # 3 tokens x GQA 4: one group of 12 columns (NVFP4: decode_mma16, FP8: decode_tok)
+SMOKE_SHAPES = ((1, 80, 3),)  # 3 tokens x GQA 4: one group of 12 columns (NVFP4: decode_mma16, FP8: decode_tok)
 
 
 def _decode_kw(dopts: str) -> dict[str, object]:
@@ -60,7 +63,7 @@ def _decode_kw(dopts: str) -> dict[str, object]:
 
 
 def extend_rows(
-    bench: Callable[..., float], dev: str, tiny: bool = False, hq: int = 32, hkv: int = 8, d: int = 128,
+    bench: Callable[..., float], dev: str, smoke: bool = False, hq: int = 32, hkv: int = 8, d: int = 128,
     configs: Sequence[tuple[int, ...]] = ((0, 0),),
     shapes: Sequence[tuple[int, int, int]] | None = None,
     profile: Callable[..., dict[str, float]] | None = None,
@@ -72,9 +75,9 @@ def extend_rows(
     call, kept as the row's ``kernels_us``; ``decode_opts``: the prefix decode's variant options of the
     ``extend_decode`` rows, one row each (``extend_decode``'s ``decode_opts``)."""
     rows: list[dict[str, object]] = []
-    if tiny:  # NOTE: one KV head: decode_mma (extend_decode rows) is slow in the interpreter
+    if smoke:  # NOTE: one KV head: decode_mma (extend_decode rows) is slow in the interpreter
         hq, hkv = hq // hkv, 1
-    for b, prefix, chunk in shapes or (TINY if tiny else SHAPES):
+    for b, prefix, chunk in shapes or (SMOKE_SHAPES if smoke else SHAPES):
         if prefix % PAGE:
             raise ValueError(f"prefix {prefix} must be a multiple of the {PAGE}-token page")
         for dt in (KVDtype.BF16, KVDtype.FP8, KVDtype.NVFP4):
@@ -133,12 +136,9 @@ def extend_rows(
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import bench_kernels
-    from benchmarks.bench_kernels import DEV, GiB, bench_graph, kernel_breakdown, read_ceiling
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
+    ap = argparse.ArgumentParser(description="Extend-kernel launch-config sweep (see the module docstring).")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")),
+                    help="folder for extend-sweep.json")
     ap.add_argument(
         "--configs", nargs="+", default=["0:0"],
         help="SPLITS:STAGES[:WARPS[:BM[:BN[:OWN[:REGS[:DEC]]]]]] (0 = default; REGS caps registers per thread; "
@@ -148,22 +148,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-opts", nargs="+", default=[""],
                     help="prefix-decode variant options of the DEC rows, one row each (e.g. '' 'l2=1'); "
                     "'fold' / 'nofold': extend_decode's fold_q on / off")
-    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny shapes on CPU (TRITON_INTERPRET=1): checks the code path, not the numbers")
     ap.add_argument("--shapes", nargs="*", default=None, help="BATCHxPREFIXxCHUNK items (default: SHAPES)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")
-    ap.add_argument("--flush", choices=bench_kernels.FLUSH_MODES, default=bench_kernels.FLUSH,
-                    help="how L2 is emptied before each timed call (bench_kernels.FLUSH)")
+    ap.add_argument("--flush", choices=timing.FLUSH_MODES, default=timing.FLUSH,
+                    help="how L2 is emptied before each timed call (timing.FLUSH)")
     args = ap.parse_args(argv)
-    bench_kernels.set_flush(args.flush)
+    timing.set_flush(args.flush)
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes else None
     t0 = time.time()
-    ceil = read_ceiling(1 << 20 if args.tiny else 4 * GiB)
+    ceil = read_ceiling(1 << 20 if args.smoke else 4 * GiB)
     ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"])
     profile = kernel_breakdown if args.breakdown and DEV == "cuda" else None
     # kernel time (no launcher host work)
     rows = extend_rows(
-        bench_graph, DEV, args.tiny, configs=configs, shapes=shapes,  # type: ignore[arg-type]
+        bench_graph, DEV, args.smoke, configs=configs, shapes=shapes,  # type: ignore[arg-type]
         profile=profile, decode_opts=args.decode_opts,
     )
     for r in rows:

@@ -1,0 +1,84 @@
+"""benchmarks/bench_kernels.py and bench_decode_variants.py --smoke (CPU, Triton interpreter, one KV head), and
+the timing helpers they share (benchmarks/timing.py): the device runs' code paths, not their numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import bench_decode_variants, bench_kernels, timing  # noqa: E402
+
+
+def test_bench_kernels_smoke(tmp_path: Path) -> None:
+    assert bench_kernels.main(["--smoke", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "kernels-h200.json").read_text())
+    assert doc["timing"].startswith("decode, extend and write_kv") and doc["ceiling_tbps"] > 0
+    rows = doc["rows"]
+    decode = {(r["kernel"], r["kv_dtype"], r["head_dim"]) for r in rows if r["kernel"].startswith("decode")}
+    for dt in ("bf16", "fp8_e4m3", "nvfp4"):
+        assert {("decode", dt, 128), ("decode_tail64", dt, 128), ("decode", dt, 64)} <= decode
+        assert any(r["kernel"] == "write_kv" and r["kv_dtype"] == dt for r in rows)
+        assert any(r["kernel"] == "extend" and r["kv_dtype"] == dt for r in rows)
+    assert any(r["kernel"] == "sdpa_bf16_contiguous" for r in rows)
+    assert all(r["us"] > 0 and r["bytes"] > 0 and "frac_of_ceiling" in r for r in rows)
+    nv = next(r for r in rows if r["kernel"] == "decode" and r["kv_dtype"] == "nvfp4" and r["head_dim"] == 128)
+    assert nv["ratio_vs_fp8"] > 0 and nv["ratio_vs_bf16"] > 0  # NVFP4's time over the other formats'
+    if importlib.util.find_spec("matplotlib") is not None:  # the plot is skipped without it
+        assert (tmp_path / "kernels-h200.png").stat().st_size > 10_000
+
+
+def test_bench_decode_variants_smoke(tmp_path: Path) -> None:
+    # one variant checked against decode_ref and timed, one that fails (reported, the run goes on)
+    argv = ["--smoke", "--out", str(tmp_path), "--variants", "bf16=tok", "nvfp4=nosuch", "--shapes", "1x32"]
+    assert bench_decode_variants.main(argv) == 0
+    doc = json.loads((tmp_path / "decode-variants.json").read_text())
+    ok, bad = doc["variants"]
+    assert ok["status"] == "ok" and ok["rel_rms"] <= 1e-2
+    assert bad["status"] == "failed" and "unknown decode variant" in bad["error"]
+    assert [(r["kv_dtype"], r["variant"], r["batch"], r["context"], r["kv_heads"]) for r in doc["rows"]] == [
+        ("bf16", "tok", 1, 32, 1)
+    ]
+    assert doc["best"] == [{"batch": 1, "context": 32, "bf16": {"variant": "tok", "us": doc["rows"][0]["us"],
+                                                                 "frac": doc["rows"][0]["frac_of_ceiling"]}}]  # fmt: skip
+
+
+def test_kernel_plot_draws_decode_and_extend_panels(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+
+    def row(kernel: str, dt: str, batch: int, ctx: int, frac: float, chunk: int = 0) -> dict[str, object]:
+        return {"kernel": kernel, "kv_dtype": dt, "batch": batch, "context": ctx, "q_heads": 32, "kv_heads": 8,
+                "head_dim": 128, "frac_of_ceiling": frac, "chunk": chunk}  # fmt: skip
+
+    rows = [row("decode", "nvfp4", b, c, 0.7) for b in (1, 8) for c in (8192, 32768)]
+    kinds = (("extend", 0.4), ("extend_decode", 0.8))
+    rows += [row(k, "fp8_e4m3", 64, 8192, f, c) for k, f in kinds for c in (1, 4)]
+    bench_kernels.plot({"rows": rows, "ceiling_tbps": 4.6, "gpu": "test"}, str(tmp_path / "k.png"))
+    assert (tmp_path / "k.png").stat().st_size > 10_000
+
+
+def test_flush_modes_are_checked() -> None:
+    assert timing.FLUSH == "read"  # the default: clean lines, nothing for the timed kernel to write
+    with pytest.raises(ValueError, match="flush mode"):
+        timing.set_flush("zero")
+    assert timing.FLUSH == "read"
+
+
+def test_gpu_state_parses_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timing, "DEV", "cuda")
+    out = subprocess.CompletedProcess([], 0, stdout="1755, 412.30, 61\n")
+    monkeypatch.setattr(timing.subprocess, "run", lambda *a, **k: out)
+    assert timing.gpu_state() == {"sm_mhz": 1755.0, "power_w": 412.3, "temp_c": 61.0}
+    out = subprocess.CompletedProcess([], 0, stdout="[N/A], 412.30, 61\n")  # a field the GPU does not report
+    assert timing.gpu_state() == {}
+
+    def missing(*a: object, **k: object) -> None:
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(timing.subprocess, "run", missing)
+    assert timing.gpu_state() == {}
