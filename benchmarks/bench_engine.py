@@ -33,13 +33,14 @@ from typing import Any, Iterator
 
 import torch
 
-from nibblekv.config import EngineConfig
+from nibblekv.config import QUANTIZATIONS, EngineConfig
 from nibblekv.engine.engine import Engine
 from nibblekv.engine.setup import pool_spec
 from nibblekv.engine.gc_heap import frozen_heap
 from nibblekv.engine.request import RequestStatus
 from nibblekv.engine.sampling_params import SamplingParams
 from nibblekv.model import load_model
+from nibblekv.model.fp8 import QuantMethod
 
 KV_DTYPES = ("bf16", "fp8_e4m3", "nvfp4")
 # A 2-layer Llama for --smoke (CPU, reference kernels).
@@ -85,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-steps", type=int, default=0, help="long part: profile this many decode steps "
                    "(after 3) with the torch profiler and report the top GPU kernels")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                   help="fp8: every model's linear layers in FP8 (per-channel weights, per-token activations)")
     p.add_argument("--json-model-override-args", default=None, metavar="JSON",
                    help='merged into every model\'s config, e.g. \'{"num_hidden_layers": 4}\' '
                    "(a few layers of a big shape)")
@@ -109,7 +112,7 @@ def base_config(args: argparse.Namespace, model: str) -> EngineConfig:
         "kv_recent_window": args.kv_recent_window, "disable_cuda_graph": args.disable_cuda_graph,
         "cuda_graph_max_bs": args.cuda_graph_max_bs,
         "decode_log_interval": 0, "enable_overlap_schedule": args.overlap,
-        "json_model_override_args": args.json_model_override_args,
+        "json_model_override_args": args.json_model_override_args, "quantization": args.quantization,
     }  # fmt: skip
     if args.smoke:  # NOTE: on CPU the pool is sized from a byte budget, like the GPU's fraction rule
         return EngineConfig(model=model, device="cpu", mem_budget_gib=1e-3, **common)
@@ -124,7 +127,8 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any]:
         name = str(path)
     device = "cpu" if args.smoke else "cuda"
     overrides = base_config(args, name).model_overrides()
-    return load_model(name, load_format="dummy", device=device, seed=args.seed, overrides=overrides)
+    quant = QuantMethod(args.quantization) if args.quantization else None
+    return load_model(name, load_format="dummy", device=device, seed=args.seed, overrides=overrides, quantization=quant)
 
 
 def free_memory() -> None:
@@ -181,6 +185,7 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
         prefill = prefill_only(engine, prompts)
         rows.append({
             "bench": "throughput", "model": model_name + (" (smoke: tiny)" if args.smoke else ""), "kv_dtype": kv, "num_requests": len(prompts),
+            "weights": args.quantization or "bf16",
             "input_tokens": n_in, "output_tokens": n_out, "seconds": round(secs, 3),
             "output_tok_s": round(n_out / secs, 1), "total_tok_s": round((n_in + n_out) / secs, 1),
             "max_total_num_tokens": engine.max_total_num_tokens, "preemptions": engine.scheduler.num_preemptions,
@@ -439,6 +444,7 @@ def bench_long(args: argparse.Namespace) -> list[dict[str, Any]]:
             assert engine.pool.all_free()
             rows.append({
                 "bench": "long", "model": args.long_model + (" (smoke: tiny)" if args.smoke else ""), "kv_dtype": kv, "mode": mode, **res,
+                "weights": args.quantization or "bf16",
                 "max_total_num_tokens": engine.max_total_num_tokens, "input_len": args.long_input,
                 "output_len": args.long_output, "read_bandwidth_gbs": round(bandwidth / 1e9, 1),
                 "step_over_floor": round(res["step_ms"] / res["step_floor_ms"], 3),

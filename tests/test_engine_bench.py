@@ -50,3 +50,18 @@ def test_bench_engine_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         long[("capacity", "nvfp4")]["max_total_num_tokens"]
         > long[("capacity", "fp8_e4m3")]["max_total_num_tokens"]
     )
+
+
+def test_bench_engine_quantization_flag_loads_fp8_weights() -> None:
+    """--quantization fp8: the shared model has FP8 linear layers and the rows say so (the smoke above runs
+    the same code path with bf16 weights)."""
+    from nibblekv.model.fp8 import Fp8Linear
+
+    spec = importlib.util.spec_from_file_location("bench_engine", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.parse_args(["--smoke", "--quantization", "fp8"])
+    model, _ = bench.load(args, "llama-3.1-8b")  # the tiny config under --smoke
+    assert isinstance(model.model.layers[0].self_attn.o_proj, Fp8Linear)
+    assert bench.base_config(args, "x").quantization == "fp8"
