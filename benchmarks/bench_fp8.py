@@ -1,0 +1,197 @@
+"""FP8 linear layers vs bf16 ``torch.mm`` at Llama-3.1-8B's shapes (issue 48's GEMM rows).
+
+Usage (on the GPU machine)::
+
+    PYTHONPATH=. python benchmarks/bench_fp8.py --out DIR
+    TRITON_INTERPRET=1 python benchmarks/bench_fp8.py --smoke --out DIR   # CPU: tiny shapes, seconds
+
+For every projection (qkv, o, gate_up, down) and token count M (decode batches 1-256, the 8K prefill
+chunk) and both checkpoint formats -- ``channel`` (per-channel weight scales, per-token activations:
+``torch._scaled_mm`` row-wise) and ``block`` (128x128 weight blocks, per token-group activations: the
+Triton block GEMM) -- times the whole FP8 layer (activation quantization + GEMM: ``fp8_us``), the GEMM
+alone (``fp8_gemm_us``) and bf16 ``x @ W^T`` (``bf16_us``), each a CUDA-graph replay with L2 emptied
+before every call. Rows with M <= 16 also get ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a
+fraction of the read ceiling measured in the same run. Every row's FP8 output is checked against the
+pure-torch reference first. Writes ``DIR/fp8-weights-h200.json`` (rows ``kind: gemm``) and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root, for `benchmarks.*`
+from benchmarks import timing  # noqa: E402
+from benchmarks.timing import DEV, bench_graph, gpu_state, read_ceiling  # noqa: E402
+from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_channel  # noqa: E402
+from nibblekv.kernels.fp8_gemm import fp8_block_gemm, fp8_linear_block, quant_fp8_groups  # noqa: E402
+from nibblekv.kernels.fp8_ref import fp8_linear_ref  # noqa: E402
+
+BLOCK = 128
+# Llama-3.1-8B: (projection, N, K)
+SHAPES_8B: tuple[tuple[str, int, int], ...] = (
+    ("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
+)  # fmt: skip
+MS_8B: tuple[int, ...] = (1, 16, 64, 128, 256, 8192)
+SHAPES_SMOKE: tuple[tuple[str, int, int], ...] = (("qkv", 384, 256), ("down", 256, 200))
+MS_SMOKE: tuple[int, ...] = (1, 5)
+FORMATS = ("channel", "block")
+
+
+def _channel_layer(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    if x.is_cuda:
+        from nibblekv.kernels.fp8_gemm import fp8_linear_rowwise
+
+        return fp8_linear_rowwise(x, wq, ws.view(1, -1), None)
+    return fp8_linear_ref(x, wq, ws, None, None)  # CPU smoke: the reference stands in for cuBLASLt
+
+
+def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: float) -> dict[str, Any]:
+    """One timed row (FP8 layer, FP8 GEMM alone, bf16 mm), after checking the FP8 output."""
+    x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+    wb = w.to(torch.bfloat16)
+    if fmt == "channel":
+        wq, ws = quantize_weight_channel(w)
+
+        def layer() -> torch.Tensor:
+            return _channel_layer(x, wq, ws)
+
+        xq, xs = quant_fp8_groups(x, None)
+
+        def gemm() -> torch.Tensor:
+            if not x.is_cuda:
+                return layer()
+            return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.view(1, -1), out_dtype=torch.bfloat16)
+
+        block = None
+    else:
+        wq, ws = quantize_weight_block(w, BLOCK)
+        xq, xs = quant_fp8_groups(x, BLOCK)
+
+        def layer() -> torch.Tensor:
+            return fp8_linear_block(x, wq, ws, BLOCK, None)
+
+        def gemm() -> torch.Tensor:
+            return fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16)
+
+        block = BLOCK
+    if m <= 512:  # the reference dequantizes W in fp32: checked where that stays small
+        got, want = layer().float(), fp8_linear_ref(x, wq, ws, block, None).float()
+        err = ((got - want).norm() / want.norm()).item()
+        if not err < 1e-2:
+            raise AssertionError(f"{name} m={m} {fmt}: FP8 layer is {err:.3g} (relative L2) off the reference")
+    row: dict[str, Any] = dict(kind="gemm", name=name, m=m, n=n, k=k, format=fmt)
+    row["fp8_us"] = round(bench_graph(layer), 2)
+    row["fp8_gemm_us"] = round(bench_graph(gemm), 2)
+    row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
+    row["speedup"] = round(row["bf16_us"] / max(row["fp8_us"], 1e-3), 3)
+    if m <= 16:
+        nbytes = wq.numel() + ws.numel() * 4 + x.numel() * 2
+        row["read_frac"] = round(nbytes / row["fp8_us"] / 1e6 / ceiling, 4)
+    row.update(gpu_state())
+    return row
+
+
+def acceptance(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per format, issue 48's GEMM criteria: the lowest speedup at decode batches >= 64 (>= 1.6 asked) and at
+    the 8K prefill chunk (>= 1.5), the lowest read fraction at batches <= 16 (>= 0.8)."""
+    res: dict[str, dict[str, float | None]] = {}
+    for fmt in FORMATS:
+        mine = [r for r in rows if r["format"] == fmt]
+        decode = [r["speedup"] for r in mine if 64 <= r["m"] <= 256]
+        prefill = [r["speedup"] for r in mine if r["m"] >= 8192]
+        reads = [r["read_frac"] for r in mine if "read_frac" in r]
+        res[fmt] = {
+            "min_speedup_decode_ge64": min(decode, default=None),
+            "min_speedup_prefill_8k": min(prefill, default=None),
+            "min_read_frac_le16": min(reads, default=None),
+        }
+    return res
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        out = ""
+    return os.environ.get("COMMIT") or (out if len(out) == 40 else "unknown")
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Speedup over bf16 vs tokens, one panel per projection, a line per format."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for fmt, style in zip(FORMATS, ("o-", "s--")):
+            pts = sorted((r["m"], r["speedup"]) for r in rows if r["name"] == name and r["format"] == fmt)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=fmt)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.axhline(1.6, color="tab:red", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        n, k = next((r["n"], r["k"]) for r in rows if r["name"] == name)
+        ax.set_title(f"{name} (N={n}, K={k})")
+        ax.set_xlabel("tokens (M)")
+    axes[0][0].set_ylabel("FP8 layer speedup vs bf16 mm")
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"), help="output folder")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (interpreter / reference)")
+    ap.add_argument("--ms", type=int, nargs="+", default=None, help="token counts (default: 1 16 64 128 256 8192)")
+    ap.add_argument("--shapes", nargs="+", default=None, choices=[s[0] for s in SHAPES_8B], help="projections")
+    args = ap.parse_args(argv)
+    if DEV != "cuda" and not args.smoke:
+        ap.error("no CUDA device: run with --smoke (CPU, Triton interpreter)")
+    shapes = SHAPES_SMOKE if args.smoke else tuple(s for s in SHAPES_8B if not args.shapes or s[0] in args.shapes)
+    ms = tuple(args.ms) if args.ms else (MS_SMOKE if args.smoke else MS_8B)
+    ceil = read_ceiling(1 << 20) if args.smoke else read_ceiling()
+    ceiling = max(ceil.values())
+    torch.manual_seed(0)
+    rows = []
+    for name, n, k in shapes:
+        w = torch.randn(n, k, device=DEV) * 0.02
+        for m in ms:
+            for fmt in FORMATS:
+                rows.append(_row(name, n, k, m, fmt, w, ceiling))
+                print(json.dumps(rows[-1]), flush=True)
+        del w
+    doc = dict(
+        commit=_commit(), gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        torch=torch.__version__, triton=triton.__version__, ceiling_tbps=round(ceiling, 4), ceiling_probes=ceil,
+        timing=f"CUDA-graph replay, L2 emptied per call by a {timing.FLUSH} of 256 MB (benchmarks/timing.bench_graph)",
+        acceptance=acceptance(rows), rows=rows,
+    )  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fp8-weights-h200.json").write_text(json.dumps(doc, indent=1))
+    plot(rows, out / "fp8-weights-h200.png")
+    print(f"{'name':8} {'m':>5} {'format':8} {'fp8_us':>9} {'gemm_us':>9} {'bf16_us':>9} {'speedup':>7} read_frac")
+    for r in rows:
+        print(f"{r['name']:8} {r['m']:5d} {r['format']:8} {r['fp8_us']:9.2f} {r['fp8_gemm_us']:9.2f} "
+              f"{r['bf16_us']:9.2f} {r['speedup']:7.3f} {r.get('read_frac', '')}")  # fmt: skip
+    print(json.dumps(doc["acceptance"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
