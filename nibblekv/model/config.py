@@ -1,7 +1,8 @@
 """Model shape and numerics, read from an HF ``config.json`` dict or from GGUF metadata.
 
 One frozen :class:`ModelConfig` describes every decoder we run (Llama / SmolLM2 / Llama 3.x, Mistral,
-Qwen2 / Qwen2.5, Qwen3). Anything the decoder in :mod:`nibblekv.model.causal_lm` cannot run exactly
+Qwen2 / Qwen2.5, Qwen3) and the dense hybrid Gated-DeltaNet models (Qwen3-Next, Qwen3.5: see
+:class:`LinearAttentionConfig`, run by :mod:`nibblekv.model.hybrid`). Anything the decoders cannot run exactly
 (sliding-window attention in use, mixture of experts, multi-head latent attention, unknown RoPE
 scaling) is rejected here with a ``ValueError``, so a model never silently runs with the wrong math.
 """
@@ -15,7 +16,11 @@ from typing import Any
 import torch
 
 # HF ``model_type`` -> architecture we implement. Mistral is Llama math (no sliding window in use).
-SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_next", "qwen3_5"})
+# Hybrid models: Gated DeltaNet linear-attention layers between gated full-attention layers.
+HYBRID_MODEL_TYPES: frozenset[str] = frozenset({"qwen3_next", "qwen3_5"})
+# HF layer_types entries of a hybrid model.
+LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
 # RoPE scaling types implemented in :mod:`nibblekv.model.rope`.
 SUPPORTED_ROPE_TYPES: frozenset[str] = frozenset({"default", "linear", "llama3"})
 
@@ -74,6 +79,46 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Shape of a hybrid model's Gated DeltaNet layers (HF's ``linear_*`` fields).
+
+    Per request and layer the state is a recurrent ``[num_value_heads, key_head_dim, value_head_dim]``
+    (float32) and a causal-conv window ``[conv_dim, conv_kernel - 1]`` (model dtype).
+    """
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    def __post_init__(self) -> None:
+        if self.num_value_heads % self.num_key_heads != 0:
+            raise ValueError(
+                f"linear_num_value_heads {self.num_value_heads} is not a multiple of "
+                f"linear_num_key_heads {self.num_key_heads}"
+            )
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal conv: ``[q | k | v]``."""
+        return 2 * self.key_dim + self.value_dim
+
+    def state_bytes(self, conv_dtype_bytes: int) -> int:
+        """Bytes of one request's state in one layer (fp32 recurrent state + conv window)."""
+        rec = self.num_value_heads * self.key_head_dim * self.value_head_dim * 4
+        return rec + self.conv_dim * (self.conv_kernel - 1) * conv_dtype_bytes
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Everything the decoder needs to know about a checkpoint.
 
@@ -101,6 +146,12 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     dtype: torch.dtype = torch.float32
+    # Hybrid models only: each layer's kind (``LINEAR_ATTENTION`` / ``FULL_ATTENTION``), the linear
+    # layers' shape, RoPE on the first ``partial_rotary_factor`` of each head, and the sigmoid gate on
+    # the attention output (q_proj yields query and gate). Empty / None / 1.0 / False otherwise.
+    layer_types: tuple[str, ...] = ()
+    linear_attention: LinearAttentionConfig | None = None
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_MODEL_TYPES:
@@ -109,8 +160,44 @@ class ModelConfig:
             )
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
-        if self.head_dim % 2 != 0:
-            raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        if self.rotary_dim % 2 != 0 or self.rotary_dim == 0:
+            raise ValueError(f"RoPE needs an even rotary dim, got {self.rotary_dim}")
+        if self.is_hybrid != (self.linear_attention is not None) or (
+            self.layer_types and len(self.layer_types) != self.num_layers
+        ):
+            raise ValueError("a hybrid model needs layer_types for every layer and its linear-attention shape")
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layers are Gated DeltaNet linear attention (no KV cache)."""
+        return self.architecture in HYBRID_MODEL_TYPES
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dims of each head that RoPE rotates (the leading ones; HF's partial rotary)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def kv_layer_ids(self) -> tuple[int, ...]:
+        """The layers that hold KV: every layer, or a hybrid model's full-attention layers."""
+        if not self.is_hybrid:
+            return tuple(range(self.num_layers))
+        return tuple(i for i, t in enumerate(self.layer_types) if t == FULL_ATTENTION)
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers of the KV pool (only full-attention layers hold KV)."""
+        return len(self.kv_layer_ids)
+
+    @property
+    def num_linear_layers(self) -> int:
+        return self.num_layers - self.num_kv_layers
+
+    def state_bytes_per_request(self, dtype: torch.dtype) -> int:
+        """Linear-attention state bytes of one request over all layers (0 for non-hybrid models)."""
+        if self.linear_attention is None:
+            return 0
+        return self.num_linear_layers * self.linear_attention.state_bytes(torch.finfo(dtype).bits // 8)
 
     @property
     def q_size(self) -> int:
@@ -124,7 +211,14 @@ class ModelConfig:
     def from_hf(raw: Mapping[str, Any]) -> ModelConfig:
         """Build from a parsed HF ``config.json``; ``ValueError`` for configs we cannot run exactly."""
         model_type = str(raw.get("model_type", ""))
+        if model_type == "qwen3_5" and isinstance(raw.get("text_config"), Mapping):
+            # Qwen3.5 checkpoints are vision-language: the decoder's fields live in text_config.
+            raw = {**raw, **raw["text_config"], "model_type": "qwen3_5"}
+        elif model_type == "qwen3_5_text":
+            raw = {**raw, "model_type": "qwen3_5"}
+            model_type = "qwen3_5"
         _reject_unsupported_hf(raw, model_type)
+        hybrid = _hybrid_fields(raw) if model_type in HYBRID_MODEL_TYPES else {}
         num_heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         max_pos = int(raw.get("max_position_embeddings", 4096))
@@ -152,10 +246,11 @@ class ModelConfig:
             # Qwen2's q/k/v always carry a bias; its o_proj never does.
             attention_bias=attention_bias or model_type == "qwen2",
             o_proj_bias=attention_bias and model_type != "qwen2",
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", *HYBRID_MODEL_TYPES),
             bos_token_id=_optional_int(raw.get("bos_token_id")),
             eos_token_ids=_int_tuple(raw.get("eos_token_id")),
             dtype=_DTYPES.get(str(raw.get("torch_dtype") or raw.get("dtype") or "float32"), torch.float32),
+            **hybrid,
         )
 
     @staticmethod
@@ -214,11 +309,63 @@ class ModelConfig:
         )
 
 
+def _hybrid_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelConfig's hybrid fields from a Qwen3-Next / Qwen3.5 text config (HF's defaults where absent)."""
+    layers = int(raw["num_hidden_layers"])
+    layer_types = raw.get("layer_types")
+    if not layer_types:  # HF: every ``full_attention_interval``-th layer is full attention
+        interval = int(raw.get("full_attention_interval", 4))
+        layer_types = [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers)]
+    unknown = set(layer_types) - {FULL_ATTENTION, LINEAR_ATTENTION}
+    if unknown:
+        raise ValueError(f"unsupported layer_types {sorted(unknown)}; supported: {FULL_ATTENTION}, {LINEAR_ATTENTION}")
+    if not raw.get("attn_output_gate", True):
+        raise ValueError("hybrid models without the attention output gate (attn_output_gate=False) are not supported")
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    return {
+        "layer_types": tuple(str(t) for t in layer_types),
+        "linear_attention": LinearAttentionConfig(
+            num_key_heads=int(raw.get("linear_num_key_heads", 16)),
+            num_value_heads=int(raw.get("linear_num_value_heads", 32)),
+            key_head_dim=int(raw.get("linear_key_head_dim", 128)),
+            value_head_dim=int(raw.get("linear_value_head_dim", 128)),
+            conv_kernel=int(raw.get("linear_conv_kernel_dim", 4)),
+        ),
+        # HF's default for these models is a quarter of the head
+        "partial_rotary_factor": float(raw.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))),
+    }
+
+
+def _reject_hybrid_moe(raw: Mapping[str, Any], model_type: str) -> None:
+    """Qwen3-Next's MLPs are sparse MoE blocks unless ``num_experts`` is 0 (HF's default is 512) or every
+    layer is in ``mlp_only_layers``: refuse those, naming what is missing."""
+    if model_type != "qwen3_next":
+        return
+    experts = int(raw.get("num_experts", 512))
+    only = set(raw.get("mlp_only_layers") or ())
+    step = int(raw.get("decoder_sparse_step", 1))
+    moe = [i for i in range(int(raw["num_hidden_layers"])) if i not in only and experts > 0 and (i + 1) % step == 0]
+    if moe:
+        raise ValueError(
+            f"qwen3_next with mixture-of-experts MLPs (num_experts={experts}, in {len(moe)} layers) is not "
+            "supported: only dense hybrid models run (the sparse MoE block and its router are missing); "
+            "a dense config sets num_experts=0"
+        )
+
+
 def _reject_unsupported_hf(raw: Mapping[str, Any], model_type: str) -> None:
     """Raise ``ValueError`` for HF configs whose math the decoder does not implement."""
+    if model_type in ("qwen3_5_moe", "qwen3_5_moe_text"):
+        raise ValueError(
+            f"{model_type} (mixture-of-experts hybrid) is not supported: only dense hybrid models (qwen3_5, "
+            "qwen3_next with num_experts=0) run; the sparse MoE block and its router are missing"
+        )
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(SUPPORTED_MODEL_TYPES)}")
-    for key in _MOE_KEYS:
+    hybrid = model_type in HYBRID_MODEL_TYPES
+    _reject_hybrid_moe(raw, model_type)
+    # NOTE: HF writes the MoE defaults (moe_intermediate_size ...) into dense hybrid configs too
+    for key in () if hybrid else _MOE_KEYS:
         if raw.get(key):
             raise ValueError(f"mixture-of-experts models are not supported ({key}={raw[key]!r})")
     for key in _MLA_KEYS:
@@ -227,10 +374,10 @@ def _reject_unsupported_hf(raw: Mapping[str, Any], model_type: str) -> None:
     if raw.get("hidden_act", "silu") != "silu":
         raise ValueError(f"only SiLU-gated MLPs are supported, got hidden_act={raw['hidden_act']!r}")
     rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if float(raw.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))) != 1.0:
+    if not hybrid and float(raw.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))) != 1.0:
         raise ValueError("partial rotary embeddings are not supported")
     layer_types = raw.get("layer_types") or ()
-    if any(t != "full_attention" for t in layer_types):
+    if not hybrid and any(t != "full_attention" for t in layer_types):
         raise ValueError(f"only full attention layers are supported, got layer_types {sorted(set(layer_types))}")
     window = raw.get("sliding_window")
     max_pos = int(raw.get("max_position_embeddings", 4096))

@@ -99,6 +99,8 @@ def load_model(
 def _quantize(model: CausalLM, quantization: QuantMethod | None) -> CausalLM:
     """``--quantization fp8``: per-channel FP8 for every decoder projection not already FP8."""
     if quantization is QuantMethod.FP8:
+        if model.config.is_hybrid:
+            raise ValueError(f"--quantization fp8 is not supported for hybrid models ({model.config.architecture})")
         quantize_model(model)
     return model
 
@@ -120,8 +122,16 @@ def _empty_model(
 ) -> CausalLM:  # fmt: skip
     """An uninitialized model (``tp``: this rank's shard) allocated directly on ``device``; ``fp8``: with
     FP8 linear layers for a checkpoint's FP8 weights."""
+    if config.is_hybrid and (tp is not None or fp8 is not None):
+        raise ValueError(f"{config.architecture} (hybrid linear attention) runs without --tp-size > 1 and without "
+                         "FP8 weights: neither is supported for hybrid models yet")  # fmt: skip
     with torch.device("meta"):
-        model = CausalLM(config) if tp is None else TPCausalLM(config, tp)
+        if config.is_hybrid:
+            from nibblekv.model.hybrid import HybridCausalLM
+
+            model = HybridCausalLM(config)
+        else:
+            model = CausalLM(config) if tp is None else TPCausalLM(config, tp)
     model = model.to(dtype=dtype)
     if fp8 is not None:
         install_fp8_layers(model, fp8.block)  # NOTE: after .to(dtype), which would cast the FP8 weights
@@ -135,6 +145,12 @@ def _load_weights(
 ) -> None:
     """Fill ``model`` from full checkpoint tensors, each cut to this rank's slice under TP (``adopt``: see
     :func:`load_hf_weights`; ignored under TP, whose slices are views; ``block``: FP8 scale block size)."""
+    if model.config.is_hybrid:
+        from nibblekv.model.hybrid import HybridCausalLM, load_hybrid_weights
+
+        assert isinstance(model, HybridCausalLM)
+        load_hybrid_weights(model, weights)
+        return
     if isinstance(model, TPCausalLM):
         weights = shard_weights(weights, model.full_config, model.shard, block)
         adopt = False
@@ -234,7 +250,12 @@ def _load_dummy(
     raw, folder = _dummy_source(model)
     config = ModelConfig.from_hf({**raw, **overrides})
     lm = _empty_model(config, dtype, device, tp)
-    if tp is None:
+    if config.is_hybrid:
+        from nibblekv.model.hybrid import HybridCausalLM
+
+        assert isinstance(lm, HybridCausalLM)
+        lm.init_dummy(seed, DUMMY_STD)
+    elif tp is None:
         init_dummy_weights(lm, seed)
     else:  # the same draws as the unsharded model, each rank keeping its slice
         _load_weights(lm, dummy_hf_weights(config, seed, DUMMY_STD, dtype, device))

@@ -52,7 +52,7 @@ class RotaryEmbedding:
     """
 
     def __init__(self, config: ModelConfig) -> None:
-        self.inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.inv_freq = inverse_frequencies(config.rotary_dim, config.rope_theta, config.rope_scaling)
         self._on_device: dict[torch.device, torch.Tensor] = {}
 
     def prepare(self, device: torch.device) -> torch.Tensor:
@@ -66,7 +66,8 @@ class RotaryEmbedding:
         return inv_freq
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``positions [T]`` -> ``(cos, sin)``, each ``[T, 1, head_dim]`` in ``dtype``."""
+        """``positions [T]`` -> ``(cos, sin)``, each ``[T, 1, rotary_dim]`` in ``dtype`` (rotary_dim: head_dim
+        unless the model rotates only part of each head)."""
         inv_freq = self.prepare(positions.device)
         freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]

@@ -1,0 +1,115 @@
+"""Per-request linear-attention state of hybrid models, beside the KV pool.
+
+A Gated DeltaNet layer keeps, per request, a fixed-size recurrent state ``[HV, K, V]`` (float32) and the
+causal conv's last ``W - 1`` inputs ``[C, W - 1]`` (model dtype), whatever the request's length. The
+:class:`StatePool` holds one slot of both for every running request (``max_running_requests`` slots):
+the scheduler takes a slot at admission and gives it back at finish, abort and preemption, so a slot
+never runs out while a request can be admitted. :class:`LinearStateBatch` is one forward's view: which
+slot each request of the flattened batch uses and whether it starts from a zero state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # NOTE: nibblekv.model imports this module; a runtime import back would be a cycle
+    from nibblekv.model.config import ModelConfig
+
+
+class StatePool:
+    """``conv [layers, slots, C, W-1]`` and ``recurrent [layers, slots, HV, K, V]`` plus a free list."""
+
+    def __init__(self, config: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
+        la = config.linear_attention
+        if la is None:
+            raise ValueError(f"{config.architecture} has no linear-attention layers: no state pool")
+        layers = config.num_linear_layers
+        self.num_slots = num_slots
+        self.conv = torch.zeros(layers, num_slots, la.conv_dim, la.conv_kernel - 1, dtype=dtype, device=device)
+        self.recurrent = torch.zeros(
+            layers, num_slots, la.num_value_heads, la.key_head_dim, la.value_head_dim, dtype=torch.float32,
+            device=device,
+        )  # fmt: skip
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
+
+    @staticmethod
+    def nbytes_for(config: ModelConfig, num_slots: int, dtype: torch.dtype) -> int:
+        """Bytes a pool of ``num_slots`` would take (the engine subtracts them from the KV budget)."""
+        return num_slots * config.state_bytes_per_request(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.nbytes + self.recurrent.nbytes
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_slots - len(self._free)
+
+    def alloc(self) -> int:
+        """A free slot (its contents are stale: a request's first forward starts from zeros)."""
+        if not self._free:
+            raise RuntimeError(f"linear-attention state pool exhausted ({self.num_slots} slots)")
+        return self._free.pop()
+
+    def free(self, slot: int) -> None:
+        if not 0 <= slot < self.num_slots or slot in self._free:
+            raise ValueError(f"state slot {slot} is not allocated")
+        self._free.append(slot)
+
+    def startup_line(self) -> str:
+        return (
+            f"Linear-attention state pool: {self.num_slots} slots, {self.conv.shape[0]} layers, "
+            f"{self.nbytes / (1 << 30):.2f} GB"
+        )
+
+
+@dataclass
+class LinearStateBatch:
+    """One forward's states: request ``i`` of the batch is tokens ``[cu_seqlens[i], cu_seqlens[i+1])``,
+    uses slot ``slots[i]`` and starts from zeros where ``fresh[i]`` (its first token is position 0).
+
+    ``pool=None``: scratch states (every request fresh, nothing kept beyond this object): what a forward
+    over whole sequences without an engine (tests, evals) uses; :attr:`scratch` keeps the final states.
+    """
+
+    cu_seqlens: list[int]
+    is_decode: bool = False
+    pool: StatePool | None = None
+    slots: torch.Tensor | None = None  # [N] long, on the pool's device
+    fresh: torch.Tensor | None = None  # [N] bool, on the pool's device
+    scratch: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+    def read(
+        self, layer: int, conv_shape: tuple[int, ...], rec_shape: tuple[int, ...], dtype: torch.dtype,
+        device: torch.device,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """(conv ``[N, C, W-1]``, recurrent ``[N, HV, K, V]``) before this forward for linear layer ``layer``."""
+        n = self.num_seqs
+        if self.pool is None:
+            return (torch.zeros(n, *conv_shape, dtype=dtype, device=device),
+                    torch.zeros(n, *rec_shape, dtype=torch.float32, device=device))  # fmt: skip
+        assert self.slots is not None and self.fresh is not None
+        conv = self.pool.conv[layer].index_select(0, self.slots)
+        rec = self.pool.recurrent[layer].index_select(0, self.slots)
+        keep = ~self.fresh
+        return conv * keep[:, None, None].to(conv.dtype), rec * keep[:, None, None, None].to(rec.dtype)
+
+    def write(self, layer: int, conv: torch.Tensor, rec: torch.Tensor) -> None:
+        """Store this forward's final states of linear layer ``layer``."""
+        if self.pool is None:
+            self.scratch[layer] = (conv, rec)
+            return
+        assert self.slots is not None
+        self.pool.conv[layer].index_copy_(0, self.slots, conv.to(self.pool.conv.dtype))
+        self.pool.recurrent[layer].index_copy_(0, self.slots, rec.float())

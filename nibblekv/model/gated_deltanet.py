@@ -1,0 +1,219 @@
+"""Gated DeltaNet: the linear-attention layers of hybrid models (Qwen3-Next, Qwen3.5).
+
+Per value head the layer keeps a state ``S [key_head_dim, value_head_dim]`` (float32) and, per token,
+decays and corrects it (the gated delta rule), with ``q, k`` L2-normalised and ``q`` scaled by
+``key_head_dim ** -0.5``::
+
+    S = exp(g_t) * S
+    S = S + k_t (beta_t * (v_t - S^T k_t))^T
+    o_t = S^T q_t
+
+Two implementations behind :class:`GatedDeltaRule`: :class:`TorchGatedDeltaRule`, the readable twin
+(the recurrent form above and a chunked form equal to it, which prefill uses), and
+:class:`FlaGatedDeltaRule`, fla-core's Triton kernels on CUDA (chunked for extend, fused recurrent for
+decode). ``fla`` is imported lazily, on CUDA only, so CPU installs never need it.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger("nibblekv")
+
+CHUNK_SIZE: int = 64  # fla's chunk length; the twin uses the same
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + eps)`` over the last dim (fla's and HF's l2norm)."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def recurrent_gated_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule token by token. ``q, k [H, L, K]`` (normalised, q scaled), ``v [H, L, V]``, ``g, beta [H, L]``,
+    ``state [H, K, V]``, all float32 -> ``(o [H, L, V], final state [H, K, V])``."""
+    out = torch.empty_like(v)
+    for t in range(q.shape[1]):
+        state = state * g[:, t].exp()[:, None, None]
+        kv_mem = (state * k[:, t, :, None]).sum(dim=-2)  # S^T k  [H, V]
+        delta = (v[:, t] - kv_mem) * beta[:, t, None]
+        state = state + k[:, t, :, None] * delta[:, None, :]
+        out[:, t] = (state * q[:, t, :, None]).sum(dim=-2)
+    return out, state
+
+
+def chunked_gated_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
+    chunk: int = CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """:func:`recurrent_gated_delta_rule` a chunk at a time (same arguments and result, up to rounding).
+
+    Within a chunk the delta-rule corrections form a unit lower-triangular system (the WY form): solving
+    it gives each token's corrected value ``u`` and the state's contribution ``w``; the chunk's outputs
+    are then the decayed state read plus causal intra-chunk attention, and the state advances once.
+    """
+    h, length, dk = k.shape
+    pad = (-length) % chunk
+    if pad:  # padded tokens have k = 0, beta = 0, g = 0: they leave the state unchanged
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    n = (length + pad) // chunk
+    q, k, v = (x.reshape(h, n, chunk, x.shape[-1]) for x in (q, k, v))
+    g, beta = g.reshape(h, n, chunk), beta.reshape(h, n, chunk)
+    cum = g.cumsum(dim=-1)  # log decay from the chunk start, inclusive
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()  # [h, n, C, C]
+    k_beta = k * beta[..., None]
+    system = (k_beta @ k.transpose(-1, -2)) * decay  # strictly lower part: the in-chunk corrections
+    u = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None], upper=False, unitriangular=True)
+    attn = (q @ k.transpose(-1, -2)) * decay  # causal, diagonal included
+    q_decayed = q * cum.exp()[..., None]
+    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
+    out = torch.empty_like(v)
+    for i in range(n):
+        v_new = u[:, i] - w[:, i] @ state
+        out[:, i] = q_decayed[:, i] @ state + attn[:, i] @ v_new
+        state = state * cum[:, i, -1].exp()[:, None, None] + k_to_end[:, i].transpose(-1, -2) @ v_new
+    return out.reshape(h, n * chunk, -1)[:, :length], state
+
+
+class GatedDeltaRule(ABC):
+    """The rule over a flattened batch. Inputs as the layer produces them: ``q, k [T, H, K]`` (before
+    L2 norm), ``v [T, HV, V]`` (``HV`` a multiple of ``H``: value head ``j`` reads key head ``j // (HV/H)``),
+    ``g [T, HV]`` float32 log decay, ``beta [T, HV]``; states ``[N, HV, K, V]`` float32. Outputs in
+    ``v``'s dtype."""
+
+    @abstractmethod
+    def extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+        cu_seqlens: list[int], initial_state: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Sequence ``i`` is tokens ``[cu_seqlens[i], cu_seqlens[i+1])``: ``(o [T, HV, V], final [N, HV, K, V])``."""
+
+    @abstractmethod
+    def decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+        state: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """One token per sequence (``T == N``): ``(o [N, HV, V], new state [N, HV, K, V])``."""
+
+
+def _heads_first(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """The layer's ``[L, heads, dim]`` inputs as float32 ``[HV, L, dim]``, q/k normalised, q scaled, key heads
+    repeated per value head (HF's reference does the same)."""
+    ratio = v.shape[1] // q.shape[1]
+    q, k = (l2norm(x.repeat_interleave(ratio, dim=1).float()) for x in (q, k))
+    q = q * q.shape[-1] ** -0.5
+    return (q.transpose(0, 1), k.transpose(0, 1), v.float().transpose(0, 1), g.float().T, beta.float().T)
+
+
+class TorchGatedDeltaRule(GatedDeltaRule):
+    """Pure torch: chunked form for extend (one sequence at a time), recurrent step for decode."""
+
+    def extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+        cu_seqlens: list[int], initial_state: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        out = torch.empty_like(v)
+        final = torch.empty_like(initial_state)
+        for i, (s, e) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
+            o, final[i] = chunked_gated_delta_rule(*_heads_first(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e]),
+                                                   initial_state[i].float())  # fmt: skip
+            out[s:e] = o.transpose(0, 1).to(v.dtype)
+        return out, final
+
+    def decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+        state: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        # the batch as heads: [N * HV, 1, dim]
+        n, hv = v.shape[:2]
+        qh, kh, vh, gh, bh = _heads_first(q, k, v, g, beta)  # [HV, N, dim]
+        flat = [x.transpose(0, 1).reshape(n * hv, 1, -1) for x in (qh, kh, vh)]
+        o, new = recurrent_gated_delta_rule(
+            *flat, gh.T.reshape(n * hv, 1), bh.T.reshape(n * hv, 1), state.float().reshape(n * hv, *state.shape[2:])
+        )
+        return o.reshape(n, hv, -1).to(v.dtype), new.reshape(state.shape)
+
+
+class FlaGatedDeltaRule(GatedDeltaRule):
+    """fla-core's Triton kernels: ``chunk_gated_delta_rule`` (varlen) and ``fused_recurrent_gated_delta_rule``."""
+
+    def __init__(self) -> None:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+        self._chunk = chunk_gated_delta_rule
+        self._recurrent = fused_recurrent_gated_delta_rule
+
+    def extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+        cu_seqlens: list[int], initial_state: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        cu = torch.tensor(cu_seqlens, dtype=torch.long, device=q.device)
+        o, final = self._chunk(
+            q[None], k[None], v[None], g[None].float(), beta[None].to(v.dtype),
+            initial_state=initial_state.float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(cu_seqlens, dtype=torch.long),
+        )  # fmt: skip
+        return o[0], final
+
+    def decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+        state: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        o, new = self._recurrent(
+            q[:, None], k[:, None], v[:, None], g[:, None].float(), beta[:, None].to(v.dtype),
+            initial_state=state.float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+        return o[:, 0], new
+
+
+_TORCH_RULE = TorchGatedDeltaRule()
+_FLA_RULE: list[GatedDeltaRule] = []
+
+
+def gated_delta_rule_for(x: torch.Tensor) -> GatedDeltaRule:
+    """fla-core's kernels for CUDA tensors (when installed), else the torch twin (warned once on CUDA)."""
+    if not x.is_cuda:
+        return _TORCH_RULE
+    if not _FLA_RULE:
+        try:
+            _FLA_RULE.append(FlaGatedDeltaRule())
+        except ImportError:
+            logger.warning("fla-core is not installed: Gated DeltaNet layers run the slow torch twin on the GPU "
+                           "(pip install 'nibblekv[hybrid]' or fla-core)")  # fmt: skip
+            _FLA_RULE.append(_TORCH_RULE)
+    return _FLA_RULE[0]
+
+
+def causal_conv_extend(
+    x: torch.Tensor, weight: torch.Tensor, cu_seqlens: list[int], state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv + SiLU per sequence. ``x [T, C]``, ``weight [C, W]``, ``state [N, C, W-1]``
+    (the inputs before each sequence; zeros for a fresh one) -> ``(y [T, C], new state [N, C, W-1])``."""
+    width = weight.shape[-1]
+    y = torch.empty_like(x)
+    new = torch.empty_like(state)
+    for i, (s, e) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
+        full = torch.cat([state[i].to(x.dtype), x[s:e].T], dim=-1)  # [C, W-1+L]
+        out = F.conv1d(full[None].to(weight.dtype), weight[:, None, :], groups=weight.shape[0])[0]
+        y[s:e] = F.silu(out).T.to(x.dtype)
+        new[i] = full[:, full.shape[-1] - (width - 1) :]
+    return y, new
+
+
+def causal_conv_decode(
+    x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence: ``x [N, C]``, ``state [N, C, W-1]`` -> ``(y [N, C], new state)``."""
+    full = torch.cat([state.to(x.dtype), x[:, :, None]], dim=-1)  # [N, C, W]
+    out = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=weight.shape[0])[..., 0]
+    return F.silu(out).to(x.dtype), full[..., 1:]
