@@ -18,7 +18,7 @@ from nibblekv.kernels.fp8_ref import fp8_gemm_ref, fp8_linear_ref
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 # NOTE: odd shapes: partial row/column tiles, a partial last K block, a partial last weight block
-SHAPES = [(1, 200, 72), (5, 136, 130)] if DEVICE == "cpu" else [(1, 4096, 6144), (37, 1000, 264), (300, 520, 400)]
+SHAPES = [(1, 200, 72), (5, 520, 130)] if DEVICE == "cpu" else [(1, 4096, 6144), (37, 1000, 264), (300, 520, 400)]
 
 
 @pytest.mark.parametrize("group", [128, None])
@@ -32,15 +32,16 @@ def test_quant_groups_bit_exact(group: int | None) -> None:
     assert torch.equal(s, sr)
 
 
+@pytest.mark.parametrize("split_k", [None, 3])  # 3: split-K with an uneven last split (K blocks 2 or 5)
 @pytest.mark.parametrize(("m", "k", "n"), SHAPES)
-def test_block_gemm_matches_reference(m: int, k: int, n: int) -> None:
+def test_block_gemm_matches_reference(m: int, k: int, n: int, split_k: int | None) -> None:
     torch.manual_seed(m)
     w = torch.randn(n, k, device=DEVICE) * 0.05
     wq, ws = quantize_weight_block(w, 128)
     x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
     xq, xs = quant_fp8_groups(x, 128)
     bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
-    got = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32, bias)
+    got = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32, bias, split_k=split_k)
     want = fp8_gemm_ref(xq, xs, wq, ws, 128, torch.float32, bias)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # fp32 sums in another order
     # and the whole layer, bf16 out, against the reference layer

@@ -86,13 +86,17 @@ def _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.
 
 @triton.jit
 def _block_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K, n_kblocks,
+    a_ptr, b_ptr, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K, n_kblocks, kb_per_split,
     stride_am, stride_bn, stride_cm, stride_as, stride_bs,
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUP_M: tl.constexpr, INTERP: tl.constexpr,
+    GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
+    # PARTIAL (split-K): program (tile, s) sums k-blocks [s * kb_per_split, ...) into fp32 ws[s]; a second
+    # kernel adds the splits. Decode batches need it: a few output tiles cannot keep every SM reading weights.
     pid = tl.program_id(0)
+    kb_lo = tl.program_id(1) * kb_per_split
+    kb_hi = tl.minimum(kb_lo + kb_per_split, n_kblocks)
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
     width = GROUP_M * grid_n  # swizzle: GROUP_M row tiles share each weight tile while it is in L2
@@ -111,31 +115,52 @@ def _block_gemm_kernel(
     bs_ptrs = bs_ptr + (cols // GROUP) * stride_bs
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if INTERP:  # NOTE: the interpreter cannot run `for` over runtime bounds; GPUs need `for` to pipeline
-        kb = 0
-        while kb < n_kblocks:
+        kb = kb_lo
+        while kb < kb_hi:
             acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
             kb += 1
     else:
-        for kb in range(0, n_kblocks):
+        for kb in range(kb_lo, kb_hi):
             acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    if PARTIAL:
+        ws_ptrs = ws_ptr + tl.program_id(1).to(tl.int64) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(ws_ptrs, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+        c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-def _block_config(m: int, n: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for an ``m x n`` output."""
-    if m > 64:
-        return 128, 128, 8, 3
+@triton.jit
+def _splitk_sum_kernel(ws_ptr, c_ptr, bias_ptr, M, N, stride_cm, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       BLOCK: tl.constexpr):  # fmt: skip
+    """``c[m, :] = sum_s ws[s, m, :] (+ bias)`` for one row ``m`` and ``BLOCK`` columns."""
+    m = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(ws_ptr + (s * M + m) * N + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(c_ptr + m * stride_cm + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def _block_config(m: int, n: int, kblocks: int, device: torch.device) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, split_k) for an ``m x n`` output over ``kblocks`` k-blocks.
+
+    Up to 256 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): small
+    tiles and split-K give every SM a share of the weight stream, ~2 programs per SM. Prefill chunks
+    (> 256 tokens) are compute-bound: 128x128 tiles."""
+    if m > 256:
+        return 128, 128, 8, 3, 1
+    bm, bn, warps, stages = (16, 64, 4, 5) if m <= 16 else (32, 64, 4, 4) if m <= 32 else (64, 128, 4, 4)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    block_m = 16 if m <= 16 else 64
-    # decode batches read weights: enough column tiles to keep every SM streaming
-    block_n = 128
-    while block_n > 32 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < 2 * sms:
-        block_n //= 2
-    return block_m, block_n, 4, 4
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    split = max(1, min(triton.cdiv(2 * sms, tiles), kblocks // 4, 16))
+    return bm, bn, warps, stages, split
 
 
 def fp8_block_gemm(
@@ -146,9 +171,11 @@ def fp8_block_gemm(
     block: int,
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
+    split_k: int | None = None,
 ) -> torch.Tensor:
     """``xq [M, K]`` e4m3 with ``x_scale [M, ceil(K/B)]``, ``wq [N, K]`` e4m3 with ``w_scale [ceil(N/B),
-    ceil(K/B)]`` (``B = block``) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref``)."""
+    ceil(K/B)]`` (``B = block``) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref``). ``split_k``:
+    force that many k-splits (default: :func:`_block_config`'s choice)."""
     m, k = xq.shape
     n = wq.shape[0]
     kb = triton.cdiv(k, block)
@@ -164,14 +191,24 @@ def fp8_block_gemm(
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
         return out
-    bm, bn, warps, stages = _block_config(m, n, xq.device)
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    bm, bn, warps, stages, split = _block_config(m, n, kb, xq.device)
+    split = min(split_k or split, kb)
+    per_split = triton.cdiv(kb, split)
+    split = triton.cdiv(kb, per_split)  # no empty splits
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split)
     _block_gemm_kernel[grid](
-        xq, wq, out, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb,
+        xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb, per_split,
         xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), w_scale.stride(0),
-        HAS_BIAS=bias is not None, GROUP=block, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, INTERP=interpreting(),
-        num_warps=warps, num_stages=stages,
+        HAS_BIAS=bias is not None, GROUP=block, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, PARTIAL=split > 1,
+        INTERP=interpreting(), num_warps=warps, num_stages=stages,
     )  # fmt: skip
+    if split > 1:
+        sum_block = min(1024, triton.next_power_of_2(n))
+        _splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
+            ws, out, bias if bias is not None else out, m, n, out.stride(0), SPLIT=split,
+            HAS_BIAS=bias is not None, BLOCK=sum_block, num_warps=4,
+        )  # fmt: skip
     return out
 
 
