@@ -89,7 +89,9 @@ def _pad16(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def make_check_batch(dt: KVDtype, smoke: bool, head_dim: int = 128, q_heads: int = 32, kv_heads: int = 8) -> object:
+def make_check_batch(
+    dt: KVDtype, smoke: bool, head_dim: int = 128, q_heads: int = 32, kv_heads: int = 8
+) -> object:
     torch.manual_seed(1234)
     lens = [1, 17, 40] if smoke else [1, 15, 16, 17, 1000, 4099]
     tails = [0, 7, 32] if smoke else [0, 1, 32, 7, 64, 0]

@@ -1,5 +1,5 @@
-"""benchmarks/bench_kernels.py and bench_decode_variants.py --smoke (CPU, Triton interpreter, one KV head), and
-the timing helpers they share (benchmarks/timing.py): the device runs' code paths, not their numbers."""
+"""benchmarks/bench_kernels.py and bench_decode_variants.py --smoke (CPU, Triton interpreter, one KV head),
+and the timing helpers they share (benchmarks/timing.py): the device runs' code paths, not their numbers."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_bench_kernels_smoke(tmp_path: Path) -> None:
         assert any(r["kernel"] == "extend" and r["kv_dtype"] == dt for r in rows)
     assert any(r["kernel"] == "sdpa_bf16_contiguous" for r in rows)
     assert all(r["us"] > 0 and r["bytes"] > 0 and "frac_of_ceiling" in r for r in rows)
-    nv = next(r for r in rows if r["kernel"] == "decode" and r["kv_dtype"] == "nvfp4" and r["head_dim"] == 128)
+    nv = next(r for r in rows if (r["kernel"], r["kv_dtype"], r["head_dim"]) == ("decode", "nvfp4", 128))
     assert nv["ratio_vs_fp8"] > 0 and nv["ratio_vs_bf16"] > 0  # NVFP4's time over the other formats'
     if importlib.util.find_spec("matplotlib") is not None:  # the plot is skipped without it
         assert (tmp_path / "kernels-h200.png").stat().st_size > 10_000
@@ -35,7 +35,8 @@ def test_bench_kernels_smoke(tmp_path: Path) -> None:
 
 def test_bench_decode_variants_smoke(tmp_path: Path) -> None:
     # one variant checked against decode_ref and timed, one that fails (reported, the run goes on)
-    argv = ["--smoke", "--out", str(tmp_path), "--variants", "bf16=tok", "nvfp4=nosuch", "--shapes", "1x32"]
+    argv = ["--smoke", "--out", str(tmp_path), "--variants", "bf16=tok", "nvfp4=nosuch"]
+    argv += ["--shapes", "1x32"]
     assert bench_decode_variants.main(argv) == 0
     doc = json.loads((tmp_path / "decode-variants.json").read_text())
     ok, bad = doc["variants"]
@@ -52,8 +53,8 @@ def test_kernel_plot_draws_decode_and_extend_panels(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
 
     def row(kernel: str, dt: str, batch: int, ctx: int, frac: float, chunk: int = 0) -> dict[str, object]:
-        return {"kernel": kernel, "kv_dtype": dt, "batch": batch, "context": ctx, "q_heads": 32, "kv_heads": 8,
-                "head_dim": 128, "frac_of_ceiling": frac, "chunk": chunk}  # fmt: skip
+        return {"kernel": kernel, "kv_dtype": dt, "batch": batch, "context": ctx, "q_heads": 32,
+                "kv_heads": 8, "head_dim": 128, "frac_of_ceiling": frac, "chunk": chunk}  # fmt: skip
 
     rows = [row("decode", "nvfp4", b, c, 0.7) for b in (1, 8) for c in (8192, 32768)]
     kinds = (("extend", 0.4), ("extend_decode", 0.8))

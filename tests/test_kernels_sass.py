@@ -1,6 +1,6 @@
 """decode_mma's sm_90 compile (CPU only: a fake driver and the triton wheel's ptxas, see
-benchmarks/sass_decode.py): its launch grid is one wave of 16 one-warp programs per SM (12 at head_dim 64 and
-in the balanced kernel), which holds only while every build fits 128 (168) registers without spills.
+benchmarks/tools/sass_decode.py): its launch grid is one wave of 16 one-warp programs per SM (12 at head_dim
+64 and in the balanced kernel), which holds only while every build fits 128 (168) registers without spills.
 Uncapped builds drift to 130 and 166 registers and run 10-25% slower on the H200. The token-balanced
 kernel (``bal=1``) spills ~5 values into its tile loop at its defaults unless each page address is one
 ``IMAD.WIDE.U32``.
@@ -97,9 +97,9 @@ def test_decode_tok_keeps_three_programs_per_sm(dtype: str, spec: str) -> None:
 
 
 def _compile(spec: str, dtype: str, group: int, head_dim: int, tail: bool) -> str:
-    """benchmarks/sass_decode.py's report for one sm_90 build (no GPU: a fake driver and the wheel's ptxas)."""
+    """tools/sass_decode.py's report for one sm_90 build (no GPU: a fake driver and the wheel's ptxas)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "sass_decode.py"), "--variants", spec, "--dtypes", dtype,
-           "--group", str(group), "--head-dim", str(head_dim)] + (["--tail"] if tail else [])  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "tools" / "sass_decode.py"), "--variants", spec,
+           "--dtypes", dtype, "--group", str(group), "--head-dim", str(head_dim)] + (["--tail"] if tail else [])  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600).stdout

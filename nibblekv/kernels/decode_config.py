@@ -300,7 +300,7 @@ def _mma_config(d: int) -> dict[str, int | bool]:
 def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
     """Launch config of the per-token kernels (measured on the H200 at these settings, see DEFAULT_VARIANT).
 
-    Picked by SASS instruction counts per token-head of the main loop (benchmarks/sass_decode.py):
+    Picked by SASS instruction counts per token-head of the main loop (benchmarks/tools/sass_decode.py):
     FP8 with V as uint16-pair halves (sv=1, conv=1) at BN=128 is ~20 warp-instructions vs ~30 for "paged".
     NVFP4 decodes the pool's sm words (``_common.nvfp4_split``); ``conv`` applies to FP8 only.
     """

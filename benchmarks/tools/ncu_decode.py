@@ -1,9 +1,11 @@
-"""One decode call per shape, for Nsight Compute: where the decode kernels' cycles go (stall reasons).
+"""Question: where do the decode kernels' cycles go (stall reasons)? One decode call per shape, for ncu.
 
 Usage on the device (only the calls between cudaProfilerStart/Stop are profiled)::
 
-    ncu --profile-from-start off --clock-control none --section WarpStateStats ... \
-        python3 benchmarks/ncu_decode.py --shapes nvfp4:26x32768 fp8_e4m3:26x32768
+    PYTHONPATH=. ncu --profile-from-start off --clock-control none --set full --import-source no \
+        -o $OUT/decode -f python3 benchmarks/tools/ncu_decode.py --shapes nvfp4:26x32768 fp8_e4m3:26x32768
+
+then ``ncu -i REPORT --page details`` (or ``--page source --csv --print-source sass`` for per-line stalls).
 
 Each shape: ``dtype:BxC[:q_heads][:variant]`` (q_heads 32 by default, KV heads 8, head_dim 128, the 64-token
 bf16 tail on, pages at random places, as ``bench_kernels.py``). Two warm-up calls compile and settle;
@@ -14,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
 import torch
 
-from benchmarks.bench_kernels import PAGE, Pools, decode_call
-from nibblekv.formats.layout import KVDtype
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `benchmarks.*`
+from benchmarks.bench_kernels import PAGE, Pools, decode_call  # noqa: E402
+from nibblekv.formats.layout import KVDtype  # noqa: E402
 
 
 def parse(spec: str) -> tuple[KVDtype, int, int, int, str]:

@@ -1,16 +1,17 @@
-"""Compile decode variants for sm_90 on a machine without a GPU and count SASS instructions per token.
+"""Question: what does a decode variant execute per token on sm_90 (registers, spills, SASS loop length)?
+Compiles decode variants for sm_90 on a machine without a GPU and counts SASS instructions per token.
 
 Usage (CPU; no CUDA needed)::
 
-    PYTHONPATH=. python benchmarks/sass_decode.py [--variants tok,tok:bn=128 ...] [--dtypes nvfp4,fp8_e4m3,bf16]
-        [--dump DIR]
+    PYTHONPATH=. python benchmarks/tools/sass_decode.py [--variants tok,tok:bn=128 ...]
+        [--dtypes nvfp4,fp8_e4m3,bf16] [--dump DIR]
 
 A fake Triton driver reports an sm_90 target and the launcher's kernel launches become compile-only
 (``warmup=True``), so ``decode_triton`` runs unchanged on CPU tensors. For each compiled kernel it
 prints the registers and spill bytes (``ptxas -v``), the loops of its SASS (backward branches) and, for
 the largest loop (the main-pool key loop), SASS instructions per iteration and **warp-instructions per
 token-head** = loop length x num_warps / BN: our local proxy for speed (an H200 issues ~0.9e12
-warp-instructions/s; NVFP4 at 0.8 of the ceiling needs ~25e9 token-heads/s, see ../shared/NOTES.md).
+warp-instructions/s; NVFP4 at 0.8 of the ceiling needs ~25e9 token-heads/s).
 """
 
 from __future__ import annotations

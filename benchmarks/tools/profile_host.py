@@ -1,15 +1,14 @@
-"""Where a decode step's host time goes: cProfile over engine steps at a large running batch.
+"""Question: where does a decode step's host time go? cProfile over engine steps at a large running batch.
 
-Why: at 256 running SmolLM2 requests the GPU finishes a decode step in ~2 ms, and the step took 5.6-7.4 ms
-(H200, 2026-12-01/02, ``engine-smollm2-profile-h200.json``, ``host-s35a-h200/long-base.json``): the host
-(scheduling, page growth, metadata, graph inputs, token bookkeeping) set the pace. This prints the
-functions with the most own time per step, so the next cut goes where the time is.
+Why: at 256 running SmolLM2 requests the GPU finishes a decode step in ~2 ms while the step took 5.6-7.4 ms
+on an H200: the host (scheduling, page growth, metadata, graph inputs, token bookkeeping) set the pace.
+This prints the functions with the most own time per step, so the next cut goes where the time is.
 
 Requests are admitted with their prompt pages allocated but not computed (``bench_engine.synthetic_prefill``),
 then ``--warm`` steps run untimed and ``--steps`` under cProfile. On CPU use a tiny model
 (``--json-model-override-args``): the reference attention there is not host work on a GPU.
 
-Usage: ``PYTHONPATH=. python benchmarks/profile_host.py --kv-dtype nvfp4 --requests 256 --out DIR``
+Usage: ``PYTHONPATH=. python benchmarks/tools/profile_host.py --kv-dtype nvfp4 --requests 256 --out DIR``
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for bench_engine
 from bench_engine import synthetic_prefill  # noqa: E402
 
 from nibblekv import Engine  # noqa: E402
