@@ -236,26 +236,46 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model", default=None, help="GGUF file, HF directory, or preset (dummy); default: SmolLM2"
     )
-    g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS)
+    g.add_argument(
+        "--load-format", default=d.load_format, choices=LOAD_FORMATS,
+        help="auto: from --model (a .gguf file or an HF folder); dummy: random weights of a preset's or a "
+        "config.json's shape",
+    )  # fmt: skip
     g.add_argument(
         "--json-model-override-args", default=None, metavar="JSON",
         help='JSON object merged into the model\'s HF config, e.g. \'{"num_hidden_layers": 4}\' (HF folders '
         "and dummy models)",
     )  # fmt: skip
-    g.add_argument("--dtype", default=d.dtype, choices=DTYPES, help="model dtype")
+    g.add_argument(
+        "--dtype", default=d.dtype, choices=DTYPES, help="model dtype (auto: bf16 on CUDA, fp32 on CPU)"
+    )
     g.add_argument(
         "--quantization", default=None, choices=QUANTIZATIONS,
         help="fp8: quantize the linear layers' weights to FP8 at load time (per-channel scales, dynamic "
         "per-token activation scales; FP8 tensor cores on Hopper). FP8 checkpoints load as FP8 without it",
     )  # fmt: skip
-    g.add_argument("--device", default=d.device, choices=DEVICES)
-    g.add_argument("--seed", type=int, default=d.seed)
-    g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_DTYPE_CHOICES)
-    g.add_argument("--page-size", type=_positive_int, default=d.page_size)
-    g.add_argument("--mem-fraction-static", type=_fraction, default=None)
-    g.add_argument("--max-total-tokens", type=_positive_int, default=None)
+    g.add_argument("--device", default=d.device, choices=DEVICES, help="auto: CUDA when available")
+    g.add_argument("--seed", type=int, default=d.seed, help="seed of sampling (and of dummy weights)")
+    g.add_argument(
+        "--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_DTYPE_CHOICES,
+        help="KV cache storage: auto = the model's dtype (bf16 on CUDA, fp32 on CPU); nvfp4 = 4 bits (GPU "
+        "kernels tuned for Hopper; a slower reference path on CPU); fp8_e4m3 = 8 bits",
+    )  # fmt: skip
+    g.add_argument("--page-size", type=_positive_int, default=d.page_size, help="tokens per KV page")
+    g.add_argument(
+        "--mem-fraction-static", type=_fraction, default=None,
+        help="CUDA: share of GPU memory for weights + KV pool (default: 0.88)",
+    )  # fmt: skip
+    g.add_argument(
+        "--max-total-tokens", type=_positive_int, default=None,
+        help="KV pool capacity in tokens (default: from GPU memory on CUDA, "
+        f"{CPU_DEFAULT_MAX_TOTAL_TOKENS} on CPU)",
+    )  # fmt: skip
     g.add_argument("--mem-budget-gib", type=_positive_float, default=None, help="KV pool budget (CPU)")
-    g.add_argument("--max-running-requests", type=_positive_int, default=None)
+    g.add_argument(
+        "--max-running-requests", type=_positive_int, default=None,
+        help="requests decoded together (default: 128 on CUDA, 32 on CPU)",
+    )  # fmt: skip
     g.add_argument(
         "--schedule-policy", default=d.schedule_policy, choices=SCHEDULE_POLICIES,
         help="admission order: fcfs, or lpm (longest cached prefix first, while <= 128 requests wait)",
@@ -296,15 +316,22 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "to the previous one in bf16; its last chunk demotes them (default: min(--chunked-prefill-size, "
         "2048) + --kv-recent-window; multiple of --page-size; see docs/accuracy.md)",
     )
-    g.add_argument("--context-length", type=_positive_int, default=None)
+    g.add_argument(
+        "--context-length", type=_positive_int, default=None,
+        help="longest prompt + output per request (default: the model's max_position_embeddings)",
+    )  # fmt: skip
     g.add_argument(
         "--allow-long-context", action="store_true",
         help="accept a --context-length beyond the model's max_position_embeddings (SGLang's "
         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN); give RoPE scaling for those positions in the model "
         "config or --json-model-override-args; logged at start",
     )  # fmt: skip
-    g.add_argument("--disable-cuda-graph", action="store_true")
-    g.add_argument("--cuda-graph-max-bs", type=_positive_int, default=d.cuda_graph_max_bs)
+    g.add_argument("--disable-cuda-graph", action="store_true", help="decode eagerly (slower; for debugging)")
+    g.add_argument(
+        "--cuda-graph-max-bs", type=_positive_int, default=d.cuda_graph_max_bs,
+        help=f"largest decode batch replayed from a CUDA graph (default: --max-running-requests, at most "
+        f"{DEFAULT_CUDA_GRAPH_MAX_BS})",
+    )  # fmt: skip
     g.add_argument("--cuda-graph-bs", type=_positive_int, nargs="+", default=None,
                    help="the decode batch sizes to capture (default: 1, 2, 4, 8, then every 8 up to --cuda-graph-max-bs)")
     overlap = g.add_mutually_exclusive_group()
@@ -323,7 +350,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--tp-size", "--tp", dest="tp_size", type=_positive_int, default=d.tp_size,
         help="tensor-parallel ranks (NCCL, one GPU each; gloo on CPU)",
     )  # fmt: skip
-    g.add_argument("--decode-log-interval", type=non_negative_int, default=d.decode_log_interval)
+    g.add_argument(
+        "--decode-log-interval", type=non_negative_int, default=d.decode_log_interval,
+        help="decode steps between 'Decode batch' log lines; 0 = never",
+    )  # fmt: skip
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix reuse across requests")
     g.add_argument(
         "--enable-hierarchical-cache", action="store_true", help="keep evicted prefix pages in host memory"

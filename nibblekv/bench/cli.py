@@ -15,6 +15,16 @@ from pathlib import Path
 from typing import Any
 
 DATASETS = ("random", "shared-prefix", "agentic", "jsonl")
+SERVE_DESCRIPTION = (
+    "Load-test any OpenAI-compatible server (nibblekv, SGLang, vLLM) with SGLang's bench_serving flags: "
+    "throughput, TTFT, TPOT and ITL percentiles, printed and optionally written as JSON. A pure HTTP "
+    "client: it needs no GPU and no torch."
+)
+SERVE_EPILOG = """examples:
+  nibblekv serve --kv-cache-dtype nvfp4 --port 30000 &   # ready when it logs 'The server is fired up'
+  nibblekv bench serve --base-url http://127.0.0.1:30000 --num-prompts 200 --random-input-len 512 \\
+      --random-output-len 128 --max-concurrency 32 --output-file run.json
+  nibblekv bench serve --dataset shared-prefix --backend chat --num-prompts 64"""
 
 
 def _positive(text: str) -> int:
@@ -33,19 +43,31 @@ def _ratio(text: str) -> float:
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:30000", help="server root (with or without /v1)")
-    p.add_argument("--backend", choices=("completions", "chat"), default="completions")
+    p.add_argument(
+        "--backend", choices=("completions", "chat"), default="completions", help="endpoint to call"
+    )
     p.add_argument("--model", default=None, help="model name (default: the server's first /v1/models entry)")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--dataset", choices=DATASETS, default="random")
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default="random",
+        help="random prompts; shared-prefix groups (--gsp-*); agentic multi-turn sessions (--agentic-*); "
+        "or a jsonl file of prompts",
+    )
     p.add_argument("--dataset-path", default=None, help="JSONL file for --dataset jsonl")
     p.add_argument("--num-prompts", type=_positive, default=100, help="requests (agentic: sessions)")
-    p.add_argument("--max-concurrency", type=_positive, default=None)
+    p.add_argument(
+        "--max-concurrency", type=_positive, default=None, help="most requests in flight (default: no limit)"
+    )
     p.add_argument(
         "--request-rate", type=float, default=math.inf, help="requests/s, Poisson; inf = all at once"
     )
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--random-input-len", type=_positive, default=1024)
-    p.add_argument("--random-output-len", type=_positive, default=128)
+    p.add_argument("--seed", type=int, default=1, help="seed of the workload and arrival times")
+    p.add_argument("--random-input-len", type=_positive, default=1024, help="prompt tokens per request")
+    p.add_argument(
+        "--random-output-len", type=_positive, default=128, help="output tokens per request (also jsonl)"
+    )
     p.add_argument(
         "--random-range-ratio", type=_ratio, default=1.0, help="lengths uniform in [len*ratio, len]"
     )
@@ -54,20 +76,26 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="send random token ids (exact input lengths; completions backend; vocab from the server)",
     )
-    p.add_argument("--gsp-num-groups", type=_positive, default=8)
-    p.add_argument("--gsp-prompts-per-group", type=_positive, default=16)
-    p.add_argument("--gsp-system-prompt-len", type=_positive, default=1024)
-    p.add_argument("--gsp-question-len", type=_positive, default=64)
-    p.add_argument("--gsp-output-len", type=_positive, default=128)
-    p.add_argument("--agentic-turns", type=_positive, default=4)
-    p.add_argument("--agentic-system-len", type=_positive, default=512)
-    p.add_argument("--agentic-tool-output-len", type=_positive, default=256)
-    p.add_argument("--agentic-output-len", type=_positive, default=64)
+    p.add_argument("--gsp-num-groups", type=_positive, default=8, help="shared-prefix: groups")
+    p.add_argument(
+        "--gsp-prompts-per-group", type=_positive, default=16, help="shared-prefix: prompts per group"
+    )
+    p.add_argument(
+        "--gsp-system-prompt-len", type=_positive, default=1024, help="shared-prefix: shared prefix tokens"
+    )
+    p.add_argument("--gsp-question-len", type=_positive, default=64, help="shared-prefix: tokens after it")
+    p.add_argument("--gsp-output-len", type=_positive, default=128, help="shared-prefix: output tokens")
+    p.add_argument("--agentic-turns", type=_positive, default=4, help="agentic: turns per session")
+    p.add_argument("--agentic-system-len", type=_positive, default=512, help="agentic: system prompt tokens")
+    p.add_argument(
+        "--agentic-tool-output-len", type=_positive, default=256, help="agentic: tool output tokens per turn"
+    )
+    p.add_argument("--agentic-output-len", type=_positive, default=64, help="agentic: output tokens per turn")
     p.add_argument("--disable-ignore-eos", action="store_true", help="let requests stop at EOS")
     p.add_argument("--extra-request-body", default=None, help="JSON object merged into every request body")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--output-file", default=None, help="write the metrics (and the config) as JSON here")
-    p.add_argument("--disable-progress", action="store_true")
+    p.add_argument("--disable-progress", action="store_true", help="no progress bar")
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -75,22 +103,30 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     serve = sub.add_parser(
         "serve",
         help="load-test an OpenAI-compatible server",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=SERVE_DESCRIPTION,
+        epilog=SERVE_EPILOG,
     )
     _add_serve_args(serve)
-    serve.set_defaults(func=run)
+    serve.set_defaults(func=run, _parser=serve)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``bench`` with its subcommands to the ``nibblekv`` CLI."""
-    bench = subparsers.add_parser("bench", help="benchmarks")
-    add_subcommands(bench.add_subparsers(dest="bench_command", required=True))
+    bench = subparsers.add_parser(
+        "bench",
+        help="load-test a running server (bench serve)",
+        description="Benchmarks: 'bench serve' load-tests an OpenAI-compatible server.",
+    )
+    add_subcommands(bench.add_subparsers(dest="bench_command", required=True, metavar="COMMAND"))
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m nibblekv.bench serve ...``: the client alone, without the engine's imports (torch)."""
-    parser = argparse.ArgumentParser(prog="python -m nibblekv.bench", description="nibblekv benchmarks")
-    add_subcommands(parser.add_subparsers(dest="bench_command", required=True))
+    from nibblekv.cli import Parser, use_help_formatter
+
+    parser = Parser(prog="python -m nibblekv.bench", description="nibblekv benchmarks")
+    add_subcommands(parser.add_subparsers(dest="bench_command", required=True, metavar="COMMAND"))
+    use_help_formatter(parser)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 
@@ -162,13 +198,21 @@ def run(args: argparse.Namespace) -> int:
     from nibblekv.bench.runner import LoadShape, run_benchmark
     from nibblekv.bench.stats import format_report, summarize
 
+    parser: argparse.ArgumentParser = args._parser
     if args.random_token_ids and args.backend == "chat":
-        raise SystemExit("--random-token-ids needs --backend completions")
+        parser.error("--random-token-ids needs --backend completions")
+    if args.dataset == "jsonl" and not args.dataset_path:
+        parser.error("--dataset jsonl needs --dataset-path")
+    try:
+        extra = json.loads(args.extra_request_body) if args.extra_request_body else {}
+    except json.JSONDecodeError as exc:
+        parser.error(f"--extra-request-body is not valid JSON: {exc}")
+    if not isinstance(extra, dict):
+        parser.error("--extra-request-body must be a JSON object")
     root = _api_root(args.base_url)
     model, vocab = _server_facts(root, args.api_key)
     if args.random_token_ids and not vocab:
         raise SystemExit("--random-token-ids: the server does not report vocab_size at /get_model_info")
-    extra = json.loads(args.extra_request_body) if args.extra_request_body else {}
     target = Target(
         root,
         args.backend,
@@ -185,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = summarize(results, duration)
     print(format_report(metrics, f"Serving Benchmark ({args.dataset})"), flush=True)
     if args.output_file:
-        config = {k: v for k, v in vars(args).items() if k not in ("func", "api_key")}
+        config = {k: v for k, v in vars(args).items() if k not in ("func", "_parser", "api_key")}
         config["request_rate"] = (
             None if math.isinf(args.request_rate) else args.request_rate
         )  # JSON has no inf

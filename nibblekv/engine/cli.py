@@ -1,9 +1,8 @@
 """``nibblekv generate``: prompts in, text out; or a JSONL batch, resumable, with a progress bar.
 
-Batch input lines: ``{"prompt": str}`` or ``{"messages": [...]}`` or ``{"input_ids": [...]}``, each with
-an optional ``"id"`` (default: the line number) and ``"sampling_params"`` overriding the flags. Output
-lines: ``{"id", "text", "finish_reason", "prompt_tokens", "completion_tokens"}``, written as each
-request finishes; on restart, ids already in the output file are skipped.
+The batch files' schema and resuming are in :mod:`nibblekv.engine.batch_io`. Bad input (a model that
+cannot load, a malformed batch line) is refused with ``parser.error`` (exit 2) before the engine starts;
+Ctrl-C exits 130 with one line saying how far the batch got.
 """
 
 from __future__ import annotations
@@ -14,34 +13,63 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from nibblekv.config import add_engine_args, config_from_args_or_exit
+from nibblekv.engine.batch_io import INPUT_HELP, OUTPUT_HELP, BatchFileError, Job, done_ids, read_jobs
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("generate", help="generate text offline (bundled SmolLM2 by default)")
-    p.add_argument("prompts", nargs="*", help="prompt text(s)")
+DESCRIPTION = (
+    "Generate text offline, without a server: from prompts given on the command line, or from a JSONL "
+    "batch (--input-jsonl) whose results are appended to --output-jsonl as they finish; rerunning an "
+    "interrupted batch resumes it. The model defaults to the bundled SmolLM2-135M-Instruct."
+)
+EPILOG = """examples:
+  nibblekv generate "The capital of France is" --max-new-tokens 16
+  nibblekv generate --chat "Write a haiku about the sea." --kv-cache-dtype nvfp4
+  nibblekv generate --model /models/Llama-3.1-8B-Instruct --input-jsonl in.jsonl --output-jsonl out.jsonl
+
+in.jsonl, one request per line:
+  {"id": "q1", "prompt": "Once upon a time", "sampling_params": {"max_new_tokens": 32}}
+  {"messages": [{"role": "user", "content": "Name three primes."}]}
+  {"input_ids": [1, 2, 3]}"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text offline from prompts or a JSONL batch (default model: the bundled SmolLM2)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+    )
+    p.add_argument("prompts", nargs="*", help="prompt text(s); each is one request")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
-    p.add_argument("--input-jsonl", type=Path, default=None)
-    p.add_argument("--output-jsonl", type=Path, default=None)
+    p.add_argument("--input-jsonl", type=Path, default=None, metavar="FILE", help=INPUT_HELP)
+    p.add_argument("--output-jsonl", type=Path, default=None, metavar="FILE", help=OUTPUT_HELP)
     add_engine_args(p)
     s = p.add_argument_group("sampling")
-    s.add_argument("--max-new-tokens", type=int, default=128)
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=-1)
-    s.add_argument("--min-p", type=float, default=0.0)
-    s.add_argument("--repetition-penalty", type=float, default=1.0)
-    s.add_argument("--frequency-penalty", type=float, default=0.0)
-    s.add_argument("--presence-penalty", type=float, default=0.0)
-    s.add_argument("--sampling-seed", type=int, default=None)
+    s.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per request")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1 = off")
+    s.add_argument("--top-k", type=int, default=-1, help="-1 = off")
+    s.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    s.add_argument("--repetition-penalty", type=float, default=1.0, help="HF's; 1 = off")
+    s.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's; 0 = off")
+    s.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's; 0 = off")
+    s.add_argument(
+        "--sampling-seed",
+        type=int,
+        default=None,
+        help="per-request seed: the same tokens whatever the batch (default: --seed's shared stream)",
+    )
     s.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    s.add_argument("--stop-token-ids", type=int, nargs="+", default=[])
-    s.add_argument("--ignore-eos", action="store_true")
-    s.add_argument("--logprobs", type=int, default=None, help="top-n logprobs per generated token (JSONL)")
+    s.add_argument("--stop-token-ids", type=int, nargs="+", default=[], help="token ids that end a request")
+    s.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    s.add_argument(
+        "--logprobs", type=int, default=None, help="top-n logprobs per generated token (in --output-jsonl)"
+    )
     p.set_defaults(func=run, _parser=p)
 
 
@@ -63,8 +91,18 @@ def _sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+@dataclass
+class _Batch:
+    """A batch run: the input rows not yet in the output, and counts for the Ctrl-C line."""
+
+    jobs: list[Job]
+    total: int  # rows in the input
+    written: int  # of them, rows in the output file
+
+
 def run(args: argparse.Namespace) -> int:
     from nibblekv.engine.sampling_params import SamplingParams
+    from nibblekv.model.source import model_source_error
 
     parser: argparse.ArgumentParser = args._parser
     config = config_from_args_or_exit(parser, args)
@@ -76,23 +114,57 @@ def run(args: argparse.Namespace) -> int:
         parser.error("--input-jsonl and --output-jsonl go together")
     if not args.prompts and not args.input_jsonl:
         parser.error("give prompt text(s) or --input-jsonl/--output-jsonl")
+    problem = model_source_error(config.model, config.load_format, bool(config.json_model_override_args))
+    if problem:
+        parser.error(problem)
+    batch = _load_batch(parser, args, params) if args.input_jsonl else None
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", stream=sys.stderr)
-    from nibblekv.engine.engine import Engine
+    try:
+        return _generate(config, args, params, batch)
+    except KeyboardInterrupt:
+        where = ""
+        if batch is not None:
+            where = (
+                f": {batch.written} of {batch.total} rows are done in {args.output_jsonl}; rerun the same "
+                "command (same --output-jsonl) to resume with the rest"
+            )
+        print(f"{parser.prog}: interrupted{where}", file=sys.stderr, flush=True)
+        return 130  # 128 + SIGINT, as a shell reports it
 
+
+def _load_batch(parser: argparse.ArgumentParser, args: argparse.Namespace, params: Any) -> _Batch:
+    """The input checked line by line and the output's finished ids, before any model loads."""
+    out: Path = args.output_jsonl
+    if not out.parent.is_dir():
+        parser.error(f"--output-jsonl {out}: folder {out.parent} does not exist")
+    try:
+        jobs = read_jobs(args.input_jsonl, params)
+        done = done_ids(out)
+    except BatchFileError as exc:
+        parser.error(str(exc))
+    todo = [job for job in jobs if job[0] not in done]
+    return _Batch(todo, len(jobs), len(jobs) - len(todo))
+
+
+def _generate(config: Any, args: argparse.Namespace, params: Any, batch: _Batch | None) -> int:
+    from nibblekv.engine.engine import Engine
     from nibblekv.engine.gc_heap import frozen_heap
 
     engine = Engine(config)
-    start = time.perf_counter()
-    with frozen_heap():
-        if args.input_jsonl:
-            tokens = _run_batch(engine, args, params)
-        else:
-            prompts = [_chat(engine, p) if args.chat else p for p in args.prompts]
-            outs = engine.generate(prompts, params)
-            for i, out in enumerate(outs):
-                print(out.text if len(outs) == 1 else f"[{i}] {out.text}", flush=True)
-            tokens = sum(o.completion_tokens for o in outs)
-    _summary(engine, tokens, time.perf_counter() - start)
+    try:
+        start = time.perf_counter()
+        with frozen_heap():
+            if batch is not None:
+                tokens = _run_batch(engine, args, batch)
+            else:
+                prompts = [_chat(engine, p) if args.chat else p for p in args.prompts]
+                outs = engine.generate(prompts, params)
+                for i, out in enumerate(outs):
+                    print(out.text if len(outs) == 1 else f"[{i}] {out.text}", flush=True)
+                tokens = sum(o.completion_tokens for o in outs)
+        _summary(engine, tokens, time.perf_counter() - start)
+    finally:
+        engine.shutdown()
     return 0
 
 
@@ -111,39 +183,6 @@ def _summary(engine: Any, tokens: int, seconds: float) -> None:
     )
 
 
-def _done_ids(path: Path) -> set[str]:
-    """Ids already written; a torn last line (killed mid-write) is cut off so appends stay valid JSONL."""
-    if not path.exists():
-        return set()
-    done: set[str] = set()
-    good_bytes = 0
-    with path.open("rb") as f:
-        for raw in f:
-            try:
-                done.add(str(json.loads(raw)["id"]))
-            except (ValueError, KeyError):
-                break
-            good_bytes += len(raw)
-    if good_bytes < path.stat().st_size:
-        with path.open("r+b") as f:
-            f.truncate(good_bytes)
-    return done
-
-
-def _read_jobs(path: Path, params: Any, done: set[str]) -> list[tuple[str, dict[str, Any], Any]]:
-    """(id, row, sampling params) of every input line not yet in the output."""
-    from dataclasses import replace
-
-    jobs = []
-    for n, line in enumerate(path.read_text().splitlines()):
-        if line.strip():
-            row = json.loads(line)
-            rid = str(row.get("id", n))
-            if rid not in done:
-                jobs.append((rid, row, replace(params, **row.get("sampling_params", {}))))
-    return jobs
-
-
 def _prompt_of(engine: Any, row: dict[str, Any], chat: bool) -> str | list[int]:
     if "input_ids" in row:
         return [int(t) for t in row["input_ids"]]
@@ -152,15 +191,15 @@ def _prompt_of(engine: Any, row: dict[str, Any], chat: bool) -> str | list[int]:
     return _chat(engine, row["prompt"]) if chat else row["prompt"]
 
 
-def _run_batch(engine: Any, args: argparse.Namespace, params: Any) -> int:
+def _run_batch(engine: Any, args: argparse.Namespace, batch: _Batch) -> int:
     from tqdm import tqdm
 
     out_path: Path = args.output_jsonl
-    jobs = _read_jobs(args.input_jsonl, params, _done_ids(out_path))
-    for rid, row, sp in jobs:
+    for rid, row, sp in batch.jobs:
         engine.add_request(_prompt_of(engine, row, args.chat), sp, request_id=rid)
     tokens = 0
-    with out_path.open("a") as f, tqdm(total=len(jobs), desc="generate", unit="req", file=sys.stderr) as bar:
+    bar = tqdm(total=batch.total, initial=batch.written, desc="generate", unit="req", file=sys.stderr)
+    with out_path.open("a") as f, bar:
         while engine.has_unfinished():
             for out in engine.step():
                 if not out.finished:
@@ -179,5 +218,6 @@ def _run_batch(engine: Any, args: argparse.Namespace, params: Any) -> int:
                 f.flush()
                 os.fsync(f.fileno())
                 tokens += out.completion_tokens
+                batch.written += 1
                 bar.update(1)
     return tokens

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from nibblekv.eval.common import ScaleSource, add_model_args, load, progress
+from nibblekv.eval.common import ScaleSource, add_model_args, checked_data_dir, load, progress
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    doc = __doc__.splitlines()[0]
-    p = subparsers.add_parser("calibrate", help=doc, description=doc)
+    p = subparsers.add_parser(
+        "calibrate",
+        help="compute per-layer K/V scales for --kv-scales-path",
+        description="Compute per-layer global K/V scales (amax / (6 * 448)) on calibration text and write "
+        "them as JSON for 'nibblekv serve --kv-scales-path' (by default on northanger_abbey.txt of the "
+        "packaged Austen excerpts).",
+        epilog="example:\n  nibblekv calibrate --out scales.json\n"
+        "  nibblekv serve --kv-cache-dtype nvfp4 --kv-scales-path scales.json",
+    )
     add_model_args(p)
     p.add_argument("--out", required=True, help="JSON to write (load it with --kv-scales-path)")
     p.add_argument(
@@ -23,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
+    checked_data_dir(args)
     model, tokenizer = load(args)
     scales = ScaleSource(model, tokenizer, args).get(args.hadamard)
     scales.save(args.out)

@@ -13,9 +13,9 @@ import torch
 
 from nibblekv.config import non_negative_int
 from nibblekv.eval.calibrate import KVMeans, KVScales, calibrate, calibrate_means
-from nibblekv.eval.common import ScaleSource, add_model_args, load, progress
+from nibblekv.eval.common import ScaleSource, add_model_args, checked_data_dir, load, progress
 from nibblekv.eval.configs import BASELINE_NAME, FULL_RUN, KVConfig, parse_config
-from nibblekv.eval.data import eval_texts, resolve_data_dir, token_windows
+from nibblekv.eval.data import eval_texts, token_windows
 from nibblekv.eval.kv_eval import EvalSettings, LockstepEval
 from nibblekv.eval.metrics import summarize
 from nibblekv.eval.passkey import make_cases, run_passkey
@@ -30,9 +30,14 @@ STUDY_CONFIGS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def _configs(names: list[str]) -> list[KVConfig]:
-    configs = [parse_config(n) for n in dict.fromkeys([BASELINE_NAME, *names])]
-    return configs
+def _configs(args: argparse.Namespace, names: list[str], baseline: bool = True) -> list[KVConfig]:
+    """Parsed configuration names (the baseline first unless ``baseline=False``); a bad name is a one-line
+    error, exit 2."""
+    try:
+        return [parse_config(n) for n in dict.fromkeys([BASELINE_NAME, *names] if baseline else names)]
+    except ValueError as exc:
+        args._parser.error(str(exc))
+        raise  # unreachable: parser.error exits
 
 
 class SmoothingSource:
@@ -90,13 +95,25 @@ class SmoothingSource:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("eval", help=__doc__.splitlines()[0], description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="eval_command", required=True)
-    kv = sub.add_parser("kv", help="compare KV configurations through the engine's attention path")
+    p = subparsers.add_parser(
+        "eval",
+        help="measure KV cache accuracy against an unquantized cache",
+        description="Measure how close each KV cache configuration (fp8, nvfp4 and its options) keeps the "
+        "model to an unquantized cache: KL divergence, top-1 agreement and perplexity on text (by default "
+        "the packaged opening chapters of four Austen novels), plus passkey retrieval.",
+    )
+    sub = p.add_subparsers(dest="eval_command", required=True, metavar="COMMAND")
+    kv = sub.add_parser(
+        "kv",
+        help="compare KV configurations through the engine's attention path",
+        description="Compare KV configurations through the engine's own attention path (prefill in chunks "
+        "and decode), in lockstep with the unquantized baseline; writes JSON, a PNG and a table.",
+        epilog="example:\n  nibblekv eval kv --configs bf16 fp8_e4m3 nvfp4 --windows 8 --out kv.json",
+    )
     add_model_args(kv)
     d = EvalSettings()
     kv.add_argument(
-        "--configs", nargs="+", default=list(FULL_RUN), help="configuration names (see eval/configs.py)"
+        "--configs", nargs="+", default=list(FULL_RUN), help="configuration names, e.g. bf16 fp8_e4m3 nvfp4"
     )
     kv.add_argument("--windows", type=int, default=d.windows)
     kv.add_argument("--window-tokens", type=int, default=d.window_tokens)
@@ -115,7 +132,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     kv.add_argument("--out", default="benchmarks/results/kv-accuracy.json")
     kv.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     kv.set_defaults(func=run_kv)
-    st = sub.add_parser("study", help="fast fake-quantization study of the options (dense, one pass)")
+    st = sub.add_parser(
+        "study",
+        help="fast fake-quantization study of the options (dense, one pass)",
+        description="A fast fake-quantization study of the nvfp4 options (dense attention, one pass).",
+    )
     add_model_args(st)
     st.add_argument("--configs", nargs="+", default=list(STUDY_CONFIGS))
     st.add_argument("--windows", type=int, default=8)
@@ -127,11 +148,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     st.add_argument("--kv-scales-path", default=None)
     st.add_argument("--out", default="benchmarks/results/kv-accuracy.study.json")
     st.set_defaults(func=run_study_cmd)
-    mg = sub.add_parser("merge", help="join `eval kv` outputs of one setup (e.g. modes run in parallel)")
-    mg.add_argument("parts", nargs="+", help="JSON files written by `eval kv`")
+    mg = sub.add_parser(
+        "merge",
+        help="join 'eval kv' outputs of one setup (e.g. modes run in parallel)",
+        description="Join the JSON outputs of 'nibblekv eval kv' runs of one setup into one file and plot.",
+    )
+    mg.add_argument("parts", nargs="+", help="JSON files written by 'nibblekv eval kv'")
     mg.add_argument("--out", required=True)
     mg.set_defaults(func=run_merge_cmd)
-    sp = sub.add_parser("speed", help="decode-step time per configuration at a long context (device)")
+    sp = sub.add_parser(
+        "speed",
+        help="decode-step time per configuration at a long context (GPU)",
+        description="Time one decode step per KV configuration at a long context (on a GPU).",
+    )
     add_model_args(sp)
     sp.add_argument(
         "--configs", nargs="+", default=["nvfp4_plain", "nvfp4", "nvfp4_w128", "nvfp4_had", "nvfp4_w64_had"]
@@ -161,19 +190,23 @@ def _header(
 
 def run_kv(args: argparse.Namespace) -> int:
     t0 = time.time()
-    settings = EvalSettings(
-        args.windows,
-        args.window_tokens,
-        args.prefill_chunk,
-        args.decode_context,
-        args.decode_tokens,
-        args.batch,
-    )
-    data_dir = resolve_data_dir(args.data_dir)
-    configs = _configs(args.configs)
+    try:
+        settings = EvalSettings(
+            args.windows,
+            args.window_tokens,
+            args.prefill_chunk,
+            args.decode_context,
+            args.decode_tokens,
+            args.batch,
+        )
+    except ValueError as exc:
+        args._parser.error(str(exc))
+    data_dir = checked_data_dir(args)
+    configs = _configs(args, args.configs)
+    passkey_configs = _configs(args, args.passkey_configs if args.passkey_lengths else [], baseline=False)
     smoothed = [c.name for c in configs if c.smoothed]
     if smoothed:
-        raise SystemExit(f"mean smoothing (_smk/_smv) is a fake-quant study option: {smoothed}")
+        args._parser.error(f"mean smoothing (_smk/_smv) is a fake-quant study option: {smoothed}")
     model, tokenizer = load(args)
     scales = ScaleSource(model, tokenizer, args)
     windows = token_windows(tokenizer, eval_texts(data_dir), settings.windows, settings.window_tokens)
@@ -185,13 +218,12 @@ def run_kv(args: argparse.Namespace) -> int:
         rows += [{"config": c.name, "mode": mode, **summarize(accs[c.name], ref)} for c in configs]
         progress(f"{mode} done after {time.time() - t0:.0f} s")
     passkey = []
-    for name in args.passkey_configs if args.passkey_lengths else []:
-        cfg = parse_config(name)
+    for cfg in passkey_configs:
         cases = make_cases(tokenizer, args.passkey_lengths, args.passkey_depths)
         passkey += run_passkey(
             model, tokenizer, cfg, cases, global_scales=scales(cfg), chunk=args.passkey_chunk
         )
-        progress(f"passkey {name} done after {time.time() - t0:.0f} s")
+        progress(f"passkey {cfg.name} done after {time.time() - t0:.0f} s")
     doc = _header(args, model, configs, scales)
     doc["settings"] = {**asdict(settings), "passkey_chunk": args.passkey_chunk, "data_dir": str(data_dir)}
     doc["rows"] = rows
@@ -211,8 +243,8 @@ def run_kv(args: argparse.Namespace) -> int:
 
 def run_study_cmd(args: argparse.Namespace) -> int:
     t0 = time.time()
-    data_dir = resolve_data_dir(args.data_dir)
-    configs = _configs(args.configs)
+    data_dir = checked_data_dir(args)
+    configs = _configs(args, args.configs)
     model, tokenizer = load(args)
     scales = ScaleSource(model, tokenizer, args)
     windows = token_windows(tokenizer, eval_texts(data_dir), args.windows, args.window_tokens)
@@ -244,10 +276,9 @@ def run_study_cmd(args: argparse.Namespace) -> int:
 
 
 def run_speed_cmd(args: argparse.Namespace) -> int:
+    configs = _configs(args, args.configs, baseline=False)
     model, _ = load(args)
-    rows = speed_table(
-        model, [parse_config(n) for n in args.configs], args.batch, args.context, args.steps, progress
-    )
+    rows = speed_table(model, configs, args.batch, args.context, args.steps, progress)
     for r in rows:
         print(
             f"{r['config']:24s} B={r['batch']} L={r['context']}  {r['step_ms']:.2f} ms/step  x{r['vs_first']:.3f}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 import torch
 
@@ -20,8 +21,15 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="GGUF file or HF folder (default: the bundled SmolLM2-135M)")
-    p.add_argument("--load-format", default="auto", choices=("auto", "gguf", "safetensors", "dummy"))
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument(
+        "--load-format",
+        default="auto",
+        choices=("auto", "gguf", "safetensors", "dummy"),
+        help="auto: from --model; dummy: random weights of a preset's shape",
+    )
+    p.add_argument(
+        "--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: CUDA when available"
+    )
     p.add_argument(
         "--dtype",
         default="auto",
@@ -39,6 +47,22 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--calib-tokens", type=int, default=1024, help="tokens per calibration window")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.set_defaults(_parser=p)
+
+
+def checked_data_dir(args: argparse.Namespace) -> Path:
+    """``--model`` and ``--data-dir`` checked before anything loads: a problem is a one-line error, exit 2."""
+    from nibblekv.model.source import model_source_error
+
+    parser: argparse.ArgumentParser = args._parser
+    problem = model_source_error(args.model, args.load_format)
+    if problem:
+        parser.error(problem)
+    try:
+        return resolve_data_dir(args.data_dir)
+    except FileNotFoundError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
 
 
 def load(args: argparse.Namespace) -> tuple[CausalLM, Tokenizer]:

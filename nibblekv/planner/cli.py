@@ -27,7 +27,14 @@ def parse_context(text: str) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``plan`` subcommand."""
-    p = subparsers.add_parser("plan", help=__doc__.splitlines()[0], description=__doc__.splitlines()[0])
+    p = subparsers.add_parser(
+        "plan",
+        help="how much KV cache (tokens, full-context sessions) fits on one GPU, per KV dtype",
+        description="How many tokens and full-context sessions of KV cache fit on one GPU for a model, "
+        "per KV dtype (bf16, fp8_e4m3, nvfp4), after the weights and a runtime reserve. No GPU needed.",
+        epilog="examples:\n  nibblekv plan --model llama-3.1-8b --gpu H200 --context 128k\n"
+        "  nibblekv plan --model /models/Qwen3-8B/config.json --gpu 80 --context 32768 --json",
+    )
     p.add_argument(
         "--model", required=True, help=f"config.json path or built-in: {', '.join(sorted(PRESETS))}"
     )
@@ -44,8 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument(
         "--context", type=parse_context, required=True, help="tokens per session, e.g. 8192 or 128k"
     )
-    p.add_argument("--mem-fraction", type=float, default=0.9, help="share of reported memory usable (0.9)")
-    p.add_argument("--reserve-gib", type=float, default=3.0, help="GiB kept for activations and runtime (3)")
+    p.add_argument("--mem-fraction", type=float, default=0.9, help="share of reported memory usable")
+    p.add_argument("--reserve-gib", type=float, default=3.0, help="GiB kept for activations and runtime")
     e = EngineOptions()
     p.add_argument("--page-size", type=int, default=e.page_size, help="engine: tokens per KV page")
     p.add_argument(

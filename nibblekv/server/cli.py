@@ -10,6 +10,18 @@ import argparse
 import logging
 
 
+DESCRIPTION = (
+    "Start an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models; "
+    "/health, /metrics) with SGLang-style flags. The model defaults to the bundled SmolLM2-135M-Instruct; "
+    "the KV cache dtype defaults to the model's dtype (--kv-cache-dtype nvfp4 for the 4-bit cache)."
+)
+EPILOG = """examples:
+  nibblekv serve --kv-cache-dtype nvfp4
+  nibblekv serve --model /models/Llama-3.1-8B-Instruct --kv-cache-dtype nvfp4 --host 0.0.0.0 --port 30000
+  curl http://127.0.0.1:30000/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "default", "messages": [{"role": "user", "content": "Hello"}]}'"""
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 < value < 65536:
@@ -22,10 +34,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     from nibblekv.config import non_negative_int
 
     g = parser.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=_port, default=30000)
-    g.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
-    g.add_argument("--served-model-name", default=None, help="the `model` name clients use")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    g.add_argument("--port", type=_port, default=30000, help="port to listen on")
+    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    g.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name clients use (default: the --model file or folder name)",
+    )
     g.add_argument(
         "--max-queued-requests",
         type=non_negative_int,
@@ -39,7 +55,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="seconds SIGTERM waits for in-flight requests before aborting them (streams end with "
         'finish_reason "abort", others get 503)',
     )
-    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level"
+    )
     g.add_argument(
         "--skip-server-warmup",
         action="store_true",
@@ -53,8 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     parser = subparsers.add_parser(
         "serve",
-        help="OpenAI-compatible HTTP server",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        help="start the OpenAI-compatible HTTP server",
+        description=DESCRIPTION,
+        epilog=EPILOG,
     )
     add_engine_args(parser)
     add_server_args(parser)
@@ -66,12 +85,16 @@ def run(args: argparse.Namespace) -> int:
     from nibblekv.config import config_from_args_or_exit
     from nibblekv.engine import AsyncEngine
     from nibblekv.engine.gc_heap import frozen_heap
+    from nibblekv.model.source import model_source_error
     from nibblekv.server.launch import serve
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = config_from_args_or_exit(args._parser, args)
+    problem = model_source_error(config.model, config.load_format, bool(config.json_model_override_args))
+    if problem:
+        args._parser.error(problem)  # exit 2 before the engine loads and before the port opens
     engine = AsyncEngine(config)
     with frozen_heap():  # full GC passes then skip the start-up heap (engine/gc_heap.py)
         return serve(engine, args)
