@@ -94,6 +94,10 @@ def test_load_model_quantization_flag_on_dummy(tmp_path: Path) -> None:
         m.weight_scale.numel() for m in fp8.modules() if isinstance(m, Fp8Linear)
     )
     assert _rel(_logits(fp8), _logits(ref)) < 0.15
+    # a TP rank's shard: row-parallel projections become FP8 layers that all-reduce, then add their bias
+    shard, _ = load_model(str(path), load_format="dummy", quantization=QuantMethod.FP8, tp=TPContext(1, 2))
+    o_proj = shard.model.layers[0].self_attn.o_proj
+    assert isinstance(o_proj, Fp8Linear) and o_proj.reduce and o_proj.weight.shape == (256, 128)
 
 
 def _write_folder(
@@ -225,6 +229,9 @@ def test_malformed_checkpoints_give_clear_errors(tmp_path: Path) -> None:
     w = "model.layers.0.mlp.up_proj.weight"
     save_file({**good, w: good[w].float()}, str(path))
     with pytest.raises(ValueError, match="up_proj.weight: checkpoint dtype torch.float32 in an FP8 layer"):
+        load_model(str(tmp_path / "m"), dtype=torch.float32)
+    save_file({**good, "lm_head.weight": good["lm_head.weight"].to(torch.float8_e4m3fn)}, str(path))
+    with pytest.raises(ValueError, match="lm_head.weight: an FP8 tensor for a torch.float32 parameter"):
         load_model(str(tmp_path / "m"), dtype=torch.float32)
     save_file({n: t for n, t in good.items() if n != bad_scale}, str(path))
     with pytest.raises(ValueError, match="missing 1 tensors"):

@@ -110,6 +110,9 @@ def load_hf_weights(
             if param.dtype == torch.float8_e4m3fn and tensor.dtype != param.dtype:
                 raise ValueError(f"{hf_name}: checkpoint dtype {tensor.dtype} in an FP8 layer (float8_e4m3fn "
                                  "expected: the quantization_config says this checkpoint is FP8)")  # fmt: skip
+            if tensor.dtype == torch.float8_e4m3fn and param.dtype != tensor.dtype:
+                raise ValueError(f"{hf_name}: an FP8 tensor for a {param.dtype} parameter (embeddings, LM head and "
+                                 "norms are served unquantized; is the quantization_config missing?)")  # fmt: skip
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
         if adopt and rows is None and tensor.dtype == target.dtype and tensor.device == target.device:
