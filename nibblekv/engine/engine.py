@@ -26,6 +26,7 @@ from nibblekv.engine.setup import (
     DEFAULT_MAX_RUNNING,
     build_cache_manager,
     build_pool,
+    build_state_pool,
     make_page_table,
     resolve_device,
 )
@@ -104,24 +105,38 @@ class Engine:
         for line in self.pool.startup_lines(self.max_running, self.context_len):
             logger.info(line)
         self.page_table = make_page_table(self.pool, self.max_running, self.context_len, self.device)
+        # NOTE: after the KV pool, which was sized from free memory less these states' bytes
+        self.states = build_state_pool(self.model, self.max_running)
+        hybrid = self.states is not None
+        if self.states is not None:
+            logger.info(self.states.startup_line())
+            if not cfg.disable_radix_cache:
+                # a cached prefix's KV is useless without the linear layers' state at its end, which is not kept
+                logger.info("Radix cache is disabled for hybrid linear-attention models (%s)", mc.architecture)
+                self.config = cfg = replace(cfg, disable_radix_cache=True, enable_hierarchical_cache=False)
+            if self.device.type == "cuda" and not cfg.disable_cuda_graph:
+                logger.info("CUDA graphs are disabled for hybrid linear-attention models: their decode reads the "
+                            "state pool through per-step slot lists the graphs do not capture")  # fmt: skip
         self.scheduler = Scheduler(
             build_cache_manager(cfg, self.pool, self.page_table),
             max_running_requests=self.max_running,
             chunk_tokens=cfg.chunk_tokens,
             eos_token_ids=[*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids],
             policy=cfg.schedule_policy,
+            states=self.states,
         )
         self.runner = ModelRunner(
             self.model,
             self.pool,
             self.page_table,
             seed=cfg.seed,
-            use_cuda_graph=self.device.type == "cuda" and not cfg.disable_cuda_graph,
+            use_cuda_graph=self.device.type == "cuda" and not cfg.disable_cuda_graph and not hybrid,
             cuda_graph_max_bs=cfg.cuda_graph_max_bs,
             cuda_graph_bs=cfg.cuda_graph_bs,
             max_running_requests=self.max_running,
             step_scope=self.tp.step if self.tp else None,
             agree=self.tp.agree_graphs if self.tp else None,
+            states=self.states,
         )
         if self.tp is not None:
             self.tp.before_teardown(self.runner.release_graphs)

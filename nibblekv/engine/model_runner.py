@@ -13,6 +13,7 @@ import torch
 from nibblekv.attention.paged import PagedAttentionBackend, build_metadata, host_metadata, to_device
 from nibblekv.cache.page_table import PageTable, TableUpdates
 from nibblekv.cache.pool import KVPool
+from nibblekv.cache.state_pool import LinearStateBatch, StatePool
 from nibblekv.engine.cuda_graph import CudaGraphRunner, graph_sizes
 from nibblekv.engine.request import Request, TokenLogprob, fill_placeholders
 from nibblekv.engine.sampler import Sampler, top_logprobs
@@ -76,14 +77,18 @@ class ModelRunner:
         max_running_requests: int,
         step_scope: Callable[[StepPlan], AbstractContextManager[None]] | None = None,
         agree: Callable[[bool], bool] | None = None,
+        states: StatePool | None = None,
     ) -> None:
-        """``step_scope(plan)`` is entered around every step's forward and logits (rank 0 of a
+        """``states``: a hybrid model's linear-attention state pool (each request's ``state_slot``).
+
+        ``step_scope(plan)`` is entered around every step's forward and logits (rank 0 of a
         tensor-parallel group broadcasts the plan on entry); ``agree`` turns this rank's "CUDA graphs
         captured" into the group's verdict."""
         self.model = model
         self.step_scope = step_scope
         self.pool = pool
         self.page_table = page_table
+        self.states = states
         self.device = model.device
         self.backend = PagedAttentionBackend(pool)
         if self.backend.qkv_rotation is not None:
@@ -187,7 +192,12 @@ class ModelRunner:
             d["input_ids"] = fill_placeholders(d["input_ids"], prev_tokens)
         cu = None if plan.is_decode else plan.lists["cu_seqlens"]
         self.backend.bind(build_metadata(d, d["rows"], plan.is_decode, self.page_table, cu))
-        hidden = self.model.forward(d["input_ids"], d["positions"], self.backend)
+        if self.states is None:
+            hidden = self.model.forward(d["input_ids"], d["positions"], self.backend)
+        else:  # hybrid: the linear layers' states of this batch's requests
+            bounds = list(range(plan.bs + 1)) if plan.is_decode else plan.lists["cu_seqlens"]
+            states = LinearStateBatch(bounds, plan.is_decode, self.states, d["state_slots"], d["state_fresh"] != 0)
+            hidden = self.model.forward(d["input_ids"], d["positions"], self.backend, states)  # type: ignore[call-arg]
         if not plan.sample_rows:  # every rank sees the same plan, so all skip this collective together
             return hidden.new_zeros(0, 1).float(), hidden
         return self.model.compute_logits(hidden[plan.sample_rows]), hidden
@@ -206,6 +216,9 @@ class ModelRunner:
         pairs = [(r.pages, g) for r, g in zip(batch.reqs, batch.growths)]
         lists.update(host_metadata(pairs, batch.is_decode, self.pool.page_size, bool(self.pool.tail)))
         lists["rows"] = self.page_table.sync([r.pages for r in batch.reqs])
+        if self.states is not None:
+            lists["state_slots"] = [r.state_slot if r.state_slot is not None else -1 for r in batch.reqs]
+            lists["state_fresh"] = [int(g.old_len == 0) for g in batch.growths]  # a fresh request starts from zeros
         return lists
 
     def _sample(

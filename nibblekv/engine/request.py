@@ -55,6 +55,7 @@ class Request:
     first_token_time: float | None = None
     generator: torch.Generator | None = field(default=None, repr=False)  # seeded requests only
     num_pending: int = 0  # trailing placeholder tokens (overlap schedule)
+    state_slot: int | None = None  # hybrid models: the linear-attention state slot while running
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

@@ -5,7 +5,9 @@ Each step is either an *extend* batch (prefill chunks, new requests admitted FCF
 or a *decode* batch (one token for every request whose prompt is in the cache). Extends go first, as
 in SGLang. When a decode step runs out of pages the newest running requests are preempted: their
 pages are freed and they go back to the front of the queue, keeping their tokens, to be recomputed
-later (no request is lost or duplicated).
+later (no request is lost or duplicated). Hybrid models' requests also hold a linear-attention state
+slot (``states``) from admission to finish, abort or preemption; a preempted request recomputes its
+state from scratch with its pages.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 from nibblekv.cache.host_tier import Transfer
 from nibblekv.cache.manager import BaseCacheManager, Growth
+from nibblekv.cache.state_pool import StatePool
 from nibblekv.config import SCHEDULE_POLICIES
 from nibblekv.engine.request import Request, RequestStatus, TokenLogprob
 
@@ -65,7 +68,9 @@ class Scheduler:
         chunk_tokens: int | None,
         eos_token_ids: Iterable[int],
         policy: str = "fcfs",
+        states: StatePool | None = None,
     ) -> None:
+        """``states``: a hybrid model's linear-attention state pool (at least ``max_running_requests`` slots)."""
         if policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule policy must be one of {', '.join(SCHEDULE_POLICIES)}, got {policy!r}")
         self.cache = cache
@@ -73,6 +78,7 @@ class Scheduler:
         self.max_running = max_running_requests
         self.chunk_tokens = chunk_tokens
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.states = states
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -120,6 +126,8 @@ class Scheduler:
                 self.cache.release(req.pages)  # undo the match; it is retried next step
                 break
             self.waiting.popleft()
+            if self.states is not None:
+                req.state_slot = self.states.alloc()  # never runs out: one slot per running request
             req.status = RequestStatus.RUNNING
             if req.num_preemptions == 0:
                 req.cached_tokens = cached
@@ -193,6 +201,7 @@ class Scheduler:
         """Free the request's pages and requeue it at the front, tokens kept, for recompute."""
         self.running.remove(req)
         self.cache.release(req.pages, req.known_token_ids)
+        self._free_state(req)
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -205,10 +214,16 @@ class Scheduler:
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
         self.cache.release(req.pages, req.known_token_ids)
+        self._free_state(req)
         if req.status is not RequestStatus.FINISHED:
             self._finished.append(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+
+    def _free_state(self, req: Request) -> None:
+        if self.states is not None and req.state_slot is not None:
+            self.states.free(req.state_slot)
+            req.state_slot = None
 
     def take_finished(self) -> list[Request]:
         """Requests finished since the last call (including those ended outside a step's batch)."""

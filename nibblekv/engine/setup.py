@@ -24,6 +24,7 @@ from nibblekv.cache import (
 )
 from nibblekv.cache.host_tier import HostTier, host_pages_for
 from nibblekv.cache.prefix import PrefixCacheManager
+from nibblekv.cache.state_pool import StatePool
 from nibblekv.config import CPU_DEFAULT_MAX_TOTAL_TOKENS, EngineConfig
 from nibblekv.formats import KVDtype, parse_kv_dtype
 from nibblekv.kernels import check_gpu_head_dim
@@ -93,6 +94,7 @@ def pool_spec(config: EngineConfig, model: CausalLM, max_running: int, context_l
         max_tokens = CPU_DEFAULT_MAX_TOTAL_TOKENS
     context = context_len or config.context_length or mc.max_position_embeddings
     if budget is not None:
+        budget -= state_pool_bytes(model, max_running)  # hybrid models: the linear-attention states first
         shape = _size_pool(config, model, max_running, None, config.page_size)  # the table's widths only
         budget -= page_table_bytes(shape, max_running, context)
     spec = _size_pool(config, model, max_running, budget, max_tokens)
@@ -105,7 +107,7 @@ def _size_pool(
 ) -> PoolSpec:
     mc = model.config
     return size_pool(
-        num_layers=mc.num_layers,
+        num_layers=mc.num_kv_layers,  # a hybrid model's linear-attention layers hold no KV
         num_kv_heads=mc.num_kv_heads,
         head_dim=mc.head_dim,
         page_size=config.page_size,
@@ -151,8 +153,20 @@ def build_pool(
     spec = pool_spec(config, model, max_running, context_len)
     if agree is not None:
         spec = agree(spec)
-    scales = load_kv_scales(config.kv_scales_path, model.config.num_layers, model.device, spec.hadamard)
+    scales = load_kv_scales(config.kv_scales_path, model.config.num_kv_layers, model.device, spec.hadamard)
     return KVPool(spec, model.device, scales)
+
+
+def state_pool_bytes(model: CausalLM, max_running: int) -> int:
+    """Bytes of a hybrid model's linear-attention state pool (one slot per running request); 0 otherwise."""
+    return StatePool.nbytes_for(model.config, max_running, model.dtype) if model.config.is_hybrid else 0
+
+
+def build_state_pool(model: CausalLM, max_running: int) -> StatePool | None:
+    """The linear-attention state pool of a hybrid model (None for the others)."""
+    if not model.config.is_hybrid:
+        return None
+    return StatePool(model.config, max_running, model.dtype, model.device)
 
 
 def make_page_table(pool: KVPool, max_running: int, context_len: int, device: torch.device) -> PageTable:
