@@ -9,6 +9,8 @@ Three panels, one bar per KV dtype in each group:
    read bandwidth) -- the issue's "decode step <= 1.5x its memory floor" line is drawn.
 
     python3 benchmarks/plot_engine.py benchmarks/results/engine-h200.json  # -> engine-h200.png beside it
+    python3 benchmarks/plot_engine.py OUT/engine-h200.json --merge long=OUT/long/bench_engine.json \
+        floor=OUT/floor/bench_engine.json throughput=OUT/throughput/bench_engine.json  # several runs in one
 """
 
 from __future__ import annotations
@@ -84,13 +86,46 @@ def plot(data: dict[str, Any], png: Path) -> None:
     plt.close(fig)
 
 
+def merge(parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One engine JSON from several bench_engine runs (``(part name, run JSON)`` items, e.g. the long part,
+    the floor rows and the throughput part): every run's rows, and under ``runs`` each run's name, date,
+    args and row count. Device, commit and torch come from the first run; runs that disagree are refused."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    first = parts[0][1]
+    for name, run in parts:
+        for key in ("device", "commit", "torch"):
+            if run.get(key) != first.get(key):
+                raise ValueError(f"run {name!r} has {key}={run.get(key)!r}, the first has {first.get(key)!r}")
+    return {
+        "device": first.get("device"), "commit": first.get("commit"), "torch": first.get("torch"),
+        "date": first.get("date"),
+        "runs": [{"part": name, "date": run.get("date"), "args": run.get("args"), "rows": len(run["rows"])}
+                 for name, run in parts],
+        "rows": [row for _, run in parts for row in run["rows"]],
+    }  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     import json
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("results", type=Path, help="a bench_engine JSON")
+    p.add_argument("results", type=Path, help="a bench_engine JSON (with --merge: the merged JSON to write)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="NAME=JSON",
+                   help="named bench_engine JSONs to merge into RESULTS (e.g. long=DIR/bench_engine.json)")
     p.add_argument("--out", type=Path, default=None, help="PNG path (default: the JSON's, .png)")
     args = p.parse_args(argv)
+    if args.merge:
+        bad = [m for m in args.merge if "=" not in m]
+        if bad:
+            p.error(f"--merge items are NAME=JSON, got {bad}")
+        parts = [(n, json.loads(Path(f).read_text())) for n, f in (m.split("=", 1) for m in args.merge)]
+        try:
+            data = merge(parts)
+        except ValueError as e:
+            p.error(str(e))
+        args.results.write_text(json.dumps(data, indent=1))
+        print(f"wrote {args.results}")
     png = args.out or args.results.with_suffix(".png")
     plot(json.loads(args.results.read_text()), png)
     print(f"wrote {png}")

@@ -1,8 +1,8 @@
 #!/bin/bash
-# Rebuild the SmolLM2 GGUF on the device from parts carried over two calls (one call may carry at
-# most 64 MiB; the file is 94 MiB). Made here with:
+# Shared helper of serve.sh and eval.sh: rebuild the SmolLM2 GGUF on the device from parts carried over
+# two calls (one call may carry at most 64 MiB; the file is 94 MiB). Made here with:
 #   mkdir -p .gguf && split -b 49181216 -a 2 FILE.gguf .gguf/part- && (sha256sum < FILE.gguf | ...) > .gguf/SHA256
-# .gguf/SHA256 holds "<sha256>  <original file name>". NOTE (seen on the device, 2026-11-29): a call
+# .gguf/SHA256 holds "<sha256>  <original file name>". NOTE (seen on the device): a call
 # that carries .gguf/part-ab replaces the whole .gguf folder there, so part-aa must be parked outside
 # the repo in call 1 and put back in call 2 (the machine must stay warm: <= 30 s between the calls):
 #   call 1, carry [.gguf/part-aa, .gguf/SHA256]:  mkdir -p /tmp/gg && cp .gguf/part-aa .gguf/SHA256 /tmp/gg/

@@ -1,14 +1,23 @@
 #!/bin/bash
-# One device call (<= 7 min): decode kernel variants side by side (benchmarks/bench_decode_variants.py).
-# Each variant is checked against decode_ref on the GPU (odd lengths, bf16 tails) before it is timed; a
-# variant that fails to compile or is wrong is reported and skipped. Results: $OUT/decode-variants.json,
-# $OUT/variants.log (per-variant lines: regs, spills, TB/s and fraction of the probe ceiling; final table).
-# Usage from the repo root: OUT=/some/dir bash benchmarks/device/kernels.sh [--variants nvfp4=tok:bn=64 ...]
+# Kernel benchmark (docs/results.md, decode kernels): benchmarks/bench_kernels.py on one GPU -- the read
+# ceiling, paged decode (bf16 / fp8_e4m3 / nvfp4, with and without the 64-token bf16 tail, GQA 4 and 8,
+# head_dim 128 and 64), extend over a cached prefix (extend_triton and extend_decode), the cache write, and
+# torch SDPA on contiguous bf16 beside them. Each kernel is timed as a CUDA-graph replay with L2 emptied
+# before every call (benchmarks/timing.py). ~5 min on an H200.
+# Usage from the repo root: OUT=DIR COMMIT=<sha> bash benchmarks/device/kernels.sh [bench_kernels.py flags]
+# Env: COMMIT (the commit under test: the device copy's git HEAD may differ), T_KERNELS (timeout in s, 540).
+# $OUT gets: kernels-h200.json (rows, ceiling, commit, GPU, date), kernels-h200.png, kernels-h200.log (the
+# run's output, a table last) and gpu.txt (nvidia-smi). A kernel A/B (variants side by side, each checked
+# against the reference first) is benchmarks/bench_decode_variants.py or bench_extend.py, run directly.
 set -o pipefail
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,memory.used --format=csv 2>&1 | tee "$OUT/gpu.txt"
-COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown) timeout "${BENCH_TIMEOUT:-390}" \
-    python3 benchmarks/bench_decode_variants.py --out "$OUT" --budget-s "${BUDGET_S:-300}" "$@" 2>&1 | tee "$OUT/variants.log"
-echo "exit ${PIPESTATUS[0]}"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,memory.used --format=csv \
+    >"$OUT/gpu.txt" 2>&1
+timeout -k 10 "${T_KERNELS:-540}" python3 benchmarks/bench_kernels.py --out "$OUT" "$@" \
+    >"$OUT/kernels-h200.log" 2>&1
+rc=$?
+echo "bench_kernels: exit $rc"
+tail -n 45 "$OUT/kernels-h200.log"
+exit $rc

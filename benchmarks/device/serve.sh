@@ -1,8 +1,11 @@
 #!/bin/bash
-# Serving benchmark on the device (issue 7): for each KV dtype, start `nibblekv serve` on the GGUF,
-# run `nibblekv bench serve` on the random and shared-prefix datasets, stop the server (SIGTERM).
-# Usage: OUT=... [COMMIT=sha] bash benchmarks/device/serve.sh /tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-# Env: SMOKE=1 (CPU, tiny sizes), KV_DTYPES, TOTAL_S (deadline for everything), TAG (file names).
+# Serving benchmark on one GPU (docs/results.md): for each KV dtype, start `nibblekv serve` on the bundled
+# SmolLM2 GGUF (rebuilt on the device by gguf.sh), run `nibblekv bench serve` on the random (300 prompts,
+# 512-1024 in, 128-256 out) and shared-prefix (16 groups sharing a ~2K-token system prompt) datasets at 64
+# concurrent clients, stop the server (SIGTERM). ~8 min on an H200.
+# Usage from the repo root: OUT=DIR COMMIT=<sha> bash benchmarks/device/serve.sh GGUF_PATH
+# Env: COMMIT, SMOKE=1 (CPU, tiny sizes: tests/test_device_serve.py runs it), KV_DTYPES, NUM_PROMPTS,
+# TOTAL_S (deadline for everything), TAG (file names, default h200), PORT0, WORK (scratch folder).
 # $OUT gets at most 4 files (the device returns 8): device_serve.log, serve-$TAG.json and .png (merged,
 # by plot_serve.py) and serve-$TAG-raw.tar.gz (per-run JSONs, server logs, server info), repacked after
 # every run so that a run cut short still returns what finished.

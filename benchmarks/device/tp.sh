@@ -1,19 +1,24 @@
 #!/bin/bash
-# One call on nvidia-h200-x2 (issue 8): tensor parallelism on GPUs. Every step logs to a file under $OUT
-# (a timed-out call returns no stdout: 2026-11-30 lost two bench_tp runs that way), then prints the tails.
-#   1) benchmarks/bench_tp.py on the Llama-3.1-70B shape (each dtype's pool and decode at 32K context);
-#   2) `nibblekv generate --tp 2` on a dummy Llama-3.1-8B: the CLI path end to end.
-# Usage from the repo root: OUT=... COMMIT=<sha> bash benchmarks/device/tp.sh
-#   (env: TP70B_TIMEOUT, GEN_TIMEOUT, TP_ARGS)
-# NOTE: one dtype's engine start and runs take ~40-60 s at 70B. Until 111f9ee every TP engine's shutdown hung
-# on GPUs (2026-11-30, tp-h200x2-hang.log): NCCL's teardown blocks while a CUDA graph holding captured
-# all-reduces is alive (pytorch#115388); every rank now frees its graphs first. `timeout -k` kills a hung run.
+# Tensor parallelism on 2 GPUs of one host (docs/results.md, nvidia-h200-x2), every step logged to a file
+# under $OUT (a timed-out call returns no stdout), then the logs' tails printed:
+#   1) the TP tests that need NCCL (two engines with CUDA graphs back to back in one process: shutdown);
+#   2) benchmarks/bench_tp.py, dummy Llama-3.1-70B at --tp 2: each dtype's pool and decode at 32K context,
+#      10 and 20 requests (matched) and as many as each pool holds, 16 output tokens, 3 steps profiled;
+#   3) `nibblekv generate --tp-size 2` on a dummy Llama-3.1-8B: the CLI path end to end.
+# Usage from the repo root: OUT=DIR COMMIT=<sha> bash benchmarks/device/tp.sh   (~8 min)
+# Env: COMMIT (the commit under test: the device copy's git HEAD may differ), TP70B_TIMEOUT (s, 420),
+# GEN_TIMEOUT (s, 120), TP_ARGS (more bench_tp.py flags).
+# $OUT gets: tp-70b/bench_tp.json (rows per dtype, written after each), bench-tp-70b.log, tests-tp.log,
+# generate-tp2.log, summary.txt (each step's exit code) and gpu.txt.
+# NOTE: one dtype's engine start and runs take ~40-60 s at 70B. NCCL's teardown blocks while a CUDA graph
+# holding captured all-reduces is alive (pytorch#115388): every rank frees its graphs first, and
+# `timeout -k` kills a run that hangs anyway.
 set -o pipefail
-export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}  # COMMIT from this side: the device copy's git HEAD can be stale
+export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,memory.used --format=csv >"$OUT/gpu.txt" 2>&1
-# two NCCL engines with CUDA graphs back to back in one process (the shutdown hang of 2026-11-30)
+# two NCCL engines with CUDA graphs back to back in one process (the shutdown path)
 timeout -k 10 150 python3 -m pytest -q tests/test_tp.py -k "nccl or shutdown or stuck" >"$OUT/tests-tp.log" 2>&1
 echo "pytest tp: exit $?" | tee -a "$OUT/summary.txt"
 timeout -k 15 "${TP70B_TIMEOUT:-420}" python3 benchmarks/bench_tp.py --output-len 16 --max-running-requests 64 \
