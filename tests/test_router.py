@@ -23,9 +23,34 @@ MODEL = "SmolLM2-135M-Instruct"
 HEADERS = {"Authorization": f"Bearer {SMALL_API_KEY}"}
 
 
+# Failover settings (docs/serving.md): the circuit opens after 3 failed sends, fewer than the 5 attempts
+# a request gets, so a retry leaves a dead replica instead of trying it 5 times (the defaults open it
+# after 10, which lets a lone request fail with a 500); health checks every 2 s drop it for good.
+FAILOVER_ARGS = [
+    "--retry-max-retries",
+    "5",
+    "--cb-failure-threshold",
+    "3",
+    "--health-check-interval-secs",
+    "2",
+    "--health-failure-threshold",
+    "2",
+]
+
+
 @pytest.fixture()
 def router(smollm2_server: ServerProcess, small_server: ServerProcess) -> Iterator[str]:
     """``python -m sglang_router.launch_router`` over both replicas; yields its URL."""
+    yield from _run_router([smollm2_server.url, small_server.url], [])
+
+
+@pytest.fixture()
+def failover_router(smollm2_server: ServerProcess, small_server: ServerProcess) -> Iterator[str]:
+    """The router with :data:`FAILOVER_ARGS`."""
+    yield from _run_router([smollm2_server.url, small_server.url], FAILOVER_ARGS)
+
+
+def _run_router(workers: list[str], extra: list[str]) -> Iterator[str]:
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"nibblekv-test-router-{port}.log"
     # --api-key: the router checks it on incoming requests and presents it to the workers (the small
@@ -39,8 +64,7 @@ def router(smollm2_server: ServerProcess, small_server: ServerProcess) -> Iterat
         "--port",
         str(port),
         "--worker-urls",
-        smollm2_server.url,
-        small_server.url,
+        *workers,
         "--policy",
         "cache_aware",
         "--api-key",
@@ -49,6 +73,7 @@ def router(smollm2_server: ServerProcess, small_server: ServerProcess) -> Iterat
         "127.0.0.1",
         "--prometheus-port",
         str(free_port()),
+        *extra,
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -150,3 +175,52 @@ def test_shared_prefixes_stick_to_one_replica_each(
     # replicas tie on load and the router may send both there; cache-aware routing then keeps them.
     together = {sent["x"] + sent["y"], 0}
     assert gained in ({sent["x"], sent["y"]}, together), (gained, sent)
+
+
+async def _send(client: httpx.AsyncClient, i: int, max_tokens: int = 4) -> tuple[int, str]:
+    """One request of prompt family ``i % 6`` (streamed for odd ``i``): (status, detail); a stream counts
+    as 200 only if it ends with ``[DONE]``, a transport error as -1."""
+    prompt = f"Family {i % 6}: " + "notes on the harbour and its ships " * 12 + f"question {i}"
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+    try:
+        if i % 2:
+            async with client.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+                if r.status_code != 200:
+                    return r.status_code, (await r.aread()).decode(errors="replace")[:200]
+                lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+            return (200, "") if lines and lines[-1] == "data: [DONE]" else (-1, str(lines[-2:]))
+        r = await client.post("/v1/completions", json=body)
+        return r.status_code, r.text[:200] if r.status_code != 200 else ""
+    except httpx.HTTPError as exc:
+        return -1, repr(exc)
+
+
+def test_killing_a_replica_loses_no_new_request(failover_router: str, small_server: ServerProcess) -> None:
+    """SIGKILL one replica while requests run: every request sent afterwards succeeds (retried on the
+    live replica), one by one, where the router's defaults answer some with a 500, and concurrently."""
+    assert small_server.proc is not None
+
+    async def run() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+        async with httpx.AsyncClient(base_url=failover_router, headers=HEADERS, timeout=60) as client:
+            for first in range(0, 6, 2):  # both replicas learn prompt families (cache_aware affinity)
+                warm = await asyncio.gather(_send(client, first), _send(client, first + 1))
+                assert all(code == 200 for code, _ in warm), warm
+            in_flight = [asyncio.create_task(_send(client, 100 + i, max_tokens=64)) for i in range(3)]
+            await asyncio.sleep(0.5)
+            small_server.proc.kill()  # by PID, no drain
+            small_server.proc.wait(timeout=10)
+            after = [await _send(client, 200 + i) for i in range(6)]
+            gate = asyncio.Semaphore(3)
+
+            async def gated(i: int) -> tuple[int, str]:
+                async with gate:
+                    return await _send(client, i)
+
+            after += await asyncio.gather(*(gated(300 + i) for i in range(9)))
+            return after, await asyncio.gather(*in_flight)
+
+    after, in_flight = asyncio.run(run())
+    failed = [r for r in after if r[0] != 200]
+    assert not failed, f"{len(failed)} of {len(after)} requests sent after the kill failed: {failed[:3]}"
+    # Requests already streaming from the killed replica cannot be saved; the others finish.
+    assert sum(code == 200 for code, _ in in_flight) >= 1, in_flight
