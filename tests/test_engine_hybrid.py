@@ -107,3 +107,30 @@ def test_kv_pool_holds_only_full_attention_layers(model: HybridCausalLM) -> None
     assert engine.pool.spec.num_layers == 1
     assert engine.states is not None and engine.states.conv.shape[:2] == (3, engine.max_running)
 
+
+
+@pytest.mark.parametrize(("input_len", "gib"), [(32768, 70.0), (163840, 70.0), (1048576, 70.0)])
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3", "nvfp4"])
+def test_planner_resident_requests_match_the_engine_for_qwen35_27b(input_len: int, gib: float, kv: str) -> None:
+    """``nibblekv plan`` and the engine's pool sizing agree for the hybrid preset: KV for 16 of 64 layers,
+    each request's 147 MiB of linear-attention state paid from the same budget."""
+    from types import SimpleNamespace
+
+    from nibblekv.config import EngineConfig
+    from nibblekv.engine.setup import resident_capacity
+    from nibblekv.formats import KVDtype
+    from nibblekv.model.presets import PRESETS
+    from nibblekv.planner.engine_fit import EngineOptions, resident_requests
+    from nibblekv.planner.shape import shape_from_config
+
+    name, page = "qwen3.5-27b", 16
+    context = input_len + 1024 + page
+    per_request = (-(-(input_len + 1024) // page) + 1) * page
+    model = SimpleNamespace(config=ModelConfig.from_hf(PRESETS[name]), dtype=torch.bfloat16, device=torch.device("cpu"))
+    cfg = EngineConfig(kv_cache_dtype=kv, mem_budget_gib=gib, chunked_prefill_size=8192)
+    engine_n = resident_capacity(cfg, model, per_request, context)  # type: ignore[arg-type]
+    opts = EngineOptions(page_size=page, kv_recent_window=cfg.kv_recent_window, chunked_prefill_size=8192)
+    shape = shape_from_config(PRESETS[name], name)
+    assert shape.num_kv_layers == 16 and shape.state_bytes_per_request == model.config.state_bytes_per_request(torch.bfloat16)
+    assert resident_requests(shape, KVDtype(kv), int(gib * (1 << 30)), per_request, context, opts) == engine_n
+    assert engine_n >= 1

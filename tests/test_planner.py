@@ -59,7 +59,8 @@ def test_bytes_per_token_matches_engine_page_layout() -> None:
         shape = shape_from_config(cfg, name)
         for dtype in (KVDtype.BF16, KVDtype.FP8, KVDtype.NVFP4):
             layout = PageLayout(dtype, shape.num_kv_heads, shape.head_dim, page_size=16)
-            assert kv_bytes_per_token(shape, dtype) == shape.num_layers * layout.bytes_per_token(), (
+            # NOTE: a hybrid model's KV lives only in its full-attention layers (num_kv_layers)
+            assert kv_bytes_per_token(shape, dtype) == shape.num_kv_layers * layout.bytes_per_token(), (
                 name,
                 dtype,
             )
@@ -152,7 +153,9 @@ def test_presets_are_valid_hf_configs() -> None:
 
     for name in PRESETS:
         cfg = AutoConfig.for_model(**preset_config(name))
-        assert cfg.torch_dtype is not None and cfg.num_hidden_layers == PRESETS[name]["num_hidden_layers"]
+        text = getattr(cfg, "text_config", None) or cfg  # Qwen3.5: a vision-language config around the decoder
+        expected = PRESETS[name].get("text_config", PRESETS[name])["num_hidden_layers"]
+        assert cfg.torch_dtype is not None and text.num_hidden_layers == expected
     llama = PRESETS[LLAMA]
     assert llama["rope_scaling"]["rope_type"] == "llama3" and llama["head_dim"] == 128
 

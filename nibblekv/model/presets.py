@@ -165,6 +165,43 @@ _SMOLLM2_135M_INSTRUCT: dict[str, Any] = {
     "vocab_size": 49152,
 }
 
+# Qwen/Qwen3.5-27B's config.json (vision-language: the decoder's fields in text_config; the vision tower's
+# config left out, a text-only engine never builds it). Numbers as transformers' Qwen3_5TextConfig reads
+# them from the published file: 64 layers, every 4th full attention (24 heads, 4 KV heads, head_dim 256,
+# a quarter of it rotated), 48 Gated DeltaNet layers (16 key / 48 value heads of 128), dense MLPs.
+_QWEN35_27B: dict[str, Any] = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "text_config": {
+        "model_type": "qwen3_5_text",
+        "attention_bias": False,
+        "attn_output_gate": True,
+        "eos_token_id": 248044,
+        "full_attention_interval": 4,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_value_head_dim": 128,
+        "max_position_embeddings": 262144,
+        "num_attention_heads": 24,
+        "num_hidden_layers": 64,
+        "num_key_value_heads": 4,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 248320,
+    },
+}
+
 # name -> config.json contents (Hugging Face repo in the comment)
 PRESETS: dict[str, dict[str, Any]] = {
     # meta-llama/Llama-3.1-405B-Instruct (GQA 16: NVFP4 decode through decode_mma16)
@@ -183,6 +220,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen2.5-7b": _QWEN25_7B,
     # mistralai/Mistral-7B-Instruct-v0.3
     "mistral-7b": _MISTRAL_7B_V03,
+    # Qwen/Qwen3.5-27B (hybrid: Gated DeltaNet + gated attention; Qwen3-Next-80B-A3B is MoE: no preset)
+    "qwen3.5-27b": _QWEN35_27B,
     # HuggingFaceTB/SmolLM2-135M-Instruct
     "smollm2-135m": _SMOLLM2_135M_INSTRUCT,
 }

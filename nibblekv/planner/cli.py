@@ -87,7 +87,11 @@ def _header(plan: Plan) -> list[str]:
     """Model geometry and the memory rule, as applied."""
     m, w, r = plan.model, plan.weights, plan.rule
     weights_label = w.source if w.dtype is None else f"{w.dtype}, {w.source}"
-    geometry = f"{m.num_layers} layers x {m.num_kv_heads} KV heads x head_dim {m.head_dim}"
+    geometry = f"{m.num_kv_layers} layers x {m.num_kv_heads} KV heads x head_dim {m.head_dim}"
+    if m.hybrid is not None:  # only the full-attention layers hold KV; each request also holds its states
+        geometry = (f"{m.num_kv_layers} of {m.num_layers} layers (full attention; "
+                    f"{m.state_bytes_per_request / 2**20:,.1f} MiB linear-attention state per request) x "
+                    f"{m.num_kv_heads} KV heads x head_dim {m.head_dim}")  # fmt: skip
     usable = f"{plan.gpu.reported_gib:.2f} GiB reported x {r.mem_fraction:g} - {r.reserve_gib:g} GiB reserve"
     weights = f"{w.gib:.2f} GiB weights ({weights_label})"
     return [

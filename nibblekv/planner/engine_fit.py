@@ -8,6 +8,7 @@ The engine carves its KV budget into (nibblekv/engine/setup.py, nibblekv/cache/p
   request ``W / page + 1`` pages plus the bf16 sink page(s) (default 1 for nvfp4), plus
   ``2 x (ceil(max(Wp, W) / page) + 1)`` pages for the chunked prefill in flight (Wp: the prefill window,
   default ``min(chunk, 2048) + W``), plus a scratch page;
+* hybrid models: the linear-attention state pool, one slot per running request;
 * the main pool: what is left, in whole pages, minus its scratch page.
 
 A request is resident when its tokens (whole pages) fit in the main pool next to the others'. This module
@@ -89,10 +90,12 @@ def main_pool_tokens(
 ) -> int:
     """Main-pool tokens the engine allocates from ``budget_bytes`` for ``running`` requests (<= 0: none)."""
     p = opts.page_size
-    page_bytes = p * PageLayout(dtype, shape.num_kv_heads, shape.head_dim, p).bytes_per_token() * shape.num_layers
+    layers = shape.num_kv_layers
+    page_bytes = p * PageLayout(dtype, shape.num_kv_heads, shape.head_dim, p).bytes_per_token() * layers
     tail_layout = PageLayout(opts.model_dtype, shape.num_kv_heads, shape.head_dim, p)
-    tail_page_bytes = p * tail_layout.bytes_per_token() * shape.num_layers
-    left = int(budget_bytes) - opts.table_bytes(dtype, running, context_len)
+    tail_page_bytes = p * tail_layout.bytes_per_token() * layers
+    left = int(budget_bytes) - running * shape.state_bytes_per_request  # the engine takes the states first
+    left -= opts.table_bytes(dtype, running, context_len)
     left -= (opts.tail_pages(dtype, running) + SCRATCH_PAGES) * tail_page_bytes
     return (left // page_bytes - SCRATCH_PAGES) * p
 

@@ -6,8 +6,8 @@ the planner and the cache cannot disagree. Memory arithmetic is done in exact fr
 decimal inputs as written, e.g. ``0.9`` is 9/10), so a budget that lands exactly on a session
 boundary is not lost to float rounding.
 
-Only full-attention GQA/MHA models are sized: sliding-window, chunked, hybrid and MLA
-configs are rejected with a :class:`PlanError` naming the field, never sized wrongly.
+Full-attention GQA/MHA models and the hybrid Gated-DeltaNet families are sized (see
+:mod:`nibblekv.planner.shape`); other configs are rejected with a :class:`PlanError` naming the field.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from nibblekv.planner.shape import (  # noqa: F401  (re-exported: the planner's 
     ModelShape,
     PlanError,
     exact,
+    hybrid_param_counts,
     read_config,
     resolve_model,
     shape_from_config,
+    text_config,
 )
 
 GIB: int = 2**30
@@ -97,6 +99,9 @@ def _require_size(shape: ModelShape, field: str) -> int:
 
 def estimate_params(shape: ModelShape, cfg: Mapping[str, Any]) -> ParamCount:
     """Parameter count of a dense Llama-style decoder (gated MLP, RMSNorm) from its config."""
+    if shape.hybrid is not None:
+        quantizable, unquantized = hybrid_param_counts(shape, text_config(cfg))
+        return ParamCount(quantizable=quantizable, unquantized=unquantized)
     moe = [k for k in _MOE_FIELDS if cfg.get(k) is not None]
     if moe:
         raise PlanError(
@@ -249,15 +254,17 @@ class KVPlan:
 
 
 def plan_kv(shape: ModelShape, dtype: KVDtype, context: int, budget_bytes: Fraction) -> KVPlan:
-    """Tokens and full-context sessions of ``dtype`` KV that fit in ``budget_bytes``."""
+    """Tokens and full-context sessions of ``dtype`` KV that fit in ``budget_bytes`` (a hybrid model's session
+    also holds its linear-attention state)."""
     per_token = kv_bytes_per_token(shape, dtype)
     tokens = max(0, math.floor(budget_bytes / per_token))
+    per_session = per_token * context + shape.state_bytes_per_request
     return KVPlan(
         dtype=dtype,
         bytes_per_token=per_token,
-        gib_per_session=float(Fraction(per_token * context, GIB)),
+        gib_per_session=float(Fraction(per_session, GIB)),
         tokens=tokens,
-        sessions=tokens // context,
+        sessions=max(0, math.floor(budget_bytes / per_session)),
     )
 
 
@@ -287,6 +294,8 @@ class Plan:
             "model": {
                 "name": self.model.name,
                 "num_layers": self.model.num_layers,
+                "num_kv_layers": self.model.num_kv_layers,
+                "state_bytes_per_request": self.model.state_bytes_per_request,
                 "num_kv_heads": self.model.num_kv_heads,
                 "head_dim": self.model.head_dim,
                 "values_per_token": self.model.values_per_token,

@@ -1,7 +1,9 @@
 """Model shapes for the capacity planner: parsed from an HF ``config.json`` or a built-in preset.
 
-Only full-attention GQA/MHA models are sized: sliding-window, chunked, hybrid and MLA configs are
-rejected with a :class:`PlanError` naming the field, never sized wrongly.
+Full-attention GQA/MHA models are sized, and the hybrid Gated-DeltaNet families (Qwen3-Next, Qwen3.5:
+KV only in their full-attention layers, plus a fixed linear-attention state per request). Sliding-window,
+chunked, other hybrid and MLA configs are rejected with a :class:`PlanError` naming the field, never
+sized wrongly.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from nibblekv.model.presets import PRESETS
+
+# model_type of the hybrid Gated-DeltaNet families (the MoE ones too: their KV and states size the same)
+HYBRID_MODEL_TYPES: frozenset[str] = frozenset(
+    {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+)
+STATE_CONV_BYTES: int = 2  # the conv window is kept in the model dtype (bf16); the recurrent state in fp32
 
 # config fields that mean "not every layer keeps a full-context GQA cache"
 _NON_FULL_ATTENTION_FIELDS: tuple[str, ...] = (
@@ -37,6 +45,29 @@ def exact(x: float | Fraction) -> Fraction:
 
 
 @dataclass(frozen=True)
+class HybridShape:
+    """A hybrid model's layer split and Gated DeltaNet dims (HF's ``linear_*`` fields)."""
+
+    kv_layers: int  # full-attention layers: the only ones with KV
+    linear_layers: int
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+
+    @property
+    def state_bytes_per_request(self) -> int:
+        """fp32 recurrent state ``[HV, K, V]`` + bf16 conv window ``[C, W-1]``, over the linear layers."""
+        rec = self.value_heads * self.key_head_dim * self.value_head_dim * 4
+        return self.linear_layers * (rec + self.conv_dim * (self.conv_kernel - 1) * STATE_CONV_BYTES)
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """What the planner needs from a ``config.json``: attention geometry plus size fields."""
 
@@ -51,11 +82,22 @@ class ModelShape:
     vocab_size: int | None
     tie_word_embeddings: bool
     max_position_embeddings: int | None
+    hybrid: HybridShape | None = None
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers with KV: all, or a hybrid model's full-attention layers."""
+        return self.num_layers if self.hybrid is None else self.hybrid.kv_layers
+
+    @property
+    def state_bytes_per_request(self) -> int:
+        """Linear-attention state bytes of one request (0 for non-hybrid models)."""
+        return 0 if self.hybrid is None else self.hybrid.state_bytes_per_request
 
     @property
     def values_per_token(self) -> int:
-        """K and V elements one token stores across all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+        """K and V elements one token stores across all (KV-holding) layers."""
+        return 2 * self.num_kv_layers * self.num_kv_heads * self.head_dim
 
 
 def _missing(cfg: Mapping[str, Any], key: str) -> PlanError:
@@ -121,13 +163,65 @@ def _head_dim(cfg: Mapping[str, Any], num_heads: int) -> int:
     return hidden // num_heads
 
 
+def _hybrid_shape(cfg: Mapping[str, Any], num_layers: int) -> HybridShape:
+    """Layer split (``layer_types``, else every ``full_attention_interval``-th layer) and linear dims (HF's
+    defaults where absent)."""
+    types = cfg.get("layer_types")
+    if not types:
+        interval = int(cfg.get("full_attention_interval", 4))
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
+    others = sorted({str(t) for t in types} - {"full_attention", "linear_attention"})
+    if others or len(types) != num_layers:
+        raise PlanError(f"config field 'layer_types' must name {num_layers} full/linear_attention layers, got {others or len(types)}")
+    kv = sum(t == "full_attention" for t in types)
+    return HybridShape(
+        kv_layers=kv,
+        linear_layers=num_layers - kv,
+        key_heads=int(cfg.get("linear_num_key_heads", 16)),
+        value_heads=int(cfg.get("linear_num_value_heads", 32)),
+        key_head_dim=int(cfg.get("linear_key_head_dim", 128)),
+        value_head_dim=int(cfg.get("linear_value_head_dim", 128)),
+        conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+    )
+
+
+def hybrid_param_counts(shape: ModelShape, cfg: Mapping[str, Any]) -> tuple[int, int]:
+    """(linear-layer weights, small params: norms, decays, conv) of a dense hybrid model; PlanError for MoE."""
+    h, hy = shape.hidden_size, shape.hybrid
+    assert hy is not None
+    experts = cfg.get("num_experts", 512 if shape.model_type == "qwen3_next" else 0)
+    if "moe" in shape.model_type or experts:
+        raise PlanError(f"config is mixture-of-experts (num_experts={experts}): cannot estimate weights; pass --weights-gib")
+    if h is None or shape.intermediate_size is None or shape.vocab_size is None:
+        raise PlanError("config lacks hidden_size, intermediate_size or vocab_size; pass --weights-gib")
+    q, kv, vdim = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim, hy.value_heads * hy.value_head_dim
+    attn = h * 2 * q + 2 * h * kv + q * h  # q_proj carries the output gate: twice the query width
+    linear = h * (hy.conv_dim + vdim + 2 * hy.value_heads) + vdim * h  # in_proj_qkv(z)(ba) + out_proj
+    mlp = 3 * h * shape.intermediate_size
+    big = hy.kv_layers * attn + hy.linear_layers * linear + shape.num_layers * mlp
+    small = (shape.num_layers * 2 * h + hy.kv_layers * 2 * shape.head_dim
+             + hy.linear_layers * (hy.conv_dim * hy.conv_kernel + 2 * hy.value_heads + hy.value_head_dim))  # fmt: skip
+    embeddings = shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
+    return big, small + embeddings + h
+
+
+def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A hybrid vision-language config's decoder fields (Qwen3.5 nests them in ``text_config``); else ``cfg``."""
+    inner = cfg.get("text_config")
+    if str(cfg.get("model_type", "")) in HYBRID_MODEL_TYPES and isinstance(inner, Mapping):
+        return {**cfg, **inner}
+    return cfg
+
+
 def shape_from_config(cfg: Mapping[str, Any], name: str) -> ModelShape:
     """Validate a ``config.json`` dict and extract its :class:`ModelShape`.
 
     ``num_key_value_heads`` defaults to ``num_attention_heads`` when absent (plain multi-head
     attention), as in Hugging Face's Llama/Mistral/Qwen configs.
     """
-    check_full_attention(cfg)
+    cfg = text_config(cfg)
+    hybrid = str(cfg.get("model_type", "")) in HYBRID_MODEL_TYPES
+    check_full_attention({k: v for k, v in cfg.items() if k != "layer_types"} if hybrid else cfg)
     num_layers = _positive_int(cfg, "num_hidden_layers")
     num_heads = _positive_int(cfg, "num_attention_heads")
     num_kv_heads = (
@@ -145,6 +239,7 @@ def shape_from_config(cfg: Mapping[str, Any], name: str) -> ModelShape:
         vocab_size=_optional_int(cfg, "vocab_size"),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_position_embeddings=_optional_int(cfg, "max_position_embeddings"),
+        hybrid=_hybrid_shape(cfg, num_layers) if hybrid else None,
     )
 
 
