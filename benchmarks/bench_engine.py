@@ -128,7 +128,9 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any]:
     device = "cpu" if args.smoke else "cuda"
     overrides = base_config(args, name).model_overrides()
     quant = QuantMethod(args.quantization) if args.quantization else None
-    return load_model(name, load_format="dummy", device=device, seed=args.seed, overrides=overrides, quantization=quant)
+    return load_model(
+        name, load_format="dummy", device=device, seed=args.seed, overrides=overrides, quantization=quant
+    )
 
 
 def free_memory() -> None:

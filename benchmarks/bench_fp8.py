@@ -88,7 +88,7 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
         got, want = layer().float(), fp8_linear_ref(x, wq, ws, block, None).float()
         err = ((got - want).norm() / want.norm()).item()
         if not err < 1e-2:
-            raise AssertionError(f"{name} m={m} {fmt}: FP8 layer is {err:.3g} (relative L2) off the reference")
+            raise AssertionError(f"{name} m={m} {fmt}: FP8 layer is {err:.3g} (rel. L2) off the reference")
     row: dict[str, Any] = dict(kind="gemm", name=name, m=m, n=n, k=k, format=fmt)
     row["fp8_us"] = round(bench_graph(layer), 2)
     row["fp8_gemm_us"] = round(bench_graph(gemm), 2)
@@ -156,12 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"), help="output folder")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (interpreter / reference)")
-    ap.add_argument("--ms", type=int, nargs="+", default=None, help="token counts (default: 1 16 64 128 256 8192)")
-    ap.add_argument("--shapes", nargs="+", default=None, choices=[s[0] for s in SHAPES_8B], help="projections")
+    ap.add_argument("--ms", type=int, nargs="+", default=None, help="token counts (default: 1 ... 8192)")
+    ap.add_argument("--shapes", nargs="+", default=None, choices=[s[0] for s in SHAPES_8B])
     args = ap.parse_args(argv)
     if DEV != "cuda" and not args.smoke:
         ap.error("no CUDA device: run with --smoke (CPU, Triton interpreter)")
-    shapes = SHAPES_SMOKE if args.smoke else tuple(s for s in SHAPES_8B if not args.shapes or s[0] in args.shapes)
+    shapes = tuple(s for s in SHAPES_8B if not args.shapes or s[0] in args.shapes)
+    shapes = SHAPES_SMOKE if args.smoke else shapes
     ms = tuple(args.ms) if args.ms else (MS_SMOKE if args.smoke else MS_8B)
     ceil = read_ceiling(1 << 20) if args.smoke else read_ceiling()
     ceiling = max(ceil.values())
@@ -177,15 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     doc = dict(
         commit=_commit(), gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        torch=torch.__version__, triton=triton.__version__, ceiling_tbps=round(ceiling, 4), ceiling_probes=ceil,
-        timing=f"CUDA-graph replay, L2 emptied per call by a {timing.FLUSH} of 256 MB (benchmarks/timing.bench_graph)",
+        torch=torch.__version__, triton=triton.__version__, ceiling_tbps=round(ceiling, 4),
+        ceiling_probes=ceil,
+        timing=f"CUDA-graph replay, L2 emptied per call by a {timing.FLUSH} of 256 MB (timing.bench_graph)",
         acceptance=acceptance(rows), rows=rows,
     )  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fp8-weights-h200.json").write_text(json.dumps(doc, indent=1))
     plot(rows, out / "fp8-weights-h200.png")
-    print(f"{'name':8} {'m':>5} {'format':8} {'fp8_us':>9} {'gemm_us':>9} {'bf16_us':>9} {'speedup':>7} read_frac")
+    head = ("name", "m", "format", "fp8_us", "gemm_us", "bf16_us", "speedup")
+    print(f"{head[0]:8} {head[1]:>5} {head[2]:8} " + " ".join(f"{h:>9}" for h in head[3:]) + " read_frac")
     for r in rows:
         print(f"{r['name']:8} {r['m']:5d} {r['format']:8} {r['fp8_us']:9.2f} {r['fp8_gemm_us']:9.2f} "
               f"{r['bf16_us']:9.2f} {r['speedup']:7.3f} {r.get('read_frac', '')}")  # fmt: skip

@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     kw: dict[str, Any] = dict(load_format=fmt, dtype=dtype, device=args.device)
     ref, tokenizer = load_model(model, **kw)
     fp8, _ = load_model(model, quantization=QuantMethod.FP8, **kw)
-    windows = token_windows(tokenizer, eval_texts(resolve_data_dir(args.data_dir)), args.windows, args.window_tokens)
+    texts = eval_texts(resolve_data_dir(args.data_dir))
+    windows = token_windows(tokenizer, texts, args.windows, args.window_tokens)
     res = evaluate(ref, fp8, windows)
     doc = {
         "model": model or "SmolLM2-135M-Instruct (bundled)", "baseline": f"unquantized {ref.dtype}",

@@ -53,7 +53,7 @@ def quantize_weight_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def quantize_weight_block(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``W [N, K]`` -> ``(Wq [N, K], scale float32 [ceil(N/B), ceil(K/B)])``, one scale per ``B x B`` block."""
+    """``W [N, K]`` -> ``(Wq [N, K], scale float32 [ceil(N/B), ceil(K/B)])``, a scale per B x B block."""
     n, k = w.shape
     nb, kb = _cdiv(n, block), _cdiv(k, block)
     wf = torch.nn.functional.pad(w.float(), (0, kb * block - k, 0, nb * block - n))

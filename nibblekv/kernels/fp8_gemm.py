@@ -48,7 +48,8 @@ def _quant_kernel(
         offs = start + within
         mask = (within < GROUP) & (offs < K)
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-        q = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX))  # exact cast, also interpreted
+        # rounded first: the cast is then exact on the GPU and under the interpreter alike
+        q = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX))
         tl.store(q_ptr + row * stride_q + offs, q.to(tl.float8e4nv), mask=mask)
         k0 += BLOCK
 
@@ -124,7 +125,8 @@ def _block_gemm_kernel(
             acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if PARTIAL:
-        ws_ptrs = ws_ptr + tl.program_id(1).to(tl.int64) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        split_base = ws_ptr + tl.program_id(1).to(tl.int64) * M * N
+        ws_ptrs = split_base + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
         tl.store(ws_ptrs, acc, mask=mask)
     else:
         if HAS_BIAS:
@@ -180,14 +182,18 @@ def fp8_block_gemm(
     n = wq.shape[0]
     kb = triton.cdiv(k, block)
     if wq.shape[1] != k or xq.stride(1) != 1 or wq.stride(1) != 1:
-        raise ValueError(f"fp8_block_gemm: x {tuple(xq.shape)} and w {tuple(wq.shape)} need the same K, unit stride")
+        raise ValueError(
+            f"fp8_block_gemm: x {tuple(xq.shape)}, w {tuple(wq.shape)} need the same K, unit column stride"
+        )
     if tuple(x_scale.shape) != (m, kb) or tuple(w_scale.shape) != (triton.cdiv(n, block), kb):
         raise ValueError(
-            f"fp8_block_gemm: scales {tuple(x_scale.shape)} / {tuple(w_scale.shape)} do not fit x {tuple(xq.shape)}, "
-            f"w {tuple(wq.shape)} with block {block}"
+            f"fp8_block_gemm: scales {tuple(x_scale.shape)} / {tuple(w_scale.shape)} do not fit "
+            f"x {tuple(xq.shape)}, w {tuple(wq.shape)} with block {block}"
         )
     if x_scale.stride(1) != 1 or w_scale.stride(1) != 1 or block not in (32, 64, 128, 256):
-        raise ValueError(f"fp8_block_gemm: scales need unit column stride and block in 32/64/128/256, got {block}")
+        raise ValueError(
+            f"fp8_block_gemm: scales need unit column stride and block in 32/64/128/256, got {block}"
+        )
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
         return out

@@ -59,9 +59,9 @@ class Fp8Config:
 
     def __post_init__(self) -> None:
         if self.block is not None and self.block not in (32, 64, 128, 256):
-            raise ValueError(f"FP8 weight block size {self.block} is not supported (128 is what checkpoints use)")
+            raise ValueError(f"FP8 weight block size {self.block} is not supported (checkpoints use 128)")
         if self.source is Fp8Source.ONLINE and self.block is not None:
-            raise ValueError("--quantization fp8 quantizes per channel; block scales come from FP8 checkpoints")
+            raise ValueError("--quantization fp8 quantizes per channel; block scales come from checkpoints")
 
 
 @functools.lru_cache(maxsize=8)
@@ -81,7 +81,8 @@ class Fp8Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.block = in_features, out_features, block
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn), False)
-        scale_shape = (out_features,) if block is None else (-(-out_features // block), -(-in_features // block))
+        blocks = (-(-out_features // block), -(-in_features // block)) if block is not None else None
+        scale_shape = (out_features,) if blocks is None else blocks
         self.weight_scale = nn.Parameter(torch.empty(scale_shape, dtype=torch.float32), False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=bias_dtype), False) if bias else None
         self.reduce = reduce
@@ -164,7 +165,7 @@ def fp8_checkpoint_weights(
     weights: Iterator[tuple[str, torch.Tensor]], config: Fp8Config
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """An FP8 checkpoint's tensors under the names and shapes :class:`Fp8Linear` uses: block scales
-    ``<proj>.weight_scale_inv`` (the multiplier that dequantizes, despite the name) -> ``<proj>.weight_scale``,
+    ``<proj>.weight_scale_inv`` (the multiplier that dequantizes, despite the name) -> ``weight_scale``,
     per-channel ``[N, 1]`` -> ``[N]``; ``input_scale`` (unused by dynamic activations) is dropped."""
     for name, t in weights:
         if name.endswith(".input_scale"):
@@ -175,8 +176,10 @@ def fp8_checkpoint_weights(
                                  "weight_block_size")  # fmt: skip
             name = name[: -len("_inv")]
         elif name.endswith(".weight_scale") and config.block is not None:
-            raise ValueError(f"{name}: per-channel scales in a checkpoint whose quantization_config says "
-                             f"{config.block}x{config.block} blocks (expected <proj>.weight_scale_inv)")  # fmt: skip
+            raise ValueError(
+                f"{name}: per-channel scales in a checkpoint whose quantization_config says "
+                f"{config.block}x{config.block} blocks (expected <proj>.weight_scale_inv)"
+            )
         if name.endswith(".weight_scale"):
             if config.block is None and t.dim() == 2 and t.shape[1] == 1:
                 t = t[:, 0]
@@ -224,15 +227,21 @@ def _parse_fp8(qc: dict[str, Any]) -> Fp8Config:
 def _parse_compressed_tensors(qc: dict[str, Any]) -> Fp8Config:
     fmt = qc.get("format")
     if fmt != "float-quantized":
-        raise ValueError(f"compressed-tensors checkpoint in format {fmt!r}: only 'float-quantized' (FP8) is supported")
+        raise ValueError(
+            f"compressed-tensors checkpoint in format {fmt!r}: only 'float-quantized' (FP8) is supported"
+        )
     groups = qc.get("config_groups") or {}
     if len(groups) != 1:
-        raise ValueError(f"compressed-tensors checkpoint with {len(groups)} config_groups: exactly one is supported")
+        raise ValueError(
+            f"compressed-tensors checkpoint with {len(groups)} config_groups: exactly one is supported"
+        )
     group = next(iter(groups.values()))
     w, a = group.get("weights") or {}, group.get("input_activations")
     if w.get("type") != "float" or w.get("num_bits") != 8 or w.get("strategy") not in ("channel", "tensor"):
-        raise ValueError(f"compressed-tensors weights {w!r}: only 8-bit float weights with 'channel' or 'tensor' "
-                         "strategy are supported")  # fmt: skip
+        raise ValueError(
+            f"compressed-tensors weights {w!r}: only 8-bit float weights with 'channel' or 'tensor' strategy "
+            "are supported"
+        )
     if a is None or not a.get("dynamic") or a.get("type") != "float" or a.get("num_bits") != 8:
         raise ValueError(f"compressed-tensors input_activations {a!r}: only dynamic 8-bit float activations "
                          "(the -FP8-dynamic scheme) are supported")  # fmt: skip
@@ -241,7 +250,7 @@ def _parse_compressed_tensors(qc: dict[str, Any]) -> Fp8Config:
 
 
 def parse_quantization_config(hf_config: dict[str, Any]) -> Fp8Config | None:
-    """The FP8 scheme of an HF ``config.json`` (``None``: unquantized); ``ValueError`` naming anything else."""
+    """The FP8 scheme of an HF ``config.json`` (``None``: unquantized); ValueError naming anything else."""
     qc = hf_config.get("quantization_config")
     if qc is None:
         return None

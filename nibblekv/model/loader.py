@@ -141,7 +141,10 @@ def _empty_model(
 
 
 def _load_weights(
-    model: CausalLM, weights: Iterator[tuple[str, torch.Tensor]], adopt: bool = False, block: int | None = None
+    model: CausalLM,
+    weights: Iterator[tuple[str, torch.Tensor]],
+    adopt: bool = False,
+    block: int | None = None,
 ) -> None:
     """Fill ``model`` from full checkpoint tensors, each cut to this rank's slice under TP (``adopt``: see
     :func:`load_hf_weights`; ignored under TP, whose slices are views; ``block``: FP8 scale block size)."""

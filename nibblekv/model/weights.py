@@ -108,11 +108,15 @@ def load_hf_weights(
         else:
             target = param if rows is None else param[rows[0] : rows[1]]
             if param.dtype == torch.float8_e4m3fn and tensor.dtype != param.dtype:
-                raise ValueError(f"{hf_name}: checkpoint dtype {tensor.dtype} in an FP8 layer (float8_e4m3fn "
-                                 "expected: the quantization_config says this checkpoint is FP8)")  # fmt: skip
+                raise ValueError(
+                    f"{hf_name}: checkpoint dtype {tensor.dtype} in an FP8 layer (float8_e4m3fn expected: "
+                    "the quantization_config says this checkpoint is FP8)"
+                )
             if tensor.dtype == torch.float8_e4m3fn and param.dtype != tensor.dtype:
-                raise ValueError(f"{hf_name}: an FP8 tensor for a {param.dtype} parameter (embeddings, LM head and "
-                                 "norms are served unquantized; is the quantization_config missing?)")  # fmt: skip
+                raise ValueError(
+                    f"{hf_name}: an FP8 tensor for a {param.dtype} parameter (embeddings, LM head and norms "
+                    "are served unquantized; is the quantization_config missing?)"
+                )
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
         if adopt and rows is None and tensor.dtype == target.dtype and tensor.device == target.device:

@@ -162,7 +162,9 @@ def resolve_weights(
         qc = cfg.get("quantization_config")
         if qc is not None:
             if not _is_fp8_config(qc):
-                raise PlanError("config has a non-FP8 'quantization_config': pass --weights-dtype or --weights-gib")
+                raise PlanError(
+                    "config has a non-FP8 'quantization_config': pass --weights-dtype or --weights-gib"
+                )
             weights_dtype = "fp8"  # an FP8 checkpoint (what `nibblekv serve` loads as FP8)
     if weights_dtype not in WEIGHT_BYTES_PER_PARAM:
         raise PlanError(
