@@ -43,10 +43,12 @@ for part in $PARTS; do
 done
 merge=()
 for part in long floor throughput; do
-    [ -s "$OUT/$part/bench_engine.json" ] && merge+=("$part=$OUT/$part/bench_engine.json")
+    for f in "$OUT/$part"/bench_engine.json "$OUT/$part"/bench_engine_smoke.json; do  # smoke: ENGINE_ARGS=--smoke
+        [ -s "$f" ] && merge+=("$part=$f")
+    done
 done
 if [ ${#merge[@]} -gt 0 ]; then
     python3 benchmarks/plot_engine.py "$OUT/engine-h200.json" --merge "${merge[@]}" || failures=$((failures + 1))
 fi
-grep -E "^(kv_dtype|bf16|fp8|nvfp4|model)" "$OUT/engine-h200.log" | tail -n 30
+grep -E "^(kv_dtype|model|bf16|fp8|nvfp4|smollm2|llama)" "$OUT/engine-h200.log" | tail -n 30
 [ "$failures" = 0 ]
