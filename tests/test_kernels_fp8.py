@@ -16,6 +16,9 @@ from nibblekv.kernels.fp8_gemm import fp8_block_gemm, fp8_linear_block, quant_fp
 from nibblekv.kernels.fp8_ref import fp8_gemm_ref, fp8_linear_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# FP8 tensor cores (torch._scaled_mm row-wise, Triton fp8 dots): sm_90; older GPUs run the reference only
+if DEVICE == "cuda" and torch.cuda.get_device_capability() < (9, 0):
+    pytest.skip("FP8 kernels need an sm_90 GPU", allow_module_level=True)
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 # NOTE: odd shapes: partial row/column tiles, a partial last K block, a partial last weight block
 GPU_SHAPES = [(1, 4096, 6144), (37, 1000, 264), (300, 520, 400)]
