@@ -120,6 +120,20 @@ def test_malformed_batch_line_is_reported_and_nothing_is_redone(tmp_path: Path, 
     assert all(r["completion_tokens"] == 3 for r in rows[1:])
 
 
+def test_row_the_model_refuses_is_reported_before_any_runs(
+    tmp_path: Path, tiny: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text('{"prompt": "fine"}\n{"input_ids": [1, 999]}\n')  # the tiny vocabulary has 320 tokens
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--input-jsonl", str(inp), "--output-jsonl", str(out), *tiny])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"nibblekv generate: error: {inp}:2: prompt token ids must be in [0, 320)" in err
+    assert "Traceback" not in err
+    assert not out.exists() or out.read_text() == ""  # no row ran
+
+
 def test_output_with_a_foreign_line_is_refused_untouched(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     out.write_text('{"id": "0", "text": "x"}\n{"prompt": "not a result"}\n{"id": "1", "text": "y"}\n')

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from nibblekv.engine.sampling_params import SamplingParams
 
@@ -35,7 +35,13 @@ class BatchFileError(ValueError):
     """A batch file that does not follow the schema; the message names the file and line."""
 
 
-Job = tuple[str, dict[str, Any], SamplingParams]  # (id, input row, its sampling params)
+class Job(NamedTuple):
+    """One input row, checked."""
+
+    id: str
+    row: dict[str, Any]
+    params: SamplingParams
+    where: str  # "file:line", for errors found once the model is loaded
 
 
 def read_jobs(path: Path, params: SamplingParams) -> list[Job]:
@@ -57,11 +63,13 @@ def read_jobs(path: Path, params: SamplingParams) -> list[Job]:
             if rid in first_line:
                 raise BatchFileError(f"{where}: id {rid!r} repeats line {first_line[rid]}")
             first_line[rid] = n + 1
-            jobs.append((rid, row, sp))
+            jobs.append(Job(rid, row, sp, where))
     return jobs
 
 
-def _check_row(where: str, line: str, n: int, params: SamplingParams) -> Job:
+def _check_row(
+    where: str, line: str, n: int, params: SamplingParams
+) -> tuple[str, dict[str, Any], SamplingParams]:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:

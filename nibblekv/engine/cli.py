@@ -121,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", stream=sys.stderr)
     try:
         return _generate(config, args, params, batch)
+    except BatchFileError as exc:  # a row the loaded model refuses (e.g. too long); nothing was run
+        parser.error(str(exc))
     except KeyboardInterrupt:
         where = ""
         if batch is not None:
@@ -142,7 +144,7 @@ def _load_batch(parser: argparse.ArgumentParser, args: argparse.Namespace, param
         done = done_ids(out)
     except BatchFileError as exc:
         parser.error(str(exc))
-    todo = [job for job in jobs if job[0] not in done]
+    todo = [job for job in jobs if job.id not in done]
     return _Batch(todo, len(jobs), len(jobs) - len(todo))
 
 
@@ -195,8 +197,14 @@ def _run_batch(engine: Any, args: argparse.Namespace, batch: _Batch) -> int:
     from tqdm import tqdm
 
     out_path: Path = args.output_jsonl
-    for rid, row, sp in batch.jobs:
-        engine.add_request(_prompt_of(engine, row, args.chat), sp, request_id=rid)
+    requests = []
+    for job in batch.jobs:  # every row is checked against the model before any runs
+        try:
+            requests.append(engine.make_request(_prompt_of(engine, job.row, args.chat), job.params, job.id))
+        except Exception as exc:  # noqa: BLE001 -- jinja2's TemplateError and friends are the row's too
+            raise BatchFileError(f"{job.where}: {exc}") from None
+    for request in requests:
+        engine.enqueue(request)
     tokens = 0
     bar = tqdm(total=batch.total, initial=batch.written, desc="generate", unit="req", file=sys.stderr)
     with out_path.open("a") as f, bar:
