@@ -1,0 +1,47 @@
+"""benchmarks/bench_long_context.py --smoke: the device benchmark's code path on CPU, tiny sizes, seconds."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_long_context.py"
+KEYS = {"model", "input_len", "output_len", "mode", "kv_dtype", "running_requests", "decode_tok_s", "ttft_mean_s",
+        "ttft_kind", "max_total_num_tokens", "plan_requests", "capacity_requests", "decode_steps_cap"}  # fmt: skip
+
+
+def _bench() -> object:
+    spec = importlib.util.spec_from_file_location("bench_long_context", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_smoke_rows_written_as_they_finish_with_plan_and_engine_agreeing(tmp_path: Path) -> None:
+    bench = _bench()
+    # 600 input tokens + 4 output: past the smoke model's 512 positions, so --allow-long-context and the
+    # RoPE override are on the path; bf16 holds fewer requests than fp8, so its matched row is skipped
+    argv = ["--smoke", "--input-lens", "600", "--out", str(tmp_path / "a")]
+    assert bench.main(argv) == 0  # type: ignore[attr-defined]
+    doc = json.loads((tmp_path / "a" / "long-context-h200.json").read_text())
+    assert {"commit", "gpu", "date", "rows", "skipped", "published"} <= set(doc)
+    rows = {(r["mode"], r["kv_dtype"]): r for r in doc["rows"]}
+    assert set(rows) == {("capacity", "bf16"), ("matched", "fp8_e4m3"), ("capacity", "fp8_e4m3"),
+                         ("matched", "nvfp4"), ("capacity", "nvfp4")}  # fmt: skip
+    assert [(s["mode"], s["kv_dtype"]) for s in doc["skipped"]] == [("matched", "bf16")]
+    for r in rows.values():
+        assert KEYS <= set(r) and r["decode_tok_s"] > 0 and r["ttft_kind"] == "real" and r["ttft_mean_s"] > 0
+        assert r["plan_requests"] == r["capacity_requests"]  # the planner and the engine's sizing agree
+        assert r["context_length"] == 620 and r["rope_scaling"]["rope_type"] == "linear"
+    fp8 = rows[("capacity", "fp8_e4m3")]["running_requests"]
+    assert rows[("matched", "nvfp4")]["running_requests"] == fp8 < rows[("capacity", "nvfp4")]["running_requests"]
+    assert (tmp_path / "a" / "long-context-h200.png").stat().st_size > 10_000
+
+    # --merge: two runs' rows in one file (the device runs one input length per call)
+    merged = tmp_path / "m"
+    src = tmp_path / "a" / "long-context-h200.json"
+    assert bench.main(["--merge", str(src), str(src), "--out", str(merged)]) == 0  # type: ignore[attr-defined]
+    both = json.loads((merged / "long-context-h200.json").read_text())
+    assert len(both["rows"]) == 2 * len(doc["rows"]) and len(both["runs"]) == 2
