@@ -49,8 +49,9 @@ def _ct_qc(strategy: str) -> dict[str, Any]:
 
 def _logits(model: CausalLM, n: int = 10) -> torch.Tensor:
     ids = torch.arange(5, 5 + n, device=model.device)
+    pos = torch.arange(n, device=model.device)
     with torch.no_grad():
-        return model.compute_logits(model(ids, torch.arange(n, device=model.device), DenseAttention.single(n)))
+        return model.compute_logits(model(ids, pos, DenseAttention.single(n)))
 
 
 def _greedy(model: CausalLM, prompt: list[int], steps: int) -> list[int]:
