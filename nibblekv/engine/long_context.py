@@ -66,7 +66,7 @@ def max_positions_before_load(config: EngineConfig) -> int | None:
     """``max_position_embeddings`` of a preset or an HF folder (with the JSON overrides), read without
     loading weights; None when it cannot be told cheaply (a GGUF: the engine checks once it is loaded)."""
     raw: dict[str, Any]
-    if config.model in PRESETS and not Path(config.model).exists():
+    if config.model in PRESETS and config.load_format == "dummy" and not Path(config.model).exists():
         raw = dict(PRESETS[config.model])
     elif config.model is not None and (Path(config.model) / "config.json").is_file():
         try:
