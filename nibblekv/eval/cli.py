@@ -115,21 +115,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     kv.add_argument(
         "--configs", nargs="+", default=list(FULL_RUN), help="configuration names, e.g. bf16 fp8_e4m3 nvfp4"
     )
-    kv.add_argument("--windows", type=int, default=d.windows)
-    kv.add_argument("--window-tokens", type=int, default=d.window_tokens)
+    kv.add_argument("--windows", type=int, default=d.windows, help="text windows scored per configuration")
+    kv.add_argument("--window-tokens", type=int, default=d.window_tokens, help="tokens per window")
     kv.add_argument(
         "--prefill-chunk", type=int, default=d.prefill_chunk, help="chunked-prefill size in prefill mode"
     )
-    kv.add_argument("--decode-context", type=int, default=d.decode_context)
-    kv.add_argument("--decode-tokens", type=int, default=d.decode_tokens)
+    kv.add_argument(
+        "--decode-context", type=int, default=d.decode_context, help="decode mode: tokens prefilled first"
+    )
+    kv.add_argument(
+        "--decode-tokens", type=int, default=d.decode_tokens, help="decode mode: tokens scored step by step"
+    )
     kv.add_argument("--batch", type=int, default=d.batch, help="windows per batch of requests")
-    kv.add_argument("--modes", nargs="*", default=["prefill", "decode"], choices=("prefill", "decode"))
-    kv.add_argument("--passkey-lengths", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
-    kv.add_argument("--passkey-depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
-    kv.add_argument("--passkey-configs", nargs="+", default=["bf16", "fp8_e4m3", "nvfp4", "nvfp4_plain"])
+    kv.add_argument(
+        "--modes",
+        nargs="*",
+        default=["prefill", "decode"],
+        choices=("prefill", "decode"),
+        help="score the windows through chunked prefill, through decode steps, or both",
+    )
+    kv.add_argument(
+        "--passkey-lengths",
+        type=int,
+        nargs="*",
+        default=[1024, 2048, 4096, 8192],
+        help="prompt lengths of the passkey retrieval test (none given: skip it)",
+    )
+    kv.add_argument(
+        "--passkey-depths",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.3, 0.5, 0.7, 0.9],
+        help="where the passkey sits in the prompt (0: start, 1: end)",
+    )
+    kv.add_argument(
+        "--passkey-configs",
+        nargs="+",
+        default=["bf16", "fp8_e4m3", "nvfp4", "nvfp4_plain"],
+        help="configurations the passkey test runs",
+    )
     kv.add_argument("--passkey-chunk", type=int, default=2048, help="prefill chunk (the engine's default)")
     kv.add_argument("--kv-scales-path", default=None, help="scales for *_cal configs (default: calibrate)")
-    kv.add_argument("--out", default="benchmarks/results/kv-accuracy.json")
+    kv.add_argument("--out", default="kv-accuracy.json", help="JSON to write")
     kv.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     kv.set_defaults(func=run_kv)
     st = sub.add_parser(
@@ -138,15 +165,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="A fast fake-quantization study of the nvfp4 options (dense attention, one pass).",
     )
     add_model_args(st)
-    st.add_argument("--configs", nargs="+", default=list(STUDY_CONFIGS))
-    st.add_argument("--windows", type=int, default=8)
-    st.add_argument("--window-tokens", type=int, default=512)
-    st.add_argument("--batch", type=int, default=2)
+    st.add_argument("--configs", nargs="+", default=list(STUDY_CONFIGS), help="configuration names")
+    st.add_argument("--windows", type=int, default=8, help="text windows scored per configuration")
+    st.add_argument("--window-tokens", type=int, default=512, help="tokens per window")
+    st.add_argument("--batch", type=int, default=2, help="windows per forward pass")
     st.add_argument(
-        "--chunk", type=non_negative_int, default=0, help="model chunked prefill in chunks of this size (0: decode)"
+        "--chunk",
+        type=non_negative_int,
+        default=0,
+        help="model chunked prefill in chunks of this size (0: decode)",
     )
-    st.add_argument("--kv-scales-path", default=None)
-    st.add_argument("--out", default="benchmarks/results/kv-accuracy.study.json")
+    st.add_argument("--kv-scales-path", default=None, help="scales for *_cal configs (default: calibrate)")
+    st.add_argument("--out", default="kv-accuracy.study.json", help="JSON to write")
     st.set_defaults(func=run_study_cmd)
     mg = sub.add_parser(
         "merge",
@@ -154,7 +184,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Join the JSON outputs of 'nibblekv eval kv' runs of one setup into one file and plot.",
     )
     mg.add_argument("parts", nargs="+", help="JSON files written by 'nibblekv eval kv'")
-    mg.add_argument("--out", required=True)
+    mg.add_argument("--out", required=True, help="JSON to write (a PNG beside it)")
     mg.set_defaults(func=run_merge_cmd)
     sp = sub.add_parser(
         "speed",
@@ -163,11 +193,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     add_model_args(sp)
     sp.add_argument(
-        "--configs", nargs="+", default=["nvfp4_plain", "nvfp4", "nvfp4_w128", "nvfp4_had", "nvfp4_w64_had"]
+        "--configs",
+        nargs="+",
+        default=["nvfp4_plain", "nvfp4", "nvfp4_w128", "nvfp4_had", "nvfp4_w64_had"],
+        help="configuration names",
     )
-    sp.add_argument("--batch", type=int, default=8)
-    sp.add_argument("--context", type=int, default=32768)
-    sp.add_argument("--steps", type=int, default=20)
+    sp.add_argument("--batch", type=int, default=8, help="requests decoded together")
+    sp.add_argument("--context", type=int, default=32768, help="tokens of context per request")
+    sp.add_argument("--steps", type=int, default=20, help="decode steps timed")
     sp.add_argument("--out", default=None, help="JSON to write (default: print only)")
     sp.set_defaults(func=run_speed_cmd)
 
