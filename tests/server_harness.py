@@ -38,7 +38,17 @@ def _no_radix_cache() -> list[str]:
     )
 
 
-MAIN_ARGS = ["--max-running-requests", "32", "--max-total-tokens", "16384", *_no_radix_cache()]
+# Where the main server writes its tokenizer (``--export-tokenizer``) for the lm-eval recipe test.
+TOKENIZER_DIR = Path(tempfile.gettempdir()) / f"nibblekv-test-tokenizer-{os.getpid()}"
+MAIN_ARGS = [
+    "--max-running-requests",
+    "32",
+    "--max-total-tokens",
+    "16384",
+    "--export-tokenizer",
+    str(TOKENIZER_DIR),
+    *_no_radix_cache(),
+]
 SMALL_ARGS = [
     "--max-running-requests",
     "2",

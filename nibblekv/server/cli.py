@@ -56,6 +56,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         'finish_reason "abort", others get 503)',
     )
     g.add_argument(
+        "--export-tokenizer",
+        default=None,
+        metavar="DIR",
+        help="write the served model's tokenizer to DIR as an HF tokenizer folder at start-up, for "
+        "clients that tokenize themselves (lm-eval's tokenizer=DIR), no Hub download needed",
+    )
+    g.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level"
     )
     g.add_argument(

@@ -199,8 +199,26 @@ def warm_up(engine: Any, max_prompt: int, vocab_size: int) -> float:
     return time.perf_counter() - t0
 
 
+def export_tokenizer(tokenizer: Any, folder: str | Path) -> Path:
+    """Save the served tokenizer as an HF tokenizer folder (``tokenizer.json``, ``tokenizer_config.json``)
+    that ``transformers.AutoTokenizer.from_pretrained(folder)`` loads offline: lm-eval's ``tokenizer=``
+    for a model with no Hub tokenizer at hand (a GGUF file). Returns the folder."""
+    hf = getattr(tokenizer, "hf", None)
+    if hf is None:
+        raise ValueError(
+            f"--export-tokenizer: the served model has no HF tokenizer to export ({type(tokenizer).__name__})"
+        )
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(str(out))
+    return out
+
+
 def serve(engine: Any, args: argparse.Namespace) -> int:
     """Serve until a shutdown signal; returns the exit code."""
+    if getattr(args, "export_tokenizer", None):
+        folder = export_tokenizer(engine.tokenizer, args.export_tokenizer)
+        log.info("tokenizer written to %s (lm-eval: tokenizer=%s)", folder, folder)
     if not args.skip_server_warmup:
         facts = engine_facts(engine)
         secs = warm_up(engine, min(facts["context_length"], facts["kv_capacity_tokens"]), facts["vocab_size"])
