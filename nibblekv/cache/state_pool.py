@@ -11,34 +11,23 @@ slot each request of the flattened batch uses and whether it starts from a zero 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:  # NOTE: nibblekv.model imports this module; a runtime import back would be a cycle
-    from nibblekv.model.config import ModelConfig
 
 
 class StatePool:
     """``conv [layers, slots, C, W-1]`` and ``recurrent [layers, slots, HV, K, V]`` plus a free list."""
 
-    def __init__(self, config: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
-        la = config.linear_attention
-        if la is None:
-            raise ValueError(f"{config.architecture} has no linear-attention layers: no state pool")
-        layers = config.num_linear_layers
+    def __init__(
+        self, num_layers: int, num_slots: int, conv_shape: tuple[int, int], recurrent_shape: tuple[int, int, int],
+        dtype: torch.dtype, device: torch.device,
+    ) -> None:  # fmt: skip
+        """``num_layers`` linear-attention layers; per slot and layer a conv window ``conv_shape`` ``(C, W-1)``
+        in ``dtype`` and a float32 recurrent state ``recurrent_shape`` ``(HV, K, V)``."""
         self.num_slots = num_slots
-        self.conv = torch.zeros(layers, num_slots, la.conv_dim, la.conv_kernel - 1, dtype=dtype, device=device)
-        self.recurrent = torch.zeros(
-            layers, num_slots, la.num_value_heads, la.key_head_dim, la.value_head_dim, dtype=torch.float32,
-            device=device,
-        )  # fmt: skip
+        self.conv = torch.zeros(num_layers, num_slots, *conv_shape, dtype=dtype, device=device)
+        self.recurrent = torch.zeros(num_layers, num_slots, *recurrent_shape, dtype=torch.float32, device=device)
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
-
-    @staticmethod
-    def nbytes_for(config: ModelConfig, num_slots: int, dtype: torch.dtype) -> int:
-        """Bytes a pool of ``num_slots`` would take (the engine subtracts them from the KV budget)."""
-        return num_slots * config.state_bytes_per_request(dtype)
 
     @property
     def nbytes(self) -> int:

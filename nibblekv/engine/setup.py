@@ -159,14 +159,18 @@ def build_pool(
 
 def state_pool_bytes(model: CausalLM, max_running: int) -> int:
     """Bytes of a hybrid model's linear-attention state pool (one slot per running request); 0 otherwise."""
-    return StatePool.nbytes_for(model.config, max_running, model.dtype) if model.config.is_hybrid else 0
+    return max_running * model.config.state_bytes_per_request(model.dtype)
 
 
 def build_state_pool(model: CausalLM, max_running: int) -> StatePool | None:
     """The linear-attention state pool of a hybrid model (None for the others)."""
-    if not model.config.is_hybrid:
+    la = model.config.linear_attention
+    if la is None:
         return None
-    return StatePool(model.config, max_running, model.dtype, model.device)
+    return StatePool(
+        model.config.num_linear_layers, max_running, (la.conv_dim, la.conv_kernel - 1),
+        (la.num_value_heads, la.key_head_dim, la.value_head_dim), model.dtype, model.device,
+    )  # fmt: skip
 
 
 def make_page_table(pool: KVPool, max_running: int, context_len: int, device: torch.device) -> PageTable:

@@ -158,8 +158,9 @@ class FlaGatedDeltaRule(GatedDeltaRule):
         cu_seqlens: list[int], initial_state: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         cu = torch.tensor(cu_seqlens, dtype=torch.long, device=q.device)
+        q, k, v = (x.contiguous() for x in (q, k, v))  # the kernels index dense [B, T, H, D] tensors
         o, final = self._chunk(
-            q[None], k[None], v[None], g[None].float(), beta[None].to(v.dtype),
+            q[None], k[None], v[None], g=g[None].float().contiguous(), beta=beta[None].to(v.dtype).contiguous(),
             initial_state=initial_state.float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
             cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(cu_seqlens, dtype=torch.long),
         )  # fmt: skip
@@ -169,8 +170,11 @@ class FlaGatedDeltaRule(GatedDeltaRule):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
         state: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        # NOTE: keywords: the signature is (q, k, v, g, gk, gv, beta, ...)
         o, new = self._recurrent(
-            q[:, None], k[:, None], v[:, None], g[:, None].float(), beta[:, None].to(v.dtype),
+            q[:, None], k[:, None], v[:, None], g=g[:, None].float().contiguous(),
+            beta=beta[:, None].to(v.dtype).contiguous(),
             initial_state=state.float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
         )  # fmt: skip
         return o[:, 0], new
@@ -189,7 +193,7 @@ def gated_delta_rule_for(x: torch.Tensor) -> GatedDeltaRule:
             _FLA_RULE.append(FlaGatedDeltaRule())
         except ImportError:
             logger.warning("fla-core is not installed: Gated DeltaNet layers run the slow torch twin on the GPU "
-                           "(pip install 'nibblekv[hybrid]' or fla-core)")  # fmt: skip
+                           "(pip install 'nibblekv[hybrid]')")  # fmt: skip
             _FLA_RULE.append(_TORCH_RULE)
     return _FLA_RULE[0]
 
