@@ -2,7 +2,10 @@
 
 * 200 requests at concurrency 40, a fifth of the clients hanging up mid-stream (or, for non-streamed
   requests, before the answer): every other request is answered in full, the server stays healthy,
-  and the engine ends with nothing running and no KV page in use.
+  and the engine ends with nothing running and no KV page in use (``nibblekv bench soak``, whose flags
+  re-run the 1,000-request soak).
+* The drain case (SIGTERM with streams cut at the drain timeout, each getting its final event):
+  tests/test_server_drain.py.
 * 120 malformed or hostile bodies: only 4xx, never a 5xx, and the server still answers afterwards.
 """
 
@@ -11,89 +14,53 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from pydantic import ValidationError
-from server_harness import ServerProcess, wait_idle
+from server_harness import ServerProcess
 
+from nibblekv.bench.cli import main as bench_main
+from nibblekv.bench.soak import SoakConfig, soak
 from nibblekv.server.protocol import CompletionRequest
 
 pytestmark = pytest.mark.slow
 
 NUM_REQUESTS = 200
 CONCURRENCY = 40
-OUTPUT_TOKENS = 4
-DISCONNECT_EVERY = 5  # every 5th client disconnects: 20%
-
-
-async def _normal(client: httpx.AsyncClient, i: int) -> tuple[str, int]:
-    """A client that waits for its whole answer; returns (kind, completion tokens)."""
-    body: dict[str, Any] = {"max_tokens": OUTPUT_TOKENS, "ignore_eos": True, "temperature": 0.7, "seed": i}
-    if i % 2:
-        body["messages"] = [{"role": "user", "content": f"Request {i}: say something."}]
-        path = "/v1/chat/completions"
-    else:
-        body["prompt"] = f"Request {i}: once upon a time"
-        path = "/v1/completions"
-    if i % 3 == 0:  # streamed, with usage at the end
-        body |= {"stream": True, "stream_options": {"include_usage": True}}
-        async with client.stream("POST", path, json=body) as r:
-            assert r.status_code == 200, await r.aread()
-            lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
-        assert lines[-1] == "data: [DONE]"
-        return "stream", json.loads(lines[-2][6:])["usage"]["completion_tokens"]
-    r = await client.post(path, json=body)
-    assert r.status_code == 200, r.text
-    return "plain", r.json()["usage"]["completion_tokens"]
-
-
-async def _quitter(client: httpx.AsyncClient, i: int) -> tuple[str, int]:
-    """A client that asks for a long answer and hangs up after two chunks (or after 1 s unstreamed)."""
-    body = {"prompt": f"Quitter {i}: write a long essay", "max_tokens": 400, "ignore_eos": True}
-    if i % 2:
-        async with client.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
-            seen = 0
-            async for line in r.aiter_lines():
-                seen += line.startswith("data: ")
-                if seen >= 2:
-                    break  # leaving the block closes the connection mid-stream
-        return "quit-stream", 0
-    with pytest.raises(httpx.ReadTimeout):
-        await client.post("/v1/completions", json=body, timeout=1.0)
-    return "quit-plain", 0
+DISCONNECT_SHARE = 0.2  # every 5th client hangs up
 
 
 def test_load_with_disconnects_leaks_nothing(smollm2_server: ServerProcess) -> None:
-    aborted_before = smollm2_server.engine_stats()["aborted_requests_total"]
-
-    async def run() -> list[tuple[str, int]]:
-        gate = asyncio.Semaphore(CONCURRENCY)
-        limits = httpx.Limits(max_connections=CONCURRENCY + 8)
-        async with httpx.AsyncClient(base_url=smollm2_server.url, timeout=300, limits=limits) as client:
-
-            async def one(i: int) -> tuple[str, int]:
-                async with gate:
-                    return await (_quitter if i % DISCONNECT_EVERY == 0 else _normal)(client, i)
-
-            return await asyncio.gather(*(one(i) for i in range(NUM_REQUESTS)))
-
-    results = asyncio.run(run())
-    answered = [tokens for kind, tokens in results if not kind.startswith("quit")]
-    assert len(answered) == NUM_REQUESTS - NUM_REQUESTS // DISCONNECT_EVERY
-    assert all(tokens == OUTPUT_TOKENS for tokens in answered)
-    assert httpx.get(smollm2_server.url + "/health").status_code == 200
-    stats = wait_idle(
-        smollm2_server, timeout=30
-    )  # quitters asked for 400 tokens: only aborts end them this fast
-    assert stats["running"] == 0 and stats["queued"] == 0
-    assert stats["used_tokens"] == 0 and stats["token_usage"] == 0.0
+    """``nibblekv bench soak`` at a small size (the 1,000-request soak: docs/serving.md)."""
+    cfg = SoakConfig(
+        base_url=smollm2_server.url,
+        num_requests=NUM_REQUESTS,
+        concurrency=CONCURRENCY,
+        disconnect_share=DISCONNECT_SHARE,
+        idle_timeout=30,  # quitters asked for 400 tokens: only aborts end them this fast
+    )
+    report = asyncio.run(soak(cfg))
+    quitters = round(NUM_REQUESTS * DISCONNECT_SHARE)
+    assert not report.failures, report.failures[:5]
+    assert report.disconnected == quitters and report.answered == NUM_REQUESTS - quitters
+    assert report.healthy
+    assert not report.leaks(allow_cached_tokens=False), report.idle_stats
+    assert report.idle_stats["token_usage"] == 0.0
     # Every streamed quitter saw tokens, so its request was in the engine and must have been aborted;
     # an unstreamed one may (rarely) leave before its request got there, leaving nothing to abort.
-    quitters = NUM_REQUESTS // DISCONNECT_EVERY
-    assert quitters // 2 <= stats["aborted_requests_total"] - aborted_before <= quitters
-    assert httpx.get(smollm2_server.url + "/get_server_info").json()["in_flight_requests"] == 0
+    assert quitters // 2 <= report.aborted_requests <= quitters
+
+
+def test_soak_cli_exit_code(smollm2_server: ServerProcess, tmp_path: Path) -> None:
+    """The CLI as documented, small: exit 0 and a JSON report."""
+    out = tmp_path / "soak.json"
+    argv = ["soak", "--base-url", smollm2_server.url, "--num-requests", "12", "--concurrency", "6"]
+    assert bench_main([*argv, "--output-file", str(out)]) == 0
+    report = json.loads(out.read_text())["report"]
+    assert report["answered"] + report["disconnected"] == 12 and not report["failures"]
 
 
 def _valid(body: dict[str, Any]) -> bool:

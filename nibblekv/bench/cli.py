@@ -108,6 +108,15 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     _add_serve_args(serve)
     serve.set_defaults(func=run, _parser=serve)
+    from nibblekv.bench import soak
+
+    soak_parser = sub.add_parser(
+        "soak",
+        help="load with client disconnects, then check the server leaked nothing",
+        description=soak.__doc__,
+    )
+    soak.add_soak_args(soak_parser)
+    soak_parser.set_defaults(func=soak.run, _parser=soak_parser)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
