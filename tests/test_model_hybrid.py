@@ -132,6 +132,9 @@ def test_config_layer_pattern_and_kv_layers() -> None:
     # Qwen3.5's published layout: the decoder's fields nested in text_config
     nested = ModelConfig.from_hf({"model_type": "qwen3_5", "text_config": {**TINY, "model_type": "qwen3_5_text"}})
     assert nested.architecture == "qwen3_5" and nested.num_kv_layers == 1
+    # --json-model-override-args lands on the top level and wins over text_config
+    deeper = ModelConfig.from_hf({"model_type": "qwen3_5", "text_config": TINY, "num_hidden_layers": 8})
+    assert deeper.num_layers == 8 and deeper.kv_layer_ids == (3, 7)
     la = nested.linear_attention
     assert la is not None and la.conv_dim == 2 * 2 * 16 + 4 * 8
     per_layer = 4 * 16 * 8 * 4 + la.conv_dim * 3 * 2  # fp32 recurrent + bf16 conv window

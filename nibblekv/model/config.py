@@ -212,8 +212,10 @@ class ModelConfig:
         """Build from a parsed HF ``config.json``; ``ValueError`` for configs we cannot run exactly."""
         model_type = str(raw.get("model_type", ""))
         if model_type == "qwen3_5" and isinstance(raw.get("text_config"), Mapping):
-            # Qwen3.5 checkpoints are vision-language: the decoder's fields live in text_config.
-            raw = {**raw, **raw["text_config"], "model_type": "qwen3_5"}
+            # Qwen3.5 checkpoints are vision-language: the decoder's fields live in text_config (top-level keys,
+            # such as --json-model-override-args, win)
+            top = {k: v for k, v in raw.items() if k != "text_config"}
+            raw = {**raw["text_config"], **top, "model_type": "qwen3_5"}
         elif model_type == "qwen3_5_text":
             raw = {**raw, "model_type": "qwen3_5"}
             model_type = "qwen3_5"

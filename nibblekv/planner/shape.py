@@ -209,7 +209,7 @@ def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """A hybrid vision-language config's decoder fields (Qwen3.5 nests them in ``text_config``); else ``cfg``."""
     inner = cfg.get("text_config")
     if str(cfg.get("model_type", "")) in HYBRID_MODEL_TYPES and isinstance(inner, Mapping):
-        return {**cfg, **inner}
+        return {**inner, **{k: v for k, v in cfg.items() if k != "text_config"}}  # top-level keys win, as the engine's
     return cfg
 
 
