@@ -28,7 +28,7 @@ TINY = {
     "vocab_size": 320, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
     "bos_token_id": 256, "eos_token_id": 257,
 }  # fmt: skip
-YARN_FREE_LLAMA3 = {"rope_type": "llama3", "factor": 64.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+LLAMA3_1K = {"rope_type": "llama3", "factor": 64.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                     "original_max_position_embeddings": 64}  # fmt: skip
 
 
@@ -51,7 +51,7 @@ def test_context_length_past_the_model_is_refused_without_the_flag(tiny_dir: Pat
 def test_allow_long_context_serves_it_and_logs_lengths_and_rope(
     tiny_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    override = json.dumps({"rope_scaling": YARN_FREE_LLAMA3})
+    override = json.dumps({"rope_scaling": LLAMA3_1K})
     with caplog.at_level(logging.WARNING, logger="nibblekv"):
         engine = _engine(tiny_dir, context_length=1024, allow_long_context=True, json_model_override_args=override)
     assert engine.context_len == 1024 and engine.page_table.main.shape[1] == 1024 // 16 + 1
@@ -123,3 +123,35 @@ def test_page_table_rows_are_paid_from_the_kv_budget() -> None:
     assert page_table_bytes(long, 128, 1 << 20) > 32 << 20  # 129 rows of 65K+ int32 page ids
     page_bytes = long.main_bytes() // long.num_pages
     assert short.num_pages - long.num_pages in (table // page_bytes, table // page_bytes + 1)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},  # Qwen3's 128K recipe
+    {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 32768, "beta_fast": 16, "beta_slow": 2},
+    {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 1.0,
+     "mscale_all_dim": 0.707},
+])  # fmt: skip
+def test_yarn_equals_transformers(rope: dict[str, object]) -> None:
+    """YaRN's frequencies and cos/sin scale (HF's attention_scaling) as transformers computes them."""
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from nibblekv.model.rope import RotaryEmbedding
+
+    raw = {**PRESETS["qwen3-8b"], "rope_scaling": rope, "max_position_embeddings": 131072}
+    ref, attention = ROPE_INIT_FUNCTIONS["yarn"](Qwen3Config(**raw), torch.device("cpu"))
+    cfg = ModelConfig.from_hf(raw)
+    rotary = RotaryEmbedding(cfg)
+    torch.testing.assert_close(rotary.inv_freq, ref.to(torch.float32), rtol=1e-6, atol=0)
+    assert cfg.rope_scaling.attention_factor == pytest.approx(attention, rel=1e-12) and attention != 1.0
+    cos, _ = rotary.cos_sin(torch.tensor([0]), torch.float32)
+    assert cos[0, 0, 0].item() == pytest.approx(attention)  # cos(0) scaled
+
+
+def test_yarn_override_reaches_the_engine_log(tiny_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    override = json.dumps({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}})
+    with caplog.at_level(logging.WARNING, logger="nibblekv"):
+        engine = _engine(tiny_dir, context_length=1024, allow_long_context=True, json_model_override_args=override)
+    assert engine.model.config.rope_scaling.rope_type == "yarn"
+    assert any("RoPE scaling: yarn (factor 4.0, original_max_position_embeddings 256" in r.getMessage()
+               for r in caplog.records)  # fmt: skip

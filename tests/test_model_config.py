@@ -84,7 +84,7 @@ def _tiny(**over: Any) -> dict[str, Any]:
     ({"model_type": "qwen3_moe"}, "unsupported model_type"),
     ({"model_type": "qwen3", "num_experts": 128}, "mixture-of-experts"),
     ({"kv_lora_rank": 512}, "latent attention"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "RoPE"),
     ({"mlp_bias": True}, "mlp_bias"),
     ({"hidden_act": "gelu"}, "SiLU"),
     ({"partial_rotary_factor": 0.5}, "partial rotary"),

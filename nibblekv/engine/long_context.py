@@ -26,6 +26,12 @@ def describe_rope_scaling(scaling: RopeScaling) -> str:
         return "none"
     if scaling.rope_type == "linear":
         return f"linear (factor {scaling.factor})"
+    if scaling.rope_type == "yarn":
+        return (
+            f"yarn (factor {scaling.factor}, original_max_position_embeddings "
+            f"{scaling.original_max_position_embeddings}, beta_fast {scaling.beta_fast}, beta_slow {scaling.beta_slow}, "
+            f"attention_factor {scaling.attention_factor:.4f})"
+        )
     if scaling.rope_type == "freq_factors":
         return f"freq_factors ({len(scaling.freq_factors)} values from the GGUF)"
     return (

@@ -9,6 +9,7 @@ scaling) is rejected here with a ``ValueError``, so a model never silently runs 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ HYBRID_MODEL_TYPES: frozenset[str] = frozenset({"qwen3_next", "qwen3_5"})
 # HF layer_types entries of a hybrid model.
 LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
 # RoPE scaling types implemented in :mod:`nibblekv.model.rope`.
-SUPPORTED_ROPE_TYPES: frozenset[str] = frozenset({"default", "linear", "llama3"})
+SUPPORTED_ROPE_TYPES: frozenset[str] = frozenset({"default", "linear", "llama3", "yarn"})
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -31,6 +32,29 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 # HF keys whose presence (with a truthy value) means a mixture-of-experts model.
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_from_hf(raw: Mapping[str, Any], max_position_embeddings: int) -> RopeScaling:
+    """YaRN as HF's ``_compute_yarn_parameters`` reads it (Qwen3's long-context recipe)."""
+    original = int(raw.get("original_max_position_embeddings") or max_position_embeddings)
+    factor = raw.get("factor")
+    factor = float(factor) if factor is not None else max_position_embeddings / original
+    attention = raw.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all_dim = raw.get("mscale"), raw.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention = _yarn_mscale(factor)
+    return RopeScaling(
+        rope_type="yarn", factor=factor, original_max_position_embeddings=original,
+        beta_fast=float(raw.get("beta_fast") or 32.0), beta_slow=float(raw.get("beta_slow") or 1.0),
+        truncate=bool(raw.get("truncate", True)), attention_factor=float(attention),
+    )  # fmt: skip
+
+
 # HF keys that mean multi-head latent attention (DeepSeek-style).
 _MLA_KEYS = ("kv_lora_rank", "q_lora_rank")
 
@@ -39,8 +63,10 @@ _MLA_KEYS = ("kv_lora_rank", "q_lora_rank")
 class RopeScaling:
     """RoPE frequency scaling; ``rope_type="default"`` means none.
 
-    ``factor`` applies to ``linear`` and ``llama3``; the ``*_freq_factor`` and
-    ``original_max_position_embeddings`` fields only to ``llama3`` (same meaning as in HF).
+    ``factor`` applies to ``linear``, ``llama3`` and ``yarn``; the ``*_freq_factor`` fields only to ``llama3``,
+    ``original_max_position_embeddings`` to ``llama3`` and ``yarn``, ``beta_fast`` / ``beta_slow`` / ``truncate``
+    (the ramp between extrapolated and interpolated frequencies) and ``attention_factor`` (cos/sin scale,
+    resolved from ``mscale`` / ``mscale_all_dim`` / ``factor`` as HF does) only to ``yarn`` (same meaning as in HF).
     ``freq_factors`` (type ``freq_factors``) are llama.cpp's per-frequency divisors, stored in GGUF
     files as the ``rope_freqs`` tensor (how llama.cpp encodes Llama 3.1 scaling).
     """
@@ -51,6 +77,10 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     freq_factors: tuple[float, ...] = ()
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0
 
     @staticmethod
     def from_hf(raw: Mapping[str, Any] | None, max_position_embeddings: int) -> RopeScaling:
@@ -66,6 +96,8 @@ class RopeScaling:
             return RopeScaling()
         if rope_type == "linear":
             return RopeScaling(rope_type="linear", factor=float(raw["factor"]))
+        if rope_type == "yarn":
+            return _yarn_from_hf(raw, max_position_embeddings)
         return RopeScaling(
             rope_type="llama3",
             factor=float(raw["factor"]),

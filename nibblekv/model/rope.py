@@ -23,6 +23,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
         return inv_freq / scaling.factor
     if scaling.rope_type == "llama3":
         return _llama3_scale(inv_freq, scaling)
+    if scaling.rope_type == "yarn":
+        return _yarn_scale(exponents, head_dim, theta, scaling)
     if scaling.rope_type == "freq_factors":
         factors = torch.tensor(scaling.freq_factors, dtype=torch.float32, device="cpu")
         if factors.shape != inv_freq.shape:
@@ -44,6 +46,26 @@ def _llama3_scale(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _yarn_scale(exponents: torch.Tensor, head_dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
+    """YaRN (HF's formulas): extrapolated (unscaled) frequencies for the fast dimensions, interpolated (divided
+    by ``factor``) for the slow ones, a linear ramp between ``beta_fast`` and ``beta_slow`` rotations."""
+
+    def correction_dim(rotations: float) -> float:
+        orig = s.original_max_position_embeddings
+        return head_dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # NOTE: HF's guard against a zero-width ramp
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    extrapolated = 1 - ramp
+    pos_freqs = theta**exponents
+    return (1.0 / (s.factor * pos_freqs)) * (1 - extrapolated) + (1.0 / pos_freqs) * extrapolated
+
+
 class RotaryEmbedding:
     """cos/sin tables for the given positions; not an ``nn.Module`` so dtype casts never touch it.
 
@@ -53,6 +75,8 @@ class RotaryEmbedding:
 
     def __init__(self, config: ModelConfig) -> None:
         self.inv_freq = inverse_frequencies(config.rotary_dim, config.rope_theta, config.rope_scaling)
+        # YaRN scales cos and sin (HF's attention_scaling); 1.0 for the other types
+        self.attention_factor = config.rope_scaling.attention_factor
         self._on_device: dict[torch.device, torch.Tensor] = {}
 
     def prepare(self, device: torch.device) -> torch.Tensor:
@@ -71,6 +95,8 @@ class RotaryEmbedding:
         inv_freq = self.prepare(positions.device)
         freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        if self.attention_factor != 1.0:
+            return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
