@@ -90,6 +90,25 @@ def _tokenizer(model: HybridCausalLM) -> Any:
     return ByteTokenizer(model.config.vocab_size)
 
 
+def test_qwen3_5_vision_language_checkpoint_loads(tmp_path: Path) -> None:
+    """A published Qwen3.5 folder: decoder under ``model.language_model.``, a vision tower and an MTP head
+    beside it (skipped), the decoder's config in ``text_config``."""
+    from safetensors.torch import save_file
+
+    hf = _hf_model("qwen3_5")
+    tensors = {n.replace("model.", "model.language_model.", 1): p.detach().contiguous() for n, p in hf.state_dict().items()}
+    tensors |= {"model.visual.blocks.0.attn.qkv.weight": torch.zeros(4, 4), "mtp.fc.weight": torch.zeros(4, 4)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    text = {**TINY, "model_type": "qwen3_5_text"}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text}))
+    ours, _ = load_model(str(tmp_path), load_format="safetensors", dtype=torch.float32)
+    ids = torch.tensor([[5, 9, 77, 3, 41, 8]])
+    with torch.no_grad():
+        ref = hf(ids).logits[0]
+        got = ours.compute_logits(ours(ids[0], torch.arange(6), DenseAttention.single(6)))
+    assert torch.allclose(got, ref, atol=2e-4, rtol=1e-4)
+
+
 def test_chunked_rule_equals_recurrent() -> None:
     gen = torch.Generator().manual_seed(0)
     h, length, dk, dv = 3, 150, 16, 8

@@ -91,8 +91,10 @@ class LinearStateBatch:
         assert self.slots is not None and self.fresh is not None
         conv = self.pool.conv[layer].index_select(0, self.slots)
         rec = self.pool.recurrent[layer].index_select(0, self.slots)
-        keep = ~self.fresh
-        return conv * keep[:, None, None].to(conv.dtype), rec * keep[:, None, None, None].to(rec.dtype)
+        # NOTE: where, not a multiply: a slot's stale contents never leak into a fresh request, even non-finite
+        zero = torch.zeros((), dtype=conv.dtype, device=conv.device)
+        conv = torch.where(self.fresh[:, None, None], zero, conv)
+        return conv, torch.where(self.fresh[:, None, None, None], zero.to(rec.dtype), rec)
 
     def write(self, layer: int, conv: torch.Tensor, rec: torch.Tensor) -> None:
         """Store this forward's final states of linear layer ``layer``."""
