@@ -1,4 +1,4 @@
-"""Long-context decode throughput, TTFT and resident requests per KV dtype: the published NVFP4 table (issue 47).
+"""Long-context decode throughput, TTFT and resident requests per KV dtype: the published table (issue 47).
 
 For each model and input length (default Llama-3.1-8B dummy weights at 32K / 160K / 1M input, 1,024 output
 tokens, radix cache off), per KV dtype:
@@ -45,18 +45,18 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import decode_run, free_memory, read_bandwidth, rotating_last, sync  # noqa: E402
+from bench_engine import decode_run, free_memory, read_bandwidth, rotating_last, sync
 
-from nibblekv.config import EngineConfig  # noqa: E402
-from nibblekv.engine.engine import Engine  # noqa: E402
-from nibblekv.engine.gc_heap import frozen_heap  # noqa: E402
-from nibblekv.engine.sampling_params import SamplingParams  # noqa: E402
-from nibblekv.engine.setup import kv_budget_bytes, resident_capacity  # noqa: E402
-from nibblekv.formats import KVDtype, parse_kv_dtype  # noqa: E402
-from nibblekv.model import load_model  # noqa: E402
-from nibblekv.model.presets import PRESETS  # noqa: E402
-from nibblekv.planner.engine_fit import EngineOptions, resident_requests  # noqa: E402
-from nibblekv.planner.shape import shape_from_config  # noqa: E402
+from nibblekv.config import EngineConfig
+from nibblekv.engine.engine import Engine
+from nibblekv.engine.gc_heap import frozen_heap
+from nibblekv.engine.sampling_params import SamplingParams
+from nibblekv.engine.setup import kv_budget_bytes, resident_capacity
+from nibblekv.formats import KVDtype, parse_kv_dtype
+from nibblekv.model import load_model
+from nibblekv.model.presets import PRESETS
+from nibblekv.planner.engine_fit import EngineOptions, resident_requests
+from nibblekv.planner.shape import shape_from_config
 
 RESULT_NAME = "long-context-h200.json"
 KV_DTYPES = ("bf16", "fp8_e4m3", "nvfp4")
@@ -68,8 +68,16 @@ PUBLISHED: dict[str, Any] = {
     "matched_ratio": [1.26, 1.30],
 }
 # SmolLM2's architecture shrunk to seconds on a CPU (2 layers, hidden 64, vocab 512), 512 positions
-SMOKE_OVERRIDES = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-                   "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 512}
+SMOKE_OVERRIDES = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+}
 SMOKE_BUDGET_GIB = 0.0006  # a few requests per row
 HOST_BYTES_PER_TOKEN = 160  # prompt ids, request token lists and page lists per token (Python ints)
 
@@ -81,11 +89,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=1024)
     p.add_argument("--kv-dtypes", nargs="+", default=list(KV_DTYPES), choices=KV_DTYPES)
     p.add_argument("--modes", nargs="+", default=["matched", "capacity"], choices=("matched", "capacity"))
-    p.add_argument("--decode-steps", type=int, default=64, help="stop each request after this many decode "
-                   "steps + 2 (0: the full --output-len); the pool is sized for the full output either way")
+    p.add_argument(
+        "--decode-steps",
+        type=int,
+        default=64,
+        help="stop each request after this many decode "
+        "steps + 2 (0: the full --output-len); the pool is sized for the full output either way",
+    )
     p.add_argument("--ttft-requests", type=int, default=2, help="requests prefilled one after another per "
                    "dtype for ttft_mean_s (0: none)")  # fmt: skip
-    p.add_argument("--ttft-max-input", type=int, default=200_000, help="longer inputs get ttft_kind synthetic")
+    p.add_argument(
+        "--ttft-max-input", type=int, default=200_000, help="longer inputs get ttft_kind synthetic"
+    )
     p.add_argument("--time-budget-s", type=float, default=520.0, help="no new row starts after this")
     p.add_argument("--mem-fraction-static", type=float, default=0.88)
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
@@ -134,7 +149,9 @@ def host_available_bytes() -> int | None:
 
 def commit_id() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
         if out.returncode == 0:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -151,7 +168,7 @@ class Results:
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke else "cpu (smoke)"
         self.doc: dict[str, Any] = {
             "commit": commit_id(), "gpu": gpu,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "torch": torch.__version__, "args": vars(args) | {"out": str(args.out), "merge": None},
             "published": PUBLISHED, "rows": [], "skipped": [],
         }  # fmt: skip
@@ -177,7 +194,13 @@ def measure_ttft(engine: Engine, prompt: list[int], k: int, chunk: int) -> list[
 
 
 def bench_length(
-    args: argparse.Namespace, res: Results, name: str, loaded: Any, input_len: int, bandwidth: float, t0: float
+    args: argparse.Namespace,
+    res: Results,
+    name: str,
+    loaded: Any,
+    input_len: int,
+    bandwidth: float,
+    t0: float,
 ) -> None:
     model = loaded[0]
     page = EngineConfig().page_size
@@ -190,19 +213,23 @@ def bench_length(
         else {"device": "cuda", "mem_fraction_static": args.mem_fraction_static}
     )  # fmt: skip
     base = EngineConfig(
-        load_format="dummy", chunked_prefill_size=args.chunked_prefill_size, kv_recent_window=args.kv_recent_window,
+        load_format="dummy", chunked_prefill_size=args.chunked_prefill_size,
+        kv_recent_window=args.kv_recent_window,
         disable_radix_cache=True, context_length=context, allow_long_context=context > max_pos,
         decode_log_interval=0, **mem,
     )  # fmt: skip
     free_memory()
     dtypes = sorted(set(args.kv_dtypes) | {"fp8_e4m3"}, key=KV_DTYPES.index)
-    caps = {kv: resident_capacity(replace(base, kv_cache_dtype=kv), model, per_request, context) for kv in dtypes}
+    caps = {
+        kv: resident_capacity(replace(base, kv_cache_dtype=kv), model, per_request, context) for kv in dtypes
+    }
     budget = kv_budget_bytes(base, model.device) or 0
     shape = shape_from_config({**PRESETS[name], **loaded[2]}, name)
     opts = EngineOptions(page, args.kv_recent_window, args.chunked_prefill_size,
                          model_dtype=parse_kv_dtype("auto", model.dtype))  # fmt: skip
     plans = {kv: resident_requests(shape, KVDtype(kv), budget, per_request, context, opts) for kv in dtypes}
-    log(t0, f"{name} input {input_len}: context {context}, KV budget {budget / 2**30:.2f} GiB, capacity {caps}, "
+    gib = budget / 2**30
+    log(t0, f"{name} input {input_len}: context {context}, KV budget {gib:.2f} GiB, capacity {caps}, "
             f"planner {plans}")  # fmt: skip
     prompt = [10 + (i * 7919) % 30000 % (model.config.vocab_size - 10) for i in range(input_len)]
     ttft: dict[str, list[float]] = {}
@@ -229,17 +256,23 @@ def bench_length(
                 res.add("rows", row)
                 continue
             log(t0, f"row {tag}")
-            row = run_row(args, loaded, replace(base, kv_cache_dtype=kv), n, prompt, per_request, bandwidth, ttft, t0)
+            row = run_row(
+                args, loaded, replace(base, kv_cache_dtype=kv), n, prompt, per_request, bandwidth, ttft, t0
+            )
             if "skip" in row:
                 log(t0, f"skip {tag}: {row['skip']}")
                 res.add("skipped", {**tag, "reason": row["skip"]})
                 continue
             row = {**where, "mode": mode, "kv_dtype": kv, **row, "capacity_requests": caps[kv],
                    "plan_requests": plans[kv], "context_length": context,
-                   "kv_budget_gib": round(budget / 2**30, 3), "rope_scaling": loaded[2].get("rope_scaling")}  # fmt: skip
+                   "kv_budget_gib": round(gib, 3), "rope_scaling": loaded[2].get("rope_scaling")}  # fmt: skip
             done[(kv, n)] = row
             res.add("rows", row)
-            log(t0, "  " + json.dumps({k: row[k] for k in ("decode_tok_s", "step_ms", "ttft_mean_s", "ttft_kind")}))
+            log(
+                t0,
+                "  "
+                + json.dumps({k: row[k] for k in ("decode_tok_s", "step_ms", "ttft_mean_s", "ttft_kind")}),
+            )
 
 
 def run_row(
@@ -266,10 +299,12 @@ def run_row(
     assert engine.pool.all_free()
     row = {
         "running_requests": out["running_requests"], "decode_tok_s": out["steady_tok_s"],
-        "decode_tok_s_mean": out["decode_tok_s"], "step_ms": out["step_ms"], "step_floor_ms": out["step_floor_ms"],
+        "decode_tok_s_mean": out["decode_tok_s"], "step_ms": out["step_ms"],
+        "step_floor_ms": out["step_floor_ms"],
         "decode_steps_timed": out["decode_steps_at_full"] - 1, "decode_steps_cap": args.decode_steps or None,
         "ttft_mean_s": round(sum(ttft[kv]) / len(ttft[kv]), 4) if real else None,
-        "ttft_kind": "real" if real else "synthetic", "ttft_s": [round(x, 4) for x in ttft.get(kv, [])] if real else [],
+        "ttft_kind": "real" if real else "synthetic",
+        "ttft_s": [round(x, 4) for x in ttft.get(kv, [])] if real else [],
         "max_total_num_tokens": engine.max_total_num_tokens, "cuda_graph": out["cuda_graph"],
         "wall_s": round(time.perf_counter() - started, 1),
     }  # fmt: skip
@@ -285,7 +320,10 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any, dict[str, Any]]
     if args.smoke:
         base_pos = SMOKE_OVERRIDES["max_position_embeddings"]
         if longest > base_pos:
-            overrides["rope_scaling"] = {"rope_type": "linear", "factor": float(math.ceil(longest / base_pos))}
+            overrides["rope_scaling"] = {
+                "rope_type": "linear",
+                "factor": float(math.ceil(longest / base_pos)),
+            }
     else:
         overrides |= rope_override(name, longest)
     overrides |= json.loads(args.json_model_override_args or "{}")
@@ -316,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         t0 = time.perf_counter()
         res = Results(args)
-        bandwidth = read_bandwidth(torch.device("cpu" if args.smoke else "cuda"), 0.0625 if args.smoke else 4.0)
+        bandwidth = read_bandwidth(
+            torch.device("cpu" if args.smoke else "cuda"), 0.0625 if args.smoke else 4.0
+        )
         for name in args.models:
             loaded = load(args, name)
             log(t0, f"loaded {name} (dummy), overrides {loaded[2]}")

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_long_context.py"
-KEYS = {"model", "input_len", "output_len", "mode", "kv_dtype", "running_requests", "decode_tok_s", "ttft_mean_s",
-        "ttft_kind", "max_total_num_tokens", "plan_requests", "capacity_requests", "decode_steps_cap"}  # fmt: skip
+KEYS = {"model", "input_len", "output_len", "mode", "kv_dtype", "running_requests", "decode_tok_s",
+        "ttft_mean_s", "ttft_kind", "max_total_num_tokens", "plan_requests", "capacity_requests",
+        "decode_steps_cap"}  # fmt: skip
 
 
 def _bench() -> object:
@@ -36,12 +37,17 @@ def test_smoke_rows_written_as_they_finish_with_plan_and_engine_agreeing(tmp_pat
         assert r["plan_requests"] == r["capacity_requests"]  # the planner and the engine's sizing agree
         assert r["context_length"] == 620 and r["rope_scaling"]["rope_type"] == "linear"
     fp8 = rows[("capacity", "fp8_e4m3")]["running_requests"]
-    assert rows[("matched", "nvfp4")]["running_requests"] == fp8 < rows[("capacity", "nvfp4")]["running_requests"]
+    assert (
+        rows[("matched", "nvfp4")]["running_requests"]
+        == fp8
+        < rows[("capacity", "nvfp4")]["running_requests"]
+    )
     assert (tmp_path / "a" / "long-context-h200.png").stat().st_size > 10_000
 
     # --merge: two runs' rows in one file (the device runs one input length per call)
     merged = tmp_path / "m"
     src = tmp_path / "a" / "long-context-h200.json"
-    assert bench.main(["--merge", str(src), str(src), "--out", str(merged)]) == 0  # type: ignore[attr-defined]
+    argv = ["--merge", str(src), str(src), "--out", str(merged)]
+    assert bench.main(argv) == 0  # type: ignore[attr-defined]
     both = json.loads((merged / "long-context-h200.json").read_text())
     assert len(both["rows"]) == 2 * len(doc["rows"]) and len(both["runs"]) == 2

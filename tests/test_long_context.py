@@ -39,7 +39,8 @@ def tiny_dir(tmp_path: Path) -> Path:
 
 
 def _engine(model: Path, **kw: object) -> Engine:
-    return Engine(model=str(model), load_format="dummy", device="cpu", max_total_tokens=4096, **kw)  # type: ignore[arg-type]
+    cfg = EngineConfig(model=str(model), load_format="dummy", device="cpu", max_total_tokens=4096)
+    return Engine(cfg, **kw)
 
 
 def test_context_length_past_the_model_is_refused_without_the_flag(tiny_dir: Path) -> None:
@@ -53,20 +54,37 @@ def test_allow_long_context_serves_it_and_logs_lengths_and_rope(
 ) -> None:
     override = json.dumps({"rope_scaling": LLAMA3_1K})
     with caplog.at_level(logging.WARNING, logger="nibblekv"):
-        engine = _engine(tiny_dir, context_length=1024, allow_long_context=True, json_model_override_args=override)
+        engine = _engine(
+            tiny_dir, context_length=1024, allow_long_context=True, json_model_override_args=override
+        )
     assert engine.context_len == 1024 and engine.page_table.main.shape[1] == 1024 // 16 + 1
     rope = engine.model.config.rope_scaling  # the override reached the model's RoPE
     assert (rope.rope_type, rope.factor, rope.original_max_position_embeddings) == ("llama3", 64.0, 64)
     line = next(r.getMessage() for r in caplog.records if "--allow-long-context" in r.getMessage())
-    assert "context length 1024" in line and "max_position_embeddings 256" in line and "llama3 (factor 64.0" in line
+    assert (
+        "context length 1024" in line
+        and "max_position_embeddings 256" in line
+        and "llama3 (factor 64.0" in line
+    )
     from nibblekv.engine import SamplingParams
 
-    out = engine.generate([[10 + i % 300 for i in range(390)]], SamplingParams(max_new_tokens=4, ignore_eos=True))[0]
+    out = engine.generate(
+        [[10 + i % 300 for i in range(390)]], SamplingParams(max_new_tokens=4, ignore_eos=True)
+    )[0]
     assert out.prompt_tokens == 390 and out.completion_tokens == 4  # past position 256, through the table
 
 
 def test_cli_refuses_before_loading_and_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["generate", "--model", "llama-3.1-8b", "--load-format", "dummy", "--context-length", "1048576", "hi"]
+    argv = [
+        "generate",
+        "--model",
+        "llama-3.1-8b",
+        "--load-format",
+        "dummy",
+        "--context-length",
+        "1048576",
+        "hi",
+    ]
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
@@ -77,7 +95,9 @@ def test_cli_refuses_before_loading_and_names_the_flag(capsys: pytest.CaptureFix
 
 def _fake_model(name: str) -> SimpleNamespace:
     """What pool_spec reads of a model (config, dtype, device), without building one."""
-    return SimpleNamespace(config=ModelConfig.from_hf(PRESETS[name]), dtype=torch.bfloat16, device=torch.device("cpu"))
+    return SimpleNamespace(
+        config=ModelConfig.from_hf(PRESETS[name]), dtype=torch.bfloat16, device=torch.device("cpu")
+    )
 
 
 # (model, input tokens, budget GiB): the published lengths on an H200-sized budget and a tight one
@@ -93,7 +113,9 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "input_len", "gib"), CASES)
 @pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3", "nvfp4"])
-def test_planner_resident_requests_match_the_engine_sizing(name: str, input_len: int, gib: float, kv: str) -> None:
+def test_planner_resident_requests_match_the_engine_sizing(
+    name: str, input_len: int, gib: float, kv: str
+) -> None:
     page, output_len = 16, 1024
     context = input_len + output_len + page  # as the long-context benchmark sets --context-length
     per_request = (-(-(input_len + output_len) // page) + 1) * page
@@ -127,7 +149,8 @@ def test_page_table_rows_are_paid_from_the_kv_budget() -> None:
 
 @pytest.mark.parametrize("rope", [
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},  # Qwen3's 128K recipe
-    {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 32768, "beta_fast": 16, "beta_slow": 2},
+    {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 32768, "beta_fast": 16,
+     "beta_slow": 2},
     {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 1.0,
      "mscale_all_dim": 0.707},
 ])  # fmt: skip
@@ -149,9 +172,13 @@ def test_yarn_equals_transformers(rope: dict[str, object]) -> None:
 
 
 def test_yarn_override_reaches_the_engine_log(tiny_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    override = json.dumps({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}})
+    override = json.dumps(
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}}
+    )
     with caplog.at_level(logging.WARNING, logger="nibblekv"):
-        engine = _engine(tiny_dir, context_length=1024, allow_long_context=True, json_model_override_args=override)
+        engine = _engine(
+            tiny_dir, context_length=1024, allow_long_context=True, json_model_override_args=override
+        )
     assert engine.model.config.rope_scaling.rope_type == "yarn"
     assert any("RoPE scaling: yarn (factor 4.0, original_max_position_embeddings 256" in r.getMessage()
                for r in caplog.records)  # fmt: skip

@@ -29,7 +29,8 @@ def describe_rope_scaling(scaling: RopeScaling) -> str:
     if scaling.rope_type == "yarn":
         return (
             f"yarn (factor {scaling.factor}, original_max_position_embeddings "
-            f"{scaling.original_max_position_embeddings}, beta_fast {scaling.beta_fast}, beta_slow {scaling.beta_slow}, "
+            f"{scaling.original_max_position_embeddings}, beta_fast {scaling.beta_fast}, "
+            f"beta_slow {scaling.beta_slow}, "
             f"attention_factor {scaling.attention_factor:.4f})"
         )
     if scaling.rope_type == "freq_factors":
@@ -44,15 +45,18 @@ def describe_rope_scaling(scaling: RopeScaling) -> str:
 def long_context_error(context_length: int, max_position_embeddings: int) -> str:
     return (
         f"--context-length {context_length} exceeds the model's max_position_embeddings "
-        f"{max_position_embeddings}; pass --allow-long-context to serve it anyway (with RoPE scaling for those "
+        f"{max_position_embeddings}; pass --allow-long-context to serve it anyway (with RoPE scaling for "
+        "those "
         "positions in the model config or --json-model-override-args, e.g. "
         '\'{"rope_scaling": {"rope_type": "llama3", "factor": 64.0, ...}}\')'
     )
 
 
-def check_context_length(config: EngineConfig, max_position_embeddings: int, rope_scaling: RopeScaling) -> int:
+def check_context_length(
+    config: EngineConfig, max_position_embeddings: int, rope_scaling: RopeScaling
+) -> int:
     """The context length the engine serves; ``ValueError`` naming the flag when it passes the model's
-    positions without ``allow_long_context``, a warning line with both numbers and the RoPE scaling with it."""
+    positions without ``allow_long_context``; with it, a warning line naming both and the RoPE scaling."""
     context_len = config.context_length or max_position_embeddings
     if context_len <= max_position_embeddings:
         return context_len

@@ -111,11 +111,8 @@ def _rows(plan: Plan) -> list[str]:
     if plan.requests:
         e = plan.engine
         counts = ", ".join(f"{name} {n:,}" for name, n in plan.requests)
-        rows += [
-            "",
-            f"engine resident requests (bf16 tail W={e.kv_recent_window}, sink and prefill pages, page table, "
-            f"page {e.page_size}): {counts}",
-        ]
+        what = f"bf16 tail W={e.kv_recent_window}, sink and prefill pages, page table, page {e.page_size}"
+        rows += ["", f"engine resident requests ({what}): {counts}"]
     return rows
 
 

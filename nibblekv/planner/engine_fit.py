@@ -44,7 +44,9 @@ class EngineOptions:
         if self.page_size < 1:
             raise PlanError(f"--page-size must be >= 1, got {self.page_size}")
         if self.kv_recent_window < 0 or self.kv_recent_window % self.page_size:
-            raise PlanError(f"--kv-recent-window must be a multiple of --page-size, got {self.kv_recent_window}")
+            raise PlanError(
+                f"--kv-recent-window must be a multiple of --page-size, got {self.kv_recent_window}"
+            )
 
     def window(self, dtype: KVDtype) -> int:
         """W in tokens: 0 for unquantized dtypes (nothing to keep exact)."""
@@ -86,7 +88,12 @@ class EngineOptions:
 
 
 def main_pool_tokens(
-    shape: ModelShape, dtype: KVDtype, budget_bytes: int | Fraction, running: int, context_len: int, opts: EngineOptions
+    shape: ModelShape,
+    dtype: KVDtype,
+    budget_bytes: int | Fraction,
+    running: int,
+    context_len: int,
+    opts: EngineOptions,
 ) -> int:
     """Main-pool tokens the engine allocates from ``budget_bytes`` for ``running`` requests (<= 0: none)."""
     p = opts.page_size

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -282,7 +282,7 @@ class Plan:
     kv_budget_gib: float
     kv: tuple[KVPlan, ...]
     unsupported: tuple[tuple[str, str], ...]  # (kv dtype, why) for dtypes this model cannot use
-    engine: EngineOptions = EngineOptions()
+    engine: EngineOptions = field(default_factory=EngineOptions)
     # (kv dtype, sessions resident at once as the engine sizes its pool: tail, sink pages, page table paid)
     requests: tuple[tuple[str, int], ...] = ()
 
