@@ -40,7 +40,7 @@ def test_documented_lm_eval_command_scores_offline(smollm2_server: ServerProcess
     argv = shlex.split(command)
     argv[0:1] = [sys.executable, "-m", "lm_eval"]  # the `lm_eval` script of this interpreter
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-4000:]
     row = re.search(r"\|nibblekv_facts\s*\|.*?\|acc\s*\|[^|]*\|\s*([0-9.]+)\s*\|", out)

@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 
 pytest.importorskip("uvicorn")
-import uvicorn  # noqa: E402
+import uvicorn
 
-from nibblekv.engine.sampling_params import SamplingParams  # noqa: E402
-from nibblekv.model.tokenizer import ByteTokenizer  # noqa: E402
-from nibblekv.server.errors import APIError  # noqa: E402
-from nibblekv.server.formatting import ChoiceState  # noqa: E402
-from nibblekv.server.launch import _DrainingServer  # noqa: E402
-from nibblekv.server.params import ModelLimits  # noqa: E402
-from nibblekv.server.responses import admit, check_not_shut_down  # noqa: E402
-from nibblekv.server.state import Admission, ServerState  # noqa: E402
+from nibblekv.engine.sampling_params import SamplingParams
+from nibblekv.model.tokenizer import ByteTokenizer
+from nibblekv.server.errors import APIError
+from nibblekv.server.formatting import ChoiceState
+from nibblekv.server.launch import _DrainingServer
+from nibblekv.server.params import ModelLimits
+from nibblekv.server.responses import admit, check_not_shut_down
+from nibblekv.server.state import Admission, ServerState
 
 
 class _AbortingEngine:

@@ -163,7 +163,10 @@ def add_soak_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-requests", type=int, default=d.num_requests, help="requests in all")
     p.add_argument("--concurrency", type=int, default=d.concurrency, help="requests in flight at once")
     p.add_argument(
-        "--disconnect-share", type=float, default=d.disconnect_share, help="share of clients that hang up (0-1)"
+        "--disconnect-share",
+        type=float,
+        default=d.disconnect_share,
+        help="share of clients that hang up (0-1)",
     )
     p.add_argument("--output-len", type=int, default=d.output_len, help="tokens each other request asks for")
     p.add_argument(
