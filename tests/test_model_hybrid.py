@@ -196,3 +196,14 @@ def test_dummy_load_and_qwen3_5_checkpoint_names(tmp_path: Path) -> None:
     )
     assert hybrid_checkpoint_name("model.visual.blocks.0.attn.qkv.weight") is None
     assert hybrid_checkpoint_name("mtp.fc.weight") is None
+
+
+def test_forward_over_a_cache_backend_needs_the_states() -> None:
+    """Without the engine's LinearStateBatch a cache backend's chunks would restart the linear layers from zeros:
+    refused, not silently wrong."""
+    from nibblekv.attention.paged import PagedAttentionBackend
+
+    model = HybridCausalLM(ModelConfig.from_hf({**TINY, "model_type": "qwen3_5"})).float()
+    backend = object.__new__(PagedAttentionBackend)  # never reached: the guard comes first
+    with pytest.raises(ValueError, match="LinearStateBatch"):
+        model(torch.arange(4), torch.arange(4), backend)

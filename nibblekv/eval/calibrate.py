@@ -151,7 +151,7 @@ def calibrate(
     ``means`` (``[layers, 2, kv_heads, D]``): amax of the mean-smoothed K/V."""
     _check_windows(windows)
     n = windows.shape[1]
-    rec = AmaxRecorder(DenseAttention.single(n), model.config.num_layers, rotate, means)
+    rec = AmaxRecorder(DenseAttention.single(n), model.config.num_kv_layers, rotate, means)
     for row in windows:
         model.forward(row.to(model.device), torch.arange(n, device=model.device), rec)
     # NOTE: a layer whose K or V is all zeros would get scale 0, which the pool rejects; keep 1.0 there.
@@ -172,7 +172,7 @@ def calibrate_means(model: CausalLM, windows: torch.Tensor) -> KVMeans:
     ``windows`` (int64 ``[W, N]``), one window per forward."""
     _check_windows(windows)
     n = windows.shape[1]
-    rec = MeanRecorder(DenseAttention.single(n), model.config.num_layers)
+    rec = MeanRecorder(DenseAttention.single(n), model.config.num_kv_layers)
     for row in windows:
         model.forward(row.to(model.device), torch.arange(n, device=model.device), rec)
     return rec.result()

@@ -101,7 +101,7 @@ class ScaleSource:
         return self._cache[rotated]
 
     def _resolve(self, rotated: bool) -> KVScales:
-        n = self.model.config.num_layers
+        n = self.model.config.num_kv_layers  # layers with KV (a hybrid model: its full-attention ones)
         if not rotated and getattr(self.args, "kv_scales_path", None):
             t = load_kv_scales(self.args.kv_scales_path, n, "cpu")
             return KVScales(

@@ -105,7 +105,7 @@ class PagedRunner:
         prefill = window + prefill_chunk if window and config.prefill_window else window
         tail_pages = max_requests * (2 * _cdiv(prefill, page_size) + 1 + sinks) if window else 0
         spec = PoolSpec(
-            num_layers=mc.num_layers,
+            num_layers=mc.num_kv_layers,
             num_kv_heads=mc.num_kv_heads,
             head_dim=mc.head_dim,
             page_size=page_size,
@@ -119,7 +119,7 @@ class PagedRunner:
             sink_pages=sinks,
             prefill_window=prefill,
         )
-        scales = torch.ones(mc.num_layers, 2)
+        scales = torch.ones(mc.num_kv_layers, 2)
         if config.calibrated:
             if global_scales is None:
                 raise ValueError(f"{config.name}: calibrated scales requested but none given")

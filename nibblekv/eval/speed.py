@@ -30,7 +30,7 @@ def decode_step_ms(
     model: CausalLM, config: KVConfig, *, batch: int, context: int, steps: int = 20, warmup: int = 3
 ) -> float:
     """Median wall time (ms) of one decode step of ``batch`` requests at ``context`` tokens."""
-    scales = torch.ones(model.config.num_layers, 2) if config.calibrated else None
+    scales = torch.ones(model.config.num_kv_layers, 2) if config.calibrated else None
     runner = PagedRunner(
         model, config, max_requests=batch, max_len=context + steps + warmup + 1, global_scales=scales
     )

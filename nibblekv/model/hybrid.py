@@ -200,7 +200,7 @@ class HybridCausalLM(CausalLM):
 
     ``forward``'s ``states`` carries the linear layers' per-request state (the engine's
     :class:`LinearStateBatch` over its state pool); without it every sequence starts from zeros, the
-    sequences being the backend's ``bounds`` when it has them (:class:`DenseAttention`), else one.
+    sequences being the backend's ``bounds`` (:class:`DenseAttention`); other backends need ``states``.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -217,7 +217,11 @@ class HybridCausalLM(CausalLM):
         states: LinearStateBatch | None = None,
     ) -> torch.Tensor:  # fmt: skip
         if states is None:
-            states = LinearStateBatch(list(getattr(attn, "bounds", [0, input_ids.shape[0]])))
+            bounds = _sequence_bounds(attn)
+            if bounds is None:  # a cache backend: the requests' states live in the engine's state pool
+                raise ValueError(f"{type(attn).__name__}: a hybrid model's forward over a KV cache needs the batch's "
+                                 "linear-attention states (LinearStateBatch)")  # fmt: skip
+            states = LinearStateBatch(bounds)
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
         for layer in self.model.layers:
@@ -246,6 +250,17 @@ class HybridCausalLM(CausalLM):
                 p.uniform_(1.0, 16.0, generator=gen).log_()
             else:
                 p.normal_(0.0, std, generator=gen)
+
+
+def _sequence_bounds(attn: AttentionBackend) -> list[int] | None:
+    """The cu_seqlens of a cache-free backend (:class:`DenseAttention`, or a recorder wrapping one as
+    ``inner``); None for backends over a cache."""
+    while attn is not None:
+        bounds = getattr(attn, "bounds", None)
+        if bounds is not None:
+            return list(bounds)
+        attn = getattr(attn, "inner", None)
+    return None
 
 
 def hybrid_checkpoint_name(name: str) -> str | None:
