@@ -21,7 +21,9 @@ from nibblekv.kernels.page_copy import gather_pages_ref, gather_pages_triton
 from nibblekv.kernels.reference import decode_ref, extend_ref, gather_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-HKV, HQ, D, P = 1, 2, 128, 16
+# Llama-3.1-8B's heads on the GPU (the kernels' real dispatch); fewer in the CPU interpreter (seconds)
+HKV, HQ = (8, 32) if DEVICE == "cuda" else (1, 2)
+D, P = 128, 16
 
 
 def _big_cache(dtype: KVDtype) -> LayerKV:
