@@ -105,6 +105,11 @@ class Engine:
         for line in self.pool.startup_lines(self.max_running, self.context_len):
             logger.info(line)
         self.page_table = make_page_table(self.pool, self.max_running, self.context_len, self.device)
+        table_mib = (self.page_table.main.nbytes + self.page_table.tail.nbytes) / (1 << 20)
+        logger.info(
+            "Page table: %d rows x %d pages, %.1f MiB (taken from the KV budget)",
+            self.max_running, self.page_table.main.shape[1], table_mib,
+        )  # fmt: skip
         # NOTE: after the KV pool, which was sized from free memory less these states' bytes
         self.states = build_state_pool(self.model, self.max_running)
         hybrid = self.states is not None
