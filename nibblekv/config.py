@@ -360,18 +360,3 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--hicache-size", type=_positive_float, default=None, help="host tier GiB (default: 2x pool)")
     g.add_argument("--hicache-write-policy", default=d.hicache_write_policy, choices=HICACHE_WRITE_POLICIES)
-
-
-def config_from_args_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> EngineConfig:
-    """:meth:`EngineConfig.from_args`, turning a bad combination into ``parser.error`` (exit 2)."""
-    try:
-        config = EngineConfig.from_args(args)
-    except ValueError as exc:
-        parser.error(str(exc))
-        raise  # unreachable: parser.error exits
-    from nibblekv.engine.long_context import context_length_cli_error
-
-    problem = context_length_cli_error(config)  # NOTE: before any weights load (presets, HF folders)
-    if problem:
-        parser.error(problem)
-    return config

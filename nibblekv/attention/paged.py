@@ -21,7 +21,8 @@ import torch
 
 from nibblekv.attention.backend import AttentionBackend
 from nibblekv.cache.host_tier import Transfer
-from nibblekv.cache.manager import Growth, RequestPages
+from nibblekv.cache.manager import Growth
+from nibblekv.cache.pages import RequestPages
 from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
 from nibblekv.kernels import LayerKV, decode_attention, demote_pages, extend_attention, write_kv

@@ -1,8 +1,9 @@
 """The paged KV cache: pool memory, page allocators and per-request page bookkeeping."""
 
 from nibblekv.cache.allocator import FreeListAllocator, OutOfPagesError, PageAllocator
-from nibblekv.cache.manager import BaseCacheManager, Growth, RequestPages, TieredCacheManager, main_len_after
+from nibblekv.cache.manager import BaseCacheManager, Growth, TieredCacheManager, main_len_after
 from nibblekv.cache.page_table import PageTable
+from nibblekv.cache.pages import RequestPages
 from nibblekv.cache.pool import KVPool, PoolSpec, load_kv_scales, size_pool, tail_pages_for
 
 __all__ = [

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from nibblekv.cache.manager import RequestPages
+from nibblekv.cache.pages import RequestPages
 
 # (main, tail) entries written by one sync, each as [row indices, column indices, page ids]
 TableUpdates = tuple[list[list[int]], list[list[int]]]

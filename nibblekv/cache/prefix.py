@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 from nibblekv.cache.hiradix import HiRadixCache
 from nibblekv.cache.host_tier import HostTier, Transfer
-from nibblekv.cache.manager import Growth, RequestPages, TieredCacheManager, main_len_after
+from nibblekv.cache.manager import Growth, TieredCacheManager, main_len_after
 from nibblekv.cache.page_table import PageTable
+from nibblekv.cache.pages import RequestPages
 from nibblekv.cache.pool import KVPool
 from nibblekv.cache.radix import RadixCache, TreeNode
 

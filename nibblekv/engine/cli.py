@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nibblekv.config import add_engine_args, config_from_args_or_exit
+from nibblekv.config import EngineConfig, add_engine_args
 from nibblekv.engine.batch_io import INPUT_HELP, OUTPUT_HELP, BatchFileError, Job, done_ids, read_jobs
+from nibblekv.engine.long_context import context_length_cli_error
 
 
 DESCRIPTION = (
@@ -35,6 +36,19 @@ in.jsonl, one request per line:
   {"id": "q1", "prompt": "Once upon a time", "sampling_params": {"max_new_tokens": 32}}
   {"messages": [{"role": "user", "content": "Name three primes."}]}
   {"input_ids": [1, 2, 3]}"""
+
+
+def config_from_args_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> EngineConfig:
+    """:meth:`EngineConfig.from_args`, turning a bad combination into ``parser.error`` (exit 2)."""
+    try:
+        config = EngineConfig.from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
+    problem = context_length_cli_error(config)  # NOTE: before any weights load (presets, HF folders)
+    if problem:
+        parser.error(problem)
+    return config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

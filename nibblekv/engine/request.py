@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nibblekv.cache.manager import RequestPages
+from nibblekv.cache.pages import RequestPages
 from nibblekv.engine.sampling_params import SamplingParams
 
 

@@ -89,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Start the engine and serve until SIGTERM / SIGINT."""
-    from nibblekv.config import config_from_args_or_exit
+    from nibblekv.engine.cli import config_from_args_or_exit
     from nibblekv.engine import AsyncEngine
     from nibblekv.engine.gc_heap import frozen_heap
     from nibblekv.model.source import model_source_error
