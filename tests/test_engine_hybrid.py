@@ -13,7 +13,6 @@ from nibblekv import Engine, SamplingParams
 from nibblekv.model import ByteTokenizer, DenseAttention, ModelConfig
 from nibblekv.model.hybrid import HybridCausalLM
 
-
 TINY: dict[str, Any] = {
     "model_type": "qwen3_5", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96,
     "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -76,7 +75,9 @@ def test_preemption_recomputes_state(model: HybridCausalLM, reference: list[list
     _no_leak(tiny)
 
 
-def test_abort_frees_the_state_slot_and_slots_are_reused(model: HybridCausalLM, reference: list[list[int]]) -> None:
+def test_abort_frees_the_state_slot_and_slots_are_reused(
+    model: HybridCausalLM, reference: list[list[int]]
+) -> None:
     engine = _engine(model, max_running_requests=2)
     rid = engine.add_request(PROMPTS[2], SamplingParams(max_new_tokens=50, ignore_eos=True))
     engine.step()
@@ -93,7 +94,9 @@ def test_nvfp4_kv_stays_close(model: HybridCausalLM) -> None:
     """Every KV token in NVFP4 (no bf16 window or sink): prompt log-probs close to the fp32-KV engine's."""
     params = SamplingParams(max_new_tokens=1, prompt_logprobs=0)
     exact = _engine(model).generate(PROMPTS, params)
-    quant = _engine(model, kv_cache_dtype="nvfp4", kv_recent_window=0, kv_sink_pages=0).generate(PROMPTS, params)
+    quant = _engine(model, kv_cache_dtype="nvfp4", kv_recent_window=0, kv_sink_pages=0).generate(
+        PROMPTS, params
+    )
     for a, b in zip(exact, quant):
         assert a.prompt_logprobs is not None and b.prompt_logprobs is not None
         la = torch.tensor([lp.logprob for lp in a.prompt_logprobs])
@@ -108,10 +111,11 @@ def test_kv_pool_holds_only_full_attention_layers(model: HybridCausalLM) -> None
     assert engine.states is not None and engine.states.conv.shape[:2] == (3, engine.max_running)
 
 
-
 @pytest.mark.parametrize(("input_len", "gib"), [(32768, 70.0), (163840, 70.0), (1048576, 70.0)])
 @pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3", "nvfp4"])
-def test_planner_resident_requests_match_the_engine_for_qwen35_27b(input_len: int, gib: float, kv: str) -> None:
+def test_planner_resident_requests_match_the_engine_for_qwen35_27b(
+    input_len: int, gib: float, kv: str
+) -> None:
     """``nibblekv plan`` and the engine's pool sizing agree for the hybrid preset: KV for 16 of 64 layers,
     each request's 147 MiB of linear-attention state paid from the same budget."""
     from types import SimpleNamespace
@@ -126,11 +130,16 @@ def test_planner_resident_requests_match_the_engine_for_qwen35_27b(input_len: in
     name, page = "qwen3.5-27b", 16
     context = input_len + 1024 + page
     per_request = (-(-(input_len + 1024) // page) + 1) * page
-    model = SimpleNamespace(config=ModelConfig.from_hf(PRESETS[name]), dtype=torch.bfloat16, device=torch.device("cpu"))
+    model = SimpleNamespace(
+        config=ModelConfig.from_hf(PRESETS[name]), dtype=torch.bfloat16, device=torch.device("cpu")
+    )
     cfg = EngineConfig(kv_cache_dtype=kv, mem_budget_gib=gib, chunked_prefill_size=8192)
     engine_n = resident_capacity(cfg, model, per_request, context)  # type: ignore[arg-type]
     opts = EngineOptions(page_size=page, kv_recent_window=cfg.kv_recent_window, chunked_prefill_size=8192)
     shape = shape_from_config(PRESETS[name], name)
-    assert shape.num_kv_layers == 16 and shape.state_bytes_per_request == model.config.state_bytes_per_request(torch.bfloat16)
+    assert (
+        shape.num_kv_layers == 16
+        and shape.state_bytes_per_request == model.config.state_bytes_per_request(torch.bfloat16)
+    )
     assert resident_requests(shape, KVDtype(kv), int(gib * (1 << 30)), per_request, context, opts) == engine_n
     assert engine_n >= 1

@@ -52,12 +52,16 @@ def test_fla_extend_and_decode_match_the_torch_twin(fla_rule: Any, dtype: torch.
     o_ref, s_ref = twin.extend(q, k, v, g, beta, cu, s0)
     o, s = fla_rule.extend(q, k, v, g, beta, cu, s0)
     tol = 2e-3 if dtype == torch.float32 else 3e-2
-    assert torch.allclose(o.float(), o_ref.float(), atol=tol, rtol=tol), (o.float() - o_ref.float()).abs().max()
+    assert torch.allclose(o.float(), o_ref.float(), atol=tol, rtol=tol), (
+        (o.float() - o_ref.float()).abs().max()
+    )
     assert torch.allclose(s, s_ref, atol=tol, rtol=tol), (s - s_ref).abs().max()
     q1, k1, v1, g1, b1 = _inputs(4, dtype, seed=1)
     o_ref, s_ref = twin.decode(q1, k1, v1, g1, b1, s_ref)
     o, s = fla_rule.decode(q1, k1, v1, g1, b1, s)
-    assert torch.allclose(o.float(), o_ref.float(), atol=tol, rtol=tol), (o.float() - o_ref.float()).abs().max()
+    assert torch.allclose(o.float(), o_ref.float(), atol=tol, rtol=tol), (
+        (o.float() - o_ref.float()).abs().max()
+    )
     assert torch.allclose(s, s_ref, atol=tol, rtol=tol)
 
 
@@ -101,7 +105,10 @@ def test_engine_head_dim_256_bf16_and_nvfp4(gpu_model: Any) -> None:
     for prompt, out in zip(prompts, outs):
         ref = _ref_logits(gpu_model, prompt + out.token_ids).log_softmax(-1)
         n = len(prompt)
-        gaps = ref[n - 1 : -1].max(-1).values - ref[n - 1 : -1].gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
+        gaps = (
+            ref[n - 1 : -1].max(-1).values
+            - ref[n - 1 : -1].gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
+        )
         assert gaps.max() < 0.1, gaps  # decode picked the reference's best token (or a bf16 tie)
         assert out.prompt_logprobs is not None
         got = torch.tensor([lp.logprob for lp in out.prompt_logprobs])
@@ -110,7 +117,9 @@ def test_engine_head_dim_256_bf16_and_nvfp4(gpu_model: Any) -> None:
     assert bf16.states is not None and bf16.states.num_used == 0
     lp = SamplingParams(max_new_tokens=1, prompt_logprobs=0)
     exact = bf16.generate(prompts, lp)
-    quant = Engine(loaded=(gpu_model, ByteTokenizer(512)), kv_cache_dtype="nvfp4", **opts).generate(prompts, lp)
+    quant = Engine(loaded=(gpu_model, ByteTokenizer(512)), kv_cache_dtype="nvfp4", **opts).generate(
+        prompts, lp
+    )
     for a, b in zip(exact, quant):
         assert a.prompt_logprobs is not None and b.prompt_logprobs is not None
         la = torch.tensor([x.logprob for x in a.prompt_logprobs])

@@ -52,7 +52,9 @@ def _hf_model(name: str) -> Any:
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, HybridCausalLM]:
+def pair(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Any, HybridCausalLM]:
     hf = _hf_model(request.param)
     folder = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(str(folder))
@@ -78,7 +80,9 @@ def test_greedy_tokens_match_transformers(pair: tuple[Any, HybridCausalLM]) -> N
     hf, ours = pair
     prompt = [5, 17, 42, 99, 7, 3, 150, 11]
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt) :].tolist()
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[
+            0, len(prompt) :
+        ].tolist()
     eng = Engine(loaded=(ours, _tokenizer(ours)), device="cpu", kv_cache_dtype="auto", max_total_tokens=1024)
     out = eng.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True))[0]
     assert out.token_ids == ref
@@ -96,8 +100,14 @@ def test_qwen3_5_vision_language_checkpoint_loads(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
     hf = _hf_model("qwen3_5")
-    tensors = {n.replace("model.", "model.language_model.", 1): p.detach().contiguous() for n, p in hf.state_dict().items()}
-    tensors |= {"model.visual.blocks.0.attn.qkv.weight": torch.zeros(4, 4), "mtp.fc.weight": torch.zeros(4, 4)}
+    tensors = {
+        n.replace("model.", "model.language_model.", 1): p.detach().contiguous()
+        for n, p in hf.state_dict().items()
+    }
+    tensors |= {
+        "model.visual.blocks.0.attn.qkv.weight": torch.zeros(4, 4),
+        "mtp.fc.weight": torch.zeros(4, 4),
+    }
     save_file(tensors, str(tmp_path / "model.safetensors"))
     text = {**TINY, "model_type": "qwen3_5_text"}
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text}))
@@ -149,7 +159,9 @@ def test_config_layer_pattern_and_kv_layers() -> None:
     explicit = ModelConfig.from_hf({**raw, "layer_types": ["full_attention", "linear_attention"] * 4})
     assert explicit.kv_layer_ids == (0, 2, 4, 6)
     # Qwen3.5's published layout: the decoder's fields nested in text_config
-    nested = ModelConfig.from_hf({"model_type": "qwen3_5", "text_config": {**TINY, "model_type": "qwen3_5_text"}})
+    nested = ModelConfig.from_hf(
+        {"model_type": "qwen3_5", "text_config": {**TINY, "model_type": "qwen3_5_text"}}
+    )
     assert nested.architecture == "qwen3_5" and nested.num_kv_layers == 1
     # --json-model-override-args lands on the top level and wins over text_config
     deeper = ModelConfig.from_hf({"model_type": "qwen3_5", "text_config": TINY, "num_hidden_layers": 8})
@@ -176,14 +188,18 @@ def test_unsupported_hybrid_configs_are_refused(raw: dict[str, Any], match: str)
 
 
 def test_dense_qwen3_next_with_mlp_only_layers_is_accepted() -> None:
-    cfg = ModelConfig.from_hf({**TINY, "model_type": "qwen3_next", "num_experts": 8, "mlp_only_layers": [0, 1, 2, 3]})
+    cfg = ModelConfig.from_hf(
+        {**TINY, "model_type": "qwen3_next", "num_experts": 8, "mlp_only_layers": [0, 1, 2, 3]}
+    )
     assert cfg.is_hybrid
 
 
 def test_dummy_load_and_qwen3_5_checkpoint_names(tmp_path: Path) -> None:
     """``--load-format dummy`` from a config; a Qwen3.5 vision-language checkpoint's decoder names load."""
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "qwen3_5", "text_config": {**TINY, "model_type": "qwen3_5_text"}}))
+    path.write_text(
+        json.dumps({"model_type": "qwen3_5", "text_config": {**TINY, "model_type": "qwen3_5_text"}})
+    )
     model, _ = load_model(str(path), load_format="dummy", dtype=torch.float32)
     assert isinstance(model, HybridCausalLM)
     with torch.no_grad():

@@ -26,7 +26,9 @@ class StatePool:
         in ``dtype`` and a float32 recurrent state ``recurrent_shape`` ``(HV, K, V)``."""
         self.num_slots = num_slots
         self.conv = torch.zeros(num_layers, num_slots, *conv_shape, dtype=dtype, device=device)
-        self.recurrent = torch.zeros(num_layers, num_slots, *recurrent_shape, dtype=torch.float32, device=device)
+        self.recurrent = torch.zeros(
+            num_layers, num_slots, *recurrent_shape, dtype=torch.float32, device=device
+        )
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
 
     @property
@@ -73,6 +75,7 @@ class LinearStateBatch:
     pool: StatePool | None = None
     slots: torch.Tensor | None = None  # [N] long, on the pool's device
     fresh: torch.Tensor | None = None  # [N] bool, on the pool's device
+    carried: bool = True  # some request continues a stored state (False: every one is fresh, nothing to read)
     scratch: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @property
@@ -85,12 +88,14 @@ class LinearStateBatch:
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """(conv ``[N, C, W-1]``, recurrent ``[N, HV, K, V]``) before this forward for linear layer ``layer``."""
         n = self.num_seqs
-        if self.pool is None:
+        if self.pool is None or not self.carried:
             return (torch.zeros(n, *conv_shape, dtype=dtype, device=device),
                     torch.zeros(n, *rec_shape, dtype=torch.float32, device=device))  # fmt: skip
         assert self.slots is not None and self.fresh is not None
         conv = self.pool.conv[layer].index_select(0, self.slots)
         rec = self.pool.recurrent[layer].index_select(0, self.slots)
+        if self.is_decode:  # a decoding request always continues its state
+            return conv, rec
         # NOTE: where, not a multiply: a slot's stale contents never leak into a fresh request, even non-finite
         zero = torch.zeros((), dtype=conv.dtype, device=conv.device)
         conv = torch.where(self.fresh[:, None, None], zero, conv)

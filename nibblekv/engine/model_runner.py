@@ -196,7 +196,10 @@ class ModelRunner:
             hidden = self.model.forward(d["input_ids"], d["positions"], self.backend)
         else:  # hybrid: the linear layers' states of this batch's requests
             bounds = list(range(plan.bs + 1)) if plan.is_decode else plan.lists["cu_seqlens"]
-            states = LinearStateBatch(bounds, plan.is_decode, self.states, d["state_slots"], d["state_fresh"] != 0)
+            carried = plan.is_decode or not all(plan.lists["state_fresh"])
+            states = LinearStateBatch(
+                bounds, plan.is_decode, self.states, d["state_slots"], d["state_fresh"] != 0, carried=carried
+            )
             hidden = self.model.forward(d["input_ids"], d["positions"], self.backend, states)  # type: ignore[call-arg]
         if not plan.sample_rows:  # every rank sees the same plan, so all skip this collective together
             return hidden.new_zeros(0, 1).float(), hidden

@@ -16,6 +16,7 @@ decode). ``fla`` is imported lazily, on CUDA only, so CPU installs never need it
 
 from __future__ import annotations
 
+import itertools
 import logging
 from abc import ABC, abstractmethod
 
@@ -33,7 +34,12 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def recurrent_gated_delta_rule(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule token by token. ``q, k [H, L, K]`` (normalised, q scaled), ``v [H, L, V]``, ``g, beta [H, L]``,
     ``state [H, K, V]``, all float32 -> ``(o [H, L, V], final state [H, K, V])``."""
@@ -57,7 +63,7 @@ def chunked_gated_delta_rule(
     it gives each token's corrected value ``u`` and the state's contribution ``w``; the chunk's outputs
     are then the decayed state read plus causal intra-chunk attention, and the state advances once.
     """
-    h, length, dk = k.shape
+    h, length = k.shape[:2]
     pad = (-length) % chunk
     if pad:  # padded tokens have k = 0, beta = 0, g = 0: they leave the state unchanged
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
@@ -124,7 +130,7 @@ class TorchGatedDeltaRule(GatedDeltaRule):
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         out = torch.empty_like(v)
         final = torch.empty_like(initial_state)
-        for i, (s, e) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
+        for i, (s, e) in enumerate(itertools.pairwise(cu_seqlens)):
             o, final[i] = chunked_gated_delta_rule(*_heads_first(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e]),
                                                    initial_state[i].float())  # fmt: skip
             out[s:e] = o.transpose(0, 1).to(v.dtype)
@@ -139,7 +145,10 @@ class TorchGatedDeltaRule(GatedDeltaRule):
         qh, kh, vh, gh, bh = _heads_first(q, k, v, g, beta)  # [HV, N, dim]
         flat = [x.transpose(0, 1).reshape(n * hv, 1, -1) for x in (qh, kh, vh)]
         o, new = recurrent_gated_delta_rule(
-            *flat, gh.T.reshape(n * hv, 1), bh.T.reshape(n * hv, 1), state.float().reshape(n * hv, *state.shape[2:])
+            *flat,
+            gh.T.reshape(n * hv, 1),
+            bh.T.reshape(n * hv, 1),
+            state.float().reshape(n * hv, *state.shape[2:]),
         )
         return o.reshape(n, hv, -1).to(v.dtype), new.reshape(state.shape)
 
@@ -206,7 +215,7 @@ def causal_conv_extend(
     width = weight.shape[-1]
     y = torch.empty_like(x)
     new = torch.empty_like(state)
-    for i, (s, e) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
+    for i, (s, e) in enumerate(itertools.pairwise(cu_seqlens)):
         full = torch.cat([state[i].to(x.dtype), x[s:e].T], dim=-1)  # [C, W-1+L]
         out = F.conv1d(full[None].to(weight.dtype), weight[:, None, :], groups=weight.shape[0])[0]
         y[s:e] = F.silu(out).T.to(x.dtype)

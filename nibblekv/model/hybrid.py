@@ -70,14 +70,20 @@ class GatedAttention(nn.Module):
     def __init__(self, config: ModelConfig, kv_layer: int) -> None:
         super().__init__()
         self.kv_layer = kv_layer
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+        )
         self.split = (2 * config.q_size, config.kv_size, config.kv_size)
         self.qkv_proj = nn.Linear(config.hidden_size, sum(self.split), bias=config.attention_bias)
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.attention_bias)
         self.q_norm = ZeroCentredRMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = ZeroCentredRMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
         qg, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         qg = qg.reshape(t, self.num_heads, 2 * d)
@@ -125,7 +131,9 @@ class GatedDeltaNet(nn.Module):
             return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
         r = la.num_value_heads // la.num_key_heads
         qkvz = self.in_proj_qkvz(x).reshape(t, la.num_key_heads, -1)
-        q, k, v, z = qkvz.split([la.key_head_dim, la.key_head_dim, r * la.value_head_dim, r * la.value_head_dim], -1)
+        q, k, v, z = qkvz.split(
+            [la.key_head_dim, la.key_head_dim, r * la.value_head_dim, r * la.value_head_dim], -1
+        )
         b, a = self.in_proj_ba(x).reshape(t, la.num_key_heads, 2 * r).split([r, r], dim=-1)
         mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
         z = z.reshape(t, la.num_value_heads, la.value_head_dim)
@@ -174,7 +182,12 @@ class HybridDecoderLayer(nn.Module):
         self.mlp = GatedMLP(config)
 
     def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend, states: LinearStateBatch
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBackend,
+        states: LinearStateBatch,
     ) -> torch.Tensor:
         x = self.input_layernorm(h)
         if self.self_attn is not None:
@@ -209,7 +222,11 @@ class HybridCausalLM(CausalLM):
             raise ValueError(f"{config.architecture} is not a hybrid model")
         self.config = config
         self.model = HybridDecoderStack(config)  # type: ignore[assignment]
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
         self.rotary = RotaryEmbedding(config)
 
     def forward(  # type: ignore[override]
@@ -242,7 +259,7 @@ class HybridCausalLM(CausalLM):
         norms 0, gated norm 1), decay ``A = exp(A_log)`` uniform in [1, 16] and ``dt_bias`` 1 (HF's init)."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         for name, p in self.named_parameters():
-            if name.endswith("linear_attn.norm.weight") or name.endswith("dt_bias"):
+            if name.endswith(("linear_attn.norm.weight", "dt_bias")):
                 p.fill_(1.0)
             elif name.endswith("norm.weight"):
                 p.zero_()
@@ -273,7 +290,13 @@ def hybrid_checkpoint_name(name: str) -> str | None:
     return name
 
 
-_FUSED_ROWS = {"self_attn.q_proj": 0, "self_attn.k_proj": 1, "self_attn.v_proj": 2, "mlp.gate_proj": 0, "mlp.up_proj": 1}
+_FUSED_ROWS = {
+    "self_attn.q_proj": 0,
+    "self_attn.k_proj": 1,
+    "self_attn.v_proj": 2,
+    "mlp.gate_proj": 0,
+    "mlp.up_proj": 1,
+}
 
 
 @torch.no_grad()
@@ -282,7 +305,10 @@ def load_hybrid_weights(model: HybridCausalLM, weights: Iterable[tuple[str, torc
     mismatch or a parameter left unfilled."""
     params = dict(model.named_parameters())
     cfg = model.config
-    sizes = {"qkv_proj": (2 * cfg.q_size, cfg.kv_size, cfg.kv_size), "gate_up_proj": (cfg.intermediate_size,) * 2}
+    sizes = {
+        "qkv_proj": (2 * cfg.q_size, cfg.kv_size, cfg.kv_size),
+        "gate_up_proj": (cfg.intermediate_size,) * 2,
+    }
     pending: set[tuple[str, int]] = set()
     for pname in params:
         module = pname.rpartition(".")[0].rpartition(".")[2]
@@ -303,7 +329,9 @@ def load_hybrid_weights(model: HybridCausalLM, weights: Iterable[tuple[str, torc
             raise KeyError(f"checkpoint tensor {hf_name!r} has no place in the model (mapped to {name!r})")
         target = params[name] if rows is None else params[name][rows[0] : rows[1]]
         if tuple(target.shape) != tuple(tensor.shape):
-            raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
+            raise ValueError(
+                f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}"
+            )
         target.copy_(tensor)
         pending.discard((name, shard))
     if pending:
