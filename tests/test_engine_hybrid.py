@@ -143,3 +143,22 @@ def test_planner_resident_requests_match_the_engine_for_qwen35_27b(
     )
     assert resident_requests(shape, KVDtype(kv), int(gib * (1 << 30)), per_request, context, opts) == engine_n
     assert engine_n >= 1
+
+
+def test_plan_cli_json_for_the_hybrid_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from nibblekv.cli import main
+
+    assert main(["plan", "--model", "qwen3.5-27b", "--gpu", "H200", "--context", "262144", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    model = doc["model"]
+    assert (model["num_layers"], model["num_kv_layers"]) == (64, 16)
+    assert model["values_per_token"] == 2 * 16 * 4 * 256
+    # per linear layer: fp32 [48, 128, 128] state + bf16 [10240, 3] conv window; 48 linear layers
+    assert model["state_bytes_per_request"] == 48 * (48 * 128 * 128 * 4 + 10240 * 3 * 2)
+    kv = doc["kv"]["nvfp4"]
+    assert kv["gib_per_session"] == pytest.approx(
+        (kv["bytes_per_token"] * 262144 + model["state_bytes_per_request"]) / 2**30
+    )
+    assert doc["engine"]["requests"]["nvfp4"] >= 1.7 * doc["engine"]["requests"]["fp8_e4m3"]
