@@ -234,6 +234,8 @@ def fp8_linear_rowwise(
     """Per-channel FP8 linear on ``x [..., K]`` (bf16, CUDA, K and N multiples of 16): per-token activation
     scales times ``w_scale_row [1, N]`` through cuBLASLt's row-wise scaled FP8 GEMM."""
     x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], wq.shape[0])
     xq, xs = quant_fp8_groups(x2, None)
     y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale_row, bias=bias, out_dtype=x.dtype)
     return y.reshape(*x.shape[:-1], wq.shape[0])
