@@ -310,3 +310,23 @@ def test_gpu_engine_fp8_cuda_graph_decode_equals_eager() -> None:
     got = graph.generate(prompts, params)
     assert graph.runner.last_used_graph
     assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+
+
+def test_row_parallel_fp8_linear_all_reduces_then_adds_its_bias(tmp_path: Path) -> None:
+    """The row-parallel FP8 layer's forward in a one-rank gloo group: all-reduce (the identity here) of the
+    partial product, the bias added once after it."""
+    import torch.distributed as dist
+
+    from nibblekv.formats.fp8_weights import quantize_weight_channel as qwc
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        layer = Fp8Linear(96, 40, True, None, torch.float32, reduce=True)
+        wq, ws = qwc(torch.randn(40, 96) * 0.05)
+        layer.weight.data, layer.weight_scale.data, layer.bias.data = wq, ws, torch.randn(40)
+        x = torch.randn(3, 96)
+        from nibblekv.kernels.fp8_ref import fp8_linear_ref
+
+        assert torch.equal(layer(x), fp8_linear_ref(x, wq, ws, None, None) + layer.bias)
+    finally:
+        dist.destroy_process_group()
