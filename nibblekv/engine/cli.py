@@ -107,11 +107,18 @@ def _sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 @dataclass
 class _Batch:
-    """A batch run: the input rows not yet in the output, and counts for the Ctrl-C line."""
+    """A batch run: the input rows not yet in the output, and what the Ctrl-C line counts."""
 
     jobs: list[Job]
-    total: int  # rows in the input
-    written: int  # of them, rows in the output file
+    ids: frozenset[str]  # of every input row
+    written: int  # input rows in the output file when the run started
+
+    def rows_done(self, out: Path) -> int:
+        """Input rows in the output file now (read back: a Ctrl-C may land between a write and a count)."""
+        try:
+            return len(self.ids & done_ids(out))
+        except BatchFileError:
+            return self.written
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
         where = ""
         if batch is not None:
             where = (
-                f": {batch.written} of {batch.total} rows are done in {args.output_jsonl}; rerun the same "
-                "command (same --output-jsonl) to resume with the rest"
+                f": {batch.rows_done(args.output_jsonl)} of {len(batch.ids)} rows are done in "
+                f"{args.output_jsonl}; rerun the same command (same --output-jsonl) to resume with the rest"
             )
         print(f"{parser.prog}: interrupted{where}", file=sys.stderr, flush=True)
         return 130  # 128 + SIGINT, as a shell reports it
@@ -159,7 +166,7 @@ def _load_batch(parser: argparse.ArgumentParser, args: argparse.Namespace, param
     except BatchFileError as exc:
         parser.error(str(exc))
     todo = [job for job in jobs if job.id not in done]
-    return _Batch(todo, len(jobs), len(jobs) - len(todo))
+    return _Batch(todo, frozenset(job.id for job in jobs), len(jobs) - len(todo))
 
 
 def _generate(config: Any, args: argparse.Namespace, params: Any, batch: _Batch | None) -> int:
@@ -220,7 +227,7 @@ def _run_batch(engine: Any, args: argparse.Namespace, batch: _Batch) -> int:
     for request in requests:
         engine.enqueue(request)
     tokens = 0
-    bar = tqdm(total=batch.total, initial=batch.written, desc="generate", unit="req", file=sys.stderr)
+    bar = tqdm(total=len(batch.ids), initial=batch.written, desc="generate", unit="req", file=sys.stderr)
     with out_path.open("a") as f, bar:
         while engine.has_unfinished():
             for out in engine.step():
@@ -240,6 +247,5 @@ def _run_batch(engine: Any, args: argparse.Namespace, batch: _Batch) -> int:
                 f.flush()
                 os.fsync(f.fileno())
                 tokens += out.completion_tokens
-                batch.written += 1
                 bar.update(1)
     return tokens
