@@ -1,0 +1,39 @@
+#!/bin/bash
+# FP8 weights (issue 48): benchmarks/bench_fp8.py on one GPU -- the FP8 linear layers (per-channel weights:
+# torch._scaled_mm row-wise; 128x128 block weights: the Triton block GEMM; activation quantization included)
+# against bf16 torch.mm at Llama-3.1-8B's projections (qkv, o, gate_up, down), M = 1, 16, 64, 128, 256 and
+# 8192, each a CUDA-graph replay with L2 emptied per call, beside the read ceiling of the same run; every row
+# is checked against the pure-torch reference first. ~3 min on an H200. With GGUF_PATH (the SmolLM2 GGUF,
+# rebuilt by gguf.sh) also benchmarks/eval_fp8_weights.py on it: KL / top-1 of --quantization fp8 against
+# the bf16 weights. Engine rows with FP8 weights:
+#   ENGINE_ARGS="--quantization fp8" bash benchmarks/device/engine.sh
+# Usage from the repo root: OUT=DIR COMMIT=<sha> bash benchmarks/device/fp8.sh [GGUF_PATH]
+# Env: COMMIT (the commit under test), T_FP8 (timeout in s, 540), T_FP8_EVAL (timeout in s, 240).
+# $OUT gets: fp8-weights-h200.json (rows kind=gemm: m, n, k, format, fp8_us, fp8_gemm_us, bf16_us, speedup,
+# read_frac at M <= 16; acceptance; commit, gpu, date), fp8-weights-h200.png, fp8-weights-h200.log, gpu.txt,
+# and with GGUF_PATH fp8-weights-accuracy.json.
+set -o pipefail
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown} HF_HUB_OFFLINE=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,memory.used --format=csv \
+    >"$OUT/gpu.txt" 2>&1
+timeout -k 10 "${T_FP8:-540}" python3 benchmarks/bench_fp8.py --out "$OUT" >"$OUT/fp8-weights-h200.log" 2>&1
+rc=$?
+echo "bench_fp8: exit $rc"
+tail -n 70 "$OUT/fp8-weights-h200.log"
+if [ -n "${1:-}" ]; then
+    # as eval.sh: the device has no `gguf` package; import it from a carried wheel in .whl/
+    if ! python3 -c "import gguf" 2>/dev/null; then
+        for w in "$PWD"/.whl/gguf-*.whl; do
+            [ -f "$w" ] && export PYTHONPATH="$PYTHONPATH:$w"
+        done
+    fi
+    timeout -k 10 "${T_FP8_EVAL:-240}" python3 benchmarks/eval_fp8_weights.py --model "$1" --out "$OUT" \
+        >>"$OUT/fp8-weights-h200.log" 2>&1
+    erc=$?
+    echo "eval_fp8_weights: exit $erc"
+    tail -n 30 "$OUT/fp8-weights-h200.log"
+    [ "$rc" -eq 0 ] && rc=$erc
+fi
+exit $rc
