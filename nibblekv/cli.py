@@ -2,8 +2,8 @@
 
 A subcommand module exposes ``register(subparsers) -> None``, which adds its parser and sets
 ``func=run`` where ``run(args) -> int`` returns the exit code. Every parser prints its help with
-:class:`HelpFormatter` (defaults shown, examples kept as written) and reports bad input in one line
-(:class:`Parser`).
+:class:`~nibblekv.cli_style.HelpFormatter` (defaults shown, examples kept as written) and reports bad
+input in one line (:class:`~nibblekv.cli_style.Parser`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import NoReturn
 
 from nibblekv import __version__
+from nibblekv.cli_style import HelpFormatter, Parser, use_help_formatter
+
+__all__ = ["HelpFormatter", "Parser", "build_parser", "main", "use_help_formatter"]
 
 DESCRIPTION = (
     "nibblekv: an LLM serving engine whose paged KV cache is stored in 4 bits (NVFP4), fast on Hopper "
@@ -28,58 +30,6 @@ EPILOG = """examples:
   nibblekv plan --model llama-3.1-8b --gpu H200 --context 128k
 
 Run 'nibblekv COMMAND --help' for the flags of a command."""
-
-
-class Parser(argparse.ArgumentParser):
-    """Errors take one line, ``nibblekv <command>: error: ...``, exit 2: argparse's format without the
-    usage block before it (generate's and serve's flags fill 40 lines; --help prints them). Subcommand
-    parsers inherit the class."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """Prose paragraphs are wrapped; paragraphs with indented lines (examples) are kept as written."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        fill = super()._fill_text
-        paragraphs = text.split("\n\n")
-        return "\n\n".join(
-            p if any(line.startswith(" ") for line in p.splitlines()) else fill(p, width, indent)
-            for p in paragraphs
-        )
-
-
-def _with_default(action: argparse.Action) -> str | None:
-    """``action``'s help ending with its default, unless that says nothing (None, False, an empty list)
-    or the help already states it."""
-    text, default = action.help, action.default
-    if (
-        text == argparse.SUPPRESS
-        or not action.option_strings
-        or default is None
-        or default is False
-        or default is argparse.SUPPRESS
-        or default in ([], ())
-        or "default" in (text or "").lower()
-    ):
-        return text
-    shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
-    if text and f"{shown}:" in text:
-        return text  # the help explains the default value already, e.g. "auto: ..."
-    return f"{text or ''} (default: {shown.replace('%', '%%')})".lstrip()
-
-
-def use_help_formatter(parser: argparse.ArgumentParser) -> None:
-    """Give ``parser`` and every subcommand parser below it :class:`HelpFormatter` and options' help
-    that states their defaults (once per parser: the help texts are rewritten in place)."""
-    parser.formatter_class = HelpFormatter
-    for action in parser._actions:
-        action.help = _with_default(action)
-        if isinstance(action, argparse._SubParsersAction):
-            for child in dict.fromkeys(action.choices.values()):
-                use_help_formatter(child)
 
 
 # subcommand -> module that registers it (imported only when the CLI starts), in the order help lists them

@@ -131,7 +131,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m nibblekv.bench serve ...``: the client alone, without the engine's imports (torch)."""
-    from nibblekv.cli import Parser, use_help_formatter
+    from nibblekv.cli_style import Parser, use_help_formatter
 
     parser = Parser(prog="python -m nibblekv.bench", description="nibblekv benchmarks")
     add_subcommands(parser.add_subparsers(dest="bench_command", required=True, metavar="COMMAND"))
