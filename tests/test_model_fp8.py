@@ -330,3 +330,25 @@ def test_row_parallel_fp8_linear_all_reduces_then_adds_its_bias(tmp_path: Path) 
         assert torch.equal(layer(x), fp8_linear_ref(x, wq, ws, None, None) + layer.bias)
     finally:
         dist.destroy_process_group()
+
+
+def test_tp2_engine_with_fp8_weights_runs_like_tp1(tmp_path: Path) -> None:
+    """--tp-size 2 --quantization fp8 (gloo, CPU): each rank quantizes its own shards (row-parallel layers
+    per K slice, so not bit-equal to tp 1): both runs finish, and each request's first token (from the
+    prefill's logits) agrees; later tokens of this random model drift apart."""
+    from nibblekv.engine import Engine, SamplingParams
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CFG, "attention_bias": True}))
+    kw: dict[str, Any] = dict(model=str(path), load_format="dummy", device="cpu", seed=5, max_total_tokens=1024,
+                              quantization="fp8")  # fmt: skip
+    prompts, params = [list(range(1, 40)), [7, 8, 9]], SamplingParams(max_new_tokens=6, temperature=0.0)
+    outs = []
+    for tp in (1, 2):
+        engine = Engine(tp_size=tp, **kw)
+        try:
+            outs.append([o.token_ids for o in engine.generate(prompts, params)])
+        finally:
+            engine.shutdown()
+    assert [len(o) for o in outs[1]] == [6, 6]
+    assert [o[0] for o in outs[0]] == [o[0] for o in outs[1]]
