@@ -340,8 +340,9 @@ def test_tp2_engine_with_fp8_weights_runs_like_tp1(tmp_path: Path) -> None:
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**CFG, "attention_bias": True}))
-    kw: dict[str, Any] = dict(model=str(path), load_format="dummy", device="cpu", seed=5, max_total_tokens=1024,
-                              quantization="fp8")  # fmt: skip
+    kw: dict[str, Any] = dict(
+        model=str(path), load_format="dummy", device="cpu", seed=5, max_total_tokens=1024, quantization="fp8"
+    )
     prompts, params = [list(range(1, 40)), [7, 8, 9]], SamplingParams(max_new_tokens=6, temperature=0.0)
     outs = []
     for tp in (1, 2):
