@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -396,3 +397,13 @@ def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[s
         main(["plan", *argv])
     assert info.value.code == 2
     assert "nibblekv plan: error:" in capsys.readouterr().err
+
+
+def test_context_accepts_k_and_m_suffixes() -> None:
+    from nibblekv.planner.cli import parse_context
+
+    assert parse_context("8192") == 8192
+    assert parse_context("128k") == 131072
+    assert parse_context("1M") == 1048576
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_context("1g")

@@ -16,9 +16,10 @@ PROG = "nibblekv plan"
 
 
 def parse_context(text: str) -> int:
-    """``--context`` value: an integer, or with a ``k`` suffix for x1024 (``128k`` = 131072)."""
+    """``--context`` value: an integer, or with a ``k`` / ``m`` suffix for x1024 / x1024**2 (``128k`` = 131072,
+    ``1m`` = 1048576)."""
     raw = text.strip().lower()
-    scale = 1024 if raw.endswith("k") else 1
+    scale = {"k": 1024, "m": 1024 * 1024}.get(raw[-1:], 1)
     try:
         return int(raw[:-1] if scale > 1 else raw) * scale
     except ValueError:
@@ -49,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--weights-gib", type=float, default=None, help="weights footprint in GiB (overrides the dtype)"
     )
     p.add_argument(
-        "--context", type=parse_context, required=True, help="tokens per session, e.g. 8192 or 128k"
+        "--context", type=parse_context, required=True, help="tokens per session, e.g. 8192, 128k or 1m"
     )
     p.add_argument("--mem-fraction", type=float, default=0.9, help="share of reported memory usable")
     p.add_argument("--reserve-gib", type=float, default=3.0, help="GiB kept for activations and runtime")
