@@ -170,8 +170,7 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
         runs, compiles, cached = [], [], []
         for _ in range(args.throughput_repeats):  # NOTE: later runs find every Triton build compiled
             # NOTE: each run starts from an empty prefix cache: a repeat of the same prompts would otherwise
-            # skip their prefill (until 2026-12-03 the second run did -- 14.55 -> 11.03 s for the 8B's bf16,
-            # its prefill_only_s 3.6 s -- and that run was reported)
+            # skip their prefill (8B bf16: 14.55 -> 11.03 s, its prefill alone 3.6 s)
             engine.flush_cache()
             # frozen heap: as `nibblekv generate` / `serve` run (engine/gc_heap.py)
             with frozen_heap(), compile_log(compiles):
@@ -270,7 +269,7 @@ def read_bandwidth(device: torch.device, gib: float) -> float:
             times.append(time.perf_counter() - t0)
         best = max(best, nbytes / statistics.median(times))
     # NOTE: hand the probe's 8 GiB back to the driver: engines size their pool from the free memory,
-    # and the first one read ~4% low while the allocator still cached these buffers (2026-11-30 runs).
+    # and the first one read ~4% low while the allocator still cached these buffers.
     del x, y
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -372,8 +371,8 @@ def decode_run(
     steps: list[tuple[int, float, float]] = []  # (batch size, seconds, floor seconds)
     prof: dict[str, Any] = {}
     # NOTE: with the overlap schedule a step launches the next batch before it returns; a sync around
-    # each step would leave the GPU idle while the host schedules (2026-11-30's overlap rows were timed
-    # that way). There, a step's time is the host interval between steps, which the GPU paces.
+    # each step would leave the GPU idle while the host schedules. There, a step's time is the host interval
+    # between steps, which the GPU paces.
     barrier = (lambda: None) if engine.overlap_schedule else sync
     while engine.has_unfinished():
         floor = (weights + kv_bytes_read(engine)) / bandwidth

@@ -318,8 +318,8 @@ def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                     think = 0.0 if workload == "shared_prefix" else args.think_s
                     # NOTE: a discarded pass of the same workload first, at the sweep's top concurrency, so
                     # Triton's JIT compiles (one per new specialization of the extend/decode kernels: batch
-                    # sizes, chunk shapes) are not timed in the rows. With 2 warm-up sessions (before
-                    # 2026-11-30) both dtypes' 8-session rows fell to 147-157 tok/s from 325-348 at 4.
+                    # sizes, chunk shapes) are not timed in the rows. With only 2 warm-up sessions both dtypes'
+                    # 8-session rows fell to 147-157 tok/s from 325-348 at 4.
                     warm = argparse.Namespace(**{**vars(args), "seed": f"{args.seed}-warm-up"})
                     reset(engine)
                     top = max(concurrencies(args, kv, hicache))

@@ -132,7 +132,7 @@ def run_dtype(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # NOTE: phase times in the log (weights, graph capture, each run): a 600 s device call once printed a
-    # single row of three, with nothing saying where the time went (H200 x2, 2026-11-30)
+    # single row of three, with nothing saying where the time went
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.smoke:
         args.context, args.output_len, args.max_running_requests = 200, 8, 4
