@@ -35,7 +35,7 @@ import torch
 
 from nibblekv.config import QUANTIZATIONS, EngineConfig
 from nibblekv.engine.engine import Engine
-from nibblekv.engine.setup import pool_spec
+from nibblekv.engine.setup import resident_capacity
 from nibblekv.engine.gc_heap import frozen_heap
 from nibblekv.engine.request import RequestStatus
 from nibblekv.engine.sampling_params import SamplingParams
@@ -288,28 +288,12 @@ def kv_bytes_read(engine: Engine) -> int:
 
 
 def capacity_requests(cfg: EngineConfig, loaded: tuple[Any, Any], per_request: int) -> int:
-    """The most requests of ``per_request`` tokens the pool holds at once.
-
-    The tail pool grows with ``max_running_requests``, so the main pool shrinks as the count grows:
-    binary-search the largest ``n`` whose pool still holds ``n`` requests.
-    """
-
-    def holds(n: int) -> bool:
-        try:
-            spec = pool_spec(replace(cfg, max_running_requests=n), loaded[0], n)
-        except ValueError:  # the tail pool alone exceeds the budget
-            return False
-        return spec.max_total_num_tokens >= n * per_request
-
-    lo, hi = 0, 1
-    while holds(hi):
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
-    if lo == 0:
+    """The most requests of ``per_request`` tokens the pool holds at once (the engine's own sizing)."""
+    model = loaded[0]
+    n = resident_capacity(cfg, model, per_request, cfg.context_length or model.config.max_position_embeddings)
+    if n == 0:
         raise ValueError(f"the KV pool cannot hold one request of {per_request} tokens")
-    return lo
+    return n
 
 
 def synthetic_prefill(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> None:

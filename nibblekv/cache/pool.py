@@ -26,6 +26,19 @@ GIB: float = float(1 << 30)
 SCRATCH_PAGES: int = 1
 
 
+def most_that_fit(holds: Callable[[int], bool]) -> int:
+    """The largest ``n >= 0`` with ``holds(n)`` (0 when ``holds(1)`` is false), for a ``holds`` that is true up to
+    some ``n`` and false above it: doubling, then bisection. Sizes resident-request counts (the engine's
+    ``resident_capacity``, the planner) whose per-request tail and page-table bytes shrink the main pool."""
+    lo, hi = 0, 1
+    while holds(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return lo
+
+
 @dataclass(frozen=True)
 class PoolSpec:
     """The shape of a KV pool, decided before any memory is allocated."""

@@ -20,6 +20,7 @@ from nibblekv.cache import (
     PoolSpec,
     TieredCacheManager,
     load_kv_scales,
+    most_that_fit,
     size_pool,
 )
 from nibblekv.cache.host_tier import HostTier, host_pages_for
@@ -194,13 +195,7 @@ def resident_capacity(config: EngineConfig, model: CausalLM, tokens_per_request:
             return False
         return spec.max_total_num_tokens >= n * tokens_per_request
 
-    lo, hi = 0, 1
-    while holds(hi):
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
-    return lo
+    return most_that_fit(holds)
 
 
 def build_cache_manager(config: EngineConfig, pool: KVPool, page_table: PageTable) -> BaseCacheManager:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from nibblekv.cache.pool import most_that_fit
 from nibblekv.formats import KVDtype, PageLayout
 from nibblekv.planner.shape import ModelShape, PlanError
 
@@ -123,10 +124,4 @@ def resident_requests(
         tokens = main_pool_tokens(shape, dtype, budget_bytes, n, context_len, opts)
         return tokens >= opts.page_size and tokens >= n * tokens_per_request
 
-    lo, hi = 0, 1
-    while holds(hi):
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
-    return lo
+    return most_that_fit(holds)
