@@ -93,6 +93,22 @@ def test_cli_refuses_before_loading_and_names_the_flag(capsys: pytest.CaptureFix
     assert "--allow-long-context" in err
 
 
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_cli_refuses_a_gguf_past_its_positions_before_loading(command: str) -> None:
+    """The bundled GGUF's header gives its 8192 positions: one line, exit 2, no traceback, no server."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "nibblekv", command, "--context-length", "65536"]
+    if command == "generate":
+        argv.append("hi")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert "exceeds the model's max_position_embeddings 8192" in proc.stderr
+    assert "Load weight end" not in proc.stderr
+
+
 def _fake_model(name: str) -> SimpleNamespace:
     """What pool_spec reads of a model (config, dtype, device), without building one."""
     return SimpleNamespace(

@@ -73,9 +73,17 @@ def check_context_length(
 
 
 def max_positions_before_load(config: EngineConfig) -> int | None:
-    """``max_position_embeddings`` of a preset or an HF folder (with the JSON overrides), read without
-    loading weights; None when it cannot be told cheaply (a GGUF: the engine checks once it is loaded)."""
+    """``max_position_embeddings`` of a preset, an HF folder (with the JSON overrides) or a GGUF (its header),
+    read without loading weights; None when it cannot be told cheaply (the engine checks once loaded)."""
     raw: dict[str, Any]
+    gguf = _gguf_path(config)
+    if gguf is not None:
+        try:
+            from nibblekv.model.gguf_loader import gguf_config, open_gguf
+
+            return gguf_config(open_gguf(gguf)).max_position_embeddings
+        except Exception:  # NOTE: the loader reports an unreadable GGUF with its own message
+            return None
     if config.model in PRESETS and config.load_format == "dummy" and not Path(config.model).exists():
         raw = dict(PRESETS[config.model])
     elif config.model is not None and (Path(config.model) / "config.json").is_file():
@@ -88,6 +96,21 @@ def max_positions_before_load(config: EngineConfig) -> int | None:
     raw.update(config.model_overrides())
     value = raw.get("max_position_embeddings")
     return int(value) if isinstance(value, int) else None
+
+
+def _gguf_path(config: EngineConfig) -> Path | None:
+    """The GGUF file the engine would load (the bundled model without ``--model``), or None."""
+    if config.load_format not in ("auto", "gguf"):
+        return None
+    if config.model is None:
+        from nibblekv.model.loader import bundled_model_path
+
+        try:
+            return bundled_model_path()
+        except Exception:  # NOTE: a missing bundled model is reported by the loader
+            return None
+    path = Path(config.model)
+    return path if path.is_file() and path.suffix == ".gguf" else None
 
 
 def context_length_cli_error(config: EngineConfig) -> str | None:
