@@ -53,7 +53,7 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 # so CPU runs five cases; GPUs run every spec x group x page.
 MMA_SPECS = [
     "mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0",
-    "mma:tpp=1", "mma:lz=8", "mma:tpi=1,lz=8", "mma:l2=1", "mma:tpi=1,l2=2",
+    "mma:tpp=1", "mma:l2=1", "mma:tpi=1,l2=2",
 ]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)] + [("mma", 4, 2 * P)]
@@ -72,18 +72,6 @@ def test_decode_mma(spec: str, group: int, page: int) -> None:
     lens, hkv = (LENS + [200], 2) if DEVICE == "cuda" else ([1, P - 1, P, P + 1, 70], 1)
     gscale = (1.0, 1.0) if page == P else (0.37, 2.5)
     err = _run(KVDtype.NVFP4, lens, [0, 1, W, 5, W, 3][: len(lens)], hkv, group, 128, page, 3, gscale=gscale,
-               variant=spec)  # fmt: skip
-    assert err <= 1e-2, err
-
-
-@pytest.mark.parametrize(
-    "spec", ["mma:lz=2"] if DEVICE != "cuda" else ["mma:lz=2", "mma:lz=8", "mma:lz=1,tpi=1", "mma:lz=2,bal=1"]
-)
-def test_decode_mma_lazy(spec: str) -> None:
-    # lazy rescale (option lz): the running max stays while no score exceeds it by more than lz (log2 units).
-    # Q x 3 spreads the scores (std ~4 log2 units), so over 200 tokens in one split some steps keep the max
-    # and some raise it (at lz=2 a wrong max on either path fails this); lengths 1 and 37, tails W, 0, 3
-    err = _run(KVDtype.NVFP4, [200, 1, 37], [W, 0, 3], 1, 3, 128, P, 1, gscale=(0.37, 2.5), q_scale=3.0,
                variant=spec)  # fmt: skip
     assert err <= 1e-2, err
 
@@ -114,60 +102,6 @@ def test_decode_mma_tail_in_grid(
     assert err <= 1e-2, err
 
 
-TMA_CASES = (
-    [(s, grp, d, page)
-     for s in ("mma:tma=4", "mma:tma=2,tpi=1", "mma:tma=5,tpi=2,bal=1", "mma:tma=3,tpi=1,bal=1")
-     for grp, d, page in ((1, 128, P), (3, 128, 2 * P), (8, 128, P), (4, 64, 2 * P), (3, 64, 4 * P))
-     if d == 128 or "bal" not in s]
-    if DEVICE == "cuda"
-    else [("mma:tma=3,tpi=2", 3, 128, P)]  # NOTE: the balanced kernel's ~2K programs are slow to interpret
-)  # fmt: skip
-
-
-@pytest.mark.parametrize("spec,group,d,page", TMA_CASES)
-def test_decode_mma_tma(monkeypatch: pytest.MonkeyPatch, spec: str, group: int, d: int, page: int) -> None:
-    # tiles staged through shared memory by bulk copies (variant option tma = ring stages; on CPU the twins'
-    # ring in global scratch): several full steps per split (the ring wraps), a masked rest, lengths 1, P-1,
-    # P+1; head_dim 64 (two tokens a row) on 32- and 64-token pages; the balanced path too
-    import nibblekv.kernels._tma as tma
-    import nibblekv.kernels.decode as dec
-    import nibblekv.kernels.decode_balanced as bal
-
-    seen: list[object] = []
-
-    def spy(*a: object) -> dict[str, object]:
-        r = tma.tma_args(*a)  # type: ignore[arg-type]
-        seen.append(r.get("TMA"))
-        return r
-
-    monkeypatch.setattr(dec, "tma_args", spy)
-    monkeypatch.setattr(bal, "tma_args", spy)
-    lens = [1, P - 1, 140, P + 1] if DEVICE == "cpu" else [1, P - 1, 1000, P + 1, 4099, 333]
-    hkv = 1 if DEVICE == "cpu" else 2
-    err = _run(KVDtype.NVFP4, lens, [0, 1, W, 5, W, 3][: len(lens)], hkv, group, d, page, 3, gscale=(0.37, 2.5),
-               variant=spec)  # fmt: skip
-    assert seen == [int(spec.split("tma=")[1][0])], seen  # the ring ran
-    assert err <= 1e-2, err
-
-
-def test_decode_mma_tma_falls_back() -> None:
-    # pages that split a 16-row tile: the register path (no ring), same results; bad stage counts refused
-    assert _run(KVDtype.NVFP4, [1, 40], [0, 3], 1, 4, 128, 5, 2, variant="mma:tma=4") <= 1e-2
-    with pytest.raises(ValueError, match="tma=7"):
-        _run(KVDtype.NVFP4, [1, 40], [0, 3], 1, 4, 128, P, 2, variant="mma:tma=7")
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="programmatic dependent launch: CUDA only (a no-op elsewhere)")
-@pytest.mark.parametrize(
-    "dtype,spec", [(KVDtype.NVFP4, "mma:pdl=1"), (KVDtype.NVFP4, "mma:pdl=1,bal=1,tma=4"),
-                   (KVDtype.FP8, "tok:pdl=1"), (KVDtype.BF16, "tok:pdl=1")],
-)  # fmt: skip
-def test_decode_pdl(dtype: KVDtype, spec: str) -> None:
-    # decode and combine launched with PDL (each waits for the kernel before it), twice back to back
-    for _ in range(2):
-        assert _run(dtype, LENS + [4099], [0, 1, W, 5, W, 3], 2, 4, 128, P, None, variant=spec) <= 1e-2
-
-
 @pytest.mark.skipif(DEVICE != "cuda", reason="FP8 decode_tok's one-wave splits: GPU configs only")
 def test_decode_fp8_one_wave_splits() -> None:
     # 8 requests x 8 KV heads = 64 pairs: the one-wave rule's 4 splits (ragged lengths, tails 0, 1, W)
@@ -188,8 +122,6 @@ def test_default_num_splits_one_wave() -> None:
     # a CUDA graph for 8 requests replayed with 5..8: the old rule (5 requests would not fill the wave)
     assert graph_num_splits(8, 5, 8, 128, 64, 2) == 33 and graph_num_splits(8, 8, 8, 128, 64, 2) == 4
     assert graph_num_splits(32, 25, 8, 128, 64, 2) == 9 and graph_num_splits(32, 32, 8, 128, 64, 0) == 9
-    # tail_room (option tr): the tail's program per pair inside the ~16 programs per SM: 64 x (32 + 1) = 2112
-    assert default_num_splits(8, 8, tail_room=1) == 32 and default_num_splits(1, 8, tail_room=1) == 64
 
 
 def test_decode_mma_no_tail() -> None:
@@ -228,16 +160,15 @@ def test_decode_mma_combine_chunks() -> None:
 
 
 @pytest.mark.parametrize(
-    "pair,db,ts,eager",
-    [(0, 128, 1, 1), (1, 64, 1, 1), (0, 16, 1, 1), (0, 128, 3, 1), (1, 64, 2, 1), (1, 64, 2, 0)],
+    "pair,db,ts", [(0, 128, 1), (1, 64, 1), (0, 16, 1), (0, 128, 3), (1, 64, 2)],
 )
-def test_decode_mma_combine_online(pair: int, db: int, ts: int, eager: int) -> None:
+def test_decode_mma_combine_online(pair: int, db: int, ts: int) -> None:
     # the combine step alone on decode_mma's slot layout (one online pass, the tail's slots -- two with PAIR
     # -- merged beside the first chunk; one program per KV head of 3 query heads): 40 splits, MINC 16, slots
     # past each request's written ones NaN; chunks of combine_chunk(4, db) slots (32 at db 64, 16 at 128),
     # so the long request's 38 / 76 written slots take several; an empty request (tail only) and one with
     # neither (its tail program wrote -inf and zeros); ts: tail programs per pair (variant option ts), a
-    # slot each (two with PAIR); eager 0: variant option ce=0 (lens before the first chunk's loads)
+    # slot each (two with PAIR)
     from nibblekv.kernels.combine import _combine_kernel, combine_chunk
 
     hq, g, d, splits, minc = 6, 3, 128 // (1 + pair), 40, 16
@@ -263,7 +194,6 @@ def test_decode_mma_combine_online(pair: int, db: int, ts: int, eager: int) -> N
         o, lse, out, out.stride(0), out.stride(1), HQ=hq, S=s_tot, D=d, DB=db, CH=combine_chunk(4, db), G=g,
         GP=4, lens_ptr=lens_dev, MMA_SPLITS=splits, MMA_NW=1 + pair, MINC=minc, HAS_TAIL=1,
         TAIL_SLOTS=tail_slots, PAIR=pair, TB=max(2, triton.next_power_of_2(tail_slots)), num_warps=4,
-        EAGER=eager,
     )  # fmt: skip
     valid = ~torch.isnan(lse)
     w = torch.where(valid, lse, float("-inf"))
@@ -277,15 +207,15 @@ def test_decode_mma_combine_online(pair: int, db: int, ts: int, eager: int) -> N
 
 
 @pytest.mark.parametrize(
-    "d,group,tw",
-    [(128, 4, 0), (128, 4, "1,ts=2"), (128, 12, 0)] if DEVICE == "cpu"
-    else [(128, 4, 0), (128, 4, 1), (128, 8, 0), (128, 12, 0), (64, 3, 1), (128, 8, "0,tpp=1,cdb=128"),
-          (64, 3, "0,tpp=1,cdb=64"), (128, 4, "1,ts=2"), (64, 3, "0,ts=3,cdb=64"), (128, 4, 1)],
+    "d,group,opts",
+    [(128, 4, ""), (128, 4, ",ts=2"), (128, 12, "")] if DEVICE == "cpu"
+    else [(128, 4, ""), (128, 8, ""), (128, 12, ""), (64, 3, ""), (128, 8, ",tpp=1,cdb=128"),
+          (64, 3, ",tpp=1,cdb=64"), (128, 4, ",ts=2"), (64, 3, ",ts=3,cdb=64")],
 )
-def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int, tw: int | str) -> None:
+def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int, opts: str) -> None:
     # CUDA-graph padding: only the first 3 of 5 rows are requests (``active`` on the device); decode_mma
-    # sizes its splits for them at run time -- 8 warp slots / 3 rows = 2 of the grid's 12 splits here, 1 with
-    # tw=1 (the tail programs' slots kept; ts=2: two per pair) -- in a 1-D grid, the tails after every
+    # sizes its splits for them at run time -- 8 warp slots / 3 rows = 2 of the grid's 12 splits here (ts=2:
+    # two tail programs per pair) -- in a 1-D grid, the tails after every
     # split; padding rows (1 token of page 0, no tail) come out zeros; tpp / co / ts on and off; group 12:
     # decode_mma16 (its tail in its own launch)
     import nibblekv.kernels.decode as dec
@@ -300,7 +230,7 @@ def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: 
     sm = 1.0 / math.sqrt(d)
     act = torch.tensor([3], dtype=torch.int32, device=DEVICE)
     decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, pb.tail, pb.tail_page_table, pb.tail_lens,
-                  num_splits=12, out=out, variant=f"mma:ppsm=8,minc=16,tw={tw}", active=act)  # fmt: skip
+                  num_splits=12, out=out, variant=f"mma:ppsm=8,minc=16{opts}", active=act)  # fmt: skip
     ref = decode_ref(q[:3].float(), pb.cache, pb.page_table[:3], pb.lens[:3], sm, pb.tail,
                      pb.tail_page_table[:3], pb.tail_lens[:3])  # fmt: skip
     assert rel_rms(out[:3], ref) <= 1e-2
@@ -389,9 +319,7 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         "minc": 64,
         "vst": 1,
         "vq": 1,
-        "lazy": 0,
         "tin": 1,
-        "tail_wave": 0,
         "tail_page_prefetch": 1,
         "tail_splits": 2,
         "bal_ppsm": 12,
@@ -406,8 +334,6 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     bf = resolve_variant(None, 0, 64, False)[1]
     assert (bf["block_n"], bf["num_stages"], bf["wave_ctas"], "tail_stages" in bf) == (128, 4, 3, False)
     assert resolve_variant("mma:tin=0", 2, 128, False)[1]["tin"] == 0
-    assert resolve_variant("mma:tw=1", 2, 128, False)[1]["tail_wave"] == 1
-    assert resolve_variant("mma:lz=8", 2, 128, False)[1]["lazy"] == 8
     cfg = resolve_variant("mma:tpp=0,ts=4", 2, 128, False)[1]
     assert (cfg["tail_page_prefetch"], cfg["tail_splits"]) == (0, 4)
     assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (timed)
@@ -417,7 +343,9 @@ def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_variant("nope", 0, 128, False)
     with pytest.raises(ValueError):
         resolve_variant("tok:x=1", 0, 128, False)
-    for gone in ("kq", "bs", "tok:sc=3", "tok:ord=0"):  # the removed variants kq / bs and bs's options
+    # the removed variants kq / bs, bs's options and the options measured no better than the default
+    for gone in ("kq", "bs", "tok:sc=3", "tok:ord=0", "mma:tma=4", "mma:pdl=1", "tok:fuse=1", "mma:lz=8",
+                 "mma:tw=1", "tok:tr=1", "tok:ce=0"):
         with pytest.raises(ValueError):
             resolve_variant(gone, 2, 128, False)
 

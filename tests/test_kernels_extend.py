@@ -62,9 +62,8 @@ def test_extend_split_prefix(dtype: KVDtype) -> None:
     assert _run(dtype, [0, P - 1, 3 * P + 5], [2, 5, 17], [3, 1, 2 * P], 2, 3, 64, num_splits=3) <= 1e-2
 
 
-def test_extend_split_env_and_odd_page(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NIBBLEKV_EXTEND_SPLITS", "2")
-    assert _run(KVDtype.NVFP4, [4, 41], [3, 7], [2, 0], 1, 4, 64, page=5) <= 1e-2
+def test_extend_two_splits_and_odd_page() -> None:
+    assert _run(KVDtype.NVFP4, [4, 41], [3, 7], [2, 0], 1, 4, 64, page=5, num_splits=2) <= 1e-2
     with pytest.raises(ValueError, match="num_splits"):
         _run(KVDtype.BF16, [4], [3], None, 1, 1, 64, num_splits=-1)
 

@@ -78,21 +78,6 @@ def test_extend_decode_own_chunk_launch_config(monkeypatch: pytest.MonkeyPatch) 
     assert seen == [(1, 16), (2, 16)]
 
 
-@pytest.mark.parametrize("opts", ["pdl=1"] if DEVICE == "cpu" else ["pdl=1", "pdl=1,bal=1", "pdl=1,l2=0"])
-def test_extend_decode_pdl(opts: str) -> None:
-    # pdl=1 (opt-in, EXTEND_PDL): the prefix decode, its combine step and step 2 as programmatic dependent
-    # launches (step 2's own keys beside the combine step, its merge after it; bal=1: the balanced kernel's
-    # combine). On the GPU 16 and 8 columns a KV head (decode_mma16, decode_mma); under the interpreter a
-    # no-op hint, so this runs the plumbing only
-    chunks = [[1, 2]] if DEVICE == "cpu" else [[4, 3, 1], [2, 1, 2]]
-    splits = 3 if DEVICE == "cpu" else None
-    for ch in chunks:
-        fn = partial(extend_decode_fn, num_splits=splits, decode_opts=opts)
-        err = run_extend(KVDtype.NVFP4, [1, P + 1, 40][: len(ch)], ch, [W, 1, 0][: len(ch)], 1, 4, 128,
-                         gscale=(0.37, 2.5), fn=fn)  # fmt: skip
-        assert err <= 1e-2, (opts, ch, err)
-
-
 @pytest.mark.parametrize("fold", [True, False])
 def test_extend_decode_fold_q(monkeypatch: pytest.MonkeyPatch, fold: bool) -> None:
     # fold_q (the default; and off): decode_mma16 reads the virtual batch's query rows from q itself

@@ -29,7 +29,7 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     "group,tail,head_dim,spec",
     [(4, False, 128, "mma"), (8, True, 128, "mma"), (3, True, 64, "mma"), (8, False, 128, "mma:vst=0,vq=0"),
      (4, True, 128, "mma"), (8, True, 128, "mma:bal=1,pf=0"), (4, False, 128, "mma:bal=1,tpi=1"),
-     (8, True, 128, "mma:fuse=1"), (3, True, 64, "mma:fuse=1"), (8, True, 128, "mma:tpp=1"),
+     (8, True, 128, "mma:tpp=1"),
      (8, True, 128, "mma:bal=1")],
 )
 def test_decode_mma_fits_its_programs_per_sm(group: int, tail: bool, head_dim: int, spec: str) -> None:
@@ -42,12 +42,8 @@ def test_decode_mma_fits_its_programs_per_sm(group: int, tail: bool, head_dim: i
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)
     assert m, out[-2000:]
     assert ("decode_mma_bal_kernel" if "bal=1" in spec else "decode_mma_kernel") in out, out[-2000:]
-    # at 168 registers (head_dim 64, the balanced kernel) nothing spills but the opt-in fused
-    # fix-up at head_dim 64 (28 bytes)
-    if ppsm == 12:
-        most_spill = 32 if "fuse=1" in spec else 0
-    else:
-        most_spill = 8
+    # at 168 registers (head_dim 64, the balanced kernel) nothing spills
+    most_spill = 0 if ppsm == 12 else 8
     assert int(m.group(1)) <= most_spill and int(m.group(2)) <= _mma_max_registers(ppsm), m.group(0)
 
 
@@ -83,14 +79,12 @@ def test_decode_mma16_fits_its_programs_per_sm() -> None:
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
 @pytest.mark.parametrize("dtype", ["fp8_e4m3", "nvfp4", "bf16"])
-@pytest.mark.parametrize("spec", ["tok", "tok:fuse=1"])
-def test_decode_tok_keeps_three_programs_per_sm(dtype: str, spec: str) -> None:
-    # 4-warp programs: <= 168 registers keep 3 of them per SM (65536 / (168 * 128)); the fix-up's merge, when
-    # inlined, takes FP8 to 186 (2 per SM). NOTE: NVFP4 (a fallback where decode_mma cannot run) takes 194
+def test_decode_tok_keeps_three_programs_per_sm(dtype: str) -> None:
+    # 4-warp programs: <= 168 registers keep 3 of them per SM (65536 / (168 * 128)). NOTE: NVFP4 (a fallback where decode_mma cannot run) takes 194
     # (2 per SM, <= 255): decoding sm-order words in plain Triton costs registers (190 with shifts and
     # masks, 194 with the converter's multiplies, whose loop is 1581 -> 1538 SASS): a known cost
     most = 200 if dtype == "nvfp4" else 168
-    out = _compile(spec, dtype, 8, 128, True)
+    out = _compile("tok", dtype, 8, 128, True)
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)
     assert m and "decode_tok_kernel" in out, out[-2000:]
     assert int(m.group(1)) == 0 and int(m.group(2)) <= most, m.group(0)

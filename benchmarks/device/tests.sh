@@ -17,7 +17,7 @@ DEFAULT_FILES="tests/test_kernels_mma_convert.py tests/test_engine_overlap.py te
     tests/test_kernels_page_copy.py tests/test_hicache.py tests/test_engine_gpu.py tests/test_kernels_extend.py
     tests/test_kernels_write.py tests/test_kernels_dispatch.py tests/test_kernels_fused.py tests/test_kernels_fp8.py
     tests/test_model_fp8.py tests/test_kernels_large_offsets.py tests/test_hybrid_gpu.py
-    tests/test_kernels_decode_fixup.py tests/test_kernels_decode_balanced.py tests/test_kernels_decode.py"
+    tests/test_kernels_decode_balanced.py tests/test_kernels_decode.py"
 FILES=""
 for f in ${TEST_FILES:-$DEFAULT_FILES}; do  # a file renamed or removed is named, not a pytest usage error
     if [ -f "$f" ]; then FILES="$FILES $f"; else echo "tests.sh: no $f, skipped"; fi

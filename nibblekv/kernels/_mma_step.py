@@ -1,7 +1,7 @@
 """One 16-token step of ``decode_mma``'s main-pool loop and its epilogue, on PTX fragment registers.
 
 ``_scores`` (S^T = K Q^T of one tile), ``_pv`` (O^T += V^T P^T), ``_rescale`` / ``_advance`` / ``_step_max``
-(the online softmax, lazy rescale included), ``_run_step`` (one step on a converted tile pair) and the
+(the online softmax), ``_run_step`` (one step on a converted tile pair) and the
 stores of a warp's partial (``_store_*``, ``_finish``). Used by ``decode_mma._mma_segment`` (so by the
 token-balanced kernel too) and the bf16 tail (``decode_mma_tail``); the fragment layout is in ``decode_mma``.
 """
@@ -11,12 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import interpreting
-from nibblekv.kernels._mma_ptx import _lazy_step, _max8, _mma, _p_frag, _st4, _sum8
+from nibblekv.kernels._mma_ptx import _max8, _mma, _p_frag, _st4, _sum8
 from nibblekv.kernels._mma_tile import _k_tile, _softmax, _v_tile
-
-_INTERP = tl.constexpr(interpreting())
-
 
 @triton.jit
 def _scores(raw, qk_scale, n0, lim, lim1,
@@ -127,44 +123,17 @@ def _step_max(
     m0, m1, l0, l1, mx0, mx1,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    LZ: tl.constexpr = 0,
 ):  # fmt: skip
-    """``_advance`` to the column max of this lane's step maxima ``mx0/mx1`` (the shuffles included).
-
-    ``LZ`` > 0 (variant option ``lz``, lazy rescale): while no lane's step max exceeds the running max by
-    more than ``LZ`` (log2 units), the running max stays, so the step skips the column-max shuffles and the
-    O^T / sum rescale (the common case once a long context has seen its largest scores). Exact: scores
-    subtract the max the sums were kept at, and ``p`` <= 2**LZ fits the fp16 P operand with its relative
-    precision unchanged. NOTE: the decision is warp-uniform (``vote.all`` over the warp's lanes; one PTX
-    block, see ``_mma_ptx._lazy_step_ptx``).
-    """
-    if LZ and not _INTERP:
-        (
-            m0, m1, c0, c1, l0, l1,
-            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-            o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-        ) = _lazy_step(
-            m0, m1, l0, l1, mx0, mx1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
-            o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            tl.full(mx0.shape, LZ, tl.float32),
-        )  # fmt: skip
-    else:
-        # the interpreter's twin of _lazy_step with LZ (without, c0 / c1 are dead: _advance sets them)
-        c0 = tl.where(m0 > float("-inf"), m0, 0.0)
-        c1 = tl.where(m1 > float("-inf"), m1, 0.0)
-        slow = True
-        if LZ:
-            slow = tl.min(((mx0 <= m0 + LZ) & (mx1 <= m1 + LZ)).to(tl.int32), axis=0) == 0
-        if slow:
-            x0, x1 = _max8(mx0, mx1)
-            (
-                m0, m1, c0, c1, l0, l1,
-                o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-                o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            ) = _advance(
-                m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
-                o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            )  # fmt: skip
+    """``_advance`` to the column max of this lane's step maxima ``mx0/mx1`` (the shuffles included)."""
+    x0, x1 = _max8(mx0, mx1)
+    (
+        m0, m1, c0, c1, l0, l1,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
+        o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    ) = _advance(
+        m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
+        o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
     return (
         m0, m1, c0, c1, l0, l1,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
@@ -178,7 +147,7 @@ def _run_step(
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    TPI: tl.constexpr, MASKED: tl.constexpr, LZ: tl.constexpr = 0,
+    TPI: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One softmax step over ``TPI`` tiles (``rawA``, ``rawB``) of this warp at ``nb``; returns the new
     (m0, m1, l0, l1, O^T fragments)."""
@@ -199,7 +168,7 @@ def _run_step(
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ) = _step_max(
             m0, m1, l0, l1, mx0, mx1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
-            o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, LZ,
+            o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         )  # fmt: skip
         pA0, pA1 = tl.exp2(sA0 - c0), tl.exp2(sA1 - c1)
         pA2, pA3 = tl.exp2(sA2 - c0), tl.exp2(sA3 - c1)
@@ -235,7 +204,7 @@ def _run_step(
         ) = _step_max(
             m0, m1, l0, l1, tl.maximum(sA0, sA2), tl.maximum(sA1, sA3), o00, o01, o02, o03, o10, o11, o12,
             o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61,
-            o62, o63, o70, o71, o72, o73, LZ,
+            o62, o63, o70, o71, o72, o73,
         )  # fmt: skip
         pA0, pA1 = tl.exp2(sA0 - c0), tl.exp2(sA1 - c1)
         pA2, pA3 = tl.exp2(sA2 - c0), tl.exp2(sA3 - c1)

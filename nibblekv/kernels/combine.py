@@ -2,7 +2,7 @@
 
 Decode and extend kernels that split a context write, per slot, an fp32 partial output and its
 log2-sum-exp2 of scaled scores; ``_combine_kernel`` merges the slots of each row with weights
-``2**(lse_s - max lse)`` (``decode_fixup`` is the in-kernel twin). decode_mma's slot layout (splits of
+``2**(lse_s - max lse)``. decode_mma's slot layout (splits of
 ``mma_chunk`` tokens, the tail's slots last, CUDA-graph padding rows) is read through ``MMA_SPLITS`` / ``DYN``.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._pdl import pdl_release, pdl_wait
 from nibblekv.kernels.decode_mma import dyn_splits, mma_chunk
 
 
@@ -73,7 +72,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
                     PAIR: tl.constexpr = 0, lse_out=None, WRITE_LSE: tl.constexpr = 0,
                     TAIL_SLOTS: tl.constexpr = 1, act_ptr=None, warp_slots=0, reserve_per_req=0,
                     WARPS_PER_REQ: tl.constexpr = 1, DYN: tl.constexpr = 0,
-                    TB: tl.constexpr = 2, PDL: tl.constexpr = 0, EAGER: tl.constexpr = 1):  # fmt: skip
+                    TB: tl.constexpr = 2):  # fmt: skip
     """Merge the split partials of ``G`` rows (query heads ``G * pid0 .. G * pid0 + G - 1`` of the flattened
     (request, head) rows; ``GP`` = the next power of two) for dims ``[DB * pid1, DB * (pid1 + 1))``: weights
     ``2**(lse_s - max lse)``, in one online pass over chunks of ``CH`` slots. ``WRITE_LSE``: also
@@ -84,8 +83,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     load beside the first chunk. ``MMA_SPLITS`` > 0 (decode_mma): only the first ``cdiv(rows, chunk) *
     MMA_NW`` splits wrote slots (``PAIR``: rows of two tokens); ``DYN``: rows of requests ``>= *act_ptr``
     are padding -- nothing was written for them and they come out as zeros; the real ones used
-    ``dyn_splits`` splits. ``EAGER`` = 0 (variant option ``ce=0``, for comparison): load the first chunk
-    only after ``lens`` (masked by the written slots), one more dependent round trip.
+    ``dyn_splits`` splits.
 
     NOTE: one program can serve a KV head's G query heads -- their rows are adjacent (the decode launcher
     groups them where the pairs fill the GPU; extend: G = 1) -- and loads ``lens``, the tail's slots and the
@@ -93,10 +91,6 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     ``combine_chunk``). H200, a program per query head and three round trips (lens, lse, partials): 5.0 /
     7.7 / 13.3 us of 296 / 197 / 376 us decode calls at B26 x 32K / B64 x 8K / B128 x 8K.
     """
-    # NOTE: release the next PDL kernel (extend_decode's own-key pass, which needs this result only in its
-    # epilogue) first, then wait for the decode kernel before the first load of its partials
-    pdl_release(PDL)
-    pdl_wait(PDL)
     r0 = tl.program_id(0).to(tl.int64) * G  # first row: b * HQ + head (HQ % G == 0)
     b = r0 // HQ
     offs_g = tl.arange(0, GP)
@@ -109,10 +103,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     MMA: tl.constexpr = MMA_SPLITS > 0
     n_main = S_MAIN + 0 * b
     live = b >= 0
-    if MMA and not EAGER:
-        n_main, live = _written(lens_ptr, act_ptr, b, MMA_SPLITS, warp_slots, reserve_per_req, WARPS_PER_REQ,
-                                MMA_NW, MINC, PAIR, DYN)  # fmt: skip
-    # NOTE (EAGER): the tail's slots (the last TAIL_SLOTS; decode_mma with PAIR in its grid: one per parity)
+    # NOTE: the tail's slots (the last TAIL_SLOTS; decode_mma with PAIR in its grid: one per parity)
     # and the first chunk load before lens / act are known -- one memory round trip, not two. Slots no
     # program wrote in this launch (past a short context, padding rows) hold stale values or NaN: masked
     # after the load.
@@ -120,7 +111,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     lse_t, o_t = _load_slots(o_part, lse_part, rows, S - TAIL_SLOTS + tb, tmask, offs_d, S, 1, D)
     cmask = gm[:, None] & (offs_c < n_main)[None, :]
     lse_c, o_c = _load_slots(o_part, lse_part, rows, offs_c, cmask, offs_d, S, 1, D)
-    if MMA and EAGER:
+    if MMA:
         n_main, live = _written(lens_ptr, act_ptr, b, MMA_SPLITS, warp_slots, reserve_per_req, WARPS_PER_REQ,
                                 MMA_NW, MINC, PAIR, DYN)  # fmt: skip
         lse_t = tl.where(live, lse_t, float("-inf"))  # padding rows (DYN): nothing was written
@@ -154,11 +145,10 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
 COMBINE_ELEMS = 8192
 
 
-def combine_chunk(gp: int, db: int, slots: int | None = None, half: bool = False) -> int:
-    """Slots per chunk (a power of two) for ``gp`` rows x ``db`` dims: ``COMBINE_ELEMS`` elements at most
-    (``half``: half of them, the older chunks, for variant option ``ce=0``), and no more than
-    ``slots`` (the most a row has, when known) need."""
-    ch = max(1, triton.next_power_of_2(COMBINE_ELEMS // (gp * db * (1 + half)) + 1) // 2)
+def combine_chunk(gp: int, db: int, slots: int | None = None) -> int:
+    """Slots per chunk (a power of two) for ``gp`` rows x ``db`` dims: ``COMBINE_ELEMS`` elements at most,
+    and no more than ``slots`` (the most a row has, when known) need."""
+    ch = max(1, triton.next_power_of_2(COMBINE_ELEMS // (gp * db) + 1) // 2)
     return ch if slots is None else min(ch, triton.next_power_of_2(max(1, slots)))
 
 

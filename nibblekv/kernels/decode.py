@@ -7,7 +7,6 @@ capturable.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 
 import torch
@@ -23,8 +22,6 @@ from nibblekv.kernels._common import (
     scale_tensors,
     tail_operands,
 )
-from nibblekv.kernels._pdl import pdl_args
-from nibblekv.kernels._tma import tma_args
 from nibblekv.kernels.combine import _combine_kernel, combine_chunk
 from nibblekv.kernels.decode_balanced import launch_balanced
 from nibblekv.kernels.decode_config import (
@@ -39,7 +36,6 @@ from nibblekv.kernels.decode_config import (
     non_mma_default,
     resolve_variant,
 )
-from nibblekv.kernels.decode_fixup import counters
 from nibblekv.kernels.decode_mma import decode_mma_kernel
 from nibblekv.kernels.decode_mma_tail import decode_tail_kernel
 from nibblekv.kernels.decode_paged import _decode_kernel
@@ -184,14 +180,12 @@ def decode_triton(
     tail_in_grid = name == "mma" and has_tail and _mma_tail_in_grid(cfg, pair, tk, tv, ts, tpage)
     # NOTE: one-warp tail programs per (request, KV head) in decode_mma's grid (variant option ts)
     tail_progs = int(tail_in_grid) * max(1, int(cfg.get("tail_splits", 1)))
-    tail_wave = tail_progs * int(cfg.get("tail_wave", 0))  # the tail programs' slots kept in the wave
     lo = bsz if active is None else max(1, min(bsz, min_active or bsz))
     if name == "mma":
-        splits = num_splits or mma_num_splits(lo, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]), tail_wave)
+        splits = num_splits or mma_num_splits(lo, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]))
     else:
         cap, wave = int(cfg.get("split_cap", 64)), int(cfg.get("wave_ctas", 0))
-        room = int(has_tail) * int(cfg.get("tail_room", 0))  # NOTE: non-mma kernels: one tail program a pair
-        splits = num_splits or graph_num_splits(bsz, lo, hkv, bn, cap, wave, room)
+        splits = num_splits or graph_num_splits(bsz, lo, hkv, bn, cap, wave)
     tail_slots = mma_tail_slots(has_tail, pair, tail_progs)
     s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + tail_slots
     if out is None:
@@ -238,14 +232,6 @@ def decode_triton(
     )  # fmt: skip
     side = None
     dyn: dict[str, object] = {}
-    # NOTE: programmatic dependent launch (variant option pdl) for decode_tok / decode_mma and the combine
-    # step: each may start while the kernel before it drains (the tail's side-stream launch keeps it off)
-    pdl_ok = name == "tok" or (name == "mma" and (tail_in_grid or not has_tail))
-    pdl = pdl_args(cfg, q.device) if pdl_ok else {}
-    # NOTE: the in-kernel fix-up (tok, mma) needs every partial written by this grid (the tail's too)
-    whole = name == "tok" or (name == "mma" and (tail_in_grid or not has_tail))
-    cnt = counters(q.device, bsz * hkv) if cfg.get("fuse") and whole else None
-    fused = {} if cnt is None else _fused_args(cnt, out, lse_out)
     if name == "mma":
         if has_tail and not tail_in_grid:  # its own launch (decode_tail_kernel), beside the main kernel
             side = side_stream(q.device)
@@ -258,7 +244,7 @@ def decode_triton(
                     HQ=hq, G=g, BH=common["BH"], D=d, TPAGE=tpage, TBN=tbn, INTERP=interp, num_warps=4,
                 )  # fmt: skip
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
-        dyn = _dyn_args(active, q.device, int(cfg["ppsm"]), hkv * tail_wave)
+        dyn = _dyn_args(active, q.device, int(cfg["ppsm"]))
         grid = (bsz * hkv * (splits + tail_progs),) if dyn else (bsz, hkv, splits + tail_progs)
         k = decode_mma_kernel[grid](
             *args,
@@ -270,14 +256,10 @@ def decode_triton(
             PAIR=pair,
             VST=int(cfg["vst"]),
             VQ=int(cfg["vq"]) * int(_q_vector_ok(q if q_rows is None else q_rows[0])),
-            LZ=int(cfg["lazy"]),
             L2=int(cfg.get("l2_ahead", 0)),
             **_q_rows_args(q_rows),
             TPP=int(tail_in_grid and bool(cfg.get("tail_page_prefetch", 0))),
-            **tma_args(cfg, cache, mma_common["PAGE"], math.prod(grid), q.device),
-            **pdl,
             **dyn,
-            **fused,
             **mma_common,
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
             # resident (128 at 16). Uncapped, sm_90 compiles drift to 130 (GQA 8) and 166 (no tail, with
@@ -292,7 +274,7 @@ def decode_triton(
             )
         split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT else 0
         k = decode_tok_kernel[(bsz, hkv, s_tot)](
-            *args, CONV=int(cfg["conv"]), SPLIT=split, **common, **fused, **pdl
+            *args, CONV=int(cfg["conv"]), SPLIT=split, **common
         )  # fmt: skip
     else:
         paged = name == "paged" and _pages_contiguous(cache, bn)
@@ -303,8 +285,6 @@ def decode_triton(
     LAST_KERNEL["decode"] = k
     if side is not None:
         torch.cuda.current_stream(q.device).wait_stream(side)
-    if fused:  # NOTE: the last program of each (request, KV head) merged its partials (decode_fixup)
-        return out
     # NOTE: one combine program per (request, KV head) -- its G query heads' rows are adjacent -- where the
     # pairs fill the GPU: H200, combine us per call at B26x32K / B32x8K / B64x8K / B128x8K 5.0 / 6.0 / 10.6 /
     # 19.4 -> 3.6 / 4.0 / 3.6 / 5.2; with fewer pairs than SMs a program per query head: B8x32K / B1x128K
@@ -313,36 +293,27 @@ def decode_triton(
     db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hq // gc, s_tot, d)
     mma = name == "mma"
     gp = triton.next_power_of_2(gc)
-    eager = int(cfg.get("combine_eager", 1))  # ce=0: the older two-round-trip combine, to compare
-    slots = s_tot - tail_slots * int(has_tail) if eager else None
-    ch = combine_chunk(gp, db, slots, half=not eager)
+    ch = combine_chunk(gp, db, s_tot - tail_slots * int(has_tail))
     _combine_kernel[(bsz * hq // gc, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
-        HQ=hq, S=s_tot, D=d, DB=db, CH=ch, G=gc, GP=gp, lens_ptr=lens, EAGER=eager,
+        HQ=hq, S=s_tot, D=d, DB=db, CH=ch, G=gc, GP=gp, lens_ptr=lens,
         TB=max(2, triton.next_power_of_2(tail_slots)),
         MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
         MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
-        lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4, **pdl,
+        lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
         **(dict(dyn, WARPS_PER_REQ=hkv * int(cfg["num_warps"])) if mma and dyn else {}),
     )  # fmt: skip
     return out
 
 
-def _fused_args(cnt: torch.Tensor, out: torch.Tensor, lse_out: torch.Tensor | None) -> dict[str, object]:
-    """decode_tok / decode_mma arguments of the in-kernel fix-up (``decode_fixup``)."""
-    return dict(
-        cnt_ptr=cnt, out_ptr=out, s_ob=out.stride(0), s_oh=out.stride(1), lse_out=lse_out, FUSE=1,
-        WRITE_LSE=int(lse_out is not None),
-    )  # fmt: skip
-
-
-def _dyn_args(active: torch.Tensor | None, device: torch.device, ppsm: int, reserve: int) -> dict[str, object]:
+def _dyn_args(active: torch.Tensor | None, device: torch.device, ppsm: int) -> dict[str, object]:
     """decode_mma / combine arguments for ``active`` (empty without it: the static grid)."""
     if active is None:
         return {}
     if active.shape != (1,) or active.dtype != torch.int32 or active.device != device:
         raise ValueError(f"active must be an int32 [1] tensor on {device}, got {active.dtype} {tuple(active.shape)}")
-    return {"act_ptr": active, "warp_slots": ppsm * num_sms(), "reserve_per_req": reserve, "DYN": 1}
+    # NOTE: reserve_per_req stays a kernel argument (0): dropping it would change the compiled kernels
+    return {"act_ptr": active, "warp_slots": ppsm * num_sms(), "reserve_per_req": 0, "DYN": 1}
 
 
 def mma_tail_slots(has_tail: bool, pair: int, tail_progs: int) -> int:

@@ -27,9 +27,7 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
-from nibblekv.kernels._pdl import pdl_args, pdl_enter, pdl_release, pdl_wait
 from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
-from nibblekv.kernels._tma import tma_args, tma_ring
 from nibblekv.kernels.combine import _load_slots, _merge_rows, combine_chunk
 from nibblekv.kernels.decode_mma import _mma_segment
 from nibblekv.kernels.decode_mma_tail import _mma_tail
@@ -82,12 +80,10 @@ def decode_mma_bal_kernel(
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BP: tl.constexpr, W: tl.constexpr, HAS_TAIL: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     MINC: tl.constexpr, VST: tl.constexpr, VQ: tl.constexpr, DYN: tl.constexpr,
-    TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0, LZ: tl.constexpr = 0,
     L2: tl.constexpr = 0,
 ):  # fmt: skip
     """1-D grid: ``W`` one-warp programs over the balanced chunks, then (``HAS_TAIL``) one tail program per
     pair. ``n_req`` requests, of which the first ``*act_ptr`` are real with ``DYN`` (CUDA-graph padding)."""
-    pdl_enter(PDL)
     HKV: tl.constexpr = HQ // G
     pid = tl.program_id(0)
     n_act = n_req
@@ -132,15 +128,12 @@ def decode_mma_bal_kernel(
             end = tl.minimum((t0 + nt) * 16, rows)
             gk = tl.load(g_ptr) * 16384.0  # see decode_mma_kernel: the codes' 2**-14
             gv = tl.load(g_ptr + 1) * 16384.0
-            scratch = tma_scratch
-            if TMA:
-                scratch = tma_ring(tma_scratch, pid, TMA)
             _mma_segment(
                 q_ptr + b.to(tl.int64) * s_qb, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page,
                 sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h,
                 sm_scale * 1.4426950408889634 * gk, gv,
                 o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, TMA, scratch, LZ, L2,
+                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, L2,
             )  # fmt: skip
             x0 += nt
 
@@ -150,7 +143,7 @@ def _combine_bal_kernel(
     o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, n_req, act_ptr, lse_out,
     HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BP: tl.constexpr,
     W: tl.constexpr, MINC: tl.constexpr, HAS_TAIL: tl.constexpr, DYN: tl.constexpr,
-    WRITE_LSE: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr = 0,
+    WRITE_LSE: tl.constexpr, CH: tl.constexpr,
 ):  # fmt: skip
     """Merge the partials of one (request, KV head) pair -- its ``G`` query heads (``GP`` = the next power of
     two) -- for dims ``[DB * pid1, DB * (pid1 + 1))``, ``CH`` slots at a time; padding rows (``DYN``) and
@@ -162,8 +155,6 @@ def _combine_bal_kernel(
     (``lens``, then the slots). H200, a program per query head and three round trips: 6.0 / 10.6 / 19.4 us
     of 105 / 200 / 383 us decode calls at B32 / B64 / B128 x 8K.
     """
-    pdl_release(PDL)  # NOTE: as _combine_kernel: release the next PDL kernel, then wait for the partials
-    pdl_wait(PDL)
     HKV: tl.constexpr = HQ // G
     p = tl.program_id(0)  # p = b * HKV + h
     b = p // HKV
@@ -232,7 +223,6 @@ def launch_balanced(
     dyn = int(active is not None)
     bp = max(2, triton.next_power_of_2(bsz))
     grid = (warps + bsz * hkv * int(has_tail),)
-    pdl = pdl_args(cfg, q.device)
     k = decode_mma_bal_kernel[grid](
         q, q.stride(0), q.stride(1), cache.k_data, cache.v_data, ks, vs, cache.global_scale,
         ds[0], ds[1], sp, sh, page_table, page_table.stride(0), lens,
@@ -241,8 +231,7 @@ def launch_balanced(
         HQ=hq, G=g, D=d, PAGE=cache.layout.page_size, TPAGE=tpage, BP=bp, W=warps, HAS_TAIL=int(has_tail),
         TPI=int(cfg["tpi"]), PF=int(cfg["pf"]), MINC=int(cfg["minc"]), VST=int(cfg["vst"]),
         VQ=int(cfg["vq"]),
-        LZ=int(cfg["lazy"]), L2=int(cfg.get("l2_ahead", 0)), DYN=dyn, num_warps=1, num_stages=1,
-        **tma_args(cfg, cache, cache.layout.page_size, grid[0], q.device), **pdl,
+        L2=int(cfg.get("l2_ahead", 0)), DYN=dyn, num_warps=1, num_stages=1,
         **({} if interp else {"maxnreg": _mma_max_registers(per_sm)}),
     )  # fmt: skip
     slots = max_pair_slots(warps, hkv)
@@ -253,8 +242,7 @@ def launch_balanced(
         lse_out if lse_out is not None else lse_part,
         HQ=hq, G=g, GP=gp, D=d, DB=db, BP=bp, W=warps, MINC=int(cfg["minc"]),
         HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None),
-        CH=combine_chunk(gp, db, half=not int(cfg.get("combine_eager", 1))),
-        num_warps=4, **pdl,
+        CH=combine_chunk(gp, db), num_warps=4,
     )  # fmt: skip
     return k
 

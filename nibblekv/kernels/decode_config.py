@@ -42,25 +42,14 @@ MMA_VERIFIED_HEAD_DIMS = (64, 128)
 #          for), tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
 #          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), tin (1: the bf16
 #          tail as programs of the grid), ts (tail programs per (request, KV head), per-pair splits only), tpp
-#          (1: the tail programs prefetch page ids), tw (1: splits leave the tail programs room in the wave),
-#          bal (1: token-balanced split-K over the whole batch, decode_balanced; 0 off; 2 auto by pairs; bppsm
-#          its programs per SM), tma (N = 2..5: tiles staged through a shared-memory ring by bulk copies,
-#          _tma; opt-in: no faster than the register path on the H200, within -.026..+.012 of the ceiling at
-#          B64x32K/B26x32K/B8x32K/B32x8K/B1x128K with 15% more instructions; lz=8 no better)
-# tok and mma: pdl (1: decode and combine launched with programmatic dependent launch; opt-in: within
-#          +-.012 of the default on the H200, every dtype at those shapes)
+#          (1: the tail programs prefetch page ids), bal (1: token-balanced split-K over the whole batch,
+#          decode_balanced; 0 off; 2 auto by pairs; bppsm its programs per SM)
 # tok: st (pipeline stages where the pool has a bf16 tail; BF16's default 5 at head_dim 128, else s's)
 # Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more), wv
 #          (programs per SM of one wave for default_num_splits' one-wave rule; FP8 tok's default 2 at
-#          head_dim 128, else 0 = off), tr (1: the bf16 tail's program counts in the splits' budget; untimed)
-# tok and mma: fuse (1: each (request, KV head)'s last program merges the split partials itself, no combine
-#          launch -- decode_fixup; mma: with the bf16 tail in its grid). Opt-in: slower on the H200
-#          (the last program's serial merge costs more than the combine launch saves, e.g. GQA 8 B8x32K
-#          mma .636 -> .583, B1x128K .561 -> .257; FP8 tok .744 -> .645)
+#          head_dim 128, else 0 = off)
 # mma: l2 (N: a per-lane prefetch.global.L2 of the tiles N steps ahead; 0 off; decode_mma16's default WIDE_L2,
 # opt-in elsewhere: decode_mma at 16 programs per SM gained nothing; at 12 (bal=1) untimed).
-# Every variant: ce (0: the older two-round-trip combine step -- lens loaded before the partials, chunks of
-#          4096 elements -- to compare with the default 1: one round trip, chunks of up to 8192)
 VARIANT_NAMES = ("paged", "rows", "tok", "mma")
 # NOTE: bal=2 turns decode_balanced on from this many (request, KV head) pairs. At 26 x 8 = 208 pairs the
 # balanced kernel at 12 programs per SM reads .771 vs .760 for per-pair splits (B26x32K with the bf16 tail,
@@ -70,7 +59,7 @@ BALANCED_MIN_PAIRS = 208
 
 def default_num_splits(
     batch: int, kv_heads: int, max_len: int | None = None, block_n: int = 128, per_sm: int = 16,
-    cap: int = 64, wave_ctas: int = 0, tail_room: int = 0,
+    cap: int = 64, wave_ctas: int = 0,
 ) -> int:
     """Splits per request so the grid has ~16 programs per SM (132 SMs on an H200).
 
@@ -78,9 +67,7 @@ def default_num_splits(
     the H200). ``max_len`` (a host int, if the caller knows it) caps splits so each gets
     >= 2 key blocks; empty splits exit at once, so over-splitting short contexts is cheap.
     ``wave_ctas`` (variant option ``wv``, > 0): with >= 64 (request, KV head) pairs, the splits that fill ONE
-    wave of that many resident programs per SM instead, where that wave is >= 90% full. ``tail_room``
-    (variant option ``tr``, opt-in, untimed): that many more programs per pair (the bf16 tail's) count
-    against the ~16 per SM, so the tail does not push the grid into one more wave.
+    wave of that many resident programs per SM instead, where that wave is >= 90% full.
     """
     sms = num_sms()
     pairs = batch * kv_heads
@@ -90,25 +77,19 @@ def default_num_splits(
         # paid each program's pipeline ramp with nothing beside it -- 13-27 us per call at 256K-token shapes.
         # Only a wave >= 90% full: 208 pairs (B=26 x 32K) in 208 programs read .865 vs .891 with 11 splits
         return one_wave
-    if tail_room:
-        splits = max(1, min(cap, per_sm * sms // pairs - tail_room))
-    else:
-        splits = max(1, min(cap, triton.cdiv(per_sm * sms, pairs)))
+    splits = max(1, min(cap, triton.cdiv(per_sm * sms, pairs)))
     if max_len is not None:
         splits = max(1, min(splits, triton.cdiv(max_len, 2 * block_n)))
     return splits
 
 
-def graph_num_splits(
-    batch: int, lo: int, kv_heads: int, block_n: int, cap: int, wave_ctas: int, tail_room: int = 0
-) -> int:
+def graph_num_splits(batch: int, lo: int, kv_heads: int, block_n: int, cap: int, wave_ctas: int) -> int:
     """``default_num_splits`` for a launch that serves ``lo``..``batch`` requests (a CUDA graph replayed
     with padding rows): the one-wave rule only where the smallest batch gets the same splits (fills it
     too)."""
-    kw = dict(cap=cap, tail_room=tail_room)
-    splits = default_num_splits(batch, kv_heads, None, block_n, wave_ctas=wave_ctas, **kw)
-    if wave_ctas and splits != default_num_splits(lo, kv_heads, None, block_n, wave_ctas=wave_ctas, **kw):
-        return default_num_splits(batch, kv_heads, None, block_n, **kw)
+    splits = default_num_splits(batch, kv_heads, None, block_n, cap=cap, wave_ctas=wave_ctas)
+    if wave_ctas and splits != default_num_splits(lo, kv_heads, None, block_n, cap=cap, wave_ctas=wave_ctas):
+        return default_num_splits(batch, kv_heads, None, block_n, cap=cap)
     return splits
 
 
@@ -135,9 +116,9 @@ WIDE_L2 = 1
 
 def mma_wide_config(cfg: dict[str, int | bool]) -> dict[str, int | bool]:
     """``cfg`` for ``decode_mma16`` (a GQA group of 9-16 columns): ``wppsm`` programs per SM (its 64
-    accumulators), the L2 prefetch, the tail in its own launch, per-pair splits, no TMA / fix-up / lz."""
+    accumulators), the L2 prefetch, the tail in its own launch, per-pair splits."""
     l2 = cfg.get("l2_ahead", WIDE_L2)
-    return dict(cfg, ppsm=cfg.get("wppsm", WIDE_PPSM), l2_ahead=l2, tin=0, balanced=0, tma=0, fuse=0, lazy=0)
+    return dict(cfg, ppsm=cfg.get("wppsm", WIDE_PPSM), l2_ahead=l2, tin=0, balanced=0)
 
 
 def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
@@ -172,18 +153,17 @@ def _mma_max_registers(per_sm: int) -> int:
     return max(24, min(255, 16384 // (32 * -(-per_sm // 4))) // 8 * 8)
 
 
-def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int, tail_warps: int = 0) -> int:
+def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int) -> int:
     """Splits for ``decode_mma``: ``per_sm`` warps per SM in all, rounded DOWN (whole waves).
 
     Every warp has the same work, so the grid should be whole waves: with ~16 warps resident per SM (128
     registers), a grid of 1.1 waves ran at 0.50 of the H200's read ceiling and 2.06 waves at 0.57
     (B=32 x 8K). The bf16 tail is one more program per (request, KV head) past these waves
     (``TAIL_MMA``) or its own launch (``decode_tail_kernel``). Capped at 256 partial slots per head (each
-    warp writes one; the combine step reads them all). ``tail_warps`` (variant option ``tw``): keep that
-    many slots per (request, KV head) for the tail programs, so they run in the same wave.
+    warp writes one; the combine step reads them all).
     """
     sms = num_sms()
-    slots = per_sm * sms - batch * kv_heads * tail_warps
+    slots = per_sm * sms
     return max(1, min(256 // num_warps, slots // (batch * kv_heads * num_warps)))
 
 
@@ -260,17 +240,10 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         # GQA 4 .75/.63/.63/.57 -> .72/.64/.64/.58
         "vst": 1,
         "vq": 1,
-        # NOTE: > 0 = lazy rescale: the running max stays while no score exceeds it by more than lz (log2
-        # units; see _mma_step._step_max). Opt-in: ~1% on the H200 and only without the prefetch (pf=0) or
-        # with one tile a step -- with both it spills
-        "lazy": 0,
         # NOTE: 1 = the bf16 tail is one more one-warp program of the grid (bf16 mma.sync), 0 = its own launch
         # (decode_tail_kernel) on a side stream. In the engine at B=1 x 3K (CUDA graphs, H200)
         # that launch cost ~6 us a layer even beside the main kernel: nvfp4 steps 5.74 ms vs 5.29 with no tail
         "tin": 1,
-        # NOTE: 1 = splits leave room for the tail programs in the one wave (else they run after it, a
-        # second short wave per layer); opt-in, untimed on a GPU
-        "tail_wave": 0,
         # NOTE: 1 = the tail program loads the next 16-token tile's page id during this tile (one dependent
         # round trip a tile instead of two where a tile lies in one page): at B=1 x 2.7K (8B, CUDA graphs)
         # the decode kernel took 0.311 vs 0.331 / 0.329 ms a step (H200; sm_90 tail loop 408 -> 361 SASS).
@@ -355,10 +328,9 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
 _KEYS = {
     "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
     "ppsm": "ppsm", "wppsm": "wppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db",
-    "vst": "vst", "vq": "vq", "tin": "tin", "cap": "split_cap", "tw": "tail_wave",
-    "bal": "balanced", "fuse": "fuse", "tpp": "tail_page_prefetch", "ts": "tail_splits", "tma": "tma",
-    "pdl": "pdl", "wv": "wave_ctas", "tr": "tail_room", "lz": "lazy", "st": "tail_stages",
-    "ce": "combine_eager", "bppsm": "bal_ppsm", "l2": "l2_ahead",
+    "vst": "vst", "vq": "vq", "tin": "tin", "cap": "split_cap",
+    "bal": "balanced", "tpp": "tail_page_prefetch", "ts": "tail_splits",
+    "wv": "wave_ctas", "st": "tail_stages", "bppsm": "bal_ppsm", "l2": "l2_ahead",
 }  # fmt: skip
 
 
@@ -387,7 +359,7 @@ def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tupl
         key, _, val = item.partition("=")
         if key not in _KEYS:
             raise ValueError(f"unknown decode variant option {key!r} in {spec!r} (one of {tuple(_KEYS)})")
-        if not interp or name == "mma" or key in ("bn", "tbn", "sv", "fuse"):
+        if not interp or name == "mma" or key in ("bn", "tbn", "sv"):
             if key == "s" and "tail_stages" in cfg:  # NOTE: s sets the tail's stages too (a later st wins)
                 cfg["tail_stages"] = int(val)
             cfg[_KEYS[key]] = int(val)

@@ -38,31 +38,8 @@ import triton.language as tl
 
 from nibblekv.kernels._mma_step import _finish, _run_step
 from nibblekv.kernels._mma_tile import _l2_pages, _l2_prefetch, _load_tile, _q_frags
-from nibblekv.kernels._pdl import pdl_enter
-from nibblekv.kernels._tma import tma_init, tma_issue, tma_read, tma_ring
-from nibblekv.kernels.decode_fixup import fixup
 from nibblekv.kernels.decode_mma16 import _mma16_segment
 from nibblekv.kernels.decode_mma_tail import _mma_tail
-
-
-@triton.jit
-def _tma_fill(scratch, lane, i, n_tiles, start, src, dep0, dep1, PAGE: tl.constexpr, D: tl.constexpr,
-              NS: tl.constexpr):  # fmt: skip
-    """Lane 0 starts the bulk copy of tile ``i`` (rows ``start + 16 i``, if ``i < n_tiles``) into stage
-    ``i % NS`` (``_tma``); ``src`` = (k, v, k-scale, v-scale, page-table pointers, head offsets, page strides)."""
-    k_ptr, v_ptr, ks_ptr, vs_ptr, pt_ptr, hoff, shoff, s_page, sc_page = src
-    n = start + 16 * i
-    ok = i < n_tiles
-    page = tl.load(pt_ptr + n // PAGE, mask=ok, other=0).to(tl.int64)
-    tok = (n % PAGE).to(tl.int64)
-    zero = (lane * 0).to(tl.int64)
-    d = zero + page * s_page + hoff + tok * (D // 2)
-    s = zero + page * sc_page + shoff + tok * (D // 16)
-    u8: tl.constexpr = tl.pointer_type(tl.uint8)
-    tma_issue(
-        scratch, ((lane % 32) == 0) & ok, zero + i % NS, k_ptr.to(u8) + d, v_ptr.to(u8) + d,
-        ks_ptr.to(u8) + s, vs_ptr.to(u8) + s, dep0, dep1,
-    )  # fmt: skip
 
 
 @triton.jit
@@ -71,7 +48,7 @@ def _mma_segment(
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
-    TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0, L2: tl.constexpr = 0,
+    L2: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
@@ -88,9 +65,7 @@ def _mma_segment(
     ``VST``: the partial o as 16-byte vector stores (8 per lane) instead of 32 scalar ones, each of which
     touches 32 sectors -- the whole grid stores at once at its end (one wave), so the epilogue is a burst.
     ``VQ``: Q (bf16, rows 16-byte aligned) as 4 vector loads per lane, for the same reason at the start.
-    ``TMA``: the whole-step tiles staged through a ring of that many tiles in shared memory by bulk copies
-    (``_tma``; one warp, pages of a multiple of 16 rows); ``scratch`` is the ring under the interpreter.
-    ``L2`` (with ``PF``, 16-row pages, no PAIR / TMA; variant option ``l2``): ``decode_mma16``'s L2 prefetch
+    ``L2`` (with ``PF``, 16-row pages, no PAIR): ``decode_mma16``'s L2 prefetch
     of the tiles ``L2`` steps ahead. Gained nothing at 16 programs per SM; opt-in for 12.
     """
     lane = tl.arange(0, 32 * NW)
@@ -128,34 +103,7 @@ def _mma_segment(
     full_end = start + (end1 - start) // STEP * STEP  # NOTE: end1 == end unless PAIR
     lim = full_end
     lim1 = full_end
-    if TMA:  # NOTE: one warp (warp == 0, STEP == 16 * TPI): tile i of the segment is rows start + 16 i
-        tl.static_assert(NW == 1, "tma: one warp per program")
-        tma_init(scratch, lane, TMA)
-        n_tiles = (full_end - start) // 16
-        src = (k_ptr, v_ptr, ks_ptr, vs_ptr, pt_ptr, hoff, shoff, s_page, sc_page)
-        for i in tl.static_range(TMA):  # the ring's first fill
-            _tma_fill(scratch, lane, i, n_tiles, start, src, z, z, PAGE, D, TMA)
-        it = 0
-        n0 = start
-        while n0 < full_end:
-            rawA = tma_read(scratch, lane * 0 + it % TMA, lane * 0 + (it // TMA) % 2, lane)
-            rawB = rawA
-            if TPI == 2:
-                rawB = tma_read(scratch, lane * 0 + (it + 1) % TMA, lane * 0 + ((it + 1) // TMA) % 2, lane)
-            (
-                m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            ) = _run_step(
-                rawA, rawB, n0, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10,
-                q11, q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
-                o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-                TPI, False, LZ,
-            )  # fmt: skip
-            for j in tl.static_range(TPI):  # refill the stages this step read (m0, o00: read before)
-                _tma_fill(scratch, lane, it + j + TMA, n_tiles, start, src, m0, o00, PAGE, D, TMA)
-            it += TPI
-            n0 += STEP
-    if PF and not TMA:
+    if PF:
         nb = start + 16 * TPI * warp
         rawA = _load_tile(
             k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
@@ -169,51 +117,49 @@ def _mma_segment(
             )
         if L2 > 0 and PAGE == 16 and PAIR == 0:  # the first L2 prefetch's pages (as decode_mma16's)
             pl = _l2_pages(pt_ptr, start, L2 * STEP, full_end, lane, warp, TPI, PAGE)
-    if not TMA:
-        n0 = start
-        while (
-            n0 < full_end
-        ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
-            nb = n0 + 16 * TPI * warp
-            if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
-                if L2 > 0 and PAGE == 16 and PAIR == 0:  # NOTE: pl holds the pages of step n0 + L2 * STEP
-                    _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
-                    pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
-                nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
-                nextA = _load_tile(
-                    k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-                    PAGE, D, False, PAIR,
+    n0 = start
+    while (
+        n0 < full_end
+    ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
+        nb = n0 + 16 * TPI * warp
+        if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
+            if L2 > 0 and PAGE == 16 and PAIR == 0:  # NOTE: pl holds the pages of step n0 + L2 * STEP
+                _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
+                pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
+            nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
+            nextA = _load_tile(
+                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                PAGE, D, False, PAIR,
+            )
+            nextB = nextA
+            if TPI == 2:
+                nextB = _load_tile(
+                    k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page,
+                    g, t, PAGE, D, False, PAIR,
                 )
-                nextB = nextA
-                if TPI == 2:
-                    nextB = _load_tile(
-                        k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page,
-                        g, t, PAGE, D, False, PAIR,
-                    )
-            else:
-                rawA = _load_tile(
-                    k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-                    PAGE, D, False, PAIR,
+        else:
+            rawA = _load_tile(
+                k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                PAGE, D, False, PAIR,
+            )
+            rawB = rawA
+            if TPI == 2:
+                rawB = _load_tile(
+                    k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page,
+                    g, t, PAGE, D, False, PAIR,
                 )
-                rawB = rawA
-                if TPI == 2:
-                    rawB = _load_tile(
-                        k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page,
-                        g, t, PAGE, D, False, PAIR,
-                    )
-            (
-                m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            ) = _run_step(
-                rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
-                q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False,
-                LZ,
-            )  # fmt: skip
-            if PF:
-                rawA = nextA
-                rawB = nextB
-            n0 += STEP
+        (
+            m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _run_step(
+            rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
+            q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False,
+        )  # fmt: skip
+        if PF:
+            rawA = nextA
+            rawB = nextB
+        n0 += STEP
     # the rest (< STEP tokens): one masked tile per warp and step
     lim = end
     lim1 = end1
@@ -229,7 +175,7 @@ def _mma_segment(
         ) = _run_step(
             rawA, rawA, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
             q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True, LZ,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True,
         )  # fmt: skip
         n0 += 16 * NW
     _finish(
@@ -256,32 +202,6 @@ def dyn_splits(act, max_splits, warp_slots, warps_per_req, reserve_per_req):
 
 
 @triton.jit
-def _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
-               splits, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NW: tl.constexpr,
-               MINC: tl.constexpr, TAIL_MMA: tl.constexpr, WRITE_LSE: tl.constexpr, PAIR: tl.constexpr):  # fmt: skip
-    """``decode_fixup.fixup`` for decode_mma: ``splits`` (the run's, ``dyn_splits`` with ``DYN``) + the tail's
-    programs per pair; the written slots are the first ``cdiv(rows, chunk) * NW`` (twice that with ``PAIR``:
-    one per token parity, ``D`` = the real head_dim) and the tail's."""
-    rows = (tl.load(lens_ptr + b) + PAIR) // (1 + PAIR)
-    n_first = tl.cdiv(rows, mma_chunk(rows, splits, MINC)) * NW * (1 + PAIR)
-    fixup(cnt_ptr + b * (HQ // G) + h, splits + TAIL_MMA, o_ptr, lse_ptr, S_TOT, n_first, TAIL_SLOTS,
-          out_ptr, s_ob, s_oh, lse_out, b, h, HQ, G, D, 16, WRITE_LSE)  # fmt: skip
-
-
-@triton.jit
-def _zero_rows(out_ptr, s_ob, s_oh, lse_out, b, h, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-               WRITE_LSE: tl.constexpr):  # fmt: skip
-    """A padding pair's output rows (and lse: -inf) with ``FUSE`` under ``DYN``, as the combine step leaves
-    them (no tokens: zeros)."""
-    offs = tl.arange(0, D)
-    for g in tl.static_range(G):
-        hq = h * G + g
-        tl.store(out_ptr + b.to(tl.int64) * s_ob + hq * s_oh + offs, tl.zeros([D], out_ptr.dtype.element_ty))
-        if WRITE_LSE:
-            tl.store(lse_out + b.to(tl.int64) * HQ + hq, float("-inf"))
-
-
-@triton.jit
 def decode_mma_kernel(
     q_ptr, s_qb, s_qh,
     k_ptr, v_ptr, ks_ptr, vs_ptr, g_ptr,
@@ -296,8 +216,6 @@ def decode_mma_kernel(
     VST: tl.constexpr = 0, VQ: tl.constexpr = 0, TAIL_MMA: tl.constexpr = 0,
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     TPP: tl.constexpr = 0,
-    cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0, WRITE_LSE: tl.constexpr = 0,
-    TMA: tl.constexpr = 0, tma_scratch=None, PDL: tl.constexpr = 0, LZ: tl.constexpr = 0,
     L2: tl.constexpr = 0, qr_ptr=None, s_qt=0, s_qr=0, qcu_ptr=None, q_last=0, QG: tl.constexpr = 0,
     QNG: tl.constexpr = 1,
 ):  # fmt: skip
@@ -318,19 +236,12 @@ def decode_mma_kernel(
     (<= ``NUM_SPLITS``) splits each -- programs ``[0, act * kv_heads * splits)`` in (request, head, split)
     order, so the one wave holds only real work; the tail programs come after all split slots.
     ``TPP``: the tail program prefetches each next tile's page id (``_mma_tail``).
-    ``TMA``: tiles staged through shared memory (``_mma_segment``); ``tma_scratch`` = the interpreter's rings,
-    ``TMA`` stages per program in grid order (``_tma.tma_ring``).
 
     ``L2``: ``decode_mma16``'s L2 prefetch distance in steps (variant option ``l2``; 0 = off).
     ``QG`` > 0 (``decode_mma16`` only): Q rows from ``qr_ptr`` (``q [T, Hq, D]``, strides ``s_qt`` /
     ``s_qr``) through ``decode_triton``'s ``q_rows`` map -- request ``b`` is virtual: real request ``b //
     QNG`` (its first token ``qcu_ptr[b // QNG]``), columns from ``(b % QNG) * G``; ``q_ptr`` is unused.
-
-    ``FUSE``: every program of a real pair, empty splits too, draws a ticket and the
-    pair's last one merges its partials into ``out_ptr`` (``decode_fixup``); no combine launch. With ``DYN``
-    the spare programs zero the padding rows.
     """
-    pdl_enter(PDL)
     HKV: tl.constexpr = HQ // G
     TM1: tl.constexpr = TAIL_MMA if TAIL_MMA > 0 else 1
     if DYN:
@@ -339,11 +250,6 @@ def decode_mma_kernel(
         s_run = dyn_splits(act, NUM_SPLITS, warp_slots, HKV * NW, reserve_per_req)
         grid_main = tl.num_programs(0) - TAIL_MMA * (tl.num_programs(0) // (NUM_SPLITS + TAIL_MMA))
         if (pid >= act * HKV * s_run) & (pid < grid_main):
-            if FUSE:  # NOTE: the spare programs (>= one per padding pair) zero the padding rows' outputs
-                pad = act * HKV + pid - act * HKV * s_run
-                if pad < grid_main // NUM_SPLITS:
-                    _zero_rows(out_ptr, s_ob, s_oh, lse_out, pad // HKV, pad % HKV, HQ, G, D // (1 + PAIR),
-                               WRITE_LSE)  # fmt: skip
             return
         tail_prog = pid >= grid_main
         pair = tl.where(tail_prog, (pid - grid_main) // TM1, pid // s_run)
@@ -371,9 +277,6 @@ def decode_mma_kernel(
                 tl.load(tlens_ptr + b), h, sm_scale * 1.4426950408889634, o_ptr + tail_first * DO,
                 lse_ptr + tail_first, S_TOT * DO, G, D, TPAGE, VST, PAIR, TPP, part, TAIL_MMA,
             )  # fmt: skip
-            if FUSE:
-                _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
-                           s_run, HQ, G, DO, NW, MINC, TAIL_MMA, WRITE_LSE, PAIR)  # fmt: skip
             return
     first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW * (1 + PAIR)
     n = tl.load(lens_ptr + b)
@@ -383,9 +286,6 @@ def decode_mma_kernel(
     chunk = mma_chunk(rows, s_run, MINC)
     start = sp * chunk
     if start >= rows:  # NOTE: writes nothing; the combine step reads only the first cdiv(rows, chunk) splits
-        if FUSE:
-            _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
-                       s_run, HQ, G, DO, NW, MINC, TAIL_MMA, WRITE_LSE, PAIR)  # fmt: skip
         return
     end = tl.minimum(start + chunk, rows)
     end1 = end
@@ -394,13 +294,6 @@ def decode_mma_kernel(
     # the decoded codes are value * 2**-14: fold that and the global scales into the fp32 factors
     gk = tl.load(g_ptr) * 16384.0
     gv = tl.load(g_ptr + 1) * 16384.0
-    scratch = tma_scratch
-    if TMA:
-        if DYN:
-            lin = tl.program_id(0)
-        else:
-            lin = (b * tl.num_programs(1) + h) * tl.num_programs(2) + sp
-        scratch = tma_ring(tma_scratch, lin, TMA)
     if G > 8:  # 9-16 columns: one S = Q K^T warp (decode_mma16)
         qtok0 = 0
         if QG > 0:
@@ -411,7 +304,7 @@ def decode_mma_kernel(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, TMA, scratch, LZ, L2,
+            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, L2,
             qtok0, (b % QNG) * G, s_qt, q_last, QG,
         )  # fmt: skip
     else:
@@ -419,8 +312,5 @@ def decode_mma_kernel(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, TMA, scratch, LZ, L2,
+            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, L2,
         )  # fmt: skip
-    if FUSE:
-        _fixup_mma(cnt_ptr, o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, lse_out, b, h, S_TOT, TAIL_SLOTS,
-                   s_run, HQ, G, DO, NW, MINC, TAIL_MMA, WRITE_LSE, PAIR)  # fmt: skip

@@ -23,7 +23,7 @@ Against ``decode_mma``: twice the tensor-core work per byte and twice the rescal
 ``FMUL`` of a 32-token step's 871 sm_90 instructions, vs 32 and 40 of 776) for twice the columns, and 64
 accumulators: the launcher runs ``decode_config.WIDE_PPSM`` programs per SM, too few warps to hide the next
 step's loads, so each step also prefetches the tiles ``L2`` steps ahead into L2 (``WIDE_L2``). Same partial
-slots as ``_mma_segment``; no PAIR, TMA or lazy rescale.
+slots as ``_mma_segment``; no PAIR.
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ def _mma16_segment(
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr,
     PF: tl.constexpr, PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
-    TMA: tl.constexpr = 0, scratch=None, LZ: tl.constexpr = 0, L2: tl.constexpr = 0,
+    L2: tl.constexpr = 0,
     qtok0=0, qcol0=0, s_qt=0, q_last=0, QG: tl.constexpr = 0,
 ):  # fmt: skip
     """``_mma_segment``'s contract for 8 < ``G`` <= 16 columns (``end1`` and ``VST`` unused: no PAIR, and
@@ -320,7 +320,7 @@ def _mma16_segment(
     ``s_qt``, head stride ``s_qh``) and column ``c`` of KV head ``h`` is virtual column ``qcol0 + c``: token
     ``min(qtok0 + (qcol0 + c) // QG, q_last)``, head ``h * QG + (qcol0 + c) % QG`` -- ``extend_decode``'s
     gather, done by the loads themselves."""
-    tl.static_assert(PAIR == 0 and TMA == 0 and LZ == 0, "decode_mma16: no PAIR, TMA or lazy rescale")
+    tl.static_assert(PAIR == 0, "decode_mma16: no PAIR")
     tl.static_assert(D == 128, "decode_mma16: head_dim 128")
     lane = tl.arange(0, 32 * NW)
     warp = lane // 32

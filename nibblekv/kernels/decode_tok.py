@@ -19,8 +19,6 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._common import nvfp4_split
-from nibblekv.kernels._pdl import pdl_enter
-from nibblekv.kernels.decode_fixup import fixup
 
 
 @triton.jit
@@ -358,13 +356,8 @@ def decode_tok_kernel(
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr,
     FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, SPLIT: tl.constexpr,
-    cnt_ptr=None, out_ptr=None, s_ob=0, s_oh=0, lse_out=None, FUSE: tl.constexpr = 0,
-    WRITE_LSE: tl.constexpr = 0, PDL: tl.constexpr = 0,
 ):  # fmt: skip
-    """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them).
-    ``FUSE``: the pair's last program merges them itself (``decode_fixup``) into ``out_ptr`` (and
-    ``lse_out`` with ``WRITE_LSE``); no combine launch. ``PDL``: ``_pdl.pdl_enter``."""
-    pdl_enter(PDL)
+    """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     # NOTE: the tail is program 0 of the split axis (scheduled first, not as a short last wave); its
@@ -410,6 +403,3 @@ def decode_tok_kernel(
                 o_base, lse_base, S_TOT * D,
                 G, BH, D, PAGE, BN, FMT, CONV, INTERP,
             )  # fmt: skip
-    if FUSE:
-        fixup(cnt_ptr + b * (HQ // G) + h, S_TOT, o_ptr, lse_ptr, S_TOT, S_TOT, 0, out_ptr, s_ob, s_oh, lse_out,
-              b, h, HQ, G, D, 16, WRITE_LSE)  # fmt: skip

@@ -12,7 +12,6 @@ that decode's combine step merges.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -29,7 +28,6 @@ from nibblekv.kernels._common import (
     scale_tensors,
     tail_operands,
 )
-from nibblekv.kernels._pdl import pdl_release, pdl_wait
 from nibblekv.kernels.combine import _combine_kernel, combine_chunk
 from nibblekv.kernels.decode import _pages_contiguous
 from nibblekv.kernels.decode_config import combine_dim_block
@@ -120,9 +118,8 @@ def _extend_kernel(
     BN: tl.constexpr, HAS_TAIL: tl.constexpr, FMT: tl.constexpr,
     INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr, OWN_STAGES: tl.constexpr = 0,
     WRITE_LSE: tl.constexpr = 0, mo_ptr=None, mlse_ptr=None, MERGE: tl.constexpr = 0, MGV: tl.constexpr = 1,
-    MNG: tl.constexpr = 1, PDL: tl.constexpr = 0,
+    MNG: tl.constexpr = 1,
 ):  # fmt: skip
-    pdl_release(PDL)
     mb = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2) // S
@@ -142,11 +139,9 @@ def _extend_kernel(
 
         if MERGE:  # NOTE: no main-pool pass: the merged partial covers that prefix (prefix_lens unread)
             # the partial's row in extend_decode's virtual batch; its loads go out now, beside the own keys'
-            # (with PDL they must wait for the kernel that writes it: in the epilogue)
             col = t * G + r % G
             mrow = (b.to(tl.int64) * MNG + col // MGV) * (HQ // G * MGV) + h * MGV + col % MGV
-            if not PDL:
-                lse1, o1 = _merge_loads(mo_ptr, mlse_ptr, mrow, rmask, D)
+            lse1, o1 = _merge_loads(mo_ptr, mlse_ptr, mrow, rmask, D)
             qa, qb = _load_q(q_ptr, qrow, qhead, rmask, D, 0)
         else:
             # 1) main-pool prefix, in the cache dtype
@@ -203,10 +198,6 @@ def _extend_kernel(
 
         if S == 1:
             if MERGE:  # the row's partial from extend_decode's prefix decode (its virtual batch, see there)
-                if PDL:  # NOTE: everything above ran beside the kernel before us (the prefix's combine step):
-                    # wait for it only here, before the first load of its output
-                    pdl_wait(PDL)
-                    lse1, o1 = _merge_loads(mo_ptr, mlse_ptr, mrow, rmask, D)
                 mm = tl.maximum(m, lse1)  # m is finite: a query token sees at least itself
                 w_own = tl.exp2(m - mm)
                 w1 = tl.exp2(lse1 - mm)
@@ -291,17 +282,16 @@ def extend_triton(
     max_registers: int | None = None,
     lse_out: torch.Tensor | None = None,
     merge: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
-    pdl: bool = False,
 ) -> torch.Tensor:
     """Triton twin of ``extend_ref``: ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` -> ``[T, Hq, D]``.
 
     ``max_chunk`` (host int >= the longest chunk) avoids a device sync; the rest override the config.
-    ``num_splits`` (default ``NIBBLEKV_EXTEND_SPLITS``, else :func:`auto_extend_splits`) splits each
+    ``num_splits`` (default :func:`auto_extend_splits`) splits each
     request's main-pool prefix over that many programs (flash-decoding for extend: a small batch of short
     chunks otherwise runs ``B * kv_heads`` programs, each streaming the whole prefix), merged by decode's
     combine step.
     ``own_stages`` (default 1; 0 = the kernel's ``num_stages``) pipelines the loop over the chunk's own keys
-    apart from the prefix loops. ``max_registers`` (default env ``NIBBLEKV_EXTEND_MAXNREG``, else the
+    apart from the prefix loops. ``max_registers`` (default: the
     compiler's choice) caps registers per thread, to fit more programs per SM. ``lse_out`` (fp32
     ``[T, Hq]``, contiguous) receives each row's log2-sum-exp2 of its scaled scores, for merging.
     ``merge = (o, lse, GV, NG)``: every row's attention over keys this call does not see (fp32
@@ -309,9 +299,6 @@ def extend_triton(
     request ``b`` is column ``t * G + head % G`` of the virtual batch in ``extend_decode``), merged into
     the output in the epilogue (``merge_ref``'s math); it needs one split (the default with ``merge``), and
     the main pool is not read (``prefix_lens`` unused): ``merge`` covers that prefix.
-    ``pdl`` (with ``merge``, on CUDA): launched by programmatic dependent launch -- everything but the
-    merge runs while the kernel that writes ``merge`` (a PDL launch whose programs release this one, e.g.
-    decode's combine step with variant option ``pdl``) still runs.
     """
     check_cache(cache, "cache")
     lay = cache.layout
@@ -363,8 +350,7 @@ def extend_triton(
         if splits != 1:
             raise ValueError("merge needs num_splits == 1 (the epilogue holds the whole row)")
     else:
-        splits = num_splits or int(os.environ.get("NIBBLEKV_EXTEND_SPLITS", "0"))
-        splits = splits or (1 if interp else auto_extend_splits(grid_programs))
+        splits = num_splits or (1 if interp else auto_extend_splits(grid_programs))
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     hq, t = q.shape[1], q.shape[0]
@@ -374,7 +360,7 @@ def extend_triton(
     else:
         o_part = lse_part = out  # unused
     grid = (triton.cdiv(max_chunk * g, bm), bsz, hkv * splits)
-    maxnreg = max_registers or int(os.environ.get("NIBBLEKV_EXTEND_MAXNREG", "0"))
+    maxnreg = max_registers or 0
     _extend_kernel[grid](
         q, q.stride(0), q.stride(1), k_new, v_new, k_new.stride(0), k_new.stride(1), cu_seqlens, out, out.stride(0), out.stride(1),
         cache.k_data, cache.v_data, ks, vs, cache.global_scale, ds[0], ds[1], ds[2], sp, sh, st,
@@ -392,7 +378,6 @@ def extend_triton(
         **({} if merge is None else {"mo_ptr": merge[0], "mlse_ptr": merge[1], "MERGE": 1, "MGV": merge[2],
                                      "MNG": merge[3]}),
         **({} if interp or not maxnreg else {"maxnreg": maxnreg}),
-        **({"PDL": 1, "launch_pdl": True} if pdl and merge is not None and not interp else {}),
     )  # fmt: skip
     if splits > 1:
         db = combine_dim_block(t * hq, splits, d)

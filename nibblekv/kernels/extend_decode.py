@@ -48,11 +48,6 @@ MAX_GROUPS = 2
 # wrong (FP8, head_dim 64, 36 columns: rel. RMS 0.42; correct under the interpreter) and slower than
 # extend_triton (16-token chunks at GQA 4: FP8 0.22 vs 0.39 of the read ceiling)
 TOK_MAX_COLUMNS = 16
-# NOTE: the prefix decode, its combine step and step 2 as programmatic dependent launches (decode_opts pdl=1):
-# step 2's own keys run beside the combine step, its merge waits for it. Off: no gain on the H200 -- us with /
-# without at B=64 x 8K, 4 / 2 / 8-token chunks 222.3 / 223.9, 184.2 / 183.5, 412.9 / 414.9, B=32 x 32K x 4
-# 448.6 / 439.3
-EXTEND_PDL = False
 # NOTE: decode_mma16 reads the virtual batch's Q rows from q itself (decode_triton's q_rows) instead of a
 # gather launch (2.6 us). On: us with / without at 4-token chunks, B=64 x 8K 213.9 / 215.3, B=32 x 32K 402.1 /
 # 403.9 (means of four rounds in alternating order, H200)
@@ -189,8 +184,7 @@ def extend_decode(
     (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`. ``own_warps`` /
     ``own_block_n``: step 2's launch (``extend_triton``'s ``num_warps`` / ``block_n``; default 1 warp, 2
     from 17 columns, and 16-key blocks) -- for benchmark sweeps of that ~8 us launch.
-    ``decode_opts``: variant options of the prefix decode (``resolve_variant``'s ``a=1,b=2``); ``pdl``
-    (``pdl=1``; default ``EXTEND_PDL``, off) launches step 2 by PDL too: its own keys beside the combine.
+    ``decode_opts``: variant options of the prefix decode (``resolve_variant``'s ``a=1,b=2``).
     ``fold_q`` (default ``FOLD_Q``, on): where the prefix runs ``decode_mma16`` (9-16 columns), its kernel
     reads the query rows itself (``decode_triton``'s ``q_rows``): no gather launch."""
     plan = extend_decode_plan(q, cache, max_chunk, wide)
@@ -231,9 +225,6 @@ def extend_decode(
     o1 = torch.empty(qv.shape, dtype=torch.float32, device=q.device)
     lse1 = torch.empty((bsz * ng, hkv * gv), dtype=torch.float32, device=q.device)
     opts = [o for o in decode_opts.split(",") if o]
-    pdl = "pdl=1" in opts or (EXTEND_PDL and "pdl=0" not in opts)
-    if pdl and "pdl=1" not in opts:
-        opts.append("pdl=1")
     spec = f"{variant}:{','.join(opts)}" if opts else variant
     decode_triton(
         qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, variant=spec, lse_out=lse1, q_rows=q_rows
@@ -255,13 +246,12 @@ def extend_decode(
         tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk, out=out,
         block_m=min(64, max(16, triton.next_power_of_2(max_chunk * g))), num_stages=1,
         num_warps=own_warps, block_n=own_block_n or 16, merge=(o1, lse1, gv, ng),
-        pdl=pdl,
     )  # fmt: skip
     return out
 
 
 __all__ = [
-    "EXTEND_PDL", "FOLD_Q", "MAX_GROUPS", "TOK_MAX_COLUMNS", "extend_decode", "extend_decode_plan",
+    "FOLD_Q", "MAX_GROUPS", "TOK_MAX_COLUMNS", "extend_decode", "extend_decode_plan",
     "extend_decode_unsupported",
     "gather_q_ref", "merge_ref",
 ]  # fmt: skip
