@@ -1,4 +1,6 @@
-"""Decode kernel variants side by side on one GPU, in one device call (see ``decode_config.VARIANT_NAMES``).
+"""Decode kernel variants side by side on one GPU, in one device call (a variant: a spec
+``kernel[:key=value,...]`` -- ``nibblekv.kernels.testing.decode_config_from_spec`` -- turned into the typed
+``DecodeConfig`` the launcher takes).
 
 Usage (on the GPU machine, from the repo root)::
 
@@ -39,7 +41,7 @@ from benchmarks.timing import DEV, read_ceiling  # noqa: E402
 from nibblekv.formats.layout import KVDtype  # noqa: E402
 from nibblekv.kernels import decode as dec  # noqa: E402
 from nibblekv.kernels.reference import decode_ref  # noqa: E402
-from nibblekv.kernels.testing import make_batch, rel_rms  # noqa: E402
+from nibblekv.kernels.testing import decode_config_from_spec, make_batch, rel_rms  # noqa: E402
 
 # Acceptance shapes (B, ctx): B*ctx >= 256K and B=1 x 128K; (32, 8192) is a mid row.
 SHAPES = [(64, 32768), (8, 32768), (1, 131072), (32, 8192)]
@@ -66,8 +68,9 @@ def check(dt: KVDtype, spec: str, batch: object) -> tuple[float, dict[str, objec
     pb, q, ref = batch  # type: ignore[misc]
     out = torch.full_like(q, float("nan"))
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
+    cfg = decode_config_from_spec(spec, dt, q.shape[-1])
     dec.decode_triton(
-        q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]), **targs, out=out, variant=spec
+        q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]), **targs, out=out, config=cfg
     )
     torch.cuda.synchronize() if DEV == "cuda" else None
     k = dec.LAST_KERNEL.get("decode")
@@ -76,7 +79,7 @@ def check(dt: KVDtype, spec: str, batch: object) -> tuple[float, dict[str, objec
         res[attr] = getattr(k, attr, None)
     # the tail-free launch compiles the main-pool-only specialization that the timed shapes use
     out2 = torch.full_like(q, float("nan"))
-    dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]), out=out2, variant=spec)
+    dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]), out=out2, config=cfg)
     k2 = dec.LAST_KERNEL.get("decode")
     res["n_regs_notail"], res["n_spills_notail"] = getattr(k2, "n_regs", None), getattr(k2, "n_spills", None)
     ref2 = decode_ref(q.float(), pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]))
@@ -203,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 prof: dict[str, float] | None = {} if args.breakdown else None
                 rg = ragged.get((b, c))
-                us, nb = run_decode(pools, dt, b, max(rg[1]) if rg else c, q_heads, args.tail, {"variant": spec},
+                us, nb = run_decode(pools, dt, b, max(rg[1]) if rg else c, q_heads, args.tail,
+                                    decode_config_from_spec(spec, dt, args.head_dim),
                                     profile=prof, ctxs=rg[1] if rg else None)  # fmt: skip
             except Exception as e:  # noqa: BLE001
                 print(f"{NAMES[dt]:9s} {spec:22s} B={b} ctx={c} FAILED {repr(e)[:200]}", flush=True)

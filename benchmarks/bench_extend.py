@@ -40,7 +40,7 @@ from nibblekv.kernels.extend_decode import (  # noqa: E402
     extend_decode_plan,
     extend_decode_unsupported,
 )
-from nibblekv.kernels.testing import fill_pool  # noqa: E402
+from nibblekv.kernels.testing import decode_config_from_spec, fill_pool  # noqa: E402
 from nibblekv.kernels.types import LayerKV  # noqa: E402
 
 PAGE = 16
@@ -54,12 +54,15 @@ SHAPES = (
 SMOKE_SHAPES = ((1, 80, 3),)  # 3 tokens x GQA 4: one group of 12 columns (NVFP4: decode_mma16, FP8: decode_tok)
 
 
-def _decode_kw(dopts: str) -> dict[str, object]:
+def _decode_kw(dopts: str, kernel: str, dt: KVDtype, d: int) -> dict[str, object]:
     """A --decode-opts item -> extend_decode keywords: 'fold' / 'nofold' set fold_q on / off (else its
-    default), the other options go to decode_opts."""
+    default), the other options (``decode_config_from_spec``'s keys) make the prefix decode's config on the
+    plan's ``kernel``."""
     toks = dopts.split(",")
     fold = {"fold_q": True} if "fold" in toks else {"fold_q": False} if "nofold" in toks else {}
-    return {"decode_opts": ",".join(o for o in toks if o not in ("fold", "nofold")), **fold}
+    opts = ",".join(o for o in toks if o and o not in ("fold", "nofold"))
+    cfg = {"prefix_config": decode_config_from_spec(f"{kernel}:{opts}", dt, d)} if opts else {}
+    return {**cfg, **fold}
 
 
 def extend_rows(
@@ -73,7 +76,7 @@ def extend_rows(
     bench_kernels' ``add`` takes (0 = the launcher's default). ``shapes``: (batch, prefix, chunk) items
     (default SHAPES; prefixes a multiple of the 16-token page); ``profile(fn)``: per-kernel GPU times of a
     call, kept as the row's ``kernels_us``; ``decode_opts``: the prefix decode's variant options of the
-    ``extend_decode`` rows, one row each (``extend_decode``'s ``decode_opts``)."""
+    ``extend_decode`` rows, one row each (``extend_decode``'s ``prefix_config``, see ``_decode_kw``)."""
     rows: list[dict[str, object]] = []
     if smoke:  # NOTE: one KV head: decode_mma (extend_decode rows) is slow in the interpreter
         hq, hkv = hq // hkv, 1
@@ -108,7 +111,7 @@ def extend_rows(
                     # NOTE: WARPS / BN set step 2's launch (the own-chunk keys, the tail and the merge)
                     fn = partial(extend_decode, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
                                  num_splits=splits or None, wide=wide, own_warps=warps or None,
-                                 own_block_n=bn or None, **_decode_kw(dopts))  # fmt: skip
+                                 own_block_n=bn or None, **_decode_kw(dopts, plan[0], dt, d))  # type: ignore[index]  # fmt: skip
                 else:
                     fn = partial(
                         extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,

@@ -34,7 +34,10 @@ from benchmarks.timing import (  # noqa: E402
 )
 from nibblekv.formats.layout import KVDtype, PageLayout  # noqa: E402
 from nibblekv.kernels.cache_write import write_kv_triton  # noqa: E402
+from nibblekv.kernels._common import fmt_code  # noqa: E402
 from nibblekv.kernels.decode import decode_triton  # noqa: E402
+from nibblekv.kernels.decode_config import base_config, default_kernel  # noqa: E402
+from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel  # noqa: E402
 from nibblekv.kernels.testing import fill_pool  # noqa: E402
 from nibblekv.kernels.types import LayerKV  # noqa: E402
 
@@ -80,9 +83,10 @@ def decode_bytes(pool: LayerKV, batch: int, main: int, tail: int, q_heads: int) 
 
 
 def decode_call(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, with_tail: bool,
-                cfg: dict[str, object] | None = None, ctxs: list[int] | None = None):  # type: ignore[no-untyped-def]  # fmt: skip
-    """A ready decode call on random pages of the pool (and the main-pool lengths it reads): ``ctxs`` gives
-    per-request contexts (a ragged batch of ``len(ctxs)``; ``ctx`` then sizes the page tables)."""
+                cfg: DecodeConfig | None = None, ctxs: list[int] | None = None):  # type: ignore[no-untyped-def]  # fmt: skip
+    """A ready decode call on random pages of the pool (and the main-pool lengths it reads): ``cfg`` the
+    launch config (default: the launcher's choice); ``ctxs`` gives per-request contexts (a ragged batch of
+    ``len(ctxs)``; ``ctx`` then sizes the page tables)."""
     pool = pools.pools[dt]
     tail = 64 if with_tail else 0
     main = ctx - tail
@@ -94,9 +98,7 @@ def decode_call(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, w
     mains = [c - tail for c in ctxs] if ctxs else [main] * batch
     lens = torch.tensor(mains, dtype=torch.int32, device=DEV)
     q = torch.randn(batch, q_heads, pools.head_dim, device=DEV).to(torch.bfloat16)
-    kw: dict[str, object] = dict(cfg or {})
-    if DEV == "cpu":
-        kw["use_asm"] = False  # the interpreter cannot run inline PTX
+    kw: dict[str, object] = {} if cfg is None else {"config": cfg}
     if with_tail:
         tpt = torch.randperm(pools.tail.num_pages, generator=gen)[: batch * 4].reshape(batch, 4).to(torch.int32).to(DEV)
         kw.update(tail=pools.tail, tail_page_table=tpt, tail_lens=torch.full((batch,), tail, dtype=torch.int32, device=DEV))
@@ -106,7 +108,7 @@ def decode_call(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, w
 
 
 def run_decode(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, with_tail: bool,
-               cfg: dict[str, object] | None = None, profile: dict[str, float] | None = None,
+               cfg: DecodeConfig | None = None, profile: dict[str, float] | None = None,
                ctxs: list[int] | None = None) -> tuple[float, int]:  # fmt: skip
     """Median microseconds and bytes read of one decode call; ``profile`` (CUDA) gets its per-kernel times.
     ``ctxs``: per-request contexts (a ragged batch of ``len(ctxs)``; ``ctx`` then sizes the page tables)."""
@@ -134,16 +136,28 @@ def run_sdpa(batch: int, ctx: int, q_heads: int, kv_heads: int, d: int) -> tuple
 # ----------------------------------------------------------------------------- sweep
 
 
-def sweep(pools: Pools, log: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+def sweep_config(dt: KVDtype, head_dim: int, knobs: dict[str, int]) -> DecodeConfig:
+    """The default kernel's config for ``dt`` with the sweep's ``knobs`` replaced."""
+    fmt = fmt_code(dt)
+    return base_config(default_kernel(fmt, head_dim, DEV == "cpu"), fmt, head_dim).replace(**knobs)
+
+
+def _swept(cfgs: dict[str, dict[str, int]], dt: KVDtype, head_dim: int) -> DecodeConfig | None:
+    """The sweep's best config for ``dt`` (None without a sweep: the launcher's choice)."""
+    knobs = cfgs.get(NAMES[dt])
+    return None if knobs is None else sweep_config(dt, head_dim, knobs)
+
+
+def sweep(pools: Pools, log: list[dict[str, object]]) -> dict[str, dict[str, int]]:
     """Try launch configs on two decode shapes per dtype; returns the best config per dtype."""
-    best: dict[str, dict[str, object]] = {}
+    best: dict[str, dict[str, int]] = {}
     shapes = [(64, 32768), (1, 131072)]
     for dt in DTYPES:
-        space: list[dict[str, object]] = []
+        space: list[dict[str, int]] = []
         stage_opts = {KVDtype.NVFP4: (5, 6, 8), KVDtype.FP8: (5, 7), KVDtype.BF16: (5, 6)}[dt]
         for bn in (64, 128):
             for stages in stage_opts:
-                space.append(dict(block_n=bn, num_warps=4, num_stages=stages, use_asm=dt is KVDtype.NVFP4))
+                space.append(dict(block_n=bn, num_warps=4, num_stages=stages, conv=int(dt is KVDtype.NVFP4)))
         scores = []
         for cfg in space:
             tot = 0.0
@@ -151,7 +165,7 @@ def sweep(pools: Pools, log: list[dict[str, object]]) -> dict[str, dict[str, obj
                 for b, c in shapes:
                     if not pools.fits(dt, b * c):
                         continue
-                    us, nbytes = run_decode(pools, dt, b, c, 32, False, cfg)
+                    us, nbytes = run_decode(pools, dt, b, c, 32, False, sweep_config(dt, pools.head_dim, cfg))
                     tot += math.log(us)
                     log.append(dict(kernel="decode_sweep", kv_dtype=NAMES[dt], batch=b, context=c, us=us, bytes=nbytes, **cfg))
             except Exception as e:  # noqa: BLE001 - a config that fails to compile is skipped
@@ -203,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     pools = Pools(max_tok, hkv, 128)
     print(f"pools ready {time.time() - t0:.0f}s", flush=True)
     sweep_log: list[dict[str, object]] = []
-    cfgs: dict[str, dict[str, object]] = {}
+    cfgs: dict[str, dict[str, int]] = {}
     if args.sweep:
         cfgs = sweep(pools, sweep_log)
         print(f"sweep done {time.time() - t0:.0f}s", flush=True)
@@ -223,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                         if hq == 8 * hkv and tail:
                             continue
                         try:
-                            us, nb = run_decode(pools, dt, b, c, hq, tail, cfgs.get(NAMES[dt]))
+                            us, nb = run_decode(pools, dt, b, c, hq, tail, _swept(cfgs, dt, 128))
                         except torch.OutOfMemoryError:
                             continue
                         add("decode_tail64" if tail else "decode", NAMES[dt], b, c, hq, hkv, 128, us, nb)
@@ -234,10 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     pools64 = Pools({dt: big[4] * big[5] + big[6] for dt in DTYPES}, hkv, 64)
     for b, c in ((big[0], big[1]),) if args.smoke else ((big[0], big[1]), (big[2], big[3]), (big[4], big[5])):
         for dt in DTYPES:
-            us, nb = run_decode(pools64, dt, b, c, 4 * hkv, False, cfgs.get(NAMES[dt]))
+            us, nb = run_decode(pools64, dt, b, c, 4 * hkv, False, _swept(cfgs, dt, 64))
             add("decode", NAMES[dt], b, c, 4 * hkv, hkv, 64, us, nb)
         if not args.smoke:  # decode_mma reading head_dim 64 two tokens a row (opt-in until measured here)
-            us, nb = run_decode(pools64, KVDtype.NVFP4, b, c, 4 * hkv, False, {"variant": "mma"})
+            mma = base_config(DecodeKernel.MMA, fmt_code(KVDtype.NVFP4), 64)
+            us, nb = run_decode(pools64, KVDtype.NVFP4, b, c, 4 * hkv, False, mma)
             add("decode_mma", "nvfp4", b, c, 4 * hkv, hkv, 64, us, nb)
     del pools64
     _empty_cache()

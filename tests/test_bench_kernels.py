@@ -42,7 +42,7 @@ def test_bench_decode_variants_smoke(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "decode-variants.json").read_text())
     ok, bad = doc["variants"]
     assert ok["status"] == "ok" and ok["rel_rms"] <= 1e-2
-    assert bad["status"] == "failed" and "unknown decode variant" in bad["error"]
+    assert bad["status"] == "failed" and "unknown decode kernel" in bad["error"]
     assert [(r["kv_dtype"], r["variant"], r["batch"], r["context"], r["kv_heads"]) for r in doc["rows"]] == [
         ("bf16", "tok", 1, 32, 1)
     ]

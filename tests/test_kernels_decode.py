@@ -9,9 +9,12 @@ import torch
 import triton
 
 from nibblekv.formats.layout import KVDtype
+from nibblekv.kernels._common import fmt_code, interpreting
 from nibblekv.kernels.decode import decode_triton
+from nibblekv.kernels.decode_config import base_config, default_kernel
+from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.reference import decode_ref
-from nibblekv.kernels.testing import make_batch, rel_rms
+from nibblekv.kernels.testing import decode_config_from_spec, make_batch, rel_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 P = 16
@@ -20,7 +23,13 @@ W = 2 * P  # tail window
 
 def _run(dtype: KVDtype, lens: list[int], tails: list[int] | None, hkv: int, group: int, d: int, page: int,
          splits: int | None, gscale: tuple[float, float] = (1.0, 1.0), q_scale: float = 1.0,
-         **kw: object) -> float:  # fmt: skip
+         variant: str | None = None, knobs: dict[str, int] | None = None) -> float:  # fmt: skip
+    """rel. RMS vs decode_ref; ``variant``: a decode spec (``decode_config_from_spec``), ``knobs``: fields of
+    the config replaced (on the default kernel's config where no ``variant``); neither: the default."""
+    kw: dict[str, object] = {}
+    if variant is not None or knobs:
+        cfg = _config(variant, dtype, d)
+        kw["config"] = cfg.replace(**(knobs or {}))
     torch.manual_seed(hash((dtype.value, tuple(lens), hkv, group, d, page, splits)) % 2**31)
     pb = make_batch(dtype, lens, hkv, d, page, DEVICE, tail_lens=tails, global_scale=gscale)
     q = (q_scale * torch.randn(len(lens), hkv * group, d, device=DEVICE)).to(torch.bfloat16)
@@ -32,8 +41,16 @@ def _run(dtype: KVDtype, lens: list[int], tails: list[int] | None, hkv: int, gro
     return rel_rms(out, ref)
 
 
+def _config(spec: str | None, dtype: KVDtype, d: int) -> DecodeConfig:
+    """The config of a decode spec, or the default kernel's base config (``spec`` None)."""
+    if spec is not None:
+        return decode_config_from_spec(spec, dtype, d)
+    fmt = fmt_code(dtype)
+    return base_config(default_kernel(fmt, d, interpreting()), fmt, d)
+
+
 LENS = [1, P - 1, P, P + 1, 3 * P + 5]
-# Every decode kernel variant but mma (decode_config.VARIANT_NAMES; mma has its own tests below): the measured
+# Every decode kernel family but mma (DecodeKernel; mma has its own tests below): the measured
 # default, per-token addressing in the same kernel, and the per-token kernel of decode_tok.
 # sv=1: V (sv=2 NVFP4: K too) as even/odd column halves (FP8/NVFP4 only; BF16 ignores it).
 VARIANTS = ["paged", "rows", "tok", "tok:sv=1", "tok:sv=2"]
@@ -91,11 +108,11 @@ def test_decode_mma_tail_in_grid(
     # the defaults tpp=1 (each next tile's page id prefetched where a 16-row tile lies in one page) and ts=2
     # (two tail programs share each tail, whole 16-row tiles each; short tails leave one empty), ts=3, and
     # the one tail program without the prefetch (tpp=0, ts=1)
-    import nibblekv.kernels.decode as dec
+    import nibblekv.kernels.decode_config as dc
 
     seen: list[bool] = []
-    orig = dec._mma_tail_in_grid
-    monkeypatch.setattr(dec, "_mma_tail_in_grid", lambda *a: seen.append(orig(*a)) or seen[-1])
+    orig = dc._mma_tail_in_grid
+    monkeypatch.setattr(dc, "_mma_tail_in_grid", lambda *a: seen.append(orig(*a)) or seen[-1])
     err = _run(KVDtype.NVFP4, [0, 1, 70, 5, 33], [3, 0, W, P - 1, W + P], 1, group, d, page, 3,
                gscale=(0.37, 2.5), variant=f"mma:tin={tin}")  # fmt: skip
     assert seen == [str(tin)[0] == "1"]
@@ -230,13 +247,15 @@ def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: 
     sm = 1.0 / math.sqrt(d)
     act = torch.tensor([3], dtype=torch.int32, device=DEVICE)
     decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, pb.tail, pb.tail_page_table, pb.tail_lens,
-                  num_splits=12, out=out, variant=f"mma:ppsm=8,minc=16{opts}", active=act)  # fmt: skip
+                  num_splits=12, out=out, active=act,
+                  config=decode_config_from_spec(f"mma:ppsm=8,minc=16{opts}", KVDtype.NVFP4, d))  # fmt: skip
     ref = decode_ref(q[:3].float(), pb.cache, pb.page_table[:3], pb.lens[:3], sm, pb.tail,
                      pb.tail_page_table[:3], pb.tail_lens[:3])  # fmt: skip
     assert rel_rms(out[:3], ref) <= 1e-2
     assert torch.equal(out[3:], torch.zeros_like(out[3:]))
     with pytest.raises(ValueError, match="active must be an int32"):
-        decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, variant="mma", active=act.long())
+        decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, active=act.long(),
+                      config=decode_config_from_spec("mma", KVDtype.NVFP4, d))
 
 
 def test_decode_combine_many_slots() -> None:
@@ -291,63 +310,47 @@ def test_decode_tok_variants_odd_page_and_block(variant: str) -> None:
         assert err <= 1e-2, (dtype, err)
 
 
-def test_decode_variant_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nibblekv.kernels.decode import resolve_variant
+def test_decode_configs_and_spec_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nibblekv.kernels._common import FMT_FLOAT, FMT_FP8, FMT_NVFP4
 
-    monkeypatch.setenv("NIBBLEKV_DECODE_VARIANT", "tok:bn=128,w=8,s=3,conv=1")
-    assert resolve_variant(None, 2, 128, False) == (
-        "tok",
-        {"block_n": 128, "tail_block_n": 64, "num_warps": 8, "num_stages": 3, "conv": 1, "split": 0},
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU's configs (the interpreter's tiles are small)
+    tok = decode_config_from_spec("tok:bn=128,w=8,s=3,conv=1", KVDtype.NVFP4, 128)
+    assert (tok.kernel, tok.block_n, tok.tail_block_n, tok.num_warps, tok.num_stages, tok.conv) == (
+            DecodeKernel.TOK, 128, 64, 8, 3, 1)
+    # the default: "tok" where a GPU run verified it (head_dim 64 and 128), "paged" elsewhere on a GPU;
+    # NVFP4 at head_dim 64 / 128 on a GPU: decode_mma (select_decode falls back to "tok" where it cannot run)
+    assert default_kernel(FMT_NVFP4, 128, False) is DecodeKernel.MMA
+    assert default_kernel(FMT_NVFP4, 64, False) is DecodeKernel.MMA  # two tokens a row (timed)
+    assert default_kernel(FMT_FP8, 128, False) is DecodeKernel.TOK
+    assert default_kernel(FMT_NVFP4, 256, False) is DecodeKernel.PAGED  # never timed on a GPU
+    assert default_kernel(FMT_NVFP4, 64, True) is DecodeKernel.TOK  # the interpreter tests the new default
+    mma = decode_config_from_spec("mma:w=2,tpi=1,pf=0,ppsm=16,minc=64", KVDtype.NVFP4, 128)
+    assert mma == DecodeConfig(
+        kernel=DecodeKernel.MMA, block_n=16, tail_block_n=64, num_warps=2, num_stages=1, conv=0, ppsm=16,
+        wppsm=8, tpi=1, pf=0, minc=64, vst=1, vq=1, tin=1, tail_page_prefetch=1, tail_splits=2, balanced=2,
+        bal_ppsm=12,
     )
-    assert resolve_variant("paged", 0, 128, False)[0] == "paged"  # an explicit variant beats the env
-    monkeypatch.delenv("NIBBLEKV_DECODE_VARIANT")
-    # the default: "tok" where a GPU run verified it (head_dim 64 and 128), "paged" elsewhere on a GPU
-    # NVFP4 at head_dim 128 on a GPU: decode_mma (decode_triton falls back to "tok" where it cannot run)
-    assert resolve_variant(None, 2, 128, False)[0] == "mma"
-    assert resolve_variant(None, 1, 128, False)[0] == "tok"
-    assert resolve_variant("mma:w=2,tpi=1,pf=0,ppsm=16,minc=64", 2, 128, False)[1] == {
-        "balanced": 2,
-        "block_n": 16,
-        "tail_block_n": 64,
-        "num_warps": 2,
-        "num_stages": 1,
-        "conv": 0,
-        "ppsm": 16,
-        "wppsm": 8,
-        "tpi": 1,
-        "pf": 0,
-        "minc": 64,
-        "vst": 1,
-        "vq": 1,
-        "tin": 1,
-        "tail_page_prefetch": 1,
-        "tail_splits": 2,
-        "bal_ppsm": 12,
-    }
     # decode_mma at head_dim 64: 12 programs per SM (168 registers), 16 at 128
-    assert [resolve_variant(None, 2, d, False)[1]["ppsm"] for d in (64, 128)] == [12, 16]
+    assert [base_config(DecodeKernel.MMA, FMT_NVFP4, d, False).ppsm for d in (64, 128)] == [12, 16]
     # BF16 tok: 4 stages, 5 with the bf16 tail at head_dim 128 (s sets both, st the tail's); head_dim 64: BN 128
-    bf = resolve_variant(None, 0, 128, False)[1]
-    assert (bf["num_stages"], bf["tail_stages"]) == (4, 5)
-    got = [resolve_variant(v, 0, 128, False)[1]["tail_stages"] for v in ("tok:s=3", "tok:s=3,st=6")]
+    bf = base_config(DecodeKernel.TOK, FMT_FLOAT, 128, False)
+    assert (bf.num_stages, bf.tail_stages) == (4, 5)
+    got = [decode_config_from_spec(v, KVDtype.BF16, 128).tail_stages for v in ("tok:s=3", "tok:s=3,st=6")]
     assert got == [3, 6]
-    bf = resolve_variant(None, 0, 64, False)[1]
-    assert (bf["block_n"], bf["num_stages"], bf["wave_ctas"], "tail_stages" in bf) == (128, 4, 3, False)
-    assert resolve_variant("mma:tin=0", 2, 128, False)[1]["tin"] == 0
-    cfg = resolve_variant("mma:tpp=0,ts=4", 2, 128, False)[1]
-    assert (cfg["tail_page_prefetch"], cfg["tail_splits"]) == (0, 4)
-    assert resolve_variant(None, 2, 64, False)[0] == "mma"  # head_dim 64: two tokens a row (timed)
-    assert resolve_variant(None, 2, 256, False)[0] == "paged"  # never timed on a GPU
-    assert resolve_variant(None, 2, 64, True)[0] == "tok"  # the interpreter tests the new default
+    bf = base_config(DecodeKernel.TOK, FMT_FLOAT, 64, False)
+    assert (bf.block_n, bf.num_stages, bf.wave_ctas, bf.tail_stages) == (128, 4, 3, None)
+    assert decode_config_from_spec("mma:tin=0", KVDtype.NVFP4, 128).tin == 0
+    cfg = decode_config_from_spec("mma:tpp=0,ts=4", KVDtype.NVFP4, 128)
+    assert (cfg.tail_page_prefetch, cfg.tail_splits) == (0, 4)
     with pytest.raises(ValueError):
-        resolve_variant("nope", 0, 128, False)
+        decode_config_from_spec("nope", KVDtype.BF16, 128)
     with pytest.raises(ValueError):
-        resolve_variant("tok:x=1", 0, 128, False)
+        decode_config_from_spec("tok:x=1", KVDtype.BF16, 128)
     # the removed variants kq / bs, bs's options and the options measured no better than the default
     for gone in ("kq", "bs", "tok:sc=3", "tok:ord=0", "mma:tma=4", "mma:pdl=1", "tok:fuse=1", "mma:lz=8",
                  "mma:tw=1", "tok:tr=1", "tok:ce=0"):
         with pytest.raises(ValueError):
-            resolve_variant(gone, 2, 128, False)
+            decode_config_from_spec(gone, KVDtype.NVFP4, 128)
 
 
 @pytest.mark.parametrize("dtype", [KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16])
@@ -378,7 +381,7 @@ def test_decode_gpu_paths(d: int) -> None:
     tails = [0, 1, W, 7, W, 0]
     # default config (inline-PTX nibble conversion, deep pipeline), then the plain-Triton conversion
     assert _run(KVDtype.NVFP4, lens, tails, 8, 4, d, P, None) <= 1e-2
-    assert _run(KVDtype.NVFP4, lens, tails, 8, 4, d, P, 3, use_asm=False, block_n=64) <= 1e-2
+    assert _run(KVDtype.NVFP4, lens, tails, 8, 4, d, P, 3, knobs=dict(conv=0, block_n=64)) <= 1e-2
     for dt in (KVDtype.FP8, KVDtype.BF16):
         assert _run(dt, lens, tails, 8, 8, d, P, None) <= 1e-2
 
@@ -432,10 +435,12 @@ def test_decode_gqa_group_over_16_lse_matches_a_subset_of_heads() -> None:
     sm = 1.0 / math.sqrt(64)
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     out, lse = torch.full_like(q, float("nan")), torch.full((2, 40), float("nan"), device=DEVICE)
-    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, lse_out=lse, variant="tok")  # type: ignore[arg-type]
+    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, lse_out=lse,
+                  config=decode_config_from_spec("tok", KVDtype.FP8, 64))  # type: ignore[arg-type]
     sub = q.unflatten(1, (2, 20))[:, :, 3:7].reshape(2, 8, 64)
     lse4 = torch.full((2, 8), float("nan"), device=DEVICE)
-    out4 = decode_triton(sub, pb.cache, pb.page_table, pb.lens, sm, **targs, lse_out=lse4, variant="tok")  # type: ignore[arg-type]
+    out4 = decode_triton(sub, pb.cache, pb.page_table, pb.lens, sm, **targs, lse_out=lse4,
+                         config=decode_config_from_spec("tok", KVDtype.FP8, 64))  # type: ignore[arg-type]
     assert rel_rms(out.unflatten(1, (2, 20))[:, :, 3:7].float(), out4.unflatten(1, (2, 4)).float()) <= 1e-3
     assert torch.allclose(lse.view(2, 2, 20)[:, :, 3:7], lse4.view(2, 2, 4), atol=1e-4)
 
@@ -462,13 +467,20 @@ def test_combine_chunk_covers_the_acceptance_rows_slots_in_one_load() -> None:
         assert ch & (ch - 1) == 0 and (gp * ch * db <= COMBINE_ELEMS or ch == 1)
 
 
-def test_non_mma_default_is_the_fallback_where_mma_cannot_run() -> None:
-    from nibblekv.kernels._common import FMT_NVFP4
-    from nibblekv.kernels.decode_config import non_mma_default, resolve_variant
+def test_select_decode_falls_back_where_mma_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the table of select_decode: NVFP4 head_dim 128 -> mma (groups <= 8), mma16 (9-16), balanced (>= 208
+    # pairs), tok past 16 columns; head_dim 64 -> mma (groups <= 4), tok past; an explicit mma config raises
+    from nibblekv.kernels.decode_config import BALANCED_MIN_PAIRS, select_decode
 
-    assert resolve_variant(None, FMT_NVFP4, 64, False)[0] == "mma"  # GPU default at 64 and 128
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU's choices (the interpreter's default is tok)
+    pb = make_batch(KVDtype.NVFP4, [5], 8, 128, P, "cpu", via_write=False)
+    assert select_decode(pb.cache, 8, 8, None).kernel is DecodeKernel.MMA
+    assert select_decode(pb.cache, 16, 8, None).kernel is DecodeKernel.MMA16
+    assert select_decode(pb.cache, 4, BALANCED_MIN_PAIRS, None).kernel is DecodeKernel.BALANCED
+    assert select_decode(pb.cache, 17, 8, None).kernel is DecodeKernel.TOK
+    with pytest.raises(ValueError, match="mma"):
+        select_decode(pb.cache, 17, 8, None, decode_config_from_spec("mma", KVDtype.NVFP4, 128))
+    pb64 = make_batch(KVDtype.NVFP4, [5], 8, 64, P, "cpu", via_write=False)
+    assert select_decode(pb64.cache, 4, 8, None).kernel is DecodeKernel.MMA
+    assert select_decode(pb64.cache, 8, 8, None).kernel is DecodeKernel.TOK
 
-    assert non_mma_default(128, False) == "tok" and non_mma_default(64, False) == "tok"
-    assert non_mma_default(256, False) == "paged"
-    assert resolve_variant(None, 1, 64, False)[0] == non_mma_default(64, False)  # FP8 at 64: the same rule
-    assert resolve_variant(None, 1, 256, False)[0] == non_mma_default(256, False)

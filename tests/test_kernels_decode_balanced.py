@@ -12,7 +12,7 @@ from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels.decode import decode_triton
 from nibblekv.kernels.decode_balanced import max_pair_slots, partial_slots, plan_balanced
 from nibblekv.kernels.reference import decode_ref
-from nibblekv.kernels.testing import make_batch, rel_rms
+from nibblekv.kernels.testing import decode_config_from_spec, make_batch, rel_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 P = 16
@@ -58,7 +58,8 @@ def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, pag
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     act = None if active is None else torch.tensor([active], dtype=torch.int32, device=DEVICE)
     lse_out = torch.full((len(lens), hkv * group), float("nan"), device=DEVICE) if lse else None
-    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, variant=spec,
+    cfg = decode_config_from_spec(spec, KVDtype.NVFP4, 128)
+    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, config=cfg,
                   active=act, lse_out=lse_out)  # type: ignore[arg-type]  # fmt: skip
     n = len(lens) if active is None else active
     t = {k: (v[:n] if isinstance(v, torch.Tensor) else v) for k, v in targs.items()}
@@ -108,29 +109,26 @@ def test_balanced_no_tail_gqa4_and_padding_rows() -> None:
 
 
 def test_balanced_option_parses() -> None:
-    from nibblekv.kernels.decode_config import resolve_variant
-
-    assert resolve_variant("mma:bal=1", 2, 128, False)[1]["balanced"] == 1
-    assert resolve_variant("mma", 2, 128, False)[1]["balanced"] == 2
-    assert resolve_variant("mma:bal=0", 2, 128, False)[1]["balanced"] == 0
+    assert decode_config_from_spec("mma:bal=1", KVDtype.NVFP4, 128).balanced == 1
+    assert decode_config_from_spec("mma", KVDtype.NVFP4, 128).balanced == 2
+    assert decode_config_from_spec("mma:bal=0", KVDtype.NVFP4, 128).balanced == 0
 
 
 def test_balanced_auto_turns_on_from_min_pairs() -> None:
-    """``bal=2`` (default): per-pair splits below BALANCED_MIN_PAIRS, token-balanced from it; never at
+    """``balanced=2`` (default): per-pair splits below BALANCED_MIN_PAIRS, token-balanced from it; never at
     head_dim 64 (PAIR), with several warps, or with the tail outside the grid."""
-    from nibblekv.kernels.decode import _balanced
-    from nibblekv.kernels.decode_config import BALANCED_MIN_PAIRS, resolve_variant
+    from nibblekv.kernels.decode_config import BALANCED_MIN_PAIRS, _balanced
 
-    cfg = resolve_variant("mma", 2, 128, False)[1]
+    cfg = decode_config_from_spec("mma", KVDtype.NVFP4, 128)
     n = BALANCED_MIN_PAIRS
     assert not _balanced(cfg, 0, True, True, n - 1)
     assert _balanced(cfg, 0, True, True, n)
     assert not _balanced(cfg, 1, True, True, n)
     assert not _balanced(cfg, 0, True, False, n)
     assert _balanced(cfg, 0, False, False, n)
-    assert not _balanced(dict(cfg, num_warps=2), 0, False, False, n)
-    assert _balanced(resolve_variant("mma:bal=1", 2, 128, False)[1], 0, True, True, 1)
-    assert not _balanced(resolve_variant("mma:bal=0", 2, 128, False)[1], 0, True, True, 10 * n)
+    assert not _balanced(cfg.replace(num_warps=2), 0, False, False, n)
+    assert _balanced(cfg.replace(balanced=1), 0, True, True, 1)
+    assert not _balanced(cfg.replace(balanced=0), 0, True, True, 10 * n)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the default variant is decode_mma only on a GPU")
@@ -140,7 +138,6 @@ def test_default_variant_runs_balanced_from_min_pairs_on_gpu(monkeypatch: pytest
     decode_triton takes decode_balanced's kernel and matches the reference."""
     import nibblekv.kernels.decode as dec
 
-    monkeypatch.delenv("NIBBLEKV_DECODE_VARIANT", raising=False)
     torch.manual_seed(7)
     lens = [int(x) for x in torch.randint(1, 3000, (40,))]
     lens[3] = 20000

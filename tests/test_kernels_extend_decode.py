@@ -14,7 +14,7 @@ from nibblekv.kernels import extend_decode as ed
 from nibblekv.kernels.decode import decode_triton
 from nibblekv.kernels.extend import extend_triton
 from nibblekv.kernels.extend_decode import extend_decode, extend_decode_unsupported, gather_q_ref, merge_ref
-from nibblekv.kernels.testing import make_batch, rel_rms
+from nibblekv.kernels.testing import decode_config_from_spec, make_batch, rel_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 P = 16
@@ -106,7 +106,7 @@ def test_extend_decode_fold_q(monkeypatch: pytest.MonkeyPatch, fold: bool) -> No
     cu = torch.tensor([0, 2, 3], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="q_rows"):  # 8 columns: decode_mma, which has no q_rows
         decode_triton(q.as_strided((2, 8, 128), (0, 0, 1)), pb.cache, pb.page_table, pb.lens, 0.1,
-                      variant="mma", q_rows=(q, cu, 4, 1))  # fmt: skip
+                      config=decode_config_from_spec("mma", KVDtype.NVFP4, 128), q_rows=(q, cu, 4, 1))  # fmt: skip
 
 
 @pytest.mark.parametrize("group,chunks", [(3, [1, 5, 2]), (4, [4, 1, 3])])
@@ -222,16 +222,12 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
     call(KVDtype.FP8, 9)  # 36 too
     call(KVDtype.FP8, 5)  # 20: two decode_tok groups
     assert calls == [("nvfp4", 2), ("fp8_e4m3", 2), ("fp8_e4m3", 5)]
-    monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "decode")
-    call(KVDtype.FP8, 2)
-    assert calls == [("nvfp4", 2), ("fp8_e4m3", 2), ("fp8_e4m3", 5), ("fp8_e4m3", 2)]
-    monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "triton")
-    call(KVDtype.NVFP4, 2)
-    call(KVDtype.FP8, 2)
-    assert len(calls) == 4
-    monkeypatch.setenv("NIBBLEKV_EXTEND_VARIANT", "mma")
-    with pytest.raises(ValueError, match="NIBBLEKV_EXTEND_VARIANT"):
-        call(KVDtype.NVFP4, 2)
+    # short_chunks_by_decode=False: extend_triton for every chunk
+    for dt in (KVDtype.NVFP4, KVDtype.FP8):
+        pb = pools[dt]
+        extend_attention(q, kv, kv, cu, pb.cache, pb.page_table, pb.lens, 0.1, max_chunk=2,
+                         short_chunks_by_decode=False)  # fmt: skip
+    assert len(calls) == 3
 
 
 def test_extend_lse_out_is_the_same_with_and_without_splits() -> None:

@@ -33,10 +33,12 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
      (8, True, 128, "mma:bal=1")],
 )
 def test_decode_mma_fits_its_programs_per_sm(group: int, tail: bool, head_dim: int, spec: str) -> None:
-    from nibblekv.kernels.decode_config import _mma_max_registers, resolve_variant
+    from nibblekv.formats.layout import KVDtype
+    from nibblekv.kernels.decode_config import _mma_max_registers
+    from nibblekv.kernels.testing import decode_config_from_spec
 
-    cfg = resolve_variant(spec, 2, head_dim, False)[1]
-    ppsm = int(cfg["bal_ppsm"] if "bal=1" in spec else cfg["ppsm"])
+    cfg = decode_config_from_spec(spec, KVDtype.NVFP4, head_dim)
+    ppsm = cfg.bal_ppsm if "bal=1" in spec else cfg.ppsm
     assert ppsm == (12 if head_dim == 64 or "bal=1" in spec else 16)
     out = _compile(spec, "nvfp4", group, head_dim, tail)
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)

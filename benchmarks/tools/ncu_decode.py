@@ -15,7 +15,6 @@ the profiled call is the third.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `benchmarks.*`
 from benchmarks.bench_kernels import PAGE, Pools, decode_call  # noqa: E402
 from nibblekv.formats.layout import KVDtype  # noqa: E402
+from nibblekv.kernels.testing import decode_config_from_spec  # noqa: E402
 
 
 def parse(spec: str) -> tuple[KVDtype, int, int, int, str]:
@@ -45,10 +45,8 @@ def main() -> None:
         need[dt] = max(need.get(dt, 0), b * (c + PAGE) + 4096)
     pools = Pools(need, 8, 128)
     for dt, b, c, hq, variant in specs:
-        os.environ.pop("NIBBLEKV_DECODE_VARIANT", None)
-        if variant:
-            os.environ["NIBBLEKV_DECODE_VARIANT"] = variant
-        fn, _ = decode_call(pools, dt, b, c, hq, True)
+        cfg = decode_config_from_spec(variant, dt, 128) if variant else None
+        fn, _ = decode_call(pools, dt, b, c, hq, True, cfg)
         for _ in range(2):
             fn()
         torch.cuda.synchronize()

@@ -7,7 +7,9 @@ Usage (CPU; no CUDA needed)::
         [--dtypes nvfp4,fp8_e4m3,bf16] [--dump DIR]
 
 A fake Triton driver reports an sm_90 target and the launcher's kernel launches become compile-only
-(``warmup=True``), so ``decode_triton`` runs unchanged on CPU tensors. For each compiled kernel it
+(``warmup=True``), so ``decode_triton`` runs unchanged on CPU tensors. A variant is a spec
+``kernel[:key=value,...]`` (``nibblekv.kernels.testing.decode_config_from_spec``), turned into the typed
+``DecodeConfig`` the launcher takes. For each compiled kernel it
 prints the registers and spill bytes (``ptxas -v``), the loops of its SASS (backward branches) and, for
 the largest loop (the main-pool key loop), SASS instructions per iteration and **warp-instructions per
 token-head** = loop length x num_warps / BN: our local proxy for speed (an H200 issues ~0.9e12
@@ -128,7 +130,7 @@ def main() -> None:
     JITFunction.run = _compile_only  # type: ignore[method-assign]
     from nibblekv.formats.layout import KVDtype
     from nibblekv.kernels import decode as dec
-    from nibblekv.kernels.testing import make_batch
+    from nibblekv.kernels.testing import decode_config_from_spec, make_batch
 
     d, hkv = args.head_dim, 8
     rows = []
@@ -139,11 +141,11 @@ def main() -> None:
         for spec in args.variants.split(";" if ";" in args.variants else " "):
             if not spec:
                 continue
-            name, cfg = dec.resolve_variant(spec, {"nvfp4": 2, "fp8_e4m3": 1}.get(dname, 0), d, False)
             try:
+                cfg = decode_config_from_spec(spec, dt, d)
                 act = torch.tensor([1], dtype=torch.int32) if args.active else None
                 dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 0.1, pb.tail, pb.tail_page_table, pb.tail_lens,
-                                  num_splits=2, variant=spec, active=act)  # fmt: skip
+                                  num_splits=2, config=cfg, active=act)  # fmt: skip
             except Exception as e:  # noqa: BLE001 - report and go on
                 cause = _root(e)[-1500:]
                 print(f"{dname:9s} {spec:28s} COMPILE FAILED: {str(e)[-1500:]} | cause: {cause}", flush=True)
@@ -155,8 +157,8 @@ def main() -> None:
             spill_ins = sum(1 for _, t in ins if t.split()[0].startswith(("LDL", "STL")) or " LDL" in t or " STL" in t)
             main_len = lp[0][2] if lp else 0
             # NOTE: an mma loop iteration attends tpi 16-row tiles per warp (head_dim 64: a row is 2 tokens)
-            tiles = int(cfg.get("tpi", 1)) * (2 if d == 64 else 1) if name == "mma" else 1
-            per_th = main_len * int(cfg["num_warps"]) / (int(cfg["block_n"]) * tiles)
+            tiles = cfg.tpi * (2 if d == 64 else 1) if cfg.mma else 1
+            per_th = main_len * cfg.num_warps / (cfg.block_n * tiles)
             rows.append((dname, spec, per_th))
             smem = getattr(k.metadata, "shared", "?")  # type: ignore[attr-defined]
             print(f"{dname:9s} {spec:28s} {getattr(k, 'name', '?')} cfg={cfg} | {usage} | smem {smem} B | LDL/STL {spill_ins} | loops {[n for _, _, n in lp[:4]]}"

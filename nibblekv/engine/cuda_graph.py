@@ -9,7 +9,6 @@ per layer and step while requests age pages: most steps at large batches).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 
@@ -99,8 +98,7 @@ class CudaGraphRunner:
             cu_seqlens=None,
             demote_src=self.demote_src[:rows],
             demote_dst=self.demote_dst[:rows],
-            # NOTE: NIBBLEKV_GRAPH_ACTIVE=0 sizes decode's split-K for every row, padding included (an A/B)
-            active=None if os.environ.get("NIBBLEKV_GRAPH_ACTIVE") == "0" else self.active,
+            active=self.active,
             min_active=self.min_active(bs),
         )
 

@@ -89,9 +89,6 @@ def decode_attention(
     return res
 
 
-EXTEND_VARIANTS = ("auto", "decode", "triton")
-
-
 def extend_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -105,23 +102,20 @@ def extend_attention(
     tail_page_table: torch.Tensor | None = None,
     tail_prefix_lens: torch.Tensor | None = None,
     max_chunk: int | None = None,
+    short_chunks_by_decode: bool = True,
 ) -> torch.Tensor:
     """A chunk of new tokens per request over its cached prefix plus itself, causally (see ``extend_ref``).
 
     ``max_chunk`` (host int >= the longest chunk, optional) spares the Triton launcher a device sync and
-    lets short chunks take ``extend_decode`` (the prefix through the decode kernels). Env
-    ``NIBBLEKV_EXTEND_VARIANT``: ``auto`` (default) and ``decode`` send NVFP4 and FP8 pools there where it
-    applies, ``triton`` none. Timed on the H200: 1-, 2-, 4-token chunks read NVFP4 0.71 / 0.59 / 0.34 of
+    lets short chunks take ``extend_decode`` (the prefix through the decode kernels):
+    ``short_chunks_by_decode`` (default on) sends NVFP4 and FP8 pools there where it applies. Timed on the H200: 1-, 2-, 4-token chunks read NVFP4 0.71 / 0.59 / 0.34 of
     the ceiling vs ``extend_triton``'s 0.25 / 0.24 / 0.24, FP8 0.89 / 0.76 / 0.71 vs 0.40 / 0.39 / 0.40;
     FP8 8-token chunks (two decode_tok groups) 0.53 vs 0.39."""
     if use_triton(q):
         from nibblekv.kernels import extend_decode as ed
         from nibblekv.kernels.extend import extend_triton
 
-        mode = os.environ.get("NIBBLEKV_EXTEND_VARIANT", "auto")
-        if mode not in EXTEND_VARIANTS:
-            raise ValueError(f"NIBBLEKV_EXTEND_VARIANT must be one of {EXTEND_VARIANTS}, got {mode!r}")
-        if mode != "triton" and max_chunk is not None:  # noqa: SIM102 - max_chunk narrowed for the call
+        if short_chunks_by_decode and max_chunk is not None:  # noqa: SIM102 - max_chunk narrowed for the call
             if ed.extend_decode_unsupported(q, cache, max_chunk) is None:
                 return ed.extend_decode(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
                                         max_chunk, tail, tail_page_table, tail_prefix_lens)  # fmt: skip

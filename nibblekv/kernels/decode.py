@@ -1,7 +1,6 @@
-"""``decode_triton``: the launcher of every decode kernel -- it checks shapes, picks the kernel (``paged``
-/ ``rows`` in ``decode_paged``, ``tok``, ``mma`` / ``decode_mma16`` / the token-balanced ``decode_mma``),
-sizes the split-K grid and merges the splits with ``combine._combine_kernel``. No host syncs: CUDA-graph
-capturable.
+"""``decode_triton``: the launcher of every decode kernel -- it checks shapes, takes the kernel and its launch
+config from ``decode_config.select_decode`` (a typed ``DecodeConfig``), sizes the split-K grid and merges the
+splits with ``combine._combine_kernel``. No host syncs: CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -25,21 +24,17 @@ from nibblekv.kernels._common import (
 from nibblekv.kernels.combine import _combine_kernel, combine_chunk
 from nibblekv.kernels.decode_balanced import launch_balanced
 from nibblekv.kernels.decode_config import (
-    BALANCED_MIN_PAIRS,
     _mma_max_registers,
-    _mma_unsupported,
     combine_dim_block,
     graph_num_splits,
-    mma_narrow_columns,
     mma_num_splits,
-    mma_wide_config,
-    non_mma_default,
-    resolve_variant,
+    select_decode,
 )
 from nibblekv.kernels.decode_mma import decode_mma_kernel
 from nibblekv.kernels.decode_mma_tail import decode_tail_kernel
 from nibblekv.kernels.decode_paged import _decode_kernel
 from nibblekv.kernels.decode_tok import decode_tok_kernel
+from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.types import LayerKV
 
 # NOTE: GQA groups over 16 run as chunks of <= 16 query heads (each reads the KV head again): the tok/paged
@@ -90,12 +85,8 @@ def decode_triton(
     tail_page_table: torch.Tensor | None = None,
     tail_lens: torch.Tensor | None = None,
     num_splits: int | None = None,
-    block_n: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    use_asm: bool | None = None,
     out: torch.Tensor | None = None,
-    variant: str | None = None,
+    config: DecodeConfig | None = None,
     lse_out: torch.Tensor | None = None,
     active: torch.Tensor | None = None,
     min_active: int | None = None,
@@ -104,11 +95,9 @@ def decode_triton(
     """Triton twin of ``decode_ref``: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (q's dtype).
 
     ``page_table [B, >= ceil(max lens / page)]`` int32/int64, ``lens [B]`` main-pool tokens; the tail
-    (optional) likewise. ``num_splits`` (host int) fixes the split-K factor (default: fill the GPU);
-    ``block_n``/``num_warps``/``num_stages``/``use_asm`` override the tuned launch config; ``out``
-    (like ``q``) receives the result if given. ``variant`` (default: env ``NIBBLEKV_DECODE_VARIANT``, else
-    ``decode_config.resolve_variant``'s default) picks the kernel and may carry launch overrides (see
-    ``decode_config.VARIANT_NAMES``).
+    (optional) likewise. ``num_splits`` (host int) fixes the split-K factor (default: fill the GPU); ``out``
+    (like ``q``) receives the result if given. ``config`` (default: ``decode_config.select_decode``'s
+    choice) asks for a kernel family and its launch knobs; it raises where that kernel cannot run.
 
     ``active`` (int32 ``[1]`` on q's device) / ``min_active`` (host int): only the first ``active`` rows
     are requests, the rest padding (a CUDA graph captured for B replays batches of ``min_active``..B).
@@ -143,51 +132,32 @@ def decode_triton(
             tail_page_table = tail_page_table.contiguous()
     fmt = fmt_code(cache.dtype)
     interp = interpreting()
-    explicit = bool(variant or os.environ.get("NIBBLEKV_DECODE_VARIANT"))
-    name, cfg = resolve_variant(variant, fmt, d, interp)
-    if name == "mma":
-        why = _mma_unsupported(cache, hq // hkv)
-        if why and explicit:
-            raise ValueError(f"decode variant 'mma' {why}")
-        if why:  # the default where mma does not apply (a GQA group > 8, unaligned pools, odd pages)
-            name, cfg = resolve_variant(non_mma_default(d, interp), fmt, d, interp)
-    wide = name == "mma" and hq // hkv > mma_narrow_columns(d)
-    if wide:
-        cfg = mma_wide_config(cfg)
-    if q_rows is not None and (not wide or has_tail or active is not None):
-        raise ValueError("q_rows needs decode_mma16 (variant mma, 9-16 columns a KV head), no tail or active")
-    if name != "mma" and hq // hkv > MAX_GROUP_ROWS:
+    g = hq // hkv
+    cfg = select_decode(cache, g, bsz * hkv, tail if has_tail else None, config)
+    name = cfg.kernel
+    if q_rows is not None and (name is not DecodeKernel.MMA16 or has_tail or active is not None):
+        raise ValueError("q_rows needs decode_mma16 (kernel mma, 9-16 columns a KV head), no tail or active")
+    if not cfg.mma and g > MAX_GROUP_ROWS:
         kw = dict(tail=tail, tail_page_table=tail_page_table, tail_lens=tail_lens, num_splits=num_splits,
-                  block_n=block_n, num_warps=num_warps, num_stages=num_stages, use_asm=use_asm, variant=variant,
-                  active=active, min_active=min_active)  # fmt: skip
+                  config=config, active=active, min_active=min_active)  # fmt: skip
         return _decode_group_chunks(q, cache, page_table, lens, sm_scale, out, lse_out, kw)
-    for key, val in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages)):
-        if val:
-            cfg[key] = val
-    if use_asm is not None:
-        cfg["conv"] = int(use_asm)
-    if interp:
-        cfg["conv"] = 0  # the interpreter cannot run inline PTX
-    bn, tbn = int(cfg["block_n"]), int(cfg["tail_block_n"])
-    if name == "mma":
-        if int(cfg["minc"]) < 16 or int(cfg["minc"]) % 16:
-            raise ValueError(
-                f"decode variant 'mma': minc must be a positive multiple of 16, got {cfg['minc']}"
-            )
+    conv = 0 if interp else cfg.conv  # the interpreter cannot run inline PTX
+    bn, tbn = cfg.block_n, cfg.tail_block_n
+    if cfg.mma and (cfg.minc < 16 or cfg.minc % 16):
+        raise ValueError(f"decode kernel 'mma': minc must be a positive multiple of 16, got {cfg.minc}")
     # NOTE: "mma" writes one partial slot per warp of each split, two at head_dim 64 (PAIR in decode_mma)
-    pair = int(name == "mma" and d == 64)
+    pair = int(cfg.mma and d == 64)
     tk, tv, ts, tpt, ttl, tpage = tail_operands(tail, tail_page_table, tail_lens, cache, page_table, lens)
-    tail_in_grid = name == "mma" and has_tail and _mma_tail_in_grid(cfg, pair, tk, tv, ts, tpage)
-    # NOTE: one-warp tail programs per (request, KV head) in decode_mma's grid (variant option ts)
-    tail_progs = int(tail_in_grid) * max(1, int(cfg.get("tail_splits", 1)))
+    tail_in_grid = cfg.tail_in_grid
+    # NOTE: one-warp tail programs per (request, KV head) in decode_mma's grid (tail_splits)
+    tail_progs = int(tail_in_grid) * max(1, cfg.tail_splits)
     lo = bsz if active is None else max(1, min(bsz, min_active or bsz))
-    if name == "mma":
-        splits = num_splits or mma_num_splits(lo, hkv, int(cfg["num_warps"]), int(cfg["ppsm"]))
+    if cfg.mma:
+        splits = num_splits or mma_num_splits(lo, hkv, cfg.num_warps, cfg.ppsm)
     else:
-        cap, wave = int(cfg.get("split_cap", 64)), int(cfg.get("wave_ctas", 0))
-        splits = num_splits or graph_num_splits(bsz, lo, hkv, bn, cap, wave)
+        splits = num_splits or graph_num_splits(bsz, lo, hkv, bn, cfg.split_cap, cfg.wave_ctas)
     tail_slots = mma_tail_slots(has_tail, pair, tail_progs)
-    s_tot = splits * (int(cfg["num_warps"]) * (1 + pair) if name == "mma" else 1) + tail_slots
+    s_tot = splits * (cfg.num_warps * (1 + pair) if cfg.mma else 1) + tail_slots
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.stride(-1) != 1:
@@ -198,8 +168,8 @@ def decode_triton(
         raise ValueError(f"lse_out must be contiguous float32 [{bsz}, {hq}]")
     if bsz == 0:
         return out
-    if name == "mma" and _balanced(cfg, pair, has_tail, tail_in_grid, bsz * hkv):
-        bal_cfg = dict(cfg, vq=int(cfg["vq"]) * int(_q_vector_ok(q)))
+    if name is DecodeKernel.BALANCED:
+        bal_cfg = cfg.replace(vq=cfg.vq * int(_q_vector_ok(q)))
         tail_ops = (tk, tv, ts, tpt, ttl, tpage)
         LAST_KERNEL["decode"] = launch_balanced(
             q, cache, page_table, lens, sm_scale, tail_ops, has_tail, bal_cfg, out, lse_out, active
@@ -212,10 +182,9 @@ def decode_triton(
         lse_part.fill_(float("nan"))
     ks, vs, (sp, sh, st) = scale_tensors(cache)
     ds = cache.k_data.stride()
-    tok = name == "tok"
+    tok = name is DecodeKernel.TOK
     if has_tail and not tok:
         tbn = max(tbn, tpage) if _pages_contiguous(tail, max(tbn, tpage)) else tbn
-    g = hq // hkv
     args = (
         q, q.stride(0), q.stride(1),
         cache.k_data, cache.v_data, ks, vs, cache.global_scale,
@@ -224,15 +193,15 @@ def decode_triton(
         tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
         o_part, lse_part, float(sm_scale),
     )  # fmt: skip
-    stages = int(cfg.get("tail_stages", cfg["num_stages"]) if has_tail else cfg["num_stages"])
+    stages = cfg.tail_stages if has_tail and cfg.tail_stages is not None else cfg.num_stages
     common = dict(
         HQ=hq, G=g, BH=max(16, triton.next_power_of_2(g)), D=d, PAGE=lay.page_size, TPAGE=tpage, BN=bn, TBN=tbn,
         NUM_SPLITS=splits, HAS_TAIL=has_tail, FMT=fmt, INTERP=interp,
-        num_warps=int(cfg["num_warps"]), num_stages=stages,
+        num_warps=cfg.num_warps, num_stages=stages,
     )  # fmt: skip
     side = None
     dyn: dict[str, object] = {}
-    if name == "mma":
+    if cfg.mma:
         if has_tail and not tail_in_grid:  # its own launch (decode_tail_kernel), beside the main kernel
             side = side_stream(q.device)
             if side is not None:
@@ -244,43 +213,43 @@ def decode_triton(
                     HQ=hq, G=g, BH=common["BH"], D=d, TPAGE=tpage, TBN=tbn, INTERP=interp, num_warps=4,
                 )  # fmt: skip
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
-        dyn = _dyn_args(active, q.device, int(cfg["ppsm"]))
+        dyn = _dyn_args(active, q.device, cfg.ppsm)
         grid = (bsz * hkv * (splits + tail_progs),) if dyn else (bsz, hkv, splits + tail_progs)
         k = decode_mma_kernel[grid](
             *args,
             TAIL_MMA=tail_progs,
-            NW=int(cfg["num_warps"]),
-            TPI=int(cfg["tpi"]),
-            PF=int(cfg["pf"]),
-            MINC=int(cfg["minc"]),
+            NW=cfg.num_warps,
+            TPI=cfg.tpi,
+            PF=cfg.pf,
+            MINC=cfg.minc,
             PAIR=pair,
-            VST=int(cfg["vst"]),
-            VQ=int(cfg["vq"]) * int(_q_vector_ok(q if q_rows is None else q_rows[0])),
-            L2=int(cfg.get("l2_ahead", 0)),
+            VST=cfg.vst,
+            VQ=cfg.vq * int(_q_vector_ok(q if q_rows is None else q_rows[0])),
+            L2=cfg.l2_ahead or 0,
             **_q_rows_args(q_rows),
-            TPP=int(tail_in_grid and bool(cfg.get("tail_page_prefetch", 0))),
+            TPP=int(tail_in_grid and bool(cfg.tail_page_prefetch)),
             **dyn,
             **mma_common,
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
             # resident (128 at 16). Uncapped, sm_90 compiles drift to 130 (GQA 8) and 166 (no tail, with
             # an early return): 15 / 12 warps per SM, two waves, 0.44-0.59 of the H200's ceiling
             # instead of 0.64-0.73. Capped at 128 none spills (tests/test_kernels_sass.py).
-            **({} if interp else {"maxnreg": _mma_max_registers(int(cfg["ppsm"]))}),
+            **({} if interp else {"maxnreg": _mma_max_registers(cfg.ppsm)}),
         )
     elif tok:
         if fmt == FMT_NVFP4 and st != d // 16:
             raise ValueError(
-                f"decode variant {name!r} needs packed NVFP4 scale rows (token stride {d // 16})"
+                f"decode kernel 'tok' needs packed NVFP4 scale rows (token stride {d // 16})"
             )
-        split = int(cfg.get("split", 0)) if fmt != FMT_FLOAT else 0
+        split = cfg.split if fmt != FMT_FLOAT else 0
         k = decode_tok_kernel[(bsz, hkv, s_tot)](
-            *args, CONV=int(cfg["conv"]), SPLIT=split, **common
+            *args, CONV=conv, SPLIT=split, **common
         )  # fmt: skip
     else:
-        paged = name == "paged" and _pages_contiguous(cache, bn)
+        paged = name is DecodeKernel.PAGED and _pages_contiguous(cache, bn)
         k = _decode_kernel[(bsz, hkv, s_tot)](
             *args, PAGED=paged,
-            TPAGED=name == "paged" and has_tail and _pages_contiguous(tail, tbn), **common,
+            TPAGED=name is DecodeKernel.PAGED and has_tail and _pages_contiguous(tail, tbn), **common,
         )  # fmt: skip
     LAST_KERNEL["decode"] = k
     if side is not None:
@@ -290,18 +259,18 @@ def decode_triton(
     # 19.4 -> 3.6 / 4.0 / 3.6 / 5.2; with fewer pairs than SMs a program per query head: B8x32K / B1x128K
     # 3.5 / 3.0 vs 4.1 / 4.6 grouped
     gc = g if bsz * hkv >= num_sms() else 1
-    db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hq // gc, s_tot, d)
-    mma = name == "mma"
+    db = cfg.combine_db or combine_dim_block(bsz * hq // gc, s_tot, d)
+    mma = cfg.mma
     gp = triton.next_power_of_2(gc)
     ch = combine_chunk(gp, db, s_tot - tail_slots * int(has_tail))
     _combine_kernel[(bsz * hq // gc, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
         HQ=hq, S=s_tot, D=d, DB=db, CH=ch, G=gc, GP=gp, lens_ptr=lens,
         TB=max(2, triton.next_power_of_2(tail_slots)),
-        MMA_SPLITS=splits if mma else 0, MMA_NW=int(cfg["num_warps"]) * (1 + pair) if mma else 1,
-        MINC=int(cfg["minc"]) if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
+        MMA_SPLITS=splits if mma else 0, MMA_NW=cfg.num_warps * (1 + pair) if mma else 1,
+        MINC=cfg.minc if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
         lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
-        **(dict(dyn, WARPS_PER_REQ=hkv * int(cfg["num_warps"])) if mma and dyn else {}),
+        **(dict(dyn, WARPS_PER_REQ=hkv * cfg.num_warps) if mma and dyn else {}),
     )  # fmt: skip
     return out
 
@@ -321,30 +290,6 @@ def mma_tail_slots(has_tail: bool, pair: int, tail_progs: int) -> int:
     grid (``tail_progs``), two with ``PAIR`` (one per token parity), else one (its own launch). NOTE:
     mirrors ``TAIL_SLOTS`` in ``decode_mma_kernel``."""
     return int(has_tail) * (tail_progs * (1 + int(pair)) if tail_progs else 1)
-
-
-def _mma_tail_in_grid(
-    cfg: dict[str, int | bool], pair: int, tk: torch.Tensor, tv: torch.Tensor, ts: tuple[int, ...], tpage: int
-) -> bool:
-    """Whether decode_mma attends the bf16 tail as one more one-warp program of its grid (``TAIL_MMA``):
-    variant option ``tin`` (default 1), one warp per program, bf16 rows whose addresses are 16-byte aligned
-    (it reads them as vectors), packed rows; with ``PAIR`` (head_dim 64) even tail pages (two tokens a
-    row). Else ``decode_tail_kernel`` runs beside it."""
-    aligned = all(x % 8 == 0 for x in ts[:3]) and tk.data_ptr() % 16 == 0 and tv.data_ptr() % 16 == 0
-    ok = tk.dtype == torch.bfloat16 and tk.stride(-1) == 1 and aligned
-    if pair:
-        ok = ok and tpage % 2 == 0 and ts[2] == tk.shape[-1]  # a row's two tokens adjacent
-    return bool(cfg.get("tin", 1)) and int(cfg["num_warps"]) == 1 and ok
-
-
-def _balanced(cfg: dict[str, int | bool], pair: int, has_tail: bool, tail_in_grid: bool, pairs: int) -> bool:
-    """Whether decode_mma runs token-balanced (``decode_balanced``): variant option ``bal=1``, or ``bal=2``
-    (default) from ``BALANCED_MIN_PAIRS`` (request, KV head) pairs; head_dim 128 (no ``PAIR``), one warp per
-    program, the bf16 tail (if any) in the grid. ``num_splits`` does not apply there (the warps split the
-    batch's tiles, not each request)."""
-    mode = int(cfg.get("balanced", 0))
-    on = mode == 1 or (mode == 2 and pairs >= BALANCED_MIN_PAIRS)
-    return on and not pair and int(cfg["num_warps"]) == 1 and (tail_in_grid or not has_tail)
 
 
 def _q_rows_args(q_rows: tuple[torch.Tensor, torch.Tensor, int, int] | None) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""Token-balanced split-K for ``decode_mma`` (variant option ``bal=1``): equal work per warp, ragged or not.
+"""Token-balanced split-K for ``decode_mma`` (``DecodeKernel.BALANCED``): equal work per warp, ragged or not.
 
 Why: ``decode_mma`` (like every split-K decode here) gives each (request, KV head) pair the same number of
 splits, so a batch's time is its longest request's (one 32K request among 63 of 1K: that request's warps
@@ -31,6 +31,7 @@ from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels.combine import _load_slots, _merge_rows, combine_chunk
 from nibblekv.kernels.decode_mma import _mma_segment
 from nibblekv.kernels.decode_mma_tail import _mma_tail
+from nibblekv.kernels.launch_config import DecodeConfig
 from nibblekv.kernels.types import LayerKV
 
 def plan_balanced(lens: list[int], kv_heads: int, warps: int, min_tiles: int) -> list[tuple[int, int, int, int, int]]:
@@ -204,17 +205,17 @@ def _combine_bal_kernel(
 
 def launch_balanced(
     q: torch.Tensor, cache: LayerKV, page_table: torch.Tensor, lens: torch.Tensor, sm_scale: float,
-    tail_ops: tuple, has_tail: bool, cfg: dict[str, int | bool], out: torch.Tensor,
+    tail_ops: tuple, has_tail: bool, cfg: DecodeConfig, out: torch.Tensor,
     lse_out: torch.Tensor | None, active: torch.Tensor | None,
 ) -> torch.Tensor:  # fmt: skip
-    """``decode_triton``'s ``mma`` with ``bal=1`` (its caller checked shapes and that this kernel applies:
+    """``decode_triton``'s ``BALANCED`` kernel (its caller checked shapes and that this kernel applies:
     head_dim 128, one warp per program, the tail in the grid, ``vq`` only for vector-loadable Q).
     ``tail_ops``: ``tail_operands``' result. Returns the compiled decode kernel."""
     tk, tv, ts, tpt, ttl, tpage = tail_ops
     bsz, hq, d = q.shape
     hkv = cache.layout.num_kv_heads
     g = hq // hkv
-    per_sm = int(cfg["bal_ppsm"])
+    per_sm = cfg.bal_ppsm
     warps = per_sm * num_sms()
     interp = interpreting()
     o_part, lse_part = empty_partials(partial_slots(warps, bsz * hkv, has_tail), g, d, q.device, interp)
@@ -229,18 +230,18 @@ def launch_balanced(
         tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
         o_part, lse_part, float(sm_scale), bsz, active if dyn else lens,
         HQ=hq, G=g, D=d, PAGE=cache.layout.page_size, TPAGE=tpage, BP=bp, W=warps, HAS_TAIL=int(has_tail),
-        TPI=int(cfg["tpi"]), PF=int(cfg["pf"]), MINC=int(cfg["minc"]), VST=int(cfg["vst"]),
-        VQ=int(cfg["vq"]),
-        L2=int(cfg.get("l2_ahead", 0)), DYN=dyn, num_warps=1, num_stages=1,
+        TPI=cfg.tpi, PF=cfg.pf, MINC=cfg.minc, VST=cfg.vst,
+        VQ=cfg.vq,
+        L2=cfg.l2_ahead or 0, DYN=dyn, num_warps=1, num_stages=1,
         **({} if interp else {"maxnreg": _mma_max_registers(per_sm)}),
     )  # fmt: skip
     slots = max_pair_slots(warps, hkv)
-    db = int(cfg.get("combine_db", 0)) or combine_dim_block(bsz * hkv, slots, d)
+    db = cfg.combine_db or combine_dim_block(bsz * hkv, slots, d)
     gp = triton.next_power_of_2(g)
     _combine_bal_kernel[(bsz * hkv, d // db)](
         o_part, lse_part, lens, out, out.stride(0), out.stride(1), bsz, active if dyn else lens,
         lse_out if lse_out is not None else lse_part,
-        HQ=hq, G=g, GP=gp, D=d, DB=db, BP=bp, W=warps, MINC=int(cfg["minc"]),
+        HQ=hq, G=g, GP=gp, D=d, DB=db, BP=bp, W=warps, MINC=cfg.minc,
         HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None),
         CH=combine_chunk(gp, db), num_warps=4,
     )  # fmt: skip

@@ -1,33 +1,22 @@
-"""Decode launch configuration: the kernel variants, their tuned launch configs and split counts.
-
-Which kernel ``decode_triton`` runs for a pool (``resolve_variant``, ``_mma_unsupported``) and with what
-launch parameters; the NOTEs give the H200 measurements behind each default (docs/results.md, what we
-tried, has the rest).
+"""Decode launch configuration: which kernel serves a batch (``select_decode``), its tuned launch config
+(``base_config``) and split counts. The NOTEs give the H200 measurements behind each default
+(docs/results.md, what we tried, has the rest).
 """
 
 from __future__ import annotations
 
-import os
-
+import torch
 import triton
 
-from nibblekv.kernels._common import FMT_FLOAT, FMT_FP8, FMT_NVFP4, fmt_code, num_sms
+from nibblekv.kernels._common import FMT_FLOAT, FMT_FP8, FMT_NVFP4, fmt_code, interpreting, num_sms
+from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.types import LayerKV
 
-# Decode kernel variants (``decode_triton(variant=...)`` or env ``NIBBLEKV_DECODE_VARIANT``), each a name
-# optionally followed by launch overrides ``name:bn=64,tbn=64,w=4,s=4,conv=1,sv=1`` (conv, tok FP8 only: bit 0
-# V, bit 1 K through the uint16-pair asm; NVFP4 pools hold sm-order words, decoded by shifts and masks in
-# every variant. sv=1 (tok, FP8/NVFP4): V as even/odd column halves, sv=2 NVFP4 K too):
-#   paged  whole-page tiles [pages, P*D] -> [BN, D] where pages allow (the first kernel)
-#   rows   the same kernel, per-token addressing, K as two half-D dots (PAGED=False)
-#   tok    decode_tok: per-token gather of [BN, D] tiles, S = Q K^T (Q the A operand), one full-D dot
-# (kq -- S^T = K Q^T, wrong on sm_90 -- and bs -- NVFP4 block scales outside the elementwise path, more SASS
-# than tok -- were measured and removed as dead ends; mma supersedes them.)
-# NOTE: "tok" is the default: on the H200, fraction of the 4.63 TB/s read ceiling at B64x32K / B8x32K /
+# NOTE: "tok" (decode_tok) is the default where "mma" does not apply: on the H200, fraction of the 4.63 TB/s
+# read ceiling at B64x32K / B8x32K /
 # B32x8K / B1x128K, "paged" -> "tok":
 # BF16 .59/.53/.55/.43 -> .97/.88/.86/.78, FP8 .39/.36/.36/.35 -> .79/.65/.65/.60,
 # NVFP4 .24/.22/.22/.21 -> .30/.28/.27/.22 (each checked against the reference on the GPU first).
-DEFAULT_VARIANT = "tok"
 # NOTE: head dims where "tok" is the default (its inline-PTX paths cannot run in the interpreter; 64 and
 # 128 passed the GPU tests and were timed): at 64 (H200,
 # B64x32K / B8x32K / B32x8K / B1x128K) "paged" -> "tok": FP8 .43/.39/.39/.38 -> .91/.69/.69/.61,
@@ -36,22 +25,7 @@ TOK_VERIFIED_HEAD_DIMS = (64, 128)
 # NOTE: decode_mma at head_dim 64 (two tokens a row) is the NVFP4 default (same shapes): "paged"
 # .23/.20/.20/.16 -> .69/.56/.55/.45 (3x); it matched the reference on the GPU (rel. RMS 1.7e-3).
 MMA_VERIFIED_HEAD_DIMS = (64, 128)
-#   mma    decode_mma (NVFP4; head_dim 128 with GQA groups <= 8, or 64 with groups <= 4 read as 128 with two
-#          tokens a row, see PAIR in decode_mma._mma_segment): hand-placed mma.sync fragments, one 16-token
-#          tile per warp step, no shared memory; options w (warps per program), ppsm (programs per SM to aim
-#          for), tpi (tiles per softmax step), pf (prefetch), minc (at least this many tokens per split), vst
-#          (1: partial outputs as 16-byte vector stores), vq (1: Q as 16-byte vector loads), tin (1: the bf16
-#          tail as programs of the grid), ts (tail programs per (request, KV head), per-pair splits only), tpp
-#          (1: the tail programs prefetch page ids), bal (1: token-balanced split-K over the whole batch,
-#          decode_balanced; 0 off; 2 auto by pairs; bppsm its programs per SM)
-# tok: st (pipeline stages where the pool has a bf16 tail; BF16's default 5 at head_dim 128, else s's)
-# Any variant but mma: cap (most splits per request, default 64; B=1 x 128K fills the GPU with more), wv
-#          (programs per SM of one wave for default_num_splits' one-wave rule; FP8 tok's default 2 at
-#          head_dim 128, else 0 = off)
-# mma: l2 (N: a per-lane prefetch.global.L2 of the tiles N steps ahead; 0 off; decode_mma16's default WIDE_L2,
-# opt-in elsewhere: decode_mma at 16 programs per SM gained nothing; at 12 (bal=1) untimed).
-VARIANT_NAMES = ("paged", "rows", "tok", "mma")
-# NOTE: bal=2 turns decode_balanced on from this many (request, KV head) pairs. At 26 x 8 = 208 pairs the
+# NOTE: balanced=2 turns decode_balanced on from this many (request, KV head) pairs. At 26 x 8 = 208 pairs the
 # balanced kernel at 12 programs per SM reads .771 vs .760 for per-pair splits (B26x32K with the bf16 tail,
 # H200; at 16 per SM it lost there, .714 vs .729); 8 x 8 = 64 pairs stay per-pair (.668 vs .585 at 16)
 BALANCED_MIN_PAIRS = 208
@@ -114,11 +88,11 @@ WIDE_PPSM = 8
 WIDE_L2 = 1
 
 
-def mma_wide_config(cfg: dict[str, int | bool]) -> dict[str, int | bool]:
+def mma_wide_config(cfg: DecodeConfig) -> DecodeConfig:
     """``cfg`` for ``decode_mma16`` (a GQA group of 9-16 columns): ``wppsm`` programs per SM (its 64
     accumulators), the L2 prefetch, the tail in its own launch, per-pair splits."""
-    l2 = cfg.get("l2_ahead", WIDE_L2)
-    return dict(cfg, ppsm=cfg.get("wppsm", WIDE_PPSM), l2_ahead=l2, tin=0, balanced=0)
+    l2 = WIDE_L2 if cfg.l2_ahead is None else cfg.l2_ahead
+    return cfg.replace(kernel=DecodeKernel.MMA16, ppsm=cfg.wppsm, l2_ahead=l2, tin=0, balanced=0)
 
 
 def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
@@ -325,42 +299,90 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
     }
 
 
-_KEYS = {
-    "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
-    "ppsm": "ppsm", "wppsm": "wppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db",
-    "vst": "vst", "vq": "vq", "tin": "tin", "cap": "split_cap",
-    "bal": "balanced", "tpp": "tail_page_prefetch", "ts": "tail_splits",
-    "wv": "wave_ctas", "st": "tail_stages", "bppsm": "bal_ppsm", "l2": "l2_ahead",
-}  # fmt: skip
-
-
-def non_mma_default(d: int, interp: bool) -> str:
-    """The default variant where ``mma`` is not (or cannot run): ``tok`` where verified, else ``paged``."""
-    return DEFAULT_VARIANT if interp or d in TOK_VERIFIED_HEAD_DIMS else "paged"
-
-
-def resolve_variant(variant: str | None, fmt: int, d: int, interp: bool) -> tuple[str, dict[str, int | bool]]:
-    """``"name[:bn=..,tbn=..,w=..,s=..,conv=..]"`` -> (kernel name, launch config); see ``VARIANT_NAMES``."""
+def default_kernel(fmt: int, d: int, interp: bool) -> DecodeKernel:
+    """The default family for a pool (before ``select_decode`` checks that ``mma`` can run on it)."""
     if fmt == FMT_NVFP4 and d in MMA_VERIFIED_HEAD_DIMS and not interp:
-        default = "mma"  # decode_triton falls back to non_mma_default where the pool rules it out
+        return DecodeKernel.MMA
+    return DecodeKernel.TOK if interp or d in TOK_VERIFIED_HEAD_DIMS else DecodeKernel.PAGED
+
+
+def base_config(kernel: DecodeKernel, fmt: int, d: int, interp: bool | None = None) -> DecodeConfig:
+    """The tuned launch config of ``kernel`` for a pool of format ``fmt`` (``_common.fmt_code``) and head_dim
+    ``d``; under the interpreter the non-mma kernels take small tiles (``_default_config``)."""
+    interp = interpreting() if interp is None else interp
+    if kernel in (DecodeKernel.MMA, DecodeKernel.MMA16, DecodeKernel.BALANCED):
+        knobs = _mma_config(d)
+    elif kernel in (DecodeKernel.PAGED, DecodeKernel.ROWS) or interp:
+        knobs = _default_config(fmt, d, interp)
     else:
-        default = non_mma_default(d, interp)
-    spec = variant or os.environ.get("NIBBLEKV_DECODE_VARIANT") or default
-    name, _, opts = spec.partition(":")
-    if name not in VARIANT_NAMES:
-        raise ValueError(f"unknown decode variant {name!r} (one of {VARIANT_NAMES})")
-    if name == "mma":
-        cfg = _mma_config(d)
-    elif name in ("paged", "rows") or interp:
-        cfg = _default_config(fmt, d, interp)
-    else:
-        cfg = _tok_config(fmt, d)
-    for item in filter(None, opts.split(",")):
-        key, _, val = item.partition("=")
-        if key not in _KEYS:
-            raise ValueError(f"unknown decode variant option {key!r} in {spec!r} (one of {tuple(_KEYS)})")
-        if not interp or name == "mma" or key in ("bn", "tbn", "sv"):
-            if key == "s" and "tail_stages" in cfg:  # NOTE: s sets the tail's stages too (a later st wins)
-                cfg["tail_stages"] = int(val)
-            cfg[_KEYS[key]] = int(val)
-    return name, cfg
+        knobs = _tok_config(fmt, d)
+    return DecodeConfig(kernel=kernel, **knobs)  # type: ignore[arg-type]
+
+
+def select_decode(
+    cache: LayerKV, group: int, pairs: int, tail: LayerKV | None, config: DecodeConfig | None = None
+) -> DecodeConfig:
+    """THE choice of decode kernel: (kv dtype, head_dim, GQA group, (request, KV head) pairs, bf16 tail) ->
+    a launch config. ``config`` (optional) asks for a family and knobs; it is resolved the same way (an
+    ``MMA`` config becomes ``MMA16`` / ``BALANCED`` as below) and raises where its kernel cannot run.
+
+    ======================  ==========  ====================  ==========  =====================================
+    pool                    head_dim    GQA group (columns)   pairs       kernel
+    ======================  ==========  ====================  ==========  =====================================
+    NVFP4 (packed, aligned) 128         <= 8                  < 208       MMA (decode_mma), tail in its grid
+    NVFP4 (packed, aligned) 128         <= 8                  >= 208      BALANCED (decode_balanced)
+    NVFP4 (packed, aligned) 128         9-16                  any         MMA16 (decode_mma16), tail launch
+    NVFP4, even pages       64          <= 4                  any         MMA (two tokens a row, PAIR)
+    FP8 / BF16; NVFP4 else  64, 128     any (> 16: chunks)    any         TOK (decode_tok)
+    any                     other       any (> 16: chunks)    any         PAGED (decode_paged)
+    ======================  ==========  ====================  ==========  =====================================
+
+    Under the interpreter (CPU tests) the default is TOK. The bf16 tail runs as ``tail_splits`` one-warp
+    programs of decode_mma's grid where its rows are 16-byte aligned bf16 (``tin``), else as
+    ``decode_tail_kernel`` beside it; BALANCED needs head_dim 128, one warp a program and the tail (if any)
+    in the grid.
+    """
+    fmt, d = fmt_code(cache.dtype), cache.layout.head_dim
+    interp = interpreting()
+    cfg = config or base_config(default_kernel(fmt, d, interp), fmt, d, interp)
+    if cfg.kernel is DecodeKernel.BALANCED:
+        cfg = cfg.replace(kernel=DecodeKernel.MMA, balanced=1)
+    elif cfg.kernel is DecodeKernel.MMA16:
+        cfg = cfg.replace(kernel=DecodeKernel.MMA)
+    if cfg.mma:
+        why = _mma_unsupported(cache, group)
+        if why and config is not None:
+            raise ValueError(f"decode kernel 'mma' {why}")
+        if why:  # the default where mma does not apply (a GQA group > 16, unaligned pools, odd pages)
+            non_mma = DecodeKernel.TOK if interp or d in TOK_VERIFIED_HEAD_DIMS else DecodeKernel.PAGED
+            return base_config(non_mma, fmt, d, interp)
+        if group > mma_narrow_columns(d):
+            cfg = mma_wide_config(cfg)
+        pair = int(d == 64)
+        in_grid = tail is not None and _mma_tail_in_grid(cfg, pair, tail)
+        cfg = cfg.replace(tail_in_grid=in_grid)
+        if cfg.kernel is DecodeKernel.MMA and _balanced(cfg, pair, tail is not None, in_grid, pairs):
+            cfg = cfg.replace(kernel=DecodeKernel.BALANCED)
+    return cfg
+
+
+def _mma_tail_in_grid(cfg: DecodeConfig, pair: int, tail: LayerKV) -> bool:
+    """Whether decode_mma attends the bf16 tail as more one-warp programs of its grid (``TAIL_MMA``): ``tin``
+    (default 1), one warp per program, bf16 rows whose addresses are 16-byte aligned (it reads them as
+    vectors), packed rows; with ``PAIR`` (head_dim 64) even tail pages (two tokens a row). Else
+    ``decode_tail_kernel`` runs beside it."""
+    tk, tv, ts = tail.k_data, tail.v_data, tail.k_data.stride()
+    aligned = all(x % 8 == 0 for x in ts[:3]) and tk.data_ptr() % 16 == 0 and tv.data_ptr() % 16 == 0
+    ok = tk.dtype == torch.bfloat16 and tk.stride(-1) == 1 and aligned
+    if pair:
+        ok = ok and tail.page_size % 2 == 0 and ts[2] == tk.shape[-1]  # a row's two tokens adjacent
+    return bool(cfg.tin) and cfg.num_warps == 1 and ok
+
+
+def _balanced(cfg: DecodeConfig, pair: int, has_tail: bool, tail_in_grid: bool, pairs: int) -> bool:
+    """Whether decode_mma runs token-balanced (``decode_balanced``): ``balanced=1``, or ``balanced=2``
+    (default) from ``BALANCED_MIN_PAIRS`` (request, KV head) pairs; head_dim 128 (no ``PAIR``), one warp per
+    program, the bf16 tail (if any) in the grid. ``num_splits`` does not apply there (the warps split the
+    batch's tiles, not each request)."""
+    on = cfg.balanced == 1 or (cfg.balanced == 2 and pairs >= BALANCED_MIN_PAIRS)
+    return on and not pair and cfg.num_warps == 1 and (tail_in_grid or not has_tail)

@@ -34,10 +34,12 @@ from nibblekv.kernels.decode import decode_triton
 from nibblekv.kernels.decode_config import (
     TOK_VERIFIED_HEAD_DIMS,
     _mma_unsupported,
+    base_config,
     mma_columns,
     mma_narrow_columns,
 )
 from nibblekv.kernels.extend import extend_triton
+from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.types import LayerKV
 
 # NOTE: more virtual requests than this per request re-read (and re-convert) the same prefix bytes more
@@ -175,7 +177,7 @@ def extend_decode(
     wide: str = "mma",
     own_warps: int | None = None,
     own_block_n: int | None = None,
-    decode_opts: str = "",
+    prefix_config: DecodeConfig | None = None,
     fold_q: bool | None = None,
 ) -> torch.Tensor:
     """``extend_triton``'s contract (``q [T, Hq, D]`` -> ``[T, Hq, D]``) for an NVFP4 or FP8 pool whose
@@ -184,7 +186,8 @@ def extend_decode(
     (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`. ``own_warps`` /
     ``own_block_n``: step 2's launch (``extend_triton``'s ``num_warps`` / ``block_n``; default 1 warp, 2
     from 17 columns, and 16-key blocks) -- for benchmark sweeps of that ~8 us launch.
-    ``decode_opts``: variant options of the prefix decode (``resolve_variant``'s ``a=1,b=2``).
+    ``prefix_config``: the prefix decode's launch config (default: ``base_config`` of the plan's kernel,
+    which it must name).
     ``fold_q`` (default ``FOLD_Q``, on): where the prefix runs ``decode_mma16`` (9-16 columns), its kernel
     reads the query rows itself (``decode_triton``'s ``q_rows``): no gather launch."""
     plan = extend_decode_plan(q, cache, max_chunk, wide)
@@ -224,10 +227,12 @@ def extend_decode(
     # extend_ref
     o1 = torch.empty(qv.shape, dtype=torch.float32, device=q.device)
     lse1 = torch.empty((bsz * ng, hkv * gv), dtype=torch.float32, device=q.device)
-    opts = [o for o in decode_opts.split(",") if o]
-    spec = f"{variant}:{','.join(opts)}" if opts else variant
+    kernel = DecodeKernel(variant)
+    cfg = prefix_config or base_config(kernel, fmt_code(cache.dtype), d)
+    if cfg.mma != (kernel is DecodeKernel.MMA) or (not cfg.mma and cfg.kernel is not kernel):
+        raise ValueError(f"prefix_config runs {cfg.kernel.value!r}, the plan {variant!r}")
     decode_triton(
-        qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, variant=spec, lse_out=lse1, q_rows=q_rows
+        qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, config=cfg, lse_out=lse1, q_rows=q_rows
     )
     # 2) tail + own keys: extend_triton with merge (no main-pool pass, and no zeros prefix_lens -- one fill
     # launch less), each row's prefix partial loaded first and merged in its epilogue

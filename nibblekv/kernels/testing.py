@@ -10,6 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from nibblekv.formats.layout import KVDtype, PageLayout
+from nibblekv.kernels._common import fmt_code, interpreting
+from nibblekv.kernels.decode_config import base_config
+from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.reference import write_kv_ref
 from nibblekv.kernels.types import LayerKV
 
@@ -114,3 +117,35 @@ def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(o).all():
         return float("inf")
     return float((o - r).norm() / r.norm().clamp_min(1e-30))
+
+
+# The short keys of a decode spec (benchmark command lines, test parameters) -> DecodeConfig fields.
+SPEC_KEYS = {
+    "bn": "block_n", "tbn": "tail_block_n", "w": "num_warps", "s": "num_stages", "conv": "conv", "sv": "split",
+    "ppsm": "ppsm", "wppsm": "wppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db",
+    "vst": "vst", "vq": "vq", "tin": "tin", "cap": "split_cap", "bal": "balanced",
+    "tpp": "tail_page_prefetch", "ts": "tail_splits", "wv": "wave_ctas", "st": "tail_stages",
+    "bppsm": "bal_ppsm", "l2": "l2_ahead",
+}  # fmt: skip
+
+
+def decode_config_from_spec(spec: str, kv_dtype: KVDtype, head_dim: int) -> DecodeConfig:
+    """A decode spec ``"kernel[:key=value,...]"`` (``SPEC_KEYS``; e.g. ``"mma:tpi=1,bal=1"``) -> the typed
+    config for ``decode_triton(config=...)``: the command-line edge of benchmarks and tests. Under the
+    interpreter the non-mma kernels keep their small tiles: only ``bn``, ``tbn`` and ``sv`` apply there."""
+    name, _, opts = spec.partition(":")
+    names = tuple(k.value for k in DecodeKernel)
+    if name not in names:
+        raise ValueError(f"unknown decode kernel {name!r} (one of {names})")
+    kernel, interp = DecodeKernel(name), interpreting()
+    cfg = base_config(kernel, fmt_code(kv_dtype), head_dim, interp)
+    changes: dict[str, int] = {}
+    for item in filter(None, opts.split(",")):
+        key, _, val = item.partition("=")
+        if key not in SPEC_KEYS:
+            raise ValueError(f"unknown decode option {key!r} in {spec!r} (one of {tuple(SPEC_KEYS)})")
+        if not interp or cfg.mma or key in ("bn", "tbn", "sv"):
+            if key == "s" and cfg.tail_stages is not None:  # NOTE: s sets the tail's stages too (a later st wins)
+                changes["tail_stages"] = int(val)
+            changes[SPEC_KEYS[key]] = int(val)
+    return cfg.replace(**changes)

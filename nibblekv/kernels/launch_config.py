@@ -1,0 +1,85 @@
+"""The typed launch config of one decode launch: which kernel family runs and its knobs.
+
+``decode_config.select_decode`` builds it (the table of which kernel serves which case is its docstring);
+``decode.decode_triton`` reads it. A benchmark or test that wants a non-default kernel passes one
+(``decode_config.base_config(kernel, ...)`` with ``dataclasses.replace`` for the knobs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+
+
+class DecodeKernel(str, Enum):
+    """The decode kernel families. ``MMA16`` and ``BALANCED`` are what ``select_decode`` makes of ``MMA``
+    for 9-16 query columns a KV head and for many (request, KV head) pairs."""
+
+    PAGED = "paged"  # decode_paged: whole-page tiles [pages, P*D] -> [BN, D] where pages allow
+    ROWS = "rows"  # decode_paged with per-token addressing, K as two half-D dots (PAGED=False)
+    TOK = "tok"  # decode_tok: per-token gather of [BN, D] tiles, S = Q K^T, one full-D tl.dot
+    MMA = "mma"  # decode_mma: NVFP4 straight into mma.sync fragments, S^T = K Q^T, <= 8 columns
+    MMA16 = "mma16"  # decode_mma16: the same registers as S = Q K^T, 9-16 columns
+    BALANCED = "balanced"  # decode_balanced: decode_mma over token-balanced chunks of the whole batch
+
+
+MMA_KERNELS = (DecodeKernel.MMA, DecodeKernel.MMA16, DecodeKernel.BALANCED)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One decode launch. The defaults and their H200 measurements are in ``decode_config``'s builders.
+
+    Every kernel: ``block_n`` / ``tail_block_n`` (keys per tile of the pool / the bf16 tail), ``num_warps``,
+    ``num_stages`` (``tail_stages``: with a bf16 tail, None = the same), ``split_cap`` (most splits a
+    request), ``wave_ctas`` (programs per SM of ``default_num_splits``' one-wave rule; 0 off),
+    ``combine_db`` (dims per combine program; 0 = ``combine_dim_block``). ``decode_tok``: ``conv`` (FP8: bit 0
+    V, bit 1 K through the uint16-pair asm), ``split`` (V as even / odd column halves; 2: NVFP4 K too).
+
+    ``decode_mma`` family: ``ppsm`` programs per SM to aim for (``wppsm`` for ``decode_mma16``, ``bal_ppsm``
+    for the balanced kernel), ``tpi`` 16-token tiles per softmax step, ``pf`` prefetch of the next step,
+    ``minc`` the fewest tokens a split, ``vst`` / ``vq`` 16-byte vector partial stores / Q loads, ``tin``
+    the bf16 tail as programs of the grid (0: its own launch), ``tail_splits`` such programs per (request,
+    KV head), ``tail_page_prefetch`` their next page id loaded a tile early, ``balanced`` (0 off, 1 on, 2 from
+    ``BALANCED_MIN_PAIRS`` pairs), ``l2_ahead`` the L2 prefetch distance in steps (None: ``decode_mma16``'s
+    default, else off). ``tail_in_grid`` is resolved by ``select_decode`` (not an input).
+    """
+
+    kernel: DecodeKernel
+    block_n: int
+    tail_block_n: int
+    num_warps: int
+    num_stages: int
+    tail_stages: int | None = None
+    split_cap: int = 64
+    wave_ctas: int = 0
+    combine_db: int = 0
+    conv: int = 0
+    split: int = 0
+    ppsm: int = 16
+    wppsm: int = 8
+    bal_ppsm: int = 12
+    tpi: int = 2
+    pf: int = 1
+    minc: int = 64
+    vst: int = 1
+    vq: int = 1
+    tin: int = 1
+    tail_splits: int = 2
+    tail_page_prefetch: int = 1
+    balanced: int = 2
+    l2_ahead: int | None = None
+    tail_in_grid: bool = False
+
+    @property
+    def mma(self) -> bool:
+        """Whether a ``decode_mma`` family kernel runs (16-token tiles, one partial slot a warp)."""
+        return self.kernel in MMA_KERNELS
+
+    def replace(self, **changes: object) -> DecodeConfig:
+        """A copy with ``changes`` (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+__all__ = ["MMA_KERNELS", "DecodeConfig", "DecodeKernel"]
