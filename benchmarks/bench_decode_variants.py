@@ -28,7 +28,6 @@ import os
 import sys
 import time
 import traceback
-
 from pathlib import Path
 
 import torch
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 from benchmarks import bench_kernels, timing  # noqa: E402
 from benchmarks.bench_kernels import NAMES, Pools, run_decode  # noqa: E402
 from benchmarks.timing import DEV, read_ceiling  # noqa: E402
+from nibblekv.formats.kv_view import PagedKV  # noqa: E402
 from nibblekv.formats.layout import KVDtype  # noqa: E402
 from nibblekv.kernels import decode as dec  # noqa: E402
 from nibblekv.kernels.reference import decode_ref  # noqa: E402
@@ -67,10 +67,9 @@ def check(dt: KVDtype, spec: str, batch: object) -> tuple[float, dict[str, objec
     """rel. RMS error of one variant vs decode_ref on the small odd batch (+ the compiled kernel's resources)."""
     pb, q, ref = batch  # type: ignore[misc]
     out = torch.full_like(q, float("nan"))
-    targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     cfg = decode_config_from_spec(spec, dt, q.shape[-1])
     dec.decode_triton(
-        q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]), **targs, out=out, config=cfg
+        q, pb.view(), 1 / math.sqrt(q.shape[-1]), out=out, config=cfg
     )
     torch.cuda.synchronize() if DEV == "cuda" else None
     k = dec.LAST_KERNEL.get("decode")
@@ -79,7 +78,7 @@ def check(dt: KVDtype, spec: str, batch: object) -> tuple[float, dict[str, objec
         res[attr] = getattr(k, attr, None)
     # the tail-free launch compiles the main-pool-only specialization that the timed shapes use
     out2 = torch.full_like(q, float("nan"))
-    dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]), out=out2, config=cfg)
+    dec.decode_triton(q, PagedKV(pb.cache, pb.page_table, pb.lens), 1 / math.sqrt(q.shape[-1]), out=out2, config=cfg)
     k2 = dec.LAST_KERNEL.get("decode")
     res["n_regs_notail"], res["n_spills_notail"] = getattr(k2, "n_regs", None), getattr(k2, "n_spills", None)
     ref2 = decode_ref(q.float(), pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]))

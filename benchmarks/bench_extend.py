@@ -33,6 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root, for `benchmarks.*`
 from benchmarks import timing  # noqa: E402
 from benchmarks.timing import DEV, GiB, bench_graph, kernel_breakdown, read_ceiling  # noqa: E402
+from nibblekv.formats.kv_view import PagedKV  # noqa: E402
+from nibblekv.formats.layer_kv import LayerKV  # noqa: E402
 from nibblekv.formats.layout import KVDtype, PageLayout  # noqa: E402
 from nibblekv.kernels.extend import extend_triton  # noqa: E402
 from nibblekv.kernels.extend_decode import (  # noqa: E402
@@ -41,7 +43,6 @@ from nibblekv.kernels.extend_decode import (  # noqa: E402
     extend_decode_unsupported,
 )
 from nibblekv.kernels.testing import decode_config_from_spec, fill_pool  # noqa: E402
-from nibblekv.kernels.types import LayerKV  # noqa: E402
 
 PAGE = 16
 NAMES = {KVDtype.BF16: "bf16", KVDtype.FP8: "fp8_e4m3", KVDtype.NVFP4: "nvfp4"}
@@ -109,7 +110,7 @@ def extend_rows(
                     if same or extend_decode_unsupported(q, pool, chunk, wide):
                         continue  # DEC >= 2 only where it differs from DEC=1's plan
                     # NOTE: WARPS / BN set step 2's launch (the own-chunk keys, the tail and the merge)
-                    fn = partial(extend_decode, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), chunk, out=out,
+                    fn = partial(extend_decode, q, k, v, cu, PagedKV(pool, pt, plens), 1 / math.sqrt(d), chunk, out=out,
                                  num_splits=splits or None, wide=wide, own_warps=warps or None,
                                  own_block_n=bn or None, **_decode_kw(dopts, plan[0], dt, d))  # type: ignore[index]  # fmt: skip
                 else:

@@ -30,16 +30,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 from benchmarks import timing  # noqa: E402
 from benchmarks.bench_extend import extend_rows  # noqa: E402
 from benchmarks.timing import (  # noqa: E402
-    DEV, GiB, _empty_cache, bench, bench_graph, gpu_state, kernel_breakdown, read_ceiling,
+    DEV,
+    GiB,
+    _empty_cache,
+    bench,
+    bench_graph,
+    gpu_state,
+    kernel_breakdown,
+    read_ceiling,
 )
+from nibblekv.formats.kv_view import PagedKV  # noqa: E402
+from nibblekv.formats.layer_kv import LayerKV  # noqa: E402
 from nibblekv.formats.layout import KVDtype, PageLayout  # noqa: E402
-from nibblekv.kernels.cache_write import write_kv_triton  # noqa: E402
 from nibblekv.kernels._common import fmt_code  # noqa: E402
+from nibblekv.kernels.cache_write import write_kv_triton  # noqa: E402
 from nibblekv.kernels.decode import decode_triton  # noqa: E402
 from nibblekv.kernels.decode_config import base_config, default_kernel  # noqa: E402
 from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel  # noqa: E402
 from nibblekv.kernels.testing import fill_pool  # noqa: E402
-from nibblekv.kernels.types import LayerKV  # noqa: E402
 
 PAGE = 16
 DTYPES = (KVDtype.BF16, KVDtype.FP8, KVDtype.NVFP4)
@@ -98,13 +106,13 @@ def decode_call(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, w
     mains = [c - tail for c in ctxs] if ctxs else [main] * batch
     lens = torch.tensor(mains, dtype=torch.int32, device=DEV)
     q = torch.randn(batch, q_heads, pools.head_dim, device=DEV).to(torch.bfloat16)
-    kw: dict[str, object] = {} if cfg is None else {"config": cfg}
+    kv = PagedKV(pool, pt, lens)
     if with_tail:
         tpt = torch.randperm(pools.tail.num_pages, generator=gen)[: batch * 4].reshape(batch, 4).to(torch.int32).to(DEV)
-        kw.update(tail=pools.tail, tail_page_table=tpt, tail_lens=torch.full((batch,), tail, dtype=torch.int32, device=DEV))
+        kv = PagedKV(pool, pt, lens, pools.tail, tpt, torch.full((batch,), tail, dtype=torch.int32, device=DEV))
     sm = 1.0 / math.sqrt(pools.head_dim)
     out = torch.empty_like(q)
-    return (lambda: decode_triton(q, pool, pt, lens, sm, out=out, **kw)), mains
+    return (lambda: decode_triton(q, kv, sm, out=out, config=cfg)), mains
 
 
 def run_decode(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, with_tail: bool,

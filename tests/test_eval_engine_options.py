@@ -12,9 +12,9 @@ from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, hadam
 from nibblekv.cache import KVPool, PoolSpec
 from nibblekv.config import EngineConfig, add_engine_args
 from nibblekv.engine import Engine, SamplingParams
-from nibblekv.formats.sm_words import to_sm
 from nibblekv.formats import KVDtype, nvfp4
-from nibblekv.kernels import LayerKV
+from nibblekv.formats.layer_kv import LayerKV
+from nibblekv.formats.sm_words import to_sm
 from nibblekv.kernels.reference import demote_pages_ref, write_kv_ref
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import triton
 
+from nibblekv.formats.kv_view import PagedKV
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels._common import fmt_code, interpreting
 from nibblekv.kernels.decode import decode_triton
@@ -36,7 +37,7 @@ def _run(dtype: KVDtype, lens: list[int], tails: list[int] | None, hkv: int, gro
     out = torch.full_like(q, float("nan"))
     sm = 1.0 / math.sqrt(d)
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
-    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, num_splits=splits, out=out, **kw)  # type: ignore[arg-type]
+    decode_triton(q, pb.view(), sm, num_splits=splits, out=out, **kw)  # type: ignore[arg-type]
     ref = decode_ref(q.float(), pb.cache, pb.page_table, pb.lens, sm, **targs)
     return rel_rms(out, ref)
 
@@ -246,15 +247,14 @@ def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: 
     out = torch.full_like(q, float("nan"))
     sm = 1.0 / math.sqrt(d)
     act = torch.tensor([3], dtype=torch.int32, device=DEVICE)
-    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, pb.tail, pb.tail_page_table, pb.tail_lens,
-                  num_splits=12, out=out, active=act,
+    decode_triton(q, pb.view(active=act), sm, num_splits=12, out=out,
                   config=decode_config_from_spec(f"mma:ppsm=8,minc=16{opts}", KVDtype.NVFP4, d))  # fmt: skip
     ref = decode_ref(q[:3].float(), pb.cache, pb.page_table[:3], pb.lens[:3], sm, pb.tail,
                      pb.tail_page_table[:3], pb.tail_lens[:3])  # fmt: skip
     assert rel_rms(out[:3], ref) <= 1e-2
     assert torch.equal(out[3:], torch.zeros_like(out[3:]))
     with pytest.raises(ValueError, match="active must be an int32"):
-        decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, active=act.long(),
+        decode_triton(q, PagedKV(pb.cache, pb.page_table, pb.lens, active=act.long()), sm,
                       config=decode_config_from_spec("mma", KVDtype.NVFP4, d))
 
 
@@ -433,13 +433,12 @@ def test_decode_gqa_group_over_16_lse_matches_a_subset_of_heads() -> None:
     pb = make_batch(KVDtype.FP8, [17, 300], 2, 64, P, DEVICE, tail_lens=[W, 5])
     q = torch.randn(2, 2 * 20, 64, device=DEVICE).to(torch.bfloat16)
     sm = 1.0 / math.sqrt(64)
-    targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     out, lse = torch.full_like(q, float("nan")), torch.full((2, 40), float("nan"), device=DEVICE)
-    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, lse_out=lse,
+    decode_triton(q, pb.view(), sm, out=out, lse_out=lse,
                   config=decode_config_from_spec("tok", KVDtype.FP8, 64))  # type: ignore[arg-type]
     sub = q.unflatten(1, (2, 20))[:, :, 3:7].reshape(2, 8, 64)
     lse4 = torch.full((2, 8), float("nan"), device=DEVICE)
-    out4 = decode_triton(sub, pb.cache, pb.page_table, pb.lens, sm, **targs, lse_out=lse4,
+    out4 = decode_triton(sub, pb.view(), sm, lse_out=lse4,
                          config=decode_config_from_spec("tok", KVDtype.FP8, 64))  # type: ignore[arg-type]
     assert rel_rms(out.unflatten(1, (2, 20))[:, :, 3:7].float(), out4.unflatten(1, (2, 4)).float()) <= 1e-3
     assert torch.allclose(lse.view(2, 2, 20)[:, :, 3:7], lse4.view(2, 2, 4), atol=1e-4)

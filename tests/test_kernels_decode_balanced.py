@@ -59,8 +59,7 @@ def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, pag
     act = None if active is None else torch.tensor([active], dtype=torch.int32, device=DEVICE)
     lse_out = torch.full((len(lens), hkv * group), float("nan"), device=DEVICE) if lse else None
     cfg = decode_config_from_spec(spec, KVDtype.NVFP4, 128)
-    decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, config=cfg,
-                  active=act, lse_out=lse_out)  # type: ignore[arg-type]  # fmt: skip
+    decode_triton(q, pb.view(active=act), sm, out=out, config=cfg, lse_out=lse_out)  # type: ignore[arg-type]  # fmt: skip
     n = len(lens) if active is None else active
     t = {k: (v[:n] if isinstance(v, torch.Tensor) else v) for k, v in targs.items()}
     ref = decode_ref(q[:n].float(), pb.cache, pb.page_table[:n], pb.lens[:n], sm, **t)  # type: ignore[arg-type]
@@ -148,8 +147,7 @@ def test_default_variant_runs_balanced_from_min_pairs_on_gpu(monkeypatch: pytest
     sm = 1.0 / math.sqrt(128)
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     act = None if active is None else torch.tensor([active], dtype=torch.int32, device=DEVICE)
-    dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, active=act,
-                      min_active=active)  # type: ignore[arg-type]  # fmt: skip
+    dec.decode_triton(q, pb.view(active=act, min_active=active), sm, out=out)  # type: ignore[arg-type]  # fmt: skip
     assert "bal" in str(getattr(dec.LAST_KERNEL["decode"], "name", dec.LAST_KERNEL["decode"]))
     n = 40 if active is None else active
     t = {k: (v[:n] if isinstance(v, torch.Tensor) else v) for k, v in targs.items()}

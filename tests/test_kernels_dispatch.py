@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import nibblekv.kernels as K
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels import reference
 from nibblekv.kernels.testing import make_batch, rel_rms
@@ -24,13 +25,13 @@ def test_dispatch_matches_reference(mode: str, monkeypatch: pytest.MonkeyPatch) 
     pb = make_batch(KVDtype.NVFP4, [5, 17], 2, 64, 16, dev, tail_lens=[0, 3])
     q = torch.randn(2, 4, 64, device=dev)
     tk = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
-    out = K.decode_attention(q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(64), **tk)  # type: ignore[arg-type]
+    out = K.decode_attention(q, pb.view(), 1 / math.sqrt(64))
     ref = reference.decode_ref(q, pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(64), **tk)  # type: ignore[arg-type]
     assert rel_rms(out, ref) <= 1e-2
     rows = torch.randn(3, 2, 64, device=dev)
     slots = torch.tensor([0, 7, -1], device=dev)
     a = make_batch(KVDtype.NVFP4, [16], 2, 64, 16, dev, via_write=False).cache
-    b = K.LayerKV(a.layout, a.k_data.clone(), a.v_data.clone(), a.k_scale.clone(), a.v_scale.clone(), a.global_scale)  # type: ignore[union-attr]
+    b = LayerKV(a.layout, a.k_data.clone(), a.v_data.clone(), a.k_scale.clone(), a.v_scale.clone(), a.global_scale)  # type: ignore[union-attr]
     K.write_kv(rows, rows, a, slots)
     reference.write_kv_ref(rows, rows, b, slots)
     assert torch.equal(a.k_data, b.k_data) and torch.equal(a.v_scale.view(torch.uint8), b.v_scale.view(torch.uint8))  # type: ignore[union-attr]

@@ -9,6 +9,8 @@ import torch
 import triton
 from test_kernels_extend import _run as run_extend
 
+from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels import extend_decode as ed
 from nibblekv.kernels.decode import decode_triton
@@ -28,11 +30,14 @@ def _run(prefix: list[int], chunks: list[int], tails: list[int] | None, hkv: int
                       fn=partial(extend_decode_fn, num_splits=splits, wide=wide))  # fmt: skip
 
 
-def extend_decode_fn(*args: object, num_splits: int | None = None, **kw: object) -> object:
-    """extend_decode behind extend_triton's signature (``max_chunk`` from ``cu_seqlens``, the 4th argument)."""
-    cu = args[3]
-    assert isinstance(cu, torch.Tensor)
-    return extend_decode(*args, int((cu[1:] - cu[:-1]).max()), num_splits=num_splits, **kw)  # type: ignore[arg-type]
+def extend_decode_fn(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, cache: LayerKV, page_table: torch.Tensor,
+    prefix_lens: torch.Tensor, sm_scale: float, tail: LayerKV | None = None,
+    tail_page_table: torch.Tensor | None = None, tail_prefix_lens: torch.Tensor | None = None, **kw: object,
+) -> torch.Tensor:  # fmt: skip
+    """extend_decode behind extend_triton's signature (``max_chunk`` from ``cu_seqlens``)."""
+    kv = PagedKV(cache, page_table, prefix_lens, tail, tail_page_table, tail_prefix_lens)
+    return extend_decode(q, k, v, cu, kv, sm_scale, int((cu[1:] - cu[:-1]).max()), **kw)  # type: ignore[arg-type]
 
 
 # ragged batches: prefixes 0 / 1 / P-1 / P+1 / several tiles; chunks 1..4 (one and two column groups,
@@ -105,7 +110,7 @@ def test_extend_decode_fold_q(monkeypatch: pytest.MonkeyPatch, fold: bool) -> No
     q = torch.randn(3, 4, 128, device=DEVICE).to(torch.bfloat16)
     cu = torch.tensor([0, 2, 3], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="q_rows"):  # 8 columns: decode_mma, which has no q_rows
-        decode_triton(q.as_strided((2, 8, 128), (0, 0, 1)), pb.cache, pb.page_table, pb.lens, 0.1,
+        decode_triton(q.as_strided((2, 8, 128), (0, 0, 1)), pb.view(), 0.1,
                       config=decode_config_from_spec("mma", KVDtype.NVFP4, 128), q_rows=(q, cu, 4, 1))  # fmt: skip
 
 
@@ -163,7 +168,7 @@ def test_extend_decode_refuses_what_it_cannot_serve() -> None:
     cu = torch.tensor([0, 9], dtype=torch.int32)
     q9 = torch.randn(9, 8, 128)
     with pytest.raises(ValueError, match="extend variant 'decode'"):
-        extend_decode(q9, q9[:, :2], q9[:, :2], cu, pb.cache, pb.page_table, pb.lens, 0.1, 9)
+        extend_decode(q9, q9[:, :2], q9[:, :2], cu, pb.view(), 0.1, 9)
 
 
 @pytest.mark.parametrize("g,gv,ng", [(4, 8, 2), (3, 5, 2), (1, 5, 1)])
@@ -205,7 +210,7 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
     from nibblekv.kernels import extend_attention
 
     calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(ed, "extend_decode", lambda *a, **k: calls.append((a[4].dtype.value, a[8])) or a[0])
+    monkeypatch.setattr(ed, "extend_decode", lambda *a, **k: calls.append((a[4].cache.dtype.value, a[6])) or a[0])
     monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")
     q = torch.randn(3, 8, 128, device=DEVICE).to(torch.bfloat16)
     kv = torch.randn(3, 2, 128, device=DEVICE).to(torch.bfloat16)
@@ -214,7 +219,7 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
 
     def call(dt: KVDtype, max_chunk: int) -> None:
         pb = pools[dt]
-        extend_attention(q, kv, kv, cu, pb.cache, pb.page_table, pb.lens, 0.1, max_chunk=max_chunk)
+        extend_attention(q, kv, kv, cu, pb.view(), 0.1, max_chunk=max_chunk)
 
     call(KVDtype.NVFP4, 2)
     call(KVDtype.FP8, 2)  # auto: both quantized dtypes
@@ -225,8 +230,7 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
     # short_chunks_by_decode=False: extend_triton for every chunk
     for dt in (KVDtype.NVFP4, KVDtype.FP8):
         pb = pools[dt]
-        extend_attention(q, kv, kv, cu, pb.cache, pb.page_table, pb.lens, 0.1, max_chunk=2,
-                         short_chunks_by_decode=False)  # fmt: skip
+        extend_attention(q, kv, kv, cu, pb.view(), 0.1, max_chunk=2, short_chunks_by_decode=False)
     assert len(calls) == 3
 
 
@@ -270,7 +274,7 @@ def test_extend_decode_with_a_dense_transposed_q_and_fp32_partials() -> None:
     a = (k, v, cu, pb.cache, pb.page_table, pb.lens, d**-0.5, pb.tail, pb.tail_page_table, pb.tail_lens)
     want = extend_ref(q.float(), *a)
     splits = 3 if DEVICE == "cpu" else None
-    got = extend_decode(q_t, *a[:7], 2, *a[7:], num_splits=splits)
+    got = extend_decode(q_t, k, v, cu, pb.view(), d**-0.5, 2, num_splits=splits)
     assert rel_rms(got, want) <= 1e-2
     # no worse than extend_triton on the same inputs (the bf16 partials were ~2x worse)
     assert rel_rms(got, want) <= 1.3 * rel_rms(extend_triton(q, *a, max_chunk=2), want) + 1e-4

@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from nibblekv.formats import KVDtype, PageLayout
-from nibblekv.kernels import LayerKV, decode_attention, demote_pages, extend_attention, write_kv
+from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.layer_kv import LayerKV
+from nibblekv.kernels import decode_attention, demote_pages, extend_attention, write_kv
 from nibblekv.kernels.page_copy import gather_pages_ref, gather_pages_triton
 from nibblekv.kernels.reference import decode_ref, extend_ref, gather_kv
 
@@ -72,7 +74,7 @@ def test_write_decode_extend_and_page_copy_past_2gib(dtype: KVDtype, monkeypatch
     lens = torch.tensor([2 * P - 5, 2 * P], dtype=torch.int32, device=DEVICE)
     q = torch.randn(2, HQ, D, generator=g).to(DEVICE)
     scale = 1 / math.sqrt(D)
-    out = decode_attention(q, cache, table, lens, scale)
+    out = decode_attention(q, PagedKV(cache, table, lens), scale)
     torch.testing.assert_close(out, decode_ref(q, cache, table, lens, scale), atol=tol, rtol=0)
 
     qe = torch.randn(5, HQ, D, generator=g).to(DEVICE)
@@ -81,7 +83,7 @@ def test_write_decode_extend_and_page_copy_past_2gib(dtype: KVDtype, monkeypatch
     plens = torch.tensor([P + 2, 2 * P], dtype=torch.int32, device=DEVICE)
     ref = extend_ref(qe, kn, vn, cu, cache, table, plens, scale)
     # NOTE: extend_triton; short chunks (extend_decode) run the decode kernels checked above
-    got = extend_attention(qe, kn, vn, cu, cache, table, plens, scale)
+    got = extend_attention(qe, kn, vn, cu, PagedKV(cache, table, plens), scale)
     torch.testing.assert_close(got, ref, atol=tol, rtol=0)
 
     if dtype.quantized:  # tail (bf16) pages demoted into the pages past 2 GiB

@@ -144,8 +144,7 @@ def main() -> None:
             try:
                 cfg = decode_config_from_spec(spec, dt, d)
                 act = torch.tensor([1], dtype=torch.int32) if args.active else None
-                dec.decode_triton(q, pb.cache, pb.page_table, pb.lens, 0.1, pb.tail, pb.tail_page_table, pb.tail_lens,
-                                  num_splits=2, config=cfg, active=act)  # fmt: skip
+                dec.decode_triton(q, pb.view(active=act), 0.1, num_splits=2, config=cfg)
             except Exception as e:  # noqa: BLE001 - report and go on
                 cause = _root(e)[-1500:]
                 print(f"{dname:9s} {spec:28s} COMPILE FAILED: {str(e)[-1500:]} | cause: {cause}", flush=True)

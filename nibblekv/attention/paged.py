@@ -22,10 +22,12 @@ import torch
 from nibblekv.attention.backend import AttentionBackend
 from nibblekv.cache.host_tier import Transfer
 from nibblekv.cache.manager import Growth
-from nibblekv.cache.pages import RequestPages
 from nibblekv.cache.page_table import PageTable
+from nibblekv.cache.pages import RequestPages
 from nibblekv.cache.pool import KVPool
-from nibblekv.kernels import LayerKV, decode_attention, demote_pages, extend_attention, write_kv
+from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.layer_kv import LayerKV
+from nibblekv.kernels import decode_attention, demote_pages, extend_attention, write_kv
 
 
 def hadamard_matrix(
@@ -230,6 +232,8 @@ class PagedAttentionBackend(AttentionBackend):
         self.pool = pool
         self.sm_scale = pool.spec.head_dim**-0.5
         self.meta: PagedMetadata | None = None
+        # Per layer, the bound batch's paged-KV view the kernels read (built by bind, once a step)
+        self.views: list[PagedKV] = []
         # --kv-hadamard: q, k, v are rotated by H before the cache ops and the output rotated back
         # (H orthogonal and symmetric: scores and outputs are unchanged, only what is stored differs).
         if pool.spec.hadamard:
@@ -240,15 +244,30 @@ class PagedAttentionBackend(AttentionBackend):
         self.loads: Sequence[Transfer] = ()
 
     def bind(self, meta: PagedMetadata) -> None:
+        """Set up the next forward: ``meta`` and each layer's ``PagedKV`` view of it (frozen records of the
+        pools' and ``meta``'s tensors: a CUDA graph's static buffers under capture)."""
         self.meta = meta
+        tails = self.pool.tail or [None] * len(self.pool.main)
+        self.views = [
+            PagedKV(
+                main, meta.page_table, meta.main_lens, tail, meta.tail_page_table, meta.tail_lens, meta.active,
+                meta.min_active,
+            )
+            for main, tail in zip(self.pool.main, tails)
+        ]
 
     def demote_layer(self, layer_id: int) -> None:
         """Quantize this step's aged tail pages into their main pages (no-op when there are none)."""
         m = self.meta
         assert m is not None
-        if m.demote_src.numel():
+        self.demote(layer_id, m.demote_src, m.demote_dst)
+
+    def demote(self, layer_id: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Quantize layer ``layer_id``'s tail pages ``src`` into its main pages ``dst``: the one place
+        demotion runs (each layer's forward, and the CUDA-graph runner's out-of-graph overflow)."""
+        if src.numel():
             tail, main = self.pool.tail[layer_id], self.pool.main[layer_id]
-            demote_pages(tail, m.demote_src, main, m.demote_dst, self.four_over_six)
+            demote_pages(tail, src, main, dst, self.four_over_six)
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         h = self.qkv_rotation
@@ -266,32 +285,16 @@ class PagedAttentionBackend(AttentionBackend):
     def _forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         m = self.meta
         assert m is not None, "bind() metadata before the forward"
-        main = self.pool.main[layer_id]
-        tail = self.pool.tail[layer_id] if self.pool.tail else None
+        kv = self.views[layer_id]
+        main, tail = kv.cache, kv.tail
         for load in self.loads:
             load.wait_layer(layer_id)
         if m.is_decode:
             self.demote_layer(layer_id)
             self._write(k, v, main, tail)
-            return decode_attention(
-                q, main, m.page_table, m.main_lens, self.sm_scale, tail, m.tail_page_table, m.tail_lens,
-                active=m.active, min_active=m.min_active,
-            )
+            return decode_attention(q, kv, self.sm_scale)
         assert m.cu_seqlens is not None
-        out = extend_attention(
-            q,
-            k,
-            v,
-            m.cu_seqlens,
-            main,
-            m.page_table,
-            m.main_lens,
-            self.sm_scale,
-            tail,
-            m.tail_page_table,
-            m.tail_lens,
-            max_chunk=m.max_chunk,
-        )
+        out = extend_attention(q, k, v, m.cu_seqlens, kv, self.sm_scale, max_chunk=m.max_chunk)
         # NOTE: demoted and written after attending: the chunk attends to the pre-growth layout (aged
         # tail pages still in bf16) and to its fresh K/V, never to a stored copy. Demotion must precede
         # the write: a demoted page's main copy may receive some of this chunk's tokens.

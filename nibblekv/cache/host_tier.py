@@ -24,7 +24,8 @@ import torch
 
 from nibblekv.cache.allocator import FreeListAllocator
 from nibblekv.cache.pool import SCRATCH_PAGES, KVPool, PoolSpec
-from nibblekv.kernels import LayerKV, gather_pages, scatter_pages
+from nibblekv.formats.layer_kv import LayerKV
+from nibblekv.kernels import gather_pages, scatter_pages
 
 GIB: int = 1 << 30
 

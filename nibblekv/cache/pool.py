@@ -19,7 +19,7 @@ import torch
 
 from nibblekv.cache.allocator import FreeListAllocator, PageAllocator
 from nibblekv.formats import KVDtype, PageLayout
-from nibblekv.kernels import LayerKV
+from nibblekv.formats.layer_kv import LayerKV
 
 GIB: float = float(1 << 30)
 # NOTE: page 0 of each pool is a scratch page (padded batch entries write there), never allocated.

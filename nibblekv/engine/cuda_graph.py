@@ -19,7 +19,6 @@ from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
 from nibblekv.config import cuda_graph_batch_limit
 from nibblekv.engine.request import fill_placeholders
-from nibblekv.kernels import demote_pages
 from nibblekv.model import CausalLM
 
 logger = logging.getLogger("nibblekv")
@@ -219,6 +218,4 @@ class CudaGraphRunner:
             return
         d = to_device({"src": src, "dst": dst}, self.input_ids.device)
         for layer in range(len(self.pool.main)):
-            demote_pages(
-                self.pool.tail[layer], d["src"], self.pool.main[layer], d["dst"], self.backend.four_over_six
-            )
+            self.backend.demote(layer, d["src"], d["dst"])

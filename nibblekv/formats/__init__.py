@@ -1,6 +1,8 @@
 """KV storage formats, defined once in pure torch: the reference for every kernel."""
 
 from nibblekv.formats import e2m1, fp8, nvfp4, sm_words
+from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import (
     KV_DTYPE_CHOICES,
     KVDtype,
@@ -18,7 +20,9 @@ __all__ = [
     "sm_words",
     "KV_DTYPE_CHOICES",
     "KVDtype",
+    "LayerKV",
     "PageLayout",
+    "PagedKV",
     "bytes_per_value",
     "dequantize_rows",
     "parse_kv_dtype",

@@ -4,7 +4,9 @@ Public ops take the same arguments as their pure-torch twins in ``reference`` an
 device: Triton kernels for CUDA tensors, the reference twin for CPU tensors -- unless the environment
 sets ``NIBBLEKV_KERNELS=triton`` (Triton everywhere: the interpreter on CPU, given
 ``TRITON_INTERPRET=1``) or ``NIBBLEKV_KERNELS=reference`` (the twins everywhere).
-``decode_attention`` also takes ``num_splits`` (a host int, for CUDA graphs) and ``out``.
+The attention ops take one layer's paged KV as a ``formats.PagedKV`` view (pools, page tables, lengths,
+tail, CUDA-graph padding rows) and pass it down unchanged; ``decode_attention`` also takes ``num_splits``
+(a host int, for CUDA graphs) and ``out``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
+from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels.reference import decode_ref, demote_pages_ref, extend_ref, write_kv_ref
-from nibblekv.kernels.types import LayerKV
-
 
 # NOTE: head dims the Triton attention kernels build for: ``tl.dot`` needs K >= 16 on half a head and the
 # tiles are powers of two (64, 128 and 256 are the ones the GPU tests run).
@@ -60,29 +62,21 @@ def write_kv(
 
 def decode_attention(
     q: torch.Tensor,
-    cache: LayerKV,
-    page_table: torch.Tensor,
-    lens: torch.Tensor,
+    kv: PagedKV,
     sm_scale: float,
-    tail: LayerKV | None = None,
-    tail_page_table: torch.Tensor | None = None,
-    tail_lens: torch.Tensor | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
-    active: torch.Tensor | None = None,
-    min_active: int | None = None,
 ) -> torch.Tensor:
-    """One query token per request: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (see ``decode_ref``).
+    """One query token per request: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` over the view ``kv`` (see ``decode_ref``).
 
-    ``active`` / ``min_active`` (CUDA graphs): only the first ``active`` (int32 ``[1]`` device tensor,
+    ``kv.active`` / ``kv.min_active`` (CUDA graphs): only the first ``active`` (int32 ``[1]`` device tensor,
     ``>= min_active``) rows are requests; padding rows' outputs are unspecified (see ``decode_triton``).
     """
     if use_triton(q):
         from nibblekv.kernels.decode import decode_triton
 
-        return decode_triton(q, cache, page_table, lens, sm_scale, tail, tail_page_table, tail_lens,
-                             num_splits=num_splits, out=out, active=active, min_active=min_active)  # fmt: skip
-    res = decode_ref(q, cache, page_table, lens, sm_scale, tail, tail_page_table, tail_lens)
+        return decode_triton(q, kv, sm_scale, num_splits=num_splits, out=out)
+    res = decode_ref(q, kv.cache, kv.page_table, kv.lens, sm_scale, kv.tail, kv.tail_page_table, kv.tail_lens)
     if out is not None:
         out.copy_(res)
         return out
@@ -94,47 +88,34 @@ def extend_attention(
     k_new: torch.Tensor,
     v_new: torch.Tensor,
     cu_seqlens: torch.Tensor,
-    cache: LayerKV,
-    page_table: torch.Tensor,
-    prefix_lens: torch.Tensor,
+    kv: PagedKV,
     sm_scale: float,
-    tail: LayerKV | None = None,
-    tail_page_table: torch.Tensor | None = None,
-    tail_prefix_lens: torch.Tensor | None = None,
     max_chunk: int | None = None,
     short_chunks_by_decode: bool = True,
 ) -> torch.Tensor:
-    """A chunk of new tokens per request over its cached prefix plus itself, causally (see ``extend_ref``).
+    """A chunk of new tokens per request over its cached prefix (the view ``kv``: ``lens`` / ``tail_lens``
+    are the prefix's tokens) plus itself, causally (see ``extend_ref``).
 
     ``max_chunk`` (host int >= the longest chunk, optional) spares the Triton launcher a device sync and
     lets short chunks take ``extend_decode`` (the prefix through the decode kernels):
-    ``short_chunks_by_decode`` (default on) sends NVFP4 and FP8 pools there where it applies. Timed on the H200: 1-, 2-, 4-token chunks read NVFP4 0.71 / 0.59 / 0.34 of
-    the ceiling vs ``extend_triton``'s 0.25 / 0.24 / 0.24, FP8 0.89 / 0.76 / 0.71 vs 0.40 / 0.39 / 0.40;
-    FP8 8-token chunks (two decode_tok groups) 0.53 vs 0.39."""
+    ``short_chunks_by_decode`` (default on) sends NVFP4 and FP8 pools there where it applies. Timed on the
+    H200: 1-, 2-, 4-token chunks read NVFP4 0.71 / 0.59 / 0.34 of the ceiling vs ``extend_triton``'s 0.25 /
+    0.24 / 0.24, FP8 0.89 / 0.76 / 0.71 vs 0.40 / 0.39 / 0.40; FP8 8-token chunks (two decode_tok groups)
+    0.53 vs 0.39."""
     if use_triton(q):
         from nibblekv.kernels import extend_decode as ed
         from nibblekv.kernels.extend import extend_triton
 
         if short_chunks_by_decode and max_chunk is not None:  # noqa: SIM102 - max_chunk narrowed for the call
-            if ed.extend_decode_unsupported(q, cache, max_chunk) is None:
-                return ed.extend_decode(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
-                                        max_chunk, tail, tail_page_table, tail_prefix_lens)  # fmt: skip
+            if ed.extend_decode_unsupported(q, kv.cache, max_chunk) is None:
+                return ed.extend_decode(q, k_new, v_new, cu_seqlens, kv, sm_scale, max_chunk)
 
-        return extend_triton(q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
-                             tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk)  # fmt: skip
+        return extend_triton(q, k_new, v_new, cu_seqlens, kv.cache, kv.page_table, kv.lens, sm_scale,
+                             kv.tail, kv.tail_page_table, kv.tail_lens, max_chunk=max_chunk)  # fmt: skip
     return extend_ref(
-        q,
-        k_new,
-        v_new,
-        cu_seqlens,
-        cache,
-        page_table,
-        prefix_lens,
-        sm_scale,
-        tail,
-        tail_page_table,
-        tail_prefix_lens,
-    )
+        q, k_new, v_new, cu_seqlens, kv.cache, kv.page_table, kv.lens, sm_scale, kv.tail, kv.tail_page_table,
+        kv.tail_lens,
+    )  # fmt: skip
 
 
 def gather_pages(segs: Sequence[torch.Tensor], idx: torch.Tensor, out: torch.Tensor) -> None:
@@ -169,7 +150,7 @@ def demote_pages(
 
 
 __all__ = [
-    "LayerKV",
+    "PagedKV",
     "decode_attention",
     "demote_pages",
     "extend_attention",

@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import KVDtype
-from nibblekv.kernels.types import LayerKV
 
 # KV storage formats as kernel constexprs.
 FMT_FLOAT: int = 0  # bf16 / fp16 / fp32 pages, loaded as they are

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import FMT_NVFP4, check_cache, fmt_code, scale_tensors
-from nibblekv.kernels.types import LayerKV
 
 
 @triton.jit

@@ -11,6 +11,8 @@ import os
 import torch
 import triton
 
+from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import (
     FMT_FLOAT,
     FMT_NVFP4,
@@ -35,7 +37,6 @@ from nibblekv.kernels.decode_mma_tail import decode_tail_kernel
 from nibblekv.kernels.decode_paged import _decode_kernel
 from nibblekv.kernels.decode_tok import decode_tok_kernel
 from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
-from nibblekv.kernels.types import LayerKV
 
 # NOTE: GQA groups over 16 run as chunks of <= 16 query heads (each reads the KV head again): the tok/paged
 # builds with 64-row query blocks (group 36) hit an illegal address on the H200 (the interpreter
@@ -45,9 +46,7 @@ MAX_GROUP_ROWS = 16
 
 def _decode_group_chunks(
     q: torch.Tensor,
-    cache: LayerKV,
-    page_table: torch.Tensor,
-    lens: torch.Tensor,
+    kv: PagedKV,
     sm_scale: float,
     out: torch.Tensor | None,
     lse_out: torch.Tensor | None,
@@ -55,7 +54,7 @@ def _decode_group_chunks(
 ) -> torch.Tensor:
     """``decode_triton`` over equal chunks of each KV head's query heads (GQA group > ``MAX_GROUP_ROWS``)."""
     bsz, hq, d = q.shape
-    hkv = cache.layout.num_kv_heads
+    hkv = kv.cache.layout.num_kv_heads
     g = hq // hkv
     n = -(-g // MAX_GROUP_ROWS)
     size = -(-g // n)
@@ -68,7 +67,7 @@ def _decode_group_chunks(
         j1 = min(g, j0 + size)
         qs = qv[:, :, j0:j1].reshape(bsz, hkv * (j1 - j0), d)
         ls = None if lv is None else torch.empty((bsz, hkv * (j1 - j0)), dtype=torch.float32, device=q.device)
-        os_ = decode_triton(qs, cache, page_table, lens, sm_scale, lse_out=ls, **kw)  # type: ignore[arg-type]
+        os_ = decode_triton(qs, kv, sm_scale, lse_out=ls, **kw)  # type: ignore[arg-type]
         ov[:, :, j0:j1] = os_.view(bsz, hkv, j1 - j0, d)
         if lv is not None and ls is not None:
             lv[:, :, j0:j1] = ls.view(bsz, hkv, j1 - j0)
@@ -77,29 +76,22 @@ def _decode_group_chunks(
 
 def decode_triton(
     q: torch.Tensor,
-    cache: LayerKV,
-    page_table: torch.Tensor,
-    lens: torch.Tensor,
+    kv: PagedKV,
     sm_scale: float,
-    tail: LayerKV | None = None,
-    tail_page_table: torch.Tensor | None = None,
-    tail_lens: torch.Tensor | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
     lse_out: torch.Tensor | None = None,
-    active: torch.Tensor | None = None,
-    min_active: int | None = None,
     q_rows: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
 ) -> torch.Tensor:
-    """Triton twin of ``decode_ref``: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (q's dtype).
+    """Triton twin of ``decode_ref``: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` (q's dtype) over the view ``kv``.
 
-    ``page_table [B, >= ceil(max lens / page)]`` int32/int64, ``lens [B]`` main-pool tokens; the tail
+    ``kv.page_table [B, >= ceil(max lens / page)]`` int32/int64, ``kv.lens [B]`` main-pool tokens; the tail
     (optional) likewise. ``num_splits`` (host int) fixes the split-K factor (default: fill the GPU); ``out``
     (like ``q``) receives the result if given. ``config`` (default: ``decode_config.select_decode``'s
     choice) asks for a kernel family and its launch knobs; it raises where that kernel cannot run.
 
-    ``active`` (int32 ``[1]`` on q's device) / ``min_active`` (host int): only the first ``active`` rows
+    ``kv.active`` (int32 ``[1]`` on q's device) / ``kv.min_active`` (host int): only the first ``active`` rows
     are requests, the rest padding (a CUDA graph captured for B replays batches of ``min_active``..B).
     decode_mma then sizes its splits for the real rows at run time (a one-wave grid sized for B gives 6/16
     of its slots to padding rows at 10 of 16) and returns zeros for padding rows; other variants ignore it.
@@ -108,6 +100,8 @@ def decode_triton(
     tail, no ``active``): ``q`` only gives the shape ``[B' * NG, Hkv * G, D]`` of ``extend_decode``'s virtual
     batch and the kernel reads its rows from ``q_real`` itself (``gather_q_ref``'s map), no gather launch.
     """
+    cache, page_table, lens, tail = kv.cache, kv.page_table, kv.lens, kv.tail
+    tail_page_table, tail_lens, active, min_active = kv.tail_page_table, kv.tail_lens, kv.active, kv.min_active
     check_cache(cache, "cache")
     lay = cache.layout
     bsz, hq, d = q.shape if q.dim() == 3 else (0, 0, 0)
@@ -138,9 +132,7 @@ def decode_triton(
     if q_rows is not None and (name is not DecodeKernel.MMA16 or has_tail or active is not None):
         raise ValueError("q_rows needs decode_mma16 (kernel mma, 9-16 columns a KV head), no tail or active")
     if not cfg.mma and g > MAX_GROUP_ROWS:
-        kw = dict(tail=tail, tail_page_table=tail_page_table, tail_lens=tail_lens, num_splits=num_splits,
-                  config=config, active=active, min_active=min_active)  # fmt: skip
-        return _decode_group_chunks(q, cache, page_table, lens, sm_scale, out, lse_out, kw)
+        return _decode_group_chunks(q, kv, sm_scale, out, lse_out, dict(num_splits=num_splits, config=config))
     conv = 0 if interp else cfg.conv  # the interpreter cannot run inline PTX
     bn, tbn = cfg.block_n, cfg.tail_block_n
     if cfg.mma and (cfg.minc < 16 or cfg.minc % 16):

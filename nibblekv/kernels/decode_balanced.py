@@ -26,13 +26,14 @@ import torch
 import triton
 import triton.language as tl
 
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
-from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels.combine import _load_slots, _merge_rows, combine_chunk
+from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels.decode_mma import _mma_segment
 from nibblekv.kernels.decode_mma_tail import _mma_tail
 from nibblekv.kernels.launch_config import DecodeConfig
-from nibblekv.kernels.types import LayerKV
+
 
 def plan_balanced(lens: list[int], kv_heads: int, warps: int, min_tiles: int) -> list[tuple[int, int, int, int, int]]:
     """The schedule ``decode_mma_bal_kernel`` runs: ``(warp, pair, first token, end token, slot)`` for every

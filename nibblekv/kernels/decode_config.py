@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 import triton
 
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import FMT_FLOAT, FMT_FP8, FMT_NVFP4, fmt_code, interpreting, num_sms
 from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
-from nibblekv.kernels.types import LayerKV
 
 # NOTE: "tok" (decode_tok) is the default where "mma" does not apply: on the H200, fraction of the 4.63 TB/s
 # read ceiling at B64x32K / B8x32K /

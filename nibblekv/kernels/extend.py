@@ -12,11 +12,11 @@ that decode's combine step merges.
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
 
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import (
     check_cache,
     fmt_code,
@@ -32,7 +32,6 @@ from nibblekv.kernels.combine import _combine_kernel, combine_chunk
 from nibblekv.kernels.decode import _pages_contiguous
 from nibblekv.kernels.decode_config import combine_dim_block
 from nibblekv.kernels.decode_paged import _decode_block
-from nibblekv.kernels.types import LayerKV
 
 
 @triton.jit

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import FMT_FP8, FMT_NVFP4, fmt_code, interpreting
 from nibblekv.kernels.decode import decode_triton
 from nibblekv.kernels.decode_config import (
@@ -40,7 +42,6 @@ from nibblekv.kernels.decode_config import (
 )
 from nibblekv.kernels.extend import extend_triton
 from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
-from nibblekv.kernels.types import LayerKV
 
 # NOTE: more virtual requests than this per request re-read (and re-convert) the same prefix bytes more
 # often; the tl.dot path converts each byte once for all columns.
@@ -164,14 +165,9 @@ def extend_decode(
     k_new: torch.Tensor,
     v_new: torch.Tensor,
     cu_seqlens: torch.Tensor,
-    cache: LayerKV,
-    page_table: torch.Tensor,
-    prefix_lens: torch.Tensor,
+    kv: PagedKV,
     sm_scale: float,
     max_chunk: int,
-    tail: LayerKV | None = None,
-    tail_page_table: torch.Tensor | None = None,
-    tail_prefix_lens: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     wide: str = "mma",
@@ -180,7 +176,8 @@ def extend_decode(
     prefix_config: DecodeConfig | None = None,
     fold_q: bool | None = None,
 ) -> torch.Tensor:
-    """``extend_triton``'s contract (``q [T, Hq, D]`` -> ``[T, Hq, D]``) for an NVFP4 or FP8 pool whose
+    """``extend_triton``'s contract (``q [T, Hq, D]`` -> ``[T, Hq, D]``; the view ``kv``'s lengths are the
+    cached prefix's) for an NVFP4 or FP8 pool whose
     decode kernel takes ``max_chunk * G`` columns per KV head (``extend_decode_plan``); ``max_chunk`` (host
     int) >= every chunk of ``cu_seqlens [B + 1]``. ``num_splits``: the prefix decode's split count
     (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`. ``own_warps`` /
@@ -190,6 +187,7 @@ def extend_decode(
     which it must name).
     ``fold_q`` (default ``FOLD_Q``, on): where the prefix runs ``decode_mma16`` (9-16 columns), its kernel
     reads the query rows itself (``decode_triton``'s ``q_rows``): no gather launch."""
+    cache, page_table, prefix_lens = kv.cache, kv.page_table, kv.lens
     plan = extend_decode_plan(q, cache, max_chunk, wide)
     if isinstance(plan, str):
         raise ValueError(f"extend variant 'decode' {plan}")  # noqa: TRY004 - a reason, not a wrong type
@@ -231,9 +229,8 @@ def extend_decode(
     cfg = prefix_config or base_config(kernel, fmt_code(cache.dtype), d)
     if cfg.mma != (kernel is DecodeKernel.MMA) or (not cfg.mma and cfg.kernel is not kernel):
         raise ValueError(f"prefix_config runs {cfg.kernel.value!r}, the plan {variant!r}")
-    decode_triton(
-        qv, cache, pv, lv, sm_scale, num_splits=num_splits, out=o1, config=cfg, lse_out=lse1, q_rows=q_rows
-    )
+    prefix = PagedKV(cache, pv, lv)  # the virtual batch's view of the main pool
+    decode_triton(qv, prefix, sm_scale, num_splits=num_splits, out=o1, config=cfg, lse_out=lse1, q_rows=q_rows)
     # 2) tail + own keys: extend_triton with merge (no main-pool pass, and no zeros prefix_lens -- one fill
     # launch less), each row's prefix partial loaded first and merged in its epilogue
     if interpreting():
@@ -248,7 +245,7 @@ def extend_decode(
         own_warps = 1 if max_chunk * g <= 16 else 2
     extend_triton(
         q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
-        tail, tail_page_table, tail_prefix_lens, max_chunk=max_chunk, out=out,
+        kv.tail, kv.tail_page_table, kv.tail_lens, max_chunk=max_chunk, out=out,
         block_m=min(64, max(16, triton.next_power_of_2(max_chunk * g))), num_stages=1,
         num_warps=own_warps, block_n=own_block_n or 16, merge=(o1, lse1, gv, ng),
     )  # fmt: skip

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 
 from nibblekv.formats import nvfp4
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import KVDtype, dequantize_rows, quantize_rows
 from nibblekv.formats.sm_words import to_sm
-from nibblekv.kernels.types import LayerKV
 
 
 def _quantize(

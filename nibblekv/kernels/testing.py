@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
+from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import KVDtype, PageLayout
 from nibblekv.kernels._common import fmt_code, interpreting
 from nibblekv.kernels.decode_config import base_config
 from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.reference import write_kv_ref
-from nibblekv.kernels.types import LayerKV
 
 
 @dataclass
@@ -27,6 +28,11 @@ class PagedBatch:
     tail: LayerKV | None
     tail_page_table: torch.Tensor | None
     tail_lens: torch.Tensor | None
+
+    def view(self, active: torch.Tensor | None = None, min_active: int | None = None) -> PagedKV:
+        """The batch as the attention kernels read it (``active`` / ``min_active``: CUDA-graph padding)."""
+        return PagedKV(self.cache, self.page_table, self.lens, self.tail, self.tail_page_table, self.tail_lens,
+                       active, min_active)  # fmt: skip
 
 
 def fill_pool(pool: LayerKV, scale: float = 1.0, chunk_pages: int = 4096) -> None:

@@ -1,4 +1,4 @@
-"""The tensors a kernel sees for one layer of the paged KV cache."""
+"""One layer's K and V pages in one storage dtype: the cache's tensors that the kernels read and write."""
 
 from __future__ import annotations
 
