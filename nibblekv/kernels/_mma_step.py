@@ -4,6 +4,11 @@
 (the online softmax), ``_run_step`` (one step on a converted tile pair) and the
 stores of a warp's partial (``_store_*``, ``_finish``). Used by ``decode_mma._mma_segment`` (so by the
 token-balanced kernel too) and the bf16 tail (``decode_mma_tail``); the fragment layout is in ``decode_mma``.
+
+Why the long signatures (``_run_step`` takes ~60 arguments): each PTX fragment is a ``[32 * NW]`` tensor
+that must stay in registers, one per lane. Triton has no register arrays, and a 2-D tensor or a tuple of
+tensors would get another layout (shared-memory or local-memory traffic), so every fragment travels as its
+own scalar argument and return value.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import triton.language as tl
 
 from nibblekv.kernels._mma_ptx import _max8, _mma, _p_frag, _st4, _sum8
 from nibblekv.kernels._mma_tile import _k_tile, _softmax, _v_tile
+
 
 @triton.jit
 def _scores(raw, qk_scale, n0, lim, lim1,
@@ -51,6 +57,7 @@ def _scores(raw, qk_scale, n0, lim, lim1,
     return s0, s1, s2, s3
 
 
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _pv(raw, pa, pb,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
@@ -75,6 +82,7 @@ def _pv(raw, pa, pb,
     )  # fmt: skip
 
 
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _rescale(al0, al1,
              o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
@@ -95,6 +103,7 @@ def _rescale(al0, al1,
     )  # fmt: skip
 
 
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _advance(
     m0, m1, l0, l1, x0, x1,
@@ -118,6 +127,7 @@ def _advance(
     )  # fmt: skip
 
 
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _step_max(
     m0, m1, l0, l1, mx0, mx1,
@@ -141,6 +151,7 @@ def _step_max(
     )  # fmt: skip
 
 
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _run_step(
     rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1,
@@ -277,6 +288,7 @@ def _store_rows(ptr, s_col, hm0, hm1, PAIR: tl.constexpr,
         _st4(ptr + s_col + 12, f12, f13, f14, f15, hm1)
 
 
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _finish(
     m0, m1, l0, l1, out_scale, o_ptr, lse_ptr, s_oh, g, t, warp,

@@ -6,7 +6,6 @@ splits with ``combine._combine_kernel``. No host syncs: CUDA-graph capturable.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 import triton
@@ -310,8 +309,8 @@ def side_stream(device: torch.device) -> torch.cuda.Stream | None:
     at B=1 it added ~5 us a layer (H200). The caller forks (``wait_stream``) before and
     joins after, which CUDA-graph capture records as two parallel branches.
     """
-    if device.type != "cuda" or interpreting() or os.environ.get("NIBBLEKV_SIDE_STREAM", "1") == "0":
-        return None  # NOTE: NIBBLEKV_SIDE_STREAM=0 runs the side launches in sequence (a diagnostic A/B)
+    if device.type != "cuda" or interpreting():
+        return None
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SIDE_STREAMS:
         _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)

@@ -23,7 +23,8 @@ Against ``decode_mma``: twice the tensor-core work per byte and twice the rescal
 ``FMUL`` of a 32-token step's 871 sm_90 instructions, vs 32 and 40 of 776) for twice the columns, and 64
 accumulators: the launcher runs ``decode_config.WIDE_PPSM`` programs per SM, too few warps to hide the next
 step's loads, so each step also prefetches the tiles ``L2`` steps ahead into L2 (``WIDE_L2``). Same partial
-slots as ``_mma_segment``; no PAIR.
+slots as ``_mma_segment``; no PAIR. The helpers take every fragment as its own argument for the reason
+given in ``_mma_step``'s docstring (registers, not a tensor with another layout).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from nibblekv.kernels._mma_tile import (
     _softmax,
     _v_tile,
 )
+
 
 @triton.jit
 def _scores16(raw, qk_scale, n0, lim,
@@ -83,6 +85,7 @@ qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15,
     return e0, e1, e2, e3, f0, f1, f2, f3
 
 
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _rescale16(al0, al1,
 o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3_1, o3_2, o3_3, o4_0, o4_1,
@@ -114,6 +117,7 @@ o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15
     )  # fmt: skip
 
 
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _pv16(raw, p0, p1, p2, p3,
 o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3_1, o3_2, o3_3, o4_0, o4_1,
@@ -181,6 +185,7 @@ o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15
     )  # fmt: skip
 
 
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _step16(rawA, rawB, nb, lim, qk_scale, m0, m1, l0, l1,
 qa0, qa1, qa2, qa3, qa4, qa5, qa6, qa7, qa8, qa9, qa10, qa11, qa12, qa13, qa14, qa15, qb0, qb1, qb2, qb3,
@@ -258,6 +263,7 @@ o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15
     )  # fmt: skip
 
 
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _finish16(m0, m1, l0, l1, out_scale, o_ptr, lse_ptr, s_oh, g, t, warp,
               G: tl.constexpr, D: tl.constexpr,
