@@ -67,7 +67,7 @@ def decode_attention(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query token per request: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` over the view ``kv`` (see ``decode_ref``).
+    """One query token per request: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` over the view ``kv`` (``decode_ref``).
 
     ``kv.active`` / ``kv.min_active`` (CUDA graphs): only the first ``active`` (int32 ``[1]`` device tensor,
     ``>= min_active``) rows are requests; padding rows' outputs are unspecified (see ``decode_triton``).

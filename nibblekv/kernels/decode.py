@@ -93,7 +93,7 @@ def decode_triton(
     ``kv.active`` (int32 ``[1]`` on q's device) / ``kv.min_active`` (host int): only the first ``active`` rows
     are requests, the rest padding (a CUDA graph captured for B replays batches of ``min_active``..B).
     decode_mma then sizes its splits for the real rows at run time (a one-wave grid sized for B gives 6/16
-    of its slots to padding rows at 10 of 16) and returns zeros for padding rows; other variants ignore it.
+    of its slots to padding rows at 10 of 16) and returns zeros for padding rows; the other kernels ignore it.
 
     ``q_rows = (q_real [T, Hq', D], cu_seqlens [B' + 1], G', NG)`` (``decode_mma16`` only: 9-16 columns, no
     tail, no ``active``): ``q`` only gives the shape ``[B' * NG, Hkv * G, D]`` of ``extend_decode``'s virtual

@@ -40,7 +40,7 @@ def default_num_splits(
     Many equal programs keep the last wave short (a grid of ~1.3 waves left a third of the GPU idle on
     the H200). ``max_len`` (a host int, if the caller knows it) caps splits so each gets
     >= 2 key blocks; empty splits exit at once, so over-splitting short contexts is cheap.
-    ``wave_ctas`` (variant option ``wv``, > 0): with >= 64 (request, KV head) pairs, the splits that fill ONE
+    ``wave_ctas`` (> 0): with >= 64 (request, KV head) pairs, the splits that fill ONE
     wave of that many resident programs per SM instead, where that wave is >= 90% full.
     """
     sms = num_sms()
@@ -147,7 +147,7 @@ def combine_dim_block(rows: int, slots: int, d: int) -> int:
     NOTE: split the dims only as far as the grid needs to cover the GPU (~2 programs per SM): one program
     per head looping over 256 slots was latency-bound at B=1 (32 programs), while splitting every head 8
     ways whenever slots > 16 gives B=8 x GQA 8 4096 programs for 33 slots (the time per launch is not
-    measured apart -- compare with variant option ``cdb=16``).
+    measured apart -- compare with ``DecodeConfig.combine_db=16``).
     """
     if slots <= 16:
         return d
@@ -237,7 +237,7 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         # B8x32K .668 -> .585, B1x128K .572 -> .506 (per-pair splits win only with few, equally long pairs).
         # tpi=1 builds: equal on ragged batches, .01-.03 lower on uniform ones
         "balanced": 2,
-        # NOTE: programs per SM of the token-balanced kernel (variant option bppsm): 12 (168 registers, no
+        # NOTE: programs per SM of the token-balanced kernel (DecodeConfig.bal_ppsm): 12 (168 registers, no
         # spill; at 128 it spilled 32-40 bytes). H200, two runs, 16 -> 12: GQA 4 B32x8K .654/.661 ->
         # .697/.696, GQA 8 B32x8K .670 -> .688; GQA 4 B128x8K .742 -> .737, B64x32K .764 -> .761
         "bal_ppsm": 12,
@@ -245,7 +245,7 @@ def _mma_config(d: int) -> dict[str, int | bool]:
 
 
 def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
-    """Launch config of the per-token kernels (measured on the H200 at these settings, see DEFAULT_VARIANT).
+    """Launch config of the per-token kernels (measured on the H200 at these settings, see TOK_VERIFIED_HEAD_DIMS).
 
     Picked by SASS instruction counts per token-head of the main loop (benchmarks/tools/sass_decode.py):
     FP8 with V as uint16-pair halves (sv=1, conv=1) at BN=128 is ~20 warp-instructions vs ~30 for "paged".

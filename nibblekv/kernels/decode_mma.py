@@ -1,4 +1,4 @@
-"""NVFP4 paged decode with hand-placed tensor-core fragments (variant ``mma`` of ``decode_triton``).
+"""NVFP4 paged decode with hand-placed tensor-core fragments (``DecodeKernel.MMA`` of ``decode_triton``).
 
 Why: Triton's ``tl.dot`` path (``decode_tok``) pads the GQA group to 16 rows, re-reads Q from shared
 memory every block and sends the dequantized V tile through shared memory for a transpose; at 4 bits
@@ -194,7 +194,7 @@ def mma_chunk(n, num_splits, MINC: tl.constexpr):
 @triton.jit
 def dyn_splits(act, max_splits, warp_slots, warps_per_req, reserve_per_req):
     """Splits per (request, KV head) when ``act`` requests are real: ``warp_slots`` one-warp programs, less
-    ``reserve_per_req`` per request (variant option ``tw``: the tail programs), shared out in splits of
+    ``reserve_per_req`` per request (0 in every launch), shared out in splits of
     ``warps_per_req`` (rounded down: whole waves), at least 1, at most ``max_splits`` (the grid's). NOTE: the
     host twin is ``decode_config.mma_num_splits``; the combine step calls this one with the same arguments."""
     a = tl.maximum(act, 1)
@@ -237,7 +237,7 @@ def decode_mma_kernel(
     order, so the one wave holds only real work; the tail programs come after all split slots.
     ``TPP``: the tail program prefetches each next tile's page id (``_mma_tail``).
 
-    ``L2``: ``decode_mma16``'s L2 prefetch distance in steps (variant option ``l2``; 0 = off).
+    ``L2``: ``decode_mma16``'s L2 prefetch distance in steps (``DecodeConfig.l2_ahead``; 0 = off).
     ``QG`` > 0 (``decode_mma16`` only): Q rows from ``qr_ptr`` (``q [T, Hq, D]``, strides ``s_qt`` /
     ``s_qr``) through ``decode_triton``'s ``q_rows`` map -- request ``b`` is virtual: real request ``b //
     QNG`` (its first token ``qcu_ptr[b // QNG]``), columns from ``(b % QNG) * G``; ``q_ptr`` is unused.

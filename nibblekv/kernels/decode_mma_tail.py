@@ -1,6 +1,6 @@
 """``decode_mma``'s bf16 tail: one more one-warp program of the grid attends a request's newest tokens
 (bf16 ``mma.sync`` on the same fragment layout as the NVFP4 main pool), or ``decode_tail_kernel``, its own
-launch beside the main kernel (the tail of variants that do not run it in-grid).
+launch beside the main kernel (where the tail does not run in-grid).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
     """One warp attends the ``n`` bf16 tail tokens of KV head ``h`` and stores partial slot 0 at ``o_ptr``.
 
     ``PARTS > 1``: only part ``part`` of ``PARTS`` (whole 16-row tiles each, the last ones may be empty),
-    so that many one-warp programs share a tail (variant option ``ts``).
+    so that many one-warp programs share a tail (``DecodeConfig.tail_splits``).
 
     ``TPP`` (where a 16-row tile lies in one page): the next tile's page id is loaded while this tile is
     attended, so a tile costs one dependent memory round trip (its rows) instead of two (page id, rows).

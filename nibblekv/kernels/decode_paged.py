@@ -1,6 +1,6 @@
 """The ``paged`` / ``rows`` decode kernel (split-K flash-decoding with ``tl.dot``) over a BF16 / FP8 /
-NVFP4 cache plus a bf16 tail: ``decode_triton``'s kernel at head_dim 256, and its variants ``paged`` /
-``rows`` at any head_dim.
+NVFP4 cache plus a bf16 tail: ``decode_triton``'s kernel at head_dim 256, and the ``paged`` /
+``rows`` kernels at any head_dim.
 
 Grid ``(B, kv_heads, num_splits [+1])``: one program reads one KV head's pages once for all ``G`` query
 heads of its GQA group (padded to ``BH >= 16`` rows for ``tl.dot``), over one slice of the request's

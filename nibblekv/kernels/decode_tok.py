@@ -1,4 +1,4 @@
-"""Per-token paged decode (variant ``tok*`` of ``decode_triton``): the plain per-token structure.
+"""Per-token paged decode (``DecodeKernel.TOK`` of ``decode_triton``): the plain per-token structure.
 
 Same grid, partials and combine step as ``decode._decode_kernel`` (``(B, kv_heads, splits [+1 tail])``),
 but every key tile is gathered row by row through the page table -- ``slot = table[t // P] * P + t % P``,
@@ -299,7 +299,7 @@ def _split_segment(
     G: tl.constexpr, BH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr,
     FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """``_tok_segment`` for quantized pools with column halves (variant option ``sv=1|2``; see ``_split_block``)."""
+    """``_tok_segment`` for quantized pools with column halves (``split`` 1 or 2; ``_split_block``)."""
     HALF: tl.constexpr = D // 2
     offs_g = tl.arange(0, BH)
     gmask = offs_g < G

@@ -31,8 +31,8 @@ class PagedBatch:
 
     def view(self, active: torch.Tensor | None = None, min_active: int | None = None) -> PagedKV:
         """The batch as the attention kernels read it (``active`` / ``min_active``: CUDA-graph padding)."""
-        return PagedKV(self.cache, self.page_table, self.lens, self.tail, self.tail_page_table, self.tail_lens,
-                       active, min_active)  # fmt: skip
+        tail = (self.tail, self.tail_page_table, self.tail_lens)
+        return PagedKV(self.cache, self.page_table, self.lens, *tail, active, min_active)
 
 
 def fill_pool(pool: LayerKV, scale: float = 1.0, chunk_pages: int = 4096) -> None:
