@@ -39,7 +39,7 @@ from benchmarks.bench_kernels import NAMES, Pools, run_decode  # noqa: E402
 from benchmarks.timing import DEV, read_ceiling  # noqa: E402
 from nibblekv.formats.kv_view import PagedKV  # noqa: E402
 from nibblekv.formats.layout import KVDtype  # noqa: E402
-from nibblekv.kernels import decode as dec  # noqa: E402
+from nibblekv.kernels.decode import launch as dec  # noqa: E402
 from nibblekv.kernels.reference import decode_ref  # noqa: E402
 from nibblekv.kernels.testing import decode_config_from_spec, make_batch, rel_rms  # noqa: E402
 

@@ -36,8 +36,8 @@ from benchmarks.timing import DEV, GiB, bench_graph, kernel_breakdown, read_ceil
 from nibblekv.formats.kv_view import PagedKV  # noqa: E402
 from nibblekv.formats.layer_kv import LayerKV  # noqa: E402
 from nibblekv.formats.layout import KVDtype, PageLayout  # noqa: E402
-from nibblekv.kernels.extend import extend_triton  # noqa: E402
-from nibblekv.kernels.extend_decode import (  # noqa: E402
+from nibblekv.kernels.extend.paged import extend_triton  # noqa: E402
+from nibblekv.kernels.extend.via_decode import (  # noqa: E402
     extend_decode,
     extend_decode_plan,
     extend_decode_unsupported,

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 from benchmarks import timing  # noqa: E402
 from benchmarks.timing import DEV, bench_graph, gpu_state, read_ceiling  # noqa: E402
 from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_channel  # noqa: E402
-from nibblekv.kernels.fp8_gemm import fp8_block_gemm, fp8_linear_block, quant_fp8_groups  # noqa: E402
-from nibblekv.kernels.fp8_ref import fp8_linear_ref  # noqa: E402
+from nibblekv.kernels.fp8.gemm import fp8_block_gemm, fp8_linear_block, quant_fp8_groups  # noqa: E402
+from nibblekv.kernels.fp8.reference import fp8_linear_ref  # noqa: E402
 
 BLOCK = 128
 # Llama-3.1-8B: (projection, N, K)
@@ -49,7 +49,7 @@ FORMATS = ("channel", "block")
 
 def _channel_layer(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
     if x.is_cuda:
-        from nibblekv.kernels.fp8_gemm import fp8_linear_rowwise
+        from nibblekv.kernels.fp8.gemm import fp8_linear_rowwise
 
         return fp8_linear_rowwise(x, wq, ws.view(1, -1), None)
     return fp8_linear_ref(x, wq, ws, None, None)  # CPU smoke: the reference stands in for cuBLASLt

@@ -43,11 +43,11 @@ from nibblekv.formats.kv_view import PagedKV  # noqa: E402
 from nibblekv.formats.layer_kv import LayerKV  # noqa: E402
 from nibblekv.formats.layout import KVDtype, PageLayout  # noqa: E402
 from nibblekv.kernels._common import fmt_code  # noqa: E402
-from nibblekv.kernels.cache_write import write_kv_triton  # noqa: E402
-from nibblekv.kernels.decode import decode_triton  # noqa: E402
-from nibblekv.kernels.decode_config import base_config, default_kernel  # noqa: E402
-from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel  # noqa: E402
+from nibblekv.kernels.decode.config import base_config, default_kernel  # noqa: E402
+from nibblekv.kernels.decode.launch import decode_triton  # noqa: E402
+from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel  # noqa: E402
 from nibblekv.kernels.testing import fill_pool  # noqa: E402
+from nibblekv.kernels.write import write_kv_triton  # noqa: E402
 
 PAGE = 16
 DTYPES = (KVDtype.BF16, KVDtype.FP8, KVDtype.NVFP4)

@@ -11,9 +11,9 @@ import triton
 from nibblekv.formats.kv_view import PagedKV
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels._common import fmt_code, interpreting
-from nibblekv.kernels.decode import decode_triton
-from nibblekv.kernels.decode_config import base_config, default_kernel
-from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
+from nibblekv.kernels.decode.config import base_config, default_kernel
+from nibblekv.kernels.decode.launch import decode_triton
+from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.reference import decode_ref
 from nibblekv.kernels.testing import decode_config_from_spec, make_batch, rel_rms
 
@@ -109,7 +109,7 @@ def test_decode_mma_tail_in_grid(
     # the defaults tpp=1 (each next tile's page id prefetched where a 16-row tile lies in one page) and ts=2
     # (two tail programs share each tail, whole 16-row tiles each; short tails leave one empty), ts=3, and
     # the one tail program without the prefetch (tpp=0, ts=1)
-    import nibblekv.kernels.decode_config as dc
+    import nibblekv.kernels.decode.config as dc
 
     seen: list[bool] = []
     orig = dc._mma_tail_in_grid
@@ -131,7 +131,7 @@ def test_default_num_splits_one_wave() -> None:
     # wave_ctas (FP8 decode_tok's default 2): >= 64 (request, KV head) pairs get the splits of one wave of 2
     # programs per SM where it is >= 90% full (not 208 pairs: 79%); fewer pairs (B=1, 4) and more keep ~16
     # programs per SM; wave_ctas 0 = the old rule
-    from nibblekv.kernels.decode_config import default_num_splits, graph_num_splits
+    from nibblekv.kernels.decode.config import default_num_splits, graph_num_splits
 
     got = [default_num_splits(b, 8, wave_ctas=2) for b in (8, 16, 32, 26, 34, 1, 4, 64)]
     assert got == [4, 2, 1, 11, 8, 64, 64, 5]
@@ -187,7 +187,7 @@ def test_decode_mma_combine_online(pair: int, db: int, ts: int) -> None:
     # so the long request's 38 / 76 written slots take several; an empty request (tail only) and one with
     # neither (its tail program wrote -inf and zeros); ts: tail programs per pair (variant option ts), a
     # slot each (two with PAIR)
-    from nibblekv.kernels.combine import _combine_kernel, combine_chunk
+    from nibblekv.kernels.decode.combine import _combine_kernel, combine_chunk
 
     hq, g, d, splits, minc = 6, 3, 128 // (1 + pair), 40, 16
     tail_slots = ts * (1 + pair)
@@ -236,7 +236,7 @@ def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: 
     # two tail programs per pair) -- in a 1-D grid, the tails after every
     # split; padding rows (1 token of page 0, no tail) come out zeros; tpp / co / ts on and off; group 12:
     # decode_mma16 (its tail in its own launch)
-    import nibblekv.kernels.decode as dec
+    import nibblekv.kernels.decode.launch as dec
 
     monkeypatch.setattr(dec, "num_sms", lambda: 1)
     lens, tails = [70, 1, 33, 1, 1], [W, 0, 5, 0, 0]
@@ -445,7 +445,7 @@ def test_decode_gqa_group_over_16_lse_matches_a_subset_of_heads() -> None:
 
 
 def test_combine_dim_block_splits_dims_only_for_small_grids() -> None:
-    from nibblekv.kernels.decode_config import combine_dim_block
+    from nibblekv.kernels.decode.config import combine_dim_block
 
     assert combine_dim_block(32, 257, 128) == 16  # B=1 x 32 heads: 8 programs per head
     assert combine_dim_block(4096, 33, 128) == 128  # a big grid: one program per head
@@ -457,7 +457,7 @@ def test_combine_chunk_covers_the_acceptance_rows_slots_in_one_load() -> None:
     # one chunk = one memory round trip: GQA 8 B=8 x 32K (a row a program, 33 slots at 2112 one-warp
     # splits / 64 pairs) and decode_balanced's ~10 slots a pair at B=32 x 8K (8 heads x 64 dims) each fit
     # one; no chunk is wider than the row's slots
-    from nibblekv.kernels.combine import COMBINE_ELEMS, combine_chunk
+    from nibblekv.kernels.decode.combine import COMBINE_ELEMS, combine_chunk
 
     assert combine_chunk(1, 128, 33) == 64 and combine_chunk(8, 64) == 16
     assert combine_chunk(1, 128, 8) == 8 and combine_chunk(4, 64, 1) == 1
@@ -469,7 +469,7 @@ def test_combine_chunk_covers_the_acceptance_rows_slots_in_one_load() -> None:
 def test_select_decode_falls_back_where_mma_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
     # the table of select_decode: NVFP4 head_dim 128 -> mma (groups <= 8), mma16 (9-16), balanced (>= 208
     # pairs), tok past 16 columns; head_dim 64 -> mma (groups <= 4), tok past; an explicit mma config raises
-    from nibblekv.kernels.decode_config import BALANCED_MIN_PAIRS, select_decode
+    from nibblekv.kernels.decode.config import BALANCED_MIN_PAIRS, select_decode
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU's choices (the interpreter's default is tok)
     pb = make_batch(KVDtype.NVFP4, [5], 8, 128, P, "cpu", via_write=False)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from nibblekv.formats.layout import KVDtype
-from nibblekv.kernels.decode import decode_triton
-from nibblekv.kernels.decode_balanced import max_pair_slots, partial_slots, plan_balanced
+from nibblekv.kernels.decode.balanced import max_pair_slots, partial_slots, plan_balanced
+from nibblekv.kernels.decode.launch import decode_triton
 from nibblekv.kernels.reference import decode_ref
 from nibblekv.kernels.testing import decode_config_from_spec, make_batch, rel_rms
 
@@ -73,7 +73,7 @@ def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, pag
 @pytest.fixture
 def one_sm(monkeypatch: pytest.MonkeyPatch) -> None:
     # 5 warps (bppsm=5 x 1 SM): chunks cross pairs, a pair spans several warps, some warps hold several pairs
-    import nibblekv.kernels.decode_balanced as bal
+    import nibblekv.kernels.decode.balanced as bal
 
     monkeypatch.setattr(bal, "num_sms", lambda: 1)
 
@@ -83,7 +83,7 @@ def test_balanced_ragged_batch_with_tails(monkeypatch: pytest.MonkeyPatch) -> No
     # lengths 1, P-1, P, P+1 and several tiles, an empty main pool with a tail; tails 0, 1, W; GQA 3;
     # 5-token pages (per-row page lookups) and global scales != 1; combine chunks of one slot (GQA 3 padded
     # to 4 heads x 128 dims), so a pair's later slots go through the combine's loop
-    import nibblekv.kernels.combine as comb
+    import nibblekv.kernels.decode.combine as comb
 
     monkeypatch.setattr(comb, "COMBINE_ELEMS", 4 * 128)
     hkv = 1 if DEVICE == "cpu" else 2  # NOTE: one KV head keeps the interpreter quick
@@ -116,7 +116,7 @@ def test_balanced_option_parses() -> None:
 def test_balanced_auto_turns_on_from_min_pairs() -> None:
     """``balanced=2`` (default): per-pair splits below BALANCED_MIN_PAIRS, token-balanced from it; never at
     head_dim 64 (PAIR), with several warps, or with the tail outside the grid."""
-    from nibblekv.kernels.decode_config import BALANCED_MIN_PAIRS, _balanced
+    from nibblekv.kernels.decode.config import BALANCED_MIN_PAIRS, _balanced
 
     cfg = decode_config_from_spec("mma", KVDtype.NVFP4, 128)
     n = BALANCED_MIN_PAIRS
@@ -135,7 +135,7 @@ def test_balanced_auto_turns_on_from_min_pairs() -> None:
 def test_default_variant_runs_balanced_from_min_pairs_on_gpu(monkeypatch: pytest.MonkeyPatch, active: int | None) -> None:
     """No variant given, 40 requests x 8 KV heads (320 pairs, ragged, bf16 tails, CUDA-graph padding rows):
     decode_triton takes decode_balanced's kernel and matches the reference."""
-    import nibblekv.kernels.decode as dec
+    import nibblekv.kernels.decode.launch as dec
 
     torch.manual_seed(7)
     lens = [int(x) for x in torch.randint(1, 3000, (40,))]

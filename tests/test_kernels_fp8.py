@@ -12,8 +12,8 @@ from nibblekv.formats.fp8_weights import (
     quantize_weight_block,
     quantize_weight_channel,
 )
-from nibblekv.kernels.fp8_gemm import fp8_block_gemm, fp8_linear_block, quant_fp8_groups
-from nibblekv.kernels.fp8_ref import fp8_gemm_ref, fp8_linear_ref
+from nibblekv.kernels.fp8.gemm import fp8_block_gemm, fp8_linear_block, quant_fp8_groups
+from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # FP8 tensor cores (torch._scaled_mm row-wise, Triton fp8 dots): sm_90; older GPUs run the reference only
@@ -73,7 +73,7 @@ def test_weight_quantization_error_is_small() -> None:
 @cuda_only
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 4096, 6144), (37, 1008, 272), (300, 512, 400)])
 def test_rowwise_scaled_mm_matches_reference(m: int, k: int, n: int) -> None:
-    from nibblekv.kernels.fp8_gemm import fp8_linear_rowwise
+    from nibblekv.kernels.fp8.gemm import fp8_linear_rowwise
 
     torch.manual_seed(m)
     w = torch.randn(n, k, device="cuda") * 0.05

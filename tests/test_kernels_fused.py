@@ -7,9 +7,9 @@ import pytest
 import torch
 from model_helpers import random_causal_lm
 
-from nibblekv.kernels.fused import add_rms_norm, silu_and_mul
-from nibblekv.kernels.rope import rope_qk
-from nibblekv.kernels.fused_ref import add_rms_norm_ref, rope_qk_ref, silu_and_mul_ref
+from nibblekv.kernels.fused.elementwise import add_rms_norm, silu_and_mul
+from nibblekv.kernels.fused.reference import add_rms_norm_ref, rope_qk_ref, silu_and_mul_ref
+from nibblekv.kernels.fused.rope import rope_qk
 from nibblekv.model import CausalLM, DenseAttention, ModelConfig
 from nibblekv.model.rope import apply_rope
 
@@ -155,8 +155,8 @@ def test_rope_qk_rotated_prefill_gemm(monkeypatch: pytest.MonkeyPatch, dtype: to
                                       hkv: int, t: int) -> None:  # fmt: skip
     # long prefill chunks: the plain kernel into one q | k | v buffer, then one GEMM (the switch lowered from 512
     # tokens to 8 here): contiguous views, the reference's values, the fused path's values up to rounding
-    import nibblekv.kernels.rope as rope
     from nibblekv.attention.paged import hadamard_matrix
+    from nibblekv.kernels.fused import rope
 
     torch.manual_seed(d + t)
     qkv = (torch.randn(t, (hq + 2 * hkv) * d) * 3).to(dtype).to(DEVICE)
@@ -174,7 +174,7 @@ def test_rope_qk_rotated_prefill_gemm(monkeypatch: pytest.MonkeyPatch, dtype: to
 
 def test_rope_qk_rotation_switch_in_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     # while a CUDA graph is captured (decode batches), the GEMM path from _ROT_FUSED_MAX_TOKENS_GRAPH tokens
-    import nibblekv.kernels.rope as rope
+    from nibblekv.kernels.fused import rope
 
     x = torch.empty(1, device=DEVICE)
     t_graph, t_eager = rope._ROT_FUSED_MAX_TOKENS_GRAPH, rope._ROT_FUSED_MAX_TOKENS
@@ -189,8 +189,8 @@ def test_rope_qk_rotation_switch_in_cuda_graphs(monkeypatch: pytest.MonkeyPatch)
 @cuda_only
 def test_rope_qk_rotated_in_cuda_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     # decode batches of >= _ROT_FUSED_MAX_TOKENS_GRAPH tokens: the GEMM path captured and replayed
-    import nibblekv.kernels.rope as rope
     from nibblekv.attention.paged import hadamard_matrix
+    from nibblekv.kernels.fused import rope
 
     hq, hkv, d = 6, 2, 128
     for t in (rope._ROT_FUSED_MAX_TOKENS_GRAPH - 1, rope._ROT_FUSED_MAX_TOKENS_GRAPH, 130):

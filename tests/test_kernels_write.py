@@ -8,8 +8,8 @@ import torch
 from nibblekv.formats import nvfp4
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import KVDtype, PageLayout
-from nibblekv.kernels.cache_write import demote_pages_triton, write_kv_triton
 from nibblekv.kernels.reference import demote_pages_ref, write_kv_ref
+from nibblekv.kernels.write import demote_pages_triton, write_kv_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

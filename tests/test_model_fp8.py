@@ -325,7 +325,7 @@ def test_row_parallel_fp8_linear_all_reduces_then_adds_its_bias(tmp_path: Path) 
         wq, ws = qwc(torch.randn(40, 96) * 0.05)
         layer.weight.data, layer.weight_scale.data, layer.bias.data = wq, ws, torch.randn(40)
         x = torch.randn(3, 96)
-        from nibblekv.kernels.fp8_ref import fp8_linear_ref
+        from nibblekv.kernels.fp8.reference import fp8_linear_ref
 
         assert torch.equal(layer(x), fp8_linear_ref(x, wq, ws, None, None) + layer.bias)
     finally:

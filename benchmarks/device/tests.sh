@@ -13,9 +13,9 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 # NOTE: -v: a run cut by the timeout prints no summary, so the log names each test's outcome as it ends.
-DEFAULT_FILES="tests/test_kernels_mma_convert.py tests/test_engine_overlap.py tests/test_kernels_extend_decode.py
-    tests/test_kernels_page_copy.py tests/test_hicache.py tests/test_engine_gpu.py tests/test_kernels_extend.py
-    tests/test_kernels_write.py tests/test_kernels_dispatch.py tests/test_kernels_fused.py tests/test_kernels_fp8.py
+DEFAULT_FILES="tests/test_kernels_ptx_mma.py tests/test_engine_overlap.py tests/test_kernels_extend_via_decode.py
+    tests/test_kernels_page_copy.py tests/test_hicache.py tests/test_engine_gpu.py tests/test_kernels_extend_paged.py
+    tests/test_kernels_write.py tests/test_kernels_ops_dispatch.py tests/test_kernels_fused.py tests/test_kernels_fp8.py
     tests/test_model_fp8.py tests/test_kernels_large_offsets.py tests/test_hybrid_gpu.py
     tests/test_kernels_decode_balanced.py tests/test_kernels_decode.py"
 FILES=""

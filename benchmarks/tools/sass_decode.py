@@ -129,7 +129,7 @@ def main() -> None:
     _driver.set_active(_FakeDriver())  # type: ignore[arg-type]
     JITFunction.run = _compile_only  # type: ignore[method-assign]
     from nibblekv.formats.layout import KVDtype
-    from nibblekv.kernels import decode as dec
+    from nibblekv.kernels.decode import launch as dec
     from nibblekv.kernels.testing import decode_config_from_spec, make_batch
 
     d, hkv = args.head_dim, 8

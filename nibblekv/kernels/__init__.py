@@ -53,7 +53,7 @@ def write_kv(
     ``four_over_six``: NVFP4 block scales by 4over6 (see ``nibblekv.formats.nvfp4.quantize``).
     """
     if use_triton(k):
-        from nibblekv.kernels.cache_write import write_kv_triton
+        from nibblekv.kernels.write import write_kv_triton
 
         write_kv_triton(k, v, cache, slots, four_over_six)
     else:
@@ -73,7 +73,7 @@ def decode_attention(
     ``>= min_active``) rows are requests; padding rows' outputs are unspecified (see ``decode_triton``).
     """
     if use_triton(q):
-        from nibblekv.kernels.decode import decode_triton
+        from nibblekv.kernels.decode.launch import decode_triton
 
         return decode_triton(q, kv, sm_scale, num_splits=num_splits, out=out)
     res = decode_ref(q, kv.cache, kv.page_table, kv.lens, sm_scale, kv.tail, kv.tail_page_table, kv.tail_lens)
@@ -103,8 +103,8 @@ def extend_attention(
     0.24 / 0.24, FP8 0.89 / 0.76 / 0.71 vs 0.40 / 0.39 / 0.40; FP8 8-token chunks (two decode_tok groups)
     0.53 vs 0.39."""
     if use_triton(q):
-        from nibblekv.kernels import extend_decode as ed
-        from nibblekv.kernels.extend import extend_triton
+        from nibblekv.kernels.extend import via_decode as ed
+        from nibblekv.kernels.extend.paged import extend_triton
 
         if short_chunks_by_decode and max_chunk is not None:  # noqa: SIM102 - max_chunk narrowed for the call
             if ed.extend_decode_unsupported(q, kv.cache, max_chunk) is None:
@@ -142,7 +142,7 @@ def demote_pages(
     """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]`` (``four_over_six``
     as in :func:`write_kv`)."""
     if use_triton(src_pages if src_pages.is_cuda else tail.k_data):
-        from nibblekv.kernels.cache_write import demote_pages_triton
+        from nibblekv.kernels.write import demote_pages_triton
 
         demote_pages_triton(tail, src_pages, cache, dst_pages, four_over_six)
     else:

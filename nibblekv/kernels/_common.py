@@ -119,7 +119,7 @@ def _f16_hi(o):
 def sm_decode(w):
     """uint32 words in sm order (``nibblekv.formats.sm_words``) -> 4 uint32, each two fp16 bit patterns
     ``value * 2**-14``: elements (e0, e2), (e4, e6), (e1, e3), (e5, e7). The Triton form of
-    ``_mma_ptx._cvt_word_sm``'s masks, shift and multiplies (ptxas issues the last two as IMAD)."""
+    ``ptx.mma._cvt_word_sm``'s masks, shift and multiplies (ptxas issues the last two as IMAD)."""
     o0 = w & 0x8E008E00
     o1 = (w << 3) & 0x8E008E00
     # NOTE: (t << 9) | (t << 1) and (t << 6) | (t << 2) of e1's / e5's isolated bits t as one multiply: the

@@ -29,7 +29,7 @@ from torch import nn
 
 from nibblekv.formats.fp8_weights import quantize_weight_channel
 from nibblekv.kernels import use_triton
-from nibblekv.kernels.fp8_ref import fp8_linear_ref
+from nibblekv.kernels.fp8.reference import fp8_linear_ref
 from nibblekv.model.causal_lm import CausalLM
 from nibblekv.model.parallel import RowParallelLinear
 
@@ -101,11 +101,11 @@ class Fp8Linear(nn.Module):
         n, k = self.weight.shape
         if use_triton(x) and (_fp8_tensor_cores(x.device) or not x.is_cuda):
             if self.block is not None:
-                from nibblekv.kernels.fp8_gemm import fp8_linear_block
+                from nibblekv.kernels.fp8.gemm import fp8_linear_block
 
                 return fp8_linear_block(x, self.weight, self.weight_scale, self.block, bias)
             if x.is_cuda and x.dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0:
-                from nibblekv.kernels.fp8_gemm import fp8_linear_rowwise
+                from nibblekv.kernels.fp8.gemm import fp8_linear_rowwise
 
                 y = fp8_linear_rowwise(x, self.weight, self.weight_scale.view(1, n), None)
                 return y if bias is None else y + bias

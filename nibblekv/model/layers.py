@@ -5,8 +5,8 @@ onto ours with only the fused projections renamed (see :mod:`nibblekv.model.weig
 
 NOTE: two paths with the same math. Eager torch (CPU tensors, and ``NIBBLEKV_KERNELS=reference``) is
 HF's code, which the equivalence tests compare against. CUDA tensors (or ``NIBBLEKV_KERNELS=triton``)
-take the fused Triton kernels of :mod:`nibblekv.kernels.fused` instead: a decode step is dominated by
-launches of tiny kernels, and RMSNorm, the residual add, SiLU * mul and RoPE are ~25 of them per layer.
+take the fused Triton kernels of :mod:`nibblekv.kernels.fused` instead: a decode step is dominated
+by launches of tiny kernels, and RMSNorm, the residual add, SiLU * mul and RoPE are ~25 of them per layer.
 The fused path keeps a running residual (``forward_fused``, SGLang style) so that each residual add
 rides along with the next RMSNorm. It is imported lazily: the eager path never needs triton.
 """
@@ -41,7 +41,7 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(norm(x + residual), x + residual)`` in one kernel (``residual=None``: ``(norm(x), x)``)."""
-        from nibblekv.kernels.fused import add_rms_norm
+        from nibblekv.kernels.fused.elementwise import add_rms_norm
 
         return add_rms_norm(x, residual, self.weight, self.eps)
 
@@ -133,7 +133,7 @@ class Attention(nn.Module):
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotation: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`_qkv_eager` without q/k norm as one kernel (bit-exact with it), then times ``rotation``."""
-        from nibblekv.kernels.rope import rope_qk
+        from nibblekv.kernels.fused.rope import rope_qk
 
         return rope_qk(qkv, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim, rotation)
 
@@ -150,7 +150,7 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if use_triton(gate_up):
-            from nibblekv.kernels.fused import silu_and_mul
+            from nibblekv.kernels.fused.elementwise import silu_and_mul
 
             return self.down_proj(silu_and_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nibblekv.formats.layout import KVDtype
-from nibblekv.kernels.extend import extend_triton
+from nibblekv.kernels.extend.paged import extend_triton
 from nibblekv.kernels.reference import extend_ref
 from nibblekv.kernels.testing import make_batch, rel_rms
 
@@ -93,7 +93,7 @@ def test_extend_128_row_blocks(dtype: KVDtype) -> None:
 
 
 def test_auto_extend_splits_only_for_grids_smaller_than_the_gpu() -> None:
-    from nibblekv.kernels.extend import auto_extend_splits
+    from nibblekv.kernels.extend.paged import auto_extend_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     assert auto_extend_splits(sms + 1) == 1 and auto_extend_splits(10 * sms) == 1

@@ -21,7 +21,7 @@ Layout (lane ``L``: ``g = L // 4``, ``t = L % 4``; columns ``g`` and ``g + 8``),
 
 Against ``decode_mma``: twice the tensor-core work per byte and twice the rescale (64 ``HMMA`` and 80
 ``FMUL`` of a 32-token step's 871 sm_90 instructions, vs 32 and 40 of 776) for twice the columns, and 64
-accumulators: the launcher runs ``decode_config.WIDE_PPSM`` programs per SM, too few warps to hide the next
+accumulators: the launcher runs ``decode.config.WIDE_PPSM`` programs per SM, too few warps to hide the next
 step's loads, so each step also prefetches the tiles ``L2`` steps ahead into L2 (``WIDE_L2``). Same partial
 slots as ``_mma_segment``; no PAIR. The helpers take every fragment as its own argument for the reason
 given in ``_mma_step``'s docstring (registers, not a tensor with another layout).
@@ -32,8 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._mma_ptx import _max4, _mma, _pack_h2, _st4, _sum4
-from nibblekv.kernels._mma_tile import (
+from nibblekv.kernels.decode._mma_tile import (
     _k_tile,
     _l2_pages,
     _l2_prefetch,
@@ -42,6 +41,7 @@ from nibblekv.kernels._mma_tile import (
     _softmax,
     _v_tile,
 )
+from nibblekv.kernels.ptx.mma import _max4, _mma, _pack_h2, _st4, _sum4
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Pure-torch twins of :mod:`nibblekv.kernels.fp8_gemm`: the FP8 linear layer's numerical reference.
+"""Pure-torch twins of :mod:`nibblekv.kernels.fp8.gemm`: the FP8 linear layer's numerical reference.
 
 Every product is of the exact fp8 values times their FP32 scales, summed in float32, so the GPU kernels
 (which do the same sums in another order on FP8 tensor cores) agree to float32 rounding.

@@ -1,8 +1,8 @@
 """RoPE on q and k in one kernel, optionally followed by the KV cache's Hadamard rotation of q, k and v.
 
-Same rounding contract as :mod:`nibblekv.kernels.fused` (twin: ``fused_ref.rope_qk_ref``): RoPE is
-bit-exact in every dtype (``enable_fp_fusion=False``: float32 ``x * cos + r * sin`` never becomes an FMA);
-the rotation multiplies the rounded RoPE output, as the eager ``q @ rotation`` does.
+Same rounding contract as :mod:`nibblekv.kernels.fused.elementwise` (twin: ``reference.rope_qk_ref``):
+RoPE is bit-exact in every dtype (``enable_fp_fusion=False``: float32 ``x * cos + r * sin`` never becomes
+an FMA); the rotation multiplies the rounded RoPE output, as the eager ``q @ rotation`` does.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._common import interpreting
-from nibblekv.kernels.fused import _bf16_bits, _check_rows, _round
+from nibblekv.kernels.fused.elementwise import _bf16_bits, _check_rows, _round
 
 
 @triton.jit

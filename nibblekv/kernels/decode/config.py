@@ -10,7 +10,7 @@ import triton
 
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import FMT_FLOAT, FMT_FP8, FMT_NVFP4, fmt_code, interpreting, num_sms
-from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
+from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 
 # NOTE: "tok" (decode_tok) is the default where "mma" does not apply: on the H200, fraction of the 4.63 TB/s
 # read ceiling at B64x32K / B8x32K /

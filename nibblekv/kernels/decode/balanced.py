@@ -28,11 +28,11 @@ import triton.language as tl
 
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
-from nibblekv.kernels.combine import _load_slots, _merge_rows, combine_chunk
-from nibblekv.kernels.decode_config import _mma_max_registers, combine_dim_block
-from nibblekv.kernels.decode_mma import _mma_segment
-from nibblekv.kernels.decode_mma_tail import _mma_tail
-from nibblekv.kernels.launch_config import DecodeConfig
+from nibblekv.kernels.decode.combine import _load_slots, _merge_rows, combine_chunk
+from nibblekv.kernels.decode.config import _mma_max_registers, combine_dim_block
+from nibblekv.kernels.decode.launch_config import DecodeConfig
+from nibblekv.kernels.decode.mma import _mma_segment
+from nibblekv.kernels.decode.mma_tail import _mma_tail
 
 
 def plan_balanced(lens: list[int], kv_heads: int, warps: int, min_tiles: int) -> list[tuple[int, int, int, int, int]]:
@@ -109,7 +109,7 @@ def decode_mma_bal_kernel(
     more = True
     while more:
         # NOTE: all but x0 is recomputed per segment (a few loads and one cumsum) to keep what stays live
-        # across _mma_segment small: it fills the 128-register cap (tests/test_kernels_sass.py)
+        # across _mma_segment small: it fills the 128-register cap (tests/test_kernels_decode_sass.py)
         if DYN:
             n_act = tl.load(act_ptr)
         incl, idx = _tile_prefix(lens_ptr, n_act, BP)

@@ -34,7 +34,7 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 )
 def test_decode_mma_fits_its_programs_per_sm(group: int, tail: bool, head_dim: int, spec: str) -> None:
     from nibblekv.formats.layout import KVDtype
-    from nibblekv.kernels.decode_config import _mma_max_registers
+    from nibblekv.kernels.decode.config import _mma_max_registers
     from nibblekv.kernels.testing import decode_config_from_spec
 
     cfg = decode_config_from_spec(spec, KVDtype.NVFP4, head_dim)
@@ -51,7 +51,7 @@ def test_decode_mma_fits_its_programs_per_sm(group: int, tail: bool, head_dim: i
 
 def test_mma_register_cap_counts_each_schedulers_file() -> None:
     # 16K registers per scheduler: ceil(ppsm / 4) warps must share one (14 at 144 registers ran as 12)
-    from nibblekv.kernels.decode_config import _mma_max_registers
+    from nibblekv.kernels.decode.config import _mma_max_registers
 
     assert [_mma_max_registers(p) for p in (16, 14, 13, 12, 8, 5, 4)] == [128, 128, 128, 168, 248, 248, 248]
 
@@ -71,7 +71,7 @@ def test_decode_mma_main_loop_builds_each_page_address_in_one_instruction(head_d
 def test_decode_mma16_fits_its_programs_per_sm() -> None:
     # decode_mma16 (a GQA group of 16): no spills under the cap that lets WIDE_PPSM one-warp programs share an
     # SM (213 registers at tpi=2; 225 with its default L2 prefetch)
-    from nibblekv.kernels.decode_config import WIDE_PPSM, _mma_max_registers
+    from nibblekv.kernels.decode.config import WIDE_PPSM, _mma_max_registers
 
     out = _compile("mma", "nvfp4", 16, 128, False)
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)

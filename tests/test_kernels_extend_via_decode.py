@@ -7,15 +7,20 @@ from functools import partial
 import pytest
 import torch
 import triton
-from test_kernels_extend import _run as run_extend
+from test_kernels_extend_paged import _run as run_extend
 
 from nibblekv.formats.kv_view import PagedKV
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import KVDtype
-from nibblekv.kernels import extend_decode as ed
-from nibblekv.kernels.decode import decode_triton
-from nibblekv.kernels.extend import extend_triton
-from nibblekv.kernels.extend_decode import extend_decode, extend_decode_unsupported, gather_q_ref, merge_ref
+from nibblekv.kernels.decode.launch import decode_triton
+from nibblekv.kernels.extend import via_decode as ed
+from nibblekv.kernels.extend.paged import extend_triton
+from nibblekv.kernels.extend.via_decode import (
+    extend_decode,
+    extend_decode_unsupported,
+    gather_q_ref,
+    merge_ref,
+)
 from nibblekv.kernels.testing import decode_config_from_spec, make_batch, rel_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -236,7 +241,7 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
 
 def test_extend_lse_out_is_the_same_with_and_without_splits() -> None:
     # the S == 1 store and the combine step's lse agree (extend_decode merges by them)
-    from nibblekv.kernels.extend import extend_triton
+    from nibblekv.kernels.extend.paged import extend_triton
 
     pb = make_batch(KVDtype.NVFP4, [0, 40], 1, 64, P, DEVICE, tail_lens=[3, W])
     q = torch.randn(5, 4, 64, device=DEVICE).to(torch.bfloat16)
@@ -261,7 +266,7 @@ def test_extend_lse_out_is_the_same_with_and_without_splits() -> None:
 def test_extend_decode_with_a_dense_transposed_q_and_fp32_partials() -> None:
     # q laid out [Hq, T, D] and viewed as [T, Hq, D] (dense, not contiguous): the partials are packed fp32
     # buffers, so the merge reads what extend_triton wrote; and no bf16 rounding of either half
-    from nibblekv.kernels.extend import extend_triton
+    from nibblekv.kernels.extend.paged import extend_triton
     from nibblekv.kernels.reference import extend_ref
 
     torch.manual_seed(0)

@@ -28,10 +28,10 @@ from nibblekv.kernels._common import (
     scale_tensors,
     tail_operands,
 )
-from nibblekv.kernels.combine import _combine_kernel, combine_chunk
-from nibblekv.kernels.decode import _pages_contiguous
-from nibblekv.kernels.decode_config import combine_dim_block
-from nibblekv.kernels.decode_paged import _decode_block
+from nibblekv.kernels.decode.combine import _combine_kernel, combine_chunk
+from nibblekv.kernels.decode.config import combine_dim_block
+from nibblekv.kernels.decode.launch import _pages_contiguous
+from nibblekv.kernels.decode.paged import _decode_block
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Pure-torch twins of the fused elementwise kernels in :mod:`nibblekv.kernels.fused`: the definition.
+"""Pure-torch twins of the fused kernels in :mod:`nibblekv.kernels.fused`: the definition.
 
 Each twin is the eager code of :mod:`nibblekv.model.layers` / :mod:`nibblekv.model.rope`, operation for
 operation, so it rounds exactly where the eager model rounds:

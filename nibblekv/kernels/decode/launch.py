@@ -1,6 +1,6 @@
 """``decode_triton``: the launcher of every decode kernel -- it checks shapes, takes the kernel and its launch
-config from ``decode_config.select_decode`` (a typed ``DecodeConfig``), sizes the split-K grid and merges the
-splits with ``combine._combine_kernel``. No host syncs: CUDA-graph capturable.
+config from ``decode.config.select_decode`` (a typed ``DecodeConfig``), sizes the split-K grid and merges the
+splits with ``decode.combine._combine_kernel``. No host syncs: CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ from nibblekv.kernels._common import (
     scale_tensors,
     tail_operands,
 )
-from nibblekv.kernels.combine import _combine_kernel, combine_chunk
-from nibblekv.kernels.decode_balanced import launch_balanced
-from nibblekv.kernels.decode_config import (
+from nibblekv.kernels.decode.balanced import launch_balanced
+from nibblekv.kernels.decode.combine import _combine_kernel, combine_chunk
+from nibblekv.kernels.decode.config import (
     _mma_max_registers,
     combine_dim_block,
     graph_num_splits,
     mma_num_splits,
     select_decode,
 )
-from nibblekv.kernels.decode_mma import decode_mma_kernel
-from nibblekv.kernels.decode_mma_tail import decode_tail_kernel
-from nibblekv.kernels.decode_paged import _decode_kernel
-from nibblekv.kernels.decode_tok import decode_tok_kernel
-from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
+from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
+from nibblekv.kernels.decode.mma import decode_mma_kernel
+from nibblekv.kernels.decode.mma_tail import decode_tail_kernel
+from nibblekv.kernels.decode.paged import _decode_kernel
+from nibblekv.kernels.decode.tok import decode_tok_kernel
 
 # NOTE: GQA groups over 16 run as chunks of <= 16 query heads (each reads the KV head again): the tok/paged
 # builds with 64-row query blocks (group 36) hit an illegal address on the H200 (the interpreter
@@ -87,7 +87,7 @@ def decode_triton(
 
     ``kv.page_table [B, >= ceil(max lens / page)]`` int32/int64, ``kv.lens [B]`` main-pool tokens; the tail
     (optional) likewise. ``num_splits`` (host int) fixes the split-K factor (default: fill the GPU); ``out``
-    (like ``q``) receives the result if given. ``config`` (default: ``decode_config.select_decode``'s
+    (like ``q``) receives the result if given. ``config`` (default: ``decode.config.select_decode``'s
     choice) asks for a kernel family and its launch knobs; it raises where that kernel cannot run.
 
     ``kv.active`` (int32 ``[1]`` on q's device) / ``kv.min_active`` (host int): only the first ``active`` rows
@@ -224,7 +224,7 @@ def decode_triton(
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
             # resident (128 at 16). Uncapped, sm_90 compiles drift to 130 (GQA 8) and 166 (no tail, with
             # an early return): 15 / 12 warps per SM, two waves, 0.44-0.59 of the H200's ceiling
-            # instead of 0.64-0.73. Capped at 128 none spills (tests/test_kernels_sass.py).
+            # instead of 0.64-0.73. Capped at 128 none spills (tests/test_kernels_decode_sass.py).
             **({} if interp else {"maxnreg": _mma_max_registers(cfg.ppsm)}),
         )
     elif tok:

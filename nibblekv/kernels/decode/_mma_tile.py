@@ -10,17 +10,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._mma_ptx import (
+from nibblekv.kernels.ptx.mma import (
     _bcast_h2,
     _cvt_word_sm,
-    _pair_halves,
     _ld4,
-    _page_addr,
     _pack_h2,
+    _page_addr,
+    _pair_halves,
     _prefetch_l2,
     _scale_h2,
     _split64,
 )
+
 
 # ----------------------------------------------------------------------------------------------------
 # fragments of one 16-token tile

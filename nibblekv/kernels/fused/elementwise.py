@@ -2,7 +2,7 @@
 
 A decode step runs a handful of tiny torch kernels per op (RMSNorm alone is about 8, RoPE on q and k
 about 12 per layer); each of these Triton kernels does one op in one launch, with the same roundings
-as the eager code (the twins in :mod:`nibblekv.kernels.fused_ref` are the definition):
+as the eager code (the twins in :mod:`nibblekv.kernels.fused.reference` are the definition):
 
 * every elementwise step is computed in float32 and rounded to the activation dtype where torch
   rounds (``a * b`` and ``a + b`` on bf16/fp16 tensors compute in float32 and round once);
@@ -102,7 +102,7 @@ def add_rms_norm(
     ``x, residual [T, H]``: same dtype (float32 / bfloat16 / float16), unit last stride (any row
     stride); ``residual=None`` means ``s = x`` (returned as is, no copy). ``weight [H]`` contiguous.
     Returns new contiguous tensors: normed ``[T, H]`` in ``promote_types(weight.dtype, x.dtype)``
-    and ``s [T, H]`` in ``x``'s dtype. Same roundings as :func:`~nibblekv.kernels.fused_ref.add_rms_norm_ref`.
+    and ``s [T, H]`` in ``x``'s dtype. Same roundings as :func:`~nibblekv.kernels.fused.reference.add_rms_norm_ref`.
     """
     _check_rows(x, "x")
     t, h = x.shape
@@ -170,7 +170,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``gate_up [T, 2I]`` (columns ``[gate | up]``, unit last stride) -> ``silu(gate) * up`` ``[T, I]``.
 
     Float32 / bfloat16 / float16; the output is a new contiguous tensor in the input dtype, rounded as
-    ``F.silu(gate) * up`` (see :func:`~nibblekv.kernels.fused_ref.silu_and_mul_ref`).
+    ``F.silu(gate) * up`` (see :func:`~nibblekv.kernels.fused.reference.silu_and_mul_ref`).
     """
     _check_rows(gate_up, "gate_up")
     t, two_i = gate_up.shape

@@ -18,7 +18,7 @@ from nibblekv.kernels.testing import make_batch, rel_rms
 def test_dispatch_matches_reference(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if mode == "auto" and not torch.cuda.is_available():
         # on CPU, auto must call the twin itself: make the Triton modules unusable to prove it
-        monkeypatch.setattr("nibblekv.kernels.decode.decode_triton", None)
+        monkeypatch.setattr("nibblekv.kernels.decode.launch.decode_triton", None)
     monkeypatch.setenv("NIBBLEKV_KERNELS", mode)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)

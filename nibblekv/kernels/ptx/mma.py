@@ -1,5 +1,5 @@
 """``decode_mma``'s per-lane PTX helpers (inline asm, each elementwise for Triton; the warp-collective ones
-need all 32 lanes of a warp), and their Triton twins under the interpreter (``_mma_twins``).
+need all 32 lanes of a warp), and their Triton twins under the interpreter (``ptx.reference``).
 
 Every helper works on one lane's fragment registers: uint32 = two fp16 (or bf16) / four bytes, fp32 = one
 accumulator; see ``decode_mma`` for the fragment layouts they serve.
@@ -252,8 +252,8 @@ def _prefetch_l2(addr, pred):
     )  # fmt: skip
 
 
-if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (_mma_twins)
-    from nibblekv.kernels import _mma_twins as _tw
+if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (ptx.reference)
+    from nibblekv.kernels.ptx import reference as _tw
 
     _split64, _scale_h2, _bcast_h2 = _tw.split64, _tw.scale_h2, _tw.bcast_h2
     _cvt_word_sm, _pair_halves = _tw.cvt_word_sm, _tw.pair_halves

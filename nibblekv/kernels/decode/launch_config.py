@@ -1,8 +1,8 @@
 """The typed launch config of one decode launch: which kernel family runs and its knobs.
 
-``decode_config.select_decode`` builds it (the table of which kernel serves which case is its docstring);
+``decode.config.select_decode`` builds it (the table of which kernel serves which case is its docstring);
 ``decode.decode_triton`` reads it. A benchmark or test that wants a non-default kernel passes one
-(``decode_config.base_config(kernel, ...)`` with ``dataclasses.replace`` for the knobs).
+(``decode.config.base_config(kernel, ...)`` with ``dataclasses.replace`` for the knobs).
 """
 
 from __future__ import annotations

@@ -32,16 +32,16 @@ import triton.language as tl
 from nibblekv.formats.kv_view import PagedKV
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import FMT_FP8, FMT_NVFP4, fmt_code, interpreting
-from nibblekv.kernels.decode import decode_triton
-from nibblekv.kernels.decode_config import (
+from nibblekv.kernels.decode.config import (
     TOK_VERIFIED_HEAD_DIMS,
     _mma_unsupported,
     base_config,
     mma_columns,
     mma_narrow_columns,
 )
-from nibblekv.kernels.extend import extend_triton
-from nibblekv.kernels.launch_config import DecodeConfig, DecodeKernel
+from nibblekv.kernels.decode.launch import decode_triton
+from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
+from nibblekv.kernels.extend.paged import extend_triton
 
 # NOTE: more virtual requests than this per request re-read (and re-convert) the same prefix bytes more
 # often; the tl.dot path converts each byte once for all columns.

@@ -16,8 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._mma_ptx import _max8, _mma, _p_frag, _st4, _sum8
-from nibblekv.kernels._mma_tile import _k_tile, _softmax, _v_tile
+from nibblekv.kernels.decode._mma_tile import _k_tile, _softmax, _v_tile
+from nibblekv.kernels.ptx.mma import _max8, _mma, _p_frag, _st4, _sum8
 
 
 @triton.jit

@@ -6,7 +6,7 @@ that glue, not the bytes, sets the speed (0.22-0.31 of the H200's read ceiling).
 from global memory straight into the register that ``mma.sync.m16n8k16`` reads, converted in place:
 
 * The program is ``NW`` warps; each warp owns 16-token tiles and keeps its own softmax state, written
-  as its own split (slot ``sp * NW + warp``; ``combine._combine_kernel`` merges all slots).
+  as its own split (slot ``sp * NW + warp``; ``decode.combine._combine_kernel`` merges all slots).
 * Every tensor is ``[32 * NW]``: one element per thread (Triton's default 1-D layout), so lane ``L``
   (``g = L // 4``, ``t = L % 4``) holds exactly its PTX fragment registers. NOTE: this holds only while
   no op gives these tensors another layout -- addresses are never contiguous across lanes (no vectorized
@@ -20,7 +20,7 @@ from global memory straight into the register that ``mma.sync.m16n8k16`` reads, 
   converted half2 is (token ``2t``, token ``2t+1``) of one dim, and the V block scales of those two tokens
   form one half2 too. ``P^T`` comes from the score fragment by one ``movmatrix.trans`` per 8 tokens.
 * The pool keeps NVFP4 words in sm bit order (``nibblekv.formats.sm_words``): 6 masks, a shift and two
-  multiplies make a word's 8 nibbles 4 half2 of fp16 bits ``value * 2**-14`` (``_mma_ptx._cvt_word_sm``);
+  multiplies make a word's 8 nibbles 4 half2 of fp16 bits ``value * 2**-14`` (``ptx.mma._cvt_word_sm``);
   the block scale multiplies as half2 (exact but for products under 2**-14 with scales under 2**-10, see
   ``_cvt_word_sm``). V pairs two tokens' low (high) 16-bit halves with one ``prmt``. Why not E4M3 bytes +
   ``cvt.rn.f16x2.e4m3x2`` on the standard order (the first form of this kernel): that is 9 ALU-pipe ops a
@@ -36,10 +36,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._mma_step import _finish, _run_step
-from nibblekv.kernels._mma_tile import _l2_pages, _l2_prefetch, _load_tile, _q_frags
-from nibblekv.kernels.decode_mma16 import _mma16_segment
-from nibblekv.kernels.decode_mma_tail import _mma_tail
+from nibblekv.kernels.decode._mma_step import _finish, _run_step
+from nibblekv.kernels.decode._mma_tile import _l2_pages, _l2_prefetch, _load_tile, _q_frags
+from nibblekv.kernels.decode.mma16 import _mma16_segment
+from nibblekv.kernels.decode.mma_tail import _mma_tail
 
 
 @triton.jit
@@ -196,7 +196,7 @@ def dyn_splits(act, max_splits, warp_slots, warps_per_req, reserve_per_req):
     """Splits per (request, KV head) when ``act`` requests are real: ``warp_slots`` one-warp programs, less
     ``reserve_per_req`` per request (0 in every launch), shared out in splits of
     ``warps_per_req`` (rounded down: whole waves), at least 1, at most ``max_splits`` (the grid's). NOTE: the
-    host twin is ``decode_config.mma_num_splits``; the combine step calls this one with the same arguments."""
+    host twin is ``decode.config.mma_num_splits``; the combine step calls this one with the same arguments."""
     a = tl.maximum(act, 1)
     return tl.maximum(1, tl.minimum(max_splits, (warp_slots - a * reserve_per_req) // (a * warps_per_req)))
 

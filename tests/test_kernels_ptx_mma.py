@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from nibblekv.formats.sm_words import from_sm, to_sm
-from nibblekv.kernels import _mma_ptx as mp  # decode_mma / decode_mma16's per-lane helpers
+from nibblekv.kernels.ptx import mma as mp  # decode_mma / decode_mma16's per-lane helpers
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])

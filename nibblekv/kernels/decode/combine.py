@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels.decode_mma import dyn_splits, mma_chunk
+from nibblekv.kernels.decode.mma import dyn_splits, mma_chunk
 
 
 @triton.jit

@@ -6,7 +6,7 @@
   128x128 block-scaled weights (DeepSeek / Qwen3 FP8 checkpoints), FP8 tensor cores, FP32 accumulation.
 * :func:`fp8_linear_rowwise`: per-token activations x per-channel weights through ``torch._scaled_mm``.
 
-Launchers only allocate and launch (no host sync), so CUDA graphs capture them. Twins: ``fp8_ref``.
+Launchers only allocate and launch (no host sync), so CUDA graphs capture them. Twins: ``fp8.reference``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import triton.language as tl
 from nibblekv.formats.fp8_weights import ACT_EPS
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting
-from nibblekv.kernels.cache_write import _round_to_e4m3
-
+from nibblekv.kernels.write import _round_to_e4m3
 
 
 @triton.jit

@@ -8,9 +8,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._mma_ptx import _ld4, _mma_bf16, _p_frag_bf16
-from nibblekv.kernels._mma_step import _finish, _step_max
-from nibblekv.kernels.decode_tok import _tok_segment
+from nibblekv.kernels.decode._mma_step import _finish, _step_max
+from nibblekv.kernels.decode.tok import _tok_segment
+from nibblekv.kernels.ptx.mma import _ld4, _mma_bf16, _p_frag_bf16
 
 
 @triton.jit

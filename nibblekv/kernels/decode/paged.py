@@ -5,7 +5,7 @@ NVFP4 cache plus a bf16 tail: ``decode_triton``'s kernel at head_dim 256, and th
 Grid ``(B, kv_heads, num_splits [+1])``: one program reads one KV head's pages once for all ``G`` query
 heads of its GQA group (padded to ``BH >= 16`` rows for ``tl.dot``), over one slice of the request's
 main-pool tokens; with a tail pool, the extra last split attends over the tail (its newest tokens).
-Each program writes an fp32 partial output and its log-sum-exp (base 2); ``combine._combine_kernel``
+Each program writes an fp32 partial output and its log-sum-exp (base 2); ``decode.combine._combine_kernel``
 merges the splits. Dequantization happens in registers (``load_kv_halves``); global scales fold into the fp32
 softmax scale and output scale.
 """
