@@ -4,7 +4,16 @@ from nibblekv.cache.allocator import FreeListAllocator, OutOfPagesError, PageAll
 from nibblekv.cache.manager import BaseCacheManager, Growth, TieredCacheManager, main_len_after
 from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pages import RequestPages
-from nibblekv.cache.pool import KVPool, PoolSpec, load_kv_scales, most_that_fit, size_pool, tail_pages_for
+from nibblekv.cache.pool import (
+    KVPool,
+    PoolSpec,
+    load_kv_scales,
+    most_that_fit,
+    page_table_bytes,
+    page_table_widths,
+    size_pool,
+    tail_pages_for,
+)
 
 __all__ = [
     "BaseCacheManager",
@@ -20,6 +29,8 @@ __all__ = [
     "load_kv_scales",
     "main_len_after",
     "most_that_fit",
+    "page_table_bytes",
+    "page_table_widths",
     "size_pool",
     "tail_pages_for",
 ]

@@ -24,6 +24,7 @@ from nibblekv.formats.layer_kv import LayerKV
 GIB: float = float(1 << 30)
 # NOTE: page 0 of each pool is a scratch page (padded batch entries write there), never allocated.
 SCRATCH_PAGES: int = 1
+PAGE_ID_BYTES: int = 4  # page-table entries are int32 (page ids; kernels widen them before scaling)
 
 
 def most_that_fit(holds: Callable[[int], bool]) -> int:
@@ -85,6 +86,22 @@ class PoolSpec:
 
     def tail_bytes(self) -> int:
         return self.tail_tokens * self.tail_layout.bytes_per_token() * self.num_layers
+
+
+def page_table_widths(spec: PoolSpec, context_len: int) -> tuple[int, int]:
+    """(main, tail) page ids per page-table row: ``context_len`` tokens of main pages (+1: the partial
+    page), and the tail row: the window (the prefill window while a prompt is chunked), the page being
+    demoted and the sink page(s)."""
+    p = spec.page_size
+    tail = -(-max(spec.recent_window, spec.prefill_window) // p) + 1 + spec.sink_pages
+    return -(-context_len // p) + 1, max(1, tail)
+
+
+def page_table_bytes(spec: PoolSpec, max_running: int, context_len: int) -> int:
+    """Device bytes of the page table (int32 ids, one row per running request plus the padding row):
+    at 1M tokens a row is 65K pages, 256 KiB, so 128 rows take 32 MiB of the KV budget."""
+    main, tail = page_table_widths(spec, context_len)
+    return (max_running + 1) * (main + tail) * PAGE_ID_BYTES
 
 
 def tail_pages_for(

@@ -21,6 +21,8 @@ from nibblekv.cache import (
     TieredCacheManager,
     load_kv_scales,
     most_that_fit,
+    page_table_bytes,
+    page_table_widths,
     size_pool,
 )
 from nibblekv.cache.host_tier import HostTier, host_pages_for
@@ -34,7 +36,6 @@ from nibblekv.model import CausalLM
 logger = logging.getLogger("nibblekv")
 
 DEFAULT_MEM_FRACTION_STATIC: float = 0.88
-PAGE_ID_BYTES: int = 4  # page-table entries are int32 (page ids; kernels widen them before scaling)
 DEFAULT_MAX_RUNNING: dict[str, int] = {"cuda": 128, "cpu": 32}
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -64,22 +65,6 @@ def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int | None:
     if config.mem_budget_gib is not None:
         return int(config.mem_budget_gib * (1 << 30))
     return None
-
-
-def page_table_widths(spec: PoolSpec, context_len: int) -> tuple[int, int]:
-    """(main, tail) page ids per page-table row: ``context_len`` tokens of main pages (+1: the partial
-    page), and the tail row: the window (the prefill window while a prompt is chunked), the page being
-    demoted and the sink page(s)."""
-    p = spec.page_size
-    tail = -(-max(spec.recent_window, spec.prefill_window) // p) + 1 + spec.sink_pages
-    return -(-context_len // p) + 1, max(1, tail)
-
-
-def page_table_bytes(spec: PoolSpec, max_running: int, context_len: int) -> int:
-    """Device bytes of the page table (int32 ids, one row per running request plus the padding row):
-    at 1M tokens a row is 65K pages, 256 KiB, so 128 rows take 32 MiB of the KV budget."""
-    main, tail = page_table_widths(spec, context_len)
-    return (max_running + 1) * (main + tail) * PAGE_ID_BYTES
 
 
 def pool_spec(config: EngineConfig, model: CausalLM, max_running: int, context_len: int | None = None) -> PoolSpec:

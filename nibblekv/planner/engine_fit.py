@@ -12,8 +12,9 @@ The engine carves its KV budget into (nibblekv/engine/setup.py, nibblekv/cache/p
 * the main pool: what is left, in whole pages, minus its scratch page.
 
 A request is resident when its tokens (whole pages) fit in the main pool next to the others'. This module
-repeats that arithmetic without torch allocations so ``nibblekv plan`` can print the count the engine's
-own sizing (:func:`nibblekv.engine.setup.resident_capacity`) reaches; a test holds the two equal.
+feeds the engine's own arithmetic (``nibblekv.cache.pool``: ``size_pool``, ``page_table_bytes``; no
+allocation, no model) with a model shape, so ``nibblekv plan`` prints the count the engine's sizing
+(:func:`nibblekv.engine.setup.resident_capacity`) reaches; a test holds the two equal.
 """
 
 from __future__ import annotations
@@ -21,12 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from nibblekv.cache.pool import most_that_fit
-from nibblekv.formats import KVDtype, PageLayout
+from nibblekv.cache.pool import PoolSpec, most_that_fit, page_table_bytes, size_pool
+from nibblekv.formats import KVDtype
 from nibblekv.planner.shape import ModelShape, PlanError
 
-PAGE_ID_BYTES: int = 4  # int32 page-table entries
-SCRATCH_PAGES: int = 1  # page 0 of each pool
 MAX_DEFAULT_PREFILL_CHUNK: int = 2048  # the engine's default prefill window covers this much of a chunk
 
 
@@ -68,24 +67,22 @@ class EngineOptions:
             return w
         return min(self.chunked_prefill_size, MAX_DEFAULT_PREFILL_CHUNK) + w
 
-    def tail_pages(self, dtype: KVDtype, running: int) -> int:
-        """Tail-pool pages for ``running`` requests (scratch page excluded)."""
-        w, p = self.window(dtype), self.page_size
-        if not w:
-            return 0
-        per_prefill = -(-self.prefill_window(dtype) // p) + 1
-        return running * (w // p + 1 + self.sink_pages(dtype)) + 2 * per_prefill
-
-    def table_bytes(self, dtype: KVDtype, running: int, context_len: int) -> int:
-        """The page table's bytes: ``running`` rows plus the padding row."""
-        p = self.page_size
-        main = -(-context_len // p) + 1
-        tail = max(1, -(-self.prefill_window(dtype) // p) + 1 + self.sink_pages(dtype))
-        return (running + 1) * (main + tail) * PAGE_ID_BYTES
-
     def request_tokens(self, context: int) -> int:
         """Main-pool tokens one request of ``context`` tokens is sized for: its pages plus one."""
         return (-(-context // self.page_size) + 1) * self.page_size
+
+
+def _pool(
+    shape: ModelShape, dtype: KVDtype, opts: EngineOptions, running: int, budget: int | None
+) -> PoolSpec:
+    """``size_pool`` as the engine calls it; without a budget, only the widths (one page)."""
+    return size_pool(
+        num_layers=shape.num_kv_layers, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+        page_size=opts.page_size, kv_dtype=dtype, model_kv_dtype=opts.model_dtype,
+        recent_window=opts.kv_recent_window, max_running_requests=running, budget_bytes=budget,
+        max_total_tokens=opts.page_size if budget is None else None,
+        sink_pages=opts.sink_pages(dtype), prefill_window=opts.prefill_window(dtype),
+    )  # fmt: skip
 
 
 def main_pool_tokens(
@@ -96,16 +93,13 @@ def main_pool_tokens(
     context_len: int,
     opts: EngineOptions,
 ) -> int:
-    """Main-pool tokens the engine allocates from ``budget_bytes`` for ``running`` requests (<= 0: none)."""
-    p = opts.page_size
-    layers = shape.num_kv_layers
-    page_bytes = p * PageLayout(dtype, shape.num_kv_heads, shape.head_dim, p).bytes_per_token() * layers
-    tail_layout = PageLayout(opts.model_dtype, shape.num_kv_heads, shape.head_dim, p)
-    tail_page_bytes = p * tail_layout.bytes_per_token() * layers
+    """Main-pool tokens the engine allocates from ``budget_bytes`` for ``running`` requests (0: none)."""
     left = int(budget_bytes) - running * shape.state_bytes_per_request  # the engine takes the states first
-    left -= opts.table_bytes(dtype, running, context_len)
-    left -= (opts.tail_pages(dtype, running) + SCRATCH_PAGES) * tail_page_bytes
-    return (left // page_bytes - SCRATCH_PAGES) * p
+    left -= page_table_bytes(_pool(shape, dtype, opts, running, None), running, context_len)
+    try:
+        return _pool(shape, dtype, opts, running, left).max_total_num_tokens
+    except ValueError:  # not one main page left
+        return 0
 
 
 def resident_requests(
