@@ -2,7 +2,7 @@
 
 One frozen :class:`ModelConfig` describes every decoder we run (Llama / SmolLM2 / Llama 3.x, Mistral,
 Qwen2 / Qwen2.5, Qwen3) and the dense hybrid Gated-DeltaNet models (Qwen3-Next, Qwen3.5: see
-:class:`LinearAttentionConfig`, run by :mod:`nibblekv.model.hybrid`). Anything the decoders cannot run exactly
+:mod:`nibblekv.model.hybrid_config`, run by :mod:`nibblekv.model.hybrid`). Anything the decoders cannot run exactly
 (sliding-window attention in use, mixture of experts, multi-head latent attention, unknown RoPE
 scaling) is rejected here with a ``ValueError``, so a model never silently runs with the wrong math.
 """
@@ -16,12 +16,16 @@ from typing import Any
 
 import torch
 
+from nibblekv.model.hybrid_config import (
+    FULL_ATTENTION,
+    HYBRID_MODEL_TYPES,
+    LinearAttentionConfig,
+    hybrid_fields,
+    reject_hybrid_moe,
+)
+
 # HF ``model_type`` -> architecture we implement. Mistral is Llama math (no sliding window in use).
 SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_next", "qwen3_5"})
-# Hybrid models: Gated DeltaNet linear-attention layers between gated full-attention layers.
-HYBRID_MODEL_TYPES: frozenset[str] = frozenset({"qwen3_next", "qwen3_5"})
-# HF layer_types entries of a hybrid model.
-LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
 # RoPE scaling types implemented in :mod:`nibblekv.model.rope`.
 SUPPORTED_ROPE_TYPES: frozenset[str] = frozenset({"default", "linear", "llama3", "yarn"})
 
@@ -108,46 +112,6 @@ class RopeScaling:
                 raw.get("original_max_position_embeddings", max_position_embeddings)
             ),
         )
-
-
-@dataclass(frozen=True)
-class LinearAttentionConfig:
-    """Shape of a hybrid model's Gated DeltaNet layers (HF's ``linear_*`` fields).
-
-    Per request and layer the state is a recurrent ``[num_value_heads, key_head_dim, value_head_dim]``
-    (float32) and a causal-conv window ``[conv_dim, conv_kernel - 1]`` (model dtype).
-    """
-
-    num_key_heads: int
-    num_value_heads: int
-    key_head_dim: int
-    value_head_dim: int
-    conv_kernel: int
-
-    def __post_init__(self) -> None:
-        if self.num_value_heads % self.num_key_heads != 0:
-            raise ValueError(
-                f"linear_num_value_heads {self.num_value_heads} is not a multiple of "
-                f"linear_num_key_heads {self.num_key_heads}"
-            )
-
-    @property
-    def key_dim(self) -> int:
-        return self.num_key_heads * self.key_head_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.num_value_heads * self.value_head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """Channels of the causal conv: ``[q | k | v]``."""
-        return 2 * self.key_dim + self.value_dim
-
-    def state_bytes(self, conv_dtype_bytes: int) -> int:
-        """Bytes of one request's state in one layer (fp32 recurrent state + conv window)."""
-        rec = self.num_value_heads * self.key_head_dim * self.value_head_dim * 4
-        return rec + self.conv_dim * (self.conv_kernel - 1) * conv_dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -252,7 +216,7 @@ class ModelConfig:
             raw = {**raw, "model_type": "qwen3_5"}
             model_type = "qwen3_5"
         _reject_unsupported_hf(raw, model_type)
-        hybrid = _hybrid_fields(raw) if model_type in HYBRID_MODEL_TYPES else {}
+        hybrid = hybrid_fields(raw) if model_type in HYBRID_MODEL_TYPES else {}
         num_heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         max_pos = int(raw.get("max_position_embeddings", 4096))
@@ -343,50 +307,6 @@ class ModelConfig:
         )
 
 
-def _hybrid_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """ModelConfig's hybrid fields from a Qwen3-Next / Qwen3.5 text config (HF's defaults where absent)."""
-    layers = int(raw["num_hidden_layers"])
-    layer_types = raw.get("layer_types")
-    if not layer_types:  # HF: every ``full_attention_interval``-th layer is full attention
-        interval = int(raw.get("full_attention_interval", 4))
-        layer_types = [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers)]
-    unknown = set(layer_types) - {FULL_ATTENTION, LINEAR_ATTENTION}
-    if unknown:
-        raise ValueError(f"unsupported layer_types {sorted(unknown)}; supported: {FULL_ATTENTION}, {LINEAR_ATTENTION}")
-    if not raw.get("attn_output_gate", True):
-        raise ValueError("hybrid models without the attention output gate (attn_output_gate=False) are not supported")
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    return {
-        "layer_types": tuple(str(t) for t in layer_types),
-        "linear_attention": LinearAttentionConfig(
-            num_key_heads=int(raw.get("linear_num_key_heads", 16)),
-            num_value_heads=int(raw.get("linear_num_value_heads", 32)),
-            key_head_dim=int(raw.get("linear_key_head_dim", 128)),
-            value_head_dim=int(raw.get("linear_value_head_dim", 128)),
-            conv_kernel=int(raw.get("linear_conv_kernel_dim", 4)),
-        ),
-        # HF's default for these models is a quarter of the head
-        "partial_rotary_factor": float(raw.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))),
-    }
-
-
-def _reject_hybrid_moe(raw: Mapping[str, Any], model_type: str) -> None:
-    """Qwen3-Next's MLPs are sparse MoE blocks unless ``num_experts`` is 0 (HF's default is 512) or every
-    layer is in ``mlp_only_layers``: refuse those, naming what is missing."""
-    if model_type != "qwen3_next":
-        return
-    experts = int(raw.get("num_experts", 512))
-    only = set(raw.get("mlp_only_layers") or ())
-    step = int(raw.get("decoder_sparse_step", 1))
-    moe = [i for i in range(int(raw["num_hidden_layers"])) if i not in only and experts > 0 and (i + 1) % step == 0]
-    if moe:
-        raise ValueError(
-            f"qwen3_next with mixture-of-experts MLPs (num_experts={experts}, in {len(moe)} layers) is not "
-            "supported: only dense hybrid models run (the sparse MoE block and its router are missing); "
-            "a dense config sets num_experts=0"
-        )
-
-
 def _reject_unsupported_hf(raw: Mapping[str, Any], model_type: str) -> None:
     """Raise ``ValueError`` for HF configs whose math the decoder does not implement."""
     if model_type in ("qwen3_5_moe", "qwen3_5_moe_text"):
@@ -397,7 +317,7 @@ def _reject_unsupported_hf(raw: Mapping[str, Any], model_type: str) -> None:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(SUPPORTED_MODEL_TYPES)}")
     hybrid = model_type in HYBRID_MODEL_TYPES
-    _reject_hybrid_moe(raw, model_type)
+    reject_hybrid_moe(raw, model_type)
     # NOTE: HF writes the MoE defaults (moe_intermediate_size ...) into dense hybrid configs too
     for key in () if hybrid else _MOE_KEYS:
         if raw.get(key):

@@ -22,8 +22,9 @@ from torch import nn
 from nibblekv.attention.backend import AttentionBackend
 from nibblekv.cache.state_pool import LinearStateBatch
 from nibblekv.model.causal_lm import CausalLM
-from nibblekv.model.config import FULL_ATTENTION, ModelConfig
+from nibblekv.model.config import ModelConfig
 from nibblekv.model.gated_deltanet import causal_conv_decode, causal_conv_extend, gated_delta_rule_for
+from nibblekv.model.hybrid_config import FULL_ATTENTION
 from nibblekv.model.layers import GatedMLP
 from nibblekv.model.rope import RotaryEmbedding, apply_rope
 
