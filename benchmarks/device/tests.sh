@@ -9,7 +9,7 @@
 # TEST_TIMEOUT (s, 570).
 # $OUT gets: gpu-tests-h200.log (pytest -v output).
 set -o pipefail
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps carried wheels (fla-core)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 # NOTE: -v: a run cut by the timeout prints no summary, so the log names each test's outcome as it ends.
