@@ -12,7 +12,7 @@ import argparse
 import pytest
 import torch
 
-from nibblekv.attention.paged import PagedAttentionBackend, build_metadata, host_metadata, to_device
+from nibblekv.attention.paged import PagedAttentionBackend, to_device
 from nibblekv.cache import KVPool, PageTable, RequestPages, TieredCacheManager, size_pool
 from nibblekv.config import EngineConfig, add_engine_args
 from nibblekv.formats import KVDtype, nvfp4
@@ -52,10 +52,9 @@ def _step(
     is_decode = all(n == 1 and p.num_tokens > 0 for n, p in zip(sizes, reqs))
     old = [(p.num_tokens, p.num_main) for p in reqs]
     growths = [mgr.grow(p, p.num_tokens + n) for p, n in zip(reqs, sizes)]
-    lists = host_metadata(list(zip(reqs, growths)), is_decode, P)
+    lists = backend.plan(list(zip(reqs, growths)), is_decode)
     lists["rows"] = table.sync(reqs)
-    d = to_device(lists, torch.device("cpu"))
-    backend.bind(build_metadata(d, d["rows"], is_decode, table))
+    backend.begin(to_device(lists, torch.device("cpu")), is_decode, table)
     t = sum(sizes)
     q, k, v = torch.randn(t, HQ, D), torch.randn(t, HKV, D) * 2, torch.randn(t, HKV, D)
     out = backend.forward(0, q, k, v)

@@ -243,6 +243,26 @@ class PagedAttentionBackend(AttentionBackend):
         # Host-tier copies into pages this forward reads; layer i waits for layer i's copy only.
         self.loads: Sequence[Transfer] = ()
 
+    def plan(self, batch: Sequence[tuple[RequestPages, Growth]], is_decode: bool) -> dict[str, list[int]]:
+        """One step's host lists (per-request lengths, per-token slots, demotions; :func:`host_metadata`)
+        under this pool's page size and tail rule.
+
+        NOTE: host lists, not tensors: the engine builds them while the previous step runs (overlap
+        schedule) and ships them with its own inputs in one host-to-device copy; :meth:`begin` turns that
+        copy into the step's bound view."""
+        return host_metadata(batch, is_decode, self.pool.page_size, bool(self.pool.tail))
+
+    def begin(
+        self,
+        d: dict[str, torch.Tensor],
+        is_decode: bool,
+        table: PageTable,
+        cu_seqlens: Sequence[int] | None = None,
+    ) -> None:
+        """Bind the step whose :meth:`plan` lists are on the device as ``d`` (``d["rows"]``: the batch's rows of
+        ``table``; ``cu_seqlens``: the host list, for an extend's longest chunk)."""
+        self.bind(build_metadata(d, d["rows"], is_decode, table, cu_seqlens))
+
     def bind(self, meta: PagedMetadata) -> None:
         """Set up the next forward: ``meta`` and each layer's ``PagedKV`` view of it (frozen records of the
         pools' and ``meta``'s tensors: a CUDA graph's static buffers under capture)."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nibblekv.attention.paged import PagedAttentionBackend, build_metadata, host_metadata, to_device
+from nibblekv.attention.paged import PagedAttentionBackend, to_device
 from nibblekv.cache.page_table import PageTable, TableUpdates
 from nibblekv.cache.pool import KVPool
 from nibblekv.cache.state_pool import LinearStateBatch, StatePool
@@ -191,7 +191,7 @@ class ModelRunner:
         if prev_tokens is not None:
             d["input_ids"] = fill_placeholders(d["input_ids"], prev_tokens)
         cu = None if plan.is_decode else plan.lists["cu_seqlens"]
-        self.backend.bind(build_metadata(d, d["rows"], plan.is_decode, self.page_table, cu))
+        self.backend.begin(d, plan.is_decode, self.page_table, cu)
         if self.states is None:
             hidden = self.model.forward(d["input_ids"], d["positions"], self.backend)
         else:  # hybrid: the linear layers' states of this batch's requests
@@ -217,7 +217,7 @@ class ModelRunner:
                 lists["input_ids"].extend(req.token_ids[g.old_len : g.new_len])
                 lists["positions"].extend(range(g.old_len, g.new_len))
         pairs = [(r.pages, g) for r, g in zip(batch.reqs, batch.growths)]
-        lists.update(host_metadata(pairs, batch.is_decode, self.pool.page_size, bool(self.pool.tail)))
+        lists.update(self.backend.plan(pairs, batch.is_decode))
         lists["rows"] = self.page_table.sync([r.pages for r in batch.reqs])
         if self.states is not None:
             lists["state_slots"] = [r.state_slot if r.state_slot is not None else -1 for r in batch.reqs]

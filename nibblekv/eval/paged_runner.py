@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, host_metadata, longest_chunk
+from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, longest_chunk
 from nibblekv.cache import Growth, KVPool, PoolSpec, RequestPages, TieredCacheManager
 from nibblekv.eval.configs import KVConfig
 from nibblekv.formats import parse_kv_dtype
@@ -31,14 +31,12 @@ def _table(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
 
 
 def paged_metadata(
-    batch: Sequence[tuple[RequestPages, Growth]],
-    is_decode: bool,
-    page_size: int,
-    device: torch.device,
-    tail_pool: bool = False,
+    backend: PagedAttentionBackend, batch: Sequence[tuple[RequestPages, Growth]], is_decode: bool
 ) -> PagedMetadata:
-    """The backend's metadata for one step, from the engine's own per-token slot and length rules."""
-    h = host_metadata(batch, is_decode, page_size, tail_pool)
+    """The backend's metadata for one step, from the engine's own per-token slot and length rules
+    (``backend.plan``), with page tables built from the requests' pages (no engine page table here)."""
+    h = backend.plan(batch, is_decode)
+    device = backend.pool.device
 
     def t(key: str, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(h[key], dtype=dtype, device=device)
@@ -160,7 +158,7 @@ class PagedRunner:
         ]
         device = self.model.device
         pairs = list(zip(self.requests, growths))
-        meta = paged_metadata(pairs, is_decode, self.page_size, device, bool(self.pool.tail))
+        meta = paged_metadata(self.paged, pairs, is_decode)
         self.paged.bind(meta)
         try:
             hidden = self.model.forward(
