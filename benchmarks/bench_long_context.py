@@ -11,7 +11,9 @@ tokens, radix cache off), per KV dtype:
   to bound device time: the rows say so (``decode_steps_cap``);
 * ``ttft_mean_s``: ``ttft_kind`` ``real`` is the mean time to first token of ``--ttft-requests`` requests
   prefilled one after another through the engine (chunked prefill, the extend path over the cached prefix),
-  measured once per dtype and input length on the same engine; ``synthetic`` (no TTFT) past
+  measured once per dtype and input length on the same engine (up to ``--profile-max-input``, one more
+  prefill under the torch profiler gives ``prefill_kernels``: the top GPU kernels, dtype beside dtype);
+  ``synthetic`` (no TTFT) past
   ``--ttft-max-input`` or when the time budget would not allow it;
 * ``plan_requests``: what the planner (``nibblekv plan``'s engine count) says for the same budget, model
   and context; ``capacity_requests``: the engine's own count.
@@ -101,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--ttft-max-input", type=int, default=200_000, help="longer inputs get ttft_kind synthetic"
     )
+    p.add_argument("--profile-max-input", type=int, default=32768, help="at inputs up to this, one more "
+                   "real prefill per dtype runs under the torch profiler: its top GPU kernels in the row")  # fmt: skip
     p.add_argument("--time-budget-s", type=float, default=520.0, help="no new row starts after this")
     p.add_argument("--mem-fraction-static", type=float, default=0.88)
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
@@ -193,6 +197,26 @@ def measure_ttft(engine: Engine, prompt: list[int], k: int, chunk: int) -> list[
     return times
 
 
+def prefill_kernels(engine: Engine, prompt: list[int], top: int = 10) -> dict[str, Any]:
+    """One real prefill of ``prompt`` under the torch profiler: the GPU's busy time and the ``top`` kernels
+    by total time (the quantizing cache write, the extend kernel over the cached prefix, the GEMMs ...), so
+    the dtypes' prefill cost compares kernel by kernel in one run."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = torch.cuda.is_available()
+    one = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+        engine.generate([prompt], one)
+        sync()
+    rows = [(ev.key[:90], ev.device_time_total if gpu else ev.self_cpu_time_total, ev.count)
+            for ev in prof.key_averages()]  # fmt: skip
+    rows = sorted((r for r in rows if r[1] > 0), key=lambda r: -r[1])
+    return {
+        "prefill_busy_ms": round(sum(r[1] for r in rows) / 1e3, 3),
+        "prefill_kernels": [{"kernel": k, "ms": round(us / 1e3, 3), "calls": c} for k, us, c in rows[:top]],
+    }
+
+
 def bench_length(
     args: argparse.Namespace,
     res: Results,
@@ -233,6 +257,7 @@ def bench_length(
             f"planner {plans}")  # fmt: skip
     prompt = [10 + (i * 7919) % 30000 % (model.config.vocab_size - 10) for i in range(input_len)]
     ttft: dict[str, list[float]] = {}
+    kernels: dict[str, dict[str, Any]] = {}  # per dtype, prefill_kernels of the same prompt
     done: dict[tuple[str, int], dict[str, Any]] = {}
     for kv in rotating_last(args.kv_dtypes):
         for mode in args.modes:
@@ -257,7 +282,7 @@ def bench_length(
                 continue
             log(t0, f"row {tag}")
             row = run_row(
-                args, loaded, replace(base, kv_cache_dtype=kv), n, prompt, per_request, bandwidth, ttft, t0
+                args, loaded, replace(base, kv_cache_dtype=kv), n, prompt, per_request, bandwidth, ttft, kernels, t0
             )
             if "skip" in row:
                 log(t0, f"skip {tag}: {row['skip']}")
@@ -277,7 +302,7 @@ def bench_length(
 
 def run_row(
     args: argparse.Namespace, loaded: Any, cfg: EngineConfig, n: int, prompt: list[int], per_request: int,
-    bandwidth: float, ttft: dict[str, list[float]], t0: float,
+    bandwidth: float, ttft: dict[str, list[float]], kernels: dict[str, dict[str, Any]], t0: float,
 ) -> dict[str, Any]:  # fmt: skip
     """One engine of ``n`` requests: TTFT (once per dtype), then the decode batch at full concurrency;
     ``{"skip": why}`` when the pool built now holds fewer (GPU memory moved since the sizing)."""
@@ -293,6 +318,9 @@ def run_row(
     if real and kv not in ttft:
         ttft[kv] = measure_ttft(engine, prompt, args.ttft_requests, args.chunked_prefill_size)
         log(t0, f"  ttft {kv}: {[round(x, 3) for x in ttft[kv]]} s")
+        if len(prompt) <= args.profile_max_input:
+            kernels[kv] = prefill_kernels(engine, prompt)
+            log(t0, f"  prefill kernels {kv}: {json.dumps(kernels[kv])}")
     params = SamplingParams(temperature=0, max_new_tokens=steps, ignore_eos=True)
     with frozen_heap():
         out = decode_run(engine, [prompt] * n, params, True, bandwidth)
@@ -305,6 +333,7 @@ def run_row(
         "ttft_mean_s": round(sum(ttft[kv]) / len(ttft[kv]), 4) if real else None,
         "ttft_kind": "real" if real else "synthetic",
         "ttft_s": [round(x, 4) for x in ttft.get(kv, [])] if real else [],
+        **(kernels.get(kv, {}) if real else {}),
         "max_total_num_tokens": engine.max_total_num_tokens, "cuda_graph": out["cuda_graph"],
         "wall_s": round(time.perf_counter() - started, 1),
     }  # fmt: skip
