@@ -4,7 +4,10 @@ any command-line module may use it, the torch-free ``bench`` client included).""
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+_Number = TypeVar("_Number", int, float)
 
 
 class Parser(argparse.ArgumentParser):
@@ -57,3 +60,55 @@ def use_help_formatter(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for child in dict.fromkeys(action.choices.values()):
                 use_help_formatter(child)
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    help: str,
+    description: str | None = None,
+    epilog: str | None = None,
+) -> argparse.ArgumentParser:
+    """Add the subcommand ``name``, run as ``run(args)``; ``args._parser`` is its parser (for one-line
+    ``parser.error`` reports from ``run``)."""
+    parser = subparsers.add_parser(name, help=help, description=description, epilog=epilog)
+    parser.set_defaults(func=run, _parser=parser)
+    return parser
+
+
+def _bounded(value: _Number, ok: bool, want: str) -> _Number:
+    """``value`` where it is ``ok``, else argparse's one-line "must be ``want``, got ``value``"."""
+    if not ok:
+        raise argparse.ArgumentTypeError(f"must be {want}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    value = int(text)
+    return _bounded(value, value >= 1, ">= 1")
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an int >= 0."""
+    value = int(text)
+    return _bounded(value, value >= 0, ">= 0")
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a float > 0."""
+    value = float(text)
+    return _bounded(value, value > 0, "> 0")
+
+
+def open_fraction(text: str) -> float:
+    """An argparse type: a float in (0, 1)."""
+    value = float(text)
+    return _bounded(value, 0.0 < value < 1.0, "in (0, 1)")
+
+
+def closed_fraction(text: str) -> float:
+    """An argparse type: a float in [0, 1]."""
+    value = float(text)
+    return _bounded(value, 0.0 <= value <= 1.0, "in [0, 1]")

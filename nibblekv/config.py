@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
+from nibblekv.cli_style import non_negative_int, open_fraction, positive_float, positive_int
 from nibblekv.formats import KV_DTYPE_CHOICES
 
 LOAD_FORMATS: tuple[str, ...] = ("auto", "gguf", "safetensors", "dummy")
@@ -93,6 +94,11 @@ class EngineConfig:
     # dynamic per-token activation scales. None: the checkpoint's own (an FP8 checkpoint stays FP8).
     quantization: str | None = None
 
+    def _check_window(self, name: str, tokens: int) -> None:
+        """A window of tokens kept unquantized: >= 0 and whole pages."""
+        _check(tokens >= 0, name, "must be >= 0")
+        _check(tokens % self.page_size == 0, name, f"must be a multiple of page_size ({self.page_size})")
+
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
         if self.quantization is not None:
@@ -109,21 +115,11 @@ class EngineConfig:
             _check(self.mem_budget_gib > 0, "mem_budget_gib", "must be > 0")
         if self.max_running_requests is not None:
             _check(self.max_running_requests >= 1, "max_running_requests", "must be >= 1")
-        _check(self.kv_recent_window >= 0, "kv_recent_window", "must be >= 0")
+        self._check_window("kv_recent_window", self.kv_recent_window)
         if self.kv_sink_pages is not None:
             _check(self.kv_sink_pages in (0, 1), "kv_sink_pages", f"must be 0 or 1, got {self.kv_sink_pages}")
-        _check(
-            self.kv_recent_window % self.page_size == 0,
-            "kv_recent_window",
-            f"must be a multiple of page_size ({self.page_size})",
-        )
         if self.kv_prefill_window is not None:
-            _check(self.kv_prefill_window >= 0, "kv_prefill_window", "must be >= 0")
-            _check(
-                self.kv_prefill_window % self.page_size == 0,
-                "kv_prefill_window",
-                f"must be a multiple of page_size ({self.page_size})",
-            )
+            self._check_window("kv_prefill_window", self.kv_prefill_window)
         if self.context_length is not None:
             _check(self.context_length >= 2, "context_length", "must be >= 2")
         _check(self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs", "must be >= 1")
@@ -194,38 +190,10 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     _check(value in choices, name, f"must be one of {', '.join(choices)}, got {value!r}")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def _sink_pages(text: str) -> int:
     value = int(text)
     if value not in (0, 1):
         raise argparse.ArgumentTypeError(f"must be 0 or 1 (bf16 sink pages per request), got {value}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return value
 
 
@@ -261,19 +229,19 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="KV cache storage: auto = the model's dtype (bf16 on CUDA, fp32 on CPU); nvfp4 = 4 bits (GPU "
         "kernels tuned for Hopper; a slower reference path on CPU); fp8_e4m3 = 8 bits",
     )  # fmt: skip
-    g.add_argument("--page-size", type=_positive_int, default=d.page_size, help="tokens per KV page")
+    g.add_argument("--page-size", type=positive_int, default=d.page_size, help="tokens per KV page")
     g.add_argument(
-        "--mem-fraction-static", type=_fraction, default=None,
+        "--mem-fraction-static", type=open_fraction, default=None,
         help="CUDA: share of GPU memory for weights + KV pool (default: 0.88)",
     )  # fmt: skip
     g.add_argument(
-        "--max-total-tokens", type=_positive_int, default=None,
+        "--max-total-tokens", type=positive_int, default=None,
         help="KV pool capacity in tokens (default: from GPU memory on CUDA, "
         f"{CPU_DEFAULT_MAX_TOTAL_TOKENS} on CPU)",
     )  # fmt: skip
-    g.add_argument("--mem-budget-gib", type=_positive_float, default=None, help="KV pool budget (CPU)")
+    g.add_argument("--mem-budget-gib", type=positive_float, default=None, help="KV pool budget (CPU)")
     g.add_argument(
-        "--max-running-requests", type=_positive_int, default=None,
+        "--max-running-requests", type=positive_int, default=None,
         help="requests decoded together (default: 128 on CUDA, 32 on CPU)",
     )  # fmt: skip
     g.add_argument(
@@ -317,7 +285,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "2048) + --kv-recent-window; multiple of --page-size; see docs/accuracy.md)",
     )
     g.add_argument(
-        "--context-length", type=_positive_int, default=None,
+        "--context-length", type=positive_int, default=None,
         help="longest prompt + output per request (default: the model's max_position_embeddings)",
     )  # fmt: skip
     g.add_argument(
@@ -328,11 +296,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument("--disable-cuda-graph", action="store_true", help="decode eagerly (slower; for debugging)")
     g.add_argument(
-        "--cuda-graph-max-bs", type=_positive_int, default=d.cuda_graph_max_bs,
+        "--cuda-graph-max-bs", type=positive_int, default=d.cuda_graph_max_bs,
         help=f"largest decode batch replayed from a CUDA graph (default: --max-running-requests, at most "
         f"{DEFAULT_CUDA_GRAPH_MAX_BS})",
     )  # fmt: skip
-    g.add_argument("--cuda-graph-bs", type=_positive_int, nargs="+", default=None,
+    g.add_argument("--cuda-graph-bs", type=positive_int, nargs="+", default=None,
                    help="the decode batch sizes to capture (default: 1, 2, 4, 8, then every 8 up to --cuda-graph-max-bs)")
     overlap = g.add_mutually_exclusive_group()
     overlap.add_argument(
@@ -347,7 +315,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="run each decode step synchronously (SGLang's flag)",
     )  # fmt: skip
     g.add_argument(
-        "--tp-size", "--tp", dest="tp_size", type=_positive_int, default=d.tp_size,
+        "--tp-size", "--tp", dest="tp_size", type=positive_int, default=d.tp_size,
         help="tensor-parallel ranks (NCCL, one GPU each; gloo on CPU)",
     )  # fmt: skip
     g.add_argument(
@@ -358,5 +326,5 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--enable-hierarchical-cache", action="store_true", help="keep evicted prefix pages in host memory"
     )
-    g.add_argument("--hicache-size", type=_positive_float, default=None, help="host tier GiB (default: 2x pool)")
+    g.add_argument("--hicache-size", type=positive_float, default=None, help="host tier GiB (default: 2x pool)")
     g.add_argument("--hicache-write-policy", default=d.hicache_write_policy, choices=HICACHE_WRITE_POLICIES)

@@ -14,7 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nibblekv.cli_style import add_command, closed_fraction, positive_int
+
 DATASETS = ("random", "shared-prefix", "agentic", "jsonl")
+SERVE_HELP = "load-test an OpenAI-compatible server"
 SERVE_DESCRIPTION = (
     "Load-test any OpenAI-compatible server (nibblekv, SGLang, vLLM) with SGLang's bench_serving flags: "
     "throughput, TTFT, TPOT and ITL percentiles, printed and optionally written as JSON. A pure HTTP "
@@ -25,20 +28,6 @@ SERVE_EPILOG = """examples:
   nibblekv bench serve --base-url http://127.0.0.1:30000 --num-prompts 200 --random-input-len 512 \\
       --random-output-len 128 --max-concurrency 32 --output-file run.json
   nibblekv bench serve --dataset shared-prefix --backend chat --num-prompts 64"""
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _ratio(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
-    return value
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -56,41 +45,51 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "or a jsonl file of prompts",
     )
     p.add_argument("--dataset-path", default=None, help="JSONL file for --dataset jsonl")
-    p.add_argument("--num-prompts", type=_positive, default=100, help="requests (agentic: sessions)")
+    p.add_argument("--num-prompts", type=positive_int, default=100, help="requests (agentic: sessions)")
     p.add_argument(
-        "--max-concurrency", type=_positive, default=None, help="most requests in flight (default: no limit)"
+        "--max-concurrency",
+        type=positive_int,
+        default=None,
+        help="most requests in flight (default: no limit)",
     )
     p.add_argument(
         "--request-rate", type=float, default=math.inf, help="requests/s, Poisson; inf = all at once"
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the workload and arrival times")
-    p.add_argument("--random-input-len", type=_positive, default=1024, help="prompt tokens per request")
+    p.add_argument("--random-input-len", type=positive_int, default=1024, help="prompt tokens per request")
     p.add_argument(
-        "--random-output-len", type=_positive, default=128, help="output tokens per request (also jsonl)"
+        "--random-output-len", type=positive_int, default=128, help="output tokens per request (also jsonl)"
     )
     p.add_argument(
-        "--random-range-ratio", type=_ratio, default=1.0, help="lengths uniform in [len*ratio, len]"
+        "--random-range-ratio", type=closed_fraction, default=1.0, help="lengths uniform in [len*ratio, len]"
     )
     p.add_argument(
         "--random-token-ids",
         action="store_true",
         help="send random token ids (exact input lengths; completions backend; vocab from the server)",
     )
-    p.add_argument("--gsp-num-groups", type=_positive, default=8, help="shared-prefix: groups")
+    p.add_argument("--gsp-num-groups", type=positive_int, default=8, help="shared-prefix: groups")
     p.add_argument(
-        "--gsp-prompts-per-group", type=_positive, default=16, help="shared-prefix: prompts per group"
+        "--gsp-prompts-per-group", type=positive_int, default=16, help="shared-prefix: prompts per group"
     )
     p.add_argument(
-        "--gsp-system-prompt-len", type=_positive, default=1024, help="shared-prefix: shared prefix tokens"
+        "--gsp-system-prompt-len", type=positive_int, default=1024, help="shared-prefix: shared prefix tokens"
     )
-    p.add_argument("--gsp-question-len", type=_positive, default=64, help="shared-prefix: tokens after it")
-    p.add_argument("--gsp-output-len", type=_positive, default=128, help="shared-prefix: output tokens")
-    p.add_argument("--agentic-turns", type=_positive, default=4, help="agentic: turns per session")
-    p.add_argument("--agentic-system-len", type=_positive, default=512, help="agentic: system prompt tokens")
+    p.add_argument("--gsp-question-len", type=positive_int, default=64, help="shared-prefix: tokens after it")
+    p.add_argument("--gsp-output-len", type=positive_int, default=128, help="shared-prefix: output tokens")
+    p.add_argument("--agentic-turns", type=positive_int, default=4, help="agentic: turns per session")
     p.add_argument(
-        "--agentic-tool-output-len", type=_positive, default=256, help="agentic: tool output tokens per turn"
+        "--agentic-system-len", type=positive_int, default=512, help="agentic: system prompt tokens"
     )
-    p.add_argument("--agentic-output-len", type=_positive, default=64, help="agentic: output tokens per turn")
+    p.add_argument(
+        "--agentic-tool-output-len",
+        type=positive_int,
+        default=256,
+        help="agentic: tool output tokens per turn",
+    )
+    p.add_argument(
+        "--agentic-output-len", type=positive_int, default=64, help="agentic: output tokens per turn"
+    )
     p.add_argument("--disable-ignore-eos", action="store_true", help="let requests stop at EOS")
     p.add_argument("--extra-request-body", default=None, help="JSON object merged into every request body")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
@@ -99,24 +98,11 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add the benchmark subcommands (``serve``) to a subparsers object."""
-    serve = sub.add_parser(
-        "serve",
-        help="load-test an OpenAI-compatible server",
-        description=SERVE_DESCRIPTION,
-        epilog=SERVE_EPILOG,
-    )
-    _add_serve_args(serve)
-    serve.set_defaults(func=run, _parser=serve)
+    """Add the benchmark subcommands (``serve``, ``soak``) to a subparsers object."""
     from nibblekv.bench import soak
 
-    soak_parser = sub.add_parser(
-        "soak",
-        help="load with client disconnects, then check the server leaked nothing",
-        description=soak.__doc__,
-    )
-    soak.add_soak_args(soak_parser)
-    soak_parser.set_defaults(func=soak.run, _parser=soak_parser)
+    _add_serve_args(add_command(sub, "serve", run, SERVE_HELP, SERVE_DESCRIPTION, SERVE_EPILOG))
+    soak.add_soak_args(add_command(sub, "soak", soak.run, soak.HELP, soak.__doc__))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import httpx
@@ -36,6 +36,23 @@ class SoakConfig:
     idle_timeout: float = 60.0
     allow_cached_tokens: bool = False
     api_key: str | None = None
+
+
+# the help of each SoakConfig field's flag (``add_soak_args``)
+FLAG_HELP: dict[str, str] = {
+    "base_url": "server root URL",
+    "num_requests": "requests in all",
+    "concurrency": "requests in flight at once",
+    "disconnect_share": "share of clients that hang up (0-1)",
+    "output_len": "tokens each other request asks for",
+    "quit_after": "seconds a non-streamed quitter waits",
+    "idle_timeout": "seconds to wait for the server to go idle",
+    "allow_cached_tokens": (
+        "do not count KV tokens in use at the end as a leak (a prefix cache holds pages by design)"
+    ),
+    "api_key": "sent as 'Authorization: Bearer KEY'",
+}
+HELP = "load with client disconnects, then check the server leaked nothing"
 
 
 @dataclass
@@ -157,30 +174,17 @@ async def soak(cfg: SoakConfig) -> SoakReport:
 
 
 def add_soak_args(p: argparse.ArgumentParser) -> None:
-    """The ``bench soak`` flags."""
+    """The ``bench soak`` flags: one per :class:`SoakConfig` field (its type and default), then
+    ``--output-file``."""
     d = SoakConfig()
-    p.add_argument("--base-url", default=d.base_url, help="server root URL")
-    p.add_argument("--num-requests", type=int, default=d.num_requests, help="requests in all")
-    p.add_argument("--concurrency", type=int, default=d.concurrency, help="requests in flight at once")
-    p.add_argument(
-        "--disconnect-share",
-        type=float,
-        default=d.disconnect_share,
-        help="share of clients that hang up (0-1)",
-    )
-    p.add_argument("--output-len", type=int, default=d.output_len, help="tokens each other request asks for")
-    p.add_argument(
-        "--quit-after", type=float, default=d.quit_after, help="seconds a non-streamed quitter waits"
-    )
-    p.add_argument(
-        "--idle-timeout", type=float, default=d.idle_timeout, help="seconds to wait for the server to go idle"
-    )
-    p.add_argument(
-        "--allow-cached-tokens",
-        action="store_true",
-        help="do not count KV tokens in use at the end as a leak (a prefix cache holds pages by design)",
-    )
-    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    for f in fields(SoakConfig):
+        flag, default, help_text = "--" + f.name.replace("_", "-"), getattr(d, f.name), FLAG_HELP[f.name]
+        if isinstance(default, bool):
+            p.add_argument(flag, action="store_true", help=help_text)
+        elif isinstance(default, (int, float)):
+            p.add_argument(flag, type=type(default), default=default, help=help_text)
+        else:
+            p.add_argument(flag, default=default, help=help_text)
     p.add_argument("--output-file", default=None, help="write the report (and the config) as JSON here")
 
 
@@ -195,17 +199,7 @@ def config_from_args(args: argparse.Namespace) -> SoakConfig:
         parser.error(f"--disconnect-share must be in [0, 1], got {args.disconnect_share}")
     if args.output_len < 1:
         parser.error(f"--output-len must be at least 1, got {args.output_len}")
-    return SoakConfig(
-        base_url=args.base_url,
-        num_requests=args.num_requests,
-        concurrency=args.concurrency,
-        disconnect_share=args.disconnect_share,
-        output_len=args.output_len,
-        quit_after=args.quit_after,
-        idle_timeout=args.idle_timeout,
-        allow_cached_tokens=args.allow_cached_tokens,
-        api_key=args.api_key,
-    )
+    return SoakConfig(**{f.name: getattr(args, f.name) for f in fields(SoakConfig)})
 
 
 def run(args: argparse.Namespace) -> int:

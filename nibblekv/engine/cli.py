@@ -17,11 +17,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from nibblekv.cli_style import add_command
 from nibblekv.config import EngineConfig, add_engine_args
 from nibblekv.engine.batch_io import INPUT_HELP, OUTPUT_HELP, BatchFileError, Job, done_ids, read_jobs
 from nibblekv.engine.long_context import context_length_cli_error
 
 
+# the numeric SamplingParams fields that are flags of the same name: (the flag's default, its help)
+SAMPLING_FLAGS: dict[str, tuple[int | float, str]] = {
+    "max_new_tokens": (128, "tokens to generate per request"),
+    "temperature": (0.0, "0 = greedy"),
+    "top_p": (1.0, "nucleus sampling; 1 = off"),
+    "top_k": (-1, "-1 = off"),
+    "min_p": (0.0, "0 = off"),
+    "repetition_penalty": (1.0, "HF's; 1 = off"),
+    "frequency_penalty": (0.0, "OpenAI's; 0 = off"),
+    "presence_penalty": (0.0, "OpenAI's; 0 = off"),
+}
+HELP = "generate text offline from prompts or a JSONL batch (default model: the bundled SmolLM2)"
 DESCRIPTION = (
     "Generate text offline, without a server: from prompts given on the command line, or from a JSONL "
     "batch (--input-jsonl) whose results are appended to --output-jsonl as they finish; rerunning an "
@@ -52,26 +65,15 @@ def config_from_args_or_exit(parser: argparse.ArgumentParser, args: argparse.Nam
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser(
-        "generate",
-        help="generate text offline from prompts or a JSONL batch (default model: the bundled SmolLM2)",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-    )
+    p = add_command(subparsers, "generate", run, HELP, DESCRIPTION, EPILOG)
     p.add_argument("prompts", nargs="*", help="prompt text(s); each is one request")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
     p.add_argument("--input-jsonl", type=Path, default=None, metavar="FILE", help=INPUT_HELP)
     p.add_argument("--output-jsonl", type=Path, default=None, metavar="FILE", help=OUTPUT_HELP)
     add_engine_args(p)
     s = p.add_argument_group("sampling")
-    s.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per request")
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1 = off")
-    s.add_argument("--top-k", type=int, default=-1, help="-1 = off")
-    s.add_argument("--min-p", type=float, default=0.0, help="0 = off")
-    s.add_argument("--repetition-penalty", type=float, default=1.0, help="HF's; 1 = off")
-    s.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's; 0 = off")
-    s.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's; 0 = off")
+    for name, (default, help_text) in SAMPLING_FLAGS.items():
+        s.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=help_text)
     s.add_argument(
         "--sampling-seed",
         type=int,
@@ -84,19 +86,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     s.add_argument(
         "--logprobs", type=int, default=None, help="top-n logprobs per generated token (in --output-jsonl)"
     )
-    p.set_defaults(func=run, _parser=p)
 
 
 def _sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "min_p": args.min_p,
-        "repetition_penalty": args.repetition_penalty,
-        "frequency_penalty": args.frequency_penalty,
-        "presence_penalty": args.presence_penalty,
+    return {name: getattr(args, name) for name in SAMPLING_FLAGS} | {
         "seed": args.sampling_seed,
         "stop": tuple(args.stop),
         "stop_token_ids": tuple(args.stop_token_ids),

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import argparse
 
+from nibblekv.cli_style import add_command
 from nibblekv.eval.common import ScaleSource, add_model_args, checked_data_dir, load, progress
+
+HELP = "compute per-layer K/V scales for --kv-scales-path"
+DESCRIPTION = (
+    "Compute per-layer global K/V scales (amax / (6 * 448)) on calibration text and write them as JSON for "
+    "'nibblekv serve --kv-scales-path' (by default on northanger_abbey.txt of the packaged Austen excerpts)."
+)
+EPILOG = """example:
+  nibblekv calibrate --out scales.json
+  nibblekv serve --kv-cache-dtype nvfp4 --kv-scales-path scales.json"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser(
-        "calibrate",
-        help="compute per-layer K/V scales for --kv-scales-path",
-        description="Compute per-layer global K/V scales (amax / (6 * 448)) on calibration text and write "
-        "them as JSON for 'nibblekv serve --kv-scales-path' (by default on northanger_abbey.txt of the "
-        "packaged Austen excerpts).",
-        epilog="example:\n  nibblekv calibrate --out scales.json\n"
-        "  nibblekv serve --kv-cache-dtype nvfp4 --kv-scales-path scales.json",
-    )
+    p = add_command(subparsers, "calibrate", run, HELP, DESCRIPTION, EPILOG)
     add_model_args(p)
     p.add_argument("--out", required=True, help="JSON to write (load it with --kv-scales-path)")
     p.add_argument(
@@ -26,7 +28,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="scales for Hadamard-rotated K/V, as the nvfp4 default stores them (--no-hadamard for "
         "--no-kv-hadamard)",
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

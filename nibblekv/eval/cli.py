@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from nibblekv.config import non_negative_int
+from nibblekv.cli_style import add_command, non_negative_int
 from nibblekv.eval.calibrate import KVMeans, KVScales, calibrate, calibrate_means
 from nibblekv.eval.common import ScaleSource, add_model_args, checked_data_dir, load, progress
 from nibblekv.eval.configs import BASELINE_NAME, FULL_RUN, KVConfig, parse_config
@@ -28,6 +28,27 @@ STUDY_CONFIGS: tuple[str, ...] = (
     "nvfp4_s4", "nvfp4_w16", "nvfp4_w32", "nvfp4_w64", "nvfp4_w128", "nvfp4_s4_w64",
     "nvfp4_w64_cal", "nvfp4_w64_4o6", "nvfp4_w64_had", "nvfp4_w64_cal_4o6_had",
 )  # fmt: skip
+# (help, description[, epilog]) of the subcommands
+KV_TEXTS = (
+    "compare KV configurations through the engine's attention path",
+    (
+        "Compare KV configurations through the engine's own attention path (prefill in chunks and decode), "
+        "in lockstep with the unquantized baseline; writes JSON, a PNG and a table."
+    ),
+    "example:\n  nibblekv eval kv --configs bf16 fp8_e4m3 nvfp4 --windows 8 --out kv.json",
+)
+STUDY_TEXTS = (
+    "fast fake-quantization study of the options (dense, one pass)",
+    "A fast fake-quantization study of the nvfp4 options (dense attention, one pass).",
+)
+MERGE_TEXTS = (
+    "join 'eval kv' outputs of one setup (e.g. modes run in parallel)",
+    "Join the JSON outputs of 'nibblekv eval kv' runs of one setup into one file and plot.",
+)
+SPEED_TEXTS = (
+    "decode-step time per configuration at a long context (GPU)",
+    "Time one decode step per KV configuration at a long context (on a GPU).",
+)
 
 
 def _configs(args: argparse.Namespace, names: list[str], baseline: bool = True) -> list[KVConfig]:
@@ -103,13 +124,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "the packaged opening chapters of four Austen novels), plus passkey retrieval.",
     )
     sub = p.add_subparsers(dest="eval_command", required=True, metavar="COMMAND")
-    kv = sub.add_parser(
-        "kv",
-        help="compare KV configurations through the engine's attention path",
-        description="Compare KV configurations through the engine's own attention path (prefill in chunks "
-        "and decode), in lockstep with the unquantized baseline; writes JSON, a PNG and a table.",
-        epilog="example:\n  nibblekv eval kv --configs bf16 fp8_e4m3 nvfp4 --windows 8 --out kv.json",
-    )
+    kv = add_command(sub, "kv", run_kv, *KV_TEXTS)
     add_model_args(kv)
     d = EvalSettings()
     kv.add_argument(
@@ -158,12 +173,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     kv.add_argument("--kv-scales-path", default=None, help="scales for *_cal configs (default: calibrate)")
     kv.add_argument("--out", default="kv-accuracy.json", help="JSON to write")
     kv.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
-    kv.set_defaults(func=run_kv)
-    st = sub.add_parser(
-        "study",
-        help="fast fake-quantization study of the options (dense, one pass)",
-        description="A fast fake-quantization study of the nvfp4 options (dense attention, one pass).",
-    )
+    st = add_command(sub, "study", run_study_cmd, *STUDY_TEXTS)
     add_model_args(st)
     st.add_argument("--configs", nargs="+", default=list(STUDY_CONFIGS), help="configuration names")
     st.add_argument("--windows", type=int, default=8, help="text windows scored per configuration")
@@ -177,20 +187,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     st.add_argument("--kv-scales-path", default=None, help="scales for *_cal configs (default: calibrate)")
     st.add_argument("--out", default="kv-accuracy.study.json", help="JSON to write")
-    st.set_defaults(func=run_study_cmd)
-    mg = sub.add_parser(
-        "merge",
-        help="join 'eval kv' outputs of one setup (e.g. modes run in parallel)",
-        description="Join the JSON outputs of 'nibblekv eval kv' runs of one setup into one file and plot.",
-    )
+    mg = add_command(sub, "merge", run_merge_cmd, *MERGE_TEXTS)
     mg.add_argument("parts", nargs="+", help="JSON files written by 'nibblekv eval kv'")
     mg.add_argument("--out", required=True, help="JSON to write (a PNG beside it)")
-    mg.set_defaults(func=run_merge_cmd)
-    sp = sub.add_parser(
-        "speed",
-        help="decode-step time per configuration at a long context (GPU)",
-        description="Time one decode step per KV configuration at a long context (on a GPU).",
-    )
+    sp = add_command(sub, "speed", run_speed_cmd, *SPEED_TEXTS)
     add_model_args(sp)
     sp.add_argument(
         "--configs",
@@ -202,7 +202,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sp.add_argument("--context", type=int, default=32768, help="tokens of context per request")
     sp.add_argument("--steps", type=int, default=20, help="decode steps timed")
     sp.add_argument("--out", default=None, help="JSON to write (default: print only)")
-    sp.set_defaults(func=run_speed_cmd)
 
 
 def _header(

@@ -7,12 +7,27 @@ import json
 import sys
 from typing import TextIO
 
+from nibblekv.cli_style import add_command
 from nibblekv.formats import KVDtype
 from nibblekv.model.presets import PRESETS
 from nibblekv.planner.engine_fit import EngineOptions
 from nibblekv.planner.plan import GPUS, WEIGHT_BYTES_PER_PARAM, MemoryRule, Plan, PlanError, plan_for
 
 PROG = "nibblekv plan"
+# the EngineOptions fields that are flags of the same name (engine flags, same defaults): their help
+ENGINE_FLAGS: dict[str, str] = {
+    "page_size": "engine: tokens per KV page",
+    "kv_recent_window": "engine: newest tokens per request kept in bf16 (fp8/nvfp4), paid from the KV budget",
+    "chunked_prefill_size": "engine: prefill chunk (sets the bf16 prefill window the engine reserves)",
+}
+HELP = "how much KV cache (tokens, full-context sessions) fits on one GPU, per KV dtype"
+DESCRIPTION = (
+    "How many tokens and full-context sessions of KV cache fit on one GPU for a model, per KV dtype (bf16, "
+    "fp8_e4m3, nvfp4), after the weights and a runtime reserve. No GPU needed."
+)
+EPILOG = """examples:
+  nibblekv plan --model llama-3.1-8b --gpu H200 --context 128k
+  nibblekv plan --model /models/Qwen3-8B/config.json --gpu 80 --context 32768 --json"""
 
 
 def parse_context(text: str) -> int:
@@ -28,14 +43,7 @@ def parse_context(text: str) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``plan`` subcommand."""
-    p = subparsers.add_parser(
-        "plan",
-        help="how much KV cache (tokens, full-context sessions) fits on one GPU, per KV dtype",
-        description="How many tokens and full-context sessions of KV cache fit on one GPU for a model, "
-        "per KV dtype (bf16, fp8_e4m3, nvfp4), after the weights and a runtime reserve. No GPU needed.",
-        epilog="examples:\n  nibblekv plan --model llama-3.1-8b --gpu H200 --context 128k\n"
-        "  nibblekv plan --model /models/Qwen3-8B/config.json --gpu 80 --context 32768 --json",
-    )
+    p = add_command(subparsers, "plan", run, HELP, DESCRIPTION, EPILOG)
     p.add_argument(
         "--model", required=True, help=f"config.json path or built-in: {', '.join(sorted(PRESETS))}"
     )
@@ -55,17 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--mem-fraction", type=float, default=0.9, help="share of reported memory usable")
     p.add_argument("--reserve-gib", type=float, default=3.0, help="GiB kept for activations and runtime")
     e = EngineOptions()
-    p.add_argument("--page-size", type=int, default=e.page_size, help="engine: tokens per KV page")
-    p.add_argument(
-        "--kv-recent-window", type=int, default=e.kv_recent_window,
-        help="engine: newest tokens per request kept in bf16 (fp8/nvfp4), paid from the KV budget",
-    )  # fmt: skip
-    p.add_argument(
-        "--chunked-prefill-size", type=int, default=e.chunked_prefill_size,
-        help="engine: prefill chunk (sets the bf16 prefill window the engine reserves)",
-    )  # fmt: skip
+    for name, help_text in ENGINE_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(e, name), help=help_text)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.set_defaults(func=run)
 
 
 def _ratio(num: float, den: float) -> str:
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             weights_dtype=args.weights_dtype,
             weights_gib=args.weights_gib,
             rule=MemoryRule(args.mem_fraction, args.reserve_gib),
-            engine=EngineOptions(args.page_size, args.kv_recent_window, args.chunked_prefill_size),
+            engine=EngineOptions(**{name: getattr(args, name) for name in ENGINE_FLAGS}),
         )
     except PlanError as exc:
         print(f"{PROG}: error: {exc}", file=err)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import logging
 
+from nibblekv.cli_style import add_command, non_negative_int
 
+HELP = "start the OpenAI-compatible HTTP server"
 DESCRIPTION = (
     "Start an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models; "
     "/health, /metrics) with SGLang-style flags. The model defaults to the bundled SmolLM2-135M-Instruct; "
@@ -31,8 +33,6 @@ def _port(text: str) -> int:
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     """The HTTP flags (engine flags come from :func:`nibblekv.config.add_engine_args`)."""
-    from nibblekv.config import non_negative_int
-
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     g.add_argument("--port", type=_port, default=30000, help="port to listen on")
@@ -76,21 +76,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add ``serve``."""
     from nibblekv.config import add_engine_args
 
-    parser = subparsers.add_parser(
-        "serve",
-        help="start the OpenAI-compatible HTTP server",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-    )
+    parser = add_command(subparsers, "serve", run, HELP, DESCRIPTION, EPILOG)
     add_engine_args(parser)
     add_server_args(parser)
-    parser.set_defaults(func=run, _parser=parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Start the engine and serve until SIGTERM / SIGINT."""
-    from nibblekv.engine.cli import config_from_args_or_exit
     from nibblekv.engine import AsyncEngine
+    from nibblekv.engine.cli import config_from_args_or_exit
     from nibblekv.engine.gc_heap import frozen_heap
     from nibblekv.model.source import model_source_error
     from nibblekv.server.launch import serve

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from nibblekv.server.engine_api import Delta
 from nibblekv.server.errors import APIError
 from nibblekv.server.formatting import (
     ChoiceState,
@@ -18,38 +18,23 @@ from nibblekv.server.formatting import (
     text_length,
     usage_of,
 )
-from nibblekv.server.generation import GenerationJob, merged_streams
-from nibblekv.server.metrics import TokenTimer
 from nibblekv.server.params import completion_prompts, make_params, resolve_max_tokens, sampling_kwargs
-from nibblekv.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, dump, make_id
-from nibblekv.server.responses import (
-    admit,
-    check_model,
-    check_not_shut_down,
-    finish_metrics,
-    respond,
-    sse_response,
-)
+from nibblekv.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, dump
+from nibblekv.server.responses import Generation, check_model, observed, run_to_end, stream_response
 from nibblekv.server.state import ServerState, get_state, parse_body
 
 
-def _jobs(req: CompletionRequest, state: ServerState) -> tuple[list[GenerationJob], dict[int, ChoiceState]]:
+def _generation(req: CompletionRequest, state: ServerState) -> Generation:
     """One engine request per (prompt, n) pair; choice index = prompt index * n + j, as in OpenAI."""
-    prompts = completion_prompts(req, state.tokenizer, state.limits)
     logprobs = req.logprobs
-    jobs: list[GenerationJob] = []
-    states: dict[int, ChoiceState] = {}
-    for p, ids in enumerate(prompts):
+    prompts: list[tuple[list[int], Any, int]] = []
+    for ids in completion_prompts(req, state.tokenizer, state.limits):
         max_new = resolve_max_tokens(req.max_tokens, len(ids), state.limits)
         kwargs = sampling_kwargs(
             req, max_new, logprobs, logprobs if req.echo and logprobs is not None else None
         )
-        params = make_params(state.sampling_params, kwargs)
-        for j in range(req.n):
-            index = p * req.n + j
-            jobs.append(GenerationJob(index, ids, params))
-            states[index] = ChoiceState(index, ids, drop_output=max_new == 0)
-    return jobs, states
+        prompts.append((ids, make_params(state.sampling_params, kwargs), max_new))
+    return Generation.of(prompts, req.n, "cmpl")
 
 
 def _echo_text(req: CompletionRequest, state: ServerState, choice: ChoiceState) -> str:
@@ -83,58 +68,29 @@ async def create_completion(request: Request) -> Response:
     check_model(state, req.model)
     if req.suffix:
         raise APIError("suffix (insertion) is not supported", param="suffix")
-    jobs, states = _jobs(req, state)
-    release = admit(state, len(jobs))
-    rid = make_id("cmpl")
+    gen = _generation(req, state)
     if req.stream:
-        return sse_response(request, _stream(req, state, jobs, states, rid), release)
-    try:
-        await respond(request, _collect(state, jobs, states))
-    finally:
-        release()
-    check_not_shut_down(state, states.values())
+        return stream_response(request, state, gen, _stream(req, state, gen))
+    await run_to_end(request, state, gen)
     names = TokenNames(state.tokenizer)
-    choices = [_final_choice(req, state, states[i], names) for i in sorted(states)]
-    body = CompletionResponse(
-        id=rid, model=state.model_name, choices=choices, usage=usage_of(list(states.values()))
+    choices = [_final_choice(req, state, gen.choices[i], names) for i in sorted(gen.choices)]
+    usage = usage_of(list(gen.choices.values()))
+    return JSONResponse(
+        dump(CompletionResponse(id=gen.rid, model=state.model_name, choices=choices, usage=usage))
     )
-    return JSONResponse(dump(body))
 
 
-async def _collect(state: ServerState, jobs: list[GenerationJob], states: dict[int, ChoiceState]) -> None:
-    timers = {job.index: TokenTimer(state.metrics) for job in jobs}
-    async for index, delta in merged_streams(state.engine, jobs, state.live_requests):
-        _observe(states[index], delta, timers[index], state)
-
-
-def _observe(choice: ChoiceState, delta: Delta, timer: TokenTimer, state: ServerState) -> Delta:
-    """Fold a delta into its choice and record its latency / token metrics."""
-    timer.on_tokens(len(delta.token_ids))
-    shown = choice.apply(delta)
-    if delta.finished:
-        finish_metrics(state, choice, timer)
-    return shown
-
-
-async def _stream(
-    req: CompletionRequest,
-    state: ServerState,
-    jobs: list[GenerationJob],
-    states: dict[int, ChoiceState],
-    rid: str,
-) -> AsyncIterator[str]:
+async def _stream(req: CompletionRequest, state: ServerState, gen: Generation) -> AsyncIterator[str]:
     """SSE payloads: text deltas per choice, a usage chunk if asked, then ``[DONE]``."""
     names = TokenNames(state.tokenizer)
-    timers = {job.index: TokenTimer(state.metrics) for job in jobs}
-    offsets = {i: 0 for i in states}  # text offset of the next token, per choice
+    offsets = {i: 0 for i in gen.choices}  # text offset of the next token, per choice
     started: set[int] = set()
 
     def chunk(choice: CompletionChoice) -> str:
-        return json.dumps(dump(CompletionResponse(id=rid, model=state.model_name, choices=[choice])))
+        return json.dumps(dump(CompletionResponse(id=gen.rid, model=state.model_name, choices=[choice])))
 
-    async for index, delta in merged_streams(state.engine, jobs, state.live_requests):
-        choice = states[index]
-        shown = _observe(choice, delta, timers[index], state)
+    async for choice, delta, shown in observed(state, gen):
+        index = choice.index
         text, entries = shown.text, list(shown.logprobs)
         if req.echo and index not in started and (req.logprobs is None or shown.prompt_logprobs is not None):
             started.add(index)
@@ -148,5 +104,7 @@ async def _stream(
         if text or finish or entries:
             yield chunk(CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish))
     if req.include_usage():
-        usage = usage_of(list(states.values()))
-        yield json.dumps(dump(CompletionResponse(id=rid, model=state.model_name, choices=[], usage=usage)))
+        usage = usage_of(list(gen.choices.values()))
+        yield json.dumps(
+            dump(CompletionResponse(id=gen.rid, model=state.model_name, choices=[], usage=usage))
+        )

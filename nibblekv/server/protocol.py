@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
@@ -184,24 +184,42 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
-class CompletionChoice(BaseModel):
-    """One choice of a completion (or one delta of a streamed one)."""
+LogprobsT = TypeVar("LogprobsT", bound=BaseModel)
+
+
+class _Choice(BaseModel, Generic[LogprobsT]):
+    """The fields every response choice has; a subclass adds its content (after them)."""
 
     index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
+    logprobs: LogprobsT | None = None
     finish_reason: str | None = None
 
 
-class CompletionResponse(BaseModel):
-    """Body of ``/v1/completions`` (``object`` is the same for stream chunks, as in OpenAI)."""
+ChoiceT = TypeVar("ChoiceT", bound=_Choice[Any])
+
+
+class _Response(BaseModel, Generic[ChoiceT]):
+    """The fields of every completion body and stream chunk; a subclass fixes ``object`` (its value and
+    place stay those of this declaration)."""
 
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int = Field(default_factory=now)
     model: str
-    choices: list[CompletionChoice]
+    choices: list[ChoiceT]
     usage: UsageInfo | None = None
+
+
+class CompletionChoice(_Choice[CompletionLogprobs]):
+    """One choice of a completion (or one delta of a streamed one)."""
+
+    text: str
+
+
+class CompletionResponse(_Response[CompletionChoice]):
+    """Body of ``/v1/completions`` (``object`` is the same for stream chunks, as in OpenAI)."""
+
+    object: Literal["text_completion"] = "text_completion"
 
 
 class TopLogprob(BaseModel):
@@ -231,44 +249,28 @@ class ChatResponseMessage(BaseModel):
     content: str | None = None
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(_Choice[ChatLogprobs]):
     """One choice of a chat completion."""
 
-    index: int
     message: ChatResponseMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
 
 
-class ChatStreamChoice(BaseModel):
+class ChatStreamChoice(_Choice[ChatLogprobs]):
     """One choice of a streamed chat chunk."""
 
-    index: int
     delta: ChatResponseMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(_Response[ChatChoice]):
     """Body of ``/v1/chat/completions``."""
 
-    id: str
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageInfo | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(_Response[ChatStreamChoice]):
     """One SSE chunk of a streamed chat completion."""
 
-    id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[ChatStreamChoice]
-    usage: UsageInfo | None = None
 
 
 class ModelCard(BaseModel):

@@ -1,20 +1,24 @@
-"""Pieces shared by the completion handlers: model check, metrics at finish, SSE and disconnects."""
+"""Pieces shared by the completion handlers: model check, admission, running the choices' engine requests,
+metrics at finish, SSE and disconnects."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from nibblekv.server.engine_api import Delta
 from nibblekv.server.errors import APIError, error_body
 from nibblekv.server.formatting import ChoiceState
-from nibblekv.server.generation import stop_on_disconnect, unless_disconnected
+from nibblekv.server.generation import GenerationJob, merged_streams, stop_on_disconnect, unless_disconnected
 from nibblekv.server.metrics import TokenTimer
+from nibblekv.server.protocol import make_id
 from nibblekv.server.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,66 @@ def finish_metrics(state: ServerState, choice: ChoiceState, timer: TokenTimer) -
 async def respond(request: Request, work: Awaitable[T]) -> T:
     """Await a non-streaming generation, aborting it if the client disconnects (then 499)."""
     return await unless_disconnected(request, work)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One request's choices: the engine requests (``jobs``) that fill them, their outputs (``choices``,
+    by choice index) and the response id ``rid``."""
+
+    jobs: list[GenerationJob]
+    choices: dict[int, ChoiceState]
+    rid: str
+
+    @classmethod
+    def of(cls, prompts: Iterable[tuple[list[int], Any, int]], n: int, id_prefix: str) -> Generation:
+        """``n`` choices per (prompt ids, sampling params, most new tokens); choice index = prompt index
+        * n + j, as in OpenAI. The response id is ``id_prefix``-fresh (``protocol.make_id``)."""
+        jobs: list[GenerationJob] = []
+        choices: dict[int, ChoiceState] = {}
+        for p, (ids, params, max_new) in enumerate(prompts):
+            for j in range(n):
+                index = p * n + j
+                jobs.append(GenerationJob(index, ids, params))
+                choices[index] = ChoiceState(index, ids, drop_output=max_new == 0)
+        return cls(jobs, choices, make_id(id_prefix))
+
+
+async def observed(state: ServerState, gen: Generation) -> AsyncIterator[tuple[ChoiceState, Delta, Delta]]:
+    """Run the engine requests of ``gen``: every delta as (its choice, the delta, what it adds to the
+    choice's output), once folded into the choice with its latency and tokens recorded (at the end, the
+    finish: :func:`finish_metrics`)."""
+    timers = {job.index: TokenTimer(state.metrics) for job in gen.jobs}
+    async for index, delta in merged_streams(state.engine, gen.jobs, state.live_requests):
+        choice, timer = gen.choices[index], timers[index]
+        timer.on_tokens(len(delta.token_ids))
+        shown = choice.apply(delta)
+        if delta.finished:
+            finish_metrics(state, choice, timer)
+        yield choice, delta, shown
+
+
+async def _run(state: ServerState, gen: Generation) -> None:
+    async for _ in observed(state, gen):
+        pass
+
+
+async def run_to_end(request: Request, state: ServerState, gen: Generation) -> None:
+    """Admit and run a non-streaming request's generations; then ``gen.choices`` hold their outputs."""
+    release = admit(state, len(gen.jobs))
+    try:
+        await respond(request, _run(state, gen))
+    finally:
+        release()
+    check_not_shut_down(state, gen.choices.values())
+
+
+def stream_response(
+    request: Request, state: ServerState, gen: Generation, payloads: AsyncIterator[str]
+) -> StreamingResponse:
+    """Admit a streaming request's generations and answer with the server-sent events of ``payloads``
+    (which run them through :func:`observed`)."""
+    return sse_response(request, payloads, admit(state, len(gen.jobs)))
 
 
 class _ReleasingStream(StreamingResponse):
