@@ -25,36 +25,25 @@ from nibblekv.model.causal_lm import CausalLM
 from nibblekv.model.config import ModelConfig
 from nibblekv.model.gated_deltanet import causal_conv_decode, causal_conv_extend, gated_delta_rule_for
 from nibblekv.model.hybrid_config import FULL_ATTENTION
-from nibblekv.model.layers import GatedMLP
+from nibblekv.model.layers import GatedMLP, RMSNormBase
 from nibblekv.model.rope import RotaryEmbedding, apply_rope
 
 
-class ZeroCentredRMSNorm(nn.Module):
+class ZeroCentredRMSNorm(RMSNormBase):
     """HF's Qwen3-Next / Qwen3.5 RMSNorm: float32 ``norm(x) * (1 + weight)``, cast back (weight init 0)."""
 
     def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(size))
-        self.eps = eps
+        super().__init__(size, eps, init=0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+        return (self.normalized(x) * (1.0 + self.weight.float())).to(x.dtype)
 
 
-class GatedRMSNorm(nn.Module):
+class GatedRMSNorm(RMSNormBase):
     """The linear layers' output norm: ``weight * norm(x) * silu(gate)`` (HF's ``RMSNormGated``)."""
 
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * xf.to(x.dtype) * F.silu(gate.float())).to(x.dtype)
+        return (self.weight * self.normalized(x).to(x.dtype) * F.silu(gate.float())).to(x.dtype)
 
 
 def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

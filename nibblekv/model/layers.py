@@ -23,19 +23,26 @@ from nibblekv.model.config import ModelConfig
 from nibblekv.model.rope import apply_rope
 
 
-class RMSNorm(nn.Module):
-    """HF's Llama RMSNorm: normalize in float32, cast back, then scale by the weight."""
+class RMSNormBase(nn.Module):
+    """What the RMS norms share: a ``weight`` of ``size`` (filled with ``init``), ``eps`` and the float32
+    normalization; each norm applies the weight its own way."""
 
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, init: float = 1.0) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(torch.full((size,), init))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        in_dtype = x.dtype
+    def normalized(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` in float32 divided by its root mean square along the last dim."""
         xf = x.to(torch.float32)
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(in_dtype)
+        return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class RMSNorm(RMSNormBase):
+    """HF's Llama RMSNorm: normalize in float32, cast back, then scale by the weight."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * self.normalized(x).to(x.dtype)
 
     def forward_fused(
         self, x: torch.Tensor, residual: torch.Tensor | None
