@@ -2,8 +2,12 @@
 
 Usage (on the GPU machine)::
 
-    PYTHONPATH=. python benchmarks/bench_kernels.py --out DIR [--sweep] [--quick]
+    PYTHONPATH=. python benchmarks/bench_kernels.py --out DIR [--sweep] [--quick] [--head-dims 128,64,256]
     TRITON_INTERPRET=1 python benchmarks/bench_kernels.py --smoke --out DIR   # CPU (interpreter), seconds
+
+``--head-dims`` picks the decode row sets (default 128,64; the smoke run all three): 128 (Llama-3.1-8B's
+heads, with the SDPA, cache-write and extend rows), 64, 256 (the hybrid models' full-attention layers:
+``HD256_HEADS`` x ``HD256_SHAPES``, ``hd256_rows``).
 
 Writes ``DIR/kernels-h200.json`` (rows: kernel, kv_dtype, batch, context, q_heads, kv_heads, head_dim,
 page_size, us, bytes, tbps, frac_of_ceiling, ...) and ``DIR/kernels-h200.png``; prints a table last.
@@ -21,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -141,6 +146,63 @@ def run_sdpa(batch: int, ctx: int, q_heads: int, kv_heads: int, d: int) -> tuple
     return us, nbytes
 
 
+# ----------------------------------------------------------------------------- head_dim 256
+
+# The hybrid models' full-attention layers at head_dim 256, (q heads, KV heads): Qwen3.5-27B (GQA 6) and
+# Qwen3-Next-80B (GQA 8); batch x context >= 256K tokens (issue 50's acceptance shapes)
+HD256_HEADS = ((24, 4), (16, 2))
+HD256_SHAPES = ((64, 8192), (8, 32768), (1, 262144))
+# NOTE: decode_mma's launch knobs at head_dim 256 (decode.config._mma_config: 8 programs per SM, the next
+# tile prefetched) are untimed: these NVFP4 variants run beside the default (no tail) to pick them
+# (sm_90: 207 registers at the default, 194 with pf=0; at 12 per SM, 168, pf=0 spills nothing, pf=1 104 bytes)
+HD256_MMA_VARIANTS: dict[str, dict[str, int]] = {
+    "decode_mma_pf0": dict(pf=0), "decode_mma_ppsm12": dict(ppsm=12), "decode_mma_pf0_ppsm12": dict(pf=0, ppsm=12),
+}
+# the other kernels that could serve these pools: NVFP4's default before decode_mma ran at 256 ("paged"),
+# and FP8's / BF16's decode_tok (not the default at 256 until timed: decode.config.TOK_VERIFIED_HEAD_DIMS)
+HD256_OTHERS = (
+    (KVDtype.NVFP4, DecodeKernel.PAGED), (KVDtype.FP8, DecodeKernel.TOK), (KVDtype.BF16, DecodeKernel.TOK),
+)
+# main's row builder: add(kernel, kv_dtype, batch, context, q_heads, kv_heads, head_dim, us, bytes, **extra)
+AddRow = Callable[..., None]
+
+
+def hd256_rows(add: AddRow, smoke: bool) -> None:
+    """Decode rows at head_dim 256 through ``add`` (``main``'s row builder): every dtype's default kernel with
+    and without the 64-token bf16 tail, ``HD256_OTHERS`` and (NVFP4) ``HD256_MMA_VARIANTS`` without it.
+    The smoke run: one shape of 80 tokens, GQA 6 on one KV head, the default kernels only."""
+    heads = ((6, 1),) if smoke else HD256_HEADS
+    shapes = ((1, 80),) if smoke else HD256_SHAPES
+    for hq, hkv in heads:
+        pools = Pools({dt: max(b * c for b, c in shapes) + 4096 for dt in DTYPES}, hkv, 256)
+        for b, c in shapes:
+            for dt in DTYPES:
+                for tail in (False, True):
+                    us, nb = run_decode(pools, dt, b, c, hq, tail)
+                    add("decode_tail64" if tail else "decode", NAMES[dt], b, c, hq, hkv, 256, us, nb)
+            if smoke:
+                continue
+            for dt, kernel in HD256_OTHERS:
+                for tail in (False, True):
+                    cfg = base_config(kernel, fmt_code(dt), 256)
+                    us, nb = run_decode(pools, dt, b, c, hq, tail, cfg)
+                    add(f"decode{'_tail64' if tail else ''}_{kernel.value}", NAMES[dt], b, c, hq, hkv, 256, us, nb)
+            for name, knobs in HD256_MMA_VARIANTS.items():
+                cfg = base_config(DecodeKernel.MMA, fmt_code(KVDtype.NVFP4), 256).replace(**knobs)
+                us, nb = run_decode(pools, KVDtype.NVFP4, b, c, hq, False, cfg)
+                add(name, "nvfp4", b, c, hq, hkv, 256, us, nb)
+        del pools
+        _empty_cache()
+
+
+def head_dims(text: str) -> tuple[int, ...]:
+    """``--head-dims``: a comma list of 64, 128 and 256."""
+    dims = tuple(int(x) for x in text.split(",") if x)
+    if not dims or any(d not in (64, 128, 256) for d in dims):
+        raise argparse.ArgumentTypeError(f"head dims must be of 64, 128, 256, got {text!r}")
+    return dims
+
+
 # ----------------------------------------------------------------------------- sweep
 
 
@@ -198,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiny shapes on CPU (TRITON_INTERPRET=1): checks the code path, not the numbers")
     ap.add_argument("--flush", choices=timing.FLUSH_MODES, default=timing.FLUSH,
                     help="how L2 is emptied before each call (timing.FLUSH)")
+    ap.add_argument("--head-dims", type=head_dims, default=None,
+                    help="decode row sets, e.g. 256 or 128,64,256 (default 128,64; with --smoke 128,64,256)")
     args = ap.parse_args(argv)
+    dims = args.head_dims or ((128, 64, 256) if args.smoke else (128, 64))
     timing.set_flush(args.flush)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -222,20 +287,45 @@ def main(argv: list[str] | None = None) -> int:
         big = (1, 64, 2, 64, 2, 96, 256)
     # Llama-3.1-8B's heads (8 KV heads, GQA 4 and 8); the smoke run: one KV head (the interpreter is slow)
     hkv = 1 if args.smoke else 8
-    pools = Pools(max_tok, hkv, 128)
-    print(f"pools ready {time.time() - t0:.0f}s", flush=True)
     sweep_log: list[dict[str, object]] = []
     cfgs: dict[str, dict[str, int]] = {}
-    if args.sweep:
-        cfgs = sweep(pools, sweep_log)
-        print(f"sweep done {time.time() - t0:.0f}s", flush=True)
 
     def add(kernel: str, dt: str, b: int, c: int, hq: int, hkv: int, d: int, us: float, nbytes: int, **extra: object) -> None:
         rows.append(dict(kernel=kernel, kv_dtype=dt, batch=b, context=c, q_heads=hq, kv_heads=hkv, head_dim=d,
                          page_size=PAGE, us=round(us, 2), bytes=nbytes, tbps=round(nbytes / us / 1e6, 4),
                          **(gpu_state() if kernel.startswith("decode") else {}), **extra))  # fmt: skip
 
-    for hq in (4 * hkv,) if args.smoke else (4 * hkv, 8 * hkv):
+    if 256 in dims:
+        hd256_rows(add, args.smoke)
+        print(f"head_dim 256 done {time.time() - t0:.0f}s", flush=True)
+        write_results(rows, ceil, cfgs, sweep_log, args.out)
+    if 128 in dims:
+        pools = Pools(max_tok, hkv, 128)
+        print(f"pools ready {time.time() - t0:.0f}s", flush=True)
+        if args.sweep:
+            cfgs = sweep(pools, sweep_log)
+            print(f"sweep done {time.time() - t0:.0f}s", flush=True)
+        decode_128_rows(add, pools, hkv, batches, ctxs, cfgs, args.smoke)
+        print(f"decode done {time.time() - t0:.0f}s", flush=True)
+        write_results(rows, ceil, cfgs, sweep_log, args.out)
+        del pools
+        _empty_cache()
+    if 64 in dims:
+        decode_64_rows(add, hkv, big, cfgs, args.smoke)
+    if 128 in dims:
+        other_rows(add, hkv, args.smoke)
+    print(f"all done {time.time() - t0:.0f}s", flush=True)
+
+    doc = write_results(rows, ceil, cfgs, sweep_log, args.out)
+    plot(doc, os.path.join(args.out, "kernels-h200.png"))
+    print_table(doc)
+    return 0
+
+
+def decode_128_rows(add: AddRow, pools: Pools, hkv: int, batches: tuple[int, ...], ctxs: tuple[int, ...],
+                    cfgs: dict[str, dict[str, int]], smoke: bool) -> None:  # fmt: skip
+    """Decode rows at head_dim 128 (GQA 4 with and without the bf16 tail, GQA 8 without) through ``add``."""
+    for hq in (4 * hkv,) if smoke else (4 * hkv, 8 * hkv):
         for b in batches:
             for c in ctxs:
                 for dt in DTYPES:
@@ -249,45 +339,43 @@ def main(argv: list[str] | None = None) -> int:
                         except torch.OutOfMemoryError:
                             continue
                         add("decode_tail64" if tail else "decode", NAMES[dt], b, c, hq, hkv, 128, us, nb)
-    print(f"decode done {time.time() - t0:.0f}s", flush=True)
-    write_results(rows, ceil, cfgs, sweep_log, args.out)
-    del pools
-    _empty_cache()
+
+
+def decode_64_rows(add: AddRow, hkv: int, big: tuple[int, ...], cfgs: dict[str, dict[str, int]], smoke: bool) -> None:
+    """Decode rows at head_dim 64 (GQA 4, no tail; NVFP4 decode_mma beside the default) through ``add``."""
     pools64 = Pools({dt: big[4] * big[5] + big[6] for dt in DTYPES}, hkv, 64)
-    for b, c in ((big[0], big[1]),) if args.smoke else ((big[0], big[1]), (big[2], big[3]), (big[4], big[5])):
+    for b, c in ((big[0], big[1]),) if smoke else ((big[0], big[1]), (big[2], big[3]), (big[4], big[5])):
         for dt in DTYPES:
             us, nb = run_decode(pools64, dt, b, c, 4 * hkv, False, _swept(cfgs, dt, 64))
             add("decode", NAMES[dt], b, c, 4 * hkv, hkv, 64, us, nb)
-        if not args.smoke:  # decode_mma reading head_dim 64 two tokens a row (opt-in until measured here)
+        if not smoke:  # decode_mma reading head_dim 64 two tokens a row (opt-in until measured here)
             mma = base_config(DecodeKernel.MMA, fmt_code(KVDtype.NVFP4), 64)
             us, nb = run_decode(pools64, KVDtype.NVFP4, b, c, 4 * hkv, False, mma)
             add("decode_mma", "nvfp4", b, c, 4 * hkv, hkv, 64, us, nb)
     del pools64
     _empty_cache()
-    for b, c in ((2, 64),) if args.smoke else ((64, 32768), (32, 8192), (8, 32768), (1, 131072)):
+
+
+def other_rows(add: AddRow, hkv: int, smoke: bool) -> None:
+    """SDPA on contiguous bf16, the cache write and extend rows (head_dim 128) through ``add``."""
+    for b, c in ((2, 64),) if smoke else ((64, 32768), (32, 8192), (8, 32768), (1, 131072)):
         us, nb = run_sdpa(b, c, 4 * hkv, hkv, 128)
         add("sdpa_bf16_contiguous", "bf16", b, c, 4 * hkv, hkv, 128, us, nb)
     # cache write: T new tokens, hkv KV heads x 128
     for dt in DTYPES:
         pool = LayerKV.allocate(PageLayout(dt, hkv, 128, PAGE), 8192 // PAGE + 8, DEV)
-        for t in (16,) if args.smoke else (64, 8192):
+        for t in (16,) if smoke else (64, 8192):
             k = torch.randn(t, hkv, 128, device=DEV).to(torch.bfloat16)
             v = torch.randn_like(k)
             slots = torch.randperm(pool.num_pages * PAGE, device=DEV)[:t]
-            us = bench_graph(lambda: write_kv_triton(k, v, pool, slots))  # kernel time, as for decode
+            us = bench_graph(lambda: write_kv_triton(k, v, pool, slots))  # noqa: B023 - timed right here
             add("write_kv", NAMES[dt], t, 0, 0, hkv, 128, us, 2 * k.numel() * 2 + t * hkv)
     # kernel time, as for decode: extend_triton, and extend_decode (NVFP4 / FP8, short chunks) where it applies
     # (NVFP4 also with 8-column decode_mma groups where its plan differs: decode_mma16's comparison)
     # (the smoke run leaves extend_decode to bench_extend's: decode_mma takes ~15 s a call in the interpreter)
-    dec = [] if args.smoke else [(0, 0, 0, 0, 0, 0, 0, x) for x in (1, 3)]
-    for r in extend_rows(bench_graph, DEV, args.smoke, configs=((0, 0), *dec)):
+    dec = [] if smoke else [(0, 0, 0, 0, 0, 0, 0, x) for x in (1, 3)]
+    for r in extend_rows(bench_graph, DEV, smoke, configs=((0, 0), *dec)):
         add(**r)
-    print(f"all done {time.time() - t0:.0f}s", flush=True)
-
-    doc = write_results(rows, ceil, cfgs, sweep_log, args.out)
-    plot(doc, os.path.join(args.out, "kernels-h200.png"))
-    print_table(doc)
-    return 0
 
 
 def write_results(

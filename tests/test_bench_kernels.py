@@ -24,6 +24,7 @@ def test_bench_kernels_smoke(tmp_path: Path) -> None:
     decode = {(r["kernel"], r["kv_dtype"], r["head_dim"]) for r in rows if r["kernel"].startswith("decode")}
     for dt in ("bf16", "fp8_e4m3", "nvfp4"):
         assert {("decode", dt, 128), ("decode_tail64", dt, 128), ("decode", dt, 64)} <= decode
+        assert {("decode", dt, 256), ("decode_tail64", dt, 256)} <= decode  # the hybrid models' heads (GQA 6)
         assert any(r["kernel"] == "write_kv" and r["kv_dtype"] == dt for r in rows)
         assert any(r["kernel"] == "extend" and r["kv_dtype"] == dt for r in rows)
     assert any(r["kernel"] == "sdpa_bf16_contiguous" for r in rows)
@@ -32,6 +33,15 @@ def test_bench_kernels_smoke(tmp_path: Path) -> None:
     assert nv["ratio_vs_fp8"] > 0 and nv["ratio_vs_bf16"] > 0  # NVFP4's time over the other formats'
     if importlib.util.find_spec("matplotlib") is not None:  # the plot is skipped without it
         assert (tmp_path / "kernels-h200.png").stat().st_size > 10_000
+
+
+def test_bench_kernels_head_dims_option() -> None:
+    # --head-dims picks the row sets (256 alone: the hybrid models' rows, beside none of the default sweep's)
+    assert bench_kernels.head_dims("256") == (256,) and bench_kernels.head_dims("128,64,256") == (128, 64, 256)
+    with pytest.raises(Exception, match="head dims"):
+        bench_kernels.head_dims("96")
+    assert all(b * c >= 256 * 1024 for b, c in bench_kernels.HD256_SHAPES)
+    assert {hq // hkv for hq, hkv in bench_kernels.HD256_HEADS} == {6, 8}
 
 
 def test_bench_decode_variants_smoke(tmp_path: Path) -> None:

@@ -160,6 +160,34 @@ def test_decode_mma_head_dim_64(group: int, page: int, vst: int) -> None:
     assert err <= 1e-2, err
 
 
+# decode_mma at head_dim 256 (decode.mma256: two 128-dim halves a step): (spec, GQA group, page); the
+# hybrid models' groups 6 (Qwen3.5-27B) and 8 (Qwen3-Next-80B) and an odd one; CPU runs three cases
+MMA256_CASES = (
+    [(s, grp, page) for s in ("mma", "mma:pf=0", "mma:w=2,vst=0,vq=0", "mma:minc=16,ppsm=12", "mma:tin=0",
+                              "mma:tpp=0,ts=1") for grp in (1, 6, 8) for page in (P, 5)]
+    + [("mma", 6, 2 * P), ("mma", 8, 8)]
+    if DEVICE == "cuda"
+    else [("mma:ts=3", 6, P), ("mma:pf=0,vst=0,vq=0", 8, 5), ("mma:w=2,minc=16", 3, 2 * P)]
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("spec,group,page", MMA256_CASES)
+def test_decode_mma_head_dim_256(spec: str, group: int, page: int) -> None:
+    # odd lengths (1, P-1, P+1) and a multi-step context (full steps + a masked rest); the bf16 tail (tails
+    # 0, 1, W, 5: mma256_tail's programs in the grid, ts of them a pair, or its own launch with w=2 / tin=0)
+    # and none; 16-token pages (one page a tile), 5 (per-row lookups), 8 (two pages a tile), 32 (tiles
+    # inside a page); global scales != 1 off 16-token pages; 3 splits
+    lens = [1, P - 1, P + 1, 37] if DEVICE == "cpu" else LENS + [1001, 4099]
+    tails = [0, 1, W, 5, W, 0, 3][: len(lens)]
+    gscale = (1.0, 1.0) if page == P else (0.37, 2.5)
+    hkv = 1 if DEVICE == "cpu" else 2  # NOTE: one KV head keeps the interpreter quick
+    err = _run(KVDtype.NVFP4, lens, tails, hkv, group, 256, page, 3, gscale=gscale, variant=spec)
+    assert err <= 1e-2, err
+    if DEVICE == "cuda" or spec == "mma":  # no bf16 tail
+        err = _run(KVDtype.NVFP4, lens, None, hkv, group, 256, page, 3, gscale=gscale, variant=spec)
+        assert err <= 1e-2, err
+
+
 def test_decode_mma_empty_splits_and_tail_only() -> None:
     # 12 splits for contexts of 0..70 tokens: most splits past the context write nothing and the combine
     # step must skip them (partials are NaN-filled under the interpreter); a request with no main-pool token
@@ -226,16 +254,16 @@ def test_decode_mma_combine_online(pair: int, db: int, ts: int) -> None:
 
 @pytest.mark.parametrize(
     "d,group,opts",
-    [(128, 4, ""), (128, 4, ",ts=2"), (128, 12, "")] if DEVICE == "cpu"
+    [(128, 4, ""), (128, 4, ",ts=2"), (128, 12, ""), (256, 6, "")] if DEVICE == "cpu"
     else [(128, 4, ""), (128, 8, ""), (128, 12, ""), (64, 3, ""), (128, 8, ",tpp=1,cdb=128"),
-          (64, 3, ",tpp=1,cdb=64"), (128, 4, ",ts=2"), (64, 3, ",ts=3,cdb=64")],
+          (64, 3, ",tpp=1,cdb=64"), (128, 4, ",ts=2"), (64, 3, ",ts=3,cdb=64"), (256, 6, ""), (256, 8, ",cdb=64")],
 )
 def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: int, opts: str) -> None:
     # CUDA-graph padding: only the first 3 of 5 rows are requests (``active`` on the device); decode_mma
     # sizes its splits for them at run time -- 8 warp slots / 3 rows = 2 of the grid's 12 splits here (ts=2:
     # two tail programs per pair) -- in a 1-D grid, the tails after every
     # split; padding rows (1 token of page 0, no tail) come out zeros; tpp / co / ts on and off; group 12:
-    # decode_mma16 (its tail in its own launch)
+    # decode_mma16 (its tail in its own launch); head_dim 256 (two 128-dim halves, the tail's too)
     import nibblekv.kernels.decode.launch as dec
 
     monkeypatch.setattr(dec, "num_sms", lambda: 1)
@@ -299,6 +327,12 @@ def test_decode_mma_refuses_other_pools() -> None:
         _run(KVDtype.NVFP4, [5], None, 1, 2, 64, 5, 1, variant="mma")  # head_dim 64: even pages
     with pytest.raises(ValueError, match="mma"):
         _run(KVDtype.NVFP4, [5], None, 1, 17, 128, P, 1, variant="mma")  # head_dim 128: groups <= 16
+    with pytest.raises(ValueError, match="mma"):
+        _run(KVDtype.NVFP4, [5], None, 1, 9, 256, P, 1, variant="mma")  # head_dim 256: groups <= 8
+    with pytest.raises(ValueError, match="tpi=1"):
+        _run(KVDtype.NVFP4, [5], None, 1, 6, 256, P, 1, variant="mma:tpi=2")  # head_dim 256: a tile a step
+    with pytest.raises(ValueError, match="tpi=1"):
+        _run(KVDtype.NVFP4, [5], None, 1, 6, 256, P, 1, variant="mma:l2=1")  # head_dim 256: no L2 prefetch
 
 
 @pytest.mark.parametrize("variant", ["tok", "tok:sv=1", "tok:sv=2"])
@@ -322,7 +356,8 @@ def test_decode_configs_and_spec_errors(monkeypatch: pytest.MonkeyPatch) -> None
     assert default_kernel(FMT_NVFP4, 128, False) is DecodeKernel.MMA
     assert default_kernel(FMT_NVFP4, 64, False) is DecodeKernel.MMA  # two tokens a row (timed)
     assert default_kernel(FMT_FP8, 128, False) is DecodeKernel.TOK
-    assert default_kernel(FMT_NVFP4, 256, False) is DecodeKernel.PAGED  # never timed on a GPU
+    assert default_kernel(FMT_NVFP4, 256, False) is DecodeKernel.MMA  # two 128-dim halves (decode.mma256)
+    assert default_kernel(FMT_FP8, 256, False) is DecodeKernel.PAGED  # decode_tok never timed at 256
     assert default_kernel(FMT_NVFP4, 64, True) is DecodeKernel.TOK  # the interpreter tests the new default
     mma = decode_config_from_spec("mma:w=2,tpi=1,pf=0,ppsm=16,minc=64", KVDtype.NVFP4, 128)
     assert mma == DecodeConfig(
@@ -330,8 +365,11 @@ def test_decode_configs_and_spec_errors(monkeypatch: pytest.MonkeyPatch) -> None
         wppsm=8, tpi=1, pf=0, minc=64, vst=1, vq=1, tin=1, tail_page_prefetch=1, tail_splits=2, balanced=2,
         bal_ppsm=12,
     )
-    # decode_mma at head_dim 64: 12 programs per SM (168 registers), 16 at 128
-    assert [base_config(DecodeKernel.MMA, FMT_NVFP4, d, False).ppsm for d in (64, 128)] == [12, 16]
+    # decode_mma at head_dim 64: 12 programs per SM (168 registers), 16 at 128, 8 at 256 (248 registers, one
+    # tile a step; the balanced kernel too)
+    assert [base_config(DecodeKernel.MMA, FMT_NVFP4, d, False).ppsm for d in (64, 128, 256)] == [12, 16, 8]
+    c256 = base_config(DecodeKernel.MMA, FMT_NVFP4, 256, False)
+    assert (c256.tpi, c256.tin, c256.balanced, c256.bal_ppsm, c256.l2_ahead) == (1, 1, 2, 8, None)
     # BF16 tok: 4 stages, 5 with the bf16 tail at head_dim 128 (s sets both, st the tail's); head_dim 64: BN 128
     bf = base_config(DecodeKernel.TOK, FMT_FLOAT, 128, False)
     assert (bf.num_stages, bf.tail_stages) == (4, 5)
@@ -411,6 +449,19 @@ def test_decode_gpu_variants(variant: str, d: int) -> None:
         assert _run(dt, lens, tails, 8, 4, d, P, None, variant=variant) <= 1e-2, (variant, dt)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX runs on the GPU only")
+@pytest.mark.parametrize("group", [6, 8])
+def test_decode_tok_head_dim_256_gqa_6_and_8(group: int) -> None:
+    # decode_tok at head_dim 256 with the hybrid models' GQA groups (6: Qwen3.5-27B, 8: Qwen3-Next), its
+    # default split counts, with the bf16 tail: the GPU check that gates 256 in TOK_VERIFIED_HEAD_DIMS
+    # (the default for FP8 / BF16 there once timed; NVFP4 takes decode_mma at these groups)
+    lens = [1, 15, 16, 17, 1000, 4099]
+    tails = [0, 1, W, 7, W, 0]
+    for dt in (KVDtype.FP8, KVDtype.BF16, KVDtype.NVFP4):
+        assert _run(dt, lens, tails, 2, group, 256, P, None, variant="tok") <= 1e-2, dt
+        assert _run(dt, lens, None, 2, group, 256, P, None, variant="tok") <= 1e-2, dt
+
+
 GROUP_CASES = (
     [(v, g, d) for v in ("tok", "paged", None) for g in (20, 36) for d in (64, 128)]
     if DEVICE == "cuda"
@@ -482,4 +533,13 @@ def test_select_decode_falls_back_where_mma_cannot_run(monkeypatch: pytest.Monke
     pb64 = make_batch(KVDtype.NVFP4, [5], 8, 64, P, "cpu", via_write=False)
     assert select_decode(pb64.cache, 4, 8, None).kernel is DecodeKernel.MMA
     assert select_decode(pb64.cache, 8, 8, None).kernel is DecodeKernel.TOK
+    # head_dim 256 -> mma (groups <= 8, the bf16 tail in its grid), balanced (>= 208 pairs), paged past 8
+    pb256 = make_batch(KVDtype.NVFP4, [5], 2, 256, P, "cpu", tail_lens=[3], via_write=False)
+    for grp, pairs, kernel in ((6, 8, DecodeKernel.MMA), (8, 8, DecodeKernel.MMA),
+                               (6, BALANCED_MIN_PAIRS, DecodeKernel.BALANCED)):  # fmt: skip
+        cfg = select_decode(pb256.cache, grp, pairs, pb256.tail)
+        assert (cfg.kernel, cfg.tail_in_grid, cfg.ppsm, cfg.bal_ppsm) == (kernel, True, 8, 8), (grp, pairs)
+    assert select_decode(pb256.cache, 9, 8, None).kernel is DecodeKernel.PAGED
+    tin0 = decode_config_from_spec("mma:tin=0", KVDtype.NVFP4, 256)
+    assert not select_decode(pb256.cache, 8, 8, pb256.tail, tin0).tail_in_grid
 

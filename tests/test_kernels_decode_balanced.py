@@ -49,16 +49,16 @@ def test_plan_covers_every_token_once_in_unique_slots(lens: list[int], heads: in
 
 def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, page: int, active: int | None = None,
              gscale: tuple[float, float] = (1.0, 1.0), lse: bool = False,
-             spec: str = "mma:bal=1,bppsm=5,minc=16") -> float:  # fmt: skip
-    torch.manual_seed(hash((tuple(lens), hkv, group, page)) % 2**31)
-    pb = make_batch(KVDtype.NVFP4, lens, hkv, 128, page, DEVICE, tail_lens=tails, global_scale=gscale)
-    q = torch.randn(len(lens), hkv * group, 128, device=DEVICE).to(torch.bfloat16)
+             spec: str = "mma:bal=1,bppsm=5,minc=16", d: int = 128) -> float:  # fmt: skip
+    torch.manual_seed(hash((tuple(lens), hkv, group, page, d)) % 2**31)
+    pb = make_batch(KVDtype.NVFP4, lens, hkv, d, page, DEVICE, tail_lens=tails, global_scale=gscale)
+    q = torch.randn(len(lens), hkv * group, d, device=DEVICE).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"))
-    sm = 1.0 / math.sqrt(128)
+    sm = 1.0 / math.sqrt(d)
     targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     act = None if active is None else torch.tensor([active], dtype=torch.int32, device=DEVICE)
     lse_out = torch.full((len(lens), hkv * group), float("nan"), device=DEVICE) if lse else None
-    cfg = decode_config_from_spec(spec, KVDtype.NVFP4, 128)
+    cfg = decode_config_from_spec(spec, KVDtype.NVFP4, d)
     decode_triton(q, pb.view(active=act), sm, out=out, config=cfg, lse_out=lse_out)  # type: ignore[arg-type]  # fmt: skip
     n = len(lens) if active is None else active
     t = {k: (v[:n] if isinstance(v, torch.Tensor) else v) for k, v in targs.items()}
@@ -105,6 +105,19 @@ def test_balanced_no_tail_gqa4_and_padding_rows() -> None:
     assert _run_bal([100, 1, P], None, 1, 4, P) <= 1e-2
     # CUDA-graph padding: 2 of 4 rows are requests; the padding rows' lengths must not take any warp's work
     assert _run_bal([33, 50, 1, 1], [W, 3, 0, 0], 1, 4, P, active=2) <= 1e-2
+
+
+@pytest.mark.usefixtures("one_sm")
+@pytest.mark.parametrize("group,page", [(6, P)] if DEVICE == "cpu" else [(6, P), (8, 5), (1, 2 * P)])
+def test_balanced_head_dim_256(group: int, page: int) -> None:
+    # head_dim 256 (decode.mma256's segment, mma256_tail's in-grid tail): a ragged batch with an empty main
+    # pool and odd lengths, tails 0, 1, W, 5; GQA 6 and 8 (the hybrid models), 1; lse_out; CUDA-graph padding
+    lens, tails = [1, 0, P + 1, 37], [0, W, 1, 5]
+    spec = "mma:bal=1,bppsm=5,minc=16"
+    assert _run_bal(lens, tails, 1, group, page, gscale=(0.37, 2.5), lse=True, spec=spec, d=256) <= 1e-2
+    assert _run_bal([33, 50, 1, 1], [W, 3, 0, 0], 1, group, page, active=2, spec=spec, d=256) <= 1e-2
+    if DEVICE == "cuda":  # no tail, the default's 8 programs per SM
+        assert _run_bal([100, 1, P, 4099], None, 2, group, page, spec="mma:bal=1", d=256) <= 1e-2
 
 
 def test_balanced_option_parses() -> None:

@@ -59,6 +59,16 @@ def test_extend_decode_nvfp4_head_dim_64_and_no_tail() -> None:
     assert _run([1, P + 1, 40], [2, 1, 4], None, 1, 1, 128) <= 1e-2
 
 
+@pytest.mark.parametrize("group", [6] if DEVICE == "cpu" else [1, 6, 8])
+def test_extend_decode_nvfp4_head_dim_256(group: int) -> None:
+    # head_dim 256 (decode_mma on two 128-dim halves, <= 8 columns a group): GQA 6 (Qwen3.5-27B) and 8
+    # (Qwen3-Next); chunks of 1 and 2 tokens (one group; two groups of 8 columns past 8), odd prefixes, tails
+    q = torch.randn(2, 2 * group, 256)
+    assert ed.extend_decode_plan(q, make_batch(KVDtype.NVFP4, [5], 2, 256, P, "cpu").cache, 2) == (
+        "mma", min(8, 2 * group), -(-2 * group // 8))
+    assert _run([0, P + 1, 37], [1, 2, 1], [5, W, 0], 1, group, 256) <= 1e-2
+
+
 def test_extend_decode_nvfp4_16_and_32_columns() -> None:
     # chunk x GQA group of 9-16 columns: one decode_mma16 warp reads the prefix once; 17-32: two of them
     assert _run([1, P + 1, 40], [4, 3, 1], [0, 1, W], 1, 4, 128) <= 1e-2

@@ -32,6 +32,8 @@ from nibblekv.kernels.decode.combine import _load_slots, _merge_rows, combine_ch
 from nibblekv.kernels.decode.config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels.decode.launch_config import DecodeConfig
 from nibblekv.kernels.decode.mma import _mma_segment
+from nibblekv.kernels.decode.mma256 import _mma256_segment
+from nibblekv.kernels.decode.mma256_tail import _mma_tail256
 from nibblekv.kernels.decode.mma_tail import _mma_tail
 
 
@@ -97,12 +99,20 @@ def decode_mma_bal_kernel(
             b = pair // HKV
             if b < n_act:
                 slot = W + n_req * HKV + pair
-                _mma_tail(
-                    q_ptr + b.to(tl.int64) * s_qb, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok,
-                    tpt_ptr + b.to(tl.int64) * s_tpt, tl.load(tlens_ptr + b), pair % HKV,
-                    sm_scale * 1.4426950408889634,
-                    o_ptr + slot.to(tl.int64) * (G * D), lse_ptr + slot.to(tl.int64) * G, D, G, D, TPAGE, VST,
-                )  # fmt: skip
+                if D == 256:  # the same on two 128-dim halves (decode.mma256_tail)
+                    _mma_tail256(
+                        q_ptr + b.to(tl.int64) * s_qb, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok,
+                        tpt_ptr + b.to(tl.int64) * s_tpt, tl.load(tlens_ptr + b), pair % HKV,
+                        sm_scale * 1.4426950408889634,
+                        o_ptr + slot.to(tl.int64) * (G * D), lse_ptr + slot.to(tl.int64) * G, D, G, TPAGE, VST,
+                    )  # fmt: skip
+                else:
+                    _mma_tail(
+                        q_ptr + b.to(tl.int64) * s_qb, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok,
+                        tpt_ptr + b.to(tl.int64) * s_tpt, tl.load(tlens_ptr + b), pair % HKV,
+                        sm_scale * 1.4426950408889634,
+                        o_ptr + slot.to(tl.int64) * (G * D), lse_ptr + slot.to(tl.int64) * G, D, G, D, TPAGE, VST,
+                    )  # fmt: skip
         return
     incl, idx = _tile_prefix(lens_ptr, n_act, BP)
     x0 = pid * _chunk(tl.max(incl, axis=0) * HKV, W, MINC)
@@ -130,13 +140,22 @@ def decode_mma_bal_kernel(
             end = tl.minimum((t0 + nt) * 16, rows)
             gk = tl.load(g_ptr) * 16384.0  # see decode_mma_kernel: the codes' 2**-14
             gv = tl.load(g_ptr + 1) * 16384.0
-            _mma_segment(
-                q_ptr + b.to(tl.int64) * s_qb, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page,
-                sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h,
-                sm_scale * 1.4426950408889634 * gk, gv,
-                o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-                G, D, PAGE, 1, TPI, PF, 0, VST, VQ, L2,
-            )  # fmt: skip
+            if D == 256:  # the head_dim-128 step on two halves (decode.mma256)
+                _mma256_segment(
+                    q_ptr + b.to(tl.int64) * s_qb, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page,
+                    sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, h,
+                    sm_scale * 1.4426950408889634 * gk, gv,
+                    o_ptr + slot * (G * D), lse_ptr + slot * G, D,
+                    G, PAGE, 1, TPI, PF, VST, VQ,
+                )  # fmt: skip
+            else:
+                _mma_segment(
+                    q_ptr + b.to(tl.int64) * s_qb, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page,
+                    sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h,
+                    sm_scale * 1.4426950408889634 * gk, gv,
+                    o_ptr + slot * (G * D), lse_ptr + slot * G, D,
+                    G, D, PAGE, 1, TPI, PF, 0, VST, VQ, L2,
+                )  # fmt: skip
             x0 += nt
 
 
@@ -210,7 +229,7 @@ def launch_balanced(
     lse_out: torch.Tensor | None, active: torch.Tensor | None,
 ) -> torch.Tensor:  # fmt: skip
     """``decode_triton``'s ``BALANCED`` kernel (its caller checked shapes and that this kernel applies:
-    head_dim 128, one warp per program, the tail in the grid, ``vq`` only for vector-loadable Q).
+    head_dim 128 or 256, one warp per program, the tail in the grid, ``vq`` only for vector-loadable Q).
     ``tail_ops``: ``tail_operands``' result. Returns the compiled decode kernel."""
     tk, tv, ts, tpt, ttl, tpage = tail_ops
     bsz, hq, d = q.shape

@@ -24,7 +24,10 @@ from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 TOK_VERIFIED_HEAD_DIMS = (64, 128)
 # NOTE: decode_mma at head_dim 64 (two tokens a row) is the NVFP4 default (same shapes): "paged"
 # .23/.20/.20/.16 -> .69/.56/.55/.45 (3x); it matched the reference on the GPU (rel. RMS 1.7e-3).
-MMA_VERIFIED_HEAD_DIMS = (64, 128)
+# Head_dim 256 (decode.mma256, two 128-dim halves a step; GQA <= 8) matches the reference under the
+# interpreter; its GPU tests (test_decode_gpu_paths[256], test_decode_mma_head_dim_256 on CUDA) gate it
+# and it is untimed: "paged" at 256 never was either.
+MMA_VERIFIED_HEAD_DIMS = (64, 128, 256)
 # NOTE: balanced=2 turns decode_balanced on from this many (request, KV head) pairs. At 26 x 8 = 208 pairs the
 # balanced kernel at 12 programs per SM reads .771 vs .760 for per-pair splits (B26x32K with the bf16 tail,
 # H200; at 16 per SM it lost there, .714 vs .729); 8 x 8 = 64 pairs stay per-pair (.668 vs .585 at 16)
@@ -70,8 +73,9 @@ def graph_num_splits(batch: int, lo: int, kv_heads: int, block_n: int, cap: int,
 def mma_columns(head_dim: int) -> int:
     """Query columns per KV head that decode_mma scores in one warp: 16 at head_dim 128 (8 by ``S^T = K Q^T``,
     one ``mma.sync`` n-dimension; 9-16 by ``S = Q K^T``, ``decode_mma16``), 4 at 64 (two tokens a row use two
-    columns each), 0 where it does not run."""
-    return {128: 16, 64: 4}.get(head_dim, 0)
+    columns each), 8 at 256 (``S^T = K Q^T`` on two 128-dim halves, ``decode.mma256``), 0 where it does not
+    run."""
+    return {128: 16, 64: 4, 256: 8}.get(head_dim, 0)
 
 
 def mma_narrow_columns(head_dim: int) -> int:
@@ -97,15 +101,15 @@ def mma_wide_config(cfg: DecodeConfig) -> DecodeConfig:
 
 def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
     """Why ``decode_mma`` cannot run on this pool (None if it can): NVFP4, head_dim 128 with a GQA group
-    <= 16 or head_dim 64 with a group <= 4 and an even page size (two tokens a row), packed rows, pages and
-    heads 8-byte aligned (the kernel reads them as uint64 / uint16 words)."""
+    <= 16, head_dim 256 with a group <= 8 or head_dim 64 with a group <= 4 and an even page size (two tokens
+    a row), packed rows, pages and heads 8-byte aligned (the kernel reads them as uint64 / uint16 words)."""
     lay = cache.layout
     d = lay.head_dim
     fits = 0 < g <= mma_columns(d) and (d != 64 or lay.page_size % 2 == 0)
     if fmt_code(cache.dtype) != FMT_NVFP4 or not fits or cache.k_scale is None:
         return (
-            "needs an NVFP4 pool with head_dim 128 and a GQA group <= 16, or head_dim 64, a group <= 4 and "
-            "even pages"
+            "needs an NVFP4 pool with head_dim 128 and a GQA group <= 16, head_dim 256 and a group <= 8, or "
+            "head_dim 64, a group <= 4 and even pages"
         )
     ds, ss = cache.k_data.stride(), cache.k_scale.stride()
     packed = ds[2] == lay.head_dim // 2 and ss[2] == lay.head_dim // 16
@@ -198,11 +202,16 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         # the loop's last ~90 of ~780 SASS and moved a 64-bit value through local memory; at 168 they issue
         # ~300 SASS before the end: B8x32K / B64x8K / B64x32K .541/.599/.672 -> .637/.710/.775 (H200,
         # two runs). Head_dim 128 GQA 4 at 12 (32 spill bytes): B32x8K .654 ->
-        # .697, B1x128K .623 -> .637, B8x32K / B64x32K equal, B26x32K .770 -> .745: kept at 16
-        "ppsm": 12 if d == 64 else 16,
+        # .697, B1x128K .623 -> .637, B8x32K / B64x32K equal, B26x32K .770 -> .745: kept at 16.
+        # Head_dim 256 (decode.mma256): 64 accumulators + 32 Q registers + two prefetched tiles' raw words
+        # (80) do not fit 168: 8 (248 registers). Untimed -- the lead's H200 sweep (bench_kernels.py
+        # --head-dims 256) picks between 8 and 12 (with spills) and tpi / pf
+        "ppsm": {64: 12, 256: 8}.get(d, 16),
         # NOTE: programs per SM for a GQA group of 9-16 columns (decode_mma16: 213 registers at tpi=2, sm_90)
         "wppsm": WIDE_PPSM,
-        "tpi": 2,
+        # NOTE: head_dim 256 takes one tile a step (decode.mma256: two tiles of two halves would hold 160
+        # registers of raw words with the prefetch)
+        "tpi": 1 if d == 256 else 2,
         "pf": 1,
         # NOTE: >= 4 tiles per split: in the engine at B=1 x 3K (CUDA graphs, 256 splits) one tile per
         # warp took 27.7 us a layer, minc 64 23.9 (FP8: 10.7; H200, with the tail inside the kernel);
@@ -239,8 +248,9 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         "balanced": 2,
         # NOTE: programs per SM of the token-balanced kernel (DecodeConfig.bal_ppsm): 12 (168 registers, no
         # spill; at 128 it spilled 32-40 bytes). H200, two runs, 16 -> 12: GQA 4 B32x8K .654/.661 ->
-        # .697/.696, GQA 8 B32x8K .670 -> .688; GQA 4 B128x8K .742 -> .737, B64x32K .764 -> .761
-        "bal_ppsm": 12,
+        # .697/.696, GQA 8 B32x8K .670 -> .688; GQA 4 B128x8K .742 -> .737, B64x32K .764 -> .761.
+        # Head_dim 256: 8, as ppsm (untimed, as BALANCED_MIN_PAIRS there)
+        "bal_ppsm": 8 if d == 256 else 12,
     }
 
 
@@ -333,14 +343,16 @@ def select_decode(
     NVFP4 (packed, aligned) 128         <= 8                  >= 208      BALANCED (decode_balanced)
     NVFP4 (packed, aligned) 128         9-16                  any         MMA16 (decode_mma16), tail launch
     NVFP4, even pages       64          <= 4                  any         MMA (two tokens a row, PAIR)
+    NVFP4 (packed, aligned) 256         <= 8                  < 208       MMA (two halves), tail in its grid
+    NVFP4 (packed, aligned) 256         <= 8                  >= 208      BALANCED (two halves)
     FP8 / BF16; NVFP4 else  64, 128     any (> 16: chunks)    any         TOK (decode_tok)
     any                     other       any (> 16: chunks)    any         PAGED (decode_paged)
     ======================  ==========  ====================  ==========  =====================================
 
     Under the interpreter (CPU tests) the default is TOK. The bf16 tail runs as ``tail_splits`` one-warp
     programs of decode_mma's grid where its rows are 16-byte aligned bf16 (``tin``), else as
-    ``decode_tail_kernel`` beside it; BALANCED needs head_dim 128, one warp a program and the tail (if any)
-    in the grid.
+    ``decode_tail_kernel`` beside it; BALANCED needs head_dim 128 or 256, one warp a program and the tail
+    (if any) in the grid. MMA at head_dim 256 takes one tile a step (``tpi`` 1) and no L2 prefetch.
     """
     fmt, d = fmt_code(cache.dtype), cache.layout.head_dim
     interp = interpreting()
@@ -356,6 +368,8 @@ def select_decode(
         if why:  # the default where mma does not apply (a GQA group > 16, unaligned pools, odd pages)
             non_mma = DecodeKernel.TOK if interp or d in TOK_VERIFIED_HEAD_DIMS else DecodeKernel.PAGED
             return base_config(non_mma, fmt, d, interp)
+        if d == 256 and (cfg.tpi != 1 or cfg.l2_ahead):
+            raise ValueError("decode kernel 'mma' at head_dim 256 takes tpi=1 and no L2 prefetch (l2)")
         if group > mma_narrow_columns(d):
             cfg = mma_wide_config(cfg)
         pair = int(d == 64)
@@ -381,7 +395,7 @@ def _mma_tail_in_grid(cfg: DecodeConfig, pair: int, tail: LayerKV) -> bool:
 
 def _balanced(cfg: DecodeConfig, pair: int, has_tail: bool, tail_in_grid: bool, pairs: int) -> bool:
     """Whether decode_mma runs token-balanced (``decode_balanced``): ``balanced=1``, or ``balanced=2``
-    (default) from ``BALANCED_MIN_PAIRS`` (request, KV head) pairs; head_dim 128 (no ``PAIR``), one warp per
+    (default) from ``BALANCED_MIN_PAIRS`` (request, KV head) pairs; head_dim 128 or 256 (no ``PAIR``), one warp per
     program, the bf16 tail (if any) in the grid. ``num_splits`` does not apply there (the warps split the
     batch's tiles, not each request)."""
     on = cfg.balanced == 1 or (cfg.balanced == 2 and pairs >= BALANCED_MIN_PAIRS)

@@ -28,7 +28,8 @@ from global memory straight into the register that ``mma.sync.m16n8k16`` reads, 
   kernel.
 
 GPU only (sm_89+: E4M3 conversion, ``movmatrix``); head_dim 128, GQA group <= 8, NVFP4 pools with packed
-scale rows. Under the interpreter each PTX helper has a Triton twin on the same packed registers.
+scale rows (head_dim 64: ``PAIR`` below; 256: ``decode.mma256``, the same step on two 128-dim halves).
+Under the interpreter each PTX helper has a Triton twin on the same packed registers.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ import triton.language as tl
 from nibblekv.kernels.decode._mma_step import _finish, _run_step
 from nibblekv.kernels.decode._mma_tile import _l2_pages, _l2_prefetch, _load_tile, _q_frags
 from nibblekv.kernels.decode.mma16 import _mma16_segment
+from nibblekv.kernels.decode.mma256 import _mma256_segment
+from nibblekv.kernels.decode.mma256_tail import _mma_tail256
 from nibblekv.kernels.decode.mma_tail import _mma_tail
 
 
@@ -272,11 +275,18 @@ def decode_mma_kernel(
         if sp >= NUM_SPLITS:
             part = sp - NUM_SPLITS
             tail_first = (b.to(tl.int64) * HQ + h * G) * S_TOT + S_TOT - TAIL_SLOTS + part * (1 + PAIR)
-            _mma_tail(
-                q_base, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr + b.to(tl.int64) * s_tpt,
-                tl.load(tlens_ptr + b), h, sm_scale * 1.4426950408889634, o_ptr + tail_first * DO,
-                lse_ptr + tail_first, S_TOT * DO, G, D, TPAGE, VST, PAIR, TPP, part, TAIL_MMA,
-            )  # fmt: skip
+            if D == 256:  # the same on two 128-dim halves (decode.mma256_tail)
+                _mma_tail256(
+                    q_base, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr + b.to(tl.int64) * s_tpt,
+                    tl.load(tlens_ptr + b), h, sm_scale * 1.4426950408889634, o_ptr + tail_first * DO,
+                    lse_ptr + tail_first, S_TOT * DO, G, TPAGE, VST, TPP, part, TAIL_MMA,
+                )  # fmt: skip
+            else:
+                _mma_tail(
+                    q_base, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr + b.to(tl.int64) * s_tpt,
+                    tl.load(tlens_ptr + b), h, sm_scale * 1.4426950408889634, o_ptr + tail_first * DO,
+                    lse_ptr + tail_first, S_TOT * DO, G, D, TPAGE, VST, PAIR, TPP, part, TAIL_MMA,
+                )  # fmt: skip
             return
     first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW * (1 + PAIR)
     n = tl.load(lens_ptr + b)
@@ -306,6 +316,13 @@ def decode_mma_kernel(
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
             G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, L2,
             qtok0, (b % QNG) * G, s_qt, q_last, QG,
+        )  # fmt: skip
+    elif D == 256:  # the head_dim-128 step on two halves (decode.mma256)
+        _mma256_segment(
+            q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
+            pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
+            o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
+            G, PAGE, NW, TPI, PF, VST, VQ,
         )  # fmt: skip
     else:
         _mma_segment(

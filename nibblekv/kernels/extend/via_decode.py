@@ -13,7 +13,8 @@ Three steps, merged exactly by their log-sum-exps:
    ``NG = cdiv(max_chunk * G, GV)`` virtual requests of ``GV`` columns per KV head (column ``cg * GV + n``
    = token ``// G``, head ``% G`` of the chunk), all with ``b``'s page table and prefix length (the NG
    copies read the same bytes; concurrent, they mostly hit L2). ``GV`` <= 16 columns (head_dim 128; 9-16
-   run as ``decode_mma16``) or 4 (64) for ``decode_mma``, up to ``TOK_MAX_COLUMNS`` for ``decode_tok``;
+   run as ``decode_mma16``), 8 (256) or 4 (64) for ``decode_mma``, up to ``TOK_MAX_COLUMNS`` for
+   ``decode_tok``;
 2. the rest -- the bf16 tail and the chunk's own keys, causally -- by ``extend_triton`` with ``merge``
    (it skips the main pool: step 1 covered it), which
 3. merges each row's two partials in its epilogue: ``o = (o1 * 2**lse1 + o2 * 2**lse2) / (2**lse1 + 2**lse2)``
@@ -60,7 +61,7 @@ FOLD_Q = True
 def extend_decode_plan(q: torch.Tensor, cache: LayerKV, max_chunk: int, wide: str = "mma") -> tuple[str, int, int] | str:
     """``(decode variant, columns per virtual request GV, virtual requests per request NG)``, or why not.
 
-    ``wide``: the kernel for NVFP4 chunks of more than 8 columns (head_dim 128; 4 at 64) -- ``"mma"``
+    ``wide``: the kernel for NVFP4 chunks of more than 8 columns (head_dim 128 and 256; 4 at 64) -- ``"mma"``
     (``decode_mma16`` up to 16 columns, then several virtual requests, the prefix read once per group) or
     ``"mma8"`` (groups of 8 columns: ``decode_mma`` only, for comparison) or
     ``"tok"`` (one ``decode_tok`` group of <= ``TOK_MAX_COLUMNS`` columns, the prefix read once through

@@ -1,0 +1,258 @@
+"""``decode_mma`` at head_dim 256: the head_dim-128 step on the two 128-dim halves of each row.
+
+A 256-dim NVFP4 row is 128 data bytes and 16 scale bytes; its low half (dims ``[0, 128)``) is bytes
+``[0, 64)`` and scales ``[0, 8)``, its high half the rest. ``_load_tile`` at ``D = 256`` takes rows 128
+bytes apart and, from a head offset, the same lane bytes as at head_dim 128: at the head's offset the low
+half, 64 (8) bytes further the high one. So each tile is two ``_load_tile`` results in the head_dim-128
+fragment layout (``decode_mma``'s docstring), and:
+
+* ``S^T = K_lo Q_lo^T + K_hi Q_hi^T``: two ``_scores`` (the high half unmasked -- its masked rows read
+  zeros and add 0 to the low half's -inf), one score fragment, one online softmax step.
+* ``O^T = V^T P^T`` per half from the same ``P^T`` fragments: 32 accumulators each (64 in all), both
+  rescaled by the same correction.
+
+Q is 32 fragment registers (16 a half). One 16-token tile a step (``TPI`` = 1): with the next step
+prefetched (``PF``) a warp holds two tiles' raw words (2 x 2 x 20 registers) beside 64 accumulators and
+32 Q registers, which needs the 248-register budget of 8 one-warp programs per SM
+(``decode.config._mma_config``). GQA groups <= 8, no ``PAIR``, no L2 prefetch.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from nibblekv.kernels.decode._mma_step import _pv, _rescale, _scores, _store_all, _store_rows
+from nibblekv.kernels.decode._mma_tile import _load_tile, _q_frags, _softmax
+from nibblekv.kernels.ptx.mma import _max8, _p_frag, _sum8
+
+
+# NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
+@triton.jit
+def _step256(
+    rawL, rawH, nb, lim, qk_scale, m0, m1, l0, l1,
+    q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+    r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
+    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43, u50,
+    u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    MASKED: tl.constexpr,
+):  # fmt: skip
+    """One softmax step over this warp's tile at ``nb`` (low half ``rawL``, high half ``rawH``; Q halves
+    ``q`` / ``r``, O^T halves ``o`` / ``u``); returns the new (m0, m1, l0, l1, o, u)."""
+    sL0, sL1, sL2, sL3 = _scores(
+        rawL, qk_scale, nb, lim, lim, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, MASKED,
+    )  # fmt: skip
+    sH0, sH1, sH2, sH3 = _scores(
+        rawH, qk_scale, nb, lim, lim, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, False,
+    )  # fmt: skip
+    s0, s1, s2, s3 = sL0 + sH0, sL1 + sH1, sL2 + sH2, sL3 + sH3
+    x0, x1 = _max8(tl.maximum(s0, s2), tl.maximum(s1, s3))
+    m0, m1, c0, c1, al0, al1 = _softmax(m0, m1, l0, l1, x0, x1)
+    (
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    ) = _rescale(
+        al0, al1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41,
+        o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
+    (
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    ) = _rescale(
+        al0, al1, u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41,
+        u42, u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    )  # fmt: skip
+    p0, p1 = tl.exp2(s0 - c0), tl.exp2(s1 - c1)
+    p2, p3 = tl.exp2(s2 - c0), tl.exp2(s3 - c1)
+    l0 = l0 * al0 + (p0 + p2)
+    l1 = l1 * al1 + (p1 + p3)
+    pa = _p_frag(p0, p1)
+    pb = _p_frag(p2, p3)
+    (
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    ) = _pv(
+        rawL, pa, pb, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40,
+        o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
+    (
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    ) = _pv(
+        rawH, pa, pb, u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40,
+        u41, u42, u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    )  # fmt: skip
+    return (
+        m0, m1, l0, l1,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    )  # fmt: skip
+
+
+@triton.jit
+def _load_halves(k64, v64, ks16, vs8, pt_ptr, n0, lim, hoff, shoff, s_page, sc_page, g, t,
+                 PAGE: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """The tile at ``n0`` as two ``_load_tile`` results: dims ``[0, 128)`` and ``[128, 256)`` (64 data and 8
+    scale bytes further into each row)."""
+    lo = _load_tile(k64, v64, ks16, vs8, pt_ptr, n0, lim, lim, hoff, shoff, s_page, sc_page, g, t, PAGE, 256, MASKED)
+    hi = _load_tile(
+        k64, v64, ks16, vs8, pt_ptr, n0, lim, lim, hoff + 64, shoff + 8, s_page, sc_page, g, t, PAGE, 256, MASKED,
+    )  # fmt: skip
+    return lo, hi
+
+
+# NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
+@triton.jit
+def _finish256(
+    m0, m1, l0, l1, out_scale, o_ptr, lse_ptr, s_oh, g, t, warp, G: tl.constexpr, VST: tl.constexpr,
+    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43, u50,
+    u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+):  # fmt: skip
+    """``_mma_step._finish`` (no PAIR) for both halves: dims ``[0, 128)`` from ``o``, ``[128, 256)`` from ``u``."""
+    l0, l1 = _sum8(l0, l1)
+    # An empty warp stores lse = -inf and o = 0, which the combine step weighs as nothing.
+    i0 = tl.where(l0 > 0, out_scale / tl.maximum(l0, 1e-30), 0.0)
+    i1 = tl.where(l1 > 0, out_scale / tl.maximum(l1, 1e-30), 0.0)
+    hm0 = 2 * t < G
+    hm1 = 2 * t + 1 < G
+    obase = o_ptr + (2 * t) * s_oh + warp * 256
+    if VST:  # lane (g, t) holds dims [16 g, 16 g + 16) of each half of both its columns
+        _store_rows(obase + 16 * g, s_oh, hm0, hm1, 0,
+                    o00 * i0, o10 * i0, o02 * i0, o12 * i0, o20 * i0, o30 * i0, o22 * i0, o32 * i0,
+                    o40 * i0, o50 * i0, o42 * i0, o52 * i0, o60 * i0, o70 * i0, o62 * i0, o72 * i0,
+                    o01 * i1, o11 * i1, o03 * i1, o13 * i1, o21 * i1, o31 * i1, o23 * i1, o33 * i1,
+                    o41 * i1, o51 * i1, o43 * i1, o53 * i1, o61 * i1, o71 * i1, o63 * i1, o73 * i1)  # fmt: skip
+        _store_rows(obase + 128 + 16 * g, s_oh, hm0, hm1, 0,
+                    u00 * i0, u10 * i0, u02 * i0, u12 * i0, u20 * i0, u30 * i0, u22 * i0, u32 * i0,
+                    u40 * i0, u50 * i0, u42 * i0, u52 * i0, u60 * i0, u70 * i0, u62 * i0, u72 * i0,
+                    u01 * i1, u11 * i1, u03 * i1, u13 * i1, u21 * i1, u31 * i1, u23 * i1, u33 * i1,
+                    u41 * i1, u51 * i1, u43 * i1, u53 * i1, u61 * i1, u71 * i1, u63 * i1, u73 * i1)  # fmt: skip
+    else:
+        _store_all(obase, g, s_oh, hm0, hm1,
+                   o00 * i0, o01 * i1, o02 * i0, o03 * i1, o10 * i0, o11 * i1, o12 * i0, o13 * i1,
+                   o20 * i0, o21 * i1, o22 * i0, o23 * i1, o30 * i0, o31 * i1, o32 * i0, o33 * i1,
+                   o40 * i0, o41 * i1, o42 * i0, o43 * i1, o50 * i0, o51 * i1, o52 * i0, o53 * i1,
+                   o60 * i0, o61 * i1, o62 * i0, o63 * i1, o70 * i0, o71 * i1, o72 * i0, o73 * i1)  # fmt: skip
+        _store_all(obase + 128, g, s_oh, hm0, hm1,
+                   u00 * i0, u01 * i1, u02 * i0, u03 * i1, u10 * i0, u11 * i1, u12 * i0, u13 * i1,
+                   u20 * i0, u21 * i1, u22 * i0, u23 * i1, u30 * i0, u31 * i1, u32 * i0, u33 * i1,
+                   u40 * i0, u41 * i1, u42 * i0, u43 * i1, u50 * i0, u51 * i1, u52 * i0, u53 * i1,
+                   u60 * i0, u61 * i1, u62 * i0, u63 * i1, u70 * i0, u71 * i1, u72 * i0, u73 * i1)  # fmt: skip
+    lse0 = tl.where(l0 > 0, m0 + tl.log2(tl.maximum(l0, 1e-30)), float("-inf"))
+    lse1 = tl.where(l1 > 0, m1 + tl.log2(tl.maximum(l1, 1e-30)), float("-inf"))
+    lbase = lse_ptr + (2 * t) * (s_oh // 256) + warp
+    tl.store(lbase, lse0, mask=hm0 & (g == 0))
+    tl.store(lbase + s_oh // 256, lse1, mask=hm1 & (g == 0))
+
+
+@triton.jit
+def _mma256_segment(
+    q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
+    pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
+    G: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
+    VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
+):  # fmt: skip
+    """``decode_mma._mma_segment`` at head_dim 256 (no PAIR, no L2): each warp attends its 16-token tiles of
+    ``[start, end)`` (``PF`` = 1: the next tile's bytes load during this one) and stores its partial o / lse
+    at ``o_ptr + w * 256`` / ``lse_ptr + w`` (``s_oh`` = elements between two heads' partials)."""
+    tl.static_assert(TPI == 1, "head_dim 256: one 16-token tile a softmax step (registers)")
+    lane = tl.arange(0, 32 * NW)
+    warp = lane // 32
+    g = (lane % 32) // 4
+    t = lane % 4
+    k64 = k_ptr.to(tl.pointer_type(tl.uint64))
+    v64 = v_ptr.to(tl.pointer_type(tl.uint64))
+    ks16 = ks_ptr.to(tl.pointer_type(tl.uint16))  # E4M3 scale bytes, read as raw bits
+    vs8 = vs_ptr.to(tl.pointer_type(tl.uint8))
+    hoff = h.to(tl.int64) * s_head
+    shoff = h.to(tl.int64) * sc_head
+    qm = g < G
+    qrow = q_ptr + (h * G + g) * s_qh
+    # Q^T B-fragments of both halves, loop-invariant: lane (g, t) holds head g, dims 128 j + [32t, 32t + 32)
+    q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _q_frags(qrow + 32 * t, qm, VQ)
+    r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15 = _q_frags(qrow + 128 + 32 * t, qm, VQ)
+    m0 = tl.full([32 * NW], float("-inf"), tl.float32)
+    m1 = m0
+    z = tl.zeros([32 * NW], tl.float32)
+    l0, l1 = z, z
+    o00, o01, o02, o03, o10, o11, o12, o13 = z, z, z, z, z, z, z, z
+    o20, o21, o22, o23, o30, o31, o32, o33 = z, z, z, z, z, z, z, z
+    o40, o41, o42, o43, o50, o51, o52, o53 = z, z, z, z, z, z, z, z
+    o60, o61, o62, o63, o70, o71, o72, o73 = z, z, z, z, z, z, z, z
+    u00, u01, u02, u03, u10, u11, u12, u13 = z, z, z, z, z, z, z, z
+    u20, u21, u22, u23, u30, u31, u32, u33 = z, z, z, z, z, z, z, z
+    u40, u41, u42, u43, u50, u51, u52, u53 = z, z, z, z, z, z, z, z
+    u60, u61, u62, u63, u70, u71, u72, u73 = z, z, z, z, z, z, z, z
+    STEP: tl.constexpr = 16 * NW
+    full_end = start + (end - start) // STEP * STEP
+    if PF:
+        rawL, rawH = _load_halves(
+            k64, v64, ks16, vs8, pt_ptr, start + 16 * warp, full_end, hoff, shoff, s_page, sc_page, g, t,
+            PAGE, True,
+        )  # fmt: skip
+    n0 = start
+    while n0 < full_end:  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
+        nb = n0 + 16 * warp
+        if PF:  # prefetch the next step (the current tile again on the last step: no mask needed)
+            nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * warp
+            nextL, nextH = _load_halves(
+                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, False,
+            )  # fmt: skip
+        else:
+            rawL, rawH = _load_halves(
+                k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, False,
+            )  # fmt: skip
+        (
+            m0, m1, l0, l1,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+        ) = _step256(
+            rawL, rawH, nb, full_end, qk_scale, m0, m1, l0, l1,
+            q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+            r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73, False,
+        )  # fmt: skip
+        if PF:
+            rawL = nextL
+            rawH = nextH
+        n0 += STEP
+    # the rest (< STEP tokens): one masked tile per warp
+    while n0 < end:
+        nb = n0 + 16 * warp
+        rawL, rawH = _load_halves(
+            k64, v64, ks16, vs8, pt_ptr, nb, end, hoff, shoff, s_page, sc_page, g, t, PAGE, True,
+        )  # fmt: skip
+        (
+            m0, m1, l0, l1,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+        ) = _step256(
+            rawL, rawH, nb, end, qk_scale, m0, m1, l0, l1,
+            q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+            r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73, True,
+        )  # fmt: skip
+        n0 += STEP
+    _finish256(
+        m0, m1, l0, l1, out_scale, o_ptr, lse_ptr, s_oh, g, t, warp, G, VST,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    )  # fmt: skip
