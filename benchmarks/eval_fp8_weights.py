@@ -9,32 +9,158 @@ Scores every position of fixed windows of the packaged evaluation texts (``nibbl
 prefill windows) with both models, full causal attention, KV in the model dtype: KL(unquantized || FP8),
 top-1 agreement and the perplexity change, with 95% bootstrap intervals over windows
 (``nibblekv.eval.metrics``). Writes ``DIR/fp8-weights-accuracy.json``; the acceptance asks top-1 >= 0.95.
+
+``--breakdown`` adds rows that say where the loss comes from, each scored against the same unquantized
+baseline on the same windows (fake quantization: the FP8 codes and scales of ``nibblekv.formats.fp8_weights``,
+dequantized, fp32 matmul): FP8 weights alone, FP8 activations alone, each projection kind alone (qkv / o /
+gate_up / down, weights and activations), the block-checkpoint scheme (128x128 weight blocks, 1x128
+activation groups), and for scale the same model in bf16 (weights and compute) against the baseline.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 from nibblekv.eval.data import eval_texts, resolve_data_dir, token_windows  # noqa: E402
 from nibblekv.eval.metrics import WindowAccumulator, compare, summarize  # noqa: E402
+from nibblekv.formats.fp8_weights import (  # noqa: E402
+    dequantize_act_groups,
+    dequantize_weight,
+    quantize_act_groups,
+    quantize_weight_block,
+    quantize_weight_channel,
+)
 from nibblekv.model import CausalLM, DenseAttention, load_model  # noqa: E402
-from nibblekv.model.fp8 import QuantMethod, weight_bytes  # noqa: E402
+from nibblekv.model.fp8 import FP8_MODULES, QuantMethod, weight_bytes  # noqa: E402
 
 SMOKE_CONFIG = {
     "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 320,
     "max_position_embeddings": 256, "eos_token_id": 257,
 }  # fmt: skip
+
+
+class Scales(Enum):
+    """Where the FP8 scales sit, as the two checkpoint families ship them."""
+
+    CHANNEL = "per-channel weights, per-token activations"  # --quantization fp8, -FP8-dynamic checkpoints
+    BLOCK128 = "128x128 weight blocks, 1x128 activation groups"  # Qwen3-*-FP8 / DeepSeek checkpoints
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One breakdown row: which parts of which projections are FP8 (the rest keep the model dtype)."""
+
+    label: str
+    weights: bool
+    activations: bool
+    scales: Scales = Scales.CHANNEL
+    modules: tuple[str, ...] = FP8_MODULES
+
+
+BREAKDOWN: tuple[Variant, ...] = (
+    Variant("weights only", True, False),
+    Variant("activations only", False, True),
+    *(Variant(f"{m.rpartition('.')[2]} only", True, True, modules=(m,)) for m in FP8_MODULES),
+    Variant("block scales (weights and activations)", True, True, Scales.BLOCK128),
+)
+BF16_ROW = "bf16 model (weights and compute) vs the fp32 baseline"
+BLOCK = 128
+
+
+class FakeFp8Linear(nn.Module):
+    """``linear``'s product with FP8-rounded weights and/or activations (fp32 matmul, output in ``x``'s
+    dtype): the rounding of :class:`nibblekv.model.fp8.Fp8Linear` without its kernels, per part."""
+
+    def __init__(self, linear: nn.Module, v: Variant) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        if v.weights and v.scales is Scales.CHANNEL:
+            w = dequantize_weight(*quantize_weight_channel(w), None)
+        elif v.weights:
+            w = dequantize_weight(*quantize_weight_block(w, BLOCK), BLOCK)
+        self.w = w
+        bias = getattr(linear, "bias", None)
+        self.b = None if bias is None else bias.detach().float()
+        self.group = BLOCK if v.scales is Scales.BLOCK128 else None
+        self.activations = v.activations
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1]).float()
+        if self.activations:
+            group = self.group or x2.shape[1]
+            x2 = dequantize_act_groups(*quantize_act_groups(x2, group), group)
+        y = x2 @ self.w.t()
+        if self.b is not None:
+            y = y + self.b
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.w.shape[0])
+
+
+def _slots(model: CausalLM, modules: tuple[str, ...]) -> list[tuple[nn.Module, str]]:
+    out = []
+    for layer in model.model.layers:
+        for path in modules:
+            parent, _, attr = path.rpartition(".")
+            out.append((layer.get_submodule(parent), attr))
+    return out
+
+
+@contextmanager
+def _swapped(model: CausalLM, swaps: list[tuple[nn.Module, str, nn.Module]]) -> Iterator[None]:
+    """``model`` with each ``(parent, attr, module)`` of ``swaps`` in place, restored on exit."""
+    old = [(parent, attr, getattr(parent, attr)) for parent, attr, _ in swaps]
+    try:
+        for parent, attr, module in swaps:
+            setattr(parent, attr, module)
+        yield
+    finally:
+        for parent, attr, module in old:
+            setattr(parent, attr, module)
+
+
+def breakdown(ref: CausalLM, windows: torch.Tensor) -> list[dict[str, Any]]:
+    """:data:`BREAKDOWN`'s rows and :data:`BF16_ROW`, each against ``ref`` on ``windows``."""
+    swaps = {
+        v.label: [(p, a, FakeFp8Linear(getattr(p, a), v)) for p, a in _slots(ref, v.modules)]
+        for v in BREAKDOWN
+    }
+    bf16 = copy.deepcopy(ref).to(torch.bfloat16) if ref.dtype == torch.float32 else None
+    labels = [v.label for v in BREAKDOWN] + ([BF16_ROW] if bf16 is not None else [])
+    accs = {label: WindowAccumulator(windows.shape[0]) for label in labels}
+    base = WindowAccumulator(windows.shape[0])
+    for i, window in enumerate(windows):
+        targets = window[1:].to(ref.device)
+        lr = torch.log_softmax(_logits(ref, window)[:-1].float(), dim=-1)
+        base.add(i, compare(lr, lr, targets))
+        for v in BREAKDOWN:
+            with _swapped(ref, swaps[v.label]):
+                accs[v.label].add(i, compare(lr, _logits(ref, window)[:-1], targets))
+        if bf16 is not None:
+            accs[BF16_ROW].add(i, compare(lr, _logits(bf16, window)[:-1], targets))
+    rows = []
+    for v in BREAKDOWN:
+        parts = " and ".join(p for p, on in (("weights", v.weights), ("activations", v.activations)) if on)
+        rows.append({"row": v.label, "fp8": parts, "scales": v.scales.value,
+                     "modules": list(v.modules), **summarize(accs[v.label], base)})  # fmt: skip
+    if bf16 is not None:
+        rows.append({"row": BF16_ROW, "fp8": "none", **summarize(accs[BF16_ROW], base)})
+    return rows
 
 
 @torch.no_grad()
@@ -65,6 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window-tokens", type=int, default=512)
     ap.add_argument("--data-dir", default=None, help="folder of *.txt (default: the packaged texts)")
     ap.add_argument("--smoke", action="store_true", help="a tiny random model, 2 windows of 32 tokens")
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also score weights / activations / each projection kind / block scales alone, and the "
+        "model in bf16 (about 10x the run time)",
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = ap.parse_args(argv)
     model, fmt = args.model, args.load_format
@@ -88,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **res, "top1_ok": res["top1"] >= 0.95,
     }  # fmt: skip
+    if args.breakdown:
+        doc["breakdown"] = breakdown(ref, windows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fp8-weights-accuracy.json").write_text(json.dumps(doc, indent=1))

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import bench_fp8  # noqa: E402
 
@@ -31,3 +33,43 @@ def test_eval_fp8_weights_smoke(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "fp8-weights-accuracy.json").read_text())
     assert doc["windows"] == 2 and doc["tokens"] == 62 and doc["weight_gib"] < doc["baseline_weight_gib"]
     assert 0 <= doc["kl"] < 0.1 and 0 <= doc["top1"] <= 1 and doc["kl_ci"][0] <= doc["kl"] <= doc["kl_ci"][1]
+
+
+def test_eval_fp8_weights_breakdown_rows(tmp_path: Path) -> None:
+    from benchmarks import eval_fp8_weights as ev
+
+    assert ev.main(["--smoke", "--breakdown", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "fp8-weights-accuracy.json").read_text())
+    rows = {r["row"]: r for r in doc["breakdown"]}
+    assert list(rows) == [v.label for v in ev.BREAKDOWN] + [ev.BF16_ROW]  # the smoke model is fp32 on CPU
+    assert rows["qkv_proj only"]["modules"] == ["self_attn.qkv_proj"]
+    assert rows["weights only"]["fp8"] == "weights" and rows["activations only"]["fp8"] == "activations"
+    for r in doc["breakdown"]:
+        assert 0 <= r["kl"] < 0.1 and r["kl_ci"][0] <= r["kl"] <= r["kl_ci"][1] and 0 <= r["top1"] <= 1
+
+
+@pytest.mark.parametrize("scales", ["CHANNEL", "BLOCK128"])
+def test_fake_fp8_linear_is_the_served_rounding(scales: str) -> None:
+    """The breakdown's fake quantization, weights and activations both on, equals the FP8 layer's CPU
+    reference: its rows measure the served scheme, not a look-alike."""
+    import torch
+
+    from benchmarks import eval_fp8_weights as ev
+    from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_channel
+    from nibblekv.kernels.fp8.reference import fp8_linear_ref
+
+    gen = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(200, 96, bias=True)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(96, 200, generator=gen) * 0.05)
+        lin.bias.copy_(torch.randn(96, generator=gen))
+    x = torch.randn(3, 5, 200, generator=gen) * torch.logspace(-2, 1, 200)  # uneven channels, as in LLMs
+    variant = ev.Variant("all", True, True, ev.Scales[scales])
+    block = ev.BLOCK if variant.scales is ev.Scales.BLOCK128 else None
+    wq, ws = (
+        quantize_weight_channel(lin.weight) if block is None else quantize_weight_block(lin.weight, block)
+    )
+    want = fp8_linear_ref(x, wq, ws, block, lin.bias.detach())
+    got = ev.FakeFp8Linear(lin, variant)(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert (got - lin(x)).abs().max() > 1e-3  # and it does round
