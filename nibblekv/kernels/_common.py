@@ -74,6 +74,13 @@ def check_cache(cache: LayerKV, name: str) -> None:
         raise ValueError(f"{name}.global_scale must be float32 [2]")
 
 
+def check_tail(tail: LayerKV, kv_heads: int, head_dim: int) -> None:
+    """Launch checks of the bf16 tail pool beside a main pool of ``kv_heads`` heads of ``head_dim``."""
+    check_cache(tail, "tail")
+    if tail.dtype.quantized or (tail.layout.num_kv_heads, tail.layout.head_dim) != (kv_heads, head_dim):
+        raise ValueError("tail must be an unquantized pool with the main pool's kv_heads and head_dim")
+
+
 def scale_tensors(cache: LayerKV) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int]]:
     """(k_scale, v_scale, (page, head, token) strides) -- data tensors stand in when there are no scales."""
     if cache.k_scale is None or cache.v_scale is None:
@@ -205,6 +212,13 @@ def online_softmax_step(qa, qb, ka, kb, v, valid, m, l, acc, qk_scale):
     s = tl.dot(qa.to(ka.dtype), tl.trans(ka))
     s = tl.dot(qb.to(kb.dtype), tl.trans(kb), s)
     s = tl.where(valid, s * qk_scale, float("-inf"))
+    return softmax_update(s, v, m, l, acc)
+
+
+@triton.jit
+def softmax_update(s, v, m, l, acc):
+    """Fold scores ``s [BM, BN]`` (log2 units, masked keys -inf) and their values ``v [BN, D]`` into the
+    running max ``m [BM]``, sum ``l [BM]`` and fp32 accumulator ``acc [BM, D]``; returns the three."""
     m_new = tl.maximum(m, tl.max(s, axis=1))
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new[:, None])

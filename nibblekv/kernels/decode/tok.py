@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import nvfp4_split
+from nibblekv.kernels._common import nvfp4_split, softmax_update
 
 
 @triton.jit
@@ -76,6 +76,21 @@ def _nvfp4_tile(raw, sc):
 
 
 @triton.jit
+def _nvfp4_rows(data_ptr, scale_ptr, row, srow, nmask, D: tl.constexpr, MASKED: tl.constexpr):
+    """``BN`` gathered NVFP4 rows as stored: bytes ``[BN, D/2]`` and E4M3 scales ``[BN, D/16]`` (MASKED:
+    masked rows read as zeros)."""
+    offs = tl.arange(0, D // 2)
+    offs_s = tl.arange(0, D // 16)
+    if MASKED:
+        raw = tl.load(data_ptr + row[:, None] + offs[None, :], mask=nmask[:, None], other=0)
+        sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :], mask=nmask[:, None], other=0.0)
+    else:
+        raw = tl.load(data_ptr + row[:, None] + offs[None, :])
+        sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :])
+    return raw, sc
+
+
+@triton.jit
 def _load_tile(data_ptr, scale_ptr, row, srow, nmask, D: tl.constexpr, FMT: tl.constexpr, CONV: tl.constexpr,
                INTERP: tl.constexpr, MASKED: tl.constexpr, IS_V: tl.constexpr):  # fmt: skip
     """``BN`` gathered rows -> ``[BN, D]`` tile for ``tl.dot``: fp16 for FP8/NVFP4, own dtype (fp32 if INTERP) else.
@@ -86,14 +101,7 @@ def _load_tile(data_ptr, scale_ptr, row, srow, nmask, D: tl.constexpr, FMT: tl.c
     NOTE: masked rows read as zeros: stale V bytes could hold NaN and 0 * NaN would poison the sum.
     """
     if FMT == 2:
-        offs = tl.arange(0, D // 2)
-        offs_s = tl.arange(0, D // 16)
-        if MASKED:
-            raw = tl.load(data_ptr + row[:, None] + offs[None, :], mask=nmask[:, None], other=0)
-            sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :], mask=nmask[:, None], other=0.0)
-        else:
-            raw = tl.load(data_ptr + row[:, None] + offs[None, :])
-            sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :])
+        raw, sc = _nvfp4_rows(data_ptr, scale_ptr, row, srow, nmask, D, MASKED)
         x = _nvfp4_tile(raw, sc)
     elif FMT == 1 and ((IS_V and CONV & 1) or (not IS_V and CONV & 2)):
         BN: tl.constexpr = row.shape[0]
@@ -147,12 +155,7 @@ def _tok_block(
     s = tl.dot(q, tl.trans(k)) * qk_scale
     if MASKED:
         s = tl.where(nmask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return m_new, l, acc
+    return softmax_update(s, v, m, l, acc)
 
 
 @triton.jit
@@ -222,13 +225,7 @@ def _halves(data_ptr, scale_ptr, row, srow, nmask, D: tl.constexpr, FMT: tl.cons
     offs = tl.arange(0, HALF)
     if FMT == 2:
         NB: tl.constexpr = D // 16
-        offs_s = tl.arange(0, NB)
-        if MASKED:
-            raw = tl.load(data_ptr + row[:, None] + offs[None, :], mask=nmask[:, None], other=0)
-            sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :], mask=nmask[:, None], other=0.0)
-        else:
-            raw = tl.load(data_ptr + row[:, None] + offs[None, :])
-            sc = tl.load(scale_ptr + srow[:, None] + offs_s[None, :])
+        raw, sc = _nvfp4_rows(data_ptr, scale_ptr, row, srow, nmask, D, MASKED)
         lo, hi = _nvfp4_pair(tl.reshape(raw, [BN, NB, 8]), sc)
         a = tl.reshape(lo, [BN, HALF])
         b = tl.reshape(hi, [BN, HALF])

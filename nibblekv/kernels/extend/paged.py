@@ -19,6 +19,7 @@ import triton.language as tl
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import (
     check_cache,
+    check_tail,
     fmt_code,
     interpreting,
     load_kv_halves,
@@ -317,9 +318,7 @@ def extend_triton(
     has_tail = tail is not None and tail_prefix_lens is not None
     if has_tail:
         assert tail is not None and tail_page_table is not None and tail_prefix_lens is not None
-        check_cache(tail, "tail")
-        if tail.dtype.quantized or (tail.layout.num_kv_heads, tail.layout.head_dim) != (hkv, d):
-            raise ValueError("tail must be an unquantized pool with the main pool's kv_heads and head_dim")
+        check_tail(tail, hkv, d)
         tail_page_table = tail_page_table.contiguous()
     if out is None:
         out = torch.empty_like(q)

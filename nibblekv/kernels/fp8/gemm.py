@@ -22,6 +22,17 @@ from nibblekv.kernels.write import _round_to_e4m3
 
 
 @triton.jit
+def _group_chunk(x_ptr, row, stride_x, start, k0, GROUP, K, BLOCK: tl.constexpr):
+    """Elements ``k0 + [0, BLOCK)`` of the token group at ``start`` of row ``row``: (their offsets, mask,
+    values in fp32, 0 past the group or past ``K``)."""
+    within = k0 + tl.arange(0, BLOCK)
+    offs = start + within
+    mask = (within < GROUP) & (offs < K)
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    return offs, mask, x
+
+
+@triton.jit
 def _quant_kernel(
     x_ptr, q_ptr, s_ptr, K, GROUP, n_groups, stride_x, stride_q,
     BLOCK: tl.constexpr, EPS: tl.constexpr, FP8_MAX: tl.constexpr,
@@ -33,20 +44,14 @@ def _quant_kernel(
     # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over runtime bounds
     k0 = 0
     while k0 < GROUP:
-        within = k0 + tl.arange(0, BLOCK)
-        offs = start + within
-        mask = (within < GROUP) & (offs < K)
-        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        _, _, x = _group_chunk(x_ptr, row, stride_x, start, k0, GROUP, K, BLOCK)
         amax = tl.maximum(amax, tl.abs(x))
         k0 += BLOCK
     scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), EPS), FP8_MAX)
     tl.store(s_ptr + row * n_groups + g, scale)
     k0 = 0
     while k0 < GROUP:
-        within = k0 + tl.arange(0, BLOCK)
-        offs = start + within
-        mask = (within < GROUP) & (offs < K)
-        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        offs, mask, x = _group_chunk(x_ptr, row, stride_x, start, k0, GROUP, K, BLOCK)
         # rounded first: the cast is then exact on the GPU and under the interpreter alike
         q = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX))
         tl.store(q_ptr + row * stride_q + offs, q.to(tl.float8e4nv), mask=mask)
