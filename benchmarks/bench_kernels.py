@@ -153,10 +153,15 @@ def run_sdpa(batch: int, ctx: int, q_heads: int, kv_heads: int, d: int) -> tuple
 HD256_HEADS = ((24, 4), (16, 2))
 HD256_SHAPES = ((64, 8192), (8, 32768), (1, 262144))
 # NOTE: decode_mma's launch knobs at head_dim 256 (decode.config._mma_config: 8 programs per SM, the next
-# tile prefetched) are untimed: these NVFP4 variants run beside the default (no tail) to pick them
-# (sm_90: 207 registers at the default, 194 with pf=0; at 12 per SM, 168, pf=0 spills nothing, pf=1 104 bytes)
+# tile prefetched, token-balanced from 208 pairs) are untimed: these NVFP4 variants run beside the default
+# (no tail) to pick them (sm_90: 207 registers at the default, 194 with pf=0; at 12 per SM, 168, pf=0 spills
+# nothing, pf=1 104 bytes). bal0: per-pair splits (differs from the default at B64 x 4 KV heads only)
 HD256_MMA_VARIANTS: dict[str, dict[str, int]] = {
-    "decode_mma_pf0": dict(pf=0), "decode_mma_ppsm12": dict(ppsm=12), "decode_mma_pf0_ppsm12": dict(pf=0, ppsm=12),
+    "decode_mma_pf0": dict(pf=0),
+    "decode_mma_ppsm12": dict(ppsm=12, bal_ppsm=12),
+    "decode_mma_pf0_ppsm12": dict(pf=0, ppsm=12, bal_ppsm=12),
+    "decode_mma_bal0": dict(balanced=0),
+    "decode_mma_l2": dict(l2_ahead=1),
 }
 # the other kernels that could serve these pools: NVFP4's default before decode_mma ran at 256 ("paged"),
 # and FP8's / BF16's decode_tok (not the default at 256 until timed: decode.config.TOK_VERIFIED_HEAD_DIMS)

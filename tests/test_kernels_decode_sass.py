@@ -59,10 +59,11 @@ def test_mma_register_cap_counts_each_schedulers_file() -> None:
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
-@pytest.mark.parametrize("head_dim,most", [(128, 750), (64, 790)])
+@pytest.mark.parametrize("head_dim,most", [(128, 750), (64, 790), (256, 730)])
 def test_decode_mma_main_loop_builds_each_page_address_in_one_instruction(head_dim: int, most: int) -> None:
     # A two-tile step's SASS: 776 (head_dim 128: 2 pages) and 843 (64: 4 pages, two a tile) while each page
-    # address was a 64-bit multiply-add plus 64-bit adds per pointer; 742 / 779 with _page_addr
+    # address was a 64-bit multiply-add plus 64-bit adds per pointer; 742 / 779 with _page_addr. Head_dim
+    # 256: a one-tile step of two halves, 713
     out = _compile("mma", "nvfp4", 4, head_dim, False)
     m = re.search(r"main loop (\d+) SASS/iter", out)
     assert m and "decode_mma_kernel" in out, out[-2000:]

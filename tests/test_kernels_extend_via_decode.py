@@ -135,6 +135,14 @@ def test_extend_decode_fp8(group: int, chunks: list[int]) -> None:
     assert _run([0, P + 1, 40], chunks, [1, 0, W], 2, group, 64, dtype=KVDtype.FP8) <= 1e-2
 
 
+@pytest.mark.parametrize("group", [6] if DEVICE == "cpu" else [6, 8])
+def test_extend_decode_fp8_head_dim_256(monkeypatch: pytest.MonkeyPatch, group: int) -> None:
+    # decode_tok groups at head_dim 256 (FP8; the hybrid models' GQA 6 and 8): on a GPU only where 256 is in
+    # TOK_VERIFIED_HEAD_DIMS -- this is the extend check that gates putting it there (set here for the run)
+    monkeypatch.setattr(ed, "TOK_VERIFIED_HEAD_DIMS", (64, 128, 256))
+    assert _run([0, P + 1, 37], [1, 2, 1], [1, 0, W], 1, group, 256, dtype=KVDtype.FP8) <= 1e-2
+
+
 def test_extend_decode_nvfp4_wide_chunks_through_decode_tok() -> None:
     # 12 columns at head_dim 128 (more than one decode_mma group of 8): one decode_tok group instead
     assert _run([0, P + 1, 40], [3, 1, 2], [1, 0, W], 1, 4, 128, wide="tok") <= 1e-2

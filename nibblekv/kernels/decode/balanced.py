@@ -146,7 +146,7 @@ def decode_mma_bal_kernel(
                     sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, h,
                     sm_scale * 1.4426950408889634 * gk, gv,
                     o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-                    G, PAGE, 1, TPI, PF, VST, VQ,
+                    G, PAGE, 1, TPI, PF, VST, VQ, L2,
                 )  # fmt: skip
             else:
                 _mma_segment(

@@ -352,7 +352,7 @@ def select_decode(
     Under the interpreter (CPU tests) the default is TOK. The bf16 tail runs as ``tail_splits`` one-warp
     programs of decode_mma's grid where its rows are 16-byte aligned bf16 (``tin``), else as
     ``decode_tail_kernel`` beside it; BALANCED needs head_dim 128 or 256, one warp a program and the tail
-    (if any) in the grid. MMA at head_dim 256 takes one tile a step (``tpi`` 1) and no L2 prefetch.
+    (if any) in the grid. MMA at head_dim 256 takes one tile a step (``tpi`` 1).
     """
     fmt, d = fmt_code(cache.dtype), cache.layout.head_dim
     interp = interpreting()
@@ -368,8 +368,8 @@ def select_decode(
         if why:  # the default where mma does not apply (a GQA group > 16, unaligned pools, odd pages)
             non_mma = DecodeKernel.TOK if interp or d in TOK_VERIFIED_HEAD_DIMS else DecodeKernel.PAGED
             return base_config(non_mma, fmt, d, interp)
-        if d == 256 and (cfg.tpi != 1 or cfg.l2_ahead):
-            raise ValueError("decode kernel 'mma' at head_dim 256 takes tpi=1 and no L2 prefetch (l2)")
+        if d == 256 and cfg.tpi != 1:
+            raise ValueError("decode kernel 'mma' at head_dim 256 takes tpi=1 (one tile a softmax step)")
         if group > mma_narrow_columns(d):
             cfg = mma_wide_config(cfg)
         pair = int(d == 64)

@@ -322,7 +322,7 @@ def decode_mma_kernel(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, PAGE, NW, TPI, PF, VST, VQ,
+            G, PAGE, NW, TPI, PF, VST, VQ, L2,
         )  # fmt: skip
     else:
         _mma_segment(

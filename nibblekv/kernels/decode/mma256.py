@@ -14,7 +14,8 @@ fragment layout (``decode_mma``'s docstring), and:
 Q is 32 fragment registers (16 a half). One 16-token tile a step (``TPI`` = 1): with the next step
 prefetched (``PF``) a warp holds two tiles' raw words (2 x 2 x 20 registers) beside 64 accumulators and
 32 Q registers, which needs the 248-register budget of 8 one-warp programs per SM
-(``decode.config._mma_config``). GQA groups <= 8, no ``PAIR``, no L2 prefetch.
+(``decode.config._mma_config``). GQA groups <= 8, no ``PAIR``. ``L2`` (opt-in, as ``decode_mma16``'s): an
+L2 prefetch of the tile ``L2`` steps ahead, one 128-byte line a lane (``_l2_prefetch256``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import triton.language as tl
 
 from nibblekv.kernels.decode._mma_step import _pv, _rescale, _scores, _store_all, _store_rows
 from nibblekv.kernels.decode._mma_tile import _load_tile, _q_frags, _softmax
-from nibblekv.kernels.ptx.mma import _max8, _p_frag, _sum8
+from nibblekv.kernels.ptx.mma import _max8, _p_frag, _page_addr, _prefetch_l2, _sum8
 
 
 # NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
@@ -105,6 +106,27 @@ def _load_halves(k64, v64, ks16, vs8, pt_ptr, n0, lim, hoff, shoff, s_page, sc_p
     return lo, hi
 
 
+@triton.jit
+def _l2_page256(pt_ptr, n0, ahead, full_end, warp, PAGE: tl.constexpr):
+    """The page id of this warp's tile in the step ``ahead`` tokens past the step at ``n0`` (past the last
+    full step: the one at ``n0`` again); one page a tile (16-row pages)."""
+    la = n0 + ahead
+    return tl.load(pt_ptr + (tl.where(la < full_end, la, n0) + 16 * warp) // PAGE).to(tl.int32)
+
+
+@triton.jit
+def _l2_prefetch256(k64, v64, ks16, vs8, page, hoff, shoff, s_page, sc_page, lane):
+    """L2 prefetch of one tile (16 rows of 128 data and 16 scale bytes a head, one page): lane ``16 kv + l``
+    takes 128-byte line ``l`` of its K (kv = 0) or V rows, lane ``2 kv + l`` (< 4) scale line ``l``."""
+    L = lane % 32
+    kv = L // 16
+    dbase = tl.where(kv == 0, (k64 + (hoff >> 3)).to(tl.int64), (v64 + (hoff >> 3)).to(tl.int64))
+    a = _prefetch_l2(_page_addr(page, s_page, dbase + (L % 16) * 128), L < 32)
+    skv = (L // 2) % 2
+    sbase = tl.where(skv == 0, (ks16 + (shoff >> 1)).to(tl.int64), (vs8 + shoff).to(tl.int64))
+    return a + _prefetch_l2(_page_addr(page, sc_page, sbase + (L % 2) * 128), L < 4)
+
+
 # NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
 @triton.jit
 def _finish256(
@@ -156,11 +178,12 @@ def _mma256_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
     pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
-    VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
+    VST: tl.constexpr = 0, VQ: tl.constexpr = 0, L2: tl.constexpr = 0,
 ):  # fmt: skip
-    """``decode_mma._mma_segment`` at head_dim 256 (no PAIR, no L2): each warp attends its 16-token tiles of
-    ``[start, end)`` (``PF`` = 1: the next tile's bytes load during this one) and stores its partial o / lse
-    at ``o_ptr + w * 256`` / ``lse_ptr + w`` (``s_oh`` = elements between two heads' partials)."""
+    """``decode_mma._mma_segment`` at head_dim 256 (no PAIR): each warp attends its 16-token tiles of
+    ``[start, end)`` (``PF`` = 1: the next tile's bytes load during this one; ``L2`` with ``PF`` and 16-row
+    pages: the tile ``L2`` steps ahead prefetched into L2) and stores its partial o / lse at ``o_ptr + w *
+    256`` / ``lse_ptr + w`` (``s_oh`` = elements between two heads' partials)."""
     tl.static_assert(TPI == 1, "head_dim 256: one 16-token tile a softmax step (registers)")
     lane = tl.arange(0, 32 * NW)
     warp = lane // 32
@@ -196,10 +219,15 @@ def _mma256_segment(
             k64, v64, ks16, vs8, pt_ptr, start + 16 * warp, full_end, hoff, shoff, s_page, sc_page, g, t,
             PAGE, True,
         )  # fmt: skip
+        if L2 > 0 and PAGE == 16:  # the first L2 prefetch's page
+            pl = _l2_page256(pt_ptr, start, L2 * STEP, full_end, warp, PAGE)
     n0 = start
     while n0 < full_end:  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
         nb = n0 + 16 * warp
         if PF:  # prefetch the next step (the current tile again on the last step: no mask needed)
+            if L2 > 0 and PAGE == 16:  # NOTE: pl holds the page of step n0 + L2 * STEP (loaded last step)
+                _l2_prefetch256(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane)
+                pl = _l2_page256(pt_ptr, n0, (L2 + 1) * STEP, full_end, warp, PAGE)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * warp
             nextL, nextH = _load_halves(
                 k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, False,
