@@ -16,6 +16,7 @@ from nibblekv.kernels._common import (
     FMT_FLOAT,
     FMT_NVFP4,
     check_cache,
+    check_tail,
     fmt_code,
     interpreting,
     num_sms,
@@ -116,9 +117,7 @@ def decode_triton(
     has_tail = tail is not None and tail_lens is not None
     if has_tail:
         assert tail is not None and tail_page_table is not None and tail_lens is not None
-        check_cache(tail, "tail")
-        if tail.dtype.quantized or (tail.layout.num_kv_heads, tail.layout.head_dim) != (hkv, d):
-            raise ValueError("tail must be an unquantized pool with the main pool's kv_heads and head_dim")
+        check_tail(tail, hkv, d)
         if tail_page_table.dim() != 2 or tail_page_table.shape[0] != bsz or tail_lens.shape != (bsz,):
             raise ValueError("tail_page_table must be [B, pages] and tail_lens [B]")
         if tail_page_table.stride(-1) != 1:
