@@ -7,7 +7,7 @@ Usage (on the GPU machine)::
 
 ``--head-dims`` picks the decode row sets (default 128,64; the smoke run all three): 128 (Llama-3.1-8B's
 heads, with the SDPA, cache-write and extend rows), 64, 256 (the hybrid models' full-attention layers:
-``HD256_HEADS`` x ``HD256_SHAPES``, ``hd256_rows``).
+``bench_kernels_hd256``).
 
 Writes ``DIR/kernels-h200.json`` (rows: kernel, kv_dtype, batch, context, q_heads, kv_heads, head_dim,
 page_size, us, bytes, tbps, frac_of_ceiling, ...) and ``DIR/kernels-h200.png``; prints a table last.
@@ -57,6 +57,8 @@ from nibblekv.kernels.write import write_kv_triton  # noqa: E402
 PAGE = 16
 DTYPES = (KVDtype.BF16, KVDtype.FP8, KVDtype.NVFP4)
 NAMES = {KVDtype.BF16: "bf16", KVDtype.FP8: "fp8_e4m3", KVDtype.NVFP4: "nvfp4"}
+# main's row builder: add(kernel, kv_dtype, batch, context, q_heads, kv_heads, head_dim, us, bytes, **extra)
+AddRow = Callable[..., None]
 
 
 # NOTE: "random" (the default, what a long-running engine's free list gives) or "sequential" (each request's
@@ -144,60 +146,6 @@ def run_sdpa(batch: int, ctx: int, q_heads: int, kv_heads: int, d: int) -> tuple
     nbytes = 2 * k.numel() * 2 + q.numel() * 2
     del k, v
     return us, nbytes
-
-
-# ----------------------------------------------------------------------------- head_dim 256
-
-# The hybrid models' full-attention layers at head_dim 256, (q heads, KV heads): Qwen3.5-27B (GQA 6) and
-# Qwen3-Next-80B (GQA 8); batch x context >= 256K tokens (issue 50's acceptance shapes)
-HD256_HEADS = ((24, 4), (16, 2))
-HD256_SHAPES = ((64, 8192), (8, 32768), (1, 262144))
-# NOTE: decode_mma's launch knobs at head_dim 256 (decode.config._mma_config: 8 programs per SM, the next
-# tile prefetched, token-balanced from 208 pairs) are untimed: these NVFP4 variants run beside the default
-# (no tail) to pick them (sm_90: 207 registers at the default, 194 with pf=0; at 12 per SM, 168, pf=0 spills
-# nothing, pf=1 104 bytes). bal0: per-pair splits (differs from the default at B64 x 4 KV heads only)
-HD256_MMA_VARIANTS: dict[str, dict[str, int]] = {
-    "decode_mma_pf0": dict(pf=0),
-    "decode_mma_ppsm12": dict(ppsm=12, bal_ppsm=12),
-    "decode_mma_pf0_ppsm12": dict(pf=0, ppsm=12, bal_ppsm=12),
-    "decode_mma_bal0": dict(balanced=0),
-    "decode_mma_l2": dict(l2_ahead=1),
-}
-# the other kernels that could serve these pools: NVFP4's default before decode_mma ran at 256 ("paged"),
-# and FP8's / BF16's decode_tok (not the default at 256 until timed: decode.config.TOK_VERIFIED_HEAD_DIMS)
-HD256_OTHERS = (
-    (KVDtype.NVFP4, DecodeKernel.PAGED), (KVDtype.FP8, DecodeKernel.TOK), (KVDtype.BF16, DecodeKernel.TOK),
-)
-# main's row builder: add(kernel, kv_dtype, batch, context, q_heads, kv_heads, head_dim, us, bytes, **extra)
-AddRow = Callable[..., None]
-
-
-def hd256_rows(add: AddRow, smoke: bool) -> None:
-    """Decode rows at head_dim 256 through ``add`` (``main``'s row builder): every dtype's default kernel with
-    and without the 64-token bf16 tail, ``HD256_OTHERS`` and (NVFP4) ``HD256_MMA_VARIANTS`` without it.
-    The smoke run: one shape of 80 tokens, GQA 6 on one KV head, the default kernels only."""
-    heads = ((6, 1),) if smoke else HD256_HEADS
-    shapes = ((1, 80),) if smoke else HD256_SHAPES
-    for hq, hkv in heads:
-        pools = Pools({dt: max(b * c for b, c in shapes) + 4096 for dt in DTYPES}, hkv, 256)
-        for b, c in shapes:
-            for dt in DTYPES:
-                for tail in (False, True):
-                    us, nb = run_decode(pools, dt, b, c, hq, tail)
-                    add("decode_tail64" if tail else "decode", NAMES[dt], b, c, hq, hkv, 256, us, nb)
-            if smoke:
-                continue
-            for dt, kernel in HD256_OTHERS:
-                for tail in (False, True):
-                    cfg = base_config(kernel, fmt_code(dt), 256)
-                    us, nb = run_decode(pools, dt, b, c, hq, tail, cfg)
-                    add(f"decode{'_tail64' if tail else ''}_{kernel.value}", NAMES[dt], b, c, hq, hkv, 256, us, nb)
-            for name, knobs in HD256_MMA_VARIANTS.items():
-                cfg = base_config(DecodeKernel.MMA, fmt_code(KVDtype.NVFP4), 256).replace(**knobs)
-                us, nb = run_decode(pools, KVDtype.NVFP4, b, c, hq, False, cfg)
-                add(name, "nvfp4", b, c, hq, hkv, 256, us, nb)
-        del pools
-        _empty_cache()
 
 
 def head_dims(text: str) -> tuple[int, ...]:
@@ -301,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                          **(gpu_state() if kernel.startswith("decode") else {}), **extra))  # fmt: skip
 
     if 256 in dims:
+        from benchmarks.bench_kernels_hd256 import hd256_rows  # NOTE: it imports this module's Pools
+
         hd256_rows(add, args.smoke)
         print(f"head_dim 256 done {time.time() - t0:.0f}s", flush=True)
         write_results(rows, ceil, cfgs, sweep_log, args.out)

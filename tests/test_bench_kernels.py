@@ -40,8 +40,10 @@ def test_bench_kernels_head_dims_option() -> None:
     assert bench_kernels.head_dims("256") == (256,) and bench_kernels.head_dims("128,64,256") == (128, 64, 256)
     with pytest.raises(Exception, match="head dims"):
         bench_kernels.head_dims("96")
-    assert all(b * c >= 256 * 1024 for b, c in bench_kernels.HD256_SHAPES)
-    assert {hq // hkv for hq, hkv in bench_kernels.HD256_HEADS} == {6, 8}
+    from benchmarks import bench_kernels_hd256 as hd
+
+    assert all(b * c >= 256 * 1024 for b, c in hd.HD256_SHAPES)
+    assert {hq // hkv for hq, hkv in hd.HD256_HEADS} == {6, 8}
 
 
 def test_bench_decode_variants_smoke(tmp_path: Path) -> None:

@@ -20,13 +20,13 @@ from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 # NOTE: head dims where "tok" is the default (its inline-PTX paths cannot run in the interpreter; 64 and
 # 128 passed the GPU tests and were timed): at 64 (H200,
 # B64x32K / B8x32K / B32x8K / B1x128K) "paged" -> "tok": FP8 .43/.39/.39/.38 -> .91/.69/.69/.61,
-# BF16 .54/.48/.50/.49 -> .93/.75/.77/.73. 256 keeps "paged" (tested on the GPU, never timed).
+# BF16 .54/.48/.50/.49 -> .93/.75/.77/.73. 256 keeps "paged" (tested on the GPU, never timed); "tok" there is
+# gated by test_decode_tok_head_dim_256_gqa_6_and_8 / test_extend_decode_fp8_head_dim_256 (GPU) and timed by
+# bench_kernels --head-dims 256 (rows decode_tok).
 TOK_VERIFIED_HEAD_DIMS = (64, 128)
 # NOTE: decode_mma at head_dim 64 (two tokens a row) is the NVFP4 default (same shapes): "paged"
-# .23/.20/.20/.16 -> .69/.56/.55/.45 (3x); it matched the reference on the GPU (rel. RMS 1.7e-3).
-# Head_dim 256 (decode.mma256, two 128-dim halves a step; GQA <= 8) matches the reference under the
-# interpreter; its GPU tests (test_decode_gpu_paths[256], test_decode_mma_head_dim_256 on CUDA) gate it
-# and it is untimed: "paged" at 256 never was either.
+# .23/.20/.20/.16 -> .69/.56/.55/.45 (3x); it matched the reference on the GPU (rel. RMS 1.7e-3). Head_dim
+# 256 (decode.mma256; GQA <= 8): untimed ("paged" never was); test_decode_mma_head_dim_256 et al. gate it.
 MMA_VERIFIED_HEAD_DIMS = (64, 128, 256)
 # NOTE: balanced=2 turns decode_balanced on from this many (request, KV head) pairs. At 26 x 8 = 208 pairs the
 # balanced kernel at 12 programs per SM reads .771 vs .760 for per-pair splits (B26x32K with the bf16 tail,
@@ -209,8 +209,7 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         "ppsm": {64: 12, 256: 8}.get(d, 16),
         # NOTE: programs per SM for a GQA group of 9-16 columns (decode_mma16: 213 registers at tpi=2, sm_90)
         "wppsm": WIDE_PPSM,
-        # NOTE: head_dim 256 takes one tile a step (decode.mma256: two tiles of two halves would hold 160
-        # registers of raw words with the prefetch)
+        # NOTE: head_dim 256: one tile a step (two, with the prefetch, would hold 160 registers of raw words)
         "tpi": 1 if d == 256 else 2,
         "pf": 1,
         # NOTE: >= 4 tiles per split: in the engine at B=1 x 3K (CUDA graphs, 256 splits) one tile per

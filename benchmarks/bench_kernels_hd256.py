@@ -1,0 +1,60 @@
+"""Head_dim-256 decode rows for bench_kernels.py (``--head-dims 256``): the hybrid models' full-attention
+layers (Qwen3.5 / Qwen3-Next: GQA 6 and 8, 16-token pages) in every KV dtype, each default kernel with and
+without the 64-token bf16 tail, the other kernels that could serve them and decode_mma's untimed knobs.
+"""
+
+from __future__ import annotations
+
+from benchmarks.bench_kernels import DTYPES, NAMES, AddRow, Pools, run_decode
+from benchmarks.timing import _empty_cache
+from nibblekv.formats.layout import KVDtype
+from nibblekv.kernels._common import fmt_code
+from nibblekv.kernels.decode.config import base_config
+from nibblekv.kernels.decode.launch_config import DecodeKernel
+
+# The hybrid models' full-attention layers at head_dim 256, (q heads, KV heads): Qwen3.5-27B (GQA 6) and
+# Qwen3-Next-80B (GQA 8); batch x context >= 256K tokens (issue 50's acceptance shapes)
+HD256_HEADS = ((24, 4), (16, 2))
+HD256_SHAPES = ((64, 8192), (8, 32768), (1, 262144))
+# NOTE: decode_mma's launch knobs at head_dim 256 (decode.config._mma_config: 8 programs per SM, the next
+# tile prefetched, token-balanced from 208 pairs) are untimed: these NVFP4 variants run beside the default
+# (no tail) to pick them (sm_90: 207 registers at the default, 194 with pf=0; at 12 per SM, 168, pf=0 spills
+# nothing, pf=1 104 bytes). bal0: per-pair splits (differs from the default at B64 x 4 KV heads only)
+HD256_MMA_VARIANTS: dict[str, dict[str, int]] = {
+    "decode_mma_pf0": {"pf": 0},
+    "decode_mma_ppsm12": {"ppsm": 12, "bal_ppsm": 12},
+    "decode_mma_pf0_ppsm12": {"pf": 0, "ppsm": 12, "bal_ppsm": 12},
+    "decode_mma_bal0": {"balanced": 0},
+    "decode_mma_l2": {"l2_ahead": 1},
+}
+# the other kernels that could serve these pools: NVFP4's default before decode_mma ran at 256 ("paged"),
+# and FP8's / BF16's decode_tok (not the default at 256 until timed: decode.config.TOK_VERIFIED_HEAD_DIMS)
+HD256_OTHERS = (
+    (KVDtype.NVFP4, DecodeKernel.PAGED), (KVDtype.FP8, DecodeKernel.TOK), (KVDtype.BF16, DecodeKernel.TOK),
+)
+def hd256_rows(add: AddRow, smoke: bool) -> None:
+    """Decode rows at head_dim 256 through ``add`` (``main``'s row builder): every dtype's default kernel with
+    and without the 64-token bf16 tail, ``HD256_OTHERS`` and (NVFP4) ``HD256_MMA_VARIANTS`` without it.
+    The smoke run: one shape of 80 tokens, GQA 6 on one KV head, the default kernels only."""
+    heads = ((6, 1),) if smoke else HD256_HEADS
+    shapes = ((1, 80),) if smoke else HD256_SHAPES
+    for hq, hkv in heads:
+        pools = Pools({dt: max(b * c for b, c in shapes) + 4096 for dt in DTYPES}, hkv, 256)
+        for b, c in shapes:
+            for dt in DTYPES:
+                for tail in (False, True):
+                    us, nb = run_decode(pools, dt, b, c, hq, tail)
+                    add("decode_tail64" if tail else "decode", NAMES[dt], b, c, hq, hkv, 256, us, nb)
+            if smoke:
+                continue
+            for dt, kernel in HD256_OTHERS:
+                for tail in (False, True):
+                    cfg = base_config(kernel, fmt_code(dt), 256)
+                    us, nb = run_decode(pools, dt, b, c, hq, tail, cfg)
+                    add(f"decode{'_tail64' if tail else ''}_{kernel.value}", NAMES[dt], b, c, hq, hkv, 256, us, nb)
+            for name, knobs in HD256_MMA_VARIANTS.items():
+                cfg = base_config(DecodeKernel.MMA, fmt_code(KVDtype.NVFP4), 256).replace(**knobs)
+                us, nb = run_decode(pools, KVDtype.NVFP4, b, c, hq, False, cfg)
+                add(name, "nvfp4", b, c, hq, hkv, 256, us, nb)
+        del pools
+        _empty_cache()
