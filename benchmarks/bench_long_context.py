@@ -49,13 +49,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import decode_run, free_memory, read_bandwidth, rotating_last, sync
 
-from nibblekv.config import EngineConfig
+from nibblekv.config import QUANTIZATIONS, EngineConfig
 from nibblekv.engine.engine import Engine
 from nibblekv.engine.gc_heap import frozen_heap
 from nibblekv.engine.sampling_params import SamplingParams
 from nibblekv.engine.setup import kv_budget_bytes, resident_capacity
 from nibblekv.formats import KVDtype, parse_kv_dtype
 from nibblekv.model import load_model
+from nibblekv.model.fp8 import QuantMethod
 from nibblekv.model.presets import PRESETS
 from nibblekv.planner.engine_fit import EngineOptions, resident_requests
 from nibblekv.planner.shape import shape_from_config
@@ -109,6 +110,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mem-fraction-static", type=float, default=0.88)
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
     p.add_argument("--kv-recent-window", type=int, default=64)
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                   help="weights quantized at load (fp8: per-channel FP8, the published runs' weights); rows "
+                   "say which in 'weights'")  # fmt: skip
     p.add_argument("--json-model-override-args", default=None, help="merged over the RoPE override")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     p.add_argument("--name", default=RESULT_NAME, help="result file name inside --out")
@@ -231,7 +235,8 @@ def bench_length(
     context = input_len + args.output_len + page
     per_request = (-(-(input_len + args.output_len) // page) + 1) * page
     max_pos = model.config.max_position_embeddings
-    where = {"model": name, "input_len": input_len, "output_len": args.output_len}
+    where = {"model": name, "weights": args.quantization or "bf16", "input_len": input_len,
+             "output_len": args.output_len}  # fmt: skip
     mem: dict[str, Any] = (
         {"device": "cpu", "mem_budget_gib": SMOKE_BUDGET_GIB} if args.smoke
         else {"device": "cuda", "mem_fraction_static": args.mem_fraction_static}
@@ -240,6 +245,7 @@ def bench_length(
         load_format="dummy", chunked_prefill_size=args.chunked_prefill_size,
         kv_recent_window=args.kv_recent_window,
         disable_radix_cache=True, context_length=context, allow_long_context=context > max_pos,
+        quantization=args.quantization,
         decode_log_interval=0, **mem,
     )  # fmt: skip
     free_memory()
@@ -357,7 +363,10 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any, dict[str, Any]]
         overrides |= rope_override(name, longest)
     overrides |= json.loads(args.json_model_override_args or "{}")
     device = "cpu" if args.smoke else "cuda"
-    model, tok = load_model(name, load_format="dummy", device=device, seed=0, overrides=overrides)
+    quant = QuantMethod(args.quantization) if args.quantization else None
+    model, tok = load_model(
+        name, load_format="dummy", device=device, seed=0, overrides=overrides, quantization=quant
+    )
     return model, tok, overrides
 
 

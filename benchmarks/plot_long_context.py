@@ -18,8 +18,14 @@ from typing import Any
 COLORS = {"bf16": "tab:blue", "fp8_e4m3": "tab:orange", "nvfp4": "tab:green"}
 
 
+def series(row: dict[str, Any]) -> str:
+    """A row's model and weights, e.g. ``llama-3.1-8b`` or ``llama-3.1-8b fp8 weights``."""
+    weights = row.get("weights", "bf16")
+    return row["model"] if weights == "bf16" else f"{row['model']} {weights} weights"
+
+
 def _by(rows: list[dict[str, Any]], model: str, mode: str) -> dict[tuple[int, str], dict[str, Any]]:
-    return {(r["input_len"], r["kv_dtype"]): r for r in rows if r["model"] == model and r["mode"] == mode}
+    return {(r["input_len"], r["kv_dtype"]): r for r in rows if series(r) == model and r["mode"] == mode}
 
 
 def ratios(rows: list[dict[str, Any]], model: str, mode: str) -> list[tuple[int, float]]:
@@ -37,7 +43,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows, pub = doc["rows"], doc["published"]
-    models = list(dict.fromkeys(r["model"] for r in rows))
+    models = list(dict.fromkeys(series(r) for r in rows))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     lo, hi = pub["matched_ratio"]
     ax1.axhspan(lo, hi, color="0.85", label=f"published matched {lo:.2f}-{hi:.2f}")
