@@ -156,6 +156,10 @@ def host_available_bytes() -> int | None:
 
 
 def commit_id() -> str:
+    """``$COMMIT`` where the caller names the code under test (a device copy's git HEAD may differ), else
+    git's HEAD."""
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
@@ -164,7 +168,7 @@ def commit_id() -> str:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("COMMIT", "unknown")
+    return "unknown"
 
 
 class Results:
