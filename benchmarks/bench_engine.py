@@ -304,6 +304,8 @@ def synthetic_prefill(engine: Engine, prompts: list[list[int]], params: Sampling
         engine.enqueue(req)
         sched.waiting.remove(req)
         sched.cache.finish_growth(sched.cache.grow(req.pages, req.num_tokens))
+        if sched.states is not None:  # a hybrid model's linear-attention state (left zero: timing only)
+            req.state_slot = sched.states.alloc()
         req.status = RequestStatus.RUNNING
         sched.running.append(req)
         req.token_ids.append(p[-1])

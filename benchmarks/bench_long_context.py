@@ -81,6 +81,14 @@ SMOKE_OVERRIDES = {
     "vocab_size": 512,
     "max_position_embeddings": 512,
 }
+# ... and for a hybrid preset (Qwen3.5): one full-attention layer of four, small linear-attention heads
+SMOKE_HYBRID_OVERRIDES = {
+    "num_hidden_layers": 4,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+}
 SMOKE_BUDGET_GIB = 0.0006  # a few requests per row
 HOST_BYTES_PER_TOKEN = 160  # prompt ids, request token lists and page lists per token (Python ints)
 
@@ -134,7 +142,7 @@ def log(t0: float, msg: str) -> None:
 
 def rope_override(name: str, context: int) -> dict[str, Any]:
     """RoPE scaling that stretches a preset past its positions (dummy weights: timing only), or nothing."""
-    cfg = PRESETS[name]
+    cfg = PRESETS[name].get("text_config", PRESETS[name])  # hybrid presets nest the text model's config
     max_pos = int(cfg["max_position_embeddings"])
     if context <= max_pos:
         return {}
@@ -258,7 +266,11 @@ def bench_length(
         kv: resident_capacity(replace(base, kv_cache_dtype=kv), model, per_request, context) for kv in dtypes
     }
     budget = kv_budget_bytes(base, model.device) or 0
-    shape = shape_from_config({**PRESETS[name], **loaded[2]}, name)
+    preset = PRESETS[name]  # the overrides go where the model reads them: a hybrid's text_config
+    if "text_config" in preset:
+        shape = shape_from_config({**preset, "text_config": {**preset["text_config"], **loaded[2]}}, name)
+    else:
+        shape = shape_from_config({**preset, **loaded[2]}, name)
     opts = EngineOptions(page, args.kv_recent_window, args.chunked_prefill_size,
                          model_dtype=parse_kv_dtype("auto", model.dtype))  # fmt: skip
     plans = {kv: resident_requests(shape, KVDtype(kv), budget, per_request, context, opts) for kv in dtypes}
@@ -356,6 +368,8 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any, dict[str, Any]]
     """(model, tokenizer, overrides): dummy weights, RoPE stretched to the longest context asked for."""
     longest = max(args.input_lens) + args.output_len + EngineConfig().page_size
     overrides = dict(SMOKE_OVERRIDES) if args.smoke else {}
+    if args.smoke and "full_attention_interval" in PRESETS[name].get("text_config", PRESETS[name]):
+        overrides |= SMOKE_HYBRID_OVERRIDES
     if args.smoke:
         base_pos = SMOKE_OVERRIDES["max_position_embeddings"]
         if longest > base_pos:
