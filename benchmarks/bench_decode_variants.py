@@ -78,10 +78,11 @@ def check(dt: KVDtype, spec: str, batch: object) -> tuple[float, dict[str, objec
         res[attr] = getattr(k, attr, None)
     # the tail-free launch compiles the main-pool-only specialization that the timed shapes use
     out2 = torch.full_like(q, float("nan"))
-    dec.decode_triton(q, PagedKV(pb.cache, pb.page_table, pb.lens), 1 / math.sqrt(q.shape[-1]), out=out2, config=cfg)
+    no_tail = PagedKV(pb.cache, pb.page_table, pb.lens)
+    dec.decode_triton(q, no_tail, 1 / math.sqrt(q.shape[-1]), out=out2, config=cfg)
     k2 = dec.LAST_KERNEL.get("decode")
     res["n_regs_notail"], res["n_spills_notail"] = getattr(k2, "n_regs", None), getattr(k2, "n_spills", None)
-    ref2 = decode_ref(q.float(), pb.cache, pb.page_table, pb.lens, 1 / math.sqrt(q.shape[-1]))
+    ref2 = decode_ref(q.float(), no_tail, 1 / math.sqrt(q.shape[-1]))
     return max(rel_rms(out, ref), rel_rms(out2, ref2)), res
 
 
@@ -102,16 +103,7 @@ def make_check_batch(
     # specialization of their row stride matches and the timed launches reuse the checked compile.
     pb.page_table, pb.tail_page_table = _pad16(pb.page_table), _pad16(pb.tail_page_table)
     q = torch.randn(len(lens), q_heads, head_dim, device=DEV).to(torch.bfloat16)
-    ref = decode_ref(
-        q.float(),
-        pb.cache,
-        pb.page_table,
-        pb.lens,
-        1 / math.sqrt(head_dim),
-        pb.tail,
-        pb.tail_page_table,
-        pb.tail_lens,
-    )
+    ref = decode_ref(q.float(), pb.view(), 1 / math.sqrt(head_dim))
     return pb, q, ref
 
 

@@ -97,6 +97,7 @@ def extend_rows(
             k = torch.randn(t, hkv, d, device=dev).to(torch.bfloat16)
             v = torch.randn_like(k)
             out = torch.empty_like(q)
+            view = PagedKV(pool, pt, plens, cu_seqlens=cu, max_chunk=chunk)
             runs = [(c, o) for c in configs for o in (decode_opts if len(c) > 7 and c[7] else ("",))]
             for cfg, dopts in runs:
                 splits, stages, warps, bm, bn, own, regs, dec = (*cfg, 0, 0, 0, 0, 0, 0, 0)[:8]
@@ -110,14 +111,11 @@ def extend_rows(
                     if same or extend_decode_unsupported(q, pool, chunk, wide):
                         continue  # DEC >= 2 only where it differs from DEC=1's plan
                     # NOTE: WARPS / BN set step 2's launch (the own-chunk keys, the tail and the merge)
-                    fn = partial(extend_decode, q, k, v, cu, PagedKV(pool, pt, plens), 1 / math.sqrt(d), chunk, out=out,
+                    fn = partial(extend_decode, q, k, v, view, 1 / math.sqrt(d), out=out,
                                  num_splits=splits or None, wide=wide, own_warps=warps or None,
                                  own_block_n=bn or None, **_decode_kw(dopts, plan[0], dt, d))  # type: ignore[index]  # fmt: skip
                 else:
-                    fn = partial(
-                        extend_triton, q, k, v, cu, pool, pt, plens, 1 / math.sqrt(d), max_chunk=chunk, out=out,
-                        **kw,
-                    )  # fmt: skip
+                    fn = partial(extend_triton, q, k, v, view, 1 / math.sqrt(d), out=out, **kw)
                 try:
                     us = bench(fn)
                 except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: reported, not fatal

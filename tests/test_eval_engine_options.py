@@ -13,6 +13,7 @@ from nibblekv.cache import KVPool, PoolSpec
 from nibblekv.config import EngineConfig, add_engine_args
 from nibblekv.engine import Engine, SamplingParams
 from nibblekv.formats import KVDtype, nvfp4
+from nibblekv.formats.kv_view import TailDemotion
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.sm_words import to_sm
 from nibblekv.kernels.reference import demote_pages_ref, write_kv_ref
@@ -116,7 +117,7 @@ def test_reference_write_and_demote_use_4over6() -> None:
     assert not torch.equal(plain[1].float(), scales.float())  # 4over6 changed some block scales
     tail = LayerKV.allocate(_spec(KVDtype.NVFP4).tail_layout, 3, "cpu")
     tail.k_data[1], tail.v_data[1] = k[:4].transpose(0, 1), v[:4].transpose(0, 1)
-    demote_pages_ref(tail, torch.tensor([1]), cache, torch.tensor([3]), four_over_six=True)
+    demote_pages_ref(TailDemotion(tail, torch.tensor([1]), cache, torch.tensor([3])), four_over_six=True)
     assert torch.equal(cache.v_data[3], to_sm(nvfp4.quantize(v[:4].transpose(0, 1), four_over_six=True)[0]))
 
 
@@ -191,9 +192,9 @@ def test_backend_writes_and_demotes_4over6(kernels: str, monkeypatch: pytest.Mon
     backend.demote_layer(0)
     backend._write(k, v, main, tail)
     want, plain = _clone(before), _clone(before)
-    demote_pages_ref(tail, src, want, dst, four_over_six=True)
+    demote_pages_ref(TailDemotion(tail, src, want, dst), four_over_six=True)
     write_kv_ref(k, v, want, slots, four_over_six=True)
-    demote_pages_ref(tail, src, plain, dst)
+    demote_pages_ref(TailDemotion(tail, src, plain, dst))
     write_kv_ref(k, v, plain, slots)
     for got, exp, std in (
         (main.k_data, want.k_data, plain.k_data),

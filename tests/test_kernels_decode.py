@@ -36,9 +36,8 @@ def _run(dtype: KVDtype, lens: list[int], tails: list[int] | None, hkv: int, gro
     q = (q_scale * torch.randn(len(lens), hkv * group, d, device=DEVICE)).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"))
     sm = 1.0 / math.sqrt(d)
-    targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_lens=pb.tail_lens)
     decode_triton(q, pb.view(), sm, num_splits=splits, out=out, **kw)  # type: ignore[arg-type]
-    ref = decode_ref(q.float(), pb.cache, pb.page_table, pb.lens, sm, **targs)
+    ref = decode_ref(q.float(), pb.view(), sm)
     return rel_rms(out, ref)
 
 
@@ -278,8 +277,7 @@ def test_decode_mma_active_rows(monkeypatch: pytest.MonkeyPatch, d: int, group: 
     act = torch.tensor([3], dtype=torch.int32, device=DEVICE)
     decode_triton(q, pb.view(active=act), sm, num_splits=12, out=out,
                   config=decode_config_from_spec(f"mma:ppsm=8,minc=16{opts}", KVDtype.NVFP4, d))  # fmt: skip
-    ref = decode_ref(q[:3].float(), pb.cache, pb.page_table[:3], pb.lens[:3], sm, pb.tail,
-                     pb.tail_page_table[:3], pb.tail_lens[:3])  # fmt: skip
+    ref = decode_ref(q[:3].float(), pb.head(3), sm)
     assert rel_rms(out[:3], ref) <= 1e-2
     assert torch.equal(out[3:], torch.zeros_like(out[3:]))
     with pytest.raises(ValueError, match="active must be an int32"):

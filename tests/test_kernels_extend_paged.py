@@ -30,9 +30,8 @@ def _run(dtype: KVDtype, prefix: list[int], chunks: list[int], tails: list[int] 
     v = torch.randn(t, hkv, d, device=DEVICE).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"))
     sm = 1.0 / math.sqrt(d)
-    targs = dict(tail=pb.tail, tail_page_table=pb.tail_page_table, tail_prefix_lens=pb.tail_lens)
-    fn(q, k, v, cu, pb.cache, pb.page_table, pb.lens, sm, **targs, out=out, **kw)
-    ref = extend_ref(q.float(), k, v, cu, pb.cache, pb.page_table, pb.lens, sm, **targs)
+    fn(q, k, v, pb.view(cu_seqlens=cu), sm, out=out, **kw)
+    ref = extend_ref(q.float(), k, v, pb.view(cu_seqlens=cu), sm)
     return rel_rms(out, ref)
 
 

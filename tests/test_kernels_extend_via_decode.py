@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import pytest
@@ -10,7 +11,6 @@ import triton
 from test_kernels_extend_paged import _run as run_extend
 
 from nibblekv.formats.kv_view import PagedKV
-from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels.decode.launch import decode_triton
 from nibblekv.kernels.extend import via_decode as ed
@@ -36,13 +36,12 @@ def _run(prefix: list[int], chunks: list[int], tails: list[int] | None, hkv: int
 
 
 def extend_decode_fn(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, cache: LayerKV, page_table: torch.Tensor,
-    prefix_lens: torch.Tensor, sm_scale: float, tail: LayerKV | None = None,
-    tail_page_table: torch.Tensor | None = None, tail_prefix_lens: torch.Tensor | None = None, **kw: object,
-) -> torch.Tensor:  # fmt: skip
-    """extend_decode behind extend_triton's signature (``max_chunk`` from ``cu_seqlens``)."""
-    kv = PagedKV(cache, page_table, prefix_lens, tail, tail_page_table, tail_prefix_lens)
-    return extend_decode(q, k, v, cu, kv, sm_scale, int((cu[1:] - cu[:-1]).max()), **kw)  # type: ignore[arg-type]
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKV, sm_scale: float, **kw: object
+) -> torch.Tensor:
+    """extend_decode where the view has no ``max_chunk`` (taken from its ``cu_seqlens``)."""
+    assert kv.cu_seqlens is not None
+    longest = int((kv.cu_seqlens[1:] - kv.cu_seqlens[:-1]).max())
+    return extend_decode(q, k, v, replace(kv, max_chunk=longest), sm_scale, **kw)  # type: ignore[arg-type]
 
 
 # ragged batches: prefixes 0 / 1 / P-1 / P+1 / several tiles; chunks 1..4 (one and two column groups,
@@ -191,7 +190,7 @@ def test_extend_decode_refuses_what_it_cannot_serve() -> None:
     cu = torch.tensor([0, 9], dtype=torch.int32)
     q9 = torch.randn(9, 8, 128)
     with pytest.raises(ValueError, match="extend variant 'decode'"):
-        extend_decode(q9, q9[:, :2], q9[:, :2], cu, pb.view(), 0.1, 9)
+        extend_decode(q9, q9[:, :2], q9[:, :2], pb.view(cu_seqlens=cu, max_chunk=9), 0.1)
 
 
 @pytest.mark.parametrize("g,gv,ng", [(4, 8, 2), (3, 5, 2), (1, 5, 1)])
@@ -213,7 +212,7 @@ def test_gather_and_merge_kernels_match_their_twins(g: int, gv: int, ng: int) ->
     o1 = torch.randn(3 * ng, hkv * gv, d, device=DEVICE)
     lse1 = torch.randn(3 * ng, hkv * gv, device=DEVICE) * 4
     lse1[0, 0] = float("-inf")  # an empty prefix
-    args = (q, k, v, cu, pb.cache, pb.page_table, pb.lens, 0.3, pb.tail, pb.tail_page_table, pb.tail_lens)
+    args = (q, k, v, pb.view(cu_seqlens=cu), 0.3)
     o2 = torch.full((6, hkv * g, d), float("nan"), device=DEVICE)
     lse2 = torch.full((6, hkv * g), float("nan"), device=DEVICE)
     extend_triton(*args, out=o2, lse_out=lse2)
@@ -233,7 +232,8 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
     from nibblekv.kernels import extend_attention
 
     calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(ed, "extend_decode", lambda *a, **k: calls.append((a[4].cache.dtype.value, a[6])) or a[0])
+    spy = lambda *a, **k: calls.append((a[3].cache.dtype.value, a[3].max_chunk)) or a[0]
+    monkeypatch.setattr(ed, "extend_decode", spy)
     monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")
     q = torch.randn(3, 8, 128, device=DEVICE).to(torch.bfloat16)
     kv = torch.randn(3, 2, 128, device=DEVICE).to(torch.bfloat16)
@@ -242,7 +242,7 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
 
     def call(dt: KVDtype, max_chunk: int) -> None:
         pb = pools[dt]
-        extend_attention(q, kv, kv, cu, pb.view(), 0.1, max_chunk=max_chunk)
+        extend_attention(q, kv, kv, pb.view(cu_seqlens=cu, max_chunk=max_chunk), 0.1)
 
     call(KVDtype.NVFP4, 2)
     call(KVDtype.FP8, 2)  # auto: both quantized dtypes
@@ -253,7 +253,7 @@ def test_extend_attention_routes_short_chunks(monkeypatch: pytest.MonkeyPatch) -
     # short_chunks_by_decode=False: extend_triton for every chunk
     for dt in (KVDtype.NVFP4, KVDtype.FP8):
         pb = pools[dt]
-        extend_attention(q, kv, kv, cu, pb.view(), 0.1, max_chunk=2, short_chunks_by_decode=False)
+        extend_attention(q, kv, kv, pb.view(cu_seqlens=cu, max_chunk=2), 0.1, short_chunks_by_decode=False)
     assert len(calls) == 3
 
 
@@ -267,16 +267,13 @@ def test_extend_lse_out_is_the_same_with_and_without_splits() -> None:
     cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=DEVICE)
     lse = [torch.full((5, 4), float("nan"), device=DEVICE) for _ in range(2)]
     for splits, out in zip((1, 3), lse):
-        extend_triton(q, k, v, cu, pb.cache, pb.page_table, pb.lens, 0.125, pb.tail, pb.tail_page_table, pb.tail_lens,
-                      max_chunk=3, num_splits=splits, lse_out=out)  # fmt: skip
+        extend_triton(q, k, v, pb.view(cu_seqlens=cu, max_chunk=3), 0.125, num_splits=splits, lse_out=out)
     assert torch.isfinite(lse[0]).all() and torch.allclose(lse[0], lse[1], atol=1e-4)
     # and it is the log2-sum-exp2 of the scaled scores: a query token alone sees only itself
     one = make_batch(KVDtype.NVFP4, [0], 1, 64, P, DEVICE)
     out1 = torch.empty(1, 4, device=DEVICE)
     q1, k1 = q[:1], k[:1]
-    extend_triton(
-        q1, k1, v[:1], cu[:2] // 2, one.cache, one.page_table, one.lens, 0.125, max_chunk=1, lse_out=out1
-    )
+    extend_triton(q1, k1, v[:1], one.view(cu_seqlens=cu[:2] // 2, max_chunk=1), 0.125, lse_out=out1)
     want = (q1.float() * k1.float().expand(1, 4, 64)).sum(-1) * 0.125 * 1.4426950408889634
     assert torch.allclose(out1, want, atol=1e-3)
 
@@ -294,10 +291,10 @@ def test_extend_decode_with_a_dense_transposed_q_and_fp32_partials() -> None:
     q = torch.randn(3, hkv * g, d, device=DEVICE).to(torch.bfloat16)
     q_t = q.transpose(0, 1).contiguous().transpose(0, 1)
     k, v = (torch.randn(3, hkv, d, device=DEVICE).to(torch.bfloat16) for _ in range(2))
-    a = (k, v, cu, pb.cache, pb.page_table, pb.lens, d**-0.5, pb.tail, pb.tail_page_table, pb.tail_lens)
-    want = extend_ref(q.float(), *a)
+    kv = pb.view(cu_seqlens=cu, max_chunk=2)
+    want = extend_ref(q.float(), k, v, kv, d**-0.5)
     splits = 3 if DEVICE == "cpu" else None
-    got = extend_decode(q_t, k, v, cu, pb.view(), d**-0.5, 2, num_splits=splits)
+    got = extend_decode(q_t, k, v, kv, d**-0.5, num_splits=splits)
     assert rel_rms(got, want) <= 1e-2
     # no worse than extend_triton on the same inputs (the bf16 partials were ~2x worse)
-    assert rel_rms(got, want) <= 1.3 * rel_rms(extend_triton(q, *a, max_chunk=2), want) + 1e-4
+    assert rel_rms(got, want) <= 1.3 * rel_rms(extend_triton(q, k, v, kv, d**-0.5), want) + 1e-4

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from nibblekv.formats import KVDtype, PageLayout
-from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.kv_view import PagedKV, TailDemotion
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels import decode_attention, demote_pages, extend_attention, write_kv
 from nibblekv.kernels.page_copy import gather_pages_ref, gather_pages_triton
@@ -66,7 +66,8 @@ def test_write_decode_extend_and_page_copy_past_2gib(dtype: KVDtype, monkeypatch
     v = torch.randn(slots.numel(), HKV, D, generator=g).to(DEVICE)
     write_kv(k, v, cache, slots)
     # the bytes landed on those pages: read back by int64 torch indexing they are the written rows
-    back = decode_ref(k[:1].repeat_interleave(HQ // HKV, 1), cache, pages[None], torch.tensor([1]), 1.0)
+    one = PagedKV(cache, pages[None], torch.tensor([1]))
+    back = decode_ref(k[:1].repeat_interleave(HQ // HKV, 1), one, 1.0)
     assert torch.isfinite(back).all()
     tol = {KVDtype.BF16: 1e-2, KVDtype.FP8: 2e-3, KVDtype.NVFP4: 2e-3}[dtype]
 
@@ -75,22 +76,23 @@ def test_write_decode_extend_and_page_copy_past_2gib(dtype: KVDtype, monkeypatch
     q = torch.randn(2, HQ, D, generator=g).to(DEVICE)
     scale = 1 / math.sqrt(D)
     out = decode_attention(q, PagedKV(cache, table, lens), scale)
-    torch.testing.assert_close(out, decode_ref(q, cache, table, lens, scale), atol=tol, rtol=0)
+    torch.testing.assert_close(out, decode_ref(q, PagedKV(cache, table, lens), scale), atol=tol, rtol=0)
 
     qe = torch.randn(5, HQ, D, generator=g).to(DEVICE)
     kn, vn = torch.randn(5, HKV, D, generator=g).to(DEVICE), torch.randn(5, HKV, D, generator=g).to(DEVICE)
     cu = torch.tensor([0, 3, 5], dtype=torch.int32, device=DEVICE)
     plens = torch.tensor([P + 2, 2 * P], dtype=torch.int32, device=DEVICE)
-    ref = extend_ref(qe, kn, vn, cu, cache, table, plens, scale)
+    prefix = PagedKV(cache, table, plens, cu_seqlens=cu)
+    ref = extend_ref(qe, kn, vn, prefix, scale)
     # NOTE: extend_triton; short chunks (extend_decode) run the decode kernels checked above
-    got = extend_attention(qe, kn, vn, cu, PagedKV(cache, table, plens), scale)
+    got = extend_attention(qe, kn, vn, prefix, scale)
     torch.testing.assert_close(got, ref, atol=tol, rtol=0)
 
     if dtype.quantized:  # tail (bf16) pages demoted into the pages past 2 GiB
         tail = LayerKV.allocate(PageLayout(KVDtype.BF16, HKV, D, P), 3, DEVICE)
         for t in (tail.k_data, tail.v_data):
             t.copy_(torch.randn(t.shape, generator=g))
-        demote_pages(tail, torch.tensor([1, 2], device=DEVICE), cache, pages.long())
+        demote_pages(TailDemotion(tail, torch.tensor([1, 2], device=DEVICE), cache, pages.long()))
         for data, src in ((cache.k_data, tail.k_data), (cache.v_data, tail.v_data)):
             got_rows = gather_kv_rows(cache, data, pages)
             torch.testing.assert_close(got_rows, src[1:3].float(), atol=0.6, rtol=0.25)

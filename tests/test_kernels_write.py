@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nibblekv.formats import nvfp4
+from nibblekv.formats.kv_view import TailDemotion
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import KVDtype, PageLayout
 from nibblekv.kernels.reference import demote_pages_ref, write_kv_ref
@@ -92,8 +93,8 @@ def test_demote_pages_bit_exact(dtype: KVDtype) -> None:
     tail.v_data.copy_(torch.randn(tail.v_data.shape) * 5)
     src = torch.tensor([3, 0], device=DEVICE)
     dst = torch.tensor([5, 2], device=DEVICE)
-    demote_pages_ref(tail, src, a, dst)
-    demote_pages_triton(tail, src, b, dst)
+    demote_pages_ref(TailDemotion(tail, src, a, dst))
+    demote_pages_triton(TailDemotion(tail, src, b, dst))
     _assert_same_bytes(a, b)
 
 
@@ -109,8 +110,8 @@ def test_demote_pages_skips_empty_slots() -> None:
     tail.v_data.copy_(torch.randn(tail.v_data.shape) * 5)
     src = torch.tensor([0, 3, 0, 1], device=DEVICE)
     dst = torch.tensor([-1, 4, -1, 1], device=DEVICE)
-    demote_pages_ref(tail, src, a, dst)
-    demote_pages_triton(tail, src, b, dst)
+    demote_pages_ref(TailDemotion(tail, src, a, dst))
+    demote_pages_triton(TailDemotion(tail, src, b, dst))
     _assert_same_bytes(a, b)
     untouched = [0, 2, 3, 5]
     data, scale = a.k_data.view(torch.uint8), a.k_scale.view(torch.uint8)  # raw bytes: NaN != NaN
@@ -123,8 +124,9 @@ def test_demote_rejects_mismatched_pages() -> None:
     lay = PageLayout(KVDtype.NVFP4, 2, 64, 16)
     a = LayerKV.allocate(lay, 2, DEVICE)
     tail = LayerKV.allocate(PageLayout(KVDtype.BF16, 2, 64, 8), 2, DEVICE)
+    src, dst = torch.tensor([0], device=DEVICE), torch.tensor([1], device=DEVICE)
     with pytest.raises(ValueError):
-        demote_pages_triton(tail, torch.tensor([0], device=DEVICE), a, torch.tensor([1], device=DEVICE))
+        demote_pages_triton(TailDemotion(tail, src, a, dst))
 
 
 # --- 4over6 block scales (NVFP4): per block, the better of amax/6 and amax/4 -------------------------------
@@ -232,6 +234,6 @@ def test_demote_pages_4over6_bit_exact(d: int, hkv: int, page: int, tail_dtype: 
     _check_winners(tail.k_data.transpose(1, 2).reshape(4 * page, hkv, d), gs[0])
     src = torch.tensor([3, 0, 2], device=DEVICE)
     dst = torch.tensor([6, 1, 4], device=DEVICE)
-    demote_pages_ref(tail, src, a, dst, four_over_six=True)
-    demote_pages_triton(tail, src, b, dst, four_over_six=True)
+    demote_pages_ref(TailDemotion(tail, src, a, dst), four_over_six=True)
+    demote_pages_triton(TailDemotion(tail, src, b, dst), four_over_six=True)
     _assert_same_bytes(a, b)

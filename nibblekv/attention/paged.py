@@ -25,7 +25,7 @@ from nibblekv.cache.manager import Growth
 from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pages import RequestPages
 from nibblekv.cache.pool import KVPool
-from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.kv_view import PagedKV, TailDemotion
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels import decode_attention, demote_pages, extend_attention, write_kv
 
@@ -271,7 +271,7 @@ class PagedAttentionBackend(AttentionBackend):
         self.views = [
             PagedKV(
                 main, meta.page_table, meta.main_lens, tail, meta.tail_page_table, meta.tail_lens, meta.active,
-                meta.min_active,
+                meta.min_active, meta.cu_seqlens, meta.max_chunk,
             )
             for main, tail in zip(self.pool.main, tails)
         ]
@@ -286,8 +286,8 @@ class PagedAttentionBackend(AttentionBackend):
         """Quantize layer ``layer_id``'s tail pages ``src`` into its main pages ``dst``: the one place
         demotion runs (each layer's forward, and the CUDA-graph runner's out-of-graph overflow)."""
         if src.numel():
-            tail, main = self.pool.tail[layer_id], self.pool.main[layer_id]
-            demote_pages(tail, src, main, dst, self.four_over_six)
+            moves = TailDemotion(self.pool.tail[layer_id], src, self.pool.main[layer_id], dst)
+            demote_pages(moves, self.four_over_six)
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         h = self.qkv_rotation
@@ -313,8 +313,7 @@ class PagedAttentionBackend(AttentionBackend):
             self.demote_layer(layer_id)
             self._write(k, v, main, tail)
             return decode_attention(q, kv, self.sm_scale)
-        assert m.cu_seqlens is not None
-        out = extend_attention(q, k, v, m.cu_seqlens, kv, self.sm_scale, max_chunk=m.max_chunk)
+        out = extend_attention(q, k, v, kv, self.sm_scale)
         # NOTE: demoted and written after attending: the chunk attends to the pre-growth layout (aged
         # tail pages still in bf16) and to its fresh K/V, never to a stored copy. Demotion must precede
         # the write: a demoted page's main copy may receive some of this chunk's tokens.

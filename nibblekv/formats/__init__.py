@@ -1,7 +1,7 @@
 """KV storage formats, defined once in pure torch: the reference for every kernel."""
 
 from nibblekv.formats import e2m1, fp8, nvfp4, sm_words
-from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.kv_view import PagedKV, TailDemotion
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import (
     KV_DTYPE_CHOICES,
@@ -23,6 +23,7 @@ __all__ = [
     "LayerKV",
     "PageLayout",
     "PagedKV",
+    "TailDemotion",
     "bytes_per_value",
     "dequantize_rows",
     "parse_kv_dtype",

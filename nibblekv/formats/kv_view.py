@@ -1,4 +1,5 @@
-"""``PagedKV``: one layer's paged KV for one batch, as the attention kernels read it."""
+"""``PagedKV``: one layer's paged KV for one batch, as the attention kernels read it; ``TailDemotion``: the
+tail pages one demotion quantizes into the main pool."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ class PagedKV:
     backend reads it from its bf16 copy, so it leads the tail's page row and counts in ``tail_lens`` (the
     main row starts past it). ``active`` (int32 ``[1]`` on the device) / ``min_active`` (host int): a CUDA
     graph replayed with padding rows -- only the first ``*active`` rows are requests, and the graph serves
-    batches of at least ``min_active``. NOTE: a frozen record of existing tensors (a CUDA graph's static
-    buffers under capture); building one per layer and step costs no device work.
+    batches of at least ``min_active``. ``cu_seqlens`` (int32 ``[B + 1]``, an extend's view only) splits the
+    batch's new tokens into requests (``lens`` / ``tail_lens`` are then the cached prefix's); ``max_chunk``
+    (host int >= the longest chunk, optional) spares the extend launchers a device sync. NOTE: a frozen
+    record of existing tensors (a CUDA graph's static buffers under capture); building one per layer and step
+    costs no device work.
     """
 
     cache: LayerKV
@@ -31,6 +35,8 @@ class PagedKV:
     tail_lens: torch.Tensor | None = None
     active: torch.Tensor | None = None
     min_active: int | None = None
+    cu_seqlens: torch.Tensor | None = None
+    max_chunk: int | None = None
 
     @property
     def has_tail(self) -> bool:
@@ -38,4 +44,16 @@ class PagedKV:
         return self.tail is not None and self.tail_page_table is not None and self.tail_lens is not None
 
 
-__all__ = ["PagedKV"]
+@dataclass(frozen=True)
+class TailDemotion:
+    """One layer's demotion: the tail pool's pages ``src_pages [N]`` quantized into the main pool ``cache``'s
+    pages ``dst_pages [N]`` (same page size; a pair with ``dst < 0`` is an empty slot of a fixed-size list, as
+    CUDA graphs pass them, and is skipped)."""
+
+    tail: LayerKV
+    src_pages: torch.Tensor
+    cache: LayerKV
+    dst_pages: torch.Tensor
+
+
+__all__ = ["PagedKV", "TailDemotion"]

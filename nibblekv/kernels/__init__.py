@@ -5,8 +5,8 @@ device: Triton kernels for CUDA tensors, the reference twin for CPU tensors -- u
 sets ``NIBBLEKV_KERNELS=triton`` (Triton everywhere: the interpreter on CPU, given
 ``TRITON_INTERPRET=1``) or ``NIBBLEKV_KERNELS=reference`` (the twins everywhere).
 The attention ops take one layer's paged KV as a ``formats.PagedKV`` view (pools, page tables, lengths,
-tail, CUDA-graph padding rows) and pass it down unchanged; ``decode_attention`` also takes ``num_splits``
-(a host int, for CUDA graphs) and ``out``.
+tail, CUDA-graph padding rows, an extend's chunks) and pass it down unchanged to their twin or launcher;
+``demote_pages`` takes a ``formats.TailDemotion`` (the tail pages and the main pages they go to) the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from nibblekv.formats.kv_view import PagedKV
+from nibblekv.formats.kv_view import PagedKV, TailDemotion
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels.reference import decode_ref, demote_pages_ref, extend_ref, write_kv_ref
 
@@ -60,62 +60,49 @@ def write_kv(
         write_kv_ref(k, v, cache, slots, four_over_six)
 
 
-def decode_attention(
-    q: torch.Tensor,
-    kv: PagedKV,
-    sm_scale: float,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, kv: PagedKV, sm_scale: float) -> torch.Tensor:
     """One query token per request: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` over the view ``kv`` (``decode_ref``).
 
     ``kv.active`` / ``kv.min_active`` (CUDA graphs): only the first ``active`` (int32 ``[1]`` device tensor,
-    ``>= min_active``) rows are requests; padding rows' outputs are unspecified (see ``decode_triton``).
+    ``>= min_active``) rows are requests; padding rows' outputs are unspecified (see ``decode_triton``, whose
+    split count follows from them: no ``num_splits`` here).
     """
     if use_triton(q):
         from nibblekv.kernels.decode.launch import decode_triton
 
-        return decode_triton(q, kv, sm_scale, num_splits=num_splits, out=out)
-    res = decode_ref(q, kv.cache, kv.page_table, kv.lens, sm_scale, kv.tail, kv.tail_page_table, kv.tail_lens)
-    if out is not None:
-        out.copy_(res)
-        return out
-    return res
+        return decode_triton(q, kv, sm_scale)
+    return decode_ref(q, kv, sm_scale)
 
 
 def extend_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
     v_new: torch.Tensor,
-    cu_seqlens: torch.Tensor,
     kv: PagedKV,
     sm_scale: float,
-    max_chunk: int | None = None,
     short_chunks_by_decode: bool = True,
 ) -> torch.Tensor:
-    """A chunk of new tokens per request over its cached prefix (the view ``kv``: ``lens`` / ``tail_lens``
-    are the prefix's tokens) plus itself, causally (see ``extend_ref``).
+    """A chunk of new tokens per request (``kv.cu_seqlens`` splits them) over its cached prefix (the view
+    ``kv``: ``lens`` / ``tail_lens`` are the prefix's tokens) plus itself, causally (see ``extend_ref``).
 
-    ``max_chunk`` (host int >= the longest chunk, optional) spares the Triton launcher a device sync and
+    ``kv.max_chunk`` (host int >= the longest chunk, optional) spares the Triton launcher a device sync and
     lets short chunks take ``extend_decode`` (the prefix through the decode kernels):
     ``short_chunks_by_decode`` (default on) sends NVFP4 and FP8 pools there where it applies. Timed on the
     H200: 1-, 2-, 4-token chunks read NVFP4 0.71 / 0.59 / 0.34 of the ceiling vs ``extend_triton``'s 0.25 /
     0.24 / 0.24, FP8 0.89 / 0.76 / 0.71 vs 0.40 / 0.39 / 0.40; FP8 8-token chunks (two decode_tok groups)
     0.53 vs 0.39."""
-    if use_triton(q):
-        from nibblekv.kernels.extend import via_decode as ed
-        from nibblekv.kernels.extend.paged import extend_triton
+    if not use_triton(q):
+        return extend_ref(q, k_new, v_new, kv, sm_scale)
+    from nibblekv.kernels.extend import via_decode as ed
+    from nibblekv.kernels.extend.paged import extend_triton
 
-        if short_chunks_by_decode and max_chunk is not None:  # noqa: SIM102 - max_chunk narrowed for the call
-            if ed.extend_decode_unsupported(q, kv.cache, max_chunk) is None:
-                return ed.extend_decode(q, k_new, v_new, cu_seqlens, kv, sm_scale, max_chunk)
-
-        return extend_triton(q, k_new, v_new, cu_seqlens, kv.cache, kv.page_table, kv.lens, sm_scale,
-                             kv.tail, kv.tail_page_table, kv.tail_lens, max_chunk=max_chunk)  # fmt: skip
-    return extend_ref(
-        q, k_new, v_new, cu_seqlens, kv.cache, kv.page_table, kv.lens, sm_scale, kv.tail, kv.tail_page_table,
-        kv.tail_lens,
-    )  # fmt: skip
+    if (
+        short_chunks_by_decode
+        and kv.max_chunk is not None
+        and ed.extend_decode_unsupported(q, kv.cache, kv.max_chunk) is None
+    ):
+        return ed.extend_decode(q, k_new, v_new, kv, sm_scale)
+    return extend_triton(q, k_new, v_new, kv, sm_scale)
 
 
 def gather_pages(segs: Sequence[torch.Tensor], idx: torch.Tensor, out: torch.Tensor) -> None:
@@ -132,25 +119,20 @@ def scatter_pages(src: torch.Tensor, segs: Sequence[torch.Tensor], idx: torch.Te
     (page_copy.scatter_pages_triton if use_triton(idx) else page_copy.scatter_pages_ref)(src, segs, idx)
 
 
-def demote_pages(
-    tail: LayerKV,
-    src_pages: torch.Tensor,
-    cache: LayerKV,
-    dst_pages: torch.Tensor,
-    four_over_six: bool = False,
-) -> None:
-    """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]`` (``four_over_six``
-    as in :func:`write_kv`)."""
-    if use_triton(src_pages if src_pages.is_cuda else tail.k_data):
+def demote_pages(moves: TailDemotion, four_over_six: bool = False) -> None:
+    """Quantize whole tail pages ``moves.src_pages [N]`` into main-pool pages ``moves.dst_pages [N]``
+    (``four_over_six`` as in :func:`write_kv`)."""
+    if use_triton(moves.src_pages if moves.src_pages.is_cuda else moves.tail.k_data):
         from nibblekv.kernels.write import demote_pages_triton
 
-        demote_pages_triton(tail, src_pages, cache, dst_pages, four_over_six)
+        demote_pages_triton(moves, four_over_six)
     else:
-        demote_pages_ref(tail, src_pages, cache, dst_pages, four_over_six)
+        demote_pages_ref(moves, four_over_six)
 
 
 __all__ = [
     "PagedKV",
+    "TailDemotion",
     "decode_attention",
     "demote_pages",
     "extend_attention",

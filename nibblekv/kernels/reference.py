@@ -2,8 +2,9 @@
 
 Conventions shared with the Triton kernels (``nibblekv.kernels``):
 
-* A request's context is ``lens[b]`` tokens in the main (possibly quantized) pool, read
-  through ``page_table[b]``, followed by ``tail_lens[b]`` tokens in the unquantized tail
+* The attention twins read one layer's paged KV through the view ``formats.PagedKV`` (as the public ops
+  and the Triton launchers do): a request's context is ``lens[b]`` tokens in the main (possibly quantized)
+  pool, read through ``page_table[b]``, followed by ``tail_lens[b]`` tokens in the unquantized tail
   pool, read through ``tail_page_table[b]``. Token ``i`` of a pool lives at page
   ``table[i // page_size]``, offset ``i % page_size``.
 * GQA: query head ``h`` uses KV head ``h // (q_heads // kv_heads)``.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from nibblekv.formats import nvfp4
+from nibblekv.formats.kv_view import PagedKV, TailDemotion
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import KVDtype, dequantize_rows, quantize_rows
 from nibblekv.formats.sm_words import to_sm
@@ -63,19 +65,12 @@ def gather_kv(cache: LayerKV, table: torch.Tensor, length: int) -> tuple[torch.T
     return out[0], out[1]
 
 
-def _context(
-    b: int,
-    cache: LayerKV,
-    page_table: torch.Tensor,
-    lens: torch.Tensor,
-    tail: LayerKV | None,
-    tail_page_table: torch.Tensor | None,
-    tail_lens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    k, v = gather_kv(cache, page_table[b], int(lens[b]))
-    if tail is not None and tail_lens is not None and int(tail_lens[b]) > 0:
-        assert tail_page_table is not None
-        tk, tv = gather_kv(tail, tail_page_table[b], int(tail_lens[b]))
+def _context(b: int, kv: PagedKV) -> tuple[torch.Tensor, torch.Tensor]:
+    """Request ``b``'s whole context in ``kv``: its main-pool tokens, then its tail tokens."""
+    k, v = gather_kv(kv.cache, kv.page_table[b], int(kv.lens[b]))
+    tail, tail_table, tail_lens = kv.tail, kv.tail_page_table, kv.tail_lens
+    if tail is not None and tail_table is not None and tail_lens is not None and int(tail_lens[b]) > 0:
+        tk, tv = gather_kv(tail, tail_table[b], int(tail_lens[b]))
         k, v = torch.cat((k, tk)), torch.cat((v, tv))
     return k, v
 
@@ -94,49 +89,33 @@ def _attend(
     return torch.einsum("hqk,khd->qhd", p, v)
 
 
-def decode_ref(
-    q: torch.Tensor,
-    cache: LayerKV,
-    page_table: torch.Tensor,
-    lens: torch.Tensor,
-    sm_scale: float,
-    tail: LayerKV | None = None,
-    tail_page_table: torch.Tensor | None = None,
-    tail_lens: torch.Tensor | None = None,
-) -> torch.Tensor:
+def decode_ref(q: torch.Tensor, kv: PagedKV, sm_scale: float) -> torch.Tensor:
     """One query token per request: ``q [B, Hq, D]`` -> ``[B, Hq, D]`` over each request's whole context."""
     out = torch.empty_like(q)
     for b in range(q.shape[0]):
-        k, v = _context(b, cache, page_table, lens, tail, tail_page_table, tail_lens)
+        k, v = _context(b, kv)
         out[b] = _attend(q[b : b + 1], k, v, sm_scale, None)[0].to(q.dtype)
     return out
 
 
 def extend_ref(
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    cache: LayerKV,
-    page_table: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    sm_scale: float,
-    tail: LayerKV | None = None,
-    tail_page_table: torch.Tensor | None = None,
-    tail_prefix_lens: torch.Tensor | None = None,
+    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: PagedKV, sm_scale: float
 ) -> torch.Tensor:
     """A chunk of new tokens per request attends to its cached prefix plus, causally, to itself.
 
-    ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` (fresh, unquantized), ``cu_seqlens [B+1]`` splits T
-    into requests. The prefix is ``prefix_lens[b]`` main-pool tokens then ``tail_prefix_lens[b]`` tail
-    tokens; the chunk's own K/V are used as given (never read back from the cache).
+    ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` (fresh, unquantized), ``kv.cu_seqlens [B+1]`` splits T
+    into requests. The prefix is ``kv.lens[b]`` main-pool tokens then ``kv.tail_lens[b]`` tail tokens; the
+    chunk's own K/V are used as given (never read back from the cache).
     """
+    if kv.cu_seqlens is None:
+        raise ValueError("an extend's view needs cu_seqlens")
+    cu = kv.cu_seqlens
     out = torch.empty_like(q)
-    for b in range(cu_seqlens.numel() - 1):
-        s, e = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
+    for b in range(cu.numel() - 1):
+        s, e = int(cu[b]), int(cu[b + 1])
         if e == s:
             continue
-        pk, pv = _context(b, cache, page_table, prefix_lens, tail, tail_page_table, tail_prefix_lens)
+        pk, pv = _context(b, kv)
         k = torch.cat((pk, k_new[s:e].float()))
         v = torch.cat((pv, v_new[s:e].float()))
         n, c = pk.shape[0], e - s
@@ -146,19 +125,15 @@ def extend_ref(
     return out
 
 
-def demote_pages_ref(
-    tail: LayerKV,
-    src_pages: torch.Tensor,
-    cache: LayerKV,
-    dst_pages: torch.Tensor,
-    four_over_six: bool = False,
-) -> None:
-    """Quantize whole tail pages ``src_pages [N]`` into main-pool pages ``dst_pages [N]`` (same page size);
-    pairs with ``dst < 0`` are skipped (empty slots of a fixed-size list, as CUDA graphs pass them)."""
+def demote_pages_ref(moves: TailDemotion, four_over_six: bool = False) -> None:
+    """Quantize whole tail pages ``moves.src_pages [N]`` into main-pool pages ``moves.dst_pages [N]`` (same
+    page size); pairs with ``dst < 0`` are skipped (empty slots of a fixed-size list, as CUDA graphs pass
+    them)."""
+    tail, cache = moves.tail, moves.cache
     if tail.page_size != cache.page_size:
         raise ValueError("tail and main pool must share the page size")
-    keep = dst_pages >= 0
-    src, dst = src_pages[keep].long(), dst_pages[keep].long()
+    keep = moves.dst_pages >= 0
+    src, dst = moves.src_pages[keep].long(), moves.dst_pages[keep].long()
     for t_data, data, scale, g in (
         (tail.k_data, cache.k_data, cache.k_scale, cache.global_scale[0]),
         (tail.v_data, cache.v_data, cache.v_scale, cache.global_scale[1]),

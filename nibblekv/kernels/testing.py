@@ -29,10 +29,23 @@ class PagedBatch:
     tail_page_table: torch.Tensor | None
     tail_lens: torch.Tensor | None
 
-    def view(self, active: torch.Tensor | None = None, min_active: int | None = None) -> PagedKV:
-        """The batch as the attention kernels read it (``active`` / ``min_active``: CUDA-graph padding)."""
+    def view(
+        self,
+        active: torch.Tensor | None = None,
+        min_active: int | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_chunk: int | None = None,
+    ) -> PagedKV:
+        """The batch as the attention kernels read it (``active`` / ``min_active``: CUDA-graph padding;
+        ``cu_seqlens`` / ``max_chunk``: an extend's chunks, the lengths then being their cached prefixes')."""
         tail = (self.tail, self.tail_page_table, self.tail_lens)
-        return PagedKV(self.cache, self.page_table, self.lens, *tail, active, min_active)
+        return PagedKV(self.cache, self.page_table, self.lens, *tail, active, min_active, cu_seqlens, max_chunk)
+
+    def head(self, n: int) -> PagedKV:
+        """The view of the first ``n`` requests alone (a CUDA graph's real rows, for the reference twin)."""
+        tpt, tl_ = self.tail_page_table, self.tail_lens
+        tail = (self.tail, None if tpt is None else tpt[:n], None if tl_ is None else tl_[:n])
+        return PagedKV(self.cache, self.page_table[:n], self.lens[:n], *tail)
 
 
 def fill_pool(pool: LayerKV, scale: float = 1.0, chunk_pages: int = 4096) -> None:

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nibblekv.formats.kv_view import TailDemotion
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import FMT_NVFP4, check_cache, fmt_code, scale_tensors
 
@@ -265,14 +266,9 @@ def write_kv_triton(
     _launch(k, v, slots, slots, cache, k.stride(0), 0, k.stride(1), k.shape[0], False, four_over_six)
 
 
-def demote_pages_triton(
-    tail: LayerKV,
-    src_pages: torch.Tensor,
-    cache: LayerKV,
-    dst_pages: torch.Tensor,
-    four_over_six: bool = False,
-) -> None:
-    """Triton twin of ``demote_pages_ref``: quantize tail pages ``src_pages [N]`` into ``dst_pages [N]``."""
+def demote_pages_triton(moves: TailDemotion, four_over_six: bool = False) -> None:
+    """Triton twin of ``demote_pages_ref``: quantize the tail pages ``moves.src_pages`` into ``dst_pages``."""
+    tail, src_pages, cache, dst_pages = moves.tail, moves.src_pages, moves.cache, moves.dst_pages
     check_cache(cache, "cache")
     check_cache(tail, "tail")
     if tail.page_size != cache.page_size:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nibblekv.formats.layer_kv import LayerKV
+from nibblekv.formats.kv_view import PagedKV
 from nibblekv.kernels._common import (
     check_cache,
     check_tail,
@@ -263,29 +263,23 @@ def extend_triton(
     q: torch.Tensor,
     k_new: torch.Tensor,
     v_new: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    cache: LayerKV,
-    page_table: torch.Tensor,
-    prefix_lens: torch.Tensor,
+    kv: PagedKV,
     sm_scale: float,
-    tail: LayerKV | None = None,
-    tail_page_table: torch.Tensor | None = None,
-    tail_prefix_lens: torch.Tensor | None = None,
-    max_chunk: int | None = None,
+    merge: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+    out: torch.Tensor | None = None,
+    lse_out: torch.Tensor | None = None,
+    num_splits: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    out: torch.Tensor | None = None,
-    num_splits: int | None = None,
     own_stages: int | None = None,
     max_registers: int | None = None,
-    lse_out: torch.Tensor | None = None,
-    merge: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
 ) -> torch.Tensor:
-    """Triton twin of ``extend_ref``: ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` -> ``[T, Hq, D]``.
+    """Triton twin of ``extend_ref``: ``q [T, Hq, D]``, ``k_new/v_new [T, Hkv, D]`` -> ``[T, Hq, D]`` over the
+    view ``kv`` (its ``cu_seqlens`` split the chunks; its lengths are the cached prefix's).
 
-    ``max_chunk`` (host int >= the longest chunk) avoids a device sync; the rest override the config.
+    ``kv.max_chunk`` (host int >= the longest chunk) avoids a device sync; the arguments override the config.
     ``num_splits`` (default :func:`auto_extend_splits`) splits each
     request's main-pool prefix over that many programs (flash-decoding for extend: a small batch of short
     chunks otherwise runs ``B * kv_heads`` programs, each streaming the whole prefix), merged by decode's
@@ -298,8 +292,13 @@ def extend_triton(
     ``o [B * NG, Hkv * GV, D]``, log2-domain ``lse [B * NG, Hkv * GV]``, contiguous; row ``(t, head)`` of
     request ``b`` is column ``t * G + head % G`` of the virtual batch in ``extend_decode``), merged into
     the output in the epilogue (``merge_ref``'s math); it needs one split (the default with ``merge``), and
-    the main pool is not read (``prefix_lens`` unused): ``merge`` covers that prefix.
+    the main pool is not read (``kv.lens`` unused): ``merge`` covers that prefix.
     """
+    cache, page_table, prefix_lens, cu_seqlens = kv.cache, kv.page_table, kv.lens, kv.cu_seqlens
+    tail, tail_page_table, tail_prefix_lens = kv.tail, kv.tail_page_table, kv.tail_lens
+    max_chunk = kv.max_chunk
+    if cu_seqlens is None:
+        raise ValueError("an extend's view needs cu_seqlens")
     check_cache(cache, "cache")
     lay = cache.layout
     hkv, d = lay.num_kv_heads, lay.head_dim

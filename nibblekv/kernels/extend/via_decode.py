@@ -165,10 +165,8 @@ def extend_decode(
     q: torch.Tensor,
     k_new: torch.Tensor,
     v_new: torch.Tensor,
-    cu_seqlens: torch.Tensor,
     kv: PagedKV,
     sm_scale: float,
-    max_chunk: int,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     wide: str = "mma",
@@ -179,9 +177,9 @@ def extend_decode(
 ) -> torch.Tensor:
     """``extend_triton``'s contract (``q [T, Hq, D]`` -> ``[T, Hq, D]``; the view ``kv``'s lengths are the
     cached prefix's) for an NVFP4 or FP8 pool whose
-    decode kernel takes ``max_chunk * G`` columns per KV head (``extend_decode_plan``); ``max_chunk`` (host
-    int) >= every chunk of ``cu_seqlens [B + 1]``. ``num_splits``: the prefix decode's split count
-    (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`. ``own_warps`` /
+    decode kernel takes ``max_chunk * G`` columns per KV head (``extend_decode_plan``); ``kv.max_chunk``
+    (host int, required here) >= every chunk of ``kv.cu_seqlens [B + 1]``. ``num_splits``: the prefix
+    decode's split count (default: the decode launcher's); ``wide``: see :func:`extend_decode_plan`. ``own_warps`` /
     ``own_block_n``: step 2's launch (``extend_triton``'s ``num_warps`` / ``block_n``; default 1 warp, 2
     from 17 columns, and 16-key blocks) -- for benchmark sweeps of that ~8 us launch.
     ``prefix_config``: the prefix decode's launch config (default: ``base_config`` of the plan's kernel,
@@ -189,6 +187,9 @@ def extend_decode(
     ``fold_q`` (default ``FOLD_Q``, on): where the prefix runs ``decode_mma16`` (9-16 columns), its kernel
     reads the query rows itself (``decode_triton``'s ``q_rows``): no gather launch."""
     cache, page_table, prefix_lens = kv.cache, kv.page_table, kv.lens
+    cu_seqlens, max_chunk = kv.cu_seqlens, kv.max_chunk
+    if cu_seqlens is None or max_chunk is None:
+        raise ValueError("extend_decode needs a view with cu_seqlens and max_chunk")
     plan = extend_decode_plan(q, cache, max_chunk, wide)
     if isinstance(plan, str):
         raise ValueError(f"extend variant 'decode' {plan}")  # noqa: TRY004 - a reason, not a wrong type
@@ -245,10 +246,8 @@ def extend_decode(
     if own_warps is None:
         own_warps = 1 if max_chunk * g <= 16 else 2
     extend_triton(
-        q, k_new, v_new, cu_seqlens, cache, page_table, prefix_lens, sm_scale,
-        kv.tail, kv.tail_page_table, kv.tail_lens, max_chunk=max_chunk, out=out,
-        block_m=min(64, max(16, triton.next_power_of_2(max_chunk * g))), num_stages=1,
-        num_warps=own_warps, block_n=own_block_n or 16, merge=(o1, lse1, gv, ng),
+        q, k_new, v_new, kv, sm_scale, out=out, block_m=min(64, max(16, triton.next_power_of_2(max_chunk * g))),
+        num_stages=1, num_warps=own_warps, block_n=own_block_n or 16, merge=(o1, lse1, gv, ng),
     )  # fmt: skip
     return out
 
