@@ -173,7 +173,7 @@ MMA256_CASES = (
 @pytest.mark.parametrize("spec,group,page", MMA256_CASES)
 def test_decode_mma_head_dim_256(spec: str, group: int, page: int) -> None:
     # odd lengths (1, P-1, P+1) and a multi-step context (full steps + a masked rest); the bf16 tail (tails
-    # 0, 1, W, 5: mma256_tail's programs in the grid, ts of them a pair, or its own launch with w=2 / tin=0)
+    # 0, 1, W, 5: mma256's tail programs in the grid, ts of them a pair, or its own launch with w=2 / tin=0)
     # and none; 16-token pages (one page a tile), 5 (per-row lookups), 8 (two pages a tile), 32 (tiles
     # inside a page); global scales != 1 off 16-token pages; 3 splits; l2: the L2 prefetch's page ids (a
     # no-op hint under the interpreter, and on pages of other sizes)

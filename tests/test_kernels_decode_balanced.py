@@ -108,7 +108,7 @@ def test_balanced_no_tail_gqa4_and_padding_rows() -> None:
 @pytest.mark.usefixtures("one_sm")
 @pytest.mark.parametrize("group,page", [(6, P)] if DEVICE == "cpu" else [(6, P), (8, 5), (1, 2 * P)])
 def test_balanced_head_dim_256(group: int, page: int) -> None:
-    # head_dim 256 (decode.mma256's segment, mma256_tail's in-grid tail): a ragged batch with an empty main
+    # head_dim 256 (decode.mma256's segment and in-grid tail): a ragged batch with an empty main
     # pool and odd lengths, tails 0, 1, W, 5; GQA 6 and 8 (the hybrid models), 1; lse_out; CUDA-graph padding
     lens, tails = [1, 0, P + 1, 37], [0, W, 1, 5]
     spec = "mma:bal=1,bppsm=5,minc=16"

@@ -16,8 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels.decode._mma_tile import _k_tile, _softmax, _v_tile
-from nibblekv.kernels.ptx.mma import _max8, _mma, _p_frag, _st4, _sum8
+from nibblekv.kernels.decode._mma_tile import _softmax, _tile_regs
+from nibblekv.kernels.ptx.mma import _lane_reduce, _mma, _p_frag, _st4
 
 
 @triton.jit
@@ -32,7 +32,7 @@ def _scores(raw, qk_scale, n0, lim, lim1,
     (
         kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
         k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815,
-    ) = _k_tile(raw)  # fmt: skip
+    ) = _tile_regs(raw, 0)  # fmt: skip
     z = tl.zeros_like(qk_scale)
     e0, e1, e2, e3 = z, z, z, z
     f0, f1, f2, f3 = z, z, z, z
@@ -67,7 +67,7 @@ def _pv(raw, pa, pb,
     (
         va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15,
         vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15,
-    ) = _v_tile(raw)  # fmt: skip
+    ) = _tile_regs(raw, 1)  # fmt: skip
     o00, o01, o02, o03 = _mma(va0, va1, vb0, vb1, pa, pb, o00, o01, o02, o03)
     o10, o11, o12, o13 = _mma(va2, va3, vb2, vb3, pa, pb, o10, o11, o12, o13)
     o20, o21, o22, o23 = _mma(va4, va5, vb4, vb5, pa, pb, o20, o21, o22, o23)
@@ -135,7 +135,7 @@ def _step_max(
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
 ):  # fmt: skip
     """``_advance`` to the column max of this lane's step maxima ``mx0/mx1`` (the shuffles included)."""
-    x0, x1 = _max8(mx0, mx1)
+    x0, x1 = _lane_reduce(mx0, mx1, True, True)
     (
         m0, m1, c0, c1, l0, l1,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
@@ -288,32 +288,24 @@ def _store_rows(ptr, s_col, hm0, hm1, PAIR: tl.constexpr,
         _st4(ptr + s_col + 12, f12, f13, f14, f15, hm1)
 
 
-# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
-def _finish(
-    m0, m1, l0, l1, out_scale, o_ptr, lse_ptr, s_oh, g, t, warp,
-    G: tl.constexpr, D: tl.constexpr, PAIR: tl.constexpr, VST: tl.constexpr,
-    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
-    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-):  # fmt: skip
-    """A warp's epilogue: normalize its O^T fragments and store them and the lse as partial slot ``warp``
-    (``_mma_segment``'s ``o_ptr`` / ``lse_ptr`` / ``s_oh``)."""
-    l0, l1 = _sum8(l0, l1)
+def _normalizers(l0, l1, out_scale):
+    """A warp's softmax sums over its 8 row groups and the factors that normalize its O^T columns."""
+    l0, l1 = _lane_reduce(l0, l1, False, True)
     # An empty warp stores lse = -inf and o = 0, which the combine step weighs as nothing.
     i0 = tl.where(l0 > 0, out_scale / tl.maximum(l0, 1e-30), 0.0)
     i1 = tl.where(l1 > 0, out_scale / tl.maximum(l1, 1e-30), 0.0)
-    if PAIR:  # columns 2t / 2t+1 = head t, parity 0 / 1: dims [0, 64) of slot 2w / [64, 128) of slot 2w+1
-        DO: tl.constexpr = D // 2
-        hm0 = (t < G) & (g < 4)
-        hm1 = (t < G) & (g >= 4)
-        obase = o_ptr + t * s_oh + (2 * warp) * DO  # NOTE: both parities land at + 16 g + j (see above)
-        s_col = 0
-    else:
-        DO: tl.constexpr = D
-        hm0 = 2 * t < G
-        hm1 = 2 * t + 1 < G
-        obase = o_ptr + (2 * t) * s_oh + warp * D
-        s_col = s_oh
+    return l0, l1, i0, i1
+
+
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
+@triton.jit
+def _store_frags(
+    obase, g, s_col, hm0, hm1, i0, i1, PAIR: tl.constexpr, VST: tl.constexpr,
+    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+):  # fmt: skip
+    """O^T fragments times ``i0`` (column 2t) / ``i1`` (2t+1), stored as 128 dims at ``obase`` (``_finish``)."""
     if VST:  # NOTE: lane (g, t) holds dims [16 g, 16 g + 16) of both its columns: 16-byte vector stores
         _store_rows(obase + 16 * g, s_col, hm0, hm1, PAIR,
                     o00 * i0, o10 * i0, o02 * i0, o12 * i0, o20 * i0, o30 * i0, o22 * i0, o32 * i0,
@@ -327,13 +319,48 @@ def _finish(
                    o40 * i0, o41 * i1, o42 * i0, o43 * i1, o50 * i0, o51 * i1, o52 * i0, o53 * i1,
                    o60 * i0, o61 * i1, o62 * i0, o63 * i1, o70 * i0, o71 * i1, o72 * i0, o73 * i1)  # fmt: skip
 
+
+# NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
+@triton.jit
+def _finish(
+    m0, m1, l0, l1, out_scale, o_ptr, lse_ptr, s_oh, g, t, warp,
+    G: tl.constexpr, D: tl.constexpr, PAIR: tl.constexpr, VST: tl.constexpr,
+    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+):  # fmt: skip
+    """A warp's epilogue: normalize its O^T fragments and store them and the lse as partial slot ``warp``
+    (``_mma_segment``'s ``o_ptr`` / ``lse_ptr`` / ``s_oh``)."""
+    l0, l1, i0, i1 = _normalizers(l0, l1, out_scale)
+    if PAIR:  # columns 2t / 2t+1 = head t, parity 0 / 1: dims [0, 64) of slot 2w / [64, 128) of slot 2w+1
+        DO: tl.constexpr = D // 2
+        hm0 = (t < G) & (g < 4)
+        hm1 = (t < G) & (g >= 4)
+        obase = o_ptr + t * s_oh + (2 * warp) * DO  # NOTE: both parities land at + 16 g + j (see above)
+        s_col = 0
+    else:
+        DO: tl.constexpr = D
+        hm0 = 2 * t < G
+        hm1 = 2 * t + 1 < G
+        obase = o_ptr + (2 * t) * s_oh + warp * D
+        s_col = s_oh
+    _store_frags(
+        obase, g, s_col, hm0, hm1, i0, i1, PAIR, VST,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
+    _store_lse(m0, m1, l0, l1, lse_ptr, s_oh, g, t, warp, G, D, PAIR)
+
+
+@triton.jit
+def _store_lse(m0, m1, l0, l1, lse_ptr, s_oh, g, t, warp, G: tl.constexpr, D: tl.constexpr, PAIR: tl.constexpr):
+    """A warp's lse of both its columns (``-inf`` where empty) as partial slot ``warp`` (``_finish``)."""
     lse0 = tl.where(l0 > 0, m0 + tl.log2(tl.maximum(l0, 1e-30)), float("-inf"))
     lse1 = tl.where(l1 > 0, m1 + tl.log2(tl.maximum(l1, 1e-30)), float("-inf"))
     if PAIR:
-        lbase = lse_ptr + t * (s_oh // DO) + 2 * warp
+        lbase = lse_ptr + t * (s_oh // (D // 2)) + 2 * warp
         tl.store(lbase, lse0, mask=(t < G) & (g == 0))
         tl.store(lbase + 1, lse1, mask=(t < G) & (g == 0))
     else:
         lbase = lse_ptr + (2 * t) * (s_oh // D) + warp
-        tl.store(lbase, lse0, mask=hm0 & (g == 0))
-        tl.store(lbase + s_oh // D, lse1, mask=hm1 & (g == 0))
+        tl.store(lbase, lse0, mask=(2 * t < G) & (g == 0))
+        tl.store(lbase + s_oh // D, lse1, mask=(2 * t + 1 < G) & (g == 0))

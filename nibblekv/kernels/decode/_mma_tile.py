@@ -64,32 +64,18 @@ def _v_pair(x, y, sc):
 
 
 @triton.jit
-def _k_tile(raw):
-    """``_load_tile``'s key rows g, g + 8 -> their 16 + 16 converted registers (``_k_row``)."""
-    kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15 = _k_row(
-        raw[0], raw[1], raw[4]
-    )
-    k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815 = _k_row(
-        raw[2], raw[3], raw[5]
-    )
+def _tile_regs(raw, V: tl.constexpr):
+    """``_load_tile``'s key rows g, g + 8 (``V`` = 0: ``_k_row``) or value rows (1: ``_v_pair`` of tokens
+    (2t, 2t+1), then of (2t+8, 2t+9)) -> their 16 + 16 converted registers."""
+    if V:
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = _v_pair(raw[6], raw[7], raw[10])
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = _v_pair(raw[8], raw[9], raw[11])
+    else:
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = _k_row(raw[0], raw[1], raw[4])
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = _k_row(raw[2], raw[3], raw[5])
     return (
-        kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
-        k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815,
-    )  # fmt: skip
-
-
-@triton.jit
-def _v_tile(raw):
-    """``_load_tile``'s value rows -> ``_v_pair`` of tokens (2t, 2t+1), then of (2t+8, 2t+9): 16 + 16."""
-    va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15 = _v_pair(
-        raw[6], raw[7], raw[10]
-    )
-    vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15 = _v_pair(
-        raw[8], raw[9], raw[11]
-    )
-    return (
-        va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15,
-        vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15,
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15,
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15,
     )  # fmt: skip
 
 
@@ -263,6 +249,15 @@ def _softmax(m0, m1, l0, l1, x0, x1):
 
 
 @triton.jit
+def _online_init(N: tl.constexpr):
+    """A fresh online softmax over ``N`` lanes: maxima -inf (m0, m1), sums 0 (l0, l1), and the zero that the
+    O^T accumulators start from."""
+    m0 = tl.full([N], float("-inf"), tl.float32)
+    z = tl.zeros([N], tl.float32)
+    return m0, m0, z, z, z
+
+
+@triton.jit
 def _q_pair(qrow, d, qm):
     """half2 (Q[d], Q[d + 2]) of this lane's head (zeros past the GQA group)."""
     a = tl.load(qrow + d, mask=qm, other=0.0).to(tl.float32)
@@ -315,3 +310,21 @@ def _q_frags(qrow, qm, VQ: tl.constexpr):
         _q_pair(qrow, 16, qm), _q_pair(qrow, 20, qm), _q_pair(qrow, 17, qm), _q_pair(qrow, 21, qm),
         _q_pair(qrow, 24, qm), _q_pair(qrow, 28, qm), _q_pair(qrow, 25, qm), _q_pair(qrow, 29, qm),
     )  # fmt: skip
+
+
+@triton.jit
+def _warp_lanes(k_ptr, v_ptr, ks_ptr, vs_ptr, h, s_head, sc_head, NW: tl.constexpr):
+    """A segment's lane coordinates and pool views: lane, warp, fragment row ``g`` and column ``t``, K / V as
+    64-bit words, the E4M3 scale bytes (K's read as 16-bit pairs, raw bits) and head ``h``'s data and scale
+    offsets. Shared by the NVFP4 ``mma.sync`` segments (``decode_mma``, ``decode_mma16``, head_dim 256)."""
+    lane = tl.arange(0, 32 * NW)
+    warp = lane // 32
+    g = (lane % 32) // 4
+    t = lane % 4
+    k64 = k_ptr.to(tl.pointer_type(tl.uint64))
+    v64 = v_ptr.to(tl.pointer_type(tl.uint64))
+    ks16 = ks_ptr.to(tl.pointer_type(tl.uint16))
+    vs8 = vs_ptr.to(tl.pointer_type(tl.uint8))
+    hoff = h.to(tl.int64) * s_head
+    shoff = h.to(tl.int64) * sc_head
+    return lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff

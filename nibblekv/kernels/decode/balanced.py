@@ -32,8 +32,7 @@ from nibblekv.kernels.decode.combine import _load_slots, _merge_rows, combine_ch
 from nibblekv.kernels.decode.config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels.decode.launch_config import DecodeConfig
 from nibblekv.kernels.decode.mma import _mma_segment
-from nibblekv.kernels.decode.mma256 import _mma256_segment
-from nibblekv.kernels.decode.mma256_tail import _mma_tail256
+from nibblekv.kernels.decode.mma256 import _mma256_segment, _mma_tail256
 from nibblekv.kernels.decode.mma_tail import _mma_tail
 
 
@@ -99,7 +98,7 @@ def decode_mma_bal_kernel(
             b = pair // HKV
             if b < n_act:
                 slot = W + n_req * HKV + pair
-                if D == 256:  # the same on two 128-dim halves (decode.mma256_tail)
+                if D == 256:  # the same on two 128-dim halves (decode.mma256)
                     _mma_tail256(
                         q_ptr + b.to(tl.int64) * s_qb, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok,
                         tpt_ptr + b.to(tl.int64) * s_tpt, tl.load(tlens_ptr + b), pair % HKV,

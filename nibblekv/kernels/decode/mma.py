@@ -38,10 +38,16 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels.decode._mma_step import _finish, _run_step
-from nibblekv.kernels.decode._mma_tile import _l2_pages, _l2_prefetch, _load_tile, _q_frags
+from nibblekv.kernels.decode._mma_tile import (
+    _l2_pages,
+    _l2_prefetch,
+    _load_tile,
+    _online_init,
+    _q_frags,
+    _warp_lanes,
+)
 from nibblekv.kernels.decode.mma16 import _mma16_segment
-from nibblekv.kernels.decode.mma256 import _mma256_segment
-from nibblekv.kernels.decode.mma256_tail import _mma_tail256
+from nibblekv.kernels.decode.mma256 import _mma256_segment, _mma_tail256
 from nibblekv.kernels.decode.mma_tail import _mma_tail
 
 
@@ -71,16 +77,9 @@ def _mma_segment(
     ``L2`` (with ``PF``, 16-row pages, no PAIR): ``decode_mma16``'s L2 prefetch
     of the tiles ``L2`` steps ahead. Gained nothing at 16 programs per SM; opt-in for 12.
     """
-    lane = tl.arange(0, 32 * NW)
-    warp = lane // 32
-    g = (lane % 32) // 4
-    t = lane % 4
-    k64 = k_ptr.to(tl.pointer_type(tl.uint64))
-    v64 = v_ptr.to(tl.pointer_type(tl.uint64))
-    ks16 = ks_ptr.to(tl.pointer_type(tl.uint16))  # E4M3 scale bytes, read as raw bits
-    vs8 = vs_ptr.to(tl.pointer_type(tl.uint8))
-    hoff = h.to(tl.int64) * s_head
-    shoff = h.to(tl.int64) * sc_head
+    lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
+        k_ptr, v_ptr, ks_ptr, vs_ptr, h, s_head, sc_head, NW,
+    )  # fmt: skip
     # Q^T B-fragments, loop-invariant: lane (g, t) holds head g, dims [32t, 32t + 32) in k-step order
     if PAIR:  # column g = (head g // 2, parity g % 2): dims [64 p, 64 p + 64) hold that head's Q
         qm = (g // 2 < G) & (t // 2 == g % 2)
@@ -90,10 +89,7 @@ def _mma_segment(
         qrow = q_ptr + (h * G + g) * s_qh
     # NOTE: with VQ the lane's 32 dims are 64 contiguous bytes: 4 vector loads instead of 32 scattered ones
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _q_frags(qrow + 32 * t, qm, VQ)
-    m0 = tl.full([32 * NW], float("-inf"), tl.float32)
-    m1 = m0
-    z = tl.zeros([32 * NW], tl.float32)
-    l0, l1 = z, z
+    m0, m1, l0, l1, z = _online_init(32 * NW)
     o00, o01, o02, o03 = z, z, z, z
     o10, o11, o12, o13 = z, z, z, z
     o20, o21, o22, o23 = z, z, z, z
@@ -275,7 +271,7 @@ def decode_mma_kernel(
         if sp >= NUM_SPLITS:
             part = sp - NUM_SPLITS
             tail_first = (b.to(tl.int64) * HQ + h * G) * S_TOT + S_TOT - TAIL_SLOTS + part * (1 + PAIR)
-            if D == 256:  # the same on two 128-dim halves (decode.mma256_tail)
+            if D == 256:  # the same on two 128-dim halves (decode.mma256)
                 _mma_tail256(
                     q_base, s_qh, tk_ptr, tv_ptr, t_page, t_head, t_tok, tpt_ptr + b.to(tl.int64) * s_tpt,
                     tl.load(tlens_ptr + b), h, sm_scale * 1.4426950408889634, o_ptr + tail_first * DO,

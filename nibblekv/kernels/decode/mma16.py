@@ -17,7 +17,7 @@ Layout (lane ``L``: ``g = L // 4``, ``t = L % 4``; columns ``g`` and ``g + 8``),
   (2t+8, 2t+9): output ``i`` of lane ``(g, t)`` is dim ``16 g + PERM[i]``, so n-tile ``i`` covers dims
   ``16 n + PERM[i]`` and its accumulators give lane ``(g, t)`` dims ``32 t + PERM[i]`` (+ 16): each lane
   ends up with dims ``[32 t, 32 t + 32)`` of both its columns (64 accumulators).
-* Softmax rows are columns; their max / sum run over the 4 lanes that share ``g`` (``_max4`` / ``_sum4``).
+* Softmax rows are columns; their max / sum run over the 4 lanes that share ``g`` (``_lane_reduce``).
 
 Against ``decode_mma``: twice the tensor-core work per byte and twice the rescale (64 ``HMMA`` and 80
 ``FMUL`` of a 32-token step's 871 sm_90 instructions, vs 32 and 40 of 776) for twice the columns, and 64
@@ -33,15 +33,16 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels.decode._mma_tile import (
-    _k_tile,
     _l2_pages,
     _l2_prefetch,
     _load_tile,
+    _online_init,
     _q_frags,
     _softmax,
-    _v_tile,
+    _tile_regs,
+    _warp_lanes,
 )
-from nibblekv.kernels.ptx.mma import _max4, _mma, _pack_h2, _st4, _sum4
+from nibblekv.kernels.ptx.mma import _lane_reduce, _mma, _pack_h2, _st4
 
 
 @triton.jit
@@ -54,7 +55,7 @@ qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15,
     (
         kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
         k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815,
-    ) = _k_tile(raw)  # fmt: skip
+    ) = _tile_regs(raw, 0)  # fmt: skip
     z = tl.zeros_like(qk_scale)
     e0, e1, e2, e3 = z, z, z, z
     f0, f1, f2, f3 = z, z, z, z
@@ -128,7 +129,7 @@ o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15
     (
         va0, va1, va2, va3, va4, va5, va6, va7, va8, va9, va10, va11, va12, va13, va14, va15,
         vb0, vb1, vb2, vb3, vb4, vb5, vb6, vb7, vb8, vb9, vb10, vb11, vb12, vb13, vb14, vb15,
-    ) = _v_tile(raw)  # fmt: skip
+    ) = _tile_regs(raw, 1)  # fmt: skip
     o0_0, o0_1, o0_2, o0_3 = _mma(p0, p1, p2, p3, va0, vb0, o0_0, o0_1, o0_2, o0_3)
     o1_0, o1_1, o1_2, o1_3 = _mma(p0, p1, p2, p3, va1, vb1, o1_0, o1_1, o1_2, o1_3)
     o2_0, o2_1, o2_2, o2_3 = _mma(p0, p1, p2, p3, va2, vb2, o2_0, o2_1, o2_2, o2_3)
@@ -213,7 +214,7 @@ qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15,
         )  # fmt: skip
         mx0 = tl.maximum(mx0, tl.maximum(tl.maximum(eB0, eB1), tl.maximum(fB0, fB1)))
         mx1 = tl.maximum(mx1, tl.maximum(tl.maximum(eB2, eB3), tl.maximum(fB2, fB3)))
-    x0, x1 = _max4(mx0, mx1)
+    x0, x1 = _lane_reduce(mx0, mx1, True, False)
     m0, m1, c0, c1, al0, al1 = _softmax(m0, m1, l0, l1, x0, x1)
     (
 o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3, o2_0, o2_1, o2_2, o2_3, o3_0, o3_1, o3_2, o3_3, o4_0, o4_1,
@@ -274,7 +275,7 @@ o13_0, o13_1, o13_2, o13_3, o14_0, o14_1, o14_2, o14_3, o15_0, o15_1, o15_2, o15
               ):  # fmt: skip
     """A warp's epilogue: its normalized O rows (columns g, g + 8: dims ``[32 t, 32 t + 32)``, 16-byte
     stores) and lse as partial slot ``warp`` (``_mma_segment``'s ``o_ptr`` / ``lse_ptr`` / ``s_oh``)."""
-    l0, l1 = _sum4(l0, l1)
+    l0, l1 = _lane_reduce(l0, l1, False, False)
     # An empty warp stores lse = -inf and o = 0, which the combine step weighs as nothing.
     i0 = tl.where(l0 > 0, out_scale / tl.maximum(l0, 1e-30), 0.0)
     i1 = tl.where(l1 > 0, out_scale / tl.maximum(l1, 1e-30), 0.0)
@@ -328,16 +329,9 @@ def _mma16_segment(
     gather, done by the loads themselves."""
     tl.static_assert(PAIR == 0, "decode_mma16: no PAIR")
     tl.static_assert(D == 128, "decode_mma16: head_dim 128")
-    lane = tl.arange(0, 32 * NW)
-    warp = lane // 32
-    g = (lane % 32) // 4
-    t = lane % 4
-    k64 = k_ptr.to(tl.pointer_type(tl.uint64))
-    v64 = v_ptr.to(tl.pointer_type(tl.uint64))
-    ks16 = ks_ptr.to(tl.pointer_type(tl.uint16))  # E4M3 scale bytes, read as raw bits
-    vs8 = vs_ptr.to(tl.pointer_type(tl.uint8))
-    hoff = h.to(tl.int64) * s_head
-    shoff = h.to(tl.int64) * sc_head
+    lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
+        k_ptr, v_ptr, ks_ptr, vs_ptr, h, s_head, sc_head, NW,
+    )  # fmt: skip
     # Q's A fragments, loop-invariant: columns g (qa) and g + 8 (qb), dims [32t, 32t + 32) in k-step order
     gb = tl.minimum(g + 8, G - 1)
     if QG > 0:
@@ -356,10 +350,7 @@ def _mma16_segment(
     qb0, qb1, qb2, qb3, qb4, qb5, qb6, qb7, qb8, qb9, qb10, qb11, qb12, qb13, qb14, qb15 = _q_frags(
         qpb, g + 8 < G, VQ
     )
-    m0 = tl.full([32 * NW], float("-inf"), tl.float32)
-    m1 = m0
-    z = tl.zeros([32 * NW], tl.float32)
-    l0, l1 = z, z
+    m0, m1, l0, l1, z = _online_init(32 * NW)
     o0_0, o0_1, o0_2, o0_3, o1_0, o1_1, o1_2, o1_3 = z, z, z, z, z, z, z, z
     o2_0, o2_1, o2_2, o2_3, o3_0, o3_1, o3_2, o3_3 = z, z, z, z, z, z, z, z
     o4_0, o4_1, o4_2, o4_3, o5_0, o5_1, o5_2, o5_3 = z, z, z, z, z, z, z, z

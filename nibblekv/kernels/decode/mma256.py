@@ -16,6 +16,9 @@ prefetched (``PF``) a warp holds two tiles' raw words (2 x 2 x 20 registers) bes
 32 Q registers, which needs the 248-register budget of 8 one-warp programs per SM
 (``decode.config._mma_config``). GQA groups <= 8, no ``PAIR``. ``L2`` (opt-in, as ``decode_mma16``'s): an
 L2 prefetch of the tile ``L2`` steps ahead, one 128-byte line a lane (``_l2_prefetch256``).
+
+The bf16 tail at head_dim 256 (``_mma_tail256``, ``mma_tail._mma_tail`` on the two halves) shares the
+softmax step (``_fold256``) and the epilogue (``_finish256``) with the NVFP4 segment.
 """
 
 from __future__ import annotations
@@ -23,9 +26,58 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels.decode._mma_step import _pv, _rescale, _scores, _store_all, _store_rows
-from nibblekv.kernels.decode._mma_tile import _load_tile, _q_frags, _softmax
-from nibblekv.kernels.ptx.mma import _max8, _p_frag, _page_addr, _prefetch_l2, _sum8
+from nibblekv.kernels.decode._mma_step import _advance, _normalizers, _pv, _scores, _store_frags, _store_lse
+from nibblekv.kernels.decode._mma_tile import _load_tile, _online_init, _q_frags, _warp_lanes
+from nibblekv.kernels.decode.mma_tail import (
+    _k_half,
+    _q_bf16_frags,
+    _tail_rows,
+    _tail_setup,
+    _tile_page,
+    _v_half,
+)
+from nibblekv.kernels.ptx.mma import _lane_reduce, _p_frag, _p_frag_bf16, _page_addr, _prefetch_l2
+
+
+# NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
+@triton.jit
+def _fold256(
+    s0, s1, s2, s3, m0, m1, l0, l1,
+    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43, u50,
+    u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+):  # fmt: skip
+    """The online softmax step on one score fragment ``s`` of both halves (the NVFP4 step and the bf16 tail):
+    returns the new (m0, m1, l0, l1), the probabilities ``p0..p3`` and the O^T halves ``o`` / ``u`` rescaled
+    to the new max."""
+    x0, x1 = _lane_reduce(tl.maximum(s0, s2), tl.maximum(s1, s3), True, True)
+    (
+        n0, n1, c0, c1, k0, k1,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    ) = _advance(
+        m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+        o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
+    # NOTE: the u half's step computes the same max and correction again: one copy after common subexpressions
+    (
+        n0, n1, c0, c1, k0, k1,
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    ) = _advance(
+        m0, m1, l0, l1, x0, x1, u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33,
+        u40, u41, u42, u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    )  # fmt: skip
+    p0, p1 = tl.exp2(s0 - c0), tl.exp2(s1 - c1)
+    p2, p3 = tl.exp2(s2 - c0), tl.exp2(s3 - c1)
+    return (
+        n0, n1, k0 + (p0 + p2), k1 + (p1 + p3), p0, p1, p2, p3,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    )  # fmt: skip
 
 
 # NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
@@ -48,27 +100,19 @@ def _step256(
     sH0, sH1, sH2, sH3 = _scores(
         rawH, qk_scale, nb, lim, lim, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, False,
     )  # fmt: skip
-    s0, s1, s2, s3 = sL0 + sH0, sL1 + sH1, sL2 + sH2, sL3 + sH3
-    x0, x1 = _max8(tl.maximum(s0, s2), tl.maximum(s1, s3))
-    m0, m1, c0, c1, al0, al1 = _softmax(m0, m1, l0, l1, x0, x1)
     (
+        m0, m1, l0, l1, p0, p1, p2, p3,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
         o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    ) = _rescale(
-        al0, al1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41,
-        o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    )  # fmt: skip
-    (
         u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
         u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
-    ) = _rescale(
-        al0, al1, u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41,
-        u42, u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    ) = _fold256(
+        sL0 + sH0, sL1 + sH1, sL2 + sH2, sL3 + sH3, m0, m1, l0, l1,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
     )  # fmt: skip
-    p0, p1 = tl.exp2(s0 - c0), tl.exp2(s1 - c1)
-    p2, p3 = tl.exp2(s2 - c0), tl.exp2(s3 - c1)
-    l0 = l0 * al0 + (p0 + p2)
-    l1 = l1 * al1 + (p1 + p3)
     pa = _p_frag(p0, p1)
     pb = _p_frag(p2, p3)
     (
@@ -137,40 +181,21 @@ def _finish256(
     u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
 ):  # fmt: skip
     """``_mma_step._finish`` (no PAIR) for both halves: dims ``[0, 128)`` from ``o``, ``[128, 256)`` from ``u``."""
-    l0, l1 = _sum8(l0, l1)
-    # An empty warp stores lse = -inf and o = 0, which the combine step weighs as nothing.
-    i0 = tl.where(l0 > 0, out_scale / tl.maximum(l0, 1e-30), 0.0)
-    i1 = tl.where(l1 > 0, out_scale / tl.maximum(l1, 1e-30), 0.0)
+    l0, l1, i0, i1 = _normalizers(l0, l1, out_scale)
     hm0 = 2 * t < G
     hm1 = 2 * t + 1 < G
     obase = o_ptr + (2 * t) * s_oh + warp * 256
-    if VST:  # lane (g, t) holds dims [16 g, 16 g + 16) of each half of both its columns
-        _store_rows(obase + 16 * g, s_oh, hm0, hm1, 0,
-                    o00 * i0, o10 * i0, o02 * i0, o12 * i0, o20 * i0, o30 * i0, o22 * i0, o32 * i0,
-                    o40 * i0, o50 * i0, o42 * i0, o52 * i0, o60 * i0, o70 * i0, o62 * i0, o72 * i0,
-                    o01 * i1, o11 * i1, o03 * i1, o13 * i1, o21 * i1, o31 * i1, o23 * i1, o33 * i1,
-                    o41 * i1, o51 * i1, o43 * i1, o53 * i1, o61 * i1, o71 * i1, o63 * i1, o73 * i1)  # fmt: skip
-        _store_rows(obase + 128 + 16 * g, s_oh, hm0, hm1, 0,
-                    u00 * i0, u10 * i0, u02 * i0, u12 * i0, u20 * i0, u30 * i0, u22 * i0, u32 * i0,
-                    u40 * i0, u50 * i0, u42 * i0, u52 * i0, u60 * i0, u70 * i0, u62 * i0, u72 * i0,
-                    u01 * i1, u11 * i1, u03 * i1, u13 * i1, u21 * i1, u31 * i1, u23 * i1, u33 * i1,
-                    u41 * i1, u51 * i1, u43 * i1, u53 * i1, u61 * i1, u71 * i1, u63 * i1, u73 * i1)  # fmt: skip
-    else:
-        _store_all(obase, g, s_oh, hm0, hm1,
-                   o00 * i0, o01 * i1, o02 * i0, o03 * i1, o10 * i0, o11 * i1, o12 * i0, o13 * i1,
-                   o20 * i0, o21 * i1, o22 * i0, o23 * i1, o30 * i0, o31 * i1, o32 * i0, o33 * i1,
-                   o40 * i0, o41 * i1, o42 * i0, o43 * i1, o50 * i0, o51 * i1, o52 * i0, o53 * i1,
-                   o60 * i0, o61 * i1, o62 * i0, o63 * i1, o70 * i0, o71 * i1, o72 * i0, o73 * i1)  # fmt: skip
-        _store_all(obase + 128, g, s_oh, hm0, hm1,
-                   u00 * i0, u01 * i1, u02 * i0, u03 * i1, u10 * i0, u11 * i1, u12 * i0, u13 * i1,
-                   u20 * i0, u21 * i1, u22 * i0, u23 * i1, u30 * i0, u31 * i1, u32 * i0, u33 * i1,
-                   u40 * i0, u41 * i1, u42 * i0, u43 * i1, u50 * i0, u51 * i1, u52 * i0, u53 * i1,
-                   u60 * i0, u61 * i1, u62 * i0, u63 * i1, u70 * i0, u71 * i1, u72 * i0, u73 * i1)  # fmt: skip
-    lse0 = tl.where(l0 > 0, m0 + tl.log2(tl.maximum(l0, 1e-30)), float("-inf"))
-    lse1 = tl.where(l1 > 0, m1 + tl.log2(tl.maximum(l1, 1e-30)), float("-inf"))
-    lbase = lse_ptr + (2 * t) * (s_oh // 256) + warp
-    tl.store(lbase, lse0, mask=hm0 & (g == 0))
-    tl.store(lbase + s_oh // 256, lse1, mask=hm1 & (g == 0))
+    _store_frags(
+        obase, g, s_oh, hm0, hm1, i0, i1, 0, VST,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
+    _store_frags(
+        obase + 128, g, s_oh, hm0, hm1, i0, i1, 0, VST,
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    )  # fmt: skip
+    _store_lse(m0, m1, l0, l1, lse_ptr, s_oh, g, t, warp, G, 256, 0)
 
 
 @triton.jit
@@ -185,25 +210,15 @@ def _mma256_segment(
     pages: the tile ``L2`` steps ahead prefetched into L2) and stores its partial o / lse at ``o_ptr + w *
     256`` / ``lse_ptr + w`` (``s_oh`` = elements between two heads' partials)."""
     tl.static_assert(TPI == 1, "head_dim 256: one 16-token tile a softmax step (registers)")
-    lane = tl.arange(0, 32 * NW)
-    warp = lane // 32
-    g = (lane % 32) // 4
-    t = lane % 4
-    k64 = k_ptr.to(tl.pointer_type(tl.uint64))
-    v64 = v_ptr.to(tl.pointer_type(tl.uint64))
-    ks16 = ks_ptr.to(tl.pointer_type(tl.uint16))  # E4M3 scale bytes, read as raw bits
-    vs8 = vs_ptr.to(tl.pointer_type(tl.uint8))
-    hoff = h.to(tl.int64) * s_head
-    shoff = h.to(tl.int64) * sc_head
+    lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
+        k_ptr, v_ptr, ks_ptr, vs_ptr, h, s_head, sc_head, NW,
+    )  # fmt: skip
     qm = g < G
     qrow = q_ptr + (h * G + g) * s_qh
     # Q^T B-fragments of both halves, loop-invariant: lane (g, t) holds head g, dims 128 j + [32t, 32t + 32)
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _q_frags(qrow + 32 * t, qm, VQ)
     r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15 = _q_frags(qrow + 128 + 32 * t, qm, VQ)
-    m0 = tl.full([32 * NW], float("-inf"), tl.float32)
-    m1 = m0
-    z = tl.zeros([32 * NW], tl.float32)
-    l0, l1 = z, z
+    m0, m1, l0, l1, z = _online_init(32 * NW)
     o00, o01, o02, o03, o10, o11, o12, o13 = z, z, z, z, z, z, z, z
     o20, o21, o22, o23, o30, o31, o32, o33 = z, z, z, z, z, z, z, z
     o40, o41, o42, o43, o50, o51, o52, o53 = z, z, z, z, z, z, z, z
@@ -279,6 +294,128 @@ def _mma256_segment(
         n0 += STEP
     _finish256(
         m0, m1, l0, l1, out_scale, o_ptr, lse_ptr, s_oh, g, t, warp, G, VST,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    )  # fmt: skip
+
+
+# NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
+@triton.jit
+def _v_both(
+    xp, yp, up, wp, mx, my, mu, mw, pa, pb,
+    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43, u50,
+    u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+):  # fmt: skip
+    """The bf16 tail's O^T += V^T P^T (``mma_tail._v_half``) on both halves: dims ``[0, 128)`` into ``o``,
+    ``[128, 256)`` into ``u`` (the row pointers at this lane's dims of the low half)."""
+    (
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    ) = _v_half(
+        xp, yp, up, wp, mx, my, mu, mw, pa, pb,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
+    (
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    ) = _v_half(
+        xp + 128, yp + 128, up + 128, wp + 128, mx, my, mu, mw, pa, pb,
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    )  # fmt: skip
+    return (
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    )  # fmt: skip
+
+
+@triton.jit
+def _mma_tail256(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scale, o_ptr, lse_ptr, s_oh,
+                 G: tl.constexpr, TPAGE: tl.constexpr, VST: tl.constexpr, TPP: tl.constexpr = 0, part=0,
+                 PARTS: tl.constexpr = 1):  # fmt: skip
+    """``mma_tail._mma_tail`` (no PAIR) at head_dim 256, on the two halves as ``_mma256_segment`` (one score
+    fragment from both halves' K, ``_fold256``, O^T per half, ``_finish256``): one warp attends the ``n`` bf16
+    tail tokens of KV head ``h`` (part ``part`` of ``PARTS``: whole 16-row tiles each) and stores partial
+    slot 0 at ``o_ptr``; ``TPP``: the next tile's page id loads during this tile."""
+    lane = tl.arange(0, 32)
+    g = lane // 4
+    t = lane % 4
+    qm = g < G
+    qrow = q_ptr + (h * G + g) * s_qh + 32 * t
+    q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _q_bf16_frags(qrow, qm)
+    r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15 = _q_bf16_frags(qrow + 128, qm)
+    m0, m1, l0, l1, z = _online_init(32)
+    o00, o01, o02, o03, o10, o11, o12, o13 = z, z, z, z, z, z, z, z
+    o20, o21, o22, o23, o30, o31, o32, o33 = z, z, z, z, z, z, z, z
+    o40, o41, o42, o43, o50, o51, o52, o53 = z, z, z, z, z, z, z, z
+    o60, o61, o62, o63, o70, o71, o72, o73 = z, z, z, z, z, z, z, z
+    u00, u01, u02, u03, u10, u11, u12, u13 = z, z, z, z, z, z, z, z
+    u20, u21, u22, u23, u30, u31, u32, u33 = z, z, z, z, z, z, z, z
+    u40, u41, u42, u43, u50, u51, u52, u53 = z, z, z, z, z, z, z, z
+    u60, u61, u62, u63, u70, u71, u72, u73 = z, z, z, z, z, z, z, z
+    kbase, vbase, n0, r_end = _tail_setup(tk, tv, h, t_head, n, part, PARTS)
+    ONE: tl.constexpr = TPP * (TPAGE % 16 == 0)  # NOTE: tiles start at multiples of 16 rows
+    pg = _tile_page(tpt_ptr, n0, r_end, 1, n0.to(tl.int64), TPAGE, ONE)
+    while n0 < r_end:
+        pg_next = _tile_page(tpt_ptr, n0 + 16, r_end, 1, pg, TPAGE, ONE)
+        # S^T = K_lo Q_lo^T + K_hi Q_hi^T: rows g, g + 8 of the tile, this lane's 32 dims of each half
+        kp, mg = _tail_rows(kbase, tpt_ptr, n0 + g, n, t_page, t_tok, TPAGE, pg, ONE)
+        kp8, m8 = _tail_rows(kbase, tpt_ptr, n0 + g + 8, n, t_page, t_tok, TPAGE, pg, ONE)
+        e0, e1, e2, e3, f0, f1, f2, f3 = _k_half(
+            kp, kp8, 32 * t, mg, m8, z, z, z, z, z, z, z, z,
+            q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+        )  # fmt: skip
+        e0, e1, e2, e3, f0, f1, f2, f3 = _k_half(
+            kp, kp8, 128 + 32 * t, mg, m8, e0, e1, e2, e3, f0, f1, f2, f3,
+            r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
+        )  # fmt: skip
+        s0 = tl.where(mg, (e0 + f0) * qk_scale, float("-inf"))
+        s1 = tl.where(mg, (e1 + f1) * qk_scale, float("-inf"))
+        s2 = tl.where(m8, (e2 + f2) * qk_scale, float("-inf"))
+        s3 = tl.where(m8, (e3 + f3) * qk_scale, float("-inf"))
+        (
+            m0, m1, l0, l1, p0, p1, p2, p3,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+        ) = _fold256(
+            s0, s1, s2, s3, m0, m1, l0, l1,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+        )  # fmt: skip
+        pa = _p_frag_bf16(p0, p1)
+        pb = _p_frag_bf16(p2, p3)
+        # O^T += V^T P^T per half: tokens 2t, 2t+1, 2t+8, 2t+9, dims 128 j + [16g, 16g + 16)
+        xp, mx = _tail_rows(vbase, tpt_ptr, n0 + 2 * t, n, t_page, t_tok, TPAGE, pg, ONE)
+        yp, my = _tail_rows(vbase, tpt_ptr, n0 + 2 * t + 1, n, t_page, t_tok, TPAGE, pg, ONE)
+        up, mu = _tail_rows(vbase, tpt_ptr, n0 + 2 * t + 8, n, t_page, t_tok, TPAGE, pg, ONE)
+        wp, mw = _tail_rows(vbase, tpt_ptr, n0 + 2 * t + 9, n, t_page, t_tok, TPAGE, pg, ONE)
+        (
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+        ) = _v_both(
+            xp + 16 * g, yp + 16 * g, up + 16 * g, wp + 16 * g, mx, my, mu, mw, pa, pb,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+        )  # fmt: skip
+        n0 += 16
+        pg = pg_next
+    _finish256(
+        m0, m1, l0, l1, 1.0, o_ptr, lse_ptr, s_oh, g, t, 0, G, VST,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
         o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,

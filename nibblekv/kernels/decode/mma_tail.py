@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels.decode._mma_step import _finish, _step_max
+from nibblekv.kernels.decode._mma_tile import _online_init
 from nibblekv.kernels.decode.tok import _tok_segment
 from nibblekv.kernels.ptx.mma import _ld4, _mma_bf16, _p_frag_bf16
 
@@ -61,6 +62,86 @@ def _ld16(ptr, m):
 
 
 @triton.jit
+def _k_half(kp, kp8, d0, mg, m8, e0, e1, e2, e3, f0, f1, f2, f3,
+            q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15):  # fmt: skip
+    """Scores of rows g (``kp``) and g + 8 (``kp8``) over this lane's 32 dims from ``d0`` (4 words per k-step
+    pair), added to the two accumulator chains ``e`` / ``f``."""
+    a0, a1, a2, a3, a4, a5, a6, a7 = _ld16(kp + d0, mg)
+    a8, a9, a10, a11, a12, a13, a14, a15 = _ld16(kp + d0 + 16, mg)
+    b0, b1, b2, b3, b4, b5, b6, b7 = _ld16(kp8 + d0, m8)
+    b8, b9, b10, b11, b12, b13, b14, b15 = _ld16(kp8 + d0 + 16, m8)
+    e0, e1, e2, e3 = _mma_bf16(a0, b0, a1, b1, q0, q1, e0, e1, e2, e3)
+    f0, f1, f2, f3 = _mma_bf16(a2, b2, a3, b3, q2, q3, f0, f1, f2, f3)
+    e0, e1, e2, e3 = _mma_bf16(a4, b4, a5, b5, q4, q5, e0, e1, e2, e3)
+    f0, f1, f2, f3 = _mma_bf16(a6, b6, a7, b7, q6, q7, f0, f1, f2, f3)
+    e0, e1, e2, e3 = _mma_bf16(a8, b8, a9, b9, q8, q9, e0, e1, e2, e3)
+    f0, f1, f2, f3 = _mma_bf16(a10, b10, a11, b11, q10, q11, f0, f1, f2, f3)
+    e0, e1, e2, e3 = _mma_bf16(a12, b12, a13, b13, q12, q13, e0, e1, e2, e3)
+    f0, f1, f2, f3 = _mma_bf16(a14, b14, a15, b15, q14, q15, f0, f1, f2, f3)
+    return e0, e1, e2, e3, f0, f1, f2, f3
+
+
+@triton.jit
+def _v_half(xp, yp, up, wp, mx, my, mu, mw, pa, pb,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73):  # fmt: skip
+    """O^T += V^T P^T of one half: tokens 2t, 2t+1 (x, y) and 2t+8, 2t+9 (u, w), this lane's 16 dims of the
+    half (the row pointers already at them); m-tile 2j: dims 4j, 4j + 2 (low halves of words 2j,
+    2j + 1), m-tile 2j + 1: dims 4j + 1, 4j + 3."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _ld16(xp, mx)
+    y0, y1, y2, y3, y4, y5, y6, y7 = _ld16(yp, my)
+    u0, u1, u2, u3, u4, u5, u6, u7 = _ld16(up, mu)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _ld16(wp, mw)
+    o00, o01, o02, o03 = _mma_bf16(_lo(x0, y0), _lo(x1, y1), _lo(u0, w0), _lo(u1, w1), pa, pb, o00, o01, o02, o03)
+    o10, o11, o12, o13 = _mma_bf16(_hi(x0, y0), _hi(x1, y1), _hi(u0, w0), _hi(u1, w1), pa, pb, o10, o11, o12, o13)
+    o20, o21, o22, o23 = _mma_bf16(_lo(x2, y2), _lo(x3, y3), _lo(u2, w2), _lo(u3, w3), pa, pb, o20, o21, o22, o23)
+    o30, o31, o32, o33 = _mma_bf16(_hi(x2, y2), _hi(x3, y3), _hi(u2, w2), _hi(u3, w3), pa, pb, o30, o31, o32, o33)
+    o40, o41, o42, o43 = _mma_bf16(_lo(x4, y4), _lo(x5, y5), _lo(u4, w4), _lo(u5, w5), pa, pb, o40, o41, o42, o43)
+    o50, o51, o52, o53 = _mma_bf16(_hi(x4, y4), _hi(x5, y5), _hi(u4, w4), _hi(u5, w5), pa, pb, o50, o51, o52, o53)
+    o60, o61, o62, o63 = _mma_bf16(_lo(x6, y6), _lo(x7, y7), _lo(u6, w6), _lo(u7, w7), pa, pb, o60, o61, o62, o63)
+    o70, o71, o72, o73 = _mma_bf16(_hi(x6, y6), _hi(x7, y7), _hi(u6, w6), _hi(u7, w7), pa, pb, o70, o71, o72, o73)
+    return (
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    )  # fmt: skip
+
+
+@triton.jit
+def _q_bf16_frags(qrow, qm):
+    """This lane's 32 dims of Q at ``qrow`` as 16 bf16-pair B-fragment registers (zeros past the group)."""
+    q0, q1, q2, q3 = _q_bf16(qrow, 0, qm), _q_bf16(qrow, 2, qm), _q_bf16(qrow, 4, qm), _q_bf16(qrow, 6, qm)
+    q4, q5, q6, q7 = _q_bf16(qrow, 8, qm), _q_bf16(qrow, 10, qm), _q_bf16(qrow, 12, qm), _q_bf16(qrow, 14, qm)
+    q8, q9, q10, q11 = _q_bf16(qrow, 16, qm), _q_bf16(qrow, 18, qm), _q_bf16(qrow, 20, qm), _q_bf16(qrow, 22, qm)
+    q12, q13, q14, q15 = _q_bf16(qrow, 24, qm), _q_bf16(qrow, 26, qm), _q_bf16(qrow, 28, qm), _q_bf16(qrow, 30, qm)
+    return q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15
+
+
+@triton.jit
+def _tail_setup(tk, tv, h, t_head, lim, part, PARTS: tl.constexpr):
+    """KV head ``h``'s K and V bases in the tail pool and rows ``[n0, r1)`` of part ``part`` of ``PARTS`` of a
+    ``lim``-row tail: whole 16-row tiles each (the last parts may be empty)."""
+    kbase = tk + h.to(tl.int64) * t_head
+    vbase = tv + h.to(tl.int64) * t_head
+    n0 = lim * 0
+    r1 = lim
+    if PARTS > 1:
+        span = tl.cdiv(tl.cdiv(lim, PARTS), 16) * 16
+        n0 = part * span
+        r1 = tl.minimum(lim, n0 + span)
+    return kbase, vbase, n0, r1
+
+
+@triton.jit
+def _tile_page(tpt_ptr, row, r1, step, pg, TPAGE: tl.constexpr, ONE: tl.constexpr):
+    """``ONE`` (a 16-row tile lies in one page): the page id of the tile at row ``row`` (``step`` tokens a row;
+    0 from ``r1`` on), loaded a tile ahead so that a tile costs one dependent memory round trip (its rows)
+    instead of two; else ``pg``."""
+    if ONE:
+        pg = tl.load(tpt_ptr + (step * row) // TPAGE, mask=row < r1, other=0).to(tl.int64)
+    return pg
+
+
+@triton.jit
 def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scale, o_ptr, lse_ptr, s_oh,
               G: tl.constexpr, D: tl.constexpr, TPAGE: tl.constexpr, VST: tl.constexpr,
               PAIR: tl.constexpr = 0, TPP: tl.constexpr = 0, part=0, PARTS: tl.constexpr = 1):  # fmt: skip
@@ -96,37 +177,19 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
         lim = n
         lim1 = n
         step = 1
-    q0, q1, q2, q3 = _q_bf16(qrow, 0, qm), _q_bf16(qrow, 2, qm), _q_bf16(qrow, 4, qm), _q_bf16(qrow, 6, qm)
-    q4, q5, q6, q7 = _q_bf16(qrow, 8, qm), _q_bf16(qrow, 10, qm), _q_bf16(qrow, 12, qm), _q_bf16(qrow, 14, qm)
-    q8, q9, q10, q11 = _q_bf16(qrow, 16, qm), _q_bf16(qrow, 18, qm), _q_bf16(qrow, 20, qm), _q_bf16(qrow, 22, qm)
-    q12, q13 = _q_bf16(qrow, 24, qm), _q_bf16(qrow, 26, qm)
-    q14, q15 = _q_bf16(qrow, 28, qm), _q_bf16(qrow, 30, qm)
-    kbase = tk + h.to(tl.int64) * t_head
-    vbase = tv + h.to(tl.int64) * t_head
-    m0 = tl.full([32], float("-inf"), tl.float32)
-    m1 = m0
-    z = tl.zeros([32], tl.float32)
-    l0, l1 = z, z
+    q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _q_bf16_frags(qrow, qm)
+    m0, m1, l0, l1, z = _online_init(32)
     o00, o01, o02, o03, o10, o11, o12, o13 = z, z, z, z, z, z, z, z
     o20, o21, o22, o23, o30, o31, o32, o33 = z, z, z, z, z, z, z, z
     o40, o41, o42, o43, o50, o51, o52, o53 = z, z, z, z, z, z, z, z
     o60, o61, o62, o63, o70, o71, o72, o73 = z, z, z, z, z, z, z, z
-    n0 = n * 0
-    r1 = lim
-    if PARTS > 1:  # rows [n0, r1): this part's whole tiles
-        span = tl.cdiv(tl.cdiv(lim, PARTS), 16) * 16
-        n0 = part * span
-        r1 = tl.minimum(lim, n0 + span)
+    kbase, vbase, n0, r1 = _tail_setup(tk, tv, h, t_head, lim, part, PARTS)
     nt = step * lim  # tokens: a row's index bound in _tail_rows
     ONE: tl.constexpr = TPP * (TPAGE % (16 * (1 + PAIR)) == 0)  # NOTE: tiles start at multiples of 16 rows
-    pg = n0.to(tl.int64)
-    if ONE:
-        pg = tl.load(tpt_ptr + (step * n0) // TPAGE, mask=n0 < r1, other=0).to(tl.int64)
+    pg = _tile_page(tpt_ptr, n0, r1, step, n0.to(tl.int64), TPAGE, ONE)
     while n0 < r1:
-        pg_next = pg
-        if ONE:  # the next tile's page id, in flight while this tile is attended
-            pg_next = tl.load(tpt_ptr + (step * (n0 + 16)) // TPAGE, mask=n0 + 16 < r1, other=0).to(tl.int64)
-        # S^T = K Q^T: rows g, g + 8 of the tile, this lane's 32 dims (4 words per k-step pair)
+        pg_next = _tile_page(tpt_ptr, n0 + 16, r1, step, pg, TPAGE, ONE)  # in flight while this tile is attended
+        # S^T = K Q^T: rows g, g + 8 of the tile, this lane's 32 dims
         kp, mg = _tail_rows(kbase, tpt_ptr, step * (n0 + g), nt, t_page, t_tok, TPAGE, pg, ONE)
         kp8, m8 = _tail_rows(kbase, tpt_ptr, step * (n0 + g + 8), nt, t_page, t_tok, TPAGE, pg, ONE)
         # NOTE: PAIR: a row's second token (dims 64-127: lanes t >= 2) may be past the tail (stale bytes)
@@ -137,18 +200,10 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
         if PAIR:
             kmg = mg & ((t < 2) | mg1)
             km8 = m8 & ((t < 2) | m81)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _ld16(kp + 32 * t, kmg)
-        a8, a9, a10, a11, a12, a13, a14, a15 = _ld16(kp + 32 * t + 16, kmg)
-        b0, b1, b2, b3, b4, b5, b6, b7 = _ld16(kp8 + 32 * t, km8)
-        b8, b9, b10, b11, b12, b13, b14, b15 = _ld16(kp8 + 32 * t + 16, km8)
-        e0, e1, e2, e3 = _mma_bf16(a0, b0, a1, b1, q0, q1, z, z, z, z)
-        f0, f1, f2, f3 = _mma_bf16(a2, b2, a3, b3, q2, q3, z, z, z, z)
-        e0, e1, e2, e3 = _mma_bf16(a4, b4, a5, b5, q4, q5, e0, e1, e2, e3)
-        f0, f1, f2, f3 = _mma_bf16(a6, b6, a7, b7, q6, q7, f0, f1, f2, f3)
-        e0, e1, e2, e3 = _mma_bf16(a8, b8, a9, b9, q8, q9, e0, e1, e2, e3)
-        f0, f1, f2, f3 = _mma_bf16(a10, b10, a11, b11, q10, q11, f0, f1, f2, f3)
-        e0, e1, e2, e3 = _mma_bf16(a12, b12, a13, b13, q12, q13, e0, e1, e2, e3)
-        f0, f1, f2, f3 = _mma_bf16(a14, b14, a15, b15, q14, q15, f0, f1, f2, f3)
+        e0, e1, e2, e3, f0, f1, f2, f3 = _k_half(
+            kp, kp8, 32 * t, kmg, km8, z, z, z, z, z, z, z, z,
+            q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
+        )  # fmt: skip
         s0 = tl.where(mg, (e0 + f0) * qk_scale, float("-inf"))
         s1 = tl.where(mg1, (e1 + f1) * qk_scale, float("-inf"))  # PAIR: column 2t+1 has parity 1
         s2 = tl.where(m8, (e2 + f2) * qk_scale, float("-inf"))
@@ -178,19 +233,14 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
             my = my & ((g < 4) | (n0 + 2 * t + 1 < lim1))
             mu = mu & ((g < 4) | (n0 + 2 * t + 8 < lim1))
             mw = mw & ((g < 4) | (n0 + 2 * t + 9 < lim1))
-        x0, x1, x2, x3, x4, x5, x6, x7 = _ld16(xp + 16 * g, mx)
-        y0, y1, y2, y3, y4, y5, y6, y7 = _ld16(yp + 16 * g, my)
-        u0, u1, u2, u3, u4, u5, u6, u7 = _ld16(up + 16 * g, mu)
-        w0, w1, w2, w3, w4, w5, w6, w7 = _ld16(wp + 16 * g, mw)
-        # m-tile 2j: dims 4j, 4j + 2 (low halves of words 2j, 2j + 1); m-tile 2j + 1: dims 4j + 1, 4j + 3
-        o00, o01, o02, o03 = _mma_bf16(_lo(x0, y0), _lo(x1, y1), _lo(u0, w0), _lo(u1, w1), pa, pb, o00, o01, o02, o03)
-        o10, o11, o12, o13 = _mma_bf16(_hi(x0, y0), _hi(x1, y1), _hi(u0, w0), _hi(u1, w1), pa, pb, o10, o11, o12, o13)
-        o20, o21, o22, o23 = _mma_bf16(_lo(x2, y2), _lo(x3, y3), _lo(u2, w2), _lo(u3, w3), pa, pb, o20, o21, o22, o23)
-        o30, o31, o32, o33 = _mma_bf16(_hi(x2, y2), _hi(x3, y3), _hi(u2, w2), _hi(u3, w3), pa, pb, o30, o31, o32, o33)
-        o40, o41, o42, o43 = _mma_bf16(_lo(x4, y4), _lo(x5, y5), _lo(u4, w4), _lo(u5, w5), pa, pb, o40, o41, o42, o43)
-        o50, o51, o52, o53 = _mma_bf16(_hi(x4, y4), _hi(x5, y5), _hi(u4, w4), _hi(u5, w5), pa, pb, o50, o51, o52, o53)
-        o60, o61, o62, o63 = _mma_bf16(_lo(x6, y6), _lo(x7, y7), _lo(u6, w6), _lo(u7, w7), pa, pb, o60, o61, o62, o63)
-        o70, o71, o72, o73 = _mma_bf16(_hi(x6, y6), _hi(x7, y7), _hi(u6, w6), _hi(u7, w7), pa, pb, o70, o71, o72, o73)
+        (
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _v_half(
+            xp + 16 * g, yp + 16 * g, up + 16 * g, wp + 16 * g, mx, my, mu, mw, pa, pb,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        )  # fmt: skip
         n0 += 16
         pg = pg_next
     _finish(

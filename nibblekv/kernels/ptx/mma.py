@@ -154,26 +154,15 @@ def _reduce2(x, y, ASM: tl.constexpr):
 
 
 @triton.jit
-def _max8(x, y):
-    """Max of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4`` (one fragment column)."""
-    return _reduce2(x, y, _MAX8_PTX)
-
-
-@triton.jit
-def _sum8(x, y):
-    """Sum of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4``."""
-    return _reduce2(x, y, _SUM8_PTX)
-
-
-@triton.jit
-def _max4(x, y):
-    """Max of ``x`` and of ``y`` over the 4 lanes sharing ``L // 4`` (one fragment row: ``decode_mma16``)."""
-    return _reduce2(x, y, _MAX4_PTX)
-
-
-@triton.jit
-def _sum4(x, y):
-    """Sum of ``x`` and of ``y`` over the 4 lanes sharing ``L // 4``."""
+def _lane_reduce(x, y, MAX: tl.constexpr, COLUMN: tl.constexpr):
+    """Max (``MAX``) or sum of ``x`` and of ``y`` over the 8 lanes sharing ``L % 4`` (``COLUMN``: one fragment
+    column) or the 4 lanes sharing ``L // 4`` (one fragment row: ``decode_mma16``)."""
+    if COLUMN:
+        if MAX:
+            return _reduce2(x, y, _MAX8_PTX)
+        return _reduce2(x, y, _SUM8_PTX)
+    if MAX:
+        return _reduce2(x, y, _MAX4_PTX)
     return _reduce2(x, y, _SUM4_PTX)
 
 
@@ -257,8 +246,7 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
 
     _split64, _scale_h2, _bcast_h2 = _tw.split64, _tw.scale_h2, _tw.bcast_h2
     _cvt_word_sm, _pair_halves = _tw.cvt_word_sm, _tw.pair_halves
-    _mma, _max8, _sum8, _pack_h2, _p_frag = _tw.mma, _tw.max8, _tw.sum8, _tw.pack_h2, _tw.p_frag
-    _max4, _sum4 = _tw.max4, _tw.sum4
+    _mma, _lane_reduce, _pack_h2, _p_frag = _tw.mma, _tw.lane_reduce, _tw.pack_h2, _tw.p_frag
     _mma_bf16, _p_frag_bf16 = _tw.mma_bf16, _tw.p_frag_bf16
     _st4, _ld4 = _tw.st4, _tw.ld4
     _page_addr, _prefetch_l2 = _tw.page_addr, _tw.prefetch_l2

@@ -170,23 +170,8 @@ def _lane_bcast(x, MAX: tl.constexpr, COLUMN: tl.constexpr):
 
 
 @triton.jit
-def max8(x, y):
-    return _lane_bcast(x, True, 1), _lane_bcast(y, True, 1)
-
-
-@triton.jit
-def sum8(x, y):
-    return _lane_bcast(x, False, 1), _lane_bcast(y, False, 1)
-
-
-@triton.jit
-def max4(x, y):
-    return _lane_bcast(x, True, 0), _lane_bcast(y, True, 0)
-
-
-@triton.jit
-def sum4(x, y):
-    return _lane_bcast(x, False, 0), _lane_bcast(y, False, 0)
+def lane_reduce(x, y, MAX: tl.constexpr, COLUMN: tl.constexpr):
+    return _lane_bcast(x, MAX, COLUMN), _lane_bcast(y, MAX, COLUMN)
 
 
 @triton.jit
