@@ -67,7 +67,8 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         for kv, color in COLORS.items():
             pts = sorted((n, r["running_requests"]) for (n, d), r in by.items() if d == kv)
             if pts:
-                ax2.plot(*zip(*pts), "-o", color=color, label=f"{model} {kv}")
+                style = "-o" if model == series({"model": model}) else "--^"  # other weights dashed
+                ax2.plot(*zip(*pts), style, color=color, label=f"{model} {kv}")
     ax2.set(xscale="log", yscale="log", xlabel="input tokens", ylabel="resident requests",
             title="resident requests (capacity rows)")  # fmt: skip
     ax2.legend(fontsize=8)
