@@ -311,26 +311,34 @@ def synthetic_prefill(engine: Engine, prompts: list[list[int]], params: Sampling
         req.token_ids.append(p[-1])
 
 
-def profiled(engine: Engine, n: int, top: int = 12) -> dict[str, Any]:
-    """Run ``n`` engine steps under the torch profiler: per step, the wall time, the summed time of all
-    GPU kernels (busy), the kernel count, and the ``top`` kernels with the most total time. Wall minus busy is
-    the time the GPU waited for the host (or for launches)."""
+@contextlib.contextmanager
+def kernel_profile() -> Iterator[list[dict[str, Any]]]:
+    """Profile the block (GPU kernels on CUDA, else CPU ops); on exit the yielded list holds every kernel
+    that took time: ``{"kernel", "us" (total), "calls"}``, most time first."""
     from torch.profiler import ProfilerActivity, profile
 
     gpu = torch.cuda.is_available()
-    sync()
-    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
     with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
-        for _ in range(n):
-            engine.step()
+        yield rows
         sync()
-    wall = time.perf_counter() - t0
-    rows = []
     for ev in prof.key_averages():
         us = ev.device_time_total if gpu else ev.self_cpu_time_total
         if us > 0:
             rows.append({"kernel": ev.key[:90], "us": us, "calls": ev.count})
     rows.sort(key=lambda r: -r["us"])
+
+
+def profiled(engine: Engine, n: int, top: int = 12) -> dict[str, Any]:
+    """Run ``n`` engine steps under the torch profiler: per step, the wall time, the summed time of all
+    GPU kernels (busy), the kernel count, and the ``top`` kernels with the most total time. Wall minus busy is
+    the time the GPU waited for the host (or for launches)."""
+    sync()
+    t0 = time.perf_counter()
+    with kernel_profile() as rows:
+        for _ in range(n):
+            engine.step()
+    wall = time.perf_counter() - t0
     top = [
         {"kernel": r["kernel"], "ms_per_step": round(r["us"] / 1e3 / n, 3), "calls_per_step": r["calls"] / n}
         for r in rows[:top]

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import decode_run, free_memory, read_bandwidth, rotating_last, sync
+from bench_engine import decode_run, free_memory, kernel_profile, read_bandwidth, rotating_last, sync
 
 from nibblekv.config import QUANTIZATIONS, EngineConfig
 from nibblekv.engine.engine import Engine
@@ -59,7 +59,7 @@ from nibblekv.model import load_model
 from nibblekv.model.fp8 import QuantMethod
 from nibblekv.model.presets import PRESETS
 from nibblekv.planner.engine_fit import EngineOptions, resident_requests
-from nibblekv.planner.shape import shape_from_config
+from nibblekv.planner.shape import shape_from_config, text_config
 
 RESULT_NAME = "long-context-h200.json"
 KV_DTYPES = ("bf16", "fp8_e4m3", "nvfp4")
@@ -142,7 +142,7 @@ def log(t0: float, msg: str) -> None:
 
 def rope_override(name: str, context: int) -> dict[str, Any]:
     """RoPE scaling that stretches a preset past its positions (dummy weights: timing only), or nothing."""
-    cfg = PRESETS[name].get("text_config", PRESETS[name])  # hybrid presets nest the text model's config
+    cfg = text_config(PRESETS[name])  # hybrid presets nest the text model's config
     max_pos = int(cfg["max_position_embeddings"])
     if context <= max_pos:
         return {}
@@ -217,19 +217,13 @@ def prefill_kernels(engine: Engine, prompt: list[int], top: int = 10) -> dict[st
     """One real prefill of ``prompt`` under the torch profiler: the GPU's busy time and the ``top`` kernels
     by total time (the quantizing cache write, the extend kernel over the cached prefix, the GEMMs ...), so
     the dtypes' prefill cost compares kernel by kernel in one run."""
-    from torch.profiler import ProfilerActivity, profile
-
-    gpu = torch.cuda.is_available()
     one = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
-    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+    with kernel_profile() as rows:
         engine.generate([prompt], one)
-        sync()
-    rows = [(ev.key[:90], ev.device_time_total if gpu else ev.self_cpu_time_total, ev.count)
-            for ev in prof.key_averages()]  # fmt: skip
-    rows = sorted((r for r in rows if r[1] > 0), key=lambda r: -r[1])
     return {
-        "prefill_busy_ms": round(sum(r[1] for r in rows) / 1e3, 3),
-        "prefill_kernels": [{"kernel": k, "ms": round(us / 1e3, 3), "calls": c} for k, us, c in rows[:top]],
+        "prefill_busy_ms": round(sum(r["us"] for r in rows) / 1e3, 3),
+        "prefill_kernels": [{"kernel": r["kernel"], "ms": round(r["us"] / 1e3, 3), "calls": r["calls"]}
+                            for r in rows[:top]],  # fmt: skip
     }
 
 
@@ -266,11 +260,7 @@ def bench_length(
         kv: resident_capacity(replace(base, kv_cache_dtype=kv), model, per_request, context) for kv in dtypes
     }
     budget = kv_budget_bytes(base, model.device) or 0
-    preset = PRESETS[name]  # the overrides go where the model reads them: a hybrid's text_config
-    if "text_config" in preset:
-        shape = shape_from_config({**preset, "text_config": {**preset["text_config"], **loaded[2]}}, name)
-    else:
-        shape = shape_from_config({**preset, **loaded[2]}, name)
+    shape = shape_from_config({**PRESETS[name], **loaded[2]}, name)  # top-level keys win over a text_config
     opts = EngineOptions(page, args.kv_recent_window, args.chunked_prefill_size,
                          model_dtype=parse_kv_dtype("auto", model.dtype))  # fmt: skip
     plans = {kv: resident_requests(shape, KVDtype(kv), budget, per_request, context, opts) for kv in dtypes}
@@ -368,7 +358,7 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any, dict[str, Any]]
     """(model, tokenizer, overrides): dummy weights, RoPE stretched to the longest context asked for."""
     longest = max(args.input_lens) + args.output_len + EngineConfig().page_size
     overrides = dict(SMOKE_OVERRIDES) if args.smoke else {}
-    if args.smoke and "full_attention_interval" in PRESETS[name].get("text_config", PRESETS[name]):
+    if args.smoke and "full_attention_interval" in text_config(PRESETS[name]):
         overrides |= SMOKE_HYBRID_OVERRIDES
     if args.smoke:
         base_pos = SMOKE_OVERRIDES["max_position_embeddings"]
