@@ -114,6 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--profile-max-input", type=int, default=32768, help="at inputs up to this, one more "
                    "real prefill per dtype runs under the torch profiler: its top GPU kernels in the row")  # fmt: skip
+    p.add_argument("--profile-steps", type=int, default=0, help="profile this many decode steps per row (after "
+                   "3) with the torch profiler: their top GPU kernels in the row's decode_kernels")  # fmt: skip
     p.add_argument("--time-budget-s", type=float, default=520.0, help="no new row starts after this")
     p.add_argument("--mem-fraction-static", type=float, default=0.88)
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
@@ -335,7 +337,7 @@ def run_row(
             log(t0, f"  prefill kernels {kv}: {json.dumps(kernels[kv])}")
     params = SamplingParams(temperature=0, max_new_tokens=steps, ignore_eos=True)
     with frozen_heap():
-        out = decode_run(engine, [prompt] * n, params, True, bandwidth)
+        out = decode_run(engine, [prompt] * n, params, True, bandwidth, args.profile_steps)
     assert engine.pool.all_free()
     row = {
         "running_requests": out["running_requests"], "decode_tok_s": out["steady_tok_s"],
@@ -346,6 +348,7 @@ def run_row(
         "ttft_kind": "real" if real else "synthetic",
         "ttft_s": [round(x, 4) for x in ttft.get(kv, [])] if real else [],
         **(kernels.get(kv, {}) if real else {}),
+        **({"decode_kernels": out["top_kernels"]} if out["top_kernels"] else {}),
         "max_total_num_tokens": engine.max_total_num_tokens, "cuda_graph": out["cuda_graph"],
         "wall_s": round(time.perf_counter() - started, 1),
     }  # fmt: skip
