@@ -6,8 +6,9 @@ Usage (on the GPU machine)::
     TRITON_INTERPRET=1 python benchmarks/bench_fp8.py --smoke --out DIR   # CPU: tiny shapes, seconds
 
 For every projection (qkv, o, gate_up, down) and token count M (decode batches 1-256, the 8K prefill
-chunk) and both checkpoint formats -- ``channel`` (per-channel weight scales, per-token activations:
-``torch._scaled_mm`` row-wise) and ``block`` (128x128 weight blocks, per token-group activations: the
+chunk) and both checkpoint formats -- ``channel`` (per-channel weight scales, per-token activations: the
+Triton split-K GEMM up to ``ROWWISE_TRITON_MAX_M`` tokens, ``torch._scaled_mm`` row-wise above; both are timed
+alone in every row, ``triton_us`` and ``scaled_mm_us``, which is what sets that crossing) and ``block`` (128x128 weight blocks, per token-group activations: the
 Triton block GEMM) -- times the whole FP8 layer (activation quantization + GEMM: ``fp8_us``), the GEMM
 alone (``fp8_gemm_us``) and bf16 ``x @ W^T`` (``bf16_us``), each a CUDA-graph replay with L2 emptied
 before every call. Rows with M <= 16 also get ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a
@@ -33,7 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 from benchmarks import timing  # noqa: E402
 from benchmarks.timing import DEV, bench_graph, gpu_state, read_ceiling  # noqa: E402
 from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_channel  # noqa: E402
-from nibblekv.kernels.fp8.gemm import fp8_block_gemm, fp8_linear_block, quant_fp8_groups  # noqa: E402
+from nibblekv.kernels.fp8.gemm import (  # noqa: E402
+    ROWWISE_TRITON_MAX_M,
+    fp8_block_gemm,
+    fp8_linear_block,
+    fp8_linear_rowwise,
+    fp8_rowwise_gemm,
+    quant_fp8_groups,
+)
 from nibblekv.kernels.fp8.reference import fp8_linear_ref  # noqa: E402
 
 BLOCK = 128
@@ -41,37 +49,33 @@ BLOCK = 128
 SHAPES_8B: tuple[tuple[str, int, int], ...] = (
     ("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
 )  # fmt: skip
-MS_8B: tuple[int, ...] = (1, 16, 64, 128, 256, 8192)
+MS_8B: tuple[int, ...] = (1, 16, 64, 128, 256, 512, 8192)
 SHAPES_SMOKE: tuple[tuple[str, int, int], ...] = (("qkv", 384, 256), ("down", 256, 200))
 MS_SMOKE: tuple[int, ...] = (1, 5)
 FORMATS = ("channel", "block")
-
-
-def _channel_layer(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
-    if x.is_cuda:
-        from nibblekv.kernels.fp8.gemm import fp8_linear_rowwise
-
-        return fp8_linear_rowwise(x, wq, ws.view(1, -1), None)
-    return fp8_linear_ref(x, wq, ws, None, None)  # CPU smoke: the reference stands in for cuBLASLt
 
 
 def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: float) -> dict[str, Any]:
     """One timed row (FP8 layer, FP8 GEMM alone, bf16 mm), after checking the FP8 output."""
     x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
     wb = w.to(torch.bfloat16)
+    alternatives: dict[str, Any] = {}  # channel rows: both GEMMs the layer chooses between, timed apart
     if fmt == "channel":
         wq, ws = quantize_weight_channel(w)
-
-        def layer() -> torch.Tensor:
-            return _channel_layer(x, wq, ws)
-
         xq, xs = quant_fp8_groups(x, None)
 
-        def gemm() -> torch.Tensor:
-            if not x.is_cuda:
-                return layer()
-            return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.view(1, -1), out_dtype=torch.bfloat16)
+        def layer() -> torch.Tensor:
+            return fp8_linear_rowwise(x, wq, ws.view(1, -1), None)
 
+        def triton_gemm() -> torch.Tensor:
+            return fp8_rowwise_gemm(xq, xs, wq, ws, torch.bfloat16)
+
+        alternatives["triton_us"] = triton_gemm
+        if x.is_cuda:
+            alternatives["scaled_mm_us"] = lambda: torch._scaled_mm(
+                xq, wq.t(), scale_a=xs, scale_b=ws.view(1, -1), out_dtype=torch.bfloat16
+            )
+        gemm = alternatives.get("scaled_mm_us", triton_gemm) if m > ROWWISE_TRITON_MAX_M else triton_gemm
         block = None
     else:
         wq, ws = quantize_weight_block(w, BLOCK)
@@ -92,6 +96,8 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
     row: dict[str, Any] = dict(kind="gemm", name=name, m=m, n=n, k=k, format=fmt)
     row["fp8_us"] = round(bench_graph(layer), 2)
     row["fp8_gemm_us"] = round(bench_graph(gemm), 2)
+    for key, fn in alternatives.items():
+        row[key] = round(bench_graph(fn), 2)
     row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
     row["speedup"] = round(row["bf16_us"] / max(row["fp8_us"], 1e-3), 3)
     if m <= 16:
@@ -187,10 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "fp8-weights-h200.json").write_text(json.dumps(doc, indent=1))
     plot(rows, out / "fp8-weights-h200.png")
-    head = ("name", "m", "format", "fp8_us", "gemm_us", "bf16_us", "speedup")
+    head = ("name", "m", "format", "fp8_us", "gemm_us", "triton_us", "cublas_us", "bf16_us", "speedup")
     print(f"{head[0]:8} {head[1]:>5} {head[2]:8} " + " ".join(f"{h:>9}" for h in head[3:]) + " read_frac")
     for r in rows:
-        print(f"{r['name']:8} {r['m']:5d} {r['format']:8} {r['fp8_us']:9.2f} {r['fp8_gemm_us']:9.2f} "
+        alt = " ".join(f"{r.get(c, float('nan')):9.2f}" for c in ("triton_us", "scaled_mm_us"))
+        print(f"{r['name']:8} {r['m']:5d} {r['format']:8} {r['fp8_us']:9.2f} {r['fp8_gemm_us']:9.2f} {alt} "
               f"{r['bf16_us']:9.2f} {r['speedup']:7.3f} {r.get('read_frac', '')}")  # fmt: skip
     print(json.dumps(doc["acceptance"], indent=1))
     return 0

@@ -12,7 +12,13 @@ from nibblekv.formats.fp8_weights import (
     quantize_weight_block,
     quantize_weight_channel,
 )
-from nibblekv.kernels.fp8.gemm import fp8_block_gemm, fp8_linear_block, quant_fp8_groups
+from nibblekv.kernels.fp8.gemm import (
+    fp8_block_gemm,
+    fp8_linear_block,
+    fp8_linear_rowwise,
+    fp8_rowwise_gemm,
+    quant_fp8_groups,
+)
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -70,16 +76,30 @@ def test_weight_quantization_error_is_small() -> None:
         assert rel < 0.04, (block, rel)  # e4m3 keeps 3 mantissa bits: ~2-3% RMS error
 
 
-@cuda_only
-@pytest.mark.parametrize(("m", "k", "n"), [(1, 4096, 6144), (37, 1008, 272), (300, 512, 400)])
-def test_rowwise_scaled_mm_matches_reference(m: int, k: int, n: int) -> None:
-    from nibblekv.kernels.fp8.gemm import fp8_linear_rowwise
-
+@pytest.mark.parametrize("split_k", [None, 3])
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES)
+def test_rowwise_gemm_matches_reference(m: int, k: int, n: int, split_k: int | None) -> None:
     torch.manual_seed(m)
-    w = torch.randn(n, k, device="cuda") * 0.05
+    wq, ws = quantize_weight_channel(torch.randn(n, k, device=DEVICE) * 0.05)
+    x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
+    xq, xs = quant_fp8_groups(x, None)
+    bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
+    got = fp8_rowwise_gemm(xq, xs, wq, ws, torch.float32, bias, split_k=split_k)
+    want = fp8_gemm_ref(xq, xs, wq, ws, None, torch.float32, bias)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="do not fit"):
+        fp8_rowwise_gemm(xq, xs, wq, ws[:-1], torch.float32)
+
+
+# 300 tokens: past ROWWISE_TRITON_MAX_M, the GPU runs torch._scaled_mm
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 4096, 6144), (37, 1008, 272), (300, 512, 400)] if DEVICE == "cuda"
+                         else [(3, 200, 72), (300, 48, 40)])  # fmt: skip
+def test_rowwise_linear_matches_reference(m: int, k: int, n: int) -> None:
+    torch.manual_seed(m)
+    w = torch.randn(n, k, device=DEVICE) * 0.05
     wq, ws = quantize_weight_channel(w)
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
+    bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
     got = fp8_linear_rowwise(x, wq, ws[None, :], bias)
     want = fp8_linear_ref(x, wq, ws, None, bias)
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)

@@ -11,8 +11,9 @@ Three ways in, one layer (:class:`Fp8Linear`):
   (``<proj>.weight_scale``; the ``-FP8-dynamic`` checkpoints). A per-tensor scale is stored as the same
   per-channel value on every row (exact), so fused q/k/v keep their own scales.
 
-The GEMMs: CUDA on sm_90+ runs FP8 tensor cores (``torch._scaled_mm`` row-wise for per-channel weights,
-the Triton block GEMM for block weights); everything else runs the reference (dequantize, fp32 matmul).
+The GEMMs: CUDA on sm_90+ runs FP8 tensor cores (per-channel weights: the Triton split-K GEMM for decode
+batches, ``torch._scaled_mm`` row-wise for prefill chunks; block weights: the Triton block GEMM); everything
+else runs the reference (dequantize, fp32 matmul).
 """
 
 from __future__ import annotations
@@ -98,17 +99,15 @@ class Fp8Linear(nn.Module):
         return y
 
     def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        n, k = self.weight.shape
+        n = self.weight.shape[0]
         if use_triton(x) and (_fp8_tensor_cores(x.device) or not x.is_cuda):
             if self.block is not None:
                 from nibblekv.kernels.fp8.gemm import fp8_linear_block
 
                 return fp8_linear_block(x, self.weight, self.weight_scale, self.block, bias)
-            if x.is_cuda and x.dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0:
-                from nibblekv.kernels.fp8.gemm import fp8_linear_rowwise
+            from nibblekv.kernels.fp8.gemm import fp8_linear_rowwise
 
-                y = fp8_linear_rowwise(x, self.weight, self.weight_scale.view(1, n), None)
-                return y if bias is None else y + bias
+            return fp8_linear_rowwise(x, self.weight, self.weight_scale.view(1, n), bias)
         return fp8_linear_ref(x, self.weight, self.weight_scale, self.block, bias)
 
     def extra_repr(self) -> str:

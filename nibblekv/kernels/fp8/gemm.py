@@ -4,7 +4,9 @@
   the math of :func:`nibblekv.formats.fp8_weights.quantize_act_groups`.
 * :func:`fp8_block_gemm`: ``C = sum_kb (A_kb @ B_kb^T) * a_scale[m, kb] * b_scale[n // B, kb]`` for
   128x128 block-scaled weights (DeepSeek / Qwen3 FP8 checkpoints), FP8 tensor cores, FP32 accumulation.
-* :func:`fp8_linear_rowwise`: per-token activations x per-channel weights through ``torch._scaled_mm``.
+* :func:`fp8_rowwise_gemm`: per-token activations x per-channel weights on the same split-K tiles.
+* :func:`fp8_linear_rowwise`: the per-channel layer: the Triton GEMM for decode batches, ``torch._scaled_mm``
+  for prefill chunks.
 
 Launchers only allocate and launch (no host sync), so CUDA graphs capture them. Twins: ``fp8.reference``.
 """
@@ -19,6 +21,12 @@ from nibblekv.formats.fp8_weights import ACT_EPS
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting
 from nibblekv.kernels.write import _round_to_e4m3
+
+# K per step of the row-wise GEMM (no scale groups along K: any width that feeds the tensor cores)
+ROWWISE_K_STEP = 128
+# decode batches up to this many tokens take the Triton GEMM: cuBLASLt's row-wise FP8 kernels leave most SMs
+# idle at a few output tiles (no split-K); bench_fp8's triton_us vs scaled_mm_us columns say where to cross
+ROWWISE_TRITON_MAX_M = 256
 
 
 @triton.jit
@@ -79,14 +87,16 @@ def quant_fp8_groups(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, 
 
 
 @triton.jit
-def _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr):
-    """``acc + (A_kb @ B_kb^T) * a_scale[:, kb] * b_scale[:, kb]`` for k-block ``kb`` (masked past K)."""
+def _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr, ROWWISE: tl.constexpr):
+    """``acc + (A_kb @ B_kb^T) * a_scale[:, kb] * b_scale[:, kb]`` for k-block ``kb`` (masked past K);
+    ROWWISE: ``acc + A_kb @ B_kb^T`` (one scale per row and per column, applied after the k loop)."""
     k_left = K - kb * GROUP
     a = tl.load(a_ptrs + kb * GROUP, mask=offs_k[None, :] < k_left, other=0.0)
     b = tl.load(b_ptrs + kb * GROUP, mask=offs_k[:, None] < k_left, other=0.0)
-    a_s = tl.load(as_ptrs + kb)
-    b_s = tl.load(bs_ptrs + kb)
-    return acc + tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+    d = tl.dot(a, b)
+    if not ROWWISE:
+        d = d * tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :]
+    return acc + d
 
 
 @triton.jit
@@ -94,9 +104,10 @@ def _block_gemm_kernel(
     a_ptr, b_ptr, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K, n_kblocks, kb_per_split,
     stride_am, stride_bn, stride_cm, stride_as, stride_bs,
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, INTERP: tl.constexpr,
+    GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, ROWWISE: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
+    # ROWWISE: as_ptr holds one scale per row, bs_ptr one per column (per-channel weights), for all of K.
     # PARTIAL (split-K): program (tile, s) sums k-blocks [s * kb_per_split, ...) into fp32 ws[s]; a second
     # kernel adds the splits. Decode batches need it: a few output tiles cannot keep every SM reading weights.
     pid = tl.program_id(0)
@@ -117,16 +128,21 @@ def _block_gemm_kernel(
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
     b_ptrs = b_ptr + cols[None, :] * stride_bn + offs_k[:, None]
     as_ptrs = as_ptr + rows * stride_as
-    bs_ptrs = bs_ptr + (cols // GROUP) * stride_bs
+    if ROWWISE:
+        bs_ptrs = bs_ptr + cols
+    else:
+        bs_ptrs = bs_ptr + (cols // GROUP) * stride_bs
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if INTERP:  # NOTE: the interpreter cannot run `for` over runtime bounds; GPUs need `for` to pipeline
         kb = kb_lo
         while kb < kb_hi:
-            acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
+            acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
             kb += 1
     else:
         for kb in range(kb_lo, kb_hi):
-            acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
+            acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
+    if ROWWISE:  # linear in the sum: each split-K partial may take the scales on its own
+        acc = acc * tl.load(as_ptrs)[:, None] * tl.load(bs_ptrs)[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if PARTIAL:
         split_base = ws_ptr + tl.program_id(1).to(tl.int64) * M * N
@@ -169,6 +185,45 @@ def _block_config(m: int, n: int, kblocks: int, device: torch.device) -> tuple[i
     return bm, bn, warps, stages, split
 
 
+def _launch_gemm(
+    xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, group: int,
+    out_dtype: torch.dtype, bias: torch.Tensor | None, split_k: int | None, rowwise: bool,
+) -> torch.Tensor:  # fmt: skip
+    """Allocate ``[M, N]`` and run :func:`_block_gemm_kernel` (+ the split-K sum); shapes already checked."""
+    m, k = xq.shape
+    n = wq.shape[0]
+    kb = triton.cdiv(k, group)
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return out
+    bm, bn, warps, stages, split = _block_config(m, n, kb, xq.device)
+    split = min(split_k or split, kb)
+    per_split = triton.cdiv(kb, split)
+    split = triton.cdiv(kb, per_split)  # no empty splits
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split)
+    _block_gemm_kernel[grid](
+        xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb, per_split,
+        xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), 0 if rowwise else w_scale.stride(0),
+        HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, PARTIAL=split > 1,
+        ROWWISE=rowwise, INTERP=interpreting(), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    if split > 1:
+        sum_block = min(1024, triton.next_power_of_2(n))
+        _splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
+            ws, out, bias if bias is not None else out, m, n, out.stride(0), SPLIT=split,
+            HAS_BIAS=bias is not None, BLOCK=sum_block, num_warps=4,
+        )  # fmt: skip
+    return out
+
+
+def _check_operands(name: str, xq: torch.Tensor, wq: torch.Tensor) -> None:
+    if xq.dim() != 2 or wq.dim() != 2 or wq.shape[1] != xq.shape[1] or xq.stride(1) != 1 or wq.stride(1) != 1:
+        raise ValueError(
+            f"{name}: x {tuple(xq.shape)}, w {tuple(wq.shape)} need the same K, unit column stride"
+        )
+
+
 def fp8_block_gemm(
     xq: torch.Tensor,
     x_scale: torch.Tensor,
@@ -182,13 +237,10 @@ def fp8_block_gemm(
     """``xq [M, K]`` e4m3 with ``x_scale [M, ceil(K/B)]``, ``wq [N, K]`` e4m3 with ``w_scale [ceil(N/B),
     ceil(K/B)]`` (``B = block``) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref``). ``split_k``:
     force that many k-splits (default: :func:`_block_config`'s choice)."""
+    _check_operands("fp8_block_gemm", xq, wq)
     m, k = xq.shape
     n = wq.shape[0]
     kb = triton.cdiv(k, block)
-    if wq.shape[1] != k or xq.stride(1) != 1 or wq.stride(1) != 1:
-        raise ValueError(
-            f"fp8_block_gemm: x {tuple(xq.shape)}, w {tuple(wq.shape)} need the same K, unit column stride"
-        )
     if tuple(x_scale.shape) != (m, kb) or tuple(w_scale.shape) != (triton.cdiv(n, block), kb):
         raise ValueError(
             f"fp8_block_gemm: scales {tuple(x_scale.shape)} / {tuple(w_scale.shape)} do not fit "
@@ -198,28 +250,29 @@ def fp8_block_gemm(
         raise ValueError(
             f"fp8_block_gemm: scales need unit column stride and block in 32/64/128/256, got {block}"
         )
-    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    if m == 0:
-        return out
-    bm, bn, warps, stages, split = _block_config(m, n, kb, xq.device)
-    split = min(split_k or split, kb)
-    per_split = triton.cdiv(kb, split)
-    split = triton.cdiv(kb, per_split)  # no empty splits
-    ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split)
-    _block_gemm_kernel[grid](
-        xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb, per_split,
-        xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), w_scale.stride(0),
-        HAS_BIAS=bias is not None, GROUP=block, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, PARTIAL=split > 1,
-        INTERP=interpreting(), num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    if split > 1:
-        sum_block = min(1024, triton.next_power_of_2(n))
-        _splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
-            ws, out, bias if bias is not None else out, m, n, out.stride(0), SPLIT=split,
-            HAS_BIAS=bias is not None, BLOCK=sum_block, num_warps=4,
-        )  # fmt: skip
-    return out
+    return _launch_gemm(xq, x_scale, wq, w_scale, block, out_dtype, bias, split_k, rowwise=False)
+
+
+def fp8_rowwise_gemm(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    wq: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+    split_k: int | None = None,
+) -> torch.Tensor:
+    """``xq [M, K]`` e4m3 with per-token ``x_scale [M, 1]``, ``wq [N, K]`` e4m3 with per-channel ``w_scale``
+    (``N`` values, contiguous) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref`` with ``block=None``):
+    the block GEMM's split-K tiles, scales applied once after the k loop."""
+    _check_operands("fp8_rowwise_gemm", xq, wq)
+    m, n = xq.shape[0], wq.shape[0]
+    if tuple(x_scale.shape) != (m, 1) or w_scale.numel() != n or not w_scale.is_contiguous():
+        raise ValueError(
+            f"fp8_rowwise_gemm: scales {tuple(x_scale.shape)} / {tuple(w_scale.shape)} do not fit "
+            f"x {tuple(xq.shape)}, w {tuple(wq.shape)} (per token [M, 1], per channel [N])"
+        )
+    return _launch_gemm(xq, x_scale, wq, w_scale, ROWWISE_K_STEP, out_dtype, bias, split_k, rowwise=True)
 
 
 def fp8_linear_block(
@@ -235,11 +288,18 @@ def fp8_linear_block(
 def fp8_linear_rowwise(
     x: torch.Tensor, wq: torch.Tensor, w_scale_row: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """Per-channel FP8 linear on ``x [..., K]`` (bf16, CUDA, K and N multiples of 16): per-token activation
-    scales times ``w_scale_row [1, N]`` through cuBLASLt's row-wise scaled FP8 GEMM."""
+    """Per-channel FP8 linear on ``x [..., K]``: per-token activation scales times ``w_scale_row [1, N]``.
+    Prefill chunks (more than :data:`ROWWISE_TRITON_MAX_M` tokens, bf16, K and N multiples of 16) run
+    cuBLASLt's row-wise scaled FP8 GEMM (``torch._scaled_mm``); everything else the Triton split-K GEMM."""
     x2 = x.reshape(-1, x.shape[-1])
-    if x2.shape[0] == 0:
-        return x.new_empty(*x.shape[:-1], wq.shape[0])
+    m, (n, k) = x2.shape[0], wq.shape
+    if m == 0:
+        return x.new_empty(*x.shape[:-1], n)
     xq, xs = quant_fp8_groups(x2, None)
-    y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale_row, bias=bias, out_dtype=x.dtype)
-    return y.reshape(*x.shape[:-1], wq.shape[0])
+    cublas = x.is_cuda and m > ROWWISE_TRITON_MAX_M and x.dtype == torch.bfloat16 and n % 16 == k % 16 == 0
+    if cublas:
+        y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale_row, out_dtype=x.dtype)
+        y = y if bias is None else y + bias
+    else:
+        y = fp8_rowwise_gemm(xq, xs, wq, w_scale_row.reshape(-1), x.dtype, bias)
+    return y.reshape(*x.shape[:-1], n)
