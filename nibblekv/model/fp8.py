@@ -36,6 +36,13 @@ from nibblekv.model.parallel import RowParallelLinear
 
 # the linear layers of every decoder layer that hold FP8 weights
 FP8_MODULES: tuple[str, ...] = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+# hybrid layers (gated attention or Gated DeltaNet, then the MLP): the projections present in a layer. The
+# DeltaNet's beta / decay-gate projections (one output per value head) stay in the model dtype: they are a
+# few KB, and their outputs go through a sigmoid / softplus into the recurrent state's decay.
+HYBRID_FP8_MODULES: tuple[str, ...] = (
+    *FP8_MODULES, "linear_attn.in_proj_qkvz", "linear_attn.in_proj_qkv", "linear_attn.in_proj_z",
+    "linear_attn.out_proj",
+)  # fmt: skip
 
 
 class QuantMethod(Enum):
@@ -131,10 +138,11 @@ def _fp8_slots(model: CausalLM) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent module, attribute, linear layer) of every FP8-capable projection."""
     out = []
     for layer in model.model.layers:
-        for path in FP8_MODULES:
+        for path in HYBRID_FP8_MODULES if model.config.is_hybrid else FP8_MODULES:
             parent_name, _, attr = path.rpartition(".")
-            parent = layer.get_submodule(parent_name)
-            out.append((parent, attr, getattr(parent, attr)))
+            parent = getattr(layer, parent_name)
+            if parent is not None and hasattr(parent, attr):  # a hybrid layer has one of the two mixers
+                out.append((parent, attr, getattr(parent, attr)))
     return out
 
 

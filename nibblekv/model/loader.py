@@ -99,8 +99,6 @@ def load_model(
 def _quantize(model: CausalLM, quantization: QuantMethod | None) -> CausalLM:
     """``--quantization fp8``: per-channel FP8 for every decoder projection not already FP8."""
     if quantization is QuantMethod.FP8:
-        if model.config.is_hybrid:
-            raise ValueError(f"--quantization fp8 is not supported for hybrid models ({model.config.architecture})")
         quantize_model(model)
     return model
 
@@ -123,8 +121,8 @@ def _empty_model(
     """An uninitialized model (``tp``: this rank's shard) allocated directly on ``device``; ``fp8``: with
     FP8 linear layers for a checkpoint's FP8 weights."""
     if config.is_hybrid and (tp is not None or fp8 is not None):
-        raise ValueError(f"{config.architecture} (hybrid linear attention) runs without --tp-size > 1 and without "
-                         "FP8 weights: neither is supported for hybrid models yet")  # fmt: skip
+        raise ValueError(f"{config.architecture} (hybrid linear attention) runs without --tp-size > 1 and from "
+                         "unquantized checkpoints (for FP8 weights: --quantization fp8 on a bf16 one)")  # fmt: skip
     with torch.device("meta"):
         if config.is_hybrid:
             from nibblekv.model.hybrid import HybridCausalLM

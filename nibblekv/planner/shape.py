@@ -186,7 +186,8 @@ def _hybrid_shape(cfg: Mapping[str, Any], num_layers: int) -> HybridShape:
 
 
 def hybrid_param_counts(shape: ModelShape, cfg: Mapping[str, Any]) -> tuple[int, int]:
-    """(linear-layer weights, small params: norms, decays, conv) of a dense hybrid model; PlanError for MoE."""
+    """(linear-layer weights FP8 can hold, the rest: norms, decays, conv, beta / gate projections) of a dense
+    hybrid model; PlanError for MoE."""
     h, hy = shape.hidden_size, shape.hybrid
     assert hy is not None
     experts = cfg.get("num_experts", 512 if shape.model_type == "qwen3_next" else 0)
@@ -196,11 +197,13 @@ def hybrid_param_counts(shape: ModelShape, cfg: Mapping[str, Any]) -> tuple[int,
         raise PlanError("config lacks hidden_size, intermediate_size or vocab_size; pass --weights-gib")
     q, kv, vdim = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim, hy.value_heads * hy.value_head_dim
     attn = h * 2 * q + 2 * h * kv + q * h  # q_proj carries the output gate: twice the query width
-    linear = h * (hy.conv_dim + vdim + 2 * hy.value_heads) + vdim * h  # in_proj_qkv(z)(ba) + out_proj
+    linear = h * (hy.conv_dim + vdim) + vdim * h  # in_proj_qkv(z) + out_proj
     mlp = 3 * h * shape.intermediate_size
     big = hy.kv_layers * attn + hy.linear_layers * linear + shape.num_layers * mlp
+    # NOTE: in_proj_b(a) (one output per value head) stays in the model dtype under FP8 weights (model.fp8)
     small = (shape.num_layers * 2 * h + hy.kv_layers * 2 * shape.head_dim
-             + hy.linear_layers * (hy.conv_dim * hy.conv_kernel + 2 * hy.value_heads + hy.value_head_dim))  # fmt: skip
+             + hy.linear_layers * (hy.conv_dim * hy.conv_kernel + 2 * hy.value_heads + hy.value_head_dim
+                                   + 2 * hy.value_heads * h))  # fmt: skip
     embeddings = shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
     return big, small + embeddings + h
 
