@@ -5,15 +5,15 @@ Usage (on the GPU machine)::
     PYTHONPATH=. python benchmarks/bench_fp8.py --out DIR
     TRITON_INTERPRET=1 python benchmarks/bench_fp8.py --smoke --out DIR   # CPU: tiny shapes, seconds
 
-For every projection (qkv, o, gate_up, down) and token count M (decode batches 1-256, the 8K prefill
-chunk) and both checkpoint formats -- ``channel`` (per-channel weight scales, per-token activations: the
-Triton split-K GEMM up to ``ROWWISE_TRITON_MAX_M`` tokens, ``torch._scaled_mm`` row-wise above; both are timed
-alone in every row, ``triton_us`` and ``scaled_mm_us``, which is what sets that crossing) and ``block`` (128x128 weight blocks, per token-group activations: the
-Triton block GEMM) -- times the whole FP8 layer (activation quantization + GEMM: ``fp8_us``), the GEMM
-alone (``fp8_gemm_us``) and bf16 ``x @ W^T`` (``bf16_us``), each a CUDA-graph replay with L2 emptied
-before every call. Rows with M <= 16 also get ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a
-fraction of the read ceiling measured in the same run. Every row's FP8 output is checked against the
-pure-torch reference first. Writes ``DIR/fp8-weights-h200.json`` (rows ``kind: gemm``) and a PNG.
+For every projection (qkv, o, gate_up, down) and token count M (decode batches 1-512, the 8K prefill
+chunk) and both checkpoint formats, times the whole FP8 layer (activation quantization + GEMM: ``fp8_us``),
+the GEMM alone (``fp8_gemm_us``) and bf16 ``x @ W^T`` (``bf16_us``), each a CUDA-graph replay with L2 emptied
+before every call. ``channel``: per-channel weight scales, per-token activations; the layer runs the Triton
+split-K GEMM up to ``ROWWISE_TRITON_MAX_M`` tokens and ``torch._scaled_mm`` above, and every row times both
+alone (``triton_us``, ``scaled_mm_us``: where they cross sets that constant). ``block``: 128x128 weight
+blocks, per token-group activations, the Triton block GEMM. Rows with M <= 16 also get ``read_frac``: the
+FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling measured in the same run. Every row's
+FP8 output is checked against the pure-torch reference first. Writes ``DIR/fp8-weights-h200.json`` (rows ``kind: gemm``) and a PNG.
 """
 
 from __future__ import annotations

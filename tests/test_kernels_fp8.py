@@ -20,6 +20,7 @@ from nibblekv.kernels.fp8.gemm import (
     quant_fp8_groups,
 )
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref
+from nibblekv.kernels.testing import rel_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # FP8 tensor cores (torch._scaled_mm row-wise, Triton fp8 dots): sm_90; older GPUs run the reference only
@@ -29,6 +30,11 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA
 # NOTE: odd shapes: partial row/column tiles, a partial last K block, a partial last weight block
 GPU_SHAPES = [(1, 4096, 6144), (37, 1000, 264), (300, 520, 400)]
 SHAPES = [(1, 200, 72), (5, 520, 130)] if DEVICE == "cpu" else GPU_SHAPES
+# relative RMS bounds against the fp32 twins. GEMM: the same fp8 operands; the interpreter sums in fp32, but
+# Hopper's FP8 MMAs accumulate in reduced precision (~1e-3 of the largest outputs, promoted every 128).
+# Layer: bf16 output rounding (2**-9) on top.
+GEMM_RMS = 2e-3 if DEVICE == "cuda" else 1e-5
+LAYER_RMS = 5e-3
 
 
 @pytest.mark.parametrize("group", [128, None])
@@ -53,11 +59,11 @@ def test_block_gemm_matches_reference(m: int, k: int, n: int, split_k: int | Non
     bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
     got = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32, bias, split_k=split_k)
     want = fp8_gemm_ref(xq, xs, wq, ws, 128, torch.float32, bias)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # fp32 sums in another order
+    assert rel_rms(got, want) < GEMM_RMS, rel_rms(got, want)
     # and the whole layer, bf16 out, against the reference layer
     got_l = fp8_linear_block(x, wq, ws, 128, bias)
     want_l = fp8_linear_ref(x, wq, ws, 128, bias)
-    torch.testing.assert_close(got_l.float(), want_l.float(), rtol=1e-2, atol=1e-2)
+    assert rel_rms(got_l, want_l) < LAYER_RMS, rel_rms(got_l, want_l)
 
 
 def test_block_gemm_rejects_bad_scales() -> None:
@@ -86,12 +92,12 @@ def test_rowwise_gemm_matches_reference(m: int, k: int, n: int, split_k: int | N
     bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
     got = fp8_rowwise_gemm(xq, xs, wq, ws, torch.float32, bias, split_k=split_k)
     want = fp8_gemm_ref(xq, xs, wq, ws, None, torch.float32, bias)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert rel_rms(got, want) < GEMM_RMS, rel_rms(got, want)
     with pytest.raises(ValueError, match="do not fit"):
         fp8_rowwise_gemm(xq, xs, wq, ws[:-1], torch.float32)
 
 
-# 300 tokens: past ROWWISE_TRITON_MAX_M, the GPU runs torch._scaled_mm
+# 300 tokens: past ROWWISE_TRITON_MAX_M, the GPU runs torch._scaled_mm; 37 and 1 the Triton GEMM
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 4096, 6144), (37, 1008, 272), (300, 512, 400)] if DEVICE == "cuda"
                          else [(3, 200, 72), (300, 48, 40)])  # fmt: skip
 def test_rowwise_linear_matches_reference(m: int, k: int, n: int) -> None:
@@ -102,7 +108,7 @@ def test_rowwise_linear_matches_reference(m: int, k: int, n: int) -> None:
     bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
     got = fp8_linear_rowwise(x, wq, ws[None, :], bias)
     want = fp8_linear_ref(x, wq, ws, None, bias)
-    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    assert rel_rms(got, want) < LAYER_RMS, rel_rms(got, want)
 
 
 @cuda_only
@@ -116,4 +122,4 @@ def test_block_linear_captures_in_cuda_graph() -> None:
     x.copy_(torch.randn_like(x))
     graph.replay()
     want = fp8_linear_ref(x, wq, ws, 128, None).float()
-    torch.testing.assert_close(out.float(), want, rtol=1e-2, atol=1e-2)
+    assert rel_rms(out, want) < LAYER_RMS

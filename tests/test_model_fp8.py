@@ -55,11 +55,11 @@ def _logits(model: CausalLM, n: int = 10) -> torch.Tensor:
 
 
 def _greedy(model: CausalLM, prompt: list[int], steps: int) -> list[int]:
-    ids = torch.tensor(prompt)
+    ids = torch.tensor(prompt, device=model.device)
     for _ in range(steps):
         n = len(ids)
         with torch.no_grad():
-            logits = model.compute_logits(model(ids, torch.arange(n), DenseAttention.single(n)))
+            logits = model.compute_logits(model(ids, torch.arange(n, device=model.device), DenseAttention.single(n)))
         ids = torch.cat([ids, logits[-1:].argmax(-1)])
     return ids[len(prompt) :].tolist()
 

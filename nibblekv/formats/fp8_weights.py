@@ -32,7 +32,10 @@ def quantize_act_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torc
     g = min(group, k)
     groups = _cdiv(k, g)
     xf = torch.nn.functional.pad(x.float(), (0, groups * g - k)).view(m, groups, g)
-    scale = xf.abs().amax(dim=-1).clamp_min(ACT_EPS) / E4M3_MAX
+    amax = xf.abs().amax(dim=-1).clamp_min(ACT_EPS)
+    # NOTE: a tensor divisor: CUDA torch divides by a Python scalar as a multiply by its reciprocal, which is
+    # 1 ulp off the kernels' correctly rounded division for some values (and then flips e4m3 codes)
+    scale = amax / torch.full_like(amax, E4M3_MAX)
     q = (xf / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.view(m, groups * g)[:, :k].contiguous(), scale
 

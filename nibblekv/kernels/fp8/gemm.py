@@ -24,9 +24,11 @@ from nibblekv.kernels.write import _round_to_e4m3
 
 # K per step of the row-wise GEMM (no scale groups along K: any width that feeds the tensor cores)
 ROWWISE_K_STEP = 128
-# decode batches up to this many tokens take the Triton GEMM: cuBLASLt's row-wise FP8 kernels leave most SMs
-# idle at a few output tiles (no split-K); bench_fp8's triton_us vs scaled_mm_us columns say where to cross
-ROWWISE_TRITON_MAX_M = 256
+# NOTE: decode batches up to this many tokens take the Triton split-K GEMM, larger ones cuBLASLt's row-wise
+# kernel. H200, Llama-3.1-8B's qkv / o / gate_up / down (bench_fp8 triton_us vs scaled_mm_us, us): M=16
+# 12.2/10.4/33.2/19.5 vs 16.2/13.6/44.3/36.1; M=64 18.0/14.6/46.2/27.9 vs 14.3/14.1/42.5/37.0 (a tie summed);
+# M=128 cuBLASLt wins 3 of 4 (22.5/19.3/41.5/33.8 vs 14.8/14.7/36.9/37.5)
+ROWWISE_TRITON_MAX_M = 64
 
 
 @triton.jit
@@ -87,16 +89,19 @@ def quant_fp8_groups(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, 
 
 
 @triton.jit
-def _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr, ROWWISE: tl.constexpr):
+def _block_step(
+    acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr, ROWWISE: tl.constexpr
+):  # fmt: skip
     """``acc + (A_kb @ B_kb^T) * a_scale[:, kb] * b_scale[:, kb]`` for k-block ``kb`` (masked past K);
     ROWWISE: ``acc + A_kb @ B_kb^T`` (one scale per row and per column, applied after the k loop)."""
     k_left = K - kb * GROUP
     a = tl.load(a_ptrs + kb * GROUP, mask=offs_k[None, :] < k_left, other=0.0)
     b = tl.load(b_ptrs + kb * GROUP, mask=offs_k[:, None] < k_left, other=0.0)
-    d = tl.dot(a, b)
-    if not ROWWISE:
-        d = d * tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :]
-    return acc + d
+    if ROWWISE:
+        # NOTE: Hopper's FP8 MMAs accumulate in reduced precision: promote into the fp32 acc every GROUP
+        # (as cuBLASLt's row-wise kernels and the block path, whose scaling promotes each step, do)
+        return tl.dot(a, b, acc, max_num_imprecise_acc=GROUP)
+    return acc + tl.dot(a, b) * tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :]
 
 
 @triton.jit
