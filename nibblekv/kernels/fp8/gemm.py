@@ -26,8 +26,8 @@ from nibblekv.kernels.write import _round_to_e4m3
 ROWWISE_K_STEP = 128
 # NOTE: decode batches up to this many tokens take the Triton split-K GEMM, larger ones cuBLASLt's row-wise
 # kernel. H200, Llama-3.1-8B's qkv / o / gate_up / down (bench_fp8 triton_us vs scaled_mm_us, us): M=16
-# 12.2/10.4/33.2/19.5 vs 16.2/13.6/44.3/36.1; M=64 18.0/14.6/46.2/27.9 vs 14.3/14.1/42.5/37.0 (a tie summed);
-# M=128 cuBLASLt wins 3 of 4 (22.5/19.3/41.5/33.8 vs 14.8/14.7/36.9/37.5)
+# 12.0/9.8/33.1/19.5 vs 18.1/13.7/46.8/37.7; M=64 18.0/14.3/44.9/27.8 vs 14.6/14.0/45.7/37.2 (105 vs 112
+# summed); M=128 cuBLASLt wins 3 of 4 (22.4/19.0/42.3/34.3 vs 14.7/14.4/36.7/37.7)
 ROWWISE_TRITON_MAX_M = 64
 
 
