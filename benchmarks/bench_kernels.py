@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(dict(kernel=kernel, kv_dtype=dt, batch=b, context=c, q_heads=hq, kv_heads=hkv, head_dim=d,
                          page_size=PAGE, us=round(us, 2), bytes=nbytes, tbps=round(nbytes / us / 1e6, 4),
                          **(gpu_state() if kernel.startswith("decode") else {}), **extra))  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)  # NOTE: a run cut by its timeout keeps its rows in the log
 
     if 256 in dims:
         from benchmarks.bench_kernels_hd256 import hd256_rows  # NOTE: it imports this module's Pools

@@ -4,7 +4,9 @@
 # head_dim 128 and 64), extend over a cached prefix (extend_triton and extend_decode), the cache write, and
 # torch SDPA on contiguous bf16 beside them. Each kernel is timed as a CUDA-graph replay with L2 emptied
 # before every call (benchmarks/timing.py). ~5 min on an H200. `--head-dims 256` times only the hybrid
-# models' head_dim-256 rows (GQA 6 and 8, benchmarks/bench_kernels_hd256.py), a call of its own.
+# models' head_dim-256 rows (GQA 6 and 8, benchmarks/bench_kernels_hd256.py), a call of its own: more than
+# 330 s on an H200 (default kernels first, then the alternatives); give it T_KERNELS=590. Every row is printed
+# to the log as it is timed, so a run cut by the timeout keeps what it measured.
 # Usage from the repo root: OUT=DIR COMMIT=<sha> bash benchmarks/device/kernels.sh [bench_kernels.py flags]
 # Env: COMMIT (the commit under test: the device copy's git HEAD may differ), T_KERNELS (timeout in s, 540).
 # $OUT gets: kernels-h200.json (rows, ceiling, commit, GPU, date), kernels-h200.png, kernels-h200.log (the
