@@ -117,7 +117,7 @@ def opcode_histogram(ins: list[tuple[int, str]], lo: int, hi: int) -> list[tuple
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="paged,rows,tok")
+    ap.add_argument("--variants", default="paged rows tok", help="specs separated by spaces (or by ; when a spec has spaces)")
     ap.add_argument("--dtypes", default="nvfp4,fp8_e4m3,bf16")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--group", type=int, default=4)

@@ -190,12 +190,20 @@ def load_kv_halves(
         ptrs = data_ptr + row_off[:, None] + offs[None, :]
         a = tl.load(ptrs, mask=mask[:, None], other=0.0)
         b = tl.load(ptrs + HALF, mask=mask[:, None], other=0.0)
-        if FMT == 1:
-            a = a.to(tl.float16)
-            b = b.to(tl.float16)
-        elif INTERP:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
+        a, b = _dot_ready(a, b, FMT, INTERP)
+    return a, b
+
+
+@triton.jit
+def _dot_ready(a, b, FMT: tl.constexpr, INTERP: tl.constexpr):
+    """FP8 / float halves as ``tl.dot`` takes them: FP8 -> fp16; float in its own dtype (fp32 when
+    interpreting: the interpreter's bf16 ``tl.dot`` is wrong)."""
+    if FMT == 1:
+        a = a.to(tl.float16)
+        b = b.to(tl.float16)
+    elif INTERP:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
     return a, b
 
 
@@ -274,13 +282,7 @@ def load_kv_pages(
             m2 = tl.reshape(tok_mask, [NPG, PAGE])
             dm = tl.reshape(tl.broadcast_to(m2[:, :, None], [NPG, PAGE, D]), [NPG, PAGE * D])
             x = tl.load(data_ptr + page_off[:, None] + cols[None, :], mask=dm, other=0.0)
-        a, b = tl.split(tl.permute(tl.reshape(x, [BN, 2, HALF]), [0, 2, 1]))
-        if FMT == 1:
-            a = a.to(tl.float16)
-            b = b.to(tl.float16)
-        elif INTERP:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
+        a, b = _dot_ready(*tl.split(tl.permute(tl.reshape(x, [BN, 2, HALF]), [0, 2, 1])), FMT, INTERP)
     return a, b
 
 
