@@ -77,6 +77,13 @@ def add_command(
     return parser
 
 
+def add_switch(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, default: bool | None, help: str
+) -> None:
+    """``--flag`` / ``--no-flag`` (``default=None``: the engine picks, per KV dtype and model)."""
+    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help)
+
+
 def _bounded(value: _Number, ok: bool, want: str) -> _Number:
     """``value`` where it is ``ok``, else argparse's one-line "must be ``want``, got ``value``"."""
     if not ok:

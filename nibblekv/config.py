@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from nibblekv.cli_style import non_negative_int, open_fraction, positive_float, positive_int
+from nibblekv.cli_style import add_switch, non_negative_int, open_fraction, positive_float, positive_int
 from nibblekv.formats import KV_DTYPE_CHOICES
 
 LOAD_FORMATS: tuple[str, ...] = ("auto", "gguf", "safetensors", "dummy")
@@ -256,19 +256,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="newest tokens per request kept unquantized (multiple of --page-size; 0 = off)",
     )
     g.add_argument("--kv-scales-path", default=None, help='JSON {"k_scale": [...], "v_scale": [...]}')
-    g.add_argument(
-        "--kv-hadamard",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="store K/V rotated by a Hadamard matrix along head_dim (scores unchanged; default: on for "
-        "nvfp4 when head_dim is a power of two; see docs/accuracy.md)",
-    )
-    g.add_argument(
-        "--kv-quant-4over6",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="NVFP4 block scales by 4over6, the better of amax/6 and amax/4 (default: on for nvfp4)",
-    )
+    add_switch(
+        g, "--kv-hadamard", None, "store K/V rotated by a Hadamard matrix along head_dim (scores unchanged; "
+        "default: on for nvfp4 when head_dim is a power of two; see docs/accuracy.md)",
+    )  # fmt: skip
+    add_switch(
+        g, "--kv-quant-4over6", None,
+        "NVFP4 block scales by 4over6, the better of amax/6 and amax/4 (default: on for nvfp4)",
+    )  # fmt: skip
     g.add_argument(
         "--kv-sink-pages",
         type=_sink_pages,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nibblekv.cli_style import add_command
+from nibblekv.cli_style import add_command, add_switch
 from nibblekv.eval.common import ScaleSource, add_model_args, checked_data_dir, load, progress
 
 HELP = "compute per-layer K/V scales for --kv-scales-path"
@@ -21,13 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = add_command(subparsers, "calibrate", run, HELP, DESCRIPTION, EPILOG)
     add_model_args(p)
     p.add_argument("--out", required=True, help="JSON to write (load it with --kv-scales-path)")
-    p.add_argument(
-        "--hadamard",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="scales for Hadamard-rotated K/V, as the nvfp4 default stores them (--no-hadamard for "
-        "--no-kv-hadamard)",
-    )
+    add_switch(p, "--hadamard", True, "scales for Hadamard-rotated K/V, as the nvfp4 default stores them "
+               "(--no-hadamard for --no-kv-hadamard)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
