@@ -206,3 +206,69 @@ def test_quantization_fp8_serves_hybrid_layers(tmp_path: Path) -> None:
     loaded, _ = load_model(str(path), load_format="dummy", quantization=QuantMethod.FP8)
     # 4 MLPs, 3 DeltaNets (their in_proj layers + out_proj), 1 gated attention (qkv, o)
     assert sum(isinstance(m, Fp8Linear) for m in loaded.modules()) == 4 * 2 + 3 * (len(fp8_in) + 1) + 2
+
+
+def test_block_fp8_checkpoint_of_a_hybrid_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Qwen3.5-style FP8 checkpoint (``quant_method: fp8``, 128x128 blocks, ``weight_scale_inv``, the
+    DeltaNet's beta / gate projections and the norms in ``modules_to_not_convert``): FP8 codes and scales
+    load bit for bit into the fused layers, the model runs close to its dequantized twin, the engine serves
+    it."""
+    from safetensors.torch import save_file
+
+    from nibblekv.formats.fp8_weights import dequantize_weight, quantize_weight_block
+    from nibblekv.model import loader
+
+    byte_tokenizer = staticmethod(lambda folder, eos: ByteTokenizer(300))
+    monkeypatch.setattr(loader.HFTokenizer, "from_folder", byte_tokenizer)
+    cfg = {**TINY, "num_key_value_heads": 4, "intermediate_size": 128}  # fused parts on 128-row blocks
+    src = HybridCausalLM(ModelConfig.from_hf(cfg)).float()
+    src.init_dummy(seed=1, std=0.05)
+    c = src.config
+    parts = {"qkv_proj": ("q_proj", 2 * c.q_size, "k_proj", c.kv_size, "v_proj", c.kv_size),
+             "gate_up_proj": ("gate_proj", c.intermediate_size, "up_proj", c.intermediate_size)}  # fmt: skip
+    hf: dict[str, torch.Tensor] = {}
+    for name, p in src.state_dict().items():
+        fused = next((f for f in parts if f".{f}." in name), None)
+        if fused is None:
+            hf[name] = p.contiguous()
+            continue
+        split, start = parts[fused], 0
+        for sub, rows in zip(split[::2], split[1::2]):
+            hf[name.replace(fused, sub)] = p[start : start + rows].contiguous()
+            start += rows
+    fp8_mods = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "in_proj_qkv",
+                "in_proj_z", "out_proj")  # fmt: skip
+    tensors, dequant = {}, {}
+    for name, t in hf.items():
+        if name.endswith(".weight") and name.rsplit(".", 2)[1] in fp8_mods:
+            q, s = quantize_weight_block(t, 128)
+            tensors[name], tensors[name.replace(".weight", ".weight_scale_inv")] = q, s
+            dequant[name] = dequantize_weight(q, s, 128)
+        else:
+            tensors[name] = t
+    deltanet_gates = (f"model.layers.{i}.linear_attn.in_proj_{x}" for i in range(3) for x in "ab")
+    not_converted = ["lm_head", "model.layers.0.input_layernorm", *deltanet_gates]
+    qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+          "weight_block_size": [128, 128], "modules_to_not_convert": not_converted}  # fmt: skip
+    fp8_cfg = {**cfg, "quantization_config": qc}
+    twins = ((tmp_path / "fp8", tensors, fp8_cfg), (tmp_path / "ref", {**hf, **dequant}, cfg))
+    for folder, files, config in twins:
+        folder.mkdir()
+        save_file(files, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text(json.dumps(config))
+    model, _ = load_model(str(tmp_path / "fp8"), dtype=torch.float32)
+    ref, _ = load_model(str(tmp_path / "ref"), dtype=torch.float32)
+    attn = model.model.layers[3].self_attn
+    delta = model.model.layers[0].linear_attn
+    assert isinstance(attn.qkv_proj, Fp8Linear) and attn.qkv_proj.block == 128
+    assert isinstance(delta.in_proj_qkv, Fp8Linear) and not isinstance(delta.in_proj_a, Fp8Linear)
+    want = torch.cat([dequant[f"model.layers.3.self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(dequantize_weight(attn.qkv_proj.weight, attn.qkv_proj.weight_scale, 128), want)
+    ids, n = torch.tensor(PROMPTS[1]), len(PROMPTS[1])
+    with torch.no_grad():
+        got = model.compute_logits(model(ids, torch.arange(n), DenseAttention.single(n)))
+        exp = ref.compute_logits(ref(ids, torch.arange(n), DenseAttention.single(n)))
+    rel = ((got - exp).norm() / exp.norm()).item()
+    assert 0 < rel < 0.1, rel  # activations rounded to e4m3: the error left
+    out = _engine(model, kv_cache_dtype="nvfp4").generate(PROMPTS[:2], GREEDY)
+    assert all(len(o.token_ids) == GREEDY.max_new_tokens for o in out)

@@ -9,7 +9,8 @@ Three ways in, one layer (:class:`Fp8Linear`):
   block-scaled ``quant_method: "fp8"`` (``weight_block_size: [128, 128]``, ``<proj>.weight_scale_inv``;
   Qwen3-*-FP8, DeepSeek) or compressed-tensors ``float-quantized`` with channel / tensor weight scales
   (``<proj>.weight_scale``; the ``-FP8-dynamic`` checkpoints). A per-tensor scale is stored as the same
-  per-channel value on every row (exact), so fused q/k/v keep their own scales.
+  per-channel value on every row (exact), so fused q/k/v keep their own scales. The projections the
+  checkpoint leaves unquantized (``modules_to_not_convert`` / ``ignore``) stay in the model dtype.
 
 The GEMMs: CUDA on sm_90+ runs FP8 tensor cores (per-channel weights: the Triton split-K GEMM for decode
 batches, ``torch._scaled_mm`` row-wise for prefill chunks; block weights: the Triton block GEMM); everything
@@ -19,6 +20,7 @@ else runs the reference (dequantize, fp32 matmul).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -64,6 +66,9 @@ class Fp8Config:
 
     source: Fp8Source = Fp8Source.ONLINE
     block: int | None = None
+    # the checkpoint's modules left unquantized (its modules_to_not_convert / ignore list): HF module names,
+    # matched as substrings (transformers' convention) or as ``re:`` patterns (compressed-tensors')
+    ignore: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.block is not None and self.block not in (32, 64, 128, 256):
@@ -134,28 +139,59 @@ def _fp8_twin(old: nn.Module, block: int | None) -> Fp8Linear:
         )  # fmt: skip
 
 
-def _fp8_slots(model: CausalLM) -> list[tuple[nn.Module, str, nn.Module]]:
-    """(parent module, attribute, linear layer) of every FP8-capable projection."""
+# our fused projections -> the checkpoint's modules they are made of
+_CHECKPOINT_PARTS: dict[str, tuple[str, ...]] = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def _ignored(ignore: tuple[str, ...], layer: int, part: str) -> bool:
+    """Whether an ignore entry names checkpoint module ``part`` of decoder layer ``layer`` (under either
+    prefix: ``model.`` or Qwen3.5's ``model.language_model.``)."""
+    names = [f"{pre}layers.{layer}.{part}" for pre in ("model.", "model.language_model.")]
+    for entry in ignore:
+        if entry.startswith("re:"):
+            if any(re.match(entry[3:], n) for n in names):
+                return True
+        elif any(entry in n for n in names):
+            return True
+    return False
+
+
+def _fp8_slots(model: CausalLM, ignore: tuple[str, ...] = ()) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent module, attribute, linear layer) of every FP8-capable projection not in ``ignore``."""
     out = []
-    for layer in model.model.layers:
+    for i, layer in enumerate(model.model.layers):
         for path in HYBRID_FP8_MODULES if model.config.is_hybrid else FP8_MODULES:
             parent_name, _, attr = path.rpartition(".")
             parent = getattr(layer, parent_name)
-            if parent is not None and hasattr(parent, attr):  # a hybrid layer has one of the two mixers
+            if parent is None or not hasattr(parent, attr):  # a hybrid layer has one of the two mixers
+                continue
+            parts = _CHECKPOINT_PARTS.get(path, (path,))
+            kept = [p for p in parts if _ignored(ignore, i, p)]
+            if kept and len(kept) < len(parts):
+                raise ValueError(
+                    f"quantization_config leaves layer {i}'s {', '.join(kept)} unquantized but not the rest "
+                    f"of {', '.join(parts)}, which nibblekv serves as one fused layer"
+                )
+            if not kept:
                 out.append((parent, attr, getattr(parent, attr)))
     return out
 
 
-def install_fp8_layers(model: CausalLM, block: int | None) -> None:
-    """Replace every decoder projection by an uninitialized :class:`Fp8Linear` (for a loader to fill)."""
-    for parent, attr, old in _fp8_slots(model):
+def install_fp8_layers(model: CausalLM, block: int | None, ignore: tuple[str, ...] = ()) -> None:
+    """Replace every decoder projection not in ``ignore`` by an uninitialized :class:`Fp8Linear` (for a
+    loader to fill)."""
+    for parent, attr, old in _fp8_slots(model, ignore):
         setattr(parent, attr, _fp8_twin(old, block))
 
 
 @torch.no_grad()
-def quantize_model(model: CausalLM) -> None:
-    """Quantize every loaded decoder projection to per-channel FP8, in place, one layer at a time."""
-    for parent, attr, old in _fp8_slots(model):
+def quantize_model(model: CausalLM, ignore: tuple[str, ...] = ()) -> None:
+    """Quantize every loaded decoder projection not in ``ignore`` to per-channel FP8, in place, one layer at a
+    time."""
+    for parent, attr, old in _fp8_slots(model, ignore):
         if isinstance(old, Fp8Linear):
             continue  # already FP8 (an FP8 checkpoint)
         new = _fp8_twin(old, None)
@@ -205,30 +241,19 @@ def has_fp8_weights(model: nn.Module) -> bool:
     return any(isinstance(m, Fp8Linear) for m in model.modules())
 
 
-def _check_ignore(names: list[str], key: str) -> None:
-    """Only the LM head / embedding may be left unquantized: every decoder projection is served in FP8."""
-    kept = [n for n in names if "lm_head" not in n and "embed" not in n]
-    if kept:
-        raise ValueError(
-            f"quantization_config.{key} keeps {kept[:4]} unquantized; nibblekv serves every decoder linear "
-            "layer in FP8 (only lm_head / embeddings may be excluded)"
-        )
-
-
 def _parse_fp8(qc: dict[str, Any]) -> Fp8Config:
     if qc.get("activation_scheme", "dynamic") != "dynamic":
         raise ValueError(f"FP8 checkpoint with activation_scheme {qc.get('activation_scheme')!r}: only "
                          "'dynamic' activation scales are supported")  # fmt: skip
     if qc.get("fmt", "e4m3") != "e4m3":
         raise ValueError(f"FP8 checkpoint in format {qc.get('fmt')!r}: only e4m3 weights are supported")
-    _check_ignore(list(qc.get("modules_to_not_convert") or []) + list(qc.get("ignored_layers") or []),
-                  "modules_to_not_convert")  # fmt: skip
+    ignore = tuple(qc.get("modules_to_not_convert") or ()) + tuple(qc.get("ignored_layers") or ())
     block = qc.get("weight_block_size")
     if block is None:
-        return Fp8Config(Fp8Source.CHECKPOINT, None)
+        return Fp8Config(Fp8Source.CHECKPOINT, None, ignore)
     if not (isinstance(block, list) and len(block) == 2 and block[0] == block[1]):
         raise ValueError(f"FP8 checkpoint weight_block_size {block!r}: only square blocks like [128, 128]")
-    return Fp8Config(Fp8Source.CHECKPOINT, int(block[0]))
+    return Fp8Config(Fp8Source.CHECKPOINT, int(block[0]), ignore)
 
 
 def _parse_compressed_tensors(qc: dict[str, Any]) -> Fp8Config:
@@ -252,8 +277,7 @@ def _parse_compressed_tensors(qc: dict[str, Any]) -> Fp8Config:
     if a is None or not a.get("dynamic") or a.get("type") != "float" or a.get("num_bits") != 8:
         raise ValueError(f"compressed-tensors input_activations {a!r}: only dynamic 8-bit float activations "
                          "(the -FP8-dynamic scheme) are supported")  # fmt: skip
-    _check_ignore(list(qc.get("ignore") or []), "ignore")
-    return Fp8Config(Fp8Source.CHECKPOINT, None)
+    return Fp8Config(Fp8Source.CHECKPOINT, None, tuple(qc.get("ignore") or ()))
 
 
 def parse_quantization_config(hf_config: dict[str, Any]) -> Fp8Config | None:

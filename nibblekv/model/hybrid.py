@@ -27,6 +27,7 @@ from nibblekv.model.gated_deltanet import causal_conv_decode, causal_conv_extend
 from nibblekv.model.hybrid_config import FULL_ATTENTION
 from nibblekv.model.layers import GatedMLP, RMSNormBase
 from nibblekv.model.rope import RotaryEmbedding, apply_rope
+from nibblekv.model.weights import weight_slot
 
 
 class ZeroCentredRMSNorm(RMSNormBase):
@@ -317,7 +318,7 @@ def load_hybrid_weights(model: HybridCausalLM, weights: Iterable[tuple[str, torc
                 shard, rows = idx, (start, start + sizes[fused][idx])
         if name not in params:
             raise KeyError(f"checkpoint tensor {hf_name!r} has no place in the model (mapped to {name!r})")
-        target = params[name] if rows is None else params[name][rows[0] : rows[1]]
+        target, tensor = weight_slot(model, hf_name, name, params[name], rows, tensor)
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(
                 f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}"

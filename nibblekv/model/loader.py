@@ -120,9 +120,8 @@ def _empty_model(
 ) -> CausalLM:  # fmt: skip
     """An uninitialized model (``tp``: this rank's shard) allocated directly on ``device``; ``fp8``: with
     FP8 linear layers for a checkpoint's FP8 weights."""
-    if config.is_hybrid and (tp is not None or fp8 is not None):
-        raise ValueError(f"{config.architecture} (hybrid linear attention) runs without --tp-size > 1 and from "
-                         "unquantized checkpoints (for FP8 weights: --quantization fp8 on a bf16 one)")  # fmt: skip
+    if config.is_hybrid and tp is not None:
+        raise ValueError(f"{config.architecture} (hybrid linear attention) runs without --tp-size > 1")
     with torch.device("meta"):
         if config.is_hybrid:
             from nibblekv.model.hybrid import HybridCausalLM
@@ -132,7 +131,7 @@ def _empty_model(
             model = CausalLM(config) if tp is None else TPCausalLM(config, tp)
     model = model.to(dtype=dtype)
     if fp8 is not None:
-        install_fp8_layers(model, fp8.block)  # NOTE: after .to(dtype), which would cast the FP8 weights
+        install_fp8_layers(model, fp8.block, fp8.ignore)  # NOTE: after .to(dtype), which would cast FP8
     model = model.to_empty(device=device).eval()
     model.rotary.prepare(model.device)
     return model
@@ -265,6 +264,7 @@ def _load_dummy(
         tokenizer = HFTokenizer.from_folder(folder, [*config.eos_token_ids, *_generation_eos(folder)])
     else:
         tokenizer = ByteTokenizer(config.vocab_size)  # NOTE: no tokenizer on hand; see ByteTokenizer
-    if parse_quantization_config({**raw, **overrides}) is not None:
-        quantize_model(lm)  # random weights of an FP8 checkpoint's config are served in FP8 too (per channel)
+    fp8 = parse_quantization_config({**raw, **overrides})
+    if fp8 is not None:  # random weights of an FP8 checkpoint's config are served in FP8 too (per channel)
+        quantize_model(lm, fp8.ignore)
     return lm, tokenizer

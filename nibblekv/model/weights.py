@@ -73,6 +73,27 @@ def _scale_slot(
     return param[lo // block : -(-hi // block)], tensor
 
 
+def weight_slot(
+    model: CausalLM, hf_name: str, name: str, param: torch.Tensor, rows: tuple[int, int] | None,
+    tensor: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(slice of ``param`` to fill, tensor to copy) for checkpoint tensor ``hf_name`` mapped to ``name`` (rows
+    ``rows`` of a fused parameter); ValueError where an FP8 tensor and the parameter's dtype disagree."""
+    if name.endswith(".weight_scale"):  # FP8 weight scales: rows in scale units, scalars per shard
+        return _scale_slot(model, hf_name, name, param, rows, tensor)
+    if param.dtype == torch.float8_e4m3fn and tensor.dtype != param.dtype:
+        raise ValueError(
+            f"{hf_name}: checkpoint dtype {tensor.dtype} in an FP8 layer (float8_e4m3fn expected: "
+            "the quantization_config says this checkpoint is FP8)"
+        )
+    if tensor.dtype == torch.float8_e4m3fn and param.dtype != tensor.dtype:
+        raise ValueError(
+            f"{hf_name}: an FP8 tensor for a {param.dtype} parameter (embeddings, LM head, norms and the "
+            "modules the quantization_config leaves unquantized are served in the model dtype)"
+        )
+    return (param if rows is None else param[rows[0] : rows[1]]), tensor
+
+
 @torch.no_grad()
 def load_hf_weights(
     model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]], adopt: bool = False
@@ -103,20 +124,7 @@ def load_hf_weights(
         if name not in params:
             raise KeyError(f"checkpoint tensor {hf_name!r} has no place in the model (mapped to {name!r})")
         param = params[name]
-        if name.endswith(".weight_scale"):  # FP8 weight scales: rows in scale units, scalars per shard
-            target, tensor = _scale_slot(model, hf_name, name, param, rows, tensor)
-        else:
-            target = param if rows is None else param[rows[0] : rows[1]]
-            if param.dtype == torch.float8_e4m3fn and tensor.dtype != param.dtype:
-                raise ValueError(
-                    f"{hf_name}: checkpoint dtype {tensor.dtype} in an FP8 layer (float8_e4m3fn expected: "
-                    "the quantization_config says this checkpoint is FP8)"
-                )
-            if tensor.dtype == torch.float8_e4m3fn and param.dtype != tensor.dtype:
-                raise ValueError(
-                    f"{hf_name}: an FP8 tensor for a {param.dtype} parameter (embeddings, LM head and norms "
-                    "are served unquantized; is the quantization_config missing?)"
-                )
+        target, tensor = weight_slot(model, hf_name, name, param, rows, tensor)
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}")
         if adopt and rows is None and tensor.dtype == target.dtype and tensor.device == target.device:
