@@ -7,7 +7,8 @@ import pytest
 import torch
 from model_helpers import random_causal_lm
 
-from nibblekv.kernels.fused.elementwise import add_rms_norm, silu_and_mul
+from nibblekv.kernels.fp8.gemm import quant_fp8_groups
+from nibblekv.kernels.fused.elementwise import add_rms_norm, add_rms_norm_fp8, silu_and_mul, silu_and_mul_fp8
 from nibblekv.kernels.fused.reference import add_rms_norm_ref, rope_qk_ref, silu_and_mul_ref
 from nibblekv.kernels.fused.rope import rope_qk
 from nibblekv.model import CausalLM, DenseAttention, ModelConfig
@@ -97,6 +98,42 @@ def test_silu_and_mul(dtype: torch.dtype, t: int, inter: int) -> None:
     want = silu_and_mul_ref(gate_up)
     # expf differs from torch's CPU exp by an ulp at times: float32 rtol 1e-5, bf16 one ulp
     _assert_close(out, want)
+
+
+# ----------------------------------------------------------------------------- FP8 layer inputs
+
+
+def _assert_same_quant(rows: object, out: torch.Tensor, group: int | None) -> None:
+    """``rows`` (a QuantizedRows) is bit for bit ``quant_fp8_groups(out, group)``."""
+    q, s = quant_fp8_groups(out, group)
+    assert rows.group == group and rows.dtype == out.dtype  # type: ignore[attr-defined]
+    assert torch.equal(rows.q.view(torch.uint8), q.view(torch.uint8))  # type: ignore[attr-defined]
+    assert torch.equal(rows.scale, s)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("group", [None, 128, 64])
+@pytest.mark.parametrize(("t", "h"), [(1, 72), (3, 576), (2, 4096)])
+def test_add_rms_norm_fp8_is_the_norm_then_its_quantization(group: int | None, t: int, h: int) -> None:
+    """The fused norm's e4m3 rows and scales equal the norm's bf16 output quantized by quant_fp8_groups
+    (per row, per 128 / 64 columns; 72 columns: a partial group, or one group for the whole row)."""
+    torch.manual_seed(h + t)
+    x = (torch.randn(t, h) * 3).to(torch.bfloat16).to(DEVICE)
+    res = torch.randn(t, h).to(torch.bfloat16).to(DEVICE)
+    w = (torch.rand(h) + 0.5).to(torch.bfloat16).to(DEVICE)
+    rows, new_res = add_rms_norm_fp8(x, res, w, 1e-6, group)
+    out, want_res = add_rms_norm(x, res, w, 1e-6)
+    _assert_same_quant(rows, out, group)
+    _assert_bit_exact(new_res, want_res)
+
+
+@pytest.mark.parametrize("group", [None, 128])
+@pytest.mark.parametrize(("t", "inter"), [(2, 40), (3, 1536), (1, 14336)])
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+def test_silu_and_mul_fp8_is_silu_mul_then_its_quantization(group: int | None, t: int, inter: int) -> None:
+    torch.manual_seed(inter + t)
+    gate_up = (torch.randn(t, 2 * inter) * 4).to(torch.bfloat16).to(DEVICE)
+    gate_up[0, 0] = 0.0
+    _assert_same_quant(silu_and_mul_fp8(gate_up, group), silu_and_mul(gate_up), group)
 
 
 # ----------------------------------------------------------------------------- RoPE

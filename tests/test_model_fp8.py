@@ -13,7 +13,12 @@ import pytest
 import torch
 from model_helpers import random_causal_lm
 
-from nibblekv.formats.fp8_weights import dequantize_weight, quantize_weight_block, quantize_weight_channel
+from nibblekv.formats.fp8_weights import (
+    Fp8Input,
+    dequantize_weight,
+    quantize_weight_block,
+    quantize_weight_channel,
+)
 from nibblekv.model import ByteTokenizer, CausalLM, DenseAttention, ModelConfig, load_model
 from nibblekv.model import loader as loader_mod
 from nibblekv.model.fp8 import Fp8Linear, QuantMethod, parse_quantization_config, quantize_model, weight_bytes
@@ -84,6 +89,32 @@ def test_quantization_fp8_agrees_with_bf16_twin() -> None:
     a, b = _logits(fp8), _logits(bf16)
     assert _rel(a, b) < 0.15 and torch.equal(a.argmax(-1), b.argmax(-1))
     assert _greedy(fp8, [7, 11, 3, 5], 6) == _greedy(bf16, [7, 11, 3, 5], 6)
+
+
+def test_fused_kernels_hand_fp8_layers_their_inputs_quantized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the fused path the RMSNorms and SiLU * mul quantize for the FP8 layer after them (qkv, gate/up,
+    down; o_proj quantizes its own input): logits bit for bit those of quantizing inside each layer."""
+    model = random_causal_lm(ModelConfig.from_hf(CFG), std=0.04, seed=3).to(torch.bfloat16)
+    quantize_model(model)
+    assert all(layer.input_layernorm.fp8_out == Fp8Input(None) for layer in model.model.layers)
+    monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")  # the fused path, on the Triton interpreter here
+    seen: list[str] = []
+    gemm = Fp8Linear._gemm
+
+    def spy(self: Fp8Linear, x: Any, bias: torch.Tensor | None) -> torch.Tensor:
+        seen.append(type(x).__name__)
+        return gemm(self, x, bias)
+
+    monkeypatch.setattr(Fp8Linear, "_gemm", spy)
+    fused = _logits(model)
+    assert seen == ["QuantizedRows", "Tensor", "QuantizedRows", "QuantizedRows"] * 2
+    for layer in model.model.layers:
+        layer.input_layernorm.fp8_out = layer.post_attention_layernorm.fp8_out = None
+    monkeypatch.setattr(Fp8Linear, "fp8_input", None)  # SiLU * mul: unfused too
+    seen.clear()
+    unfused = _logits(model)
+    assert seen == ["Tensor"] * 8
+    assert torch.equal(fused, unfused)
 
 
 def test_load_model_quantization_flag_on_dummy(tmp_path: Path) -> None:

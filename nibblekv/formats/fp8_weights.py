@@ -12,11 +12,37 @@ weights and per token-group of ``B`` columns for block weights: ``scale = max(am
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
 
 from nibblekv.formats.nvfp4 import E4M3_MAX
 
 ACT_EPS: float = 1e-10  # amax floor: an all-zero row gets a tiny scale instead of 0 / 0
+
+
+@dataclass(frozen=True)
+class Fp8Input:
+    """How an FP8 layer quantizes its input rows: per ``group`` columns (``None``: one scale per row). A
+    kernel before the layer that knows it (the RMSNorm, SiLU * mul) hands over :class:`QuantizedRows`."""
+
+    group: int | None
+
+
+class QuantizedRows(NamedTuple):
+    """Activations already quantized for an FP8 layer (by the kernel before it: the norm or SiLU * mul):
+    ``q [M, K]`` e4m3 and ``scale [M, ceil(K / min(group, K))]`` fp32, as :func:`quantize_act_groups` makes
+    them; ``group=None``: one scale per row. ``dtype``: the activations' own dtype (the layer's output's)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    group: int | None
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nibblekv.formats.fp8_weights import quantize_weight_channel
+from nibblekv.formats.fp8_weights import Fp8Input, QuantizedRows, quantize_weight_channel
 from nibblekv.kernels import use_triton
-from nibblekv.kernels.fp8.reference import fp8_linear_ref
+from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref
 from nibblekv.model.causal_lm import CausalLM
 from nibblekv.model.parallel import RowParallelLinear
 
@@ -101,7 +101,12 @@ class Fp8Linear(nn.Module):
         self.reduce = reduce
         self.reduce_group = reduce_group
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def fp8_input(self) -> Fp8Input:
+        """How this layer quantizes its input (per row, or per ``block`` columns)."""
+        return Fp8Input(self.block)
+
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         bias = None if self.reduce else self.bias
         y = self._gemm(x, bias)
         if self.reduce:
@@ -110,9 +115,10 @@ class Fp8Linear(nn.Module):
                 y = y + self.bias
         return y
 
-    def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _gemm(self, x: torch.Tensor | QuantizedRows, bias: torch.Tensor | None) -> torch.Tensor:
         n = self.weight.shape[0]
-        if use_triton(x) and (_fp8_tensor_cores(x.device) or not x.is_cuda):
+        t = x.q if isinstance(x, QuantizedRows) else x
+        if use_triton(t) and (_fp8_tensor_cores(t.device) or not t.is_cuda):
             if self.block is not None:
                 from nibblekv.kernels.fp8.gemm import fp8_linear_block
 
@@ -120,6 +126,8 @@ class Fp8Linear(nn.Module):
             from nibblekv.kernels.fp8.gemm import fp8_linear_rowwise
 
             return fp8_linear_rowwise(x, self.weight, self.weight_scale.view(1, n), bias)
+        if isinstance(x, QuantizedRows):
+            return fp8_gemm_ref(x.q, x.scale, self.weight, self.weight_scale, self.block, x.dtype, bias)
         return fp8_linear_ref(x, self.weight, self.weight_scale, self.block, bias)
 
     def extra_repr(self) -> str:
@@ -185,6 +193,18 @@ def install_fp8_layers(model: CausalLM, block: int | None, ignore: tuple[str, ..
     loader to fill)."""
     for parent, attr, old in _fp8_slots(model, ignore):
         setattr(parent, attr, _fp8_twin(old, block))
+    _route_fp8_inputs(model)
+
+
+def _route_fp8_inputs(model: CausalLM) -> None:
+    """A dense layer's RMSNorms quantize their output for the FP8 projection after them (qkv, gate/up): one
+    kernel where there were two. (SiLU * mul does the same for down_proj, in ``GatedMLP``.)"""
+    if model.config.is_hybrid:
+        return  # NOTE: hybrid layers norm without the fused kernel (and a DeltaNet's input feeds bf16 layers)
+    for layer in model.model.layers:
+        attn_in = (layer.input_layernorm, layer.self_attn.qkv_proj)
+        for norm, linear in (attn_in, (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
+            norm.fp8_out = linear.fp8_input if isinstance(linear, Fp8Linear) else None
 
 
 @torch.no_grad()
@@ -200,6 +220,7 @@ def quantize_model(model: CausalLM, ignore: tuple[str, ...] = ()) -> None:
         if new.bias is not None:
             new.bias.data = old.bias.data
         setattr(parent, attr, new)
+    _route_fp8_inputs(model)
     if model.device.type == "cuda":
         torch.cuda.empty_cache()  # hand the bf16 weights' memory back: the KV pool is sized from free memory
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nibblekv.attention.backend import AttentionBackend
+from nibblekv.formats.fp8_weights import Fp8Input, QuantizedRows
 from nibblekv.kernels import use_triton
 from nibblekv.model.config import ModelConfig
 from nibblekv.model.rope import apply_rope
@@ -41,15 +42,21 @@ class RMSNormBase(nn.Module):
 class RMSNorm(RMSNormBase):
     """HF's Llama RMSNorm: normalize in float32, cast back, then scale by the weight."""
 
+    # NOTE: set (by model.fp8) when an FP8 layer takes this norm's output: the fused kernel then hands it
+    # over quantized as that layer would quantize it (bit for bit)
+    fp8_out: Fp8Input | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * self.normalized(x).to(x.dtype)
 
     def forward_fused(
         self, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor | QuantizedRows, torch.Tensor]:
         """``(norm(x + residual), x + residual)`` in one kernel (``residual=None``: ``(norm(x), x)``)."""
-        from nibblekv.kernels.fused.elementwise import add_rms_norm
+        from nibblekv.kernels.fused.elementwise import add_rms_norm, add_rms_norm_fp8
 
+        if self.fp8_out is not None:
+            return add_rms_norm_fp8(x, residual, self.weight, self.eps, self.fp8_out.group)
         return add_rms_norm(x, residual, self.weight, self.eps)
 
 
@@ -98,9 +105,9 @@ class Attention(nn.Module):
         self.o_rotation = rotation
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+        self, x: torch.Tensor | QuantizedRows, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
-        """``x [T, hidden]`` -> ``[T, hidden]``."""
+        """``x [T, hidden]`` (or its rows quantized for an FP8 qkv_proj) -> ``[T, hidden]``."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         rot = attn.qkv_rotation
@@ -154,12 +161,15 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if use_triton(gate_up):
-            from nibblekv.kernels.fused.elementwise import silu_and_mul
+            from nibblekv.kernels.fused.elementwise import silu_and_mul, silu_and_mul_fp8
 
-            return self.down_proj(silu_and_mul(gate_up))
+            # an FP8 down_proj takes its input quantized by the SiLU * mul kernel
+            fp8: Fp8Input | None = getattr(self.down_proj, "fp8_input", None)
+            act = silu_and_mul(gate_up) if fp8 is None else silu_and_mul_fp8(gate_up, fp8.group)
+            return self.down_proj(act)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nibblekv.formats.fp8_weights import ACT_EPS
+from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting
 from nibblekv.kernels.write import _round_to_e4m3
@@ -281,30 +281,45 @@ def fp8_rowwise_gemm(
 
 
 def fp8_linear_block(
-    x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, block: int, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """Block-scaled FP8 linear on ``x [..., K]``: per token-group activation quantization + the GEMM."""
-    x2 = x.reshape(-1, x.shape[-1])
-    xq, xs = quant_fp8_groups(x2, block)
-    y = fp8_block_gemm(xq, xs, wq, w_scale, block, x.dtype, bias)
-    return y.reshape(*x.shape[:-1], wq.shape[0])
+    x: torch.Tensor | QuantizedRows, wq: torch.Tensor, w_scale: torch.Tensor, block: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
+    """Block-scaled FP8 linear on ``x [..., K]`` (or rows already quantized per ``block`` columns):
+    per token-group activation quantization + the GEMM."""
+    xq, xs, dtype, lead = _quantized(x, block)
+    y = fp8_block_gemm(xq, xs, wq, w_scale, block, dtype, bias)
+    return y.reshape(*lead, wq.shape[0])
 
 
 def fp8_linear_rowwise(
-    x: torch.Tensor, wq: torch.Tensor, w_scale_row: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor | QuantizedRows, wq: torch.Tensor, w_scale_row: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """Per-channel FP8 linear on ``x [..., K]``: per-token activation scales times ``w_scale_row [1, N]``.
-    Prefill chunks (more than :data:`ROWWISE_TRITON_MAX_M` tokens, bf16, K and N multiples of 16) run
-    cuBLASLt's row-wise scaled FP8 GEMM (``torch._scaled_mm``); everything else the Triton split-K GEMM."""
-    x2 = x.reshape(-1, x.shape[-1])
-    m, (n, k) = x2.shape[0], wq.shape
-    if m == 0:
+    """Per-channel FP8 linear on ``x [..., K]`` (or rows already quantized per row): per-token activation
+    scales times ``w_scale_row [1, N]``. Prefill chunks (more than :data:`ROWWISE_TRITON_MAX_M` tokens,
+    bf16, K and N multiples of 16) run cuBLASLt's row-wise scaled FP8 GEMM (``torch._scaled_mm``);
+    everything else the Triton split-K GEMM."""
+    n, k = wq.shape
+    if not isinstance(x, QuantizedRows) and x.reshape(-1, k).shape[0] == 0:
         return x.new_empty(*x.shape[:-1], n)
-    xq, xs = quant_fp8_groups(x2, None)
-    cublas = x.is_cuda and m > ROWWISE_TRITON_MAX_M and x.dtype == torch.bfloat16 and n % 16 == k % 16 == 0
+    xq, xs, dtype, lead = _quantized(x, None)
+    m = xq.shape[0]
+    cublas = xq.is_cuda and m > ROWWISE_TRITON_MAX_M and dtype == torch.bfloat16 and n % 16 == k % 16 == 0
     if cublas:
-        y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale_row, out_dtype=x.dtype)
+        y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale_row, out_dtype=dtype)
         y = y if bias is None else y + bias
     else:
-        y = fp8_rowwise_gemm(xq, xs, wq, w_scale_row.reshape(-1), x.dtype, bias)
-    return y.reshape(*x.shape[:-1], n)
+        y = fp8_rowwise_gemm(xq, xs, wq, w_scale_row.reshape(-1), dtype, bias)
+    return y.reshape(*lead, n)
+
+
+def _quantized(
+    x: torch.Tensor | QuantizedRows, group: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.dtype, tuple[int, ...]]:
+    """(codes [M, K], scales, activation dtype, leading shape) of ``x``: quantized here, or as it came."""
+    if isinstance(x, QuantizedRows):
+        if x.group != group:
+            raise ValueError(f"FP8 layer quantizes activations per {group or 'row'}, the rows came per "
+                             f"{x.group or 'row'}")  # fmt: skip
+        return x.q, x.scale, x.dtype, tuple(x.q.shape[:-1])
+    xq, xs = quant_fp8_groups(x.reshape(-1, x.shape[-1]), group)
+    return xq, xs, x.dtype, tuple(x.shape[:-1])

@@ -23,7 +23,10 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
+from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting
+from nibblekv.kernels.write import _round_to_e4m3
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_BLOCK = 65536  # add_rms_norm: a whole row of H values is one tile
@@ -67,17 +70,55 @@ def _warps(block: int) -> int:
     return 4 if block < 2048 else 8 if block < 8192 else 16
 
 
+@triton.jit
+def _store_e4m3_groups(y, q_ptr, s_ptr, c0, cols, mask, n_groups, QGROUP: tl.constexpr, BLOCK: tl.constexpr):
+    """Quantize a tile ``y [BLOCK]`` (fp32, 0 where masked) of columns ``c0 + [0, BLOCK)`` per group of
+    ``QGROUP`` columns (a power of two dividing ``BLOCK``; ``c0`` on a group boundary) as
+    ``quant_fp8_groups`` does: e4m3 codes to ``q_ptr + cols``, group ``g``'s scale to ``s_ptr + g``."""
+    NG: tl.constexpr = BLOCK // QGROUP
+    amax = tl.max(tl.reshape(tl.abs(y), [NG, QGROUP]), axis=1)
+    scale = tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)  # NOTE: ACT_EPS and E4M3_MAX (checked below)
+    gid = c0 // QGROUP + tl.arange(0, NG)
+    tl.store(s_ptr + gid, scale, mask=gid < n_groups)
+    per_col = tl.reshape(tl.broadcast_to(scale[:, None], [NG, QGROUP]), [BLOCK])
+    q = _round_to_e4m3(tl.clamp(tl.math.div_rn(y, per_col), -448.0, 448.0))
+    tl.store(q_ptr + cols, q.to(tl.float8e4nv), mask=mask)
+
+
+assert ACT_EPS == 1e-10 and E4M3_MAX == 448.0, "_store_e4m3_groups spells these constants out"
+
+
+def _quant_plan(width: int, group: int | None, block: int) -> tuple[int, int, int]:
+    """(tile width, QGROUP, number of scale groups) for quantizing rows of ``width`` columns per ``group``
+    (``None``: per row) in tiles of up to ``block``: a group at least the row is one scale per row, which
+    needs the whole row in one tile."""
+    if group is None or group >= width:
+        whole = triton.next_power_of_2(width)
+        return whole, whole, 1
+    tile = max(block, group)
+    return tile, group, triton.cdiv(width, group)
+
+
+def _quant_out(t: int, width: int, n_groups: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.empty((t, width), dtype=torch.float8_e4m3fn, device=device),
+        torch.empty((t, n_groups), dtype=torch.float32, device=device),
+    )
+
+
 # ----------------------------------------------------------------------------- add + RMSNorm
 
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, r_ptr, w_ptr, out_ptr, res_ptr,
-    stride_x, stride_r, stride_out, stride_res,
+    x_ptr, r_ptr, w_ptr, out_ptr, res_ptr, q_ptr, s_ptr,
+    stride_x, stride_r, stride_out, stride_res, n_groups,
     H, eps,
     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, X_BITS: tl.constexpr, OUT_BITS: tl.constexpr,
+    QGROUP: tl.constexpr,
 ):  # fmt: skip
-    """One row: ``s = x + r`` (rounded to x's dtype, stored), ``out = round(round(s * rstd) * w)``."""
+    """One row: ``s = x + r`` (rounded to x's dtype, stored), ``out = round(round(s * rstd) * w)``;
+    ``QGROUP > 0``: ``out`` quantized to e4m3 per group of ``QGROUP`` columns instead (rows of ``H``)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -91,7 +132,12 @@ def _add_rms_norm_kernel(
     rstd = tl.math.rsqrt(var + eps)
     normed = _round(s * rstd, x_ptr, X_BITS).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, _round(normed * w, out_ptr, OUT_BITS), mask=mask)
+    y = _round(normed * w, out_ptr, OUT_BITS)
+    if QGROUP == 0:
+        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+    else:
+        _store_e4m3_groups(y.to(tl.float32), q_ptr + row * H, s_ptr + row * n_groups, 0, cols, mask, n_groups,
+                           QGROUP, BLOCK)  # fmt: skip
 
 
 def add_rms_norm(
@@ -104,6 +150,25 @@ def add_rms_norm(
     Returns new contiguous tensors: normed ``[T, H]`` in ``promote_types(weight.dtype, x.dtype)``
     and ``s [T, H]`` in ``x``'s dtype. Same roundings as :func:`~nibblekv.kernels.fused.reference.add_rms_norm_ref`.
     """
+    out, new_res, _ = _add_rms_norm(x, residual, weight, eps, None, quantize=False)
+    return out, new_res
+
+
+def add_rms_norm_fp8(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, group: int | None
+) -> tuple[QuantizedRows, torch.Tensor]:
+    """:func:`add_rms_norm` whose normed rows leave as an FP8 layer's input: e4m3 per ``group`` columns
+    (``None``: per row), bit for bit ``quant_fp8_groups(add_rms_norm(...)[0], group)``; the residual as
+    there."""
+    out, new_res, quant = _add_rms_norm(x, residual, weight, eps, group, quantize=True)
+    assert quant is not None
+    return QuantizedRows(*quant, group, out.dtype), new_res
+
+
+def _add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, group: int | None,
+    quantize: bool,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:  # fmt: skip
     _check_rows(x, "x")
     t, h = x.shape
     if residual is not None:
@@ -122,19 +187,24 @@ def add_rms_norm(
     block = triton.next_power_of_2(h)
     if block > _MAX_BLOCK:
         raise ValueError(f"hidden size {h} is too large for one program per row (max {_MAX_BLOCK})")
-    out = torch.empty((t, h), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    _, qgroup, n_groups = _quant_plan(h, group, block) if quantize else (block, 0, 1)
+    # NOTE: when quantizing, ``out`` only carries the dtype the kernel rounds to (nothing is stored in it)
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    out = torch.empty((1,) if quantize else (t, h), dtype=out_dtype, device=x.device)
+    quant = _quant_out(t, h, n_groups, x.device) if quantize else None
     new_res = x if residual is None else torch.empty((t, h), dtype=x.dtype, device=x.device)
     if t == 0:
-        return out, new_res
+        return out, new_res, quant
     r = x if residual is None else residual
+    q, sc = quant if quant is not None else (out, out)
     _add_rms_norm_kernel[(t,)](
-        x, r, weight, out, new_res,
-        x.stride(0), r.stride(0), out.stride(0), new_res.stride(0),
+        x, r, weight, out, new_res, q, sc,
+        x.stride(0), r.stride(0), h, new_res.stride(0), n_groups,
         h, float(eps),
         HAS_RES=residual is not None, BLOCK=block, X_BITS=_bf16_bits(x.dtype), OUT_BITS=_bf16_bits(out.dtype),
-        num_warps=_warps(block),
+        QGROUP=qgroup, num_warps=_warps(block),
     )  # fmt: skip
-    return out, new_res
+    return out, new_res, quant
 
 
 # ----------------------------------------------------------------------------- SiLU * mul
@@ -152,18 +222,25 @@ def _exp(x, INTERP: tl.constexpr):
 
 @triton.jit
 def _silu_and_mul_kernel(
-    gu_ptr, out_ptr, stride_gu, stride_out, I,
-    BLOCK: tl.constexpr, BF16_BITS: tl.constexpr, INTERP: tl.constexpr,
+    gu_ptr, out_ptr, q_ptr, s_ptr, stride_gu, stride_out, n_groups, I,
+    BLOCK: tl.constexpr, BF16_BITS: tl.constexpr, INTERP: tl.constexpr, QGROUP: tl.constexpr,
 ):  # fmt: skip
-    """``BLOCK`` columns of one row: ``round(round(g / (1 + exp(-g))) * u)``."""
+    """``BLOCK`` columns of one row: ``round(round(g / (1 + exp(-g))) * u)``; ``QGROUP > 0``: quantized to
+    e4m3 per group of ``QGROUP`` columns instead (rows of ``I``)."""
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    c0 = tl.program_id(1) * BLOCK
+    cols = c0 + tl.arange(0, BLOCK)
     mask = cols < I
     src = gu_ptr + row * stride_gu + cols
     g = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(src + I, mask=mask, other=0.0).to(tl.float32)
     silu = _round(tl.math.div_rn(g, 1.0 + _exp(-g, INTERP)), out_ptr, BF16_BITS).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, _round(silu * u, out_ptr, BF16_BITS), mask=mask)
+    y = _round(silu * u, out_ptr, BF16_BITS)
+    if QGROUP == 0:
+        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+    else:
+        q_row, s_row = q_ptr + row * I, s_ptr + row * n_groups
+        _store_e4m3_groups(y.to(tl.float32), q_row, s_row, c0, cols, mask, n_groups, QGROUP, BLOCK)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -172,20 +249,42 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     Float32 / bfloat16 / float16; the output is a new contiguous tensor in the input dtype, rounded as
     ``F.silu(gate) * up`` (see :func:`~nibblekv.kernels.fused.reference.silu_and_mul_ref`).
     """
+    out, _ = _silu_and_mul(gate_up, None, quantize=False)
+    return out
+
+
+def silu_and_mul_fp8(gate_up: torch.Tensor, group: int | None) -> QuantizedRows:
+    """:func:`silu_and_mul` leaving as an FP8 layer's input: e4m3 per ``group`` columns (``None``: per row),
+    bit for bit ``quant_fp8_groups(silu_and_mul(gate_up), group)``."""
+    out, quant = _silu_and_mul(gate_up, group, quantize=True)
+    assert quant is not None
+    return QuantizedRows(*quant, group, out.dtype)
+
+
+def _silu_and_mul(
+    gate_up: torch.Tensor, group: int | None, quantize: bool
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     _check_rows(gate_up, "gate_up")
     t, two_i = gate_up.shape
     if two_i % 2:
         raise ValueError(f"gate_up must have an even number of columns [gate | up], got {two_i}")
     inter = two_i // 2
-    out = torch.empty((t, inter), dtype=gate_up.dtype, device=gate_up.device)
+    block = min(triton.next_power_of_2(max(inter, 1)), 1024)
+    block, qgroup, n_groups = _quant_plan(inter, group, block) if quantize else (block, 0, 1)
+    if block > _MAX_BLOCK:
+        raise ValueError(f"intermediate size {inter} is too large to quantize per row in one program")
+    # NOTE: when quantizing, ``out`` only carries the dtype the kernel rounds to (nothing is stored in it)
+    out = torch.empty((1,) if quantize else (t, inter), dtype=gate_up.dtype, device=gate_up.device)
+    quant = _quant_out(t, inter, n_groups, gate_up.device) if quantize else None
     if t == 0 or inter == 0:
-        return out
-    block = min(triton.next_power_of_2(inter), 1024)
+        return out, quant
+    q, sc = quant if quant is not None else (out, out)
     _silu_and_mul_kernel[(t, triton.cdiv(inter, block))](
-        gate_up, out, gate_up.stride(0), out.stride(0), inter,
-        BLOCK=block, BF16_BITS=_bf16_bits(gate_up.dtype), INTERP=interpreting(), num_warps=4,
+        gate_up, out, q, sc, gate_up.stride(0), inter, n_groups, inter,
+        BLOCK=block, BF16_BITS=_bf16_bits(gate_up.dtype), INTERP=interpreting(), QGROUP=qgroup,
+        num_warps=_warps(block) if quantize else 4,
     )  # fmt: skip
-    return out
+    return out, quant
 
 
-__all__ = ["add_rms_norm", "silu_and_mul"]
+__all__ = ["add_rms_norm", "add_rms_norm_fp8", "silu_and_mul", "silu_and_mul_fp8"]
