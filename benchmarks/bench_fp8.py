@@ -11,9 +11,11 @@ the GEMM alone (``fp8_gemm_us``) and bf16 ``x @ W^T`` (``bf16_us``), each a CUDA
 before every call. ``channel``: per-channel weight scales, per-token activations; the layer runs the Triton
 split-K GEMM up to ``ROWWISE_TRITON_MAX_M`` tokens and ``torch._scaled_mm`` above, and every row times both
 alone (``triton_us``, ``scaled_mm_us``: where they cross sets that constant). ``block``: 128x128 weight
-blocks, per token-group activations, the Triton block GEMM. Rows with M <= 16 also get ``read_frac``: the
-FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling measured in the same run. Every row's
-FP8 output is checked against the pure-torch reference first. Writes ``DIR/fp8-weights-h200.json`` (rows ``kind: gemm``) and a PNG.
+blocks, per token-group activations, the Triton block GEMM; ``scaled_mm_us`` there times cuBLASLt's block
+scaling (torch's ``F.scaled_mm``, a prefill candidate; ``scaled_mm_error`` says why it could not run). Rows
+with M <= 16 also get ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling
+measured in the same run. Every row's FP8 output is checked against the pure-torch reference first. Writes
+``DIR/fp8-weights-h200.json`` (rows ``kind: gemm``) and a PNG.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,7 @@ from nibblekv.kernels.fp8.gemm import (  # noqa: E402
     fp8_rowwise_gemm,
     quant_fp8_groups,
 )
-from nibblekv.kernels.fp8.reference import fp8_linear_ref  # noqa: E402
+from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref  # noqa: E402
 
 BLOCK = 128
 # Llama-3.1-8B: (projection, N, K)
@@ -53,6 +56,33 @@ MS_8B: tuple[int, ...] = (1, 16, 64, 128, 256, 512, 8192)
 SHAPES_SMOKE: tuple[tuple[str, int, int], ...] = (("qkv", 384, 256), ("down", 256, 200))
 MS_SMOKE: tuple[int, ...] = (1, 5)
 FORMATS = ("channel", "block")
+
+
+def _blockwise_cublas(
+    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, m: int
+) -> Callable[[], torch.Tensor] | str:
+    """cuBLASLt's DeepSeek-style block scaling (1x128 activations, 128x128 weights) through torch's
+    ``F.scaled_mm``, as a candidate for the block format's prefill GEMM: the call, once checked against the
+    reference, or why it cannot serve (an error, or a result off the reference)."""
+    fn = torch.nn.functional
+
+    def call() -> torch.Tensor:
+        # NOTE: 1x128 scales go outer-dim-major (torch's blockwise contract), 128x128 as they are
+        return fn.scaled_mm(
+            xq, wq.t(), xs.t().contiguous().t(), fn.ScalingType.BlockWise1x128, ws,
+            fn.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16,
+        )  # fmt: skip
+
+    try:
+        got = call().float()
+    except (RuntimeError, ValueError, TypeError) as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    if m <= 512:
+        want = fp8_gemm_ref(xq, xs, wq, ws, BLOCK, torch.float32)
+        err = ((got - want).norm() / want.norm()).item()
+        if not err < 1e-2:
+            return f"{err:.3g} (rel. L2) off the reference"
+    return call
 
 
 def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: float) -> dict[str, Any]:
@@ -87,6 +117,8 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
         def gemm() -> torch.Tensor:
             return fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16)
 
+        if x.is_cuda and hasattr(torch.nn.functional, "scaled_mm"):
+            alternatives["scaled_mm_us"] = _blockwise_cublas(xq, xs, wq, ws, m)
         block = BLOCK
     if m <= 512:  # the reference dequantizes W in fp32: checked where that stays small
         got, want = layer().float(), fp8_linear_ref(x, wq, ws, block, None).float()
@@ -97,7 +129,10 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
     row["fp8_us"] = round(bench_graph(layer), 2)
     row["fp8_gemm_us"] = round(bench_graph(gemm), 2)
     for key, fn in alternatives.items():
-        row[key] = round(bench_graph(fn), 2)
+        if isinstance(fn, str):  # an alternative that cannot run here: why
+            row[key.replace("_us", "_error")] = fn
+        else:
+            row[key] = round(bench_graph(fn), 2)
     row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
     row["speedup"] = round(row["bf16_us"] / max(row["fp8_us"], 1e-3), 3)
     if m <= 16:
