@@ -32,6 +32,19 @@ ROWWISE_TRITON_MAX_M = 64
 
 
 @triton.jit
+def act_scale(amax, EPS: tl.constexpr, FP8_MAX: tl.constexpr):
+    """A token group's activation scale from its amax (``quantize_act_groups``' math)."""
+    return tl.math.div_rn(tl.maximum(amax, EPS), FP8_MAX)
+
+
+@triton.jit
+def act_codes(x, scale, FP8_MAX: tl.constexpr):
+    """fp32 activations -> e4m3 under ``scale``, rounded first: the cast is then exact on the GPU and under
+    the interpreter alike."""
+    return _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX)).to(tl.float8e4nv)
+
+
+@triton.jit
 def _group_chunk(x_ptr, row, stride_x, start, k0, GROUP, K, BLOCK: tl.constexpr):
     """Elements ``k0 + [0, BLOCK)`` of the token group at ``start`` of row ``row``: (their offsets, mask,
     values in fp32, 0 past the group or past ``K``)."""
@@ -57,14 +70,12 @@ def _quant_kernel(
         _, _, x = _group_chunk(x_ptr, row, stride_x, start, k0, GROUP, K, BLOCK)
         amax = tl.maximum(amax, tl.abs(x))
         k0 += BLOCK
-    scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), EPS), FP8_MAX)
+    scale = act_scale(tl.max(amax, axis=0), EPS, FP8_MAX)
     tl.store(s_ptr + row * n_groups + g, scale)
     k0 = 0
     while k0 < GROUP:
         offs, mask, x = _group_chunk(x_ptr, row, stride_x, start, k0, GROUP, K, BLOCK)
-        # rounded first: the cast is then exact on the GPU and under the interpreter alike
-        q = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX))
-        tl.store(q_ptr + row * stride_q + offs, q.to(tl.float8e4nv), mask=mask)
+        tl.store(q_ptr + row * stride_q + offs, act_codes(x, scale, FP8_MAX), mask=mask)
         k0 += BLOCK
 
 
@@ -299,9 +310,7 @@ def fp8_linear_rowwise(
     bf16, K and N multiples of 16) run cuBLASLt's row-wise scaled FP8 GEMM (``torch._scaled_mm``);
     everything else the Triton split-K GEMM."""
     n, k = wq.shape
-    if not isinstance(x, QuantizedRows) and x.reshape(-1, k).shape[0] == 0:
-        return x.new_empty(*x.shape[:-1], n)
-    xq, xs, dtype, lead = _quantized(x, None)
+    xq, xs, dtype, lead = _quantized(x, None)  # NOTE: zero rows pass through both GEMMs' launchers as such
     m = xq.shape[0]
     cublas = xq.is_cuda and m > ROWWISE_TRITON_MAX_M and dtype == torch.bfloat16 and n % 16 == k % 16 == 0
     if cublas:

@@ -26,7 +26,7 @@ from triton.language.extra import libdevice
 from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting
-from nibblekv.kernels.write import _round_to_e4m3
+from nibblekv.kernels.fp8.gemm import act_codes, act_scale
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_BLOCK = 65536  # add_rms_norm: a whole row of H values is one tile
@@ -71,21 +71,19 @@ def _warps(block: int) -> int:
 
 
 @triton.jit
-def _store_e4m3_groups(y, q_ptr, s_ptr, c0, cols, mask, n_groups, QGROUP: tl.constexpr, BLOCK: tl.constexpr):
+def _store_e4m3_groups(
+    y, q_ptr, s_ptr, c0, cols, mask, n_groups, QGROUP: tl.constexpr, BLOCK: tl.constexpr,
+    EPS: tl.constexpr, FP8_MAX: tl.constexpr,
+):  # fmt: skip
     """Quantize a tile ``y [BLOCK]`` (fp32, 0 where masked) of columns ``c0 + [0, BLOCK)`` per group of
     ``QGROUP`` columns (a power of two dividing ``BLOCK``; ``c0`` on a group boundary) as
     ``quant_fp8_groups`` does: e4m3 codes to ``q_ptr + cols``, group ``g``'s scale to ``s_ptr + g``."""
     NG: tl.constexpr = BLOCK // QGROUP
-    amax = tl.max(tl.reshape(tl.abs(y), [NG, QGROUP]), axis=1)
-    scale = tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)  # NOTE: ACT_EPS and E4M3_MAX (checked below)
+    scale = act_scale(tl.max(tl.reshape(tl.abs(y), [NG, QGROUP]), axis=1), EPS, FP8_MAX)
     gid = c0 // QGROUP + tl.arange(0, NG)
     tl.store(s_ptr + gid, scale, mask=gid < n_groups)
     per_col = tl.reshape(tl.broadcast_to(scale[:, None], [NG, QGROUP]), [BLOCK])
-    q = _round_to_e4m3(tl.clamp(tl.math.div_rn(y, per_col), -448.0, 448.0))
-    tl.store(q_ptr + cols, q.to(tl.float8e4nv), mask=mask)
-
-
-assert ACT_EPS == 1e-10 and E4M3_MAX == 448.0, "_store_e4m3_groups spells these constants out"
+    tl.store(q_ptr + cols, act_codes(y, per_col, FP8_MAX), mask=mask)
 
 
 def _quant_plan(width: int, group: int | None, block: int) -> tuple[int, int, int]:
@@ -115,7 +113,7 @@ def _add_rms_norm_kernel(
     stride_x, stride_r, stride_out, stride_res, n_groups,
     H, eps,
     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, X_BITS: tl.constexpr, OUT_BITS: tl.constexpr,
-    QGROUP: tl.constexpr,
+    QGROUP: tl.constexpr, EPS: tl.constexpr, FP8_MAX: tl.constexpr,
 ):  # fmt: skip
     """One row: ``s = x + r`` (rounded to x's dtype, stored), ``out = round(round(s * rstd) * w)``;
     ``QGROUP > 0``: ``out`` quantized to e4m3 per group of ``QGROUP`` columns instead (rows of ``H``)."""
@@ -136,8 +134,9 @@ def _add_rms_norm_kernel(
     if QGROUP == 0:
         tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
     else:
-        _store_e4m3_groups(y.to(tl.float32), q_ptr + row * H, s_ptr + row * n_groups, 0, cols, mask, n_groups,
-                           QGROUP, BLOCK)  # fmt: skip
+        q_row, s_row = q_ptr + row * H, s_ptr + row * n_groups
+        y32 = y.to(tl.float32)
+        _store_e4m3_groups(y32, q_row, s_row, 0, cols, mask, n_groups, QGROUP, BLOCK, EPS, FP8_MAX)
 
 
 def add_rms_norm(
@@ -202,7 +201,7 @@ def _add_rms_norm(
         x.stride(0), r.stride(0), h, new_res.stride(0), n_groups,
         h, float(eps),
         HAS_RES=residual is not None, BLOCK=block, X_BITS=_bf16_bits(x.dtype), OUT_BITS=_bf16_bits(out.dtype),
-        QGROUP=qgroup, num_warps=_warps(block),
+        QGROUP=qgroup, EPS=ACT_EPS, FP8_MAX=E4M3_MAX, num_warps=_warps(block),
     )  # fmt: skip
     return out, new_res, quant
 
@@ -224,6 +223,7 @@ def _exp(x, INTERP: tl.constexpr):
 def _silu_and_mul_kernel(
     gu_ptr, out_ptr, q_ptr, s_ptr, stride_gu, stride_out, n_groups, I,
     BLOCK: tl.constexpr, BF16_BITS: tl.constexpr, INTERP: tl.constexpr, QGROUP: tl.constexpr,
+    EPS: tl.constexpr, FP8_MAX: tl.constexpr,
 ):  # fmt: skip
     """``BLOCK`` columns of one row: ``round(round(g / (1 + exp(-g))) * u)``; ``QGROUP > 0``: quantized to
     e4m3 per group of ``QGROUP`` columns instead (rows of ``I``)."""
@@ -240,7 +240,8 @@ def _silu_and_mul_kernel(
         tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
     else:
         q_row, s_row = q_ptr + row * I, s_ptr + row * n_groups
-        _store_e4m3_groups(y.to(tl.float32), q_row, s_row, c0, cols, mask, n_groups, QGROUP, BLOCK)
+        y32 = y.to(tl.float32)
+        _store_e4m3_groups(y32, q_row, s_row, c0, cols, mask, n_groups, QGROUP, BLOCK, EPS, FP8_MAX)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -281,8 +282,8 @@ def _silu_and_mul(
     q, sc = quant if quant is not None else (out, out)
     _silu_and_mul_kernel[(t, triton.cdiv(inter, block))](
         gate_up, out, q, sc, gate_up.stride(0), inter, n_groups, inter,
-        BLOCK=block, BF16_BITS=_bf16_bits(gate_up.dtype), INTERP=interpreting(), QGROUP=qgroup,
-        num_warps=_warps(block) if quantize else 4,
+        BLOCK=block, BF16_BITS=_bf16_bits(gate_up.dtype), INTERP=interpreting(), QGROUP=qgroup, EPS=ACT_EPS,
+        FP8_MAX=E4M3_MAX, num_warps=_warps(block) if quantize else 4,
     )  # fmt: skip
     return out, quant
 
