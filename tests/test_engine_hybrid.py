@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from nibblekv import Engine, SamplingParams
+from nibblekv.engine.cuda_graph import CudaGraphRunner
 from nibblekv.model import ByteTokenizer, DenseAttention, ModelConfig, load_model
 from nibblekv.model.fp8 import Fp8Linear, QuantMethod, quantize_model
 from nibblekv.model.hybrid import HybridCausalLM
@@ -112,7 +113,31 @@ def test_nvfp4_kv_stays_close(model: HybridCausalLM) -> None:
 def test_kv_pool_holds_only_full_attention_layers(model: HybridCausalLM) -> None:
     engine = _engine(model)
     assert engine.pool.spec.num_layers == 1
-    assert engine.states is not None and engine.states.conv.shape[:2] == (3, engine.max_running)
+    # one slot per running request and the scratch slot of CUDA graphs' padding rows
+    assert engine.states is not None and engine.states.conv.shape[:2] == (3, engine.max_running + 1)
+    assert engine.states.scratch_slot == engine.max_running
+
+
+def test_padded_graph_buffers_keep_each_request_state(
+    model: HybridCausalLM, reference: list[list[int]]
+) -> None:
+    """The CUDA-graph decode path, run eagerly on its static buffers (``capture=False``): 3 then 2 then 1
+    requests replay the 4-row buffers, the padding rows reading and writing the scratch state slot, never a
+    running request's; the greedy tokens are the cache-free reference's."""
+    engine = _engine(model, max_running_requests=4)
+    r = engine.runner
+    r.graphs = CudaGraphRunner(
+        r.model, r.backend, engine.pool, r.page_table, [1, 2, 4], capture=False, states=engine.states
+    )
+    assert engine.states is not None
+    scratch = engine.states.recurrent[:, engine.states.scratch_slot].clone()
+    lens = (24, 6, 15)
+    outs = engine.generate(PROMPTS[:3], [SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+                                         for n in lens])  # fmt: skip
+    assert r.last_used_graph
+    assert [o.token_ids for o in outs] == [ref[:n] for ref, n in zip(reference, lens)]
+    assert not torch.equal(engine.states.recurrent[:, engine.states.scratch_slot], scratch)  # padding ran
+    _no_leak(engine)
 
 
 @pytest.mark.parametrize(("input_len", "gib"), [(32768, 70.0), (163840, 70.0), (1048576, 70.0)])

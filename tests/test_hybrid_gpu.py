@@ -91,7 +91,7 @@ def _ref_logits(model: Any, ids: list[int]) -> torch.Tensor:
 
 def test_engine_head_dim_256_bf16_and_nvfp4(gpu_model: Any) -> None:
     """Chunked prefill over fla's kernels (the state carried across chunks), decode through the fused
-    recurrent kernel and the paged KV at head_dim 256 (GQA 6): each greedy token is the cache-free forward's
+    recurrent kernel (in CUDA graphs) and the paged KV at head_dim 256 (GQA 6): each greedy token is the cache-free forward's
     argmax up to bf16 near-ties, and prompt log-probs agree; nvfp4 KV stays close to bf16."""
     from nibblekv import Engine, SamplingParams
     from nibblekv.model import ByteTokenizer
@@ -115,6 +115,7 @@ def test_engine_head_dim_256_bf16_and_nvfp4(gpu_model: Any) -> None:
         want = ref[: n - 1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
         assert (got - want).abs().mean() < 0.05, (got - want).abs().mean()
     assert bf16.states is not None and bf16.states.num_used == 0
+    assert bf16.runner.graphs is not None and bf16.runner.last_used_graph  # decode replayed CUDA graphs
     lp = SamplingParams(max_new_tokens=1, prompt_logprobs=0)
     exact = bf16.generate(prompts, lp)
     quant = Engine(loaded=(gpu_model, ByteTokenizer(512)), kv_cache_dtype="nvfp4", **opts).generate(

@@ -4,8 +4,10 @@ A Gated DeltaNet layer keeps, per request, a fixed-size recurrent state ``[HV, K
 causal conv's last ``W - 1`` inputs ``[C, W - 1]`` (model dtype), whatever the request's length. The
 :class:`StatePool` holds one slot of both for every running request (``max_running_requests`` slots):
 the scheduler takes a slot at admission and gives it back at finish, abort and preemption, so a slot
-never runs out while a request can be admitted. :class:`LinearStateBatch` is one forward's view: which
-slot each request of the flattened batch uses and whether it starts from a zero state.
+never runs out while a request can be admitted. One more slot, :attr:`StatePool.scratch_slot`, is never
+handed out: a CUDA graph's padding rows read and write it, so they never touch a running request's state.
+:class:`LinearStateBatch` is one forward's view: which slot each request of the flattened batch uses and
+whether it starts from a zero state.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import torch
 
 
 class StatePool:
-    """``conv [layers, slots, C, W-1]`` and ``recurrent [layers, slots, HV, K, V]`` plus a free list."""
+    """``conv [layers, slots + 1, C, W-1]`` and ``recurrent [layers, slots + 1, HV, K, V]`` plus a free list
+    (the last slot is the scratch slot)."""
 
     def __init__(
         self, num_layers: int, num_slots: int, conv_shape: tuple[int, int], recurrent_shape: tuple[int, int, int],
@@ -25,9 +28,10 @@ class StatePool:
         """``num_layers`` linear-attention layers; per slot and layer a conv window ``conv_shape`` ``(C, W-1)``
         in ``dtype`` and a float32 recurrent state ``recurrent_shape`` ``(HV, K, V)``."""
         self.num_slots = num_slots
-        self.conv = torch.zeros(num_layers, num_slots, *conv_shape, dtype=dtype, device=device)
+        self.scratch_slot = num_slots  # NOTE: never allocated; padding rows' reads and writes land here
+        self.conv = torch.zeros(num_layers, num_slots + 1, *conv_shape, dtype=dtype, device=device)
         self.recurrent = torch.zeros(
-            num_layers, num_slots, *recurrent_shape, dtype=torch.float32, device=device
+            num_layers, num_slots + 1, *recurrent_shape, dtype=torch.float32, device=device
         )
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
 
@@ -56,7 +60,7 @@ class StatePool:
 
     def startup_line(self) -> str:
         return (
-            f"Linear-attention state pool: {self.num_slots} slots, {self.conv.shape[0]} layers, "
+            f"Linear-attention state pool: {self.num_slots} slots (+1 scratch), {self.conv.shape[0]} layers, "
             f"{self.nbytes / (1 << 30):.2f} GB"
         )
 

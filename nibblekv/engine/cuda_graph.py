@@ -3,7 +3,8 @@
 A batch of ``bs`` requests replays the smallest captured size ``>= bs``; the extra rows are padding
 that reads one token of the scratch page 0 and writes nowhere (slot -1). Tail-page demotion runs inside
 the graph over one slot per row (empty slots skipped), not eagerly before the replay (one Python launch
-per layer and step while requests age pages: most steps at large batches).
+per layer and step while requests age pages: most steps at large batches). A hybrid model's linear layers
+read and write each row's state slot inside the graph too; padding rows use the pool's scratch slot.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from nibblekv.attention.paged import PagedAttentionBackend, PagedMetadata, to_device
 from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pool import KVPool
+from nibblekv.cache.state_pool import LinearStateBatch, StatePool
 from nibblekv.config import cuda_graph_batch_limit
 from nibblekv.engine.request import fill_placeholders
 from nibblekv.model import CausalLM
@@ -51,10 +53,13 @@ class CudaGraphRunner:
         table: PageTable,
         sizes: Sequence[int],
         capture: bool = True,
+        states: StatePool | None = None,
     ) -> None:
         """``capture=False``: no graphs -- each replay runs the same padded static-buffer forward eagerly
-        (what CPU tests check the padding, ``active`` rows and in-forward demotion slots with)."""
+        (what CPU tests check the padding, ``active`` rows and in-forward demotion slots with).
+        ``states``: a hybrid model's linear-attention state pool (the batch's ``state_slots`` list)."""
         self.model = model
+        self.states = states
         self.capture = capture
         self.backend = backend
         self.pool = pool
@@ -73,6 +78,8 @@ class CudaGraphRunner:
         # Tail pages to demote this step, one slot per row (a decode step ages at most one page a request):
         # demoted inside the graph, each layer before its write; dst -1 = an empty slot (src 0: scratch)
         self.demote_src, self.demote_dst = torch.zeros(n, **i64), torch.full((n,), -1, **i64)
+        self.state_slots = torch.zeros(n, **i64)  # hybrid models: each row's state slot (padding: scratch)
+        self.state_fresh = torch.zeros(n, dtype=torch.bool, device=dev)  # decode rows continue their state
         self._pad_buffers()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -151,6 +158,7 @@ class CudaGraphRunner:
         self.tail_slots.fill_(-1)
         self.demote_src.zero_()
         self.demote_dst.fill_(-1)
+        self.state_slots.fill_(self._scratch_slot)
 
     def _recapture(self) -> None:
         """Capture again after another engine folded a rotation into the shared model's o_proj (the old
@@ -164,8 +172,18 @@ class CudaGraphRunner:
         self._folded = self.model.output_rotation_folded
         self._capture_all()
 
+    @property
+    def _scratch_slot(self) -> int:
+        return self.states.scratch_slot if self.states is not None else 0
+
     def _forward(self, bs: int) -> torch.Tensor:
-        hidden = self.model.forward(self.input_ids[:bs], self.positions[:bs], self.backend)
+        if self.states is None:
+            hidden = self.model.forward(self.input_ids[:bs], self.positions[:bs], self.backend)
+        else:
+            states = LinearStateBatch(
+                list(range(bs + 1)), True, self.states, self.state_slots[:bs], self.state_fresh[:bs]
+            )
+            hidden = self.model.forward(self.input_ids[:bs], self.positions[:bs], self.backend, states)  # type: ignore[call-arg]
         return self.model.compute_logits(hidden)
 
     def replay(
@@ -206,8 +224,13 @@ class CudaGraphRunner:
             "demote_src": src + [0] * (size - len(src)),
             "demote_dst": dst + [-1] * (size - len(dst)),
         }
+        names: tuple[str, ...] = (
+            "input_ids", "positions", "main_lens", "tail_lens", "main_slots", "tail_slots", "active"
+        )  # fmt: skip
+        if self.states is not None:
+            padded["state_slots"] = lists["state_slots"] + [self._scratch_slot] * pad
+            names = (*names, "state_slots")
         d = to_device(padded, self.input_ids.device)
-        names = ("input_ids", "positions", "main_lens", "tail_lens", "main_slots", "tail_slots", "active")
         for name in (*names, "demote_src", "demote_dst"):
             getattr(self, name)[:size].copy_(d[name])
         torch.index_select(self.table.main, 0, d["rows"], out=self.page_table[:size])

@@ -112,16 +112,12 @@ class Engine:
         )  # fmt: skip
         # NOTE: after the KV pool, which was sized from free memory less these states' bytes
         self.states = build_state_pool(self.model, self.max_running)
-        hybrid = self.states is not None
         if self.states is not None:
             logger.info(self.states.startup_line())
             if not cfg.disable_radix_cache:
                 # a cached prefix's KV is useless without the linear layers' state at its end, which is not kept
                 logger.info("Radix cache is disabled for hybrid linear-attention models (%s)", mc.architecture)
                 self.config = cfg = replace(cfg, disable_radix_cache=True, enable_hierarchical_cache=False)
-            if self.device.type == "cuda" and not cfg.disable_cuda_graph:
-                logger.info("CUDA graphs are disabled for hybrid linear-attention models: their decode reads the "
-                            "state pool through per-step slot lists the graphs do not capture")  # fmt: skip
         self.scheduler = Scheduler(
             build_cache_manager(cfg, self.pool, self.page_table),
             max_running_requests=self.max_running,
@@ -135,7 +131,7 @@ class Engine:
             self.pool,
             self.page_table,
             seed=cfg.seed,
-            use_cuda_graph=self.device.type == "cuda" and not cfg.disable_cuda_graph and not hybrid,
+            use_cuda_graph=self.device.type == "cuda" and not cfg.disable_cuda_graph,
             cuda_graph_max_bs=cfg.cuda_graph_max_bs,
             cuda_graph_bs=cfg.cuda_graph_bs,
             max_running_requests=self.max_running,

@@ -100,7 +100,7 @@ class ModelRunner:
         if use_cuda_graph:
             sizes = graph_sizes(cuda_graph_bs, cuda_graph_max_bs, max_running_requests)
             try:
-                self.graphs = CudaGraphRunner(model, self.backend, pool, page_table, sizes)
+                self.graphs = CudaGraphRunner(model, self.backend, pool, page_table, sizes, states=states)
             except RuntimeError as exc:  # e.g. a kernel that syncs with the host cannot be captured
                 logger.warning("CUDA graph capture failed, decoding eagerly: %s", exc)
                 torch.cuda.synchronize()

@@ -144,8 +144,9 @@ def build_pool(
 
 
 def state_pool_bytes(model: CausalLM, max_running: int) -> int:
-    """Bytes of a hybrid model's linear-attention state pool (one slot per running request); 0 otherwise."""
-    return max_running * model.config.state_bytes_per_request(model.dtype)
+    """Bytes of a hybrid model's linear-attention state pool (one slot per running request and the scratch
+    slot of CUDA graphs' padding rows); 0 otherwise."""
+    return (max_running + 1) * model.config.state_bytes_per_request(model.dtype)
 
 
 def build_state_pool(model: CausalLM, max_running: int) -> StatePool | None:

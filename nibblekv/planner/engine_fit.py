@@ -94,7 +94,8 @@ def main_pool_tokens(
     opts: EngineOptions,
 ) -> int:
     """Main-pool tokens the engine allocates from ``budget_bytes`` for ``running`` requests (0: none)."""
-    left = int(budget_bytes) - running * shape.state_bytes_per_request  # the engine takes the states first
+    # the engine takes the states first: one slot per request and the CUDA graphs' scratch slot
+    left = int(budget_bytes) - (running + 1) * shape.state_bytes_per_request
     left -= page_table_bytes(_pool(shape, dtype, opts, running, None), running, context_len)
     try:
         return _pool(shape, dtype, opts, running, left).max_total_num_tokens
