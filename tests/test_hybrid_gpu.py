@@ -1,5 +1,6 @@
-"""CUDA-only checks of hybrid models: fla-core's gated-delta-rule kernels against the torch twin, and the
-engine at head_dim 256 (the published models' attention heads) with bf16 and nvfp4 KV."""
+"""CUDA-only checks of hybrid models: fla-core's chunked gated-delta-rule kernel and the in-place decode
+kernels against the torch twins, and the engine at head_dim 256 (the published models' attention heads)
+with bf16 and nvfp4 KV."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _inputs(t: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ..
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fla_extend_and_decode_match_the_torch_twin(fla_rule: Any, dtype: torch.dtype) -> None:
+def test_fla_extend_matches_the_torch_twin(fla_rule: Any, dtype: torch.dtype) -> None:
     from nibblekv.model.gated_deltanet import TorchGatedDeltaRule
 
     twin = TorchGatedDeltaRule()
@@ -56,13 +57,38 @@ def test_fla_extend_and_decode_match_the_torch_twin(fla_rule: Any, dtype: torch.
         (o.float() - o_ref.float()).abs().max()
     )
     assert torch.allclose(s, s_ref, atol=tol, rtol=tol), (s - s_ref).abs().max()
-    q1, k1, v1, g1, b1 = _inputs(4, dtype, seed=1)
-    o_ref, s_ref = twin.decode(q1, k1, v1, g1, b1, s_ref)
-    o, s = fla_rule.decode(q1, k1, v1, g1, b1, s)
-    assert torch.allclose(o.float(), o_ref.float(), atol=tol, rtol=tol), (
-        (o.float() - o_ref.float()).abs().max()
-    )
-    assert torch.allclose(s, s_ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_kernels_match_the_twins_at_qwen35_heads(dtype: torch.dtype) -> None:
+    """The in-place conv and gated-delta-rule decode kernels at Qwen3.5-27B's linear heads (16 key heads, 48
+    value heads of 128), 5 requests on a 9-slot pool, against their twins; other slots untouched."""
+    from nibblekv.kernels.linear.decode import conv_decode_triton, gated_delta_rule_decode_triton
+    from nibblekv.kernels.linear.reference import conv_decode_ref, gated_delta_rule_decode_ref
+    from nibblekv.kernels.testing import rel_rms
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    n, h, hv, d, c = 5, 16, 48, 128, 2 * 16 * 128 + 48 * 128
+    slots = torch.tensor([7, 0, 3, 8, 1], device="cuda")
+    x = torch.randn(n, c, generator=gen, device="cuda").to(dtype)
+    weight = torch.randn(c, 4, generator=gen, device="cuda").to(dtype)
+    conv = torch.randn(9, c, 3, generator=gen, device="cuda").to(dtype)
+    conv_ref = conv.clone()
+    y = conv_decode_triton(x, weight, conv, slots)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel_rms(y, conv_decode_ref(x, weight, conv_ref, slots)) < tol
+    assert torch.equal(conv, conv_ref)
+    q, k, v = y.split([h * d, h * d, hv * d], dim=-1)
+    q, k, v = q.reshape(n, h, d), k.reshape(n, h, d), v.reshape(n, hv, d)
+    a, b = (torch.randn(n, hv, generator=gen, device="cuda").to(dtype) for _ in range(2))
+    A_log, dt_bias = torch.rand(hv, device="cuda"), torch.randn(hv, device="cuda").to(dtype)
+    state = torch.randn(9, hv, d, d, generator=gen, device="cuda") * 0.05
+    state_ref = state.clone()
+    o = gated_delta_rule_decode_triton(q, k, v, a, b, A_log, dt_bias, state, slots)
+    o_ref = gated_delta_rule_decode_ref(q, k, v, a, b, A_log, dt_bias, state_ref, slots)
+    assert rel_rms(o, o_ref) < (1e-4 if dtype == torch.float32 else 1e-2)
+    assert rel_rms(state, state_ref) < 1e-4
+    assert torch.equal(state[[2, 4, 5, 6]], state_ref[[2, 4, 5, 6]])
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +116,10 @@ def _ref_logits(model: Any, ids: list[int]) -> torch.Tensor:
 
 
 def test_engine_head_dim_256_bf16_and_nvfp4(gpu_model: Any) -> None:
-    """Chunked prefill over fla's kernels (the state carried across chunks), decode through the fused
-    recurrent kernel (in CUDA graphs) and the paged KV at head_dim 256 (GQA 6): each greedy token is the cache-free forward's
-    argmax up to bf16 near-ties, and prompt log-probs agree; nvfp4 KV stays close to bf16."""
+    """Chunked prefill over fla's kernels (the state carried across chunks), decode through the in-place
+    decode kernels (in CUDA graphs) and the paged KV at head_dim 256 (GQA 6): each greedy token is the
+    cache-free forward's argmax up to bf16 near-ties, and prompt log-probs agree; nvfp4 KV stays close to
+    bf16."""
     from nibblekv import Engine, SamplingParams
     from nibblekv.model import ByteTokenizer
 

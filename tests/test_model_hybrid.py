@@ -10,12 +10,10 @@ from typing import Any
 import pytest
 import torch
 
+from nibblekv.kernels.linear import gated_delta_rule_decode
+from nibblekv.kernels.linear.reference import decay_and_beta, recurrent_gated_delta_rule
 from nibblekv.model import DenseAttention, ModelConfig, load_model
-from nibblekv.model.gated_deltanet import (
-    TorchGatedDeltaRule,
-    chunked_gated_delta_rule,
-    recurrent_gated_delta_rule,
-)
+from nibblekv.model.gated_deltanet import TorchGatedDeltaRule, chunked_gated_delta_rule
 from nibblekv.model.hybrid import HybridCausalLM
 
 transformers = pytest.importorskip("transformers")
@@ -136,19 +134,25 @@ def test_chunked_rule_equals_recurrent() -> None:
 
 
 def test_extend_then_decode_equals_one_extend() -> None:
-    """A prefix as one extend, its last token as a decode step: the same outputs and state as one extend."""
+    """A prefix as one extend (the chunked rule), its last token as a decode step on a state pool (in place,
+    at slot 2): the same outputs and state as one extend."""
     gen = torch.Generator().manual_seed(2)
     rule = TorchGatedDeltaRule()
     t, hk, hv, dk, dv = 20, 2, 4, 16, 8
     q, k = torch.randn(t, hk, dk, generator=gen), torch.randn(t, hk, dk, generator=gen)
     v = torch.randn(t, hv, dv, generator=gen)
-    g, beta = -torch.rand(t, hv, generator=gen), torch.rand(t, hv, generator=gen)
+    a, b = torch.randn(t, hv, generator=gen), torch.randn(t, hv, generator=gen)
+    A_log, dt_bias = torch.rand(hv, generator=gen), torch.randn(hv, generator=gen)
+    g, beta = decay_and_beta(a, b, A_log, dt_bias)
     s0 = torch.zeros(1, hv, dk, dv)
     o_all, s_all = rule.extend(q, k, v, g, beta, [0, t], s0)
     o_pre, s_pre = rule.extend(q[:-1], k[:-1], v[:-1], g[:-1], beta[:-1], [0, t - 1], s0)
-    o_last, s_last = rule.decode(q[-1:], k[-1:], v[-1:], g[-1:], beta[-1:], s_pre)
+    pool = torch.zeros(3, hv, dk, dv)
+    pool[2] = s_pre[0]
+    slot = torch.tensor([2])
+    o_last = gated_delta_rule_decode(q[-1:], k[-1:], v[-1:], a[-1:], b[-1:], A_log, dt_bias, pool, slot)
     assert torch.allclose(torch.cat([o_pre, o_last]), o_all, atol=1e-5)
-    assert torch.allclose(s_last, s_all, atol=1e-5)
+    assert torch.allclose(pool[2], s_all[0], atol=1e-5)
 
 
 def test_config_layer_pattern_and_kv_layers() -> None:

@@ -69,6 +69,8 @@ class StatePool:
 class LinearStateBatch:
     """One forward's states: request ``i`` of the batch is tokens ``[cu_seqlens[i], cu_seqlens[i+1])``,
     uses slot ``slots[i]`` and starts from zeros where ``fresh[i]`` (its first token is position 0).
+    A decode batch over a pool (:attr:`in_place`) is not read or written here: the decode kernels update
+    the pool's rows ``slots`` themselves.
 
     ``pool=None``: scratch states (every request fresh, nothing kept beyond this object): what a forward
     over whole sequences without an engine (tests, evals) uses; :attr:`scratch` keeps the final states.
@@ -86,6 +88,11 @@ class LinearStateBatch:
     def num_seqs(self) -> int:
         return len(self.cu_seqlens) - 1
 
+    @property
+    def in_place(self) -> bool:
+        """A decode batch over a pool: each request continues its state in the pool's row ``slots[i]``."""
+        return self.is_decode and self.pool is not None
+
     def read(
         self, layer: int, conv_shape: tuple[int, ...], rec_shape: tuple[int, ...], dtype: torch.dtype,
         device: torch.device,
@@ -95,11 +102,9 @@ class LinearStateBatch:
         if self.pool is None or not self.carried:
             return (torch.zeros(n, *conv_shape, dtype=dtype, device=device),
                     torch.zeros(n, *rec_shape, dtype=torch.float32, device=device))  # fmt: skip
-        assert self.slots is not None and self.fresh is not None
+        assert self.slots is not None and self.fresh is not None and not self.is_decode
         conv = self.pool.conv[layer].index_select(0, self.slots)
         rec = self.pool.recurrent[layer].index_select(0, self.slots)
-        if self.is_decode:  # a decoding request always continues its state
-            return conv, rec
         # NOTE: where, not a multiply: a slot's stale contents never leak into a fresh request, even non-finite
         zero = torch.zeros((), dtype=conv.dtype, device=conv.device)
         conv = torch.where(self.fresh[:, None, None], zero, conv)

@@ -79,7 +79,6 @@ class CudaGraphRunner:
         # demoted inside the graph, each layer before its write; dst -1 = an empty slot (src 0: scratch)
         self.demote_src, self.demote_dst = torch.zeros(n, **i64), torch.full((n,), -1, **i64)
         self.state_slots = torch.zeros(n, **i64)  # hybrid models: each row's state slot (padding: scratch)
-        self.state_fresh = torch.zeros(n, dtype=torch.bool, device=dev)  # decode rows continue their state
         self._pad_buffers()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -180,9 +179,7 @@ class CudaGraphRunner:
         if self.states is None:
             hidden = self.model.forward(self.input_ids[:bs], self.positions[:bs], self.backend)
         else:
-            states = LinearStateBatch(
-                list(range(bs + 1)), True, self.states, self.state_slots[:bs], self.state_fresh[:bs]
-            )
+            states = LinearStateBatch(list(range(bs + 1)), True, self.states, self.state_slots[:bs])
             hidden = self.model.forward(self.input_ids[:bs], self.positions[:bs], self.backend, states)  # type: ignore[call-arg]
         return self.model.compute_logits(hidden)
 

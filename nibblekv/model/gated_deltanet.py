@@ -8,10 +8,11 @@ decays and corrects it (the gated delta rule), with ``q, k`` L2-normalised and `
     S = S + k_t (beta_t * (v_t - S^T k_t))^T
     o_t = S^T q_t
 
-Two implementations behind :class:`GatedDeltaRule`: :class:`TorchGatedDeltaRule`, the readable twin
-(the recurrent form above and a chunked form equal to it, which prefill uses), and
-:class:`FlaGatedDeltaRule`, fla-core's Triton kernels on CUDA (chunked for extend, fused recurrent for
-decode). ``fla`` is imported lazily, on CUDA only, so CPU installs never need it.
+Prefill and extend run the chunked form behind :class:`GatedDeltaRule`: :class:`TorchGatedDeltaRule`, the
+readable twin (equal to the recurrent form, ``kernels.linear.reference``), and :class:`FlaGatedDeltaRule`,
+fla-core's chunked Triton kernel on CUDA (``fla`` is imported lazily, on CUDA only, so CPU installs never
+need it). Decode (one token a request) runs ``kernels.linear``'s conv and rule kernels, which update the
+engine's state pool in place.
 """
 
 from __future__ import annotations
@@ -23,41 +24,19 @@ from abc import ABC, abstractmethod
 import torch
 import torch.nn.functional as F
 
+from nibblekv.kernels.linear.reference import l2norm
+
 logger = logging.getLogger("nibblekv")
 
 CHUNK_SIZE: int = 64  # fla's chunk length; the twin uses the same
-
-
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``x / sqrt(sum(x^2) + eps)`` over the last dim (fla's and HF's l2norm)."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
-
-
-def recurrent_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rule token by token. ``q, k [H, L, K]`` (normalised, q scaled), ``v [H, L, V]``, ``g, beta [H, L]``,
-    ``state [H, K, V]``, all float32 -> ``(o [H, L, V], final state [H, K, V])``."""
-    out = torch.empty_like(v)
-    for t in range(q.shape[1]):
-        state = state * g[:, t].exp()[:, None, None]
-        kv_mem = (state * k[:, t, :, None]).sum(dim=-2)  # S^T k  [H, V]
-        delta = (v[:, t] - kv_mem) * beta[:, t, None]
-        state = state + k[:, t, :, None] * delta[:, None, :]
-        out[:, t] = (state * q[:, t, :, None]).sum(dim=-2)
-    return out, state
 
 
 def chunked_gated_delta_rule(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
     chunk: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """:func:`recurrent_gated_delta_rule` a chunk at a time (same arguments and result, up to rounding).
+    """``kernels.linear.reference.recurrent_gated_delta_rule`` a chunk at a time (same arguments and result,
+    up to rounding).
 
     Within a chunk the delta-rule corrections form a unit lower-triangular system (the WY form): solving
     it gives each token's corrected value ``u`` and the state's contribution ``w``; the chunk's outputs
@@ -90,10 +69,10 @@ def chunked_gated_delta_rule(
 
 
 class GatedDeltaRule(ABC):
-    """The rule over a flattened batch. Inputs as the layer produces them: ``q, k [T, H, K]`` (before
-    L2 norm), ``v [T, HV, V]`` (``HV`` a multiple of ``H``: value head ``j`` reads key head ``j // (HV/H)``),
-    ``g [T, HV]`` float32 log decay, ``beta [T, HV]``; states ``[N, HV, K, V]`` float32. Outputs in
-    ``v``'s dtype."""
+    """The rule over a flattened batch of sequences (prefill / extend chunks). Inputs as the layer produces
+    them: ``q, k [T, H, K]`` (before L2 norm), ``v [T, HV, V]`` (``HV`` a multiple of ``H``: value head ``j``
+    reads key head ``j // (HV/H)``), ``g [T, HV]`` float32 log decay, ``beta [T, HV]``; states
+    ``[N, HV, K, V]`` float32. Outputs in ``v``'s dtype."""
 
     @abstractmethod
     def extend(
@@ -101,13 +80,6 @@ class GatedDeltaRule(ABC):
         cu_seqlens: list[int], initial_state: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """Sequence ``i`` is tokens ``[cu_seqlens[i], cu_seqlens[i+1])``: ``(o [T, HV, V], final [N, HV, K, V])``."""
-
-    @abstractmethod
-    def decode(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-        state: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """One token per sequence (``T == N``): ``(o [N, HV, V], new state [N, HV, K, V])``."""
 
 
 def _heads_first(
@@ -122,7 +94,7 @@ def _heads_first(
 
 
 class TorchGatedDeltaRule(GatedDeltaRule):
-    """Pure torch: chunked form for extend (one sequence at a time), recurrent step for decode."""
+    """Pure torch: the chunked form, one sequence at a time."""
 
     def extend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -136,31 +108,14 @@ class TorchGatedDeltaRule(GatedDeltaRule):
             out[s:e] = o.transpose(0, 1).to(v.dtype)
         return out, final
 
-    def decode(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-        state: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        # the batch as heads: [N * HV, 1, dim]
-        n, hv = v.shape[:2]
-        qh, kh, vh, gh, bh = _heads_first(q, k, v, g, beta)  # [HV, N, dim]
-        flat = [x.transpose(0, 1).reshape(n * hv, 1, -1) for x in (qh, kh, vh)]
-        o, new = recurrent_gated_delta_rule(
-            *flat,
-            gh.T.reshape(n * hv, 1),
-            bh.T.reshape(n * hv, 1),
-            state.float().reshape(n * hv, *state.shape[2:]),
-        )
-        return o.reshape(n, hv, -1).to(v.dtype), new.reshape(state.shape)
-
 
 class FlaGatedDeltaRule(GatedDeltaRule):
-    """fla-core's Triton kernels: ``chunk_gated_delta_rule`` (varlen) and ``fused_recurrent_gated_delta_rule``."""
+    """fla-core's chunked Triton kernel ``chunk_gated_delta_rule`` (varlen)."""
 
     def __init__(self) -> None:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
         self._chunk = chunk_gated_delta_rule
-        self._recurrent = fused_recurrent_gated_delta_rule
 
     def extend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -174,19 +129,6 @@ class FlaGatedDeltaRule(GatedDeltaRule):
             cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(cu_seqlens, dtype=torch.long),
         )  # fmt: skip
         return o[0], final
-
-    def decode(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-        state: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        q, k, v = (x.contiguous() for x in (q, k, v))
-        # NOTE: keywords: the signature is (q, k, v, g, gk, gv, beta, ...)
-        o, new = self._recurrent(
-            q[:, None], k[:, None], v[:, None], g=g[:, None].float().contiguous(),
-            beta=beta[:, None].to(v.dtype).contiguous(),
-            initial_state=state.float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
-        )  # fmt: skip
-        return o[:, 0], new
 
 
 _TORCH_RULE = TorchGatedDeltaRule()
@@ -221,12 +163,3 @@ def causal_conv_extend(
         y[s:e] = F.silu(out).T.to(x.dtype)
         new[i] = full[:, full.shape[-1] - (width - 1) :]
     return y, new
-
-
-def causal_conv_decode(
-    x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per sequence: ``x [N, C]``, ``state [N, C, W-1]`` -> ``(y [N, C], new state)``."""
-    full = torch.cat([state.to(x.dtype), x[:, :, None]], dim=-1)  # [N, C, W]
-    out = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=weight.shape[0])[..., 0]
-    return F.silu(out).to(x.dtype), full[..., 1:]

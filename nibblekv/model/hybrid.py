@@ -21,9 +21,11 @@ from torch import nn
 
 from nibblekv.attention.backend import AttentionBackend
 from nibblekv.cache.state_pool import LinearStateBatch
+from nibblekv.kernels.linear import conv_decode, gated_delta_rule_decode
+from nibblekv.kernels.linear.reference import decay_and_beta
 from nibblekv.model.causal_lm import CausalLM
 from nibblekv.model.config import ModelConfig
-from nibblekv.model.gated_deltanet import causal_conv_decode, causal_conv_extend, gated_delta_rule_for
+from nibblekv.model.gated_deltanet import causal_conv_extend, gated_delta_rule_for
 from nibblekv.model.hybrid_config import FULL_ATTENTION
 from nibblekv.model.layers import GatedMLP, RMSNormBase
 from nibblekv.model.rope import RotaryEmbedding, apply_rope
@@ -130,29 +132,33 @@ class GatedDeltaNet(nn.Module):
         z = z.reshape(t, la.num_value_heads, la.value_head_dim)
         return mixed, z, b.reshape(t, -1), a.reshape(t, -1)
 
-    def forward(self, x: torch.Tensor, states: LinearStateBatch) -> torch.Tensor:
-        la, t = self.la, x.shape[0]
-        mixed, z, b, a = self._project(x)
-        conv_state, rec_state = states.read(
-            self.linear_layer, (la.conv_dim, la.conv_kernel - 1),
-            (la.num_value_heads, la.key_head_dim, la.value_head_dim), x.dtype, x.device,
-        )  # fmt: skip
-        weight = self.conv1d.weight[:, 0, :]
-        if states.is_decode:
-            mixed, conv_state = causal_conv_decode(mixed, weight, conv_state)
-        else:
-            mixed, conv_state = causal_conv_extend(mixed, weight, states.cu_seqlens, conv_state)
+    def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The conv output ``[T, C]`` -> views q, k ``[T, H, K]``, v ``[T, HV, V]``."""
+        la, t = self.la, mixed.shape[0]
         q, k, v = mixed.split([la.key_dim, la.key_dim, la.value_dim], dim=-1)
-        q, k = q.reshape(t, la.num_key_heads, -1), k.reshape(t, la.num_key_heads, -1)
-        v = v.reshape(t, la.num_value_heads, -1)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        rule = gated_delta_rule_for(x)
-        if states.is_decode:
-            out, rec_state = rule.decode(q, k, v, g, beta, rec_state)
+        return (q.reshape(t, la.num_key_heads, -1), k.reshape(t, la.num_key_heads, -1),
+                v.reshape(t, la.num_value_heads, -1))  # fmt: skip
+
+    def forward(self, x: torch.Tensor, states: LinearStateBatch) -> torch.Tensor:
+        la, t, layer = self.la, x.shape[0], self.linear_layer
+        mixed, z, b, a = self._project(x)
+        weight = self.conv1d.weight[:, 0, :]
+        if states.in_place:  # decode: the kernels update each request's pool rows themselves
+            assert states.pool is not None and states.slots is not None
+            q, k, v = self._heads(conv_decode(mixed, weight, states.pool.conv[layer], states.slots))
+            out = gated_delta_rule_decode(
+                q, k, v, a, b, self.A_log, self.dt_bias, states.pool.recurrent[layer], states.slots
+            )
         else:
-            out, rec_state = rule.extend(q, k, v, g, beta, states.cu_seqlens, rec_state)
-        states.write(self.linear_layer, conv_state, rec_state)
+            conv_state, rec_state = states.read(
+                layer, (la.conv_dim, la.conv_kernel - 1),
+                (la.num_value_heads, la.key_head_dim, la.value_head_dim), x.dtype, x.device,
+            )  # fmt: skip
+            mixed, conv_state = causal_conv_extend(mixed, weight, states.cu_seqlens, conv_state)
+            q, k, v = self._heads(mixed)
+            g, beta = decay_and_beta(a, b, self.A_log, self.dt_bias)
+            out, rec_state = gated_delta_rule_for(x).extend(q, k, v, g, beta, states.cu_seqlens, rec_state)
+            states.write(layer, conv_state, rec_state)
         return self.out_proj(self.norm(out, z).reshape(t, la.value_dim))
 
 
