@@ -15,6 +15,7 @@ QUANTIZATIONS: tuple[str, ...] = ("fp8",)  # --quantization (SGLang's names); se
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 HICACHE_WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through")
+SSM_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")  # model.hybrid_config.SSM_DTYPE_BYTES's
 SCHEDULE_POLICIES: tuple[str, ...] = ("fcfs", "lpm")
 # Default for --max-total-tokens when the pool is not sized from GPU memory.
 CPU_DEFAULT_MAX_TOTAL_TOKENS: int = 16384
@@ -93,6 +94,10 @@ class EngineConfig:
     # Weight quantization at load time (SGLang's --quantization): "fp8" = per-channel FP8 linear layers with
     # dynamic per-token activation scales. None: the checkpoint's own (an FP8 checkpoint stays FP8).
     quantization: str | None = None
+    # Hybrid models' recurrent (Gated DeltaNet) state dtype, SGLang's --mamba-ssm-dtype: None = the model
+    # config's mamba_ssm_dtype, else float32. bfloat16 halves each request's state (Qwen3.5-27B: 147 -> 75
+    # MiB); the decode kernels step it in float32 and round once a step.
+    mamba_ssm_dtype: str | None = None
 
     def _check_window(self, name: str, tokens: int) -> None:
         """A window of tokens kept unquantized: >= 0 and whole pages."""
@@ -104,6 +109,8 @@ class EngineConfig:
         if self.quantization is not None:
             _check_choice("quantization", self.quantization, QUANTIZATIONS)
         _check_choice("dtype", self.dtype, DTYPES)
+        if self.mamba_ssm_dtype is not None:
+            _check_choice("mamba_ssm_dtype", self.mamba_ssm_dtype, SSM_DTYPES)
         _check_choice("device", self.device, DEVICES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_DTYPE_CHOICES)
         _check(self.page_size >= 1, "page_size", "must be >= 1")
@@ -221,6 +228,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--quantization", default=None, choices=QUANTIZATIONS,
         help="fp8: quantize the linear layers' weights to FP8 at load time (per-channel scales, dynamic "
         "per-token activation scales; FP8 tensor cores on Hopper). FP8 checkpoints load as FP8 without it",
+    )  # fmt: skip
+    g.add_argument(
+        "--mamba-ssm-dtype", default=None, choices=SSM_DTYPES,
+        help="hybrid models: dtype of each request's recurrent Gated DeltaNet state (default: the model "
+        "config's mamba_ssm_dtype, else float32; bfloat16 halves the state, computed in float32 either way)",
     )  # fmt: skip
     g.add_argument("--device", default=d.device, choices=DEVICES, help="auto: CUDA when available")
     g.add_argument("--seed", type=int, default=d.seed, help="seed of sampling (and of dummy weights)")

@@ -142,11 +142,13 @@ def test_padded_graph_buffers_keep_each_request_state(
 
 @pytest.mark.parametrize(("input_len", "gib"), [(32768, 70.0), (163840, 70.0), (1048576, 70.0)])
 @pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3", "nvfp4"])
+@pytest.mark.parametrize("ssm", [None, "bfloat16"])
 def test_planner_resident_requests_match_the_engine_for_qwen35_27b(
-    input_len: int, gib: float, kv: str
+    input_len: int, gib: float, kv: str, ssm: str | None
 ) -> None:
     """``nibblekv plan`` and the engine's pool sizing agree for the hybrid preset: KV for 16 of 64 layers,
-    each request's 147 MiB of linear-attention state paid from the same budget."""
+    each request's 147 MiB of linear-attention state (75 MiB with ``--mamba-ssm-dtype bfloat16``) paid from
+    the same budget."""
     from types import SimpleNamespace
 
     from nibblekv.config import EngineConfig
@@ -162,16 +164,53 @@ def test_planner_resident_requests_match_the_engine_for_qwen35_27b(
     model = SimpleNamespace(
         config=ModelConfig.from_hf(PRESETS[name]), dtype=torch.bfloat16, device=torch.device("cpu")
     )
-    cfg = EngineConfig(kv_cache_dtype=kv, mem_budget_gib=gib, chunked_prefill_size=8192)
+    cfg = EngineConfig(
+        kv_cache_dtype=kv, mem_budget_gib=gib, chunked_prefill_size=8192, mamba_ssm_dtype=ssm
+    )
     engine_n = resident_capacity(cfg, model, per_request, context)  # type: ignore[arg-type]
     opts = EngineOptions(page_size=page, kv_recent_window=cfg.kv_recent_window, chunked_prefill_size=8192)
-    shape = shape_from_config(PRESETS[name], name)
+    shape = shape_from_config({**PRESETS[name], **({"mamba_ssm_dtype": ssm} if ssm else {})}, name)
     assert (
         shape.num_kv_layers == 16
-        and shape.state_bytes_per_request == model.config.state_bytes_per_request(torch.bfloat16)
+        and shape.state_bytes_per_request == model.config.state_bytes_per_request(torch.bfloat16, ssm)
+        and shape.state_bytes_per_request == 48 * (48 * 128 * 128 * (2 if ssm else 4) + 10240 * 3 * 2)
     )
     assert resident_requests(shape, KVDtype(kv), int(gib * (1 << 30)), per_request, context, opts) == engine_n
     assert engine_n >= 1
+
+
+def test_bf16_recurrent_state_serves_close_to_fp32(
+    model: HybridCausalLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--mamba-ssm-dtype bfloat16``: the pool holds half the recurrent bytes; the states are stepped in
+    float32 and rounded once a step, so decoding stays close to the float32 pool (log-probs of its tokens)."""
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True, logprobs=0)
+    exact = _engine(model).generate(PROMPTS, params)
+    with caplog.at_level(logging.INFO, logger="nibblekv"):
+        engine = _engine(model, mamba_ssm_dtype="bfloat16", chunked_prefill_size=16)
+    assert "recurrent state bfloat16" in caplog.text
+    assert engine.states is not None and engine.states.recurrent.dtype == torch.bfloat16
+    assert engine.states.nbytes < _engine(model).states.nbytes  # type: ignore[union-attr]
+    half = engine.generate(PROMPTS, params)
+    for a, b in zip(exact, half):
+        assert a.logprobs is not None and b.logprobs is not None
+        la = torch.tensor([x.logprob for x in a.logprobs])
+        lb = torch.tensor([x.logprob for x in b.logprobs])
+        if a.token_ids == b.token_ids:
+            assert (la - lb).abs().max() < 0.05, (la - lb).abs().max()
+    assert sum(a.token_ids == b.token_ids for a, b in zip(exact, half)) >= 3
+    _no_leak(engine)
+
+
+def test_mamba_ssm_dtype_is_checked() -> None:
+    from nibblekv.config import EngineConfig
+
+    with pytest.raises(ValueError, match="--mamba-ssm-dtype must be one of float32, bfloat16, float16"):
+        EngineConfig(mamba_ssm_dtype="int8")
+    with pytest.raises(ValueError, match="mamba_ssm_dtype 'fp8' is not one of"):
+        ModelConfig.from_hf({**TINY, "mamba_ssm_dtype": "fp8"})
+    la = ModelConfig.from_hf({**TINY, "mamba_ssm_dtype": "bfloat16"}).linear_attention
+    assert la is not None and la.ssm_dtype == "bfloat16"
 
 
 def test_plan_cli_json_for_the_hybrid_preset(capsys: pytest.CaptureFixture[str]) -> None:
@@ -191,6 +230,10 @@ def test_plan_cli_json_for_the_hybrid_preset(capsys: pytest.CaptureFixture[str])
         (kv["bytes_per_token"] * 262144 + model["state_bytes_per_request"]) / 2**30
     )
     assert doc["engine"]["requests"]["nvfp4"] >= 1.7 * doc["engine"]["requests"]["fp8_e4m3"]
+    argv = ["plan", "--model", "qwen3.5-27b", "--gpu", "H200", "--context", "262144", "--json"]
+    assert main([*argv, "--mamba-ssm-dtype", "bfloat16"]) == 0
+    half = json.loads(capsys.readouterr().out)
+    assert half["model"]["state_bytes_per_request"] == 48 * (48 * 128 * 128 * 2 + 10240 * 3 * 2)
 
 
 def test_quantization_fp8_serves_hybrid_layers(tmp_path: Path) -> None:

@@ -66,6 +66,19 @@ def test_gated_delta_rule_decode_steps_accumulate() -> None:
     assert rel_rms(state, want_state) < 1e-5
 
 
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_state_steps_in_float32(state_dtype: torch.dtype) -> None:
+    """A bf16 / fp16 pool (``--mamba-ssm-dtype``): read, stepped in float32, rounded once when stored."""
+    x = _rule_inputs(3, 2, 4, 16, 24, torch.bfloat16, seed=4)
+    state = (torch.randn(4, 4, 16, 24, device=DEVICE) * 0.3).to(state_dtype)
+    want_state = state.clone()
+    slots = torch.tensor([3, 1, 0], device=DEVICE)
+    want = gated_delta_rule_decode_ref(**x, state=want_state, slots=slots)
+    got = gated_delta_rule_decode_triton(**x, state=state, slots=slots)
+    assert state.dtype == state_dtype and rel_rms(got, want) < 1e-2 and rel_rms(state, want_state) < 1e-2
+    assert torch.equal(state[2], want_state[2])
+
+
 def test_padding_rows_on_one_scratch_slot_leave_real_rows_right() -> None:
     """CUDA-graph padding: rows 2 and 3 share the scratch slot (their results are garbage, nobody's state)."""
     x = _rule_inputs(4, 2, 4, 16, 16, torch.float32)
@@ -100,9 +113,9 @@ def test_conv_decode_matches_twin(n: int, c: int, width: int, dtype: torch.dtype
 def test_launchers_name_bad_shapes() -> None:
     x = _rule_inputs(2, 2, 4, 16, 16, torch.float32)
     slots = torch.tensor([0, 1], device=DEVICE)
-    with pytest.raises(ValueError, match="float32"):
-        bf16_state = torch.zeros(2, 4, 16, 16, dtype=torch.bfloat16)
-        gated_delta_rule_decode_triton(**x, state=bf16_state, slots=slots)
+    with pytest.raises(ValueError, match="float32, bfloat16"):
+        int_state = torch.zeros(2, 4, 16, 16, dtype=torch.int32)
+        gated_delta_rule_decode_triton(**x, state=int_state, slots=slots)
     with pytest.raises(ValueError, match="HV a multiple of H"):
         gated_delta_rule_decode_triton(**{**x, "v": torch.zeros(2, 3, 16)}, state=torch.zeros(2, 3, 16, 16),
                                        slots=slots)  # fmt: skip

@@ -23,15 +23,15 @@ class StatePool:
 
     def __init__(
         self, num_layers: int, num_slots: int, conv_shape: tuple[int, int], recurrent_shape: tuple[int, int, int],
-        dtype: torch.dtype, device: torch.device,
+        dtype: torch.dtype, device: torch.device, recurrent_dtype: torch.dtype = torch.float32,
     ) -> None:  # fmt: skip
         """``num_layers`` linear-attention layers; per slot and layer a conv window ``conv_shape`` ``(C, W-1)``
-        in ``dtype`` and a float32 recurrent state ``recurrent_shape`` ``(HV, K, V)``."""
+        in ``dtype`` and a recurrent state ``recurrent_shape`` ``(HV, K, V)`` in ``recurrent_dtype``."""
         self.num_slots = num_slots
         self.scratch_slot = num_slots  # NOTE: never allocated; padding rows' reads and writes land here
         self.conv = torch.zeros(num_layers, num_slots + 1, *conv_shape, dtype=dtype, device=device)
         self.recurrent = torch.zeros(
-            num_layers, num_slots + 1, *recurrent_shape, dtype=torch.float32, device=device
+            num_layers, num_slots + 1, *recurrent_shape, dtype=recurrent_dtype, device=device
         )
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
 
@@ -59,9 +59,10 @@ class StatePool:
         self._free.append(slot)
 
     def startup_line(self) -> str:
+        ssm = str(self.recurrent.dtype).removeprefix("torch.")
         return (
             f"Linear-attention state pool: {self.num_slots} slots (+1 scratch), {self.conv.shape[0]} layers, "
-            f"{self.nbytes / (1 << 30):.2f} GB"
+            f"recurrent state {ssm}, {self.nbytes / (1 << 30):.2f} GB"
         )
 
 
@@ -117,4 +118,4 @@ class LinearStateBatch:
             return
         assert self.slots is not None
         self.pool.conv[layer].index_copy_(0, self.slots, conv.to(self.pool.conv.dtype))
-        self.pool.recurrent[layer].index_copy_(0, self.slots, rec.float())
+        self.pool.recurrent[layer].index_copy_(0, self.slots, rec.to(self.pool.recurrent.dtype))

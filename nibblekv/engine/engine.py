@@ -111,7 +111,7 @@ class Engine:
             self.max_running, self.page_table.main.shape[1], table_mib,
         )  # fmt: skip
         # NOTE: after the KV pool, which was sized from free memory less these states' bytes
-        self.states = build_state_pool(self.model, self.max_running)
+        self.states = build_state_pool(cfg, self.model, self.max_running)
         if self.states is not None:
             logger.info(self.states.startup_line())
             if not cfg.disable_radix_cache:

@@ -80,7 +80,7 @@ def pool_spec(config: EngineConfig, model: CausalLM, max_running: int, context_l
         max_tokens = CPU_DEFAULT_MAX_TOTAL_TOKENS
     context = context_len or config.context_length or mc.max_position_embeddings
     if budget is not None:
-        budget -= state_pool_bytes(model, max_running)  # hybrid models: the linear-attention states first
+        budget -= state_pool_bytes(config, model, max_running)  # hybrid models: the linear states first
         shape = _size_pool(config, model, max_running, None, config.page_size)  # the table's widths only
         budget -= page_table_bytes(shape, max_running, context)
     spec = _size_pool(config, model, max_running, budget, max_tokens)
@@ -143,20 +143,27 @@ def build_pool(
     return KVPool(spec, model.device, scales)
 
 
-def state_pool_bytes(model: CausalLM, max_running: int) -> int:
+def ssm_dtype(config: EngineConfig, model: CausalLM) -> str | None:
+    """A hybrid model's recurrent-state dtype: ``--mamba-ssm-dtype``, else its config's (None: not hybrid)."""
+    la = model.config.linear_attention
+    return None if la is None else config.mamba_ssm_dtype or la.ssm_dtype
+
+
+def state_pool_bytes(config: EngineConfig, model: CausalLM, max_running: int) -> int:
     """Bytes of a hybrid model's linear-attention state pool (one slot per running request and the scratch
     slot of CUDA graphs' padding rows); 0 otherwise."""
-    return (max_running + 1) * model.config.state_bytes_per_request(model.dtype)
+    return (max_running + 1) * model.config.state_bytes_per_request(model.dtype, ssm_dtype(config, model))
 
 
-def build_state_pool(model: CausalLM, max_running: int) -> StatePool | None:
+def build_state_pool(config: EngineConfig, model: CausalLM, max_running: int) -> StatePool | None:
     """The linear-attention state pool of a hybrid model (None for the others)."""
-    la = model.config.linear_attention
-    if la is None:
+    la, ssm = model.config.linear_attention, ssm_dtype(config, model)
+    if la is None or ssm is None:
         return None
     return StatePool(
         model.config.num_linear_layers, max_running, (la.conv_dim, la.conv_kernel - 1),
         (la.num_value_heads, la.key_head_dim, la.value_head_dim), model.dtype, model.device,
+        recurrent_dtype=getattr(torch, ssm),
     )  # fmt: skip
 
 

@@ -189,11 +189,13 @@ class ModelConfig:
     def num_linear_layers(self) -> int:
         return self.num_layers - self.num_kv_layers
 
-    def state_bytes_per_request(self, dtype: torch.dtype) -> int:
-        """Linear-attention state bytes of one request over all layers (0 for non-hybrid models)."""
+    def state_bytes_per_request(self, dtype: torch.dtype, ssm_dtype: str | None = None) -> int:
+        """Linear-attention state bytes of one request over all layers (0 for non-hybrid models): the conv
+        windows in ``dtype``, the recurrent states in ``ssm_dtype`` (default: the config's)."""
         if self.linear_attention is None:
             return 0
-        return self.num_linear_layers * self.linear_attention.state_bytes(torch.finfo(dtype).bits // 8)
+        conv = torch.finfo(dtype).bits // 8
+        return self.num_linear_layers * self.linear_attention.state_bytes(conv, ssm_dtype)
 
     @property
     def q_size(self) -> int:

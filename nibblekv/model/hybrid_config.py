@@ -12,6 +12,17 @@ from typing import Any
 HYBRID_MODEL_TYPES: frozenset[str] = frozenset({"qwen3_next", "qwen3_5"})
 # HF layer_types entries of a hybrid model.
 LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
+# dtypes of the recurrent state (SGLang's --mamba-ssm-dtype, config field ``mamba_ssm_dtype``) and their bytes
+SSM_DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+DEFAULT_SSM_DTYPE = "float32"
+
+
+def ssm_dtype_from(raw: Mapping[str, Any]) -> str:
+    """The config's ``mamba_ssm_dtype`` (float32 where absent); ValueError naming it if unknown."""
+    name = str(raw.get("mamba_ssm_dtype") or DEFAULT_SSM_DTYPE)
+    if name not in SSM_DTYPE_BYTES:
+        raise ValueError(f"mamba_ssm_dtype {name!r} is not one of {', '.join(SSM_DTYPE_BYTES)}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -19,7 +30,8 @@ class LinearAttentionConfig:
     """Shape of a hybrid model's Gated DeltaNet layers (HF's ``linear_*`` fields).
 
     Per request and layer the state is a recurrent ``[num_value_heads, key_head_dim, value_head_dim]``
-    (float32) and a causal-conv window ``[conv_dim, conv_kernel - 1]`` (model dtype).
+    (``ssm_dtype``: float32 unless the config or ``--mamba-ssm-dtype`` says otherwise; the kernels compute in
+    float32 either way) and a causal-conv window ``[conv_dim, conv_kernel - 1]`` (model dtype).
     """
 
     num_key_heads: int
@@ -27,6 +39,7 @@ class LinearAttentionConfig:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    ssm_dtype: str = DEFAULT_SSM_DTYPE
 
     def __post_init__(self) -> None:
         if self.num_value_heads % self.num_key_heads != 0:
@@ -48,9 +61,11 @@ class LinearAttentionConfig:
         """Channels of the causal conv: ``[q | k | v]``."""
         return 2 * self.key_dim + self.value_dim
 
-    def state_bytes(self, conv_dtype_bytes: int) -> int:
-        """Bytes of one request's state in one layer (fp32 recurrent state + conv window)."""
-        rec = self.num_value_heads * self.key_head_dim * self.value_head_dim * 4
+    def state_bytes(self, conv_dtype_bytes: int, ssm_dtype: str | None = None) -> int:
+        """Bytes of one request's state in one layer: the recurrent state in ``ssm_dtype`` (default: the
+        config's) + the conv window."""
+        ssm = SSM_DTYPE_BYTES[ssm_dtype or self.ssm_dtype]
+        rec = self.num_value_heads * self.key_head_dim * self.value_head_dim * ssm
         return rec + self.conv_dim * (self.conv_kernel - 1) * conv_dtype_bytes
 
 
@@ -79,6 +94,7 @@ def hybrid_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
             key_head_dim=int(raw.get("linear_key_head_dim", 128)),
             value_head_dim=int(raw.get("linear_value_head_dim", 128)),
             conv_kernel=int(raw.get("linear_conv_kernel_dim", 4)),
+            ssm_dtype=ssm_dtype_from(raw),
         ),
         # HF's default for these models is a quarter of the head
         "partial_rotary_factor": float(

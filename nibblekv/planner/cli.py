@@ -9,6 +9,7 @@ from typing import TextIO
 
 from nibblekv.cli_style import add_command
 from nibblekv.formats import KVDtype
+from nibblekv.model.hybrid_config import SSM_DTYPE_BYTES
 from nibblekv.model.presets import PRESETS
 from nibblekv.planner.engine_fit import EngineOptions
 from nibblekv.planner.plan import GPUS, WEIGHT_BYTES_PER_PARAM, MemoryRule, Plan, PlanError, plan_for
@@ -65,6 +66,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     e = EngineOptions()
     for name, help_text in ENGINE_FLAGS.items():
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(e, name), help=help_text)
+    p.add_argument(
+        "--mamba-ssm-dtype", choices=tuple(SSM_DTYPE_BYTES), default=None,
+        help="engine: hybrid models' recurrent-state dtype (default: the config's mamba_ssm_dtype, else "
+        "float32)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -148,6 +154,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             weights_gib=args.weights_gib,
             rule=MemoryRule(args.mem_fraction, args.reserve_gib),
             engine=EngineOptions(**{name: getattr(args, name) for name in ENGINE_FLAGS}),
+            mamba_ssm_dtype=args.mamba_ssm_dtype,
         )
     except PlanError as exc:
         print(f"{PROG}: error: {exc}", file=err)

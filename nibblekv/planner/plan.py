@@ -357,11 +357,15 @@ def plan_for(
     weights_gib: float | None = None,
     rule: MemoryRule | None = None,
     engine: EngineOptions | None = None,
+    mamba_ssm_dtype: str | None = None,
 ) -> Plan:
-    """Resolve the string inputs of ``nibblekv plan`` and build the :class:`Plan`."""
+    """Resolve the string inputs of ``nibblekv plan`` and build the :class:`Plan` (``mamba_ssm_dtype``: a
+    hybrid model's recurrent-state dtype instead of its config's, as the engine's flag)."""
     if context < 1:
         raise PlanError(f"--context must be a positive number of tokens, got {context}")
     name, cfg = resolve_model(model)
+    if mamba_ssm_dtype is not None:
+        cfg = {**cfg, "mamba_ssm_dtype": mamba_ssm_dtype}
     shape = shape_from_config(cfg, name)
     card = parse_gpu(gpu)
     weights = resolve_weights(name, shape, cfg, weights_dtype, weights_gib)

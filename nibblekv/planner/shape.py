@@ -15,13 +15,14 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from nibblekv.model.hybrid_config import SSM_DTYPE_BYTES, ssm_dtype_from
 from nibblekv.model.presets import PRESETS
 
 # model_type of the hybrid Gated-DeltaNet families (the MoE ones too: their KV and states size the same)
 HYBRID_MODEL_TYPES: frozenset[str] = frozenset(
     {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
 )
-STATE_CONV_BYTES: int = 2  # the conv window is kept in the model dtype (bf16); the recurrent state in fp32
+STATE_CONV_BYTES: int = 2  # the conv window is kept in the model dtype (bf16); the recurrent state: ssm_bytes
 
 # config fields that mean "not every layer keeps a full-context GQA cache"
 _NON_FULL_ATTENTION_FIELDS: tuple[str, ...] = (
@@ -55,6 +56,7 @@ class HybridShape:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    ssm_bytes: int = 4  # the recurrent state's element (config mamba_ssm_dtype; float32 where absent)
 
     @property
     def conv_dim(self) -> int:
@@ -62,8 +64,8 @@ class HybridShape:
 
     @property
     def state_bytes_per_request(self) -> int:
-        """fp32 recurrent state ``[HV, K, V]`` + bf16 conv window ``[C, W-1]``, over the linear layers."""
-        rec = self.value_heads * self.key_head_dim * self.value_head_dim * 4
+        """Recurrent state ``[HV, K, V]`` + bf16 conv window ``[C, W-1]``, over the linear layers."""
+        rec = self.value_heads * self.key_head_dim * self.value_head_dim * self.ssm_bytes
         return self.linear_layers * (rec + self.conv_dim * (self.conv_kernel - 1) * STATE_CONV_BYTES)
 
 
@@ -182,7 +184,15 @@ def _hybrid_shape(cfg: Mapping[str, Any], num_layers: int) -> HybridShape:
         key_head_dim=int(cfg.get("linear_key_head_dim", 128)),
         value_head_dim=int(cfg.get("linear_value_head_dim", 128)),
         conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+        ssm_bytes=SSM_DTYPE_BYTES[_ssm_dtype(cfg)],
     )
+
+
+def _ssm_dtype(cfg: Mapping[str, Any]) -> str:
+    try:
+        return ssm_dtype_from(cfg)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def hybrid_param_counts(shape: ModelShape, cfg: Mapping[str, Any]) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from nibblekv.kernels.linear.reference import L2NORM_EPS
 BLOCK_V: int = 32
 NUM_WARPS: int = 4
 SOFTPLUS_LINEAR: float = 20.0  # torch's softplus threshold: x past it is returned as is
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the recurrent state's (--mamba-ssm-dtype)
 
 
 @triton.jit
@@ -49,11 +50,11 @@ def _gdr_decode_kernel(
     slot = tl.load(slot_ptr + n).to(tl.int64)
     p_s = state_ptr + slot * stride_state + hv * (K * V) + offs_k[:, None] * V + offs_v[None, :]
     ms = mk[:, None] & mv[None, :]
-    s = tl.load(p_s, mask=ms, other=0.0) * tl.exp(g)
+    s = tl.load(p_s, mask=ms, other=0.0).to(tl.float32) * tl.exp(g)
     delta = (v - tl.sum(s * k[:, None], axis=0)) * beta  # [BV]
     s = s + k[:, None] * delta[None, :]
     o = tl.sum(s * q[:, None], axis=0)
-    tl.store(p_s, s, mask=ms)
+    tl.store(p_s, s.to(state_ptr.dtype.element_ty), mask=ms)
     tl.store(o_ptr + (n * HV + hv) * V + offs_v, o.to(o_ptr.dtype.element_ty), mask=mv)
 
 
@@ -69,9 +70,10 @@ def gated_delta_rule_decode_triton(
             f"q/k {tuple(q.shape)}/{tuple(k.shape)}, v {tuple(v.shape)}, a/b {tuple(a.shape)}/"
             f"{tuple(b.shape)}: want q, k [N, H, K], v [N, HV, V] (HV a multiple of H), a, b [N, HV]"
         )
-    if state.dtype != torch.float32 or state.shape[1:] != (hv, dk, dv) or not state[0].is_contiguous():
+    if state.dtype not in STATE_DTYPES or state.shape[1:] != (hv, dk, dv) or not state[0].is_contiguous():
         raise ValueError(
-            f"state {tuple(state.shape)} {state.dtype}: want float32 [S, {hv}, {dk}, {dv}], rows dense"
+            f"state {tuple(state.shape)} {state.dtype}: want [S, {hv}, {dk}, {dv}] in float32, bfloat16 or "
+            "float16, rows dense"
         )
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(2) != 1 or t.stride(1) != t.shape[2]:

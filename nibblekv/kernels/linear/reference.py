@@ -72,7 +72,8 @@ def gated_delta_rule_decode_ref(
 ) -> torch.Tensor:  # fmt: skip
     """One token per request. ``q, k [N, H, K]`` (before the L2 norm), ``v [N, HV, V]`` (value head ``j``
     reads key head ``j // (HV / H)``), ``a, b [N, HV]``, ``A_log, dt_bias [HV]``; ``state [S, HV, K, V]``
-    float32, updated in place at rows ``slots [N]`` -> ``o [N, HV, V]`` in ``v``'s dtype."""
+    (float32, bfloat16 or float16; the step runs in float32), updated in place at rows ``slots [N]`` ->
+    ``o [N, HV, V]`` in ``v``'s dtype."""
     n, hv, dv = v.shape
     dk, ratio = q.shape[-1], hv // q.shape[1]
     qf = l2norm(q.float()).repeat_interleave(ratio, dim=1) * dk**-0.5
@@ -80,7 +81,8 @@ def gated_delta_rule_decode_ref(
     g, beta = decay_and_beta(a, b, A_log, dt_bias)
     o, new = recurrent_gated_delta_rule(
         qf.reshape(n * hv, 1, dk), kf.reshape(n * hv, 1, dk), v.float().reshape(n * hv, 1, dv),
-        g.reshape(n * hv, 1), beta.reshape(n * hv, 1), state.index_select(0, slots).reshape(n * hv, dk, dv),
+        g.reshape(n * hv, 1), beta.reshape(n * hv, 1),
+        state.index_select(0, slots).float().reshape(n * hv, dk, dv),
     )  # fmt: skip
-    state.index_copy_(0, slots, new.reshape(n, hv, dk, dv))
+    state.index_copy_(0, slots, new.reshape(n, hv, dk, dv).to(state.dtype))
     return o.reshape(n, hv, dv).to(v.dtype)
