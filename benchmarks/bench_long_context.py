@@ -49,7 +49,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import decode_run, free_memory, kernel_profile, read_bandwidth, rotating_last, sync
 
-from nibblekv.config import QUANTIZATIONS, EngineConfig
+from nibblekv.config import QUANTIZATIONS, SSM_DTYPES, EngineConfig
 from nibblekv.engine.engine import Engine
 from nibblekv.engine.gc_heap import frozen_heap
 from nibblekv.engine.sampling_params import SamplingParams
@@ -124,6 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="weights quantized at load (fp8: per-channel FP8, the published runs' weights); rows "
                    "say which in 'weights'")  # fmt: skip
     p.add_argument("--json-model-override-args", default=None, help="merged over the RoPE override")
+    p.add_argument("--mamba-ssm-dtype", choices=SSM_DTYPES, default=None,
+                   help="hybrid models' recurrent-state dtype (default: the config's)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     p.add_argument("--name", default=RESULT_NAME, help="result file name inside --out")
     p.add_argument("--merge", type=Path, nargs="+", default=None, help="combine these result files' rows")
@@ -243,8 +245,10 @@ def bench_length(
     context = input_len + args.output_len + page
     per_request = (-(-(input_len + args.output_len) // page) + 1) * page
     max_pos = model.config.max_position_embeddings
-    where = {"model": name, "weights": args.quantization or "bf16", "input_len": input_len,
+    where: dict[str, Any] = {"model": name, "weights": args.quantization or "bf16", "input_len": input_len,
              "output_len": args.output_len}  # fmt: skip
+    if args.mamba_ssm_dtype:
+        where["ssm_dtype"] = args.mamba_ssm_dtype
     mem: dict[str, Any] = (
         {"device": "cpu", "mem_budget_gib": SMOKE_BUDGET_GIB} if args.smoke
         else {"device": "cuda", "mem_fraction_static": args.mem_fraction_static}
@@ -253,7 +257,7 @@ def bench_length(
         load_format="dummy", chunked_prefill_size=args.chunked_prefill_size,
         kv_recent_window=args.kv_recent_window,
         disable_radix_cache=True, context_length=context, allow_long_context=context > max_pos,
-        quantization=args.quantization,
+        quantization=args.quantization, mamba_ssm_dtype=args.mamba_ssm_dtype,
         decode_log_interval=0, **mem,
     )  # fmt: skip
     free_memory()
@@ -262,7 +266,8 @@ def bench_length(
         kv: resident_capacity(replace(base, kv_cache_dtype=kv), model, per_request, context) for kv in dtypes
     }
     budget = kv_budget_bytes(base, model.device) or 0
-    shape = shape_from_config({**PRESETS[name], **loaded[2]}, name)  # top-level keys win over a text_config
+    ssm = {"mamba_ssm_dtype": args.mamba_ssm_dtype} if args.mamba_ssm_dtype else {}
+    shape = shape_from_config({**PRESETS[name], **loaded[2], **ssm}, name)  # top-level keys beat text_config
     opts = EngineOptions(page, args.kv_recent_window, args.chunked_prefill_size,
                          model_dtype=parse_kv_dtype("auto", model.dtype))  # fmt: skip
     plans = {kv: resident_requests(shape, KVDtype(kv), budget, per_request, context, opts) for kv in dtypes}
