@@ -11,6 +11,7 @@ from nibblekv.kernels.fp8.gemm import quant_fp8_groups
 from nibblekv.kernels.fused.elementwise import add_rms_norm, add_rms_norm_fp8, silu_and_mul, silu_and_mul_fp8
 from nibblekv.kernels.fused.reference import add_rms_norm_ref, rope_qk_ref, silu_and_mul_ref
 from nibblekv.kernels.fused.rope import rope_qk
+from nibblekv.kernels.testing import rel_rms
 from nibblekv.model import CausalLM, DenseAttention, ModelConfig
 from nibblekv.model.rope import apply_rope
 
@@ -425,3 +426,46 @@ def test_gpu_float32_rope_bit_exact_silu_within_an_ulp() -> None:
     gate_up = torch.randn(9, 2 * 14336, device="cuda") * 4
     got, want = silu_and_mul(gate_up), silu_and_mul_ref(gate_up)
     assert (_bits(got) - _bits(want)).abs().max() <= 1
+
+
+# ----------------------------------------------------------------------------- rotation + FP8 quantization
+
+
+@pytest.mark.parametrize(("m", "heads", "d", "group"), [(1, 3, 16, None), (17, 4, 32, None), (5, 4, 32, 64),
+                                                        (20, 2, 128, 128), (3, 4, 64, 128)])  # fmt: skip
+def test_rotate_quant_fp8_matches_twin(m: int, heads: int, d: int, group: int | None) -> None:
+    """Each head times the Hadamard matrix, rounded to bf16, quantized per token or per group of whole heads:
+    the twin's codes and scales (a bf16 sum taken in another order may move a code by one step)."""
+    from nibblekv.attention.paged import hadamard_matrix
+    from nibblekv.formats.fp8_weights import dequantize_act_groups
+    from nibblekv.kernels.fused.reference import rotate_quant_fp8_ref
+    from nibblekv.kernels.fused.rotate_quant import rotate_quant_fp8
+
+    gen = torch.Generator().manual_seed(m * 7 + d)
+    wide = torch.randn(m, heads * d + 8, generator=gen).to(DEVICE, torch.bfloat16)
+    x = wide[:, 8:]  # a strided view, as an attention output slice may be
+    x[0, :d] *= 30.0  # one token with a large head: its scale differs from the others'
+    rot = hadamard_matrix(d, DEVICE, torch.bfloat16)
+    got = rotate_quant_fp8(x, rot, group)
+    want_q, want_s = rotate_quant_fp8_ref(x, rot, group)
+    assert got.group == group and got.dtype == torch.bfloat16 and got.scale.shape == want_s.shape
+    assert not got.scale.isnan().any()
+    torch.testing.assert_close(got.scale, want_s, rtol=1e-2, atol=0)
+    same = (got.q.view(torch.uint8) == want_q.view(torch.uint8)).float().mean()
+    assert same > 0.98, same
+    g = heads * d if group is None else group
+    deq = dequantize_act_groups(got.q, got.scale, g)
+    assert rel_rms(deq, dequantize_act_groups(want_q, want_s, g)) < 5e-3
+
+
+def test_rotate_quant_fp8_refuses_what_it_cannot_take() -> None:
+    from nibblekv.kernels.fused.rotate_quant import rotate_quant_fp8, rotate_quant_supported
+
+    rot = torch.eye(32, dtype=torch.bfloat16)
+    x = torch.zeros(2, 96, dtype=torch.bfloat16)
+    assert rotate_quant_supported(x, rot, None) and rotate_quant_supported(x, rot, 32)
+    assert not rotate_quant_supported(x, rot, 48)  # a group splitting a head
+    assert not rotate_quant_supported(x.float(), rot, None)
+    assert not rotate_quant_supported(torch.zeros(2, 32 * 5, dtype=torch.bfloat16), rot, None)  # 5 heads
+    with pytest.raises(ValueError, match="whole heads a group"):
+        rotate_quant_fp8(x, rot, 48)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from model_helpers import random_causal_lm
 
+from nibblekv.attention.paged import hadamard_matrix
 from nibblekv.formats.fp8_weights import (
     Fp8Input,
     dequantize_weight,
@@ -21,7 +22,14 @@ from nibblekv.formats.fp8_weights import (
 )
 from nibblekv.model import ByteTokenizer, CausalLM, DenseAttention, ModelConfig, load_model
 from nibblekv.model import loader as loader_mod
-from nibblekv.model.fp8 import Fp8Linear, QuantMethod, parse_quantization_config, quantize_model, weight_bytes
+from nibblekv.model.fp8 import (
+    Fp8Linear,
+    QuantMethod,
+    _fp8_twin,
+    parse_quantization_config,
+    quantize_model,
+    weight_bytes,
+)
 from nibblekv.model.parallel import TPContext, dummy_hf_weights
 
 # kv_size = 128 and q_size = 256: fused q/k/v and gate/up parts start on 128-row blocks, as in real models
@@ -115,6 +123,58 @@ def test_fused_kernels_hand_fp8_layers_their_inputs_quantized(monkeypatch: pytes
     unfused = _logits(model)
     assert seen == ["Tensor"] * 8
     assert torch.equal(fused, unfused)
+
+
+class _RotatingAttention(DenseAttention):
+    """Dense attention behind a Hadamard ``qkv_rotation``, as an nvfp4 cache's backend: q, k, v arrive rotated
+    and the output leaves in the rotated basis (scores are unchanged: ``R`` is orthogonal)."""
+
+    def __init__(self, n: int, d: int) -> None:
+        super().__init__([0, n])
+        self.qkv_rotation = hadamard_matrix(d, "cpu", torch.bfloat16)
+
+    def forward_rotated(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        return self.forward(layer_id, q, k, v)
+
+
+@pytest.mark.parametrize("block", [None, 64])
+def test_fp8_o_proj_takes_its_input_rotated_back_and_quantized_in_one_kernel(
+    monkeypatch: pytest.MonkeyPatch, block: int | None
+) -> None:
+    """Behind a rotating backend an FP8 o_proj cannot absorb ``R``: on the fused path one kernel rotates the
+    attention output back and quantizes it (``rotate_quant_fp8``), within rounding of the matmul + quant it
+    replaces and of the unrotated forward."""
+    from nibblekv.kernels.fused import rotate_quant
+
+    cfg = {**CFG, "torch_dtype": "bfloat16"}
+    model = random_causal_lm(ModelConfig.from_hf(cfg), std=0.04, seed=5).to(torch.bfloat16)
+    o_weights = [layer.self_attn.o_proj.weight.detach().clone() for layer in model.model.layers]
+    quantize_model(model)
+    if block is not None:  # block-scaled o_proj (a 64-column token group: one head)
+        for layer, w in zip(model.model.layers, o_weights):
+            o_proj = _fp8_twin(layer.self_attn.o_proj, block)
+            o_proj.weight.data, o_proj.weight_scale.data = quantize_weight_block(w, block)
+            layer.self_attn.o_proj = o_proj
+    n, d = 10, model.config.head_dim
+    ids, pos = torch.arange(5, 5 + n), torch.arange(n)
+    monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")
+    calls: list[int | None] = []
+    kernel = rotate_quant.rotate_quant_fp8
+    spy = lambda x, r, g: (calls.append(g), kernel(x, r, g))[1]  # noqa: E731
+    monkeypatch.setattr(rotate_quant, "rotate_quant_fp8", spy)
+    with torch.no_grad():
+        fused = model.compute_logits(model(ids, pos, _RotatingAttention(n, d))).float()
+        assert calls == [block] * model.config.num_layers
+        monkeypatch.setattr(rotate_quant, "rotate_quant_supported", lambda *a: False)
+        eager = model.compute_logits(model(ids, pos, _RotatingAttention(n, d))).float()
+        plain = model.compute_logits(model(ids, pos, DenseAttention.single(n))).float()
+    assert len(calls) == model.config.num_layers  # the eager forward took the matmul + quant path
+    # the eager matmul rounds the same fp32 sums to bf16: equal here; the unrotated forward quantizes o_proj's
+    # input in another basis (other e4m3 roundings, 5% apart)
+    assert _rel(fused, eager) < 1e-2, _rel(fused, eager)
+    assert _rel(fused, plain) < 0.1, _rel(fused, plain)
 
 
 def test_load_model_quantization_flag_on_dummy(tmp_path: Path) -> None:

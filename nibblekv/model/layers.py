@@ -125,10 +125,20 @@ class Attention(nn.Module):
             if fused_rot is None:
                 q, k, v = q @ rot, k @ rot, v @ rot
             out = attn.forward_rotated(self.layer_id, q, k, v)  # in rot's basis
+        out = out.reshape(t, self.num_heads * self.head_dim)
         # Bring out into o_proj's basis; R is its own inverse, and both sides use the same R.
         if (rot is None) != (self.o_rotation is None):
-            out = out @ (rot if rot is not None else self.o_rotation)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+            back = rot if rot is not None else self.o_rotation
+            assert back is not None
+            fp8: Fp8Input | None = getattr(self.o_proj, "fp8_input", None)
+            if fp8 is not None and use_triton(out):
+                from nibblekv.kernels.fused.rotate_quant import rotate_quant_fp8, rotate_quant_supported
+
+                # an FP8 o_proj (which cannot absorb R): rotation and its input quantization in one kernel
+                if rotate_quant_supported(out, back, fp8.group):
+                    return self.o_proj(rotate_quant_fp8(out, back, fp8.group))
+            out = (out.view(t, self.num_heads, self.head_dim) @ back).view(t, -1)
+        return self.o_proj(out)
 
     def _qkv_eager(
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

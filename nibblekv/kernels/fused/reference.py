@@ -6,13 +6,17 @@ operation, so it rounds exactly where the eager model rounds:
 * ``add_rms_norm_ref``: ``x + residual`` in the activation dtype, then HF's RMSNorm (float32 statistics,
   the normalized value cast back to the activation dtype, then times the weight);
 * ``silu_and_mul_ref``: ``F.silu(gate) * up`` (two roundings to the dtype);
-* ``rope_qk_ref``: ``x * cos + rotate_half(x) * sin`` on q and k (each product rounded, then the sum).
+* ``rope_qk_ref``: ``x * cos + rotate_half(x) * sin`` on q and k (each product rounded, then the sum);
+* ``rotate_quant_fp8_ref``: ``o_h @ R`` per head (rounded to the activation dtype), then the FP8 activation
+  quantization of an o_proj.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from nibblekv.formats.fp8_weights import quantize_act_groups
 
 
 def add_rms_norm_ref(
@@ -67,3 +71,15 @@ def rope_qk_ref(
 
 
 __all__ = ["add_rms_norm_ref", "rope_qk_ref", "silu_and_mul_ref"]
+
+
+def rotate_quant_fp8_ref(
+    x: torch.Tensor, rotation: torch.Tensor, group: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, H * D]`` -> each head times ``rotation [D, D]`` (float32 sums, rounded to ``x``'s dtype),
+    quantized per token (``group=None``) or per ``group`` columns: ``(e4m3 [M, H * D],
+    scale [M, groups])``."""
+    m, k = x.shape
+    d = rotation.shape[0]
+    y = (x.float().view(m, k // d, d) @ rotation.float()).to(x.dtype).view(m, k)
+    return quantize_act_groups(y, k if group is None else group)
