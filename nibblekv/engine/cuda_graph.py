@@ -176,11 +176,12 @@ class CudaGraphRunner:
         return self.states.scratch_slot if self.states is not None else 0
 
     def _forward(self, bs: int) -> torch.Tensor:
+        ids, pos = self.input_ids[:bs], self.positions[:bs]
         if self.states is None:
-            hidden = self.model.forward(self.input_ids[:bs], self.positions[:bs], self.backend)
+            hidden = self.model.forward(ids, pos, self.backend)
         else:
             states = LinearStateBatch(list(range(bs + 1)), True, self.states, self.state_slots[:bs])
-            hidden = self.model.forward(self.input_ids[:bs], self.positions[:bs], self.backend, states)  # type: ignore[call-arg]
+            hidden = self.model.forward(ids, pos, self.backend, states)  # type: ignore[call-arg]
         return self.model.compute_logits(hidden)
 
     def replay(
