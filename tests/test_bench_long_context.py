@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_long_context.py"
 KEYS = {"model", "input_len", "output_len", "mode", "kv_dtype", "running_requests", "decode_tok_s",
         "ttft_mean_s", "ttft_kind", "max_total_num_tokens", "plan_requests", "capacity_requests",
@@ -53,16 +55,20 @@ def test_smoke_rows_written_as_they_finish_with_plan_and_engine_agreeing(tmp_pat
     assert len(both["rows"]) == 2 * len(doc["rows"]) and len(both["runs"]) == 2
 
 
-def test_smoke_hybrid_preset(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ssm", [None, "bfloat16"])
+def test_smoke_hybrid_preset(tmp_path: Path, ssm: str | None) -> None:
     """The Qwen3.5-27B preset (hybrid: linear-attention states admitted with the synthetic prefill): the
     planner counts the state pool as the engine does (within one on CPU, where the conv window is fp32 and the
-    planner counts it in bf16)."""
+    planner counts it in bf16), with the recurrent state in float32 or (``--mamba-ssm-dtype``) bf16."""
     bench = _bench()
     argv = ["--smoke", "--models", "qwen3.5-27b", "--input-lens", "256", "--kv-dtypes", "nvfp4",
             "--modes", "capacity", "--ttft-requests", "0", "--out", str(tmp_path)]  # fmt: skip
+    if ssm:
+        argv += ["--mamba-ssm-dtype", ssm]
     assert bench.main(argv) == 0  # type: ignore[attr-defined]
     doc = json.loads((tmp_path / "long-context-h200.json").read_text())
     (row,) = [r for r in doc["rows"] if r["kv_dtype"] == "nvfp4"]
     assert row["model"] == "qwen3.5-27b" and row["weights"] == "bf16" and row["ttft_kind"] == "synthetic"
+    assert row.get("ssm_dtype") == ssm
     assert row["decode_tok_s"] > 0 and row["running_requests"] == row["capacity_requests"] > 1
     assert abs(row["plan_requests"] - row["capacity_requests"]) <= 1
