@@ -86,6 +86,21 @@ def _store_e4m3_groups(
     tl.store(q_ptr + cols, act_codes(y, per_col, FP8_MAX), mask=mask)
 
 
+@triton.jit
+def _store_tile(
+    y, out_ptr, stride_out, q_ptr, s_ptr, row, width, c0, cols, mask, n_groups, QGROUP: tl.constexpr,
+    BLOCK: tl.constexpr, EPS: tl.constexpr, FP8_MAX: tl.constexpr,
+):  # fmt: skip
+    """A row's tile ``y`` (columns ``cols``): to ``out`` (``QGROUP == 0``), or quantized for an FP8 layer
+    (:func:`_store_e4m3_groups`; codes in rows of ``width``, ``n_groups`` scales a row)."""
+    if QGROUP == 0:
+        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+    else:
+        q_row, s_row = q_ptr + row * width, s_ptr + row * n_groups
+        y32 = y.to(tl.float32)
+        _store_e4m3_groups(y32, q_row, s_row, c0, cols, mask, n_groups, QGROUP, BLOCK, EPS, FP8_MAX)
+
+
 def _quant_plan(width: int, group: int | None, block: int) -> tuple[int, int, int]:
     """(tile width, QGROUP, number of scale groups) for quantizing rows of ``width`` columns per ``group``
     (``None``: per row) in tiles of up to ``block``: a group at least the row is one scale per row, which
@@ -131,12 +146,9 @@ def _add_rms_norm_kernel(
     normed = _round(s * rstd, x_ptr, X_BITS).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = _round(normed * w, out_ptr, OUT_BITS)
-    if QGROUP == 0:
-        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
-    else:
-        q_row, s_row = q_ptr + row * H, s_ptr + row * n_groups
-        y32 = y.to(tl.float32)
-        _store_e4m3_groups(y32, q_row, s_row, 0, cols, mask, n_groups, QGROUP, BLOCK, EPS, FP8_MAX)
+    _store_tile(
+        y, out_ptr, stride_out, q_ptr, s_ptr, row, H, 0, cols, mask, n_groups, QGROUP, BLOCK, EPS, FP8_MAX
+    )  # fmt: skip
 
 
 def add_rms_norm(
@@ -236,12 +248,9 @@ def _silu_and_mul_kernel(
     u = tl.load(src + I, mask=mask, other=0.0).to(tl.float32)
     silu = _round(tl.math.div_rn(g, 1.0 + _exp(-g, INTERP)), out_ptr, BF16_BITS).to(tl.float32)
     y = _round(silu * u, out_ptr, BF16_BITS)
-    if QGROUP == 0:
-        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
-    else:
-        q_row, s_row = q_ptr + row * I, s_ptr + row * n_groups
-        y32 = y.to(tl.float32)
-        _store_e4m3_groups(y32, q_row, s_row, c0, cols, mask, n_groups, QGROUP, BLOCK, EPS, FP8_MAX)
+    _store_tile(
+        y, out_ptr, stride_out, q_ptr, s_ptr, row, I, c0, cols, mask, n_groups, QGROUP, BLOCK, EPS, FP8_MAX
+    )  # fmt: skip
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
