@@ -10,6 +10,7 @@ Variants, each checked against the twins of ``kernels.linear.reference`` first a
 replay with L2 emptied before every call:
 
 * ``in_place``: ``kernels.linear``'s conv and rule kernels, reading and writing each request's pool rows once;
+* ``in_place_bf16``: the same on a bf16 recurrent state (``--mamba-ssm-dtype bfloat16``);
 * ``gather_fla``: the path they replaced -- gather the requests' states out of the pool (``index_select``),
   torch's conv + SiLU, the decay and beta as torch ops, fla-core's ``fused_recurrent_gated_delta_rule``,
   and scatter the new states back (``index_copy_``).
@@ -65,15 +66,20 @@ class Layer:
         self.conv = torch.randn(n + 1, c, width - 1, generator=gen, device=DEV).to(torch.bfloat16)
         self.rec = torch.randn(n + 1, hv, d, d, generator=gen, device=DEV) * 0.05
         self.slots = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(DEV)
-        self.state_bytes = 2 * n * (hv * d * d * 4 + c * (width - 1) * 2)
+        self.n, self.c, self.width = n, c, width
+
+    def state_bytes(self, ssm: torch.dtype) -> int:
+        """Every request's conv window and recurrent state (in ``ssm``) read and written once."""
+        rec = self.hv * self.d * self.d * torch.finfo(ssm).bits // 8
+        return 2 * self.n * (rec + self.c * (self.width - 1) * 2)
 
     def heads(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n, h, hv, d = y.shape[0], self.h, self.hv, self.d
         q, k, v = y.split([h * d, h * d, hv * d], dim=-1)
         return q.reshape(n, h, d), k.reshape(n, h, d), v.reshape(n, hv, d)
 
-    def pools(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.conv.clone(), self.rec.clone()
+    def pools(self, ssm: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.conv.clone(), self.rec.to(ssm, copy=True)
 
 
 def in_place(layer: Layer, conv: torch.Tensor, rec: torch.Tensor) -> torch.Tensor:
@@ -109,38 +115,44 @@ def gather_fla(recurrent: Callable[..., Any]) -> Callable[[Layer, torch.Tensor, 
     return run
 
 
-def variants() -> dict[str, Callable[[Layer, torch.Tensor, torch.Tensor], torch.Tensor]]:
-    out = {"in_place": in_place}
+Variant = tuple[Callable[[Layer, torch.Tensor, torch.Tensor], torch.Tensor], torch.dtype]
+
+
+def variants() -> dict[str, Variant]:
+    """name -> (the step, its recurrent-state dtype)."""
+    out: dict[str, Variant] = {
+        "in_place": (in_place, torch.float32), "in_place_bf16": (in_place, torch.bfloat16),
+    }  # fmt: skip
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
     except ImportError:
         print("fla-core is not importable: no gather_fla rows")
     else:
         if DEV == "cuda":
-            out["gather_fla"] = gather_fla(fused_recurrent_gated_delta_rule)
+            out["gather_fla"] = (gather_fla(fused_recurrent_gated_delta_rule), torch.float32)
     return out
 
 
 def _rows(
-    n: int, heads: tuple[int, int, int, int], fns: dict[str, Callable[..., torch.Tensor]], tbps: float
+    n: int, heads: tuple[int, int, int, int], fns: dict[str, Variant], tbps: float
 ) -> list[dict[str, Any]]:
-    """Every variant at ``n`` requests: checked against the twins, then timed."""
+    """Every variant at ``n`` requests: checked against the twins on a pool of its state dtype, then timed."""
     layer = Layer(n, heads)
-    conv_ref, rec_ref = layer.pools()
-    want = reference(layer, conv_ref, rec_ref)
     rows = []
-    for name, fn in fns.items():
-        conv, rec = layer.pools()
+    for name, (fn, ssm) in fns.items():
+        conv_ref, rec_ref = layer.pools(ssm)
+        want = reference(layer, conv_ref, rec_ref)
+        conv, rec = layer.pools(ssm)
         got = fn(layer, conv, rec)
         err = max(rel_rms(got, want), rel_rms(rec, rec_ref), rel_rms(conv, conv_ref))
         if err > TOLERANCE:
             raise SystemExit(f"{name} at n={n}: rel. RMS {err:.3g} against the twins")
         us = bench_graph(lambda fn=fn, conv=conv, rec=rec: fn(layer, conv, rec))
-        frac = layer.state_bytes / us / 1e6 / tbps
-        rows.append({"n": n, "variant": name, "us": us, "state_bytes": layer.state_bytes, "frac": frac,
-                     "rel_rms": err})  # fmt: skip
-        mib = layer.state_bytes / 2**20
-        print(f"n={n:4d} {name:10s} {us:9.1f} us {mib:8.1f} MiB {frac:.3f} of ceiling", flush=True)
+        nbytes = layer.state_bytes(ssm)
+        frac = nbytes / us / 1e6 / tbps
+        rows.append({"n": n, "variant": name, "ssm_dtype": str(ssm).removeprefix("torch."), "us": us,
+                     "state_bytes": nbytes, "frac": frac, "rel_rms": err})  # fmt: skip
+        print(f"n={n:4d} {name:14s} {us:9.1f} us {nbytes / 2**20:8.1f} MiB {frac:.3f} of ceiling", flush=True)
     return rows
 
 

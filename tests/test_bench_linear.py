@@ -15,8 +15,12 @@ def test_bench_linear_smoke_checks_and_writes_rows(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "linear-decode-h200.json").read_text())
     assert {"commit", "gpu", "date", "heads", "ceiling_tbps", "rows"} <= set(doc)
     rows = doc["rows"]
-    assert [r["n"] for r in rows] == list(bench_linear.BATCHES_SMOKE)  # in_place only: no fla on CPU
+    # no fla on CPU: the in-place kernels on float32 and bf16 states
+    assert [(r["n"], r["variant"]) for r in rows] == [
+        (n, v) for n in bench_linear.BATCHES_SMOKE for v in ("in_place", "in_place_bf16")
+    ]
     for r in rows:
-        assert r["variant"] == "in_place" and r["us"] > 0 and r["rel_rms"] < bench_linear.TOLERANCE
+        assert r["us"] > 0 and r["rel_rms"] < bench_linear.TOLERANCE
         h, hv, d, w = bench_linear.HEADS_SMOKE
-        assert r["state_bytes"] == 2 * r["n"] * (hv * d * d * 4 + (2 * h * d + hv * d) * (w - 1) * 2)
+        ssm = 2 if r["ssm_dtype"] == "bfloat16" else 4
+        assert r["state_bytes"] == 2 * r["n"] * (hv * d * d * ssm + (2 * h * d + hv * d) * (w - 1) * 2)

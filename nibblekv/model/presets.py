@@ -189,6 +189,7 @@ _QWEN35_27B: dict[str, Any] = {
         "linear_num_key_heads": 16,
         "linear_num_value_heads": 48,
         "linear_value_head_dim": 128,
+        "mamba_ssm_dtype": "float32",
         "max_position_embeddings": 262144,
         "num_attention_heads": 24,
         "num_hidden_layers": 64,
