@@ -121,3 +121,23 @@ def test_launchers_name_bad_shapes() -> None:
                                        slots=slots)  # fmt: skip
     with pytest.raises(ValueError, match="want"):
         conv_decode_triton(torch.zeros(2, 8), torch.zeros(8, 4), torch.zeros(3, 8, 2), slots)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stacked_conv_extend_equals_one_sequence_at_a_time(dtype: torch.dtype) -> None:
+    """The model's prefill conv (every sequence stacked behind its state, one conv) against the per-sequence
+    twin: sequences shorter than the window, of one token, and long ones; outputs and new states."""
+    from nibblekv.kernels.linear.reference import conv_extend_ref
+    from nibblekv.model.gated_deltanet import causal_conv_extend
+
+    gen = torch.Generator().manual_seed(5)
+    cu = [0, 2, 3, 20, 21, 29]
+    x = torch.randn(cu[-1], 11, generator=gen).to(DEVICE, dtype)
+    weight = torch.randn(11, 4, generator=gen).to(DEVICE, dtype)
+    state = torch.randn(5, 11, 3, generator=gen).to(DEVICE, dtype)
+    y, new = causal_conv_extend(x, weight, cu, state)
+    y_ref, new_ref = conv_extend_ref(x, weight, cu, state)
+    assert y.dtype == dtype and new.shape == state.shape and new.is_contiguous()
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(new, new_ref)  # copies of the inputs
+    assert torch.equal(new[0, :, :1], state[0, :, 2:]) and torch.equal(new[0, :, 1:], x[0:2].T)  # 2 < W - 1

@@ -17,6 +17,7 @@ engine's state pool in place.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from abc import ABC, abstractmethod
@@ -149,17 +150,39 @@ def gated_delta_rule_for(x: torch.Tensor) -> GatedDeltaRule:
     return _FLA_RULE[0]
 
 
+@functools.lru_cache(maxsize=16)
+def _conv_rows(
+    cu_seqlens: tuple[int, ...], width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of the stacked conv input ``[state_0 | x_0 | state_1 | x_1 | ...]`` (each state ``width - 1``
+    rows): (each token's row ``[T]``, each state's rows ``[N * (width - 1)]``, each new state's rows
+    ``[N, width - 1]``: the last ``width - 1`` of its sequence's)."""
+    p = width - 1
+    cu = torch.tensor(cu_seqlens, dtype=torch.long)
+    lens, n = cu.diff(), len(cu_seqlens) - 1
+    before = (torch.arange(n) + 1) * p  # state rows up to and including sequence i's
+    tok = torch.arange(cu_seqlens[-1]) + torch.repeat_interleave(before, lens)
+    taps = torch.arange(p)
+    state = (cu[:-1] + before - p)[:, None] + taps
+    new = (cu[1:] + before - p)[:, None] + taps
+    return tok.to(device), state.reshape(-1).to(device), new.to(device)
+
+
 def causal_conv_extend(
     x: torch.Tensor, weight: torch.Tensor, cu_seqlens: list[int], state: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv + SiLU per sequence. ``x [T, C]``, ``weight [C, W]``, ``state [N, C, W-1]``
-    (the inputs before each sequence; zeros for a fresh one) -> ``(y [T, C], new state [N, C, W-1])``."""
-    width = weight.shape[-1]
-    y = torch.empty_like(x)
-    new = torch.empty_like(state)
-    for i, (s, e) in enumerate(itertools.pairwise(cu_seqlens)):
-        full = torch.cat([state[i].to(x.dtype), x[s:e].T], dim=-1)  # [C, W-1+L]
-        out = F.conv1d(full[None].to(weight.dtype), weight[:, None, :], groups=weight.shape[0])[0]
-        y[s:e] = F.silu(out).T.to(x.dtype)
-        new[i] = full[:, full.shape[-1] - (width - 1) :]
-    return y, new
+    (the inputs before each sequence; zeros for a fresh one) -> ``(y [T, C], new state [N, C, W-1])``, as
+    ``kernels.linear.reference.conv_extend_ref``.
+
+    NOTE: one conv over every sequence stacked behind its state, whatever the batch's sequence count (a loop
+    per sequence cost ~7 launches each in every linear layer: a prefill admitting 100 requests ran 33K)."""
+    width, (t, c) = weight.shape[-1], x.shape
+    tok, state_rows, new_rows = _conv_rows(tuple(cu_seqlens), width, x.device)
+    full = x.new_empty(t + state.shape[0] * (width - 1), c)
+    full[tok] = x
+    full[state_rows] = state.to(x.dtype).transpose(1, 2).reshape(-1, c)
+    # out[:, j] is the window of rows j .. j + W - 1: a token at row r reads out[:, r - (W - 1)]
+    out = F.conv1d(full.T[None].to(weight.dtype), weight[:, None, :], groups=c)[0]
+    y = F.silu(out[:, tok - (width - 1)]).T.to(x.dtype)
+    return y, full[new_rows].transpose(1, 2).to(state.dtype).contiguous()

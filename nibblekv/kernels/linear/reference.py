@@ -54,6 +54,23 @@ def recurrent_gated_delta_rule(
     return out, state
 
 
+def conv_extend_ref(
+    x: torch.Tensor, weight: torch.Tensor, cu_seqlens: list[int], state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv + SiLU, one sequence at a time: sequence ``i`` is ``x[cu_seqlens[i]:
+    cu_seqlens[i+1]]`` (``x [T, C]``) after its last ``W - 1`` inputs ``state[i]`` (``[N, C, W-1]``; zeros
+    for a fresh one); ``weight [C, W]`` -> ``(y [T, C], new state [N, C, W-1])``."""
+    width = weight.shape[-1]
+    y = torch.empty_like(x)
+    new = torch.empty_like(state)
+    for i, (s, e) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
+        full = torch.cat([state[i].to(x.dtype), x[s:e].T], dim=-1)  # [C, W-1+L]
+        out = F.conv1d(full[None].to(weight.dtype), weight[:, None, :], groups=weight.shape[0])[0]
+        y[s:e] = F.silu(out).T.to(x.dtype)
+        new[i] = full[:, full.shape[-1] - (width - 1) :]
+    return y, new
+
+
 def conv_decode_ref(
     x: torch.Tensor, weight: torch.Tensor, conv: torch.Tensor, slots: torch.Tensor
 ) -> torch.Tensor:
