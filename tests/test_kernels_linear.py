@@ -138,6 +138,7 @@ def test_stacked_conv_extend_equals_one_sequence_at_a_time(dtype: torch.dtype) -
     y, new = causal_conv_extend(x, weight, cu, state)
     y_ref, new_ref = conv_extend_ref(x, weight, cu, state)
     assert y.dtype == dtype and new.shape == state.shape and new.is_contiguous()
-    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    # the same products and sums (on a GPU another conv algorithm, TF32 in float32, may round differently)
+    assert rel_rms(y, y_ref) < (1e-3 if dtype == torch.float32 else 1e-2)
     assert torch.equal(new, new_ref)  # copies of the inputs
     assert torch.equal(new[0, :, :1], state[0, :, 2:]) and torch.equal(new[0, :, 1:], x[0:2].T)  # 2 < W - 1

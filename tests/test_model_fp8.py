@@ -42,6 +42,8 @@ BLOCK_QC = {  # Qwen3-*-FP8's quantization_config
     "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128],
 }  # fmt: skip
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# the fused-path tests: the Triton interpreter on CPU (conftest), the GPU where there is one
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _ct_qc(strategy: str) -> dict[str, Any]:
@@ -102,10 +104,10 @@ def test_quantization_fp8_agrees_with_bf16_twin() -> None:
 def test_fused_kernels_hand_fp8_layers_their_inputs_quantized(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the fused path the RMSNorms and SiLU * mul quantize for the FP8 layer after them (qkv, gate/up,
     down; o_proj quantizes its own input): logits bit for bit those of quantizing inside each layer."""
-    model = random_causal_lm(ModelConfig.from_hf(CFG), std=0.04, seed=3).to(torch.bfloat16)
+    model = random_causal_lm(ModelConfig.from_hf(CFG), std=0.04, seed=3).to(DEVICE, torch.bfloat16)
     quantize_model(model)
     assert all(layer.input_layernorm.fp8_out == Fp8Input(None) for layer in model.model.layers)
-    monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")  # the fused path, on the Triton interpreter here
+    monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")  # the fused path (on CPU: the Triton interpreter)
     seen: list[str] = []
     gemm = Fp8Linear._gemm
 
@@ -131,7 +133,7 @@ class _RotatingAttention(DenseAttention):
 
     def __init__(self, n: int, d: int) -> None:
         super().__init__([0, n])
-        self.qkv_rotation = hadamard_matrix(d, "cpu", torch.bfloat16)
+        self.qkv_rotation = hadamard_matrix(d, DEVICE, torch.bfloat16)
 
     def forward_rotated(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -149,7 +151,7 @@ def test_fp8_o_proj_takes_its_input_rotated_back_and_quantized_in_one_kernel(
     from nibblekv.kernels.fused import rotate_quant
 
     cfg = {**CFG, "torch_dtype": "bfloat16"}
-    model = random_causal_lm(ModelConfig.from_hf(cfg), std=0.04, seed=5).to(torch.bfloat16)
+    model = random_causal_lm(ModelConfig.from_hf(cfg), std=0.04, seed=5).to(DEVICE, torch.bfloat16)
     o_weights = [layer.self_attn.o_proj.weight.detach().clone() for layer in model.model.layers]
     quantize_model(model)
     if block is not None:  # block-scaled o_proj (a 64-column token group: one head)
@@ -158,7 +160,7 @@ def test_fp8_o_proj_takes_its_input_rotated_back_and_quantized_in_one_kernel(
             o_proj.weight.data, o_proj.weight_scale.data = quantize_weight_block(w, block)
             layer.self_attn.o_proj = o_proj
     n, d = 10, model.config.head_dim
-    ids, pos = torch.arange(5, 5 + n), torch.arange(n)
+    ids, pos = torch.arange(5, 5 + n, device=DEVICE), torch.arange(n, device=DEVICE)
     monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")
     calls: list[int | None] = []
     kernel = rotate_quant.rotate_quant_fp8
