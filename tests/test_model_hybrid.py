@@ -227,3 +227,13 @@ def test_forward_over_a_cache_backend_needs_the_states() -> None:
     backend = object.__new__(PagedAttentionBackend)  # never reached: the guard comes first
     with pytest.raises(ValueError, match="LinearStateBatch"):
         model(torch.arange(4), torch.arange(4), backend)
+
+
+def test_cu_seqlens_tensors_are_made_once_per_batch_shape() -> None:
+    """fla-core's chunked kernel takes the batch's bounds on the device and on the CPU: every linear layer
+    of a forward gets the same two tensors (one host -> device copy a forward, not one a layer)."""
+    from nibblekv.model.gated_deltanet import cu_seqlens_tensors
+
+    dev, cpu = cu_seqlens_tensors((0, 3, 9), torch.device("cpu"))
+    assert dev.tolist() == cpu.tolist() == [0, 3, 9] and dev.dtype == cpu.dtype == torch.long
+    assert cu_seqlens_tensors((0, 3, 9), torch.device("cpu"))[0] is dev

@@ -110,6 +110,18 @@ class TorchGatedDeltaRule(GatedDeltaRule):
         return out, final
 
 
+@functools.lru_cache(maxsize=16)
+def cu_seqlens_tensors(
+    cu_seqlens: tuple[int, ...], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cu_seqlens`` as int64 tensors on ``device`` and on the CPU, made once per batch shape.
+
+    NOTE: every linear layer of a forward reuses them: a list -> CUDA copy waits for the stream, and one per
+    layer stalled the host once per linear layer of every prefill step."""
+    cpu = torch.tensor(cu_seqlens, dtype=torch.long)
+    return cpu.to(device), cpu
+
+
 class FlaGatedDeltaRule(GatedDeltaRule):
     """fla-core's chunked Triton kernel ``chunk_gated_delta_rule`` (varlen)."""
 
@@ -122,12 +134,12 @@ class FlaGatedDeltaRule(GatedDeltaRule):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
         cu_seqlens: list[int], initial_state: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        cu = torch.tensor(cu_seqlens, dtype=torch.long, device=q.device)
+        cu, cu_cpu = cu_seqlens_tensors(tuple(cu_seqlens), q.device)
         q, k, v = (x.contiguous() for x in (q, k, v))  # the kernels index dense [B, T, H, D] tensors
         o, final = self._chunk(
             q[None], k[None], v[None], g=g[None].float().contiguous(), beta=beta[None].to(v.dtype).contiguous(),
             initial_state=initial_state.float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
-            cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(cu_seqlens, dtype=torch.long),
+            cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
         )  # fmt: skip
         return o[0], final
 
