@@ -195,15 +195,20 @@ class ModelRunner:
         if self.states is None:
             hidden = self.model.forward(d["input_ids"], d["positions"], self.backend)
         else:  # hybrid: the linear layers' states of this batch's requests
-            bounds = list(range(plan.bs + 1)) if plan.is_decode else plan.lists["cu_seqlens"]
-            carried = plan.is_decode or not all(plan.lists["state_fresh"])
-            states = LinearStateBatch(
-                bounds, plan.is_decode, self.states, d["state_slots"], d["state_fresh"] != 0, carried=carried
-            )
+            states = self._state_batch(plan, d)
             hidden = self.model.forward(d["input_ids"], d["positions"], self.backend, states)  # type: ignore[call-arg]
         if not plan.sample_rows:  # every rank sees the same plan, so all skip this collective together
             return hidden.new_zeros(0, 1).float(), hidden
         return self.model.compute_logits(hidden[plan.sample_rows]), hidden
+
+    def _state_batch(self, plan: StepPlan, d: dict[str, torch.Tensor]) -> LinearStateBatch:
+        """A hybrid forward's states: decode continues each request's pool row in place; an extend reads the
+        rows (zeros for fresh requests) and writes them back after the chunk."""
+        if plan.is_decode:
+            return LinearStateBatch(list(range(plan.bs + 1)), True, self.states, d["state_slots"])
+        fresh = plan.lists["state_fresh"]
+        return LinearStateBatch(plan.lists["cu_seqlens"], False, self.states, d["state_slots"],
+                                d["state_fresh"] != 0, carried=not all(fresh))  # fmt: skip
 
     def _host_inputs(self, batch: ScheduledBatch) -> dict[str, list[int]]:
         """Token ids, positions, attention metadata and page-table rows, as Python lists."""
@@ -221,7 +226,8 @@ class ModelRunner:
         lists["rows"] = self.page_table.sync([r.pages for r in batch.reqs])
         if self.states is not None:
             lists["state_slots"] = [r.state_slot if r.state_slot is not None else -1 for r in batch.reqs]
-            lists["state_fresh"] = [int(g.old_len == 0) for g in batch.growths]  # a fresh request starts from zeros
+            if not batch.is_decode:  # a fresh request starts from zeros (decode continues every state)
+                lists["state_fresh"] = [int(g.old_len == 0) for g in batch.growths]
         return lists
 
     def _sample(

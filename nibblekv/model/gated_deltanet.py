@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 import torch
 import torch.nn.functional as F
 
-from nibblekv.kernels.linear.reference import l2norm
+from nibblekv.kernels.linear.reference import normalized_qk
 
 logger = logging.getLogger("nibblekv")
 
@@ -86,11 +86,8 @@ class GatedDeltaRule(ABC):
 def _heads_first(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
 ) -> tuple[torch.Tensor, ...]:
-    """The layer's ``[L, heads, dim]`` inputs as float32 ``[HV, L, dim]``, q/k normalised, q scaled, key heads
-    repeated per value head (HF's reference does the same)."""
-    ratio = v.shape[1] // q.shape[1]
-    q, k = (l2norm(x.repeat_interleave(ratio, dim=1).float()) for x in (q, k))
-    q = q * q.shape[-1] ** -0.5
+    """The layer's ``[L, heads, dim]`` inputs as float32 ``[HV, L, dim]`` (q, k as ``normalized_qk``)."""
+    q, k = normalized_qk(q, k, v.shape[1])
     return (q.transpose(0, 1), k.transpose(0, 1), v.float().transpose(0, 1), g.float().T, beta.float().T)
 
 

@@ -28,8 +28,9 @@ def gated_delta_rule_decode(
     A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
     """One step of the gated delta rule a request: ``q, k [N, H, K]``, ``v [N, HV, V]``, ``a, b [N, HV]``,
-    ``A_log, dt_bias [HV]``, the pool's float32 ``state [S, HV, K, V]`` updated in place at rows ``slots [N]``
-    (int64) -> ``o [N, HV, V]`` in ``v``'s dtype (``gated_delta_rule_decode_ref``)."""
+    ``A_log, dt_bias [HV]``, the pool's ``state [S, HV, K, V]`` (float32, bf16 or fp16; stepped in float32)
+    updated in place at rows ``slots [N]`` (int64) -> ``o [N, HV, V]`` in ``v``'s dtype
+    (``gated_delta_rule_decode_ref``)."""
     if use_triton(v):
         from nibblekv.kernels.linear.decode import gated_delta_rule_decode_triton
 

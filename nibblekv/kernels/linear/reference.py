@@ -25,6 +25,14 @@ def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
+def normalized_qk(q: torch.Tensor, k: torch.Tensor, value_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q, k [T, H, K]`` -> float32 ``[T, HV, K]``: L2-normalised, ``q`` scaled by ``K ** -0.5``, key head
+    ``j // (HV / H)`` repeated for value head ``j`` (HF's reference does the same)."""
+    ratio = value_heads // q.shape[1]
+    qf, kf = (l2norm(x.float()).repeat_interleave(ratio, dim=1) for x in (q, k))
+    return qf * q.shape[-1] ** -0.5, kf
+
+
 def decay_and_beta(
     a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,9 +100,8 @@ def gated_delta_rule_decode_ref(
     (float32, bfloat16 or float16; the step runs in float32), updated in place at rows ``slots [N]`` ->
     ``o [N, HV, V]`` in ``v``'s dtype."""
     n, hv, dv = v.shape
-    dk, ratio = q.shape[-1], hv // q.shape[1]
-    qf = l2norm(q.float()).repeat_interleave(ratio, dim=1) * dk**-0.5
-    kf = l2norm(k.float()).repeat_interleave(ratio, dim=1)
+    dk = q.shape[-1]
+    qf, kf = normalized_qk(q, k, hv)
     g, beta = decay_and_beta(a, b, A_log, dt_bias)
     o, new = recurrent_gated_delta_rule(
         qf.reshape(n * hv, 1, dk), kf.reshape(n * hv, 1, dk), v.float().reshape(n * hv, 1, dv),
