@@ -11,8 +11,9 @@ the GEMM alone (``fp8_gemm_us``) and bf16 ``x @ W^T`` (``bf16_us``), each a CUDA
 before every call. ``channel``: per-channel weight scales, per-token activations; the layer runs the Triton
 split-K GEMM up to ``ROWWISE_TRITON_MAX_M`` tokens and ``torch._scaled_mm`` above, and every row times both
 alone (``triton_us``, ``scaled_mm_us``: where they cross sets that constant). ``block``: 128x128 weight
-blocks, per token-group activations, the Triton block GEMM; ``scaled_mm_us`` there times cuBLASLt's block
-scaling (torch's ``F.scaled_mm``, a prefill candidate; ``scaled_mm_error`` says why it could not run). Rows
+blocks, per token-group activations; the layer runs the Triton block GEMM up to ``BLOCK_TRITON_MAX_M`` tokens
+and cuBLASLt's block-scaled kernel above (``torch._scaled_mm`` with 1x128 / 128x128 scales, sm_90), both
+timed alone as well (``scaled_mm_error`` says why cuBLASLt's could not run). Rows
 with M <= 16 also get ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling
 measured in the same run. Every row's FP8 output is checked against the pure-torch reference first. Writes
 ``DIR/fp8-weights-h200.json`` (rows ``kind: gemm``) and a PNG.
@@ -26,7 +27,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,11 @@ from benchmarks import timing  # noqa: E402
 from benchmarks.timing import DEV, bench_graph, gpu_state, read_ceiling  # noqa: E402
 from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_channel  # noqa: E402
 from nibblekv.kernels.fp8.gemm import (  # noqa: E402
+    BLOCK_TRITON_MAX_M,
     ROWWISE_TRITON_MAX_M,
+    block_scaled_mm_available,
     fp8_block_gemm,
+    fp8_block_scaled_mm,
     fp8_linear_block,
     fp8_linear_rowwise,
     fp8_rowwise_gemm,
@@ -56,33 +59,6 @@ MS_8B: tuple[int, ...] = (1, 16, 64, 128, 256, 512, 8192)
 SHAPES_SMOKE: tuple[tuple[str, int, int], ...] = (("qkv", 384, 256), ("down", 256, 200))
 MS_SMOKE: tuple[int, ...] = (1, 5)
 FORMATS = ("channel", "block")
-
-
-def _blockwise_cublas(
-    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, m: int
-) -> Callable[[], torch.Tensor] | str:
-    """cuBLASLt's DeepSeek-style block scaling (1x128 activations, 128x128 weights) through torch's
-    ``F.scaled_mm``, as a candidate for the block format's prefill GEMM: the call, once checked against the
-    reference, or why it cannot serve (an error, or a result off the reference)."""
-    fn = torch.nn.functional
-
-    def call() -> torch.Tensor:
-        # NOTE: 1x128 scales go outer-dim-major (torch's blockwise contract), 128x128 as they are
-        return fn.scaled_mm(
-            xq, wq.t(), xs.t().contiguous().t(), fn.ScalingType.BlockWise1x128, ws,
-            fn.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16,
-        )  # fmt: skip
-
-    try:
-        got = call().float()
-    except (RuntimeError, ValueError, TypeError) as e:
-        return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    if m <= 512:
-        want = fp8_gemm_ref(xq, xs, wq, ws, BLOCK, torch.float32)
-        err = ((got - want).norm() / want.norm()).item()
-        if not err < 1e-2:
-            return f"{err:.3g} (rel. L2) off the reference"
-    return call
 
 
 def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: float) -> dict[str, Any]:
@@ -114,11 +90,16 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
         def layer() -> torch.Tensor:
             return fp8_linear_block(x, wq, ws, BLOCK, None)
 
-        def gemm() -> torch.Tensor:
+        def triton_block() -> torch.Tensor:
             return fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16)
 
-        if x.is_cuda and hasattr(torch.nn.functional, "scaled_mm"):
-            alternatives["scaled_mm_us"] = _blockwise_cublas(xq, xs, wq, ws, m)
+        alternatives["triton_us"] = triton_block
+        cublas = x.is_cuda and block_scaled_mm_available(x.device)
+        if cublas:
+            alternatives["scaled_mm_us"] = lambda: fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16)
+        elif x.is_cuda:
+            alternatives["scaled_mm_error"] = "torch._scaled_mm has no block-scaled FP8 GEMM on this GPU"
+        gemm = alternatives["scaled_mm_us"] if cublas and m > BLOCK_TRITON_MAX_M else triton_block
         block = BLOCK
     if m <= 512:  # the reference dequantizes W in fp32: checked where that stays small
         got, want = layer().float(), fp8_linear_ref(x, wq, ws, block, None).float()
@@ -130,8 +111,13 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
     row["fp8_gemm_us"] = round(bench_graph(gemm), 2)
     for key, fn in alternatives.items():
         if isinstance(fn, str):  # an alternative that cannot run here: why
-            row[key.replace("_us", "_error")] = fn
+            row[key] = fn
         else:
+            if m <= 512 and key == "scaled_mm_us":  # the layer may not route here at this M: check it too
+                want = fp8_gemm_ref(xq, xs, wq, ws, block, torch.float32)
+                err = ((fn().float() - want).norm() / want.norm()).item()
+                if not err < 1e-2:
+                    raise AssertionError(f"{name} m={m} {fmt}: {key} {err:.3g} (rel. L2) off the reference")
             row[key] = round(bench_graph(fn), 2)
     row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
     row["speedup"] = round(row["bf16_us"] / max(row["fp8_us"], 1e-3), 3)

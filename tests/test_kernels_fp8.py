@@ -13,7 +13,10 @@ from nibblekv.formats.fp8_weights import (
     quantize_weight_channel,
 )
 from nibblekv.kernels.fp8.gemm import (
+    BLOCK_TRITON_MAX_M,
+    block_scaled_mm_available,
     fp8_block_gemm,
+    fp8_block_scaled_mm,
     fp8_linear_block,
     fp8_linear_rowwise,
     fp8_rowwise_gemm,
@@ -109,6 +112,36 @@ def test_rowwise_linear_matches_reference(m: int, k: int, n: int) -> None:
     got = fp8_linear_rowwise(x, wq, ws[None, :], bias)
     want = fp8_linear_ref(x, wq, ws, None, bias)
     assert rel_rms(got, want) < LAYER_RMS, rel_rms(got, want)
+
+
+# prefill chunks (past BLOCK_TRITON_MAX_M): cuBLASLt's block-scaled kernel where torch has it (sm_90), M not a
+# multiple of 4 (its padding), else the Triton block GEMM (the CPU, the interpreter)
+@pytest.mark.parametrize(("m", "k", "n"), [(301, 512, 384), (1030, 1024, 640)] if DEVICE == "cuda"
+                         else [(BLOCK_TRITON_MAX_M + 5, 128, 128)])  # fmt: skip
+def test_block_linear_prefill_matches_reference(m: int, k: int, n: int) -> None:
+    torch.manual_seed(m)
+    wq, ws = quantize_weight_block(torch.randn(n, k, device=DEVICE) * 0.05, 128)
+    x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
+    bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
+    got = fp8_linear_block(x, wq, ws, 128, bias)
+    want = fp8_linear_ref(x, wq, ws, 128, bias)
+    assert got.shape == (m, n) and rel_rms(got, want) < LAYER_RMS, rel_rms(got, want)
+    if DEVICE == "cuda" and block_scaled_mm_available(x.device):  # the layer took cuBLASLt's kernel
+        xq, xs = quant_fp8_groups(x, 128)
+        assert torch.equal(got, fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16) + bias)
+
+
+@cuda_only
+def test_block_scaled_mm_matches_reference() -> None:
+    if not block_scaled_mm_available(torch.device("cuda", torch.cuda.current_device())):
+        pytest.skip("this torch / cuBLAS has no block-scaled _scaled_mm (cuBLAS >= 12.9 on sm_90)")
+    for m in (1, 6, 257):
+        torch.manual_seed(m)
+        wq, ws = quantize_weight_block(torch.randn(384, 640, device="cuda") * 0.05, 128)
+        xq, xs = quant_fp8_groups(torch.randn(m, 640, device="cuda").to(torch.bfloat16), 128)
+        got = fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16)
+        want = fp8_gemm_ref(xq, xs, wq, ws, 128, torch.float32)
+        assert got.shape == (m, 384) and rel_rms(got, want) < LAYER_RMS, (m, rel_rms(got, want))
 
 
 @cuda_only

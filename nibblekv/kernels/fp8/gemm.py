@@ -7,11 +7,15 @@
 * :func:`fp8_rowwise_gemm`: per-token activations x per-channel weights on the same split-K tiles.
 * :func:`fp8_linear_rowwise`: the per-channel layer: the Triton GEMM for decode batches, ``torch._scaled_mm``
   for prefill chunks.
+* :func:`fp8_linear_block`: the block-scaled layer: the Triton block GEMM for decode batches, cuBLASLt's
+  1x128 x 128x128 block-scaled kernel (``torch._scaled_mm``, sm_90) for prefill chunks where torch has it.
 
 Launchers only allocate and launch (no host sync), so CUDA graphs capture them. Twins: ``fp8.reference``.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 import triton
@@ -20,7 +24,10 @@ import triton.language as tl
 from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting
+from nibblekv.kernels.fp8.reference import fp8_gemm_ref
 from nibblekv.kernels.write import _round_to_e4m3
+
+logger = logging.getLogger(__name__)
 
 # K per step of the row-wise GEMM (no scale groups along K: any width that feeds the tensor cores)
 ROWWISE_K_STEP = 128
@@ -29,6 +36,10 @@ ROWWISE_K_STEP = 128
 # 12.0/9.8/33.1/19.5 vs 18.1/13.7/46.8/37.7; M=64 18.0/14.3/44.9/27.8 vs 14.6/14.0/45.7/37.2 (105 vs 112
 # summed); M=128 cuBLASLt wins 3 of 4 (22.4/19.0/42.3/34.3 vs 14.7/14.4/36.7/37.7)
 ROWWISE_TRITON_MAX_M = 64
+# NOTE: block-scaled layers with more tokens than this (prefill chunks) take cuBLASLt's DeepSeek-style
+# block-scaled kernel where torch offers it (sm_90, 128 blocks); the Triton block GEMM's per-k-step scaling
+# kept it at 0.52-0.70x bf16 torch.mm at an 8K chunk on the H200
+BLOCK_TRITON_MAX_M = 256
 
 
 @triton.jit
@@ -291,15 +302,76 @@ def fp8_rowwise_gemm(
     return _launch_gemm(xq, x_scale, wq, w_scale, ROWWISE_K_STEP, out_dtype, bias, split_k, rowwise=True)
 
 
+def fp8_block_scaled_mm(
+    xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """:func:`fp8_block_gemm`'s product for 128 blocks on cuBLASLt's block-scaled kernel (``torch._scaled_mm``
+    with 1x128 activation and 128x128 weight scales; CUDA sm_90, no bias). cuBLASLt wants the activation
+    scales outer-dim-major and M a multiple of 4: both arranged here (padding rows are dropped)."""
+    m, k = xq.shape
+    pad = -m % 4
+    if pad:
+        xq = torch.cat((xq, xq.new_zeros(pad, k)))
+    # NOTE: [M, K/128] scales stored K-block-major (stride (1, M)); padding rows get scale 1 (codes are 0)
+    xs = torch.ones((x_scale.shape[1], m + pad), dtype=torch.float32, device=xq.device).t()
+    xs[:m] = x_scale
+    y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale.t(), out_dtype=out_dtype)
+    return y[:m] if pad else y
+
+
+_BLOCK_SCALED_MM: dict[torch.device, bool] = {}
+
+
+def block_scaled_mm_available(device: torch.device) -> bool:
+    """Whether :func:`fp8_block_scaled_mm` runs on ``device`` (sm_90 and a torch whose ``_scaled_mm`` takes
+    block scales): one small product checked against the twin, the answer kept per device. Not asked while
+    a CUDA graph is being captured (the check synchronizes): Triton's GEMM serves until it is known."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    if device not in _BLOCK_SCALED_MM:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        gen = torch.Generator(device).manual_seed(0)
+        x = torch.randn(6, 384, device=device, generator=gen)
+        w = torch.randn(256, 384, device=device, generator=gen)
+        xq, xs = quant_fp8_groups(x, 128)
+        wq = (w * 16).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        ws = torch.rand(2, 3, device=device, generator=gen) + 0.5
+        try:
+            got = fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16).float()
+        except (RuntimeError, ValueError, TypeError) as e:  # a torch or cuBLAS without block scaling
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+        else:
+            want = fp8_gemm_ref(xq, xs, wq, ws, 128, torch.float32)
+            err = ((got - want).norm() / want.norm()).item()
+            why = "" if err < 1e-2 else f"{err:.3g} (rel. L2) off the reference"
+        if why:
+            logger.info("torch._scaled_mm has no block-scaled FP8 GEMM here (%s): prefill chunks of "
+                        "block-scaled layers run the Triton block GEMM", why)  # fmt: skip
+        _BLOCK_SCALED_MM[device] = not why
+    return _BLOCK_SCALED_MM[device]
+
+
 def fp8_linear_block(
     x: torch.Tensor | QuantizedRows, wq: torch.Tensor, w_scale: torch.Tensor, block: int,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:  # fmt: skip
     """Block-scaled FP8 linear on ``x [..., K]`` (or rows already quantized per ``block`` columns):
-    per token-group activation quantization + the GEMM."""
+    per token-group activation quantization + the GEMM. Prefill chunks (more than
+    :data:`BLOCK_TRITON_MAX_M` tokens, bf16, 128 blocks, K and N whole blocks) run cuBLASLt's
+    block-scaled kernel where :func:`block_scaled_mm_available`; everything else the Triton block GEMM."""
+    n, k = wq.shape
     xq, xs, dtype, lead = _quantized(x, block)
-    y = fp8_block_gemm(xq, xs, wq, w_scale, block, dtype, bias)
-    return y.reshape(*lead, wq.shape[0])
+    cublas = (
+        xq.is_cuda and xq.shape[0] > BLOCK_TRITON_MAX_M and dtype == torch.bfloat16 and block == 128
+        and n % block == k % block == 0 and block_scaled_mm_available(xq.device)
+    )  # fmt: skip
+    if cublas:
+        y = fp8_block_scaled_mm(xq, xs, wq, w_scale, dtype)
+        y = y if bias is None else y + bias
+    else:
+        y = fp8_block_gemm(xq, xs, wq, w_scale, block, dtype, bias)
+    return y.reshape(*lead, n)
 
 
 def fp8_linear_rowwise(
