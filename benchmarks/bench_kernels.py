@@ -252,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     if 256 in dims:
         from benchmarks.bench_kernels_hd256 import hd256_rows  # NOTE: it imports this module's Pools
 
-        hd256_rows(add, args.smoke)
-        print(f"head_dim 256 done {time.time() - t0:.0f}s", flush=True)
-        write_results(rows, ceil, cfgs, sweep_log, args.out)
+        for alternatives in (False,) if args.smoke else (False, True):  # the default kernels' rows first
+            hd256_rows(add, args.smoke, alternatives)
+            print(f"head_dim 256{' alternatives' if alternatives else ''} done {time.time() - t0:.0f}s", flush=True)
+            write_results(rows, ceil, cfgs, sweep_log, args.out)  # NOTE: kept if the timeout cuts what follows
     if 128 in dims:
         pools = Pools(max_tok, hkv, 128)
         print(f"pools ready {time.time() - t0:.0f}s", flush=True)

@@ -32,26 +32,25 @@ HD256_MMA_VARIANTS: dict[str, dict[str, int]] = {
 HD256_OTHERS = (
     (KVDtype.NVFP4, DecodeKernel.PAGED), (KVDtype.FP8, DecodeKernel.TOK), (KVDtype.BF16, DecodeKernel.TOK),
 )
-def hd256_rows(add: AddRow, smoke: bool) -> None:
-    """Decode rows at head_dim 256 through ``add`` (``main``'s row builder): first every dtype's default kernel
-    with and without the 64-token bf16 tail at every shape (the acceptance rows), then ``HD256_OTHERS`` and
-    (NVFP4) ``HD256_MMA_VARIANTS`` without it. The smoke run: one shape of 80 tokens, GQA 6 on one KV head,
-    the default kernels only."""
+def hd256_rows(add: AddRow, smoke: bool, alternatives: bool) -> None:
+    """Decode rows at head_dim 256 through ``add`` (``main``'s row builder): every dtype's default kernel with
+    and without the 64-token bf16 tail at every shape (the acceptance rows), or (``alternatives``)
+    ``HD256_OTHERS`` and (NVFP4) ``HD256_MMA_VARIANTS`` without it. The smoke run: one shape of 80 tokens,
+    GQA 6 on one KV head."""
     heads = ((6, 1),) if smoke else HD256_HEADS
     shapes = ((1, 80),) if smoke else HD256_SHAPES
-    for alternatives in (False,) if smoke else (False, True):
-        for hq, hkv in heads:
-            pools = Pools({dt: max(b * c for b, c in shapes) + 4096 for dt in DTYPES}, hkv, 256)
-            for b, c in shapes:
-                if alternatives:
-                    _alternative_rows(add, pools, b, c, hq, hkv)
-                    continue
-                for dt in DTYPES:
-                    for tail in (False, True):
-                        us, nb = run_decode(pools, dt, b, c, hq, tail)
-                        add("decode_tail64" if tail else "decode", NAMES[dt], b, c, hq, hkv, 256, us, nb)
-            del pools
-            _empty_cache()
+    for hq, hkv in heads:
+        pools = Pools({dt: max(b * c for b, c in shapes) + 4096 for dt in DTYPES}, hkv, 256)
+        for b, c in shapes:
+            if alternatives:
+                _alternative_rows(add, pools, b, c, hq, hkv)
+                continue
+            for dt in DTYPES:
+                for tail in (False, True):
+                    us, nb = run_decode(pools, dt, b, c, hq, tail)
+                    add("decode_tail64" if tail else "decode", NAMES[dt], b, c, hq, hkv, 256, us, nb)
+        del pools
+        _empty_cache()
 
 
 def _alternative_rows(add: AddRow, pools: Pools, b: int, c: int, hq: int, hkv: int) -> None:
