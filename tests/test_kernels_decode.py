@@ -348,13 +348,14 @@ def test_decode_configs_and_spec_errors(monkeypatch: pytest.MonkeyPatch) -> None
     tok = decode_config_from_spec("tok:bn=128,w=8,s=3,conv=1", KVDtype.NVFP4, 128)
     assert (tok.kernel, tok.block_n, tok.tail_block_n, tok.num_warps, tok.num_stages, tok.conv) == (
             DecodeKernel.TOK, 128, 64, 8, 3, 1)
-    # the default: "tok" where a GPU run verified it (head_dim 64 and 128), "paged" elsewhere on a GPU;
+    # the default: "tok" where a GPU run verified it (head_dim 64, 128 and 256), "paged" elsewhere on a GPU;
     # NVFP4 at head_dim 64 / 128 on a GPU: decode_mma (select_decode falls back to "tok" where it cannot run)
     assert default_kernel(FMT_NVFP4, 128, False) is DecodeKernel.MMA
     assert default_kernel(FMT_NVFP4, 64, False) is DecodeKernel.MMA  # two tokens a row (timed)
     assert default_kernel(FMT_FP8, 128, False) is DecodeKernel.TOK
     assert default_kernel(FMT_NVFP4, 256, False) is DecodeKernel.MMA  # two 128-dim halves (decode.mma256)
-    assert default_kernel(FMT_FP8, 256, False) is DecodeKernel.PAGED  # decode_tok never timed at 256
+    assert default_kernel(FMT_FP8, 256, False) is DecodeKernel.TOK  # timed at 256 (decode.config)
+    assert default_kernel(FMT_FP8, 96, False) is DecodeKernel.PAGED  # a head_dim no GPU run verified
     assert default_kernel(FMT_NVFP4, 64, True) is DecodeKernel.TOK  # the interpreter tests the new default
     mma = decode_config_from_spec("mma:w=2,tpi=1,pf=0,ppsm=16,minc=64", KVDtype.NVFP4, 128)
     assert mma == DecodeConfig(
@@ -447,11 +448,11 @@ def test_decode_gpu_variants(variant: str, d: int) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX runs on the GPU only")
-@pytest.mark.parametrize("group", [6, 8])
+@pytest.mark.parametrize("group", [6, 8, 16])
 def test_decode_tok_head_dim_256_gqa_6_and_8(group: int) -> None:
-    # decode_tok at head_dim 256 with the hybrid models' GQA groups (6: Qwen3.5-27B, 8: Qwen3-Next), its
-    # default split counts, with the bf16 tail: the GPU check that gates 256 in TOK_VERIFIED_HEAD_DIMS
-    # (the default for FP8 / BF16 there once timed; NVFP4 takes decode_mma at these groups)
+    # decode_tok at head_dim 256 with the hybrid models' GQA groups (6: Qwen3.5-27B, 8: Qwen3-Next; 16:
+    # Qwen3.5-397B, where NVFP4 too takes tok), its default split counts, with the bf16 tail: the GPU check
+    # that gates 256 in TOK_VERIFIED_HEAD_DIMS (NVFP4 takes decode_mma at groups <= 8)
     lens = [1, 15, 16, 17, 1000, 4099]
     tails = [0, 1, W, 7, W, 0]
     for dt in (KVDtype.FP8, KVDtype.BF16, KVDtype.NVFP4):
@@ -530,13 +531,13 @@ def test_select_decode_falls_back_where_mma_cannot_run(monkeypatch: pytest.Monke
     pb64 = make_batch(KVDtype.NVFP4, [5], 8, 64, P, "cpu", via_write=False)
     assert select_decode(pb64.cache, 4, 8, None).kernel is DecodeKernel.MMA
     assert select_decode(pb64.cache, 8, 8, None).kernel is DecodeKernel.TOK
-    # head_dim 256 -> mma (groups <= 8, the bf16 tail in its grid), balanced (>= 208 pairs), paged past 8
+    # head_dim 256 -> mma (groups <= 8, the bf16 tail in its grid), balanced (>= 208 pairs), tok past 8
     pb256 = make_batch(KVDtype.NVFP4, [5], 2, 256, P, "cpu", tail_lens=[3], via_write=False)
     for grp, pairs, kernel in ((6, 8, DecodeKernel.MMA), (8, 8, DecodeKernel.MMA),
                                (6, BALANCED_MIN_PAIRS, DecodeKernel.BALANCED)):  # fmt: skip
         cfg = select_decode(pb256.cache, grp, pairs, pb256.tail)
         assert (cfg.kernel, cfg.tail_in_grid, cfg.ppsm, cfg.bal_ppsm) == (kernel, True, 8, 8), (grp, pairs)
-    assert select_decode(pb256.cache, 9, 8, None).kernel is DecodeKernel.PAGED
+    assert select_decode(pb256.cache, 9, 8, None).kernel is DecodeKernel.TOK
     tin0 = decode_config_from_spec("mma:tin=0", KVDtype.NVFP4, 256)
     assert not select_decode(pb256.cache, 8, 8, pb256.tail, tin0).tail_in_grid
 

@@ -19,14 +19,15 @@ from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 # NVFP4 .24/.22/.22/.21 -> .30/.28/.27/.22 (each checked against the reference on the GPU first).
 # NOTE: head dims where "tok" is the default (its inline-PTX paths cannot run in the interpreter; each passed
 # the GPU tests and was timed): at 64 (H200, B64x32K / B8x32K / B32x8K / B1x128K) "paged" -> "tok": FP8
-# .43/.39/.39/.38 -> .91/.69/.69/.61, BF16 .54/.48/.50/.49 -> .93/.75/.77/.73. At 256 (H100, GQA 6 and 8,
-# B64x8K / B8x32K / B1x256K, bench_kernels --head-dims 256) "paged" -> "tok": FP8 570/309/285 -> 223/118/191
-# us at GQA 6 (0.43-0.60 of the ceiling before); gated by test_decode_tok_head_dim_256_gqa_6_and_8 and
+# .43/.39/.39/.38 -> .91/.69/.69/.61, BF16 .54/.48/.50/.49 -> .93/.75/.77/.73. At 256 (H100, GQA 6,
+# B64x8K / B8x32K / B1x256K, bench_kernels --head-dims 256): FP8 .60/.56/.60 -> .85/.78/.90, BF16
+# .78/.73/.76 -> .92/.89/.94 (GQA 8 alike); gated by test_decode_tok_head_dim_256_gqa_6_and_8 and
 # test_extend_decode_fp8_head_dim_256 (GPU).
 TOK_VERIFIED_HEAD_DIMS = (64, 128, 256)
 # NOTE: decode_mma at head_dim 64 (two tokens a row) is the NVFP4 default (same shapes): "paged"
 # .23/.20/.20/.16 -> .69/.56/.55/.45 (3x); it matched the reference on the GPU (rel. RMS 1.7e-3). Head_dim
-# 256 (decode.mma256; GQA <= 8): untimed ("paged" never was); test_decode_mma_head_dim_256 et al. gate it.
+# 256 (decode.mma256; GQA <= 8; H100, GQA 6 B64x8K / B8x32K / B1x256K): "paged" .25/.23/.24 -> .83/.80/.81
+# of the ceiling; test_decode_mma_head_dim_256 et al. gate it.
 MMA_VERIFIED_HEAD_DIMS = (64, 128, 256)
 # NOTE: balanced=2 turns decode_balanced on from this many (request, KV head) pairs. At 26 x 8 = 208 pairs the
 # balanced kernel at 12 programs per SM reads .771 vs .760 for per-pair splits (B26x32K with the bf16 tail,
@@ -344,7 +345,7 @@ def select_decode(
     NVFP4, even pages       64          <= 4                  any         MMA (two tokens a row, PAIR)
     NVFP4 (packed, aligned) 256         <= 8                  < 208       MMA (two halves), tail in its grid
     NVFP4 (packed, aligned) 256         <= 8                  >= 208      BALANCED (two halves)
-    FP8 / BF16; NVFP4 else  64, 128     any (> 16: chunks)    any         TOK (decode_tok)
+    FP8 / BF16; NVFP4 else  64-256      any (> 16: chunks)    any         TOK (decode_tok)
     any                     other       any (> 16: chunks)    any         PAGED (decode_paged)
     ======================  ==========  ====================  ==========  =====================================
 
