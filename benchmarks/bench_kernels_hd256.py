@@ -26,6 +26,9 @@ HD256_MMA_VARIANTS: dict[str, dict[str, int]] = {
     "decode_mma_pf0_ppsm12": {"pf": 0, "ppsm": 12, "bal_ppsm": 12},
     "decode_mma_bal0": {"balanced": 0},
     "decode_mma_l2": {"l2_ahead": 1},
+    # 512 partial slots a pair: one request over 2 KV heads (GQA 8) fills the 8 x 132 slots (256 fill half)
+    "decode_mma_slots512": {"mma_slots": 512},
+    "decode_mma_l2_slots512": {"l2_ahead": 1, "mma_slots": 512},
 }
 # the other kernels that could serve these pools: NVFP4's default before decode_mma ran at 256 ("paged"),
 # and FP8's / BF16's decode_tok (not the default at 256 until timed: decode.config.TOK_VERIFIED_HEAD_DIMS)

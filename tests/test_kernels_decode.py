@@ -130,12 +130,15 @@ def test_default_num_splits_one_wave() -> None:
     # wave_ctas (FP8 decode_tok's default 2): >= 64 (request, KV head) pairs get the splits of one wave of 2
     # programs per SM where it is >= 90% full (not 208 pairs: 79%); fewer pairs (B=1, 4) and more keep ~16
     # programs per SM; wave_ctas 0 = the old rule
-    from nibblekv.kernels.decode.config import default_num_splits, graph_num_splits
+    from nibblekv.kernels.decode.config import default_num_splits, graph_num_splits, mma_num_splits
 
     got = [default_num_splits(b, 8, wave_ctas=2) for b in (8, 16, 32, 26, 34, 1, 4, 64)]
     assert got == [4, 2, 1, 11, 8, 64, 64, 5]
     assert [default_num_splits(b, 8) for b in (8, 32, 1)] == [33, 9, 64]
     assert default_num_splits(8, 8, cap=2, wave_ctas=2) == 2
+    # decode_mma: 8 one-warp programs per SM (head_dim 256) over 132 SMs, capped at mma_slots a pair
+    assert [mma_num_splits(1, kv, 1, 8) for kv in (2, 4, 8)] == [256, 256, 132]
+    assert [mma_num_splits(1, kv, 1, 8, slots=512) for kv in (2, 4, 8)] == [512, 264, 132]
     # a CUDA graph for 8 requests replayed with 5..8: the old rule (5 requests would not fill the wave)
     assert graph_num_splits(8, 5, 8, 128, 64, 2) == 33 and graph_num_splits(8, 8, 8, 128, 64, 2) == 4
     assert graph_num_splits(32, 25, 8, 128, 64, 2) == 9 and graph_num_splits(32, 32, 8, 128, 64, 0) == 9
@@ -164,7 +167,8 @@ def test_decode_mma_head_dim_64(group: int, page: int, vst: int) -> None:
 MMA256_CASES = (
     [("mma", grp, page) for grp in (1, 6, 8) for page in (P, 5)]
     + [("mma:pf=0", 6, P), ("mma:w=2,vst=0,vq=0", 8, 5), ("mma:minc=16,ppsm=12", 6, P), ("mma:tin=0", 8, P),
-       ("mma:tpp=0,ts=1", 6, 5), ("mma:l2=1", 8, P), ("mma:l2=2,w=2", 6, P), ("mma", 6, 2 * P), ("mma", 8, 8)]
+       ("mma:tpp=0,ts=1", 6, 5), ("mma:l2=1", 8, P), ("mma:l2=2,w=2", 6, P), ("mma", 6, 2 * P), ("mma", 8, 8),
+       ("mma:slots=512", 8, P)]
     if DEVICE == "cuda"
     else [("mma:ts=3,l2=1", 6, P), ("mma:pf=0,vst=0,vq=0", 8, 5), ("mma:w=2,minc=16", 3, 2 * P)]
 )  # fmt: skip

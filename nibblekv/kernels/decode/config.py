@@ -132,18 +132,19 @@ def _mma_max_registers(per_sm: int) -> int:
     return max(24, min(255, 16384 // (32 * -(-per_sm // 4))) // 8 * 8)
 
 
-def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int) -> int:
+def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int, slots: int = 256) -> int:
     """Splits for ``decode_mma``: ``per_sm`` warps per SM in all, rounded DOWN (whole waves).
 
     Every warp has the same work, so the grid should be whole waves: with ~16 warps resident per SM (128
     registers), a grid of 1.1 waves ran at 0.50 of the H200's read ceiling and 2.06 waves at 0.57
     (B=32 x 8K). The bf16 tail is one more program per (request, KV head) past these waves
-    (``TAIL_MMA``) or its own launch (``decode_tail_kernel``). Capped at 256 partial slots per head (each
-    warp writes one; the combine step reads them all).
+    (``TAIL_MMA``) or its own launch (``decode_tail_kernel``). Capped at ``slots`` partial slots per head
+    (``DecodeConfig.mma_slots``; each warp writes one, the combine step reads them all).
+    NOTE: at 256 slots, 8 programs per SM (head_dim 256) and 2 pairs (one request, 2 KV heads) half the
+    1,056 slots of an H100 run: 0.58 of the ceiling against 0.81 with 4 pairs (GQA 6).
     """
     sms = num_sms()
-    slots = per_sm * sms
-    return max(1, min(256 // num_warps, slots // (batch * kv_heads * num_warps)))
+    return max(1, min(slots // num_warps, per_sm * sms // (batch * kv_heads * num_warps)))
 
 
 def combine_dim_block(rows: int, slots: int, d: int) -> int:
@@ -205,8 +206,8 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         # two runs). Head_dim 128 GQA 4 at 12 (32 spill bytes): B32x8K .654 ->
         # .697, B1x128K .623 -> .637, B8x32K / B64x32K equal, B26x32K .770 -> .745: kept at 16.
         # Head_dim 256 (decode.mma256): 64 accumulators + 32 Q registers + two prefetched tiles' raw words
-        # (80) do not fit 168: 8 (248 registers). Untimed -- the lead's H200 sweep (bench_kernels.py
-        # --head-dims 256) picks between 8 and 12 (with spills) and tpi / pf
+        # (80) do not fit 168: 8 (248 registers). 12 (with spills) lost on the H100 (bench_kernels.py
+        # --head-dims 256, GQA 6 B64x8K / B8x32K / B1x256K): .70/.75/.72 vs .83/.80/.81; pf=0 .68/.67/.67
         "ppsm": {64: 12, 256: 8}.get(d, 16),
         # NOTE: programs per SM for a GQA group of 9-16 columns (decode_mma16: 213 registers at tpi=2, sm_90)
         "wppsm": WIDE_PPSM,

@@ -143,7 +143,7 @@ def decode_triton(
     tail_progs = int(tail_in_grid) * max(1, cfg.tail_splits)
     lo = bsz if active is None else max(1, min(bsz, min_active or bsz))
     if cfg.mma:
-        splits = num_splits or mma_num_splits(lo, hkv, cfg.num_warps, cfg.ppsm)
+        splits = num_splits or mma_num_splits(lo, hkv, cfg.num_warps, cfg.ppsm, cfg.mma_slots)
     else:
         splits = num_splits or graph_num_splits(bsz, lo, hkv, bn, cfg.split_cap, cfg.wave_ctas)
     tail_slots = mma_tail_slots(has_tail, pair, tail_progs)

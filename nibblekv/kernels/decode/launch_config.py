@@ -43,7 +43,8 @@ class DecodeConfig:
     the bf16 tail as programs of the grid (0: its own launch), ``tail_splits`` such programs per (request,
     KV head), ``tail_page_prefetch`` their next page id loaded a tile early, ``balanced`` (0 off, 1 on, 2 from
     ``BALANCED_MIN_PAIRS`` pairs), ``l2_ahead`` the L2 prefetch distance in steps (None: ``decode_mma16``'s
-    default, else off). ``tail_in_grid`` is resolved by ``select_decode`` (not an input).
+    default, else off), ``mma_slots`` the most partial slots (one a warp) a (request, KV head) pair writes.
+    ``tail_in_grid`` is resolved by ``select_decode`` (not an input).
     """
 
     kernel: DecodeKernel
@@ -70,6 +71,7 @@ class DecodeConfig:
     tail_page_prefetch: int = 1
     balanced: int = 2
     l2_ahead: int | None = None
+    mma_slots: int = 256
     tail_in_grid: bool = False
 
     @property
