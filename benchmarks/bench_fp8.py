@@ -40,6 +40,7 @@ from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_
 from nibblekv.kernels.fp8.gemm import (  # noqa: E402
     BLOCK_TRITON_MAX_M,
     ROWWISE_TRITON_MAX_M,
+    GemmTile,
     block_scaled_mm_available,
     fp8_block_gemm,
     fp8_block_scaled_mm,
@@ -59,6 +60,13 @@ MS_8B: tuple[int, ...] = (1, 16, 64, 128, 256, 512, 8192)
 SHAPES_SMOKE: tuple[tuple[str, int, int], ...] = (("qkv", 384, 256), ("down", 256, 200))
 MS_SMOKE: tuple[int, ...] = (1, 5)
 FORMATS = ("channel", "block")
+# the block GEMM's prefill tiles timed beside gemm_tile's (128x128, 8 warps, 3 stages) at M >= 512:
+# (BLOCK_M, BLOCK_N, warps, stages); 64x128 / 4 warps is the usual Triton block-FP8 default elsewhere. None
+# spills on sm_90 (ptxas; 200-254 registers); left out: 128x128 / 4 warps, 128x256, 256x128 (200-1,000 bytes)
+_TILES = (
+    (64, 128, 4, 3), (64, 128, 4, 4), (64, 256, 8, 3), (128, 64, 4, 4), (128, 128, 8, 4),
+)
+PREFILL_TILES: dict[str, GemmTile] = {f"{t[0]}x{t[1]}w{t[2]}s{t[3]}": GemmTile(*t) for t in _TILES}
 
 
 def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: float) -> dict[str, Any]:
@@ -119,6 +127,8 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
                 if not err < 1e-2:
                     raise AssertionError(f"{name} m={m} {fmt}: {key} {err:.3g} (rel. L2) off the reference")
             row[key] = round(bench_graph(fn), 2)
+    if fmt == "block" and m >= 512 and x.is_cuda:  # prefill tiles of the Triton block GEMM, side by side
+        row["block_tiles_us"] = _tile_times(xq, xs, wq, ws, check=m == 512)
     row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
     row["speedup"] = round(row["bf16_us"] / max(row["fp8_us"], 1e-3), 3)
     if m <= 16:
@@ -126,6 +136,28 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
         row["read_frac"] = round(nbytes / row["fp8_us"] / 1e6 / ceiling, 4)
     row.update(gpu_state())
     return row
+
+
+def _tile_times(
+    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, check: bool
+) -> dict[str, float]:
+    """us of the Triton block GEMM with each of ``PREFILL_TILES`` (checked against the twin first when
+    ``check``); a tile that fails to compile (shared memory, registers) is left out."""
+    out: dict[str, float] = {}
+    want = fp8_gemm_ref(xq, xs, wq, ws, BLOCK, torch.float32) if check else None
+    for name, tile in PREFILL_TILES.items():
+        fn = lambda t=tile: fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16, tile=t)  # noqa: E731
+        try:
+            got = fn()
+        except Exception as e:  # noqa: BLE001 - triton's OutOfResources and compile errors alike
+            print(f"tile {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            continue
+        if want is not None:
+            err = ((got.float() - want).norm() / want.norm()).item()
+            if not err < 1e-2:
+                raise AssertionError(f"block GEMM tile {name}: {err:.3g} (rel. L2) off the reference")
+        out[name] = round(bench_graph(fn), 2)
+    return out
 
 
 def acceptance(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:

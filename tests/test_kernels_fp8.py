@@ -14,6 +14,7 @@ from nibblekv.formats.fp8_weights import (
 )
 from nibblekv.kernels.fp8.gemm import (
     BLOCK_TRITON_MAX_M,
+    GemmTile,
     block_scaled_mm_available,
     fp8_block_gemm,
     fp8_block_scaled_mm,
@@ -51,16 +52,20 @@ def test_quant_groups_bit_exact(group: int | None) -> None:
     assert torch.equal(s, sr)
 
 
-@pytest.mark.parametrize("split_k", [None, 3])  # 3: split-K with an uneven last split (K blocks 2 or 5)
+# None: gemm_tile's choice; split-K with an uneven last split (K blocks 2 or 5); a prefill-sized tile
+TILES = [None, GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3)]
+
+
+@pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize(("m", "k", "n"), SHAPES)
-def test_block_gemm_matches_reference(m: int, k: int, n: int, split_k: int | None) -> None:
+def test_block_gemm_matches_reference(m: int, k: int, n: int, tile: GemmTile | None) -> None:
     torch.manual_seed(m)
     w = torch.randn(n, k, device=DEVICE) * 0.05
     wq, ws = quantize_weight_block(w, 128)
     x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
     xq, xs = quant_fp8_groups(x, 128)
     bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
-    got = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32, bias, split_k=split_k)
+    got = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32, bias, tile=tile)
     want = fp8_gemm_ref(xq, xs, wq, ws, 128, torch.float32, bias)
     assert rel_rms(got, want) < GEMM_RMS, rel_rms(got, want)
     # and the whole layer, bf16 out, against the reference layer
@@ -85,19 +90,21 @@ def test_weight_quantization_error_is_small() -> None:
         assert rel < 0.04, (block, rel)  # e4m3 keeps 3 mantissa bits: ~2-3% RMS error
 
 
-@pytest.mark.parametrize("split_k", [None, 3])
+@pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize(("m", "k", "n"), SHAPES)
-def test_rowwise_gemm_matches_reference(m: int, k: int, n: int, split_k: int | None) -> None:
+def test_rowwise_gemm_matches_reference(m: int, k: int, n: int, tile: GemmTile | None) -> None:
     torch.manual_seed(m)
     wq, ws = quantize_weight_channel(torch.randn(n, k, device=DEVICE) * 0.05)
     x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
     xq, xs = quant_fp8_groups(x, None)
     bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
-    got = fp8_rowwise_gemm(xq, xs, wq, ws, torch.float32, bias, split_k=split_k)
+    got = fp8_rowwise_gemm(xq, xs, wq, ws, torch.float32, bias, tile=tile)
     want = fp8_gemm_ref(xq, xs, wq, ws, None, torch.float32, bias)
     assert rel_rms(got, want) < GEMM_RMS, rel_rms(got, want)
     with pytest.raises(ValueError, match="do not fit"):
         fp8_rowwise_gemm(xq, xs, wq, ws[:-1], torch.float32)
+    with pytest.raises(ValueError, match="powers of two"):
+        fp8_rowwise_gemm(xq, xs, wq, ws, torch.float32, tile=GemmTile(48, 64, 4, 2))
 
 
 # 300 tokens: past ROWWISE_TRITON_MAX_M, the GPU runs torch._scaled_mm; 37 and 1 the Triton GEMM

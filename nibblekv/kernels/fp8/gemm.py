@@ -16,6 +16,7 @@ Launchers only allocate and launch (no host sync), so CUDA graphs capture them. 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -197,24 +198,36 @@ def _splitk_sum_kernel(ws_ptr, c_ptr, bias_ptr, M, N, stride_cm, SPLIT: tl.const
     tl.store(c_ptr + m * stride_cm + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-def _block_config(m: int, n: int, kblocks: int, device: torch.device) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages, split_k) for an ``m x n`` output over ``kblocks`` k-blocks.
+@dataclass(frozen=True)
+class GemmTile:
+    """One launch of the FP8 GEMM: ``block_m x block_n`` output tiles (K steps of the scale group), Triton's
+    ``num_warps`` / ``num_stages``, and ``split_k`` k-splits (1: none; more: fp32 partials + a sum kernel)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1
+
+
+def gemm_tile(m: int, n: int, kblocks: int, device: torch.device) -> GemmTile:
+    """The default :class:`GemmTile` for an ``m x n`` output over ``kblocks`` k-blocks.
 
     Up to 256 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): small
     tiles and split-K give every SM a share of the weight stream, ~2 programs per SM. Prefill chunks
-    (> 256 tokens) are compute-bound: 128x128 tiles."""
+    (> 256 tokens) are compute-bound: 128x128 tiles (``benchmarks/bench_fp8.py`` times others beside them)."""
     if m > 256:
-        return 128, 128, 8, 3, 1
+        return GemmTile(128, 128, 8, 3)
     bm, bn, warps, stages = (16, 64, 4, 5) if m <= 16 else (32, 64, 4, 4) if m <= 32 else (64, 128, 4, 4)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     split = max(1, min(triton.cdiv(2 * sms, tiles), kblocks // 4, 16))
-    return bm, bn, warps, stages, split
+    return GemmTile(bm, bn, warps, stages, split)
 
 
 def _launch_gemm(
     xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, group: int,
-    out_dtype: torch.dtype, bias: torch.Tensor | None, split_k: int | None, rowwise: bool,
+    out_dtype: torch.dtype, bias: torch.Tensor | None, tile: GemmTile | None, rowwise: bool,
 ) -> torch.Tensor:  # fmt: skip
     """Allocate ``[M, N]`` and run :func:`_block_gemm_kernel` (+ the split-K sum); shapes already checked."""
     m, k = xq.shape
@@ -223,17 +236,21 @@ def _launch_gemm(
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
         return out
-    bm, bn, warps, stages, split = _block_config(m, n, kb, xq.device)
-    split = min(split_k or split, kb)
+    t = tile or gemm_tile(m, n, kb, xq.device)
+    pow2 = all(b >= 16 and not b & (b - 1) for b in (t.block_m, t.block_n))
+    if not pow2 or min(t.num_warps, t.num_stages, t.split_k) < 1:
+        raise ValueError(f"FP8 GEMM: tiles need powers of two >= 16, positive warps, stages and splits: {t}")
+    split = min(t.split_k, kb)
     per_split = triton.cdiv(kb, split)
     split = triton.cdiv(kb, per_split)  # no empty splits
     ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split)
+    grid = (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), split)
     _block_gemm_kernel[grid](
         xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb, per_split,
         xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), 0 if rowwise else w_scale.stride(0),
-        HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, PARTIAL=split > 1,
-        ROWWISE=rowwise, INTERP=interpreting(), num_warps=warps, num_stages=stages,
+        HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=8,
+        PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), num_warps=t.num_warps,
+        num_stages=t.num_stages,
     )  # fmt: skip
     if split > 1:
         sum_block = min(1024, triton.next_power_of_2(n))
@@ -259,11 +276,11 @@ def fp8_block_gemm(
     block: int,
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
-    split_k: int | None = None,
+    tile: GemmTile | None = None,
 ) -> torch.Tensor:
     """``xq [M, K]`` e4m3 with ``x_scale [M, ceil(K/B)]``, ``wq [N, K]`` e4m3 with ``w_scale [ceil(N/B),
-    ceil(K/B)]`` (``B = block``) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref``). ``split_k``:
-    force that many k-splits (default: :func:`_block_config`'s choice)."""
+    ceil(K/B)]`` (``B = block``) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref``). ``tile``: this
+    launch config instead of :func:`gemm_tile`'s."""
     _check_operands("fp8_block_gemm", xq, wq)
     m, k = xq.shape
     n = wq.shape[0]
@@ -277,7 +294,7 @@ def fp8_block_gemm(
         raise ValueError(
             f"fp8_block_gemm: scales need unit column stride and block in 32/64/128/256, got {block}"
         )
-    return _launch_gemm(xq, x_scale, wq, w_scale, block, out_dtype, bias, split_k, rowwise=False)
+    return _launch_gemm(xq, x_scale, wq, w_scale, block, out_dtype, bias, tile, rowwise=False)
 
 
 def fp8_rowwise_gemm(
@@ -287,7 +304,7 @@ def fp8_rowwise_gemm(
     w_scale: torch.Tensor,
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
-    split_k: int | None = None,
+    tile: GemmTile | None = None,
 ) -> torch.Tensor:
     """``xq [M, K]`` e4m3 with per-token ``x_scale [M, 1]``, ``wq [N, K]`` e4m3 with per-channel ``w_scale``
     (``N`` values, contiguous) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref`` with ``block=None``):
@@ -299,7 +316,7 @@ def fp8_rowwise_gemm(
             f"fp8_rowwise_gemm: scales {tuple(x_scale.shape)} / {tuple(w_scale.shape)} do not fit "
             f"x {tuple(xq.shape)}, w {tuple(wq.shape)} (per token [M, 1], per channel [N])"
         )
-    return _launch_gemm(xq, x_scale, wq, w_scale, ROWWISE_K_STEP, out_dtype, bias, split_k, rowwise=True)
+    return _launch_gemm(xq, x_scale, wq, w_scale, ROWWISE_K_STEP, out_dtype, bias, tile, rowwise=True)
 
 
 def fp8_block_scaled_mm(
