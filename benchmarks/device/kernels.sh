@@ -16,8 +16,8 @@ set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,memory.used --format=csv \
-    >"$OUT/gpu.txt" 2>&1
+source "$(dirname "$0")/common.sh"
+gpu_info
 timeout -k 10 "${T_KERNELS:-540}" python3 benchmarks/bench_kernels.py --out "$OUT" "$@" \
     >"$OUT/kernels-h200.log" 2>&1
 rc=$?

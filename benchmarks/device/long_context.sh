@@ -13,13 +13,9 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown} HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-if ! python3 -c "import fla" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl
-fi
-export PYTHONPATH=.:/tmp/site
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,memory.used --format=csv \
-    >"$OUT/gpu.txt" 2>&1
+source "$(dirname "$0")/common.sh"
+carried_wheels
+gpu_info
 timeout -k 10 "${T_LONG:-560}" python3 benchmarks/bench_long_context.py --out "$OUT" "$@" \
     >"$OUT/long-context-h200.log" 2>&1
 rc=$?
