@@ -16,25 +16,21 @@ from nibblekv.kernels.decode.launch_config import DecodeKernel
 # Qwen3-Next-80B (GQA 8); batch x context >= 256K tokens (issue 50's acceptance shapes)
 HD256_HEADS = ((24, 4), (16, 2))
 HD256_SHAPES = ((64, 8192), (8, 32768), (1, 262144))
-# NOTE: decode_mma's launch knobs at head_dim 256 (decode.config._mma_config: 8 programs per SM, the next
-# tile prefetched, token-balanced from 208 pairs) are untimed: these NVFP4 variants run beside the default
-# (no tail) to pick them (sm_90: 207 registers at the default, 194 with pf=0; at 12 per SM, 168, pf=0 spills
-# nothing, pf=1 104 bytes). bal0: per-pair splits (differs from the default at B64 x 4 KV heads only)
+# NOTE: decode_mma's launch knobs at head_dim 256 (decode.config._mma_config: 8 programs per SM, the next tile
+# prefetched, the tile a step ahead prefetched into L2, token-balanced from 208 pairs), each beside the default
+# (no tail). H100, one run: 12 per SM and pf=0 lost 0.05-0.15 of the ceiling, per-pair splits within 0.02,
+# l2=1 won 0.02-0.03 (the default since: l2off times it off). slots512: 512 partial slots a pair, for one
+# request over 2 KV heads (GQA 8), which fills half the 8 x 132 program slots at 256
 HD256_MMA_VARIANTS: dict[str, dict[str, int]] = {
     "decode_mma_pf0": {"pf": 0},
     "decode_mma_ppsm12": {"ppsm": 12, "bal_ppsm": 12},
-    "decode_mma_pf0_ppsm12": {"pf": 0, "ppsm": 12, "bal_ppsm": 12},
     "decode_mma_bal0": {"balanced": 0},
-    "decode_mma_l2": {"l2_ahead": 1},
-    # 512 partial slots a pair: one request over 2 KV heads (GQA 8) fills the 8 x 132 slots (256 fill half)
+    "decode_mma_l2off": {"l2_ahead": 0},
     "decode_mma_slots512": {"mma_slots": 512},
-    "decode_mma_l2_slots512": {"l2_ahead": 1, "mma_slots": 512},
 }
-# the other kernels that could serve these pools: NVFP4's default before decode_mma ran at 256 ("paged"),
-# and FP8's / BF16's decode_tok (not the default at 256 until timed: decode.config.TOK_VERIFIED_HEAD_DIMS)
-HD256_OTHERS = (
-    (KVDtype.NVFP4, DecodeKernel.PAGED), (KVDtype.FP8, DecodeKernel.TOK), (KVDtype.BF16, DecodeKernel.TOK),
-)
+# the other kernel that could serve these pools: "paged", every dtype's default at 256 before decode_mma
+# (NVFP4) and decode_tok (FP8 / BF16, decode.config.TOK_VERIFIED_HEAD_DIMS) were timed there
+HD256_OTHERS = tuple((dt, DecodeKernel.PAGED) for dt in (KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16))
 def hd256_rows(add: AddRow, smoke: bool, alternatives: bool) -> None:
     """Decode rows at head_dim 256 through ``add`` (``main``'s row builder): every dtype's default kernel with
     and without the 64-token bf16 tail at every shape (the acceptance rows), or (``alternatives``)

@@ -371,7 +371,7 @@ def test_decode_configs_and_spec_errors(monkeypatch: pytest.MonkeyPatch) -> None
     # tile a step; the balanced kernel too)
     assert [base_config(DecodeKernel.MMA, FMT_NVFP4, d, False).ppsm for d in (64, 128, 256)] == [12, 16, 8]
     c256 = base_config(DecodeKernel.MMA, FMT_NVFP4, 256, False)
-    assert (c256.tpi, c256.tin, c256.balanced, c256.bal_ppsm, c256.l2_ahead) == (1, 1, 2, 8, None)
+    assert (c256.tpi, c256.tin, c256.balanced, c256.bal_ppsm, c256.l2_ahead) == (1, 1, 2, 8, 1)
     # BF16 tok: 4 stages, 5 with the bf16 tail at head_dim 128 (s sets both, st the tail's); head_dim 64: BN 128
     bf = base_config(DecodeKernel.TOK, FMT_FLOAT, 128, False)
     assert (bf.num_stages, bf.tail_stages) == (4, 5)

@@ -106,12 +106,14 @@ def test_balanced_no_tail_gqa4_and_padding_rows() -> None:
 
 
 @pytest.mark.usefixtures("one_sm")
+@pytest.mark.parametrize("l2", [1, 0])
 @pytest.mark.parametrize("group,page", [(6, P)] if DEVICE == "cpu" else [(6, P), (8, 5), (1, 2 * P)])
-def test_balanced_head_dim_256(group: int, page: int) -> None:
+def test_balanced_head_dim_256(group: int, page: int, l2: int) -> None:
     # head_dim 256 (decode.mma256's segment and in-grid tail): a ragged batch with an empty main
-    # pool and odd lengths, tails 0, 1, W, 5; GQA 6 and 8 (the hybrid models), 1; lse_out; CUDA-graph padding
+    # pool and odd lengths, tails 0, 1, W, 5; GQA 6 and 8 (the hybrid models), 1; lse_out; CUDA-graph padding;
+    # l2: the L2 prefetch a step ahead (the default at 256; its page ids clamp inside each warp's chunk)
     lens, tails = [1, 0, P + 1, 37], [0, W, 1, 5]
-    spec = "mma:bal=1,bppsm=5,minc=16"
+    spec = f"mma:bal=1,bppsm=5,minc=16,l2={l2}"
     assert _run_bal(lens, tails, 1, group, page, gscale=(0.37, 2.5), lse=True, spec=spec, d=256) <= 1e-2
     assert _run_bal([33, 50, 1, 1], [W, 3, 0, 0], 1, group, page, active=2, spec=spec, d=256) <= 1e-2
     if DEVICE == "cuda":  # no tail, the default's 8 programs per SM

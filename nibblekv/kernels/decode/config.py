@@ -252,6 +252,10 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         # .697/.696, GQA 8 B32x8K .670 -> .688; GQA 4 B128x8K .742 -> .737, B64x32K .764 -> .761.
         # Head_dim 256: 8, as ppsm (untimed, as BALANCED_MIN_PAIRS there)
         "bal_ppsm": 8 if d == 256 else 12,
+        # NOTE: head_dim 256: the L2 prefetch of the tile a step ahead (decode_mma16's, 1 line a lane). H100,
+        # NVFP4, fraction of the read ceiling, off -> on: GQA 6 B64x8K (balanced) .830 -> .855, B8x32K .798 ->
+        # .828, B1x256K .805 -> .832; GQA 8 B64x8K .783 -> .809 (bench_kernels --head-dims 256, one run)
+        "l2_ahead": 1 if d == 256 else None,
     }
 
 
