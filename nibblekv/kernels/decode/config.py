@@ -140,7 +140,7 @@ def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int, slots
     (B=32 x 8K). The bf16 tail is one more program per (request, KV head) past these waves
     (``TAIL_MMA``) or its own launch (``decode_tail_kernel``). Capped at ``slots`` partial slots per head
     (``DecodeConfig.mma_slots``; each warp writes one, the combine step reads them all).
-    NOTE: at 256 slots, 8 programs per SM (head_dim 256) and 2 pairs (one request, 2 KV heads) half the
+    NOTE: at 256 slots, 8 programs per SM (head_dim 256) and 2 pairs (one request, 2 KV heads) fill half the
     1,056 slots of an H100 run: 0.58 of the ceiling against 0.81 with 4 pairs (GQA 6).
     """
     sms = num_sms()
