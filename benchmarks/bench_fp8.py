@@ -41,7 +41,7 @@ from nibblekv.kernels.fp8.gemm import (  # noqa: E402
     BLOCK_TRITON_MAX_M,
     ROWWISE_TRITON_MAX_M,
     GemmTile,
-    block_scaled_mm_available,
+    block_scaled_mm_unavailable,
     fp8_block_gemm,
     fp8_block_scaled_mm,
     fp8_linear_block,
@@ -102,11 +102,12 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
             return fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16)
 
         alternatives["triton_us"] = triton_block
-        cublas = x.is_cuda and block_scaled_mm_available(x.device)
+        why = block_scaled_mm_unavailable(x.device) if x.is_cuda else "CPU"
+        cublas = not why
         if cublas:
             alternatives["scaled_mm_us"] = lambda: fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16)
         elif x.is_cuda:
-            alternatives["scaled_mm_error"] = "torch._scaled_mm has no block-scaled FP8 GEMM on this GPU"
+            alternatives["scaled_mm_error"] = f"no block-scaled torch._scaled_mm here: {why}"
         gemm = alternatives["scaled_mm_us"] if cublas and m > BLOCK_TRITON_MAX_M else triton_block
         block = BLOCK
     if m <= 512:  # the reference dequantizes W in fp32: checked where that stays small

@@ -16,6 +16,7 @@ from nibblekv.kernels.fp8.gemm import (
     BLOCK_TRITON_MAX_M,
     GemmTile,
     block_scaled_mm_available,
+    block_scaled_mm_unavailable,
     fp8_block_gemm,
     fp8_block_scaled_mm,
     fp8_linear_block,
@@ -133,15 +134,18 @@ def test_block_linear_prefill_matches_reference(m: int, k: int, n: int) -> None:
     got = fp8_linear_block(x, wq, ws, 128, bias)
     want = fp8_linear_ref(x, wq, ws, 128, bias)
     assert got.shape == (m, n) and rel_rms(got, want) < LAYER_RMS, rel_rms(got, want)
-    if DEVICE == "cuda" and block_scaled_mm_available(x.device):  # the layer took cuBLASLt's kernel
+    if DEVICE == "cpu":
+        assert block_scaled_mm_unavailable(x.device) == "needs CUDA sm_90"
+    elif block_scaled_mm_available(x.device):  # the layer took cuBLASLt's kernel
         xq, xs = quant_fp8_groups(x, 128)
         assert torch.equal(got, fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16) + bias)
 
 
 @cuda_only
 def test_block_scaled_mm_matches_reference() -> None:
-    if not block_scaled_mm_available(torch.device("cuda", torch.cuda.current_device())):
-        pytest.skip("this torch / cuBLAS has no block-scaled _scaled_mm (cuBLAS >= 12.9 on sm_90)")
+    why = block_scaled_mm_unavailable(torch.device("cuda", torch.cuda.current_device()))
+    if why:
+        pytest.skip(f"no block-scaled _scaled_mm on this GPU / torch: {why}")
     for m in (1, 6, 257):
         torch.manual_seed(m)
         wq, ws = quantize_weight_block(torch.randn(384, 640, device="cuda") * 0.05, 128)

@@ -327,8 +327,10 @@ def fp8_block_scaled_mm(
     scales outer-dim-major and M a multiple of 4: both arranged here (padding rows are dropped)."""
     m, k = xq.shape
     pad = -m % 4
-    if pad:
-        xq = torch.cat((xq, xq.new_zeros(pad, k)))
+    if pad:  # NOTE: a copy into a padded buffer (torch.cat of float8 is not in every CUDA build)
+        xp = xq.new_zeros((m + pad, k))
+        xp[:m] = xq
+        xq = xp
     # NOTE: [M, K/128] scales stored K-block-major (stride (1, M)); padding rows get scale 1 (codes are 0)
     xs = torch.ones((x_scale.shape[1], m + pad), dtype=torch.float32, device=xq.device).t()
     xs[:m] = x_scale
@@ -336,18 +338,20 @@ def fp8_block_scaled_mm(
     return y[:m] if pad else y
 
 
-_BLOCK_SCALED_MM: dict[torch.device, bool] = {}
+# device -> why fp8_block_scaled_mm cannot serve there ("" where it can), once checked
+_BLOCK_SCALED_MM: dict[torch.device, str] = {}
 
 
-def block_scaled_mm_available(device: torch.device) -> bool:
-    """Whether :func:`fp8_block_scaled_mm` runs on ``device`` (sm_90 and a torch whose ``_scaled_mm`` takes
-    block scales): one small product checked against the twin, the answer kept per device. Not asked while
-    a CUDA graph is being captured (the check synchronizes): Triton's GEMM serves until it is known."""
+def block_scaled_mm_unavailable(device: torch.device) -> str:
+    """Why :func:`fp8_block_scaled_mm` cannot serve on ``device`` ("" where it can): it needs sm_90 and a
+    torch whose ``_scaled_mm`` takes block scales (cuBLAS >= 12.9); one small product, padded rows
+    included, is checked against the twin and the answer kept per device. Not checked while a CUDA graph is
+    being captured (the check synchronizes): the Triton GEMM serves until it is known."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
-        return False
+        return "needs CUDA sm_90"
     if device not in _BLOCK_SCALED_MM:
         if torch.cuda.is_current_stream_capturing():
-            return False
+            return "not checked during CUDA-graph capture"
         gen = torch.Generator(device).manual_seed(0)
         x = torch.randn(6, 384, device=device, generator=gen)
         w = torch.randn(256, 384, device=device, generator=gen)
@@ -365,8 +369,13 @@ def block_scaled_mm_available(device: torch.device) -> bool:
         if why:
             logger.info("torch._scaled_mm has no block-scaled FP8 GEMM here (%s): prefill chunks of "
                         "block-scaled layers run the Triton block GEMM", why)  # fmt: skip
-        _BLOCK_SCALED_MM[device] = not why
+        _BLOCK_SCALED_MM[device] = why
     return _BLOCK_SCALED_MM[device]
+
+
+def block_scaled_mm_available(device: torch.device) -> bool:
+    """Whether :func:`fp8_block_scaled_mm` serves on ``device`` (:func:`block_scaled_mm_unavailable`)."""
+    return not block_scaled_mm_unavailable(device)
 
 
 def fp8_linear_block(
