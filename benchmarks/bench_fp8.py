@@ -41,15 +41,14 @@ from nibblekv.kernels.fp8.gemm import (  # noqa: E402
     BLOCK_TRITON_MAX_M,
     ROWWISE_TRITON_MAX_M,
     GemmTile,
-    block_scaled_mm_unavailable,
     fp8_block_gemm,
-    fp8_block_scaled_mm,
     fp8_linear_block,
     fp8_linear_rowwise,
     fp8_rowwise_gemm,
     quant_fp8_groups,
 )
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref  # noqa: E402
+from nibblekv.kernels.fp8.scaled_mm import block_scaled_mm_unavailable, fp8_block_scaled_mm  # noqa: E402
 
 BLOCK = 128
 # Llama-3.1-8B: (projection, N, K)

@@ -15,16 +15,18 @@ from nibblekv.formats.fp8_weights import (
 from nibblekv.kernels.fp8.gemm import (
     BLOCK_TRITON_MAX_M,
     GemmTile,
-    block_scaled_mm_available,
-    block_scaled_mm_unavailable,
     fp8_block_gemm,
-    fp8_block_scaled_mm,
     fp8_linear_block,
     fp8_linear_rowwise,
     fp8_rowwise_gemm,
     quant_fp8_groups,
 )
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref
+from nibblekv.kernels.fp8.scaled_mm import (
+    block_scaled_mm_available,
+    block_scaled_mm_unavailable,
+    fp8_block_scaled_mm,
+)
 from nibblekv.kernels.testing import rel_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -105,7 +107,7 @@ def test_rowwise_gemm_matches_reference(m: int, k: int, n: int, tile: GemmTile |
     with pytest.raises(ValueError, match="do not fit"):
         fp8_rowwise_gemm(xq, xs, wq, ws[:-1], torch.float32)
     with pytest.raises(ValueError, match="powers of two"):
-        fp8_rowwise_gemm(xq, xs, wq, ws, torch.float32, tile=GemmTile(48, 64, 4, 2))
+        GemmTile(48, 64, 4, 2)
 
 
 # 300 tokens: past ROWWISE_TRITON_MAX_M, the GPU runs torch._scaled_mm; 37 and 1 the Triton GEMM

@@ -1,5 +1,5 @@
-# Shared by the device scripts (sourced, not run): the GPU's clocks beside the results, and the carried
-# wheels (fla-core for the hybrid models; the device has no package registry).
+# Shared by the device scripts (sourced, not run): the GPU's clocks beside the results, the carried wheels
+# (fla-core for the hybrid models; the device has no package registry) and one benchmark run under a timeout.
 
 # gpu_info: nvidia-smi's name, clocks, power and memory into $OUT/gpu.txt
 gpu_info() {
@@ -14,4 +14,16 @@ carried_wheels() {
             .whl/*.whl
     fi
     export PYTHONPATH=.:/tmp/site
+}
+
+# run_bench SECONDS LOG TAIL SCRIPT [ARGS...]: python3 SCRIPT ARGS under a timeout, its output into LOG; prints
+# its exit status and LOG's last TAIL lines; returns the exit status
+run_bench() {
+    local seconds=$1 log=$2 lines=$3 script=$4
+    shift 4
+    timeout -k 10 "$seconds" python3 "$script" "$@" >"$log" 2>&1
+    local rc=$?
+    echo "$(basename "$script" .py): exit $rc"
+    tail -n "$lines" "$log"
+    return $rc
 }

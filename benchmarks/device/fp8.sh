@@ -18,10 +18,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 source "$(dirname "$0")/common.sh"
 gpu_info
-timeout -k 10 "${T_FP8:-540}" python3 benchmarks/bench_fp8.py --out "$OUT" >"$OUT/fp8-weights-h200.log" 2>&1
+run_bench "${T_FP8:-540}" "$OUT/fp8-weights-h200.log" 70 benchmarks/bench_fp8.py --out "$OUT"
 rc=$?
-echo "bench_fp8: exit $rc"
-tail -n 70 "$OUT/fp8-weights-h200.log"
 if [ -n "${1:-}" ]; then
     # as eval.sh: the device has no `gguf` package; import it from a carried wheel in .whl/
     if ! python3 -c "import gguf" 2>/dev/null; then

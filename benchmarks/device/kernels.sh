@@ -18,9 +18,4 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 source "$(dirname "$0")/common.sh"
 gpu_info
-timeout -k 10 "${T_KERNELS:-540}" python3 benchmarks/bench_kernels.py --out "$OUT" "$@" \
-    >"$OUT/kernels-h200.log" 2>&1
-rc=$?
-echo "bench_kernels: exit $rc"
-tail -n 45 "$OUT/kernels-h200.log"
-exit $rc
+run_bench "${T_KERNELS:-540}" "$OUT/kernels-h200.log" 45 benchmarks/bench_kernels.py --out "$OUT" "$@"

@@ -15,8 +15,4 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/common.sh"
 carried_wheels
 gpu_info
-timeout -k 10 "${T_LINEAR:-300}" python3 benchmarks/bench_linear.py --out "$OUT" >"$OUT/linear-decode-h200.log" 2>&1
-rc=$?
-echo "bench_linear: exit $rc"
-tail -n 20 "$OUT/linear-decode-h200.log"
-exit $rc
+run_bench "${T_LINEAR:-300}" "$OUT/linear-decode-h200.log" 20 benchmarks/bench_linear.py --out "$OUT"

@@ -16,9 +16,4 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/common.sh"
 carried_wheels
 gpu_info
-timeout -k 10 "${T_LONG:-560}" python3 benchmarks/bench_long_context.py --out "$OUT" "$@" \
-    >"$OUT/long-context-h200.log" 2>&1
-rc=$?
-echo "bench_long_context: exit $rc"
-tail -n 40 "$OUT/long-context-h200.log"
-exit $rc
+run_bench "${T_LONG:-560}" "$OUT/long-context-h200.log" 40 benchmarks/bench_long_context.py --out "$OUT" "$@"

@@ -8,14 +8,14 @@
 * :func:`fp8_linear_rowwise`: the per-channel layer: the Triton GEMM for decode batches, ``torch._scaled_mm``
   for prefill chunks.
 * :func:`fp8_linear_block`: the block-scaled layer: the Triton block GEMM for decode batches, cuBLASLt's
-  1x128 x 128x128 block-scaled kernel (``torch._scaled_mm``, sm_90) for prefill chunks where torch has it.
+  1x128 x 128x128 block-scaled kernel (:mod:`.scaled_mm`, sm_90) for prefill chunks where it passes its check.
 
 Launchers only allocate and launch (no host sync), so CUDA graphs capture them. Twins: ``fp8.reference``.
 """
 
 from __future__ import annotations
 
-import logging
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -24,11 +24,9 @@ import triton.language as tl
 
 from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
-from nibblekv.kernels._common import interpreting
-from nibblekv.kernels.fp8.reference import fp8_gemm_ref
+from nibblekv.kernels._common import interpreting, num_sms
+from nibblekv.kernels.fp8.scaled_mm import block_scaled_mm_available, fp8_block_scaled_mm
 from nibblekv.kernels.write import _round_to_e4m3
-
-logger = logging.getLogger(__name__)
 
 # K per step of the row-wise GEMM (no scale groups along K: any width that feeds the tensor cores)
 ROWWISE_K_STEP = 128
@@ -209,9 +207,16 @@ class GemmTile:
     num_stages: int
     split_k: int = 1
 
+    def __post_init__(self) -> None:
+        pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
+        if not pow2 or min(self.num_warps, self.num_stages, self.split_k) < 1:
+            raise ValueError(f"FP8 GEMM tile {self}: powers of two >= 16, positive warps, stages and splits")
 
-def gemm_tile(m: int, n: int, kblocks: int, device: torch.device) -> GemmTile:
-    """The default :class:`GemmTile` for an ``m x n`` output over ``kblocks`` k-blocks.
+
+@functools.lru_cache(maxsize=1024)
+def gemm_tile(m: int, n: int, kblocks: int) -> GemmTile:
+    """The default :class:`GemmTile` for an ``m x n`` output over ``kblocks`` k-blocks (cached: launchers
+    ask on every call).
 
     Up to 256 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): small
     tiles and split-K give every SM a share of the weight stream, ~2 programs per SM. Prefill chunks
@@ -219,9 +224,8 @@ def gemm_tile(m: int, n: int, kblocks: int, device: torch.device) -> GemmTile:
     if m > 256:
         return GemmTile(128, 128, 8, 3)
     bm, bn, warps, stages = (16, 64, 4, 5) if m <= 16 else (32, 64, 4, 4) if m <= 32 else (64, 128, 4, 4)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    split = max(1, min(triton.cdiv(2 * sms, tiles), kblocks // 4, 16))
+    split = max(1, min(triton.cdiv(2 * num_sms(), tiles), kblocks // 4, 16))
     return GemmTile(bm, bn, warps, stages, split)
 
 
@@ -236,10 +240,7 @@ def _launch_gemm(
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
         return out
-    t = tile or gemm_tile(m, n, kb, xq.device)
-    pow2 = all(b >= 16 and not b & (b - 1) for b in (t.block_m, t.block_n))
-    if not pow2 or min(t.num_warps, t.num_stages, t.split_k) < 1:
-        raise ValueError(f"FP8 GEMM: tiles need powers of two >= 16, positive warps, stages and splits: {t}")
+    t = tile or gemm_tile(m, n, kb)
     split = min(t.split_k, kb)
     per_split = triton.cdiv(kb, split)
     split = triton.cdiv(kb, per_split)  # no empty splits
@@ -317,65 +318,6 @@ def fp8_rowwise_gemm(
             f"x {tuple(xq.shape)}, w {tuple(wq.shape)} (per token [M, 1], per channel [N])"
         )
     return _launch_gemm(xq, x_scale, wq, w_scale, ROWWISE_K_STEP, out_dtype, bias, tile, rowwise=True)
-
-
-def fp8_block_scaled_mm(
-    xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype
-) -> torch.Tensor:
-    """:func:`fp8_block_gemm`'s product for 128 blocks on cuBLASLt's block-scaled kernel (``torch._scaled_mm``
-    with 1x128 activation and 128x128 weight scales; CUDA sm_90, no bias). cuBLASLt wants the activation
-    scales outer-dim-major and M a multiple of 4: both arranged here (padding rows are dropped)."""
-    m, k = xq.shape
-    pad = -m % 4
-    if pad:  # NOTE: a copy into a padded buffer (torch.cat of float8 is not in every CUDA build)
-        xp = xq.new_zeros((m + pad, k))
-        xp[:m] = xq
-        xq = xp
-    # NOTE: [M, K/128] scales stored K-block-major (stride (1, M)); padding rows get scale 1 (codes are 0)
-    xs = torch.ones((x_scale.shape[1], m + pad), dtype=torch.float32, device=xq.device).t()
-    xs[:m] = x_scale
-    y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale.t(), out_dtype=out_dtype)
-    return y[:m] if pad else y
-
-
-# device -> why fp8_block_scaled_mm cannot serve there ("" where it can), once checked
-_BLOCK_SCALED_MM: dict[torch.device, str] = {}
-
-
-def block_scaled_mm_unavailable(device: torch.device) -> str:
-    """Why :func:`fp8_block_scaled_mm` cannot serve on ``device`` ("" where it can): it needs sm_90 and a
-    torch whose ``_scaled_mm`` takes block scales (cuBLAS >= 12.9); one small product, padded rows
-    included, is checked against the twin and the answer kept per device. Not checked while a CUDA graph is
-    being captured (the check synchronizes): the Triton GEMM serves until it is known."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
-        return "needs CUDA sm_90"
-    if device not in _BLOCK_SCALED_MM:
-        if torch.cuda.is_current_stream_capturing():
-            return "not checked during CUDA-graph capture"
-        gen = torch.Generator(device).manual_seed(0)
-        x = torch.randn(6, 384, device=device, generator=gen)
-        w = torch.randn(256, 384, device=device, generator=gen)
-        xq, xs = quant_fp8_groups(x, 128)
-        wq = (w * 16).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        ws = torch.rand(2, 3, device=device, generator=gen) + 0.5
-        try:
-            got = fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16).float()
-        except (RuntimeError, ValueError, TypeError) as e:  # a torch or cuBLAS without block scaling
-            why = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
-        else:
-            want = fp8_gemm_ref(xq, xs, wq, ws, 128, torch.float32)
-            err = ((got - want).norm() / want.norm()).item()
-            why = "" if err < 1e-2 else f"{err:.3g} (rel. L2) off the reference"
-        if why:
-            logger.info("torch._scaled_mm has no block-scaled FP8 GEMM here (%s): prefill chunks of "
-                        "block-scaled layers run the Triton block GEMM", why)  # fmt: skip
-        _BLOCK_SCALED_MM[device] = why
-    return _BLOCK_SCALED_MM[device]
-
-
-def block_scaled_mm_available(device: torch.device) -> bool:
-    """Whether :func:`fp8_block_scaled_mm` serves on ``device`` (:func:`block_scaled_mm_unavailable`)."""
-    return not block_scaled_mm_unavailable(device)
 
 
 def fp8_linear_block(

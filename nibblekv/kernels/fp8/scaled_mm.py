@@ -1,0 +1,74 @@
+"""cuBLASLt's DeepSeek-style block-scaled FP8 GEMM (1x128 activation x 128x128 weight scales) through
+``torch._scaled_mm``: the block-scaled layer's prefill GEMM where torch and cuBLAS (>= 12.9, sm_90) have it,
+which :func:`block_scaled_mm_unavailable` checks once per device against the twin (``fp8.reference``)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from nibblekv.formats.fp8_weights import quantize_act_groups
+from nibblekv.formats.nvfp4 import E4M3_MAX
+from nibblekv.kernels.fp8.reference import fp8_gemm_ref
+
+logger = logging.getLogger(__name__)
+
+
+def fp8_block_scaled_mm(
+    xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """:func:`fp8_block_gemm`'s product for 128 blocks on cuBLASLt's block-scaled kernel (``torch._scaled_mm``
+    with 1x128 activation and 128x128 weight scales; CUDA sm_90, no bias). cuBLASLt wants the activation
+    scales outer-dim-major and M a multiple of 4: both arranged here (padding rows are dropped)."""
+    m, k = xq.shape
+    pad = -m % 4
+    if pad:  # NOTE: a copy into a padded buffer (torch.cat of float8 is not in every CUDA build)
+        xp = xq.new_zeros((m + pad, k))
+        xp[:m] = xq
+        xq = xp
+    # NOTE: [M, K/128] scales stored K-block-major (stride (1, M)); padding rows get scale 1 (codes are 0)
+    xs = torch.ones((x_scale.shape[1], m + pad), dtype=torch.float32, device=xq.device).t()
+    xs[:m] = x_scale
+    y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale.t(), out_dtype=out_dtype)
+    return y[:m] if pad else y
+
+
+# device -> why fp8_block_scaled_mm cannot serve there ("" where it can), once checked
+_BLOCK_SCALED_MM: dict[torch.device, str] = {}
+
+
+def block_scaled_mm_unavailable(device: torch.device) -> str:
+    """Why :func:`fp8_block_scaled_mm` cannot serve on ``device`` ("" where it can): it needs sm_90 and a
+    torch whose ``_scaled_mm`` takes block scales (cuBLAS >= 12.9); one small product, padded rows
+    included, is checked against the twin and the answer kept per device. Not checked while a CUDA graph is
+    being captured (the check synchronizes): the Triton GEMM serves until it is known."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return "needs CUDA sm_90"
+    if device not in _BLOCK_SCALED_MM:
+        if torch.cuda.is_current_stream_capturing():
+            return "not checked during CUDA-graph capture"
+        gen = torch.Generator(device).manual_seed(0)
+        x = torch.randn(6, 384, device=device, generator=gen)
+        w = torch.randn(256, 384, device=device, generator=gen)
+        xq, xs = quantize_act_groups(x, 128)
+        wq = (w * 16).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        ws = torch.rand(2, 3, device=device, generator=gen) + 0.5
+        try:
+            got = fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16).float()
+        except (RuntimeError, ValueError, TypeError) as e:  # a torch or cuBLAS without block scaling
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+        else:
+            want = fp8_gemm_ref(xq, xs, wq, ws, 128, torch.float32)
+            err = ((got - want).norm() / want.norm()).item()
+            why = "" if err < 1e-2 else f"{err:.3g} (rel. L2) off the reference"
+        if why:
+            logger.info("torch._scaled_mm has no block-scaled FP8 GEMM here (%s): prefill chunks of "
+                        "block-scaled layers run the Triton block GEMM", why)  # fmt: skip
+        _BLOCK_SCALED_MM[device] = why
+    return _BLOCK_SCALED_MM[device]
+
+
+def block_scaled_mm_available(device: torch.device) -> bool:
+    """Whether :func:`fp8_block_scaled_mm` serves on ``device`` (:func:`block_scaled_mm_unavailable`)."""
+    return not block_scaled_mm_unavailable(device)
