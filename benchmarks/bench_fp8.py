@@ -59,11 +59,11 @@ MS_8B: tuple[int, ...] = (1, 16, 64, 128, 256, 512, 8192)
 SHAPES_SMOKE: tuple[tuple[str, int, int], ...] = (("qkv", 384, 256), ("down", 256, 200))
 MS_SMOKE: tuple[int, ...] = (1, 5)
 FORMATS = ("channel", "block")
-# the block GEMM's prefill tiles timed beside gemm_tile's (128x128, 8 warps, 3 stages) at M >= 512:
+# the block GEMM's prefill tiles timed beside gemm_tile's (64x128, 4 warps, 3 stages) at M >= 512:
 # (BLOCK_M, BLOCK_N, warps, stages); 64x128 / 4 warps is the usual Triton block-FP8 default elsewhere. None
 # spills on sm_90 (ptxas; 200-254 registers); left out: 128x128 / 4 warps, 128x256, 256x128 (200-1,000 bytes)
 _TILES = (
-    (64, 128, 4, 3), (64, 128, 4, 4), (64, 256, 8, 3), (128, 64, 4, 4), (128, 128, 8, 4),
+    (128, 128, 8, 3), (64, 128, 4, 4), (64, 256, 8, 3), (128, 64, 4, 4), (128, 128, 8, 4),
 )
 PREFILL_TILES: dict[str, GemmTile] = {f"{t[0]}x{t[1]}w{t[2]}s{t[3]}": GemmTile(*t) for t in _TILES}
 

@@ -148,7 +148,7 @@ def test_block_scaled_mm_matches_reference() -> None:
     why = block_scaled_mm_unavailable(torch.device("cuda", torch.cuda.current_device()))
     if why:
         pytest.skip(f"no block-scaled _scaled_mm on this GPU / torch: {why}")
-    for m in (1, 6, 257):
+    for m in (257, 301, 1030):  # prefill chunks: the layer's only use of it
         torch.manual_seed(m)
         wq, ws = quantize_weight_block(torch.randn(384, 640, device="cuda") * 0.05, 128)
         xq, xs = quant_fp8_groups(torch.randn(m, 640, device="cuda").to(torch.bfloat16), 128)
