@@ -391,8 +391,10 @@ def merge(args: argparse.Namespace) -> dict[str, Any]:
     doc = dict(docs[0])
     doc["rows"] = [r for d in docs for r in d["rows"]]
     doc["skipped"] = [s for d in docs for s in d.get("skipped", [])]
-    doc["runs"] = [{"file": str(p), "commit": d["commit"], "gpu": d["gpu"], "date": d["date"]}
-                   for p, d in zip(args.merge, docs)]  # fmt: skip
+    # NOTE: a merged file's own runs are kept, so merging into an earlier merge keeps every run's commit
+    doc["runs"] = [run for p, d in zip(args.merge, docs)
+                   for run in d.get("runs") or [{"file": p.name, "commit": d["commit"], "gpu": d["gpu"],
+                                                 "date": d["date"]}]]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / args.name).write_text(json.dumps(doc, indent=1))
     return doc

@@ -53,6 +53,11 @@ def test_smoke_rows_written_as_they_finish_with_plan_and_engine_agreeing(tmp_pat
     assert bench.main(argv) == 0  # type: ignore[attr-defined]
     both = json.loads((merged / "long-context-h200.json").read_text())
     assert len(both["rows"]) == 2 * len(doc["rows"]) and len(both["runs"]) == 2
+    # a merge merged again keeps each run it was made of
+    argv = ["--merge", str(merged / "long-context-h200.json"), str(src), "--out", str(tmp_path / "m2")]
+    assert bench.main(argv) == 0  # type: ignore[attr-defined]
+    three = json.loads((tmp_path / "m2" / "long-context-h200.json").read_text())
+    assert len(three["rows"]) == 3 * len(doc["rows"]) and len(three["runs"]) == 3
 
 
 @pytest.mark.parametrize("ssm", [None, "bfloat16"])

@@ -141,7 +141,7 @@ def mma_num_splits(batch: int, kv_heads: int, num_warps: int, per_sm: int, slots
     (``TAIL_MMA``) or its own launch (``decode_tail_kernel``). Capped at ``slots`` partial slots per head
     (``DecodeConfig.mma_slots``; each warp writes one, the combine step reads them all).
     NOTE: at 256 slots, 8 programs per SM (head_dim 256) and 2 pairs (one request, 2 KV heads) fill half the
-    1,056 slots of an H100 run: 0.58 of the ceiling against 0.81 with 4 pairs (GQA 6).
+    1,056 slots of an H100 run: 0.58 of the ceiling against 0.81 with 4 pairs (GQA 6); 512 at head_dim 256.
     """
     sms = num_sms()
     return max(1, min(slots // num_warps, per_sm * sms // (batch * kv_heads * num_warps)))
@@ -256,6 +256,10 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         # NVFP4, fraction of the read ceiling, off -> on: GQA 6 B64x8K (balanced) .830 -> .855, B8x32K .798 ->
         # .828, B1x256K .805 -> .832; GQA 8 B64x8K .783 -> .809 (bench_kernels --head-dims 256, one run)
         "l2_ahead": 1 if d == 256 else None,
+        # NOTE: head_dim 256 (8 programs per SM): at 256 partial slots a pair, one request x 2 KV heads fills
+        # half the grid. H200, NVFP4, GQA 8 B1x256K .49 -> .60 of the read ceiling at 512; equal (+-.01) at
+        # every other head_dim-256 row (GQA 6 and 8, B64x8K / B8x32K; bench_kernels --head-dims 256, one run)
+        "mma_slots": 512 if d == 256 else 256,
     }
 
 
