@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def series(row: dict[str, Any]) -> str:
     """A row's model and weights, e.g. ``llama-3.1-8b`` or ``llama-3.1-8b fp8 weights``."""
     weights = row.get("weights", "bf16")
@@ -71,8 +70,8 @@ def plot(doc: dict[str, Any], path: Path) -> None:
             title="peak-batch decode throughput ratio")  # fmt: skip
     ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     for i, kv in enumerate(("fp8_e4m3", "nvfp4")):
-        ax2.scatter(px, [v[i] for v in pub["resident"].values()], marker="*", s=160, color="k",
-                    facecolor="none" if kv == "fp8_e4m3" else "k", zorder=3, label=f"published {kv}")  # fmt: skip
+        ax2.scatter(px, [v[i] for v in pub["resident"].values()], marker="*", s=160, color="k", zorder=3,
+                    facecolor="none" if kv == "fp8_e4m3" else "k", label=f"published {kv}")  # fmt: skip
     for model in models:
         by = _by(rows, model, "capacity")
         for kv, style in kv_style.items():
