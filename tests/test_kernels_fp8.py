@@ -143,6 +143,14 @@ def test_block_linear_prefill_matches_reference(m: int, k: int, n: int) -> None:
         assert torch.equal(got, fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16) + bias)
 
 
+def test_block_scaled_mm_refuses_decode_sizes() -> None:
+    """cuBLASLt's block-scaled kernel was wrong at 8 rows on the H200: it serves prefill chunks only."""
+    wq, ws = quantize_weight_block(torch.randn(256, 384, device=DEVICE) * 0.05, 128)
+    xq, xs = quant_fp8_groups(torch.randn(6, 384, device=DEVICE).to(torch.bfloat16), 128)
+    with pytest.raises(ValueError, match="prefill chunks of >= 256 rows, got 6"):
+        fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16)
+
+
 @cuda_only
 def test_block_scaled_mm_matches_reference() -> None:
     why = block_scaled_mm_unavailable(torch.device("cuda", torch.cuda.current_device()))

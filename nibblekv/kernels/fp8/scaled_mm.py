@@ -14,17 +14,21 @@ from nibblekv.kernels.fp8.reference import fp8_gemm_ref
 
 logger = logging.getLogger(__name__)
 
+# NOTE: the fewest rows the block-scaled kernel is used at: on an H200 (torch 2.11) it matched the twin at
+# 256 and 8,192 rows but was 1.1 (rel. L2) off at 8 (6 padded), so only prefill chunks take it
+MIN_ROWS = 256
+
 
 def fp8_block_scaled_mm(
     xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype
 ) -> torch.Tensor:
     """:func:`fp8_block_gemm`'s product for 128 blocks on cuBLASLt's block-scaled kernel (``torch._scaled_mm``
     with 1x128 activation and 128x128 weight scales; CUDA sm_90, no bias). cuBLASLt wants the activation
-    scales outer-dim-major and M a multiple of 4: both arranged here (padding rows are dropped).
-
-    NOTE: for prefill chunks (M > 256) only, the one use the layer makes of it: on an H200 with torch 2.11
-    it matched the twin at M = 256 and 8,192 but was 1.1 (rel. L2) off at M = 8 (padded from 6)."""
+    scales outer-dim-major and M a multiple of 4: both arranged here (padding rows are dropped). Prefill
+    chunks only: M >= :data:`MIN_ROWS`."""
     m, k = xq.shape
+    if m < MIN_ROWS:
+        raise ValueError(f"fp8_block_scaled_mm serves prefill chunks of >= {MIN_ROWS} rows, got {m}")
     pad = -m % 4
     if pad:  # NOTE: a copy into a padded buffer (torch.cat of float8 is not in every CUDA build)
         xp = xq.new_zeros((m + pad, k))
@@ -44,8 +48,9 @@ _BLOCK_SCALED_MM: dict[torch.device, str] = {}
 def block_scaled_mm_unavailable(device: torch.device) -> str:
     """Why :func:`fp8_block_scaled_mm` cannot serve on ``device`` ("" where it can): it needs sm_90 and a
     torch whose ``_scaled_mm`` takes block scales (cuBLAS >= 12.9); one prefill-sized product (301 rows,
-    padded; an odd number of k-blocks) is checked against the twin and the answer kept per device. Not checked while a CUDA graph is
-    being captured (the check synchronizes): the Triton GEMM serves until it is known."""
+    padded; an odd number of k-blocks) is checked against the twin and the answer kept per device. Not
+    checked while a CUDA graph is being captured (the check synchronizes): the Triton GEMM serves until it
+    is known."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         return "needs CUDA sm_90"
     if device not in _BLOCK_SCALED_MM:
