@@ -19,13 +19,14 @@ HD256_SHAPES = ((64, 8192), (8, 32768), (1, 262144))
 # NOTE: decode_mma's launch knobs at head_dim 256 (decode.config._mma_config: 8 programs per SM, the next tile
 # prefetched, the tile a step ahead prefetched into L2, token-balanced from 208 pairs, 512 partial slots a
 # pair), each beside the default (no tail). H100 / H200, one run each: 12 per SM and pf=0 lost 0.05-0.25 of
-# the ceiling, per-pair splits within 0.02, l2=1 won 0.02-0.03 / 0.03-0.08 (l2off times it off); 256 slots a
-# pair lost 0.11 at GQA 8 B1x256K (one request over 2 KV heads fills half the program slots), equal elsewhere
+# the ceiling (dropped from the sweep since), per-pair splits within 0.02, the L2 prefetch won 0.02-0.03 /
+# 0.03-0.08 (l2off times it off; the H200 gains more, so l2x2 / l2x3 time it two and three steps ahead);
+# 256 slots a pair lost 0.11 at GQA 8 B1x256K (one request over 2 KV heads fills half the program slots)
 HD256_MMA_VARIANTS: dict[str, dict[str, int]] = {
-    "decode_mma_pf0": {"pf": 0},
-    "decode_mma_ppsm12": {"ppsm": 12, "bal_ppsm": 12},
     "decode_mma_bal0": {"balanced": 0},
     "decode_mma_l2off": {"l2_ahead": 0},
+    "decode_mma_l2x2": {"l2_ahead": 2},
+    "decode_mma_l2x3": {"l2_ahead": 3},
     "decode_mma_slots256": {"mma_slots": 256},
 }
 # the other kernel that could serve these pools: "paged", every dtype's default at 256 before decode_mma
