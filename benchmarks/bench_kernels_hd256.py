@@ -29,6 +29,9 @@ HD256_MMA_VARIANTS: dict[str, dict[str, int]] = {
     "decode_mma_l2x3": {"l2_ahead": 3},
     "decode_mma_slots256": {"mma_slots": 256},
 }
+# FP8 `tok` with the tail at the 64-token tail tile it had before 32 (decode.config._tok_config: the 64-token
+# tile's buffers took the shared memory of a second program per SM)
+HD256_FP8_TAIL_VARIANTS: dict[str, dict[str, int]] = {"decode_tail64_tok_tbn64": {"tail_block_n": 64}}
 # the other kernel that could serve these pools: "paged", every dtype's default at 256 before decode_mma
 # (NVFP4) and decode_tok (FP8 / BF16, decode.config.TOK_VERIFIED_HEAD_DIMS) were timed there
 HD256_OTHERS = tuple((dt, DecodeKernel.PAGED) for dt in (KVDtype.NVFP4, KVDtype.FP8, KVDtype.BF16))
@@ -54,12 +57,17 @@ def hd256_rows(add: AddRow, smoke: bool, alternatives: bool) -> None:
 
 
 def _alternative_rows(add: AddRow, pools: Pools, b: int, c: int, hq: int, hkv: int) -> None:
-    """``HD256_OTHERS`` with and without the tail, ``HD256_MMA_VARIANTS`` without, at one shape."""
+    """``HD256_OTHERS`` with and without the tail, ``HD256_FP8_TAIL_VARIANTS`` with it, ``HD256_MMA_VARIANTS``
+    without, at one shape."""
     for dt, kernel in HD256_OTHERS:
         for tail in (False, True):
             cfg = base_config(kernel, fmt_code(dt), 256)
             us, nb = run_decode(pools, dt, b, c, hq, tail, cfg)
             add(f"decode{'_tail64' if tail else ''}_{kernel.value}", NAMES[dt], b, c, hq, hkv, 256, us, nb)
+    for name, knobs in HD256_FP8_TAIL_VARIANTS.items():
+        cfg = base_config(DecodeKernel.TOK, fmt_code(KVDtype.FP8), 256).replace(**knobs)
+        us, nb = run_decode(pools, KVDtype.FP8, b, c, hq, True, cfg)
+        add(name, "fp8_e4m3", b, c, hq, hkv, 256, us, nb)
     for name, knobs in HD256_MMA_VARIANTS.items():
         cfg = base_config(DecodeKernel.MMA, fmt_code(KVDtype.NVFP4), 256).replace(**knobs)
         us, nb = run_decode(pools, KVDtype.NVFP4, b, c, hq, False, cfg)

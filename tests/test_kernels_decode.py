@@ -464,6 +464,13 @@ def test_decode_tok_head_dim_256_gqa_6_and_8(group: int) -> None:
         assert _run(dt, lens, None, 2, group, 256, P, None, variant="tok") <= 1e-2, dt
 
 
+def test_decode_tok_fp8_head_dim_256_tail_tile_32() -> None:
+    # FP8's `tok` default at head_dim 256 reads the bf16 tail in 32-token tiles (decode.config._tok_config);
+    # the interpreter's own config takes 16: this runs the 32-token tile there too (tails of 1, 5 and W)
+    lens, tails = [1, 17, 300], [W, 1, 5]
+    assert _run(KVDtype.FP8, lens, tails, 2, 6, 256, P, None, variant="tok:tbn=32") <= 1e-2
+
+
 GROUP_CASES = (
     [(v, g, d) for v in ("tok", "paged", None) for g in (20, 36) for d in (64, 128)]
     if DEVICE == "cuda"

@@ -287,10 +287,14 @@ def _tok_config(fmt: int, d: int) -> dict[str, int | bool]:
         # .744 -> .852; B64x32K .930 either way. Head_dim 64 (122
         # registers: 4 programs per SM) wave_ctas 4: B8x32K .693 -> .750, B32x8K .688 -> .751, B64x8K .770 ->
         # .832 (H200, one run)
+        # NOTE: head_dim 256 with the bf16 tail: a 64-token tail tile took the shared memory from 76,800 to
+        # 141,824 B (sm_90 build, 5 stages), one program per SM instead of two, and FP8 read 0.42-0.61 of the
+        # H200's ceiling against 0.53-0.74 without the tail (bench_kernels --head-dims 256). A 32-token tile
+        # keeps 76,800 B (206 registers, no spill); not yet timed (the sweep's decode_tail64_tok_tbn64 rows)
         return {
             "wave_ctas": {128: 2, 64: 4}.get(d, 0),
             "block_n": 128 if d <= 128 else 64,
-            "tail_block_n": 64,
+            "tail_block_n": 32 if d == 256 else 64,
             "num_warps": 4,
             "num_stages": 5,
             "conv": 1,
