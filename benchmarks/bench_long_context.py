@@ -128,7 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="hybrid models' recurrent-state dtype (default: the config's)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     p.add_argument("--name", default=RESULT_NAME, help="result file name inside --out")
-    p.add_argument("--merge", type=Path, nargs="+", default=None, help="combine these result files' rows")
+    p.add_argument("--merge", type=Path, nargs="+", default=None,
+                   help="combine these files' rows; a later file's model + weights replace an earlier's")
     p.add_argument("--smoke", action="store_true", help="CPU, a 2-layer SmolLM2 shape, tiny lengths")
     args = p.parse_args(argv)
     if args.smoke:  # tiny sizes, where the flag was not given
@@ -386,15 +387,29 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any, dict[str, Any]]
     return model, tok, overrides
 
 
+def _series(row: dict[str, Any]) -> str:
+    """A row's (or skip's) model and weight format: what a rerun replaces in :func:`merge`."""
+    return f"{row['model']} {row.get('weights', 'bf16')} weights"
+
+
 def merge(args: argparse.Namespace) -> dict[str, Any]:
+    """The rows of ``--merge``'s files in one result file, in order. A later file's rows replace an earlier
+    file's of the same model and weights (a rerun), and an earlier run left without rows leaves ``runs``."""
     docs = [json.loads(p.read_text()) for p in args.merge]
     doc = dict(docs[0])
-    doc["rows"] = [r for d in docs for r in d["rows"]]
-    doc["skipped"] = [s for d in docs for s in d.get("skipped", [])]
-    # NOTE: a merged file's own runs are kept, so merging into an earlier merge keeps every run's commit
-    doc["runs"] = [run for p, d in zip(args.merge, docs)
-                   for run in d.get("runs") or [{"file": p.name, "commit": d["commit"], "gpu": d["gpu"],
-                                                 "date": d["date"]}]]  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    for p, d in zip(args.merge, docs):
+        new = {_series(r) for r in d["rows"] + d.get("skipped", [])}
+        rows = [r for r in rows if _series(r) not in new] + d["rows"]
+        skipped = [r for r in skipped if _series(r) not in new] + d.get("skipped", [])
+        # NOTE: a merged file's own runs are kept (each names the series it measured), so merging into an
+        # earlier merge keeps every run's commit
+        own = d.get("runs") or [{"file": p.name, "commit": d["commit"], "gpu": d["gpu"], "date": d["date"],
+                                 "series": sorted(new)}]  # fmt: skip
+        runs = [r for r in runs if not r.get("series") or not set(r["series"]) <= new] + own
+    doc |= {"rows": rows, "skipped": skipped, "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / args.name).write_text(json.dumps(doc, indent=1))
     return doc

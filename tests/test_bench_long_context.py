@@ -46,18 +46,28 @@ def test_smoke_rows_written_as_they_finish_with_plan_and_engine_agreeing(tmp_pat
     )
     assert (tmp_path / "a" / "long-context-h200.png").stat().st_size > 10_000
 
-    # --merge: two runs' rows in one file (the device runs one input length per call)
-    merged = tmp_path / "m"
+    # --merge: runs of other models / weights add up; a rerun of the same model and weights replaces its rows
+    # and its run (the device runs one model per call)
     src = tmp_path / "a" / "long-context-h200.json"
-    argv = ["--merge", str(src), str(src), "--out", str(merged)]
+    fp8 = json.loads(src.read_text()) | {"commit": "c2"}
+    for r in fp8["rows"] + fp8["skipped"]:
+        r["weights"] = "fp8"
+    (tmp_path / "fp8.json").write_text(json.dumps(fp8))
+    argv = ["--merge", str(src), str(tmp_path / "fp8.json"), "--out", str(tmp_path / "m")]
     assert bench.main(argv) == 0  # type: ignore[attr-defined]
-    both = json.loads((merged / "long-context-h200.json").read_text())
-    assert len(both["rows"]) == 2 * len(doc["rows"]) and len(both["runs"]) == 2
-    # a merge merged again keeps each run it was made of
-    argv = ["--merge", str(merged / "long-context-h200.json"), str(src), "--out", str(tmp_path / "m2")]
+    both = json.loads((tmp_path / "m" / "long-context-h200.json").read_text())
+    assert len(both["rows"]) == 2 * len(doc["rows"])
+    assert [r["commit"] for r in both["runs"]] == [doc["commit"], "c2"]
+    rerun = fp8 | {"commit": "c3", "rows": [r | {"decode_tok_s": 1.0} for r in fp8["rows"]]}
+    (tmp_path / "rerun.json").write_text(json.dumps(rerun))
+    argv = ["--merge", str(tmp_path / "m" / "long-context-h200.json"), str(tmp_path / "rerun.json"),
+            "--out", str(tmp_path / "m2")]  # fmt: skip
     assert bench.main(argv) == 0  # type: ignore[attr-defined]
     three = json.loads((tmp_path / "m2" / "long-context-h200.json").read_text())
-    assert len(three["rows"]) == 3 * len(doc["rows"]) and len(three["runs"]) == 3
+    assert [r["commit"] for r in three["runs"]] == [doc["commit"], "c3"]
+    assert len(three["rows"]) == len(both["rows"]) and len(three["skipped"]) == len(both["skipped"])
+    assert {r["decode_tok_s"] for r in three["rows"] if r.get("weights") == "fp8"} == {1.0}
+    assert [r for r in three["rows"] if r.get("weights", "bf16") == "bf16"] == doc["rows"]
 
 
 @pytest.mark.parametrize("ssm", [None, "bfloat16"])
