@@ -109,7 +109,7 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
         cublas = not why
         if cublas and m >= MIN_ROWS:  # NOTE: it serves prefill chunks only (wrong at 8 rows on the H200)
             alternatives["scaled_mm_us"] = lambda: fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16)
-        elif x.is_cuda:
+        elif why and x.is_cuda:
             alternatives["scaled_mm_error"] = f"no block-scaled torch._scaled_mm here: {why}"
         gemm = alternatives["scaled_mm_us"] if cublas and m > BLOCK_TRITON_MAX_M else triton_block
         block = BLOCK

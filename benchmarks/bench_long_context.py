@@ -48,6 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import decode_run, free_memory, kernel_profile, read_bandwidth, rotating_last, sync
+from plot_long_context import plot, series
 
 from nibblekv.config import QUANTIZATIONS, SSM_DTYPES, EngineConfig
 from nibblekv.engine.engine import Engine
@@ -387,11 +388,6 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any, dict[str, Any]]
     return model, tok, overrides
 
 
-def _series(row: dict[str, Any]) -> str:
-    """A row's (or skip's) model and weight format: what a rerun replaces in :func:`merge`."""
-    return f"{row['model']} {row.get('weights', 'bf16')} weights"
-
-
 def merge(args: argparse.Namespace) -> dict[str, Any]:
     """The rows of ``--merge``'s files in one result file, in order. A later file's rows replace an earlier
     file's of the same model and weights (a rerun), and an earlier run left without rows leaves ``runs``."""
@@ -401,9 +397,9 @@ def merge(args: argparse.Namespace) -> dict[str, Any]:
     skipped: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     for p, d in zip(args.merge, docs):
-        new = {_series(r) for r in d["rows"] + d.get("skipped", [])}
-        rows = [r for r in rows if _series(r) not in new] + d["rows"]
-        skipped = [r for r in skipped if _series(r) not in new] + d.get("skipped", [])
+        new = {series(r) for r in d["rows"] + d.get("skipped", [])}
+        rows = [r for r in rows if series(r) not in new] + d["rows"]
+        skipped = [r for r in skipped if series(r) not in new] + d.get("skipped", [])
         # NOTE: a merged file's own runs are kept (each names the series it measured), so merging into an
         # earlier merge keeps every run's commit
         own = d.get("runs") or [{"file": p.name, "commit": d["commit"], "gpu": d["gpu"], "date": d["date"],
@@ -437,13 +433,12 @@ def main(argv: list[str] | None = None) -> int:
             free_memory()
         doc = res.doc
         log(t0, f"wrote {res.path}")
+    png = (args.out / args.name).with_suffix(".png")
     try:
-        from plot_long_context import plot
-    except ImportError as exc:  # NOTE: matplotlib may be missing on the GPU image: --merge plots locally
+        plot(doc, png)  # NOTE: it imports matplotlib, which the GPU image may lack: --merge plots locally
+    except ImportError as exc:
         print(f"plot skipped ({exc})", flush=True)
         return 0
-    png = (args.out / args.name).with_suffix(".png")
-    plot(doc, png)
     print(f"wrote {png}", flush=True)
     return 0
 

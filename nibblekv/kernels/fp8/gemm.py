@@ -25,7 +25,7 @@ import triton.language as tl
 from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting, num_sms
-from nibblekv.kernels.fp8.scaled_mm import block_scaled_mm_available, fp8_block_scaled_mm
+from nibblekv.kernels.fp8.scaled_mm import MIN_ROWS, block_scaled_mm_available, fp8_block_scaled_mm
 from nibblekv.kernels.write import _round_to_e4m3
 
 # K per step of the row-wise GEMM (no scale groups along K: any width that feeds the tensor cores)
@@ -37,8 +37,8 @@ ROWWISE_K_STEP = 128
 ROWWISE_TRITON_MAX_M = 64
 # NOTE: block-scaled layers with more tokens than this (prefill chunks) take cuBLASLt's DeepSeek-style
 # block-scaled kernel where torch offers it (sm_90, 128 blocks); the Triton block GEMM's per-k-step scaling
-# kept it at 0.52-0.70x bf16 torch.mm at an 8K chunk on the H200
-BLOCK_TRITON_MAX_M = 256
+# kept it at 0.52-0.70x bf16 torch.mm at an 8K chunk on the H200. Never below the rows that kernel serves.
+BLOCK_TRITON_MAX_M = MIN_ROWS
 
 
 @triton.jit
