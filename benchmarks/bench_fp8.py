@@ -13,7 +13,9 @@ split-K GEMM up to ``ROWWISE_TRITON_MAX_M`` tokens and ``torch._scaled_mm`` abov
 alone (``triton_us``, ``scaled_mm_us``: where they cross sets that constant). ``block``: 128x128 weight
 blocks, per token-group activations; the layer runs the Triton block GEMM up to ``BLOCK_TRITON_MAX_M`` tokens
 and cuBLASLt's block-scaled kernel above (``torch._scaled_mm`` with 1x128 / 128x128 scales, sm_90), both
-timed alone as well (``scaled_mm_error`` says why cuBLASLt's could not run). Rows
+timed alone as well (``scaled_mm_error`` says why cuBLASLt's could not run). Channel rows up to 256 tokens
+time the row-wise Triton GEMM with other decode tiles too (``decode_tiles_us``), block rows from 512 tokens
+the block GEMM with other prefill tiles (``block_tiles_us``). Rows
 with M <= 16 also get ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling
 measured in the same run. Every row's FP8 output is checked against the pure-torch reference first. Writes
 ``DIR/fp8-weights-h200.json`` (rows ``kind: gemm``) and a PNG.
@@ -70,6 +72,19 @@ _TILES = (
     (128, 128, 8, 3), (64, 128, 4, 4), (64, 256, 8, 3), (128, 64, 4, 4), (128, 128, 8, 4),
 )
 PREFILL_TILES: dict[str, GemmTile] = {f"{t[0]}x{t[1]}w{t[2]}s{t[3]}": GemmTile(*t) for t in _TILES}
+# the row-wise Triton GEMM's decode tiles timed beside gemm_tile's at M <= 256 (channel rows):
+# (BLOCK_M, BLOCK_N, warps, stages, split-K); the batch's own BLOCK_M, narrower / wider weight tiles, deeper
+# pipelines and more k-splits (more programs a weight column, each with fewer bytes in flight)
+_DECODE_TILES = (
+    (64, 4, 4, 1), (64, 4, 6, 1), (64, 4, 4, 2), (64, 4, 4, 4), (64, 4, 4, 8), (32, 4, 4, 4), (32, 4, 6, 8),
+    (128, 4, 4, 2), (128, 8, 4, 4),
+)
+
+
+def decode_tiles(m: int) -> dict[str, GemmTile]:
+    """:data:`_DECODE_TILES` with ``m``'s BLOCK_M (16 up to 16 tokens, 32 up to 32, else 64)."""
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64
+    return {f"{bm}x{bn}w{w}s{st}k{sp}": GemmTile(bm, bn, w, st, sp) for bn, w, st, sp in _DECODE_TILES}
 
 
 def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: float) -> dict[str, Any]:
@@ -133,7 +148,9 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
                     continue
             row[key] = round(bench_graph(fn), 2)
     if fmt == "block" and m >= 512 and x.is_cuda:  # prefill tiles of the Triton block GEMM, side by side
-        row["block_tiles_us"] = _tile_times(xq, xs, wq, ws, check=m == 512)
+        row["block_tiles_us"] = _tile_times(xq, xs, wq, ws, PREFILL_TILES, check=m == 512, block=BLOCK)
+    if fmt == "channel" and m <= 256:  # decode tiles of the Triton row-wise GEMM (CPU: --smoke checks them)
+        row["decode_tiles_us"] = _tile_times(xq, xs, wq, ws, decode_tiles(m), check=True, block=None)
     row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
     row["speedup"] = round(row["bf16_us"] / max(row["fp8_us"], 1e-3), 3)
     if m <= 16:
@@ -144,14 +161,19 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
 
 
 def _tile_times(
-    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, check: bool
+    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, tiles: dict[str, GemmTile],
+    check: bool, block: int | None,
 ) -> dict[str, float]:
-    """us of the Triton block GEMM with each of ``PREFILL_TILES`` (checked against the twin first when
-    ``check``); a tile that fails to compile (shared memory, registers) is left out."""
+    """us of the Triton GEMM (``block``: the block-scaled one; None: the row-wise one) with each of
+    ``tiles`` (checked against the twin first when ``check``); a tile that fails to compile (shared memory,
+    registers) is left out."""
     out: dict[str, float] = {}
-    want = fp8_gemm_ref(xq, xs, wq, ws, BLOCK, torch.float32) if check else None
-    for name, tile in PREFILL_TILES.items():
-        fn = lambda t=tile: fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16, tile=t)  # noqa: E731
+    want = fp8_gemm_ref(xq, xs, wq, ws, block, torch.float32) if check else None
+    for name, tile in tiles.items():
+        if block is None:
+            fn = lambda t=tile: fp8_rowwise_gemm(xq, xs, wq, ws, torch.bfloat16, tile=t)  # noqa: E731
+        else:
+            fn = lambda t=tile: fp8_block_gemm(xq, xs, wq, ws, block, torch.bfloat16, tile=t)  # noqa: E731
         try:
             got = fn()
         except Exception as e:  # noqa: BLE001 - triton's OutOfResources and compile errors alike
@@ -160,7 +182,7 @@ def _tile_times(
         if want is not None:
             err = ((got.float() - want).norm() / want.norm()).item()
             if not err < 1e-2:
-                raise AssertionError(f"block GEMM tile {name}: {err:.3g} (rel. L2) off the reference")
+                raise AssertionError(f"GEMM tile {name}: {err:.3g} (rel. L2) off the reference")
         out[name] = round(bench_graph(fn), 2)
     return out
 
