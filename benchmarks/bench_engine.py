@@ -37,7 +37,7 @@ from nibblekv.config import QUANTIZATIONS, EngineConfig
 from nibblekv.engine.engine import Engine
 from nibblekv.engine.setup import resident_capacity
 from nibblekv.engine.gc_heap import frozen_heap
-from nibblekv.engine.request import RequestStatus
+from nibblekv.engine.request import Request, RequestStatus
 from nibblekv.engine.sampling_params import SamplingParams
 from nibblekv.model import load_model
 from nibblekv.model.fp8 import QuantMethod
@@ -296,18 +296,25 @@ def capacity_requests(cfg: EngineConfig, loaded: tuple[Any, Any], per_request: i
     return n
 
 
+def admit_with_prefix(engine: Engine, req: Request, cached: int) -> None:
+    """Admit ``req`` running, its first ``cached`` tokens' pages allocated but not computed: the scheduler
+    prefills the rest (in chunks, the extend path over that prefix) as if a prefix cache had held them."""
+    sched = engine.scheduler
+    engine.enqueue(req)
+    sched.waiting.remove(req)
+    if cached:
+        sched.cache.finish_growth(sched.cache.grow(req.pages, cached))
+    if sched.states is not None:  # a hybrid model's linear-attention state (left zero: timing only)
+        req.state_slot = sched.states.alloc()
+    req.status = RequestStatus.RUNNING
+    sched.running.append(req)
+
+
 def synthetic_prefill(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> None:
     """Admit every request with its prompt's pages allocated but not computed, plus one sampled token."""
-    sched = engine.scheduler
     for p in prompts:
         req = engine.make_request(p, params)
-        engine.enqueue(req)
-        sched.waiting.remove(req)
-        sched.cache.finish_growth(sched.cache.grow(req.pages, req.num_tokens))
-        if sched.states is not None:  # a hybrid model's linear-attention state (left zero: timing only)
-            req.state_slot = sched.states.alloc()
-        req.status = RequestStatus.RUNNING
-        sched.running.append(req)
+        admit_with_prefix(engine, req, req.num_tokens)
         req.token_ids.append(p[-1])
 
 

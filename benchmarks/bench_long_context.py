@@ -13,8 +13,9 @@ tokens, radix cache off), per KV dtype:
   prefilled one after another through the engine (chunked prefill, the extend path over the cached prefix),
   measured once per dtype and input length on the same engine (up to ``--profile-max-input``, one more
   prefill under the torch profiler gives ``prefill_kernels``: the top GPU kernels, dtype beside dtype);
-  ``synthetic`` (no TTFT) past
-  ``--ttft-max-input`` or when the time budget would not allow it;
+  ``sampled`` past ``--ttft-max-input``: prefill chunks timed at ``--ttft-sample-chunks`` offsets over a
+  synthetic prefix, fitted and summed (``long_context_ttft``; ``ttft_sampled`` holds the chunks and the
+  fit, also beside a real TTFT, where it checks the method); ``synthetic`` (none) with neither;
 * ``plan_requests``: what the planner (``nibblekv plan``'s engine count) says for the same budget, model
   and context; ``capacity_requests``: the engine's own count.
 
@@ -47,7 +48,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import decode_run, free_memory, kernel_profile, read_bandwidth, rotating_last, sync
+from bench_engine import decode_run, free_memory, read_bandwidth, rotating_last
+from long_context_ttft import PrefillTimes, measure_ttft, prefill_kernels, sampled_ttft
 from plot_long_context import plot, series
 
 from nibblekv.config import QUANTIZATIONS, SSM_DTYPES, EngineConfig
@@ -111,8 +113,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ttft-requests", type=int, default=2, help="requests prefilled one after another per "
                    "dtype for ttft_mean_s (0: none)")  # fmt: skip
     p.add_argument(
-        "--ttft-max-input", type=int, default=200_000, help="longer inputs get ttft_kind synthetic"
+        "--ttft-max-input", type=int, default=200_000, help="longer inputs get no real TTFT (ttft_kind "
+        "sampled or synthetic)"
     )
+    p.add_argument("--ttft-sample-chunks", type=int, default=3, help="prefill chunks timed at this many "
+                   "offsets per dtype for the chunk-sampled TTFT (long_context_ttft; 0: none): ttft_kind "
+                   "sampled past --ttft-max-input, beside the real one below it")  # fmt: skip
     p.add_argument("--profile-max-input", type=int, default=32768, help="at inputs up to this, one more "
                    "real prefill per dtype runs under the torch profiler: its top GPU kernels in the row")  # fmt: skip
     p.add_argument("--profile-steps", type=int, default=0, help="profile this many decode steps per row (after "
@@ -204,35 +210,6 @@ class Results:
         self.path.write_text(json.dumps(self.doc, indent=1))
 
 
-def measure_ttft(engine: Engine, prompt: list[int], k: int, chunk: int) -> list[float]:
-    """Seconds to the first token of ``k`` requests prefilled one after another (after an untimed warm-up
-    prompt of two chunks and a bit, so Triton's compiles and the extend path's first use stay out)."""
-    one = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
-    engine.generate([prompt[: min(len(prompt), 2 * chunk + 100)]], one)
-    times = []
-    for _ in range(k):
-        sync()
-        t0 = time.perf_counter()
-        engine.generate([prompt], one)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def prefill_kernels(engine: Engine, prompt: list[int], top: int = 10) -> dict[str, Any]:
-    """One real prefill of ``prompt`` under the torch profiler: the GPU's busy time and the ``top`` kernels
-    by total time (the quantizing cache write, the extend kernel over the cached prefix, the GEMMs ...), so
-    the dtypes' prefill cost compares kernel by kernel in one run."""
-    one = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
-    with kernel_profile() as rows:
-        engine.generate([prompt], one)
-    return {
-        "prefill_busy_ms": round(sum(r["us"] for r in rows) / 1e3, 3),
-        "prefill_kernels": [{"kernel": r["kernel"], "ms": round(r["us"] / 1e3, 3), "calls": r["calls"]}
-                            for r in rows[:top]],  # fmt: skip
-    }
-
-
 def bench_length(
     args: argparse.Namespace,
     res: Results,
@@ -277,8 +254,7 @@ def bench_length(
     log(t0, f"{name} input {input_len}: context {context}, KV budget {gib:.2f} GiB, capacity {caps}, "
             f"planner {plans}")  # fmt: skip
     prompt = [10 + (i * 7919) % 30000 % (model.config.vocab_size - 10) for i in range(input_len)]
-    ttft: dict[str, list[float]] = {}
-    kernels: dict[str, dict[str, Any]] = {}  # per dtype, prefill_kernels of the same prompt
+    times = PrefillTimes()
     done: dict[tuple[str, int], dict[str, Any]] = {}
     for kv in rotating_last(args.kv_dtypes):
         for mode in args.modes:
@@ -303,7 +279,7 @@ def bench_length(
                 continue
             log(t0, f"row {tag}")
             row = run_row(
-                args, loaded, replace(base, kv_cache_dtype=kv), n, prompt, per_request, bandwidth, ttft, kernels, t0
+                args, loaded, replace(base, kv_cache_dtype=kv), n, prompt, per_request, bandwidth, times, t0
             )
             if "skip" in row:
                 log(t0, f"skip {tag}: {row['skip']}")
@@ -323,7 +299,7 @@ def bench_length(
 
 def run_row(
     args: argparse.Namespace, loaded: Any, cfg: EngineConfig, n: int, prompt: list[int], per_request: int,
-    bandwidth: float, ttft: dict[str, list[float]], kernels: dict[str, dict[str, Any]], t0: float,
+    bandwidth: float, times: PrefillTimes, t0: float,
 ) -> dict[str, Any]:  # fmt: skip
     """One engine of ``n`` requests: TTFT (once per dtype), then the decode batch at full concurrency;
     ``{"skip": why}`` when the pool built now holds fewer (GPU memory moved since the sizing)."""
@@ -336,12 +312,26 @@ def run_row(
         return {"skip": f"the pool built holds {held} tokens, {n} requests need {n * per_request}"}
     steps = args.output_len if args.decode_steps <= 0 else min(args.output_len, args.decode_steps + 2)
     real = 0 < args.ttft_requests and len(prompt) <= args.ttft_max_input
-    if real and kv not in ttft:
-        ttft[kv] = measure_ttft(engine, prompt, args.ttft_requests, args.chunked_prefill_size)
-        log(t0, f"  ttft {kv}: {[round(x, 3) for x in ttft[kv]]} s")
+    if real and kv not in times.real:
+        times.real[kv] = measure_ttft(engine, prompt, args.ttft_requests, args.chunked_prefill_size)
+        log(t0, f"  ttft {kv}: {[round(x, 3) for x in times.real[kv]]} s")
         if len(prompt) <= args.profile_max_input:
-            kernels[kv] = prefill_kernels(engine, prompt)
-            log(t0, f"  prefill kernels {kv}: {json.dumps(kernels[kv])}")
+            times.kernels[kv] = prefill_kernels(engine, prompt)
+            log(t0, f"  prefill kernels {kv}: {json.dumps(times.kernels[kv])}")
+    if args.ttft_sample_chunks > 0 and kv not in times.sampled:
+        times.sampled[kv] = sampled_ttft(engine, prompt, args.chunked_prefill_size, args.ttft_sample_chunks)
+        log(t0, f"  sampled ttft {kv}: {json.dumps(times.sampled[kv])}")
+    sampled = times.sampled.get(kv)
+    if real:
+        ttft: dict[str, Any] = {"ttft_mean_s": round(sum(times.real[kv]) / len(times.real[kv]), 4),
+                                "ttft_kind": "real", "ttft_s": [round(x, 4) for x in times.real[kv]],
+                                **times.kernels.get(kv, {})}  # fmt: skip
+    elif sampled is not None:
+        ttft = {"ttft_mean_s": sampled["estimate_s"], "ttft_kind": "sampled", "ttft_s": []}
+    else:
+        ttft = {"ttft_mean_s": None, "ttft_kind": "synthetic", "ttft_s": []}
+    if sampled is not None:
+        ttft["ttft_sampled"] = sampled
     params = SamplingParams(temperature=0, max_new_tokens=steps, ignore_eos=True)
     with frozen_heap():
         out = decode_run(engine, [prompt] * n, params, True, bandwidth, args.profile_steps)
@@ -351,10 +341,7 @@ def run_row(
         "decode_tok_s_mean": out["decode_tok_s"], "step_ms": out["step_ms"],
         "step_floor_ms": out["step_floor_ms"],
         "decode_steps_timed": out["decode_steps_at_full"] - 1, "decode_steps_cap": args.decode_steps or None,
-        "ttft_mean_s": round(sum(ttft[kv]) / len(ttft[kv]), 4) if real else None,
-        "ttft_kind": "real" if real else "synthetic",
-        "ttft_s": [round(x, 4) for x in ttft.get(kv, [])] if real else [],
-        **(kernels.get(kv, {}) if real else {}),
+        **ttft,
         **({"decode_kernels": out["top_kernels"]} if out["top_kernels"] else {}),
         "max_total_num_tokens": engine.max_total_num_tokens, "cuda_graph": out["cuda_graph"],
         "wall_s": round(time.perf_counter() - started, 1),

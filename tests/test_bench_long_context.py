@@ -38,6 +38,7 @@ def test_smoke_rows_written_as_they_finish_with_plan_and_engine_agreeing(tmp_pat
         assert KEYS <= set(r) and r["decode_tok_s"] > 0 and r["ttft_kind"] == "real" and r["ttft_mean_s"] > 0
         assert r["plan_requests"] == r["capacity_requests"]  # the planner and the engine's sizing agree
         assert r["context_length"] == 620 and r["rope_scaling"]["rope_type"] == "linear"
+        assert r["ttft_sampled"]["estimate_s"] > 0  # beside the real TTFT: the sampling method's check
     fp8 = rows[("capacity", "fp8_e4m3")]["running_requests"]
     assert (
         rows[("matched", "nvfp4")]["running_requests"]
@@ -83,7 +84,32 @@ def test_smoke_hybrid_preset(tmp_path: Path, ssm: str | None) -> None:
     assert bench.main(argv) == 0  # type: ignore[attr-defined]
     doc = json.loads((tmp_path / "long-context-h200.json").read_text())
     (row,) = [r for r in doc["rows"] if r["kv_dtype"] == "nvfp4"]
-    assert row["model"] == "qwen3.5-27b" and row["weights"] == "bf16" and row["ttft_kind"] == "synthetic"
+    # no real TTFT asked: the chunk-sampled one (chunks over a synthetic prefix, the state slot zero)
+    assert row["model"] == "qwen3.5-27b" and row["weights"] == "bf16" and row["ttft_kind"] == "sampled"
+    assert row["ttft_mean_s"] == row["ttft_sampled"]["estimate_s"] > 0
+    assert [off for off, _ in row["ttft_sampled"]["chunks"]] == [0, 128, 192]  # 4 chunks: first, mid, last
     assert row.get("ssm_dtype") == ssm
     assert row["decode_tok_s"] > 0 and row["running_requests"] == row["capacity_requests"] > 1
     assert abs(row["plan_requests"] - row["capacity_requests"]) <= 1
+
+
+def test_sampled_ttft_sums_the_fitted_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunk times linear in the offset: the estimate is exactly the prefill's chunks summed, a short last
+    chunk at its share; the offsets include the first and last chunk."""
+    bench = _bench()
+    import long_context_ttft as lt  # on sys.path once the bench is loaded
+
+    assert lt.chunk_offsets(1_048_576, 8192, 3) == [0, 64 * 8192, 127 * 8192]
+    assert lt.chunk_offsets(100, 64, 3) == [0, 64] and lt.chunk_offsets(50, 64, 3) == [0]
+    timed: list[tuple[int, int]] = []
+
+    def fake(engine: object, prompt: list[int], offset: int, chunk: int) -> float:
+        timed.append((offset, chunk))
+        return (0.5 + 0.001 * offset) * chunk / 64
+
+    monkeypatch.setattr(lt, "chunk_seconds", fake)
+    out = lt.sampled_ttft(None, list(range(300)), 64, 3)  # type: ignore[arg-type]
+    assert timed[0] == (0, 2) and timed[1:] == [(0, 64), (128, 64), (256, 44)]  # warm-up, then the samples
+    want = sum((0.5 + 0.001 * off) * min(64, 300 - off) / 64 for off in range(0, 300, 64))
+    assert out["estimate_s"] == pytest.approx(want, abs=1e-4) and out["b_s_per_token"] > 0
+    assert bench is not None
