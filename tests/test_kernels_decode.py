@@ -365,7 +365,7 @@ def test_decode_configs_and_spec_errors(monkeypatch: pytest.MonkeyPatch) -> None
     assert mma == DecodeConfig(
         kernel=DecodeKernel.MMA, block_n=16, tail_block_n=64, num_warps=2, num_stages=1, conv=0, ppsm=16,
         wppsm=8, tpi=1, pf=0, minc=64, vst=1, vq=1, tin=1, tail_page_prefetch=1, tail_splits=2, balanced=2,
-        bal_ppsm=12,
+        bal_ppsm=12, bal_pairs=152,
     )
     # decode_mma at head_dim 64: 12 programs per SM (168 registers), 16 at 128, 8 at 256 (248 registers, one
     # tile a step; the balanced kernel too)
@@ -527,15 +527,21 @@ def test_combine_chunk_covers_the_acceptance_rows_slots_in_one_load() -> None:
 
 
 def test_select_decode_falls_back_where_mma_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the table of select_decode: NVFP4 head_dim 128 -> mma (groups <= 8), mma16 (9-16), balanced (>= 208
-    # pairs), tok past 16 columns; head_dim 64 -> mma (groups <= 4), tok past; an explicit mma config raises
-    from nibblekv.kernels.decode.config import BALANCED_MIN_PAIRS, select_decode
+    # the table of select_decode: NVFP4 head_dim 128 -> mma (groups <= 8), mma16 (9-16), balanced (>= 152
+    # pairs, with the L2 prefetch unless told), tok past 16 columns; head_dim 64 -> mma (groups <= 4), tok
+    # past; an explicit mma config raises
+    from nibblekv.kernels.decode.config import BALANCED_MIN_PAIRS, BALANCED_MIN_PAIRS_128, select_decode
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU's choices (the interpreter's default is tok)
     pb = make_batch(KVDtype.NVFP4, [5], 8, 128, P, "cpu", via_write=False)
     assert select_decode(pb.cache, 8, 8, None).kernel is DecodeKernel.MMA
     assert select_decode(pb.cache, 16, 8, None).kernel is DecodeKernel.MMA16
-    assert select_decode(pb.cache, 4, BALANCED_MIN_PAIRS, None).kernel is DecodeKernel.BALANCED
+    below = select_decode(pb.cache, 4, BALANCED_MIN_PAIRS_128 - 1, None)
+    assert (below.kernel, below.l2_ahead) == (DecodeKernel.MMA, None)
+    bal = select_decode(pb.cache, 4, BALANCED_MIN_PAIRS_128, None)
+    assert (bal.kernel, bal.l2_ahead) == (DecodeKernel.BALANCED, 1)
+    l2off = decode_config_from_spec("mma:l2=0", KVDtype.NVFP4, 128)
+    assert select_decode(pb.cache, 4, BALANCED_MIN_PAIRS_128, None, l2off).l2_ahead == 0
     assert select_decode(pb.cache, 17, 8, None).kernel is DecodeKernel.TOK
     with pytest.raises(ValueError, match="mma"):
         select_decode(pb.cache, 17, 8, None, decode_config_from_spec("mma", KVDtype.NVFP4, 128))

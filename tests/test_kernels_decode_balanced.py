@@ -127,12 +127,15 @@ def test_balanced_option_parses() -> None:
 
 
 def test_balanced_auto_turns_on_from_min_pairs() -> None:
-    """``balanced=2`` (default): per-pair splits below BALANCED_MIN_PAIRS, token-balanced from it; never at
-    head_dim 64 (PAIR), with several warps, or with the tail outside the grid."""
-    from nibblekv.kernels.decode.config import BALANCED_MIN_PAIRS, _balanced
+    """``balanced=2`` (default): per-pair splits below ``bal_pairs`` (152 at head_dim 128, 208 at 256),
+    token-balanced from it; never at head_dim 64 (PAIR), with several warps, or with the tail outside the
+    grid."""
+    from nibblekv.kernels.decode.config import BALANCED_MIN_PAIRS, BALANCED_MIN_PAIRS_128, _balanced
 
+    assert decode_config_from_spec("mma", KVDtype.NVFP4, 256).bal_pairs == BALANCED_MIN_PAIRS == 208
     cfg = decode_config_from_spec("mma", KVDtype.NVFP4, 128)
-    n = BALANCED_MIN_PAIRS
+    n = cfg.bal_pairs
+    assert n == BALANCED_MIN_PAIRS_128 == 152
     assert not _balanced(cfg, 0, True, True, n - 1)
     assert _balanced(cfg, 0, True, True, n)
     assert not _balanced(cfg, 1, True, True, n)

@@ -110,7 +110,7 @@ def test_rowwise_gemm_matches_reference(m: int, k: int, n: int, tile: GemmTile |
         GemmTile(48, 64, 4, 2)
 
 
-# 300 tokens: past ROWWISE_TRITON_MAX_M, the GPU runs torch._scaled_mm; 37 and 1 the Triton GEMM
+# 300 tokens: past rowwise_triton_max_m, the GPU runs torch._scaled_mm; 37 and 1 the Triton GEMM
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 4096, 6144), (37, 1008, 272), (300, 512, 400)] if DEVICE == "cuda"
                          else [(3, 200, 72), (300, 48, 40)])  # fmt: skip
 def test_rowwise_linear_matches_reference(m: int, k: int, n: int) -> None:
@@ -125,8 +125,9 @@ def test_rowwise_linear_matches_reference(m: int, k: int, n: int) -> None:
 
 
 # prefill chunks (past BLOCK_TRITON_MAX_M): cuBLASLt's block-scaled kernel where torch has it (sm_90), M not a
-# multiple of 4 (its padding), else the Triton block GEMM (the CPU, the interpreter)
-@pytest.mark.parametrize(("m", "k", "n"), [(301, 512, 384), (1030, 1024, 640)] if DEVICE == "cuda"
+# multiple of 4 (its padding), else the Triton block GEMM (the CPU, the interpreter, 5 k-blocks)
+@pytest.mark.parametrize(("m", "k", "n"), [(301, 512, 384), (1030, 1024, 640), (301, 640, 384)]
+                         if DEVICE == "cuda"
                          else [(BLOCK_TRITON_MAX_M + 5, 128, 128)])  # fmt: skip
 def test_block_linear_prefill_matches_reference(m: int, k: int, n: int) -> None:
     torch.manual_seed(m)
@@ -143,11 +144,15 @@ def test_block_linear_prefill_matches_reference(m: int, k: int, n: int) -> None:
         assert torch.equal(got, fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16) + bias)
 
 
-def test_block_scaled_mm_refuses_decode_sizes() -> None:
-    """cuBLASLt's block-scaled kernel was wrong at 8 rows on the H200: it serves prefill chunks only."""
+def test_block_scaled_mm_refuses_decode_sizes_and_unaligned_k() -> None:
+    """cuBLASLt's block-scaled kernel serves prefill chunks only, and K in whole fours of 128-blocks (its
+    weight-scale rows 16-byte aligned: with 3 or 5 k-blocks it was wrong on the H100 / H200)."""
     wq, ws = quantize_weight_block(torch.randn(256, 384, device=DEVICE) * 0.05, 128)
     xq, xs = quant_fp8_groups(torch.randn(6, 384, device=DEVICE).to(torch.bfloat16), 128)
     with pytest.raises(ValueError, match="prefill chunks of >= 256 rows, got 6"):
+        fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16)
+    xq, xs = quant_fp8_groups(torch.randn(300, 384, device=DEVICE).to(torch.bfloat16), 128)
+    with pytest.raises(ValueError, match="whole 4s of 128-blocks, got K=384"):
         fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16)
 
 
@@ -158,8 +163,8 @@ def test_block_scaled_mm_matches_reference() -> None:
         pytest.skip(f"no block-scaled _scaled_mm on this GPU / torch: {why}")
     for m in (257, 301, 1030):  # prefill chunks: the layer's only use of it
         torch.manual_seed(m)
-        wq, ws = quantize_weight_block(torch.randn(384, 640, device="cuda") * 0.05, 128)
-        xq, xs = quant_fp8_groups(torch.randn(m, 640, device="cuda").to(torch.bfloat16), 128)
+        wq, ws = quantize_weight_block(torch.randn(384, 1024, device="cuda") * 0.05, 128)
+        xq, xs = quant_fp8_groups(torch.randn(m, 1024, device="cuda").to(torch.bfloat16), 128)
         got = fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16)
         want = fp8_gemm_ref(xq, xs, wq, ws, 128, torch.float32)
         assert got.shape == (m, 384) and rel_rms(got, want) < LAYER_RMS, (m, rel_rms(got, want))

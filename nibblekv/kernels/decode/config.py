@@ -29,10 +29,14 @@ TOK_VERIFIED_HEAD_DIMS = (64, 128, 256)
 # 256 (decode.mma256; GQA <= 8; H100, GQA 6 B64x8K / B8x32K / B1x256K): "paged" .25/.23/.24 -> .83/.80/.81
 # of the ceiling; test_decode_mma_head_dim_256 et al. gate it.
 MMA_VERIFIED_HEAD_DIMS = (64, 128, 256)
-# NOTE: balanced=2 turns decode_balanced on from this many (request, KV head) pairs. At 26 x 8 = 208 pairs the
-# balanced kernel at 12 programs per SM reads .771 vs .760 for per-pair splits (B26x32K with the bf16 tail,
-# H200; at 16 per SM it lost there, .714 vs .729); 8 x 8 = 64 pairs stay per-pair (.668 vs .585 at 16)
+# NOTE: balanced=2 turns decode_balanced on from this many (request, KV head) pairs (DecodeConfig.bal_pairs).
+# At 26 x 8 = 208 pairs the balanced kernel at 12 programs per SM reads .771 vs .760 for per-pair splits
+# (B26x32K with the bf16 tail, H200; at 16 per SM it lost there, .714 vs .729); 8 x 8 = 64 pairs stay
+# per-pair (.668 vs .585 at 16). Head_dim 128, with the L2 prefetch a step ahead (which the balanced kernel
+# takes there since): B19x160K (152 pairs) .921 -> .938, B12x160K (96) .921 -> .922, B3x1M (24) .930 -> .942
+# (H100, bench_decode_variants --tail, one run; without the prefetch .919 / .877 / .907): from 152 there
 BALANCED_MIN_PAIRS = 208
+BALANCED_MIN_PAIRS_128 = 152
 
 
 def default_num_splits(
@@ -247,6 +251,7 @@ def _mma_config(d: int) -> dict[str, int | bool]:
         # B8x32K .668 -> .585, B1x128K .572 -> .506 (per-pair splits win only with few, equally long pairs).
         # tpi=1 builds: equal on ragged batches, .01-.03 lower on uniform ones
         "balanced": 2,
+        "bal_pairs": BALANCED_MIN_PAIRS_128 if d == 128 else BALANCED_MIN_PAIRS,
         # NOTE: programs per SM of the token-balanced kernel (DecodeConfig.bal_ppsm): 12 (168 registers, no
         # spill; at 128 it spilled 32-40 bytes). H200, two runs, 16 -> 12: GQA 4 B32x8K .654/.661 ->
         # .697/.696, GQA 8 B32x8K .670 -> .688; GQA 4 B128x8K .742 -> .737, B64x32K .764 -> .761.
@@ -352,8 +357,8 @@ def select_decode(
     ======================  ==========  ====================  ==========  =====================================
     pool                    head_dim    GQA group (columns)   pairs       kernel
     ======================  ==========  ====================  ==========  =====================================
-    NVFP4 (packed, aligned) 128         <= 8                  < 208       MMA (decode_mma), tail in its grid
-    NVFP4 (packed, aligned) 128         <= 8                  >= 208      BALANCED (decode_balanced)
+    NVFP4 (packed, aligned) 128         <= 8                  < 152       MMA (decode_mma), tail in its grid
+    NVFP4 (packed, aligned) 128         <= 8                  >= 152      BALANCED (decode_balanced), L2 pf
     NVFP4 (packed, aligned) 128         9-16                  any         MMA16 (decode_mma16), tail launch
     NVFP4, even pages       64          <= 4                  any         MMA (two tokens a row, PAIR)
     NVFP4 (packed, aligned) 256         <= 8                  < 208       MMA (two halves), tail in its grid
@@ -389,7 +394,10 @@ def select_decode(
         in_grid = tail is not None and _mma_tail_in_grid(cfg, pair, tail)
         cfg = cfg.replace(tail_in_grid=in_grid)
         if cfg.kernel is DecodeKernel.MMA and _balanced(cfg, pair, tail is not None, in_grid, pairs):
-            cfg = cfg.replace(kernel=DecodeKernel.BALANCED)
+            # NOTE: head_dim 128: the balanced kernel prefetches a step ahead into L2 unless told (H100,
+            # BALANCED_MIN_PAIRS_128's runs: +.01-.04 over bal=1 alone at every shape timed)
+            l2 = (1 if d == 128 else None) if cfg.l2_ahead is None else cfg.l2_ahead
+            cfg = cfg.replace(kernel=DecodeKernel.BALANCED, l2_ahead=l2)
     return cfg
 
 
@@ -408,8 +416,8 @@ def _mma_tail_in_grid(cfg: DecodeConfig, pair: int, tail: LayerKV) -> bool:
 
 def _balanced(cfg: DecodeConfig, pair: int, has_tail: bool, tail_in_grid: bool, pairs: int) -> bool:
     """Whether decode_mma runs token-balanced (``decode_balanced``): ``balanced=1``, or ``balanced=2``
-    (default) from ``BALANCED_MIN_PAIRS`` (request, KV head) pairs; head_dim 128 or 256 (no ``PAIR``), one warp per
+    (default) from ``cfg.bal_pairs`` (request, KV head) pairs; head_dim 128 or 256 (no ``PAIR``), one warp per
     program, the bf16 tail (if any) in the grid. ``num_splits`` does not apply there (the warps split the
     batch's tiles, not each request)."""
-    on = cfg.balanced == 1 or (cfg.balanced == 2 and pairs >= BALANCED_MIN_PAIRS)
+    on = cfg.balanced == 1 or (cfg.balanced == 2 and pairs >= cfg.bal_pairs)
     return on and not pair and cfg.num_warps == 1 and (tail_in_grid or not has_tail)

@@ -42,7 +42,7 @@ class DecodeConfig:
     ``minc`` the fewest tokens a split, ``vst`` / ``vq`` 16-byte vector partial stores / Q loads, ``tin``
     the bf16 tail as programs of the grid (0: its own launch), ``tail_splits`` such programs per (request,
     KV head), ``tail_page_prefetch`` their next page id loaded a tile early, ``balanced`` (0 off, 1 on, 2 from
-    ``BALANCED_MIN_PAIRS`` pairs), ``l2_ahead`` the L2 prefetch distance in steps (None: ``decode_mma16``'s
+    ``bal_pairs`` pairs), ``l2_ahead`` the L2 prefetch distance in steps (None: ``decode_mma16``'s
     default, else off), ``mma_slots`` the most partial slots (one a warp) a (request, KV head) pair writes.
     ``tail_in_grid`` is resolved by ``select_decode`` (not an input).
     """
@@ -70,6 +70,7 @@ class DecodeConfig:
     tail_splits: int = 2
     tail_page_prefetch: int = 1
     balanced: int = 2
+    bal_pairs: int = 208
     l2_ahead: int | None = None
     mma_slots: int = 256
     tail_in_grid: bool = False

@@ -25,16 +25,24 @@ import triton.language as tl
 from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting, num_sms
-from nibblekv.kernels.fp8.scaled_mm import MIN_ROWS, block_scaled_mm_available, fp8_block_scaled_mm
+from nibblekv.kernels.fp8.scaled_mm import (
+    KBLOCK_MULTIPLE,
+    MIN_ROWS,
+    block_scaled_mm_available,
+    fp8_block_scaled_mm,
+)
 from nibblekv.kernels.write import _round_to_e4m3
 
 # K per step of the row-wise GEMM (no scale groups along K: any width that feeds the tensor cores)
 ROWWISE_K_STEP = 128
-# NOTE: decode batches up to this many tokens take the Triton split-K GEMM, larger ones cuBLASLt's row-wise
-# kernel. H200, Llama-3.1-8B's qkv / o / gate_up / down (bench_fp8 triton_us vs scaled_mm_us, us): M=16
-# 12.0/9.8/33.1/19.5 vs 18.1/13.7/46.8/37.7; M=64 18.0/14.3/44.9/27.8 vs 14.6/14.0/45.7/37.2 (105 vs 112
-# summed); M=128 cuBLASLt wins 3 of 4 (22.4/19.0/42.3/34.3 vs 14.7/14.4/36.7/37.7)
+# NOTE: decode batches up to this many tokens take the Triton GEMM, larger ones cuBLASLt's row-wise kernel
+# (``torch._scaled_mm``); up to ROWWISE_TRITON_NARROW_M tokens also layers of at most ROWWISE_TRITON_NARROW_N
+# outputs. H100, Llama-3.1-8B's qkv / o / gate_up / down, us, Triton (64x64 tiles, 6 stages) vs cuBLASLt: M=64
+# 13.5 / 11.5 / 47.2 / 30.3 vs 16.5 / 14.1 / 48.9 / 38.2; M=128 15.5 / 11.9 / 59.7 / 30.9 vs 15.6 / 14.5 /
+# 48.8 / 37.0; M=256 18.8 / 15.6 / 97.9 / 44.3 vs 17.3 / 15.0 / 64.5 / 38.5 (bench_fp8 decode_tiles_us)
 ROWWISE_TRITON_MAX_M = 64
+ROWWISE_TRITON_NARROW_M = 128
+ROWWISE_TRITON_NARROW_N = 8192
 # NOTE: block-scaled layers with more tokens than this (prefill chunks) take cuBLASLt's DeepSeek-style
 # block-scaled kernel where torch offers it (sm_90, 128 blocks); the Triton block GEMM's per-k-step scaling
 # kept it at 0.52-0.70x bf16 torch.mm at an 8K chunk on the H200. Never below the rows that kernel serves.
@@ -218,13 +226,20 @@ def gemm_tile(m: int, n: int, kblocks: int) -> GemmTile:
     """The default :class:`GemmTile` for an ``m x n`` output over ``kblocks`` k-blocks (cached: launchers
     ask on every call).
 
-    Up to 256 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): small
-    tiles and split-K give every SM a share of the weight stream, ~2 programs per SM. Prefill chunks
+    Up to 32 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): small
+    tiles and split-K give every SM a share of the weight stream, ~2 programs per SM; 33-256 tokens: 64x64
+    tiles in a 6-stage pipeline, no split. Prefill chunks
     (> 256 tokens) are compute-bound: 64x128 tiles, 4 warps, 3 stages -- 1.3-1.5x faster than 128x128 / 8
     warps at 512 and 8,192 tokens on an H200 (``benchmarks/bench_fp8.py`` times the others beside it)."""
     if m > 256:
         return GemmTile(64, 128, 4, 3)
-    bm, bn, warps, stages = (16, 64, 4, 5) if m <= 16 else (32, 64, 4, 4) if m <= 32 else (64, 128, 4, 4)
+    if m > 32:
+        # NOTE: 64x64 tiles, 6 stages, no k-split: at 64-256 tokens on an H100 it beat every other decode tile
+        # of bench_fp8's sweep at all four 8B projections but down at 256 (qkv / o at 64 tokens: 13.5 / 11.5
+        # us vs 21.0 / 16.8 with 64x128, 4 stages and k-splits); a deep pipeline per program outdid more
+        # programs even at 64 output tiles
+        return GemmTile(64, 64, 4, 6)
+    bm, bn, warps, stages = (16, 64, 4, 5) if m <= 16 else (32, 64, 4, 4)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     split = max(1, min(triton.cdiv(2 * num_sms(), tiles), kblocks // 4, 16))
     return GemmTile(bm, bn, warps, stages, split)
@@ -327,13 +342,14 @@ def fp8_linear_block(
 ) -> torch.Tensor:  # fmt: skip
     """Block-scaled FP8 linear on ``x [..., K]`` (or rows already quantized per ``block`` columns):
     per token-group activation quantization + the GEMM. Prefill chunks (more than
-    :data:`BLOCK_TRITON_MAX_M` tokens, bf16, 128 blocks, K and N whole blocks) run cuBLASLt's
-    block-scaled kernel where :func:`block_scaled_mm_available`; everything else the Triton block GEMM."""
+    :data:`BLOCK_TRITON_MAX_M` tokens, bf16, 128 blocks, N whole blocks, K whole fours of blocks) run
+    cuBLASLt's block-scaled kernel where :func:`block_scaled_mm_available`; everything else the Triton block
+    GEMM."""
     n, k = wq.shape
     xq, xs, dtype, lead = _quantized(x, block)
     cublas = (
         xq.is_cuda and xq.shape[0] > BLOCK_TRITON_MAX_M and dtype == torch.bfloat16 and block == 128
-        and n % block == k % block == 0 and block_scaled_mm_available(xq.device)
+        and n % block == k % (block * KBLOCK_MULTIPLE) == 0 and block_scaled_mm_available(xq.device)
     )  # fmt: skip
     if cublas:
         y = fp8_block_scaled_mm(xq, xs, wq, w_scale, dtype)
@@ -347,19 +363,26 @@ def fp8_linear_rowwise(
     x: torch.Tensor | QuantizedRows, wq: torch.Tensor, w_scale_row: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """Per-channel FP8 linear on ``x [..., K]`` (or rows already quantized per row): per-token activation
-    scales times ``w_scale_row [1, N]``. Prefill chunks (more than :data:`ROWWISE_TRITON_MAX_M` tokens,
-    bf16, K and N multiples of 16) run cuBLASLt's row-wise scaled FP8 GEMM (``torch._scaled_mm``);
-    everything else the Triton split-K GEMM."""
+    scales times ``w_scale_row [1, N]``. More than :data:`ROWWISE_TRITON_MAX_M` tokens (than
+    :data:`ROWWISE_TRITON_NARROW_M` for at most :data:`ROWWISE_TRITON_NARROW_N` outputs), bf16, K and N
+    multiples of 16 run cuBLASLt's row-wise scaled FP8 GEMM (``torch._scaled_mm``); everything else the
+    Triton GEMM."""
     n, k = wq.shape
     xq, xs, dtype, lead = _quantized(x, None)  # NOTE: zero rows pass through both GEMMs' launchers as such
     m = xq.shape[0]
-    cublas = xq.is_cuda and m > ROWWISE_TRITON_MAX_M and dtype == torch.bfloat16 and n % 16 == k % 16 == 0
+    cublas = xq.is_cuda and m > rowwise_triton_max_m(n) and dtype == torch.bfloat16
+    cublas = cublas and n % 16 == k % 16 == 0
     if cublas:
         y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale_row, out_dtype=dtype)
         y = y if bias is None else y + bias
     else:
         y = fp8_rowwise_gemm(xq, xs, wq, w_scale_row.reshape(-1), dtype, bias)
     return y.reshape(*lead, n)
+
+
+def rowwise_triton_max_m(n: int) -> int:
+    """The most tokens :func:`fp8_linear_rowwise` runs on the Triton GEMM for ``n`` outputs (CUDA)."""
+    return ROWWISE_TRITON_NARROW_M if n <= ROWWISE_TRITON_NARROW_N else ROWWISE_TRITON_MAX_M
 
 
 def _quantized(

@@ -14,9 +14,13 @@ from nibblekv.kernels.fp8.reference import fp8_gemm_ref
 
 logger = logging.getLogger(__name__)
 
-# NOTE: the fewest rows the block-scaled kernel is used at: on an H200 (torch 2.11) it matched the twin at
-# 256 and 8,192 rows but was 1.1 (rel. L2) off at 8 (6 padded), so only prefill chunks take it
+# NOTE: the fewest rows the block-scaled kernel is used at (prefill chunks: below, the Triton GEMM is as fast)
 MIN_ROWS = 256
+# NOTE: k-blocks must come in fours. cuBLASLt reads the weight scales [N/128, K/128] with K/128 as their
+# leading dimension, which it needs 16-byte aligned: with 3 or 5 k-blocks the product was 0.3-1.1 (rel. L2)
+# off the twin (H100 / H200, torch 2.11), with 4, 8 and 32 right. Real models' K (4,096, 5,120, 14,336 ...)
+# are whole multiples of 512.
+KBLOCK_MULTIPLE = 4
 
 
 def fp8_block_scaled_mm(
@@ -25,10 +29,12 @@ def fp8_block_scaled_mm(
     """:func:`fp8_block_gemm`'s product for 128 blocks on cuBLASLt's block-scaled kernel (``torch._scaled_mm``
     with 1x128 activation and 128x128 weight scales; CUDA sm_90, no bias). cuBLASLt wants the activation
     scales outer-dim-major and M a multiple of 4: both arranged here (padding rows are dropped). Prefill
-    chunks only: M >= :data:`MIN_ROWS`."""
+    chunks only: M >= :data:`MIN_ROWS`; K/128 a multiple of :data:`KBLOCK_MULTIPLE`."""
     m, k = xq.shape
     if m < MIN_ROWS:
         raise ValueError(f"fp8_block_scaled_mm serves prefill chunks of >= {MIN_ROWS} rows, got {m}")
+    if x_scale.shape[1] % KBLOCK_MULTIPLE:
+        raise ValueError(f"fp8_block_scaled_mm needs K in whole {KBLOCK_MULTIPLE}s of 128-blocks, got K={k}")
     pad = -m % 4
     if pad:  # NOTE: a copy into a padded buffer (torch.cat of float8 is not in every CUDA build)
         xp = xq.new_zeros((m + pad, k))
@@ -48,7 +54,7 @@ _BLOCK_SCALED_MM: dict[torch.device, str] = {}
 def block_scaled_mm_unavailable(device: torch.device) -> str:
     """Why :func:`fp8_block_scaled_mm` cannot serve on ``device`` ("" where it can): it needs sm_90 and a
     torch whose ``_scaled_mm`` takes block scales (cuBLAS >= 12.9); one prefill-sized product (301 rows,
-    padded; an odd number of k-blocks) is checked against the twin and the answer kept per device. Not
+    padded; 8 k-blocks) is checked against the twin and the answer kept per device. Not
     checked while a CUDA graph is being captured (the check synchronizes): the Triton GEMM serves until it
     is known."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
@@ -57,11 +63,11 @@ def block_scaled_mm_unavailable(device: torch.device) -> str:
         if torch.cuda.is_current_stream_capturing():
             return "not checked during CUDA-graph capture"
         gen = torch.Generator(device).manual_seed(0)
-        x = torch.randn(301, 640, device=device, generator=gen)
-        w = torch.randn(384, 640, device=device, generator=gen)
+        x = torch.randn(301, 1024, device=device, generator=gen)
+        w = torch.randn(384, 1024, device=device, generator=gen)
         xq, xs = quantize_act_groups(x, 128)
         wq = (w * 16).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        ws = torch.rand(3, 5, device=device, generator=gen) + 0.5
+        ws = torch.rand(3, 8, device=device, generator=gen) + 0.5
         try:
             got = fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16).float()
         except (RuntimeError, ValueError, TypeError) as e:  # a torch or cuBLAS without block scaling
