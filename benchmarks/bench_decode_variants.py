@@ -47,7 +47,7 @@ from nibblekv.kernels.testing import decode_config_from_spec, make_batch, rel_rm
 SHAPES = [(64, 32768), (8, 32768), (1, 131072), (32, 8192)]
 
 # (dtype, spec) in priority order (a run that hits --budget-s skips the rest): baselines, the new kernels'
-# defaults (decode._tok_config: FP8 = tok:bn=128,sv=1,conv=1, NVFP4 = tok:bn=128, BF16 = tok:bn=64),
+# defaults (decode.knobs.tok_knobs: FP8 = tok:bn=128,sv=1,conv=1, NVFP4 = tok:bn=128, BF16 = tok:bn=64),
 # then block size, pipeline depth, and the ablations of the FP8 V path.
 DEFAULT_PLAN: list[tuple[KVDtype, str]] = [
     # (the removed variants bs and kq were measured and dropped as dead ends; mma supersedes them)

@@ -13,9 +13,9 @@ GEMM up to ``rowwise_triton_max_m(N)`` tokens and ``torch._scaled_mm`` above, an
 alone (``triton_us``, ``scaled_mm_us``: where they cross sets that constant). ``block``: 128x128 weight
 blocks, per token-group activations; the layer runs the Triton block GEMM up to ``BLOCK_TRITON_MAX_M`` tokens
 and cuBLASLt's block-scaled kernel above (``torch._scaled_mm`` with 1x128 / 128x128 scales, sm_90), both
-timed alone as well (``scaled_mm_error`` says why cuBLASLt's could not run). Channel rows up to 256 tokens
-time the row-wise Triton GEMM with other decode tiles too (``decode_tiles_us``), block rows from 512 tokens
-the block GEMM with other prefill tiles (``block_tiles_us``). Rows
+timed alone as well (``scaled_mm_error`` says why cuBLASLt's could not run). Rows up to 256 tokens time their
+format's Triton GEMM with other decode tiles too (``decode_tiles_us``), block rows from 512 tokens the block
+GEMM with other prefill tiles (``block_tiles_us``). Rows
 with M <= 16 also get ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling
 measured in the same run. Every row's FP8 output is checked against the pure-torch reference first. Writes
 ``DIR/fp8-weights-h200.json`` (rows ``kind: gemm``) and a PNG.
@@ -72,7 +72,7 @@ _TILES = (
     (128, 128, 8, 3), (64, 128, 4, 4), (64, 256, 8, 3), (128, 64, 4, 4), (128, 128, 8, 4),
 )
 PREFILL_TILES: dict[str, GemmTile] = {f"{t[0]}x{t[1]}w{t[2]}s{t[3]}": GemmTile(*t) for t in _TILES}
-# the row-wise Triton GEMM's decode tiles timed beside gemm_tile's at M <= 256 (channel rows):
+# the Triton GEMM's decode tiles timed beside gemm_tile's at M <= 256 (both formats share gemm_tile):
 # (BLOCK_M, BLOCK_N, warps, stages, split-K); the batch's own BLOCK_M, narrower / wider weight tiles, deeper
 # pipelines and more k-splits (more programs a weight column, each with fewer bytes in flight)
 _DECODE_TILES = (
@@ -149,8 +149,8 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
             row[key] = round(bench_graph(fn), 2)
     if fmt == "block" and m >= 512 and x.is_cuda:  # prefill tiles of the Triton block GEMM, side by side
         row["block_tiles_us"] = _tile_times(xq, xs, wq, ws, PREFILL_TILES, check=m == 512, block=BLOCK)
-    if fmt == "channel" and m <= 256:  # decode tiles of the Triton row-wise GEMM (CPU: --smoke checks them)
-        row["decode_tiles_us"] = _tile_times(xq, xs, wq, ws, decode_tiles(m), check=True, block=None)
+    if m <= 256:  # decode tiles of the Triton GEMM of this format (CPU: --smoke checks them)
+        row["decode_tiles_us"] = _tile_times(xq, xs, wq, ws, decode_tiles(m), check=True, block=block)
     row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
     row["speedup"] = round(row["bf16_us"] / max(row["fp8_us"], 1e-3), 3)
     # NOTE: the engine quantizes most layers' activations in the kernel before (the norms, SiLU * mul): the

@@ -48,7 +48,8 @@ from nibblekv.formats.kv_view import PagedKV  # noqa: E402
 from nibblekv.formats.layer_kv import LayerKV  # noqa: E402
 from nibblekv.formats.layout import KVDtype, PageLayout  # noqa: E402
 from nibblekv.kernels._common import fmt_code  # noqa: E402
-from nibblekv.kernels.decode.config import base_config, default_kernel  # noqa: E402
+from nibblekv.kernels.decode.config import default_kernel  # noqa: E402
+from nibblekv.kernels.decode.knobs import base_config  # noqa: E402
 from nibblekv.kernels.decode.launch import decode_triton  # noqa: E402
 from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel  # noqa: E402
 from nibblekv.kernels.testing import fill_pool  # noqa: E402

@@ -9,14 +9,14 @@ from benchmarks.bench_kernels import DTYPES, NAMES, AddRow, Pools, run_decode
 from benchmarks.timing import _empty_cache
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels._common import fmt_code
-from nibblekv.kernels.decode.config import base_config
+from nibblekv.kernels.decode.knobs import base_config
 from nibblekv.kernels.decode.launch_config import DecodeKernel
 
 # The hybrid models' full-attention layers at head_dim 256, (q heads, KV heads): Qwen3.5-27B (GQA 6) and
 # Qwen3-Next-80B (GQA 8); batch x context >= 256K tokens (issue 50's acceptance shapes)
 HD256_HEADS = ((24, 4), (16, 2))
 HD256_SHAPES = ((64, 8192), (8, 32768), (1, 262144))
-# NOTE: decode_mma's launch knobs at head_dim 256 (decode.config._mma_config: 8 programs per SM, the next tile
+# NOTE: decode_mma's launch knobs at head_dim 256 (decode.knobs.mma_knobs: 8 programs per SM, the next tile
 # prefetched, the tile a step ahead prefetched into L2, token-balanced from 208 pairs, 512 partial slots a
 # pair), each beside the default (no tail). H100 / H200, one run each: 12 per SM and pf=0 lost 0.05-0.25 of
 # the ceiling (dropped from the sweep since), per-pair splits within 0.02, the L2 prefetch won 0.02-0.03 /
@@ -29,7 +29,7 @@ HD256_MMA_VARIANTS: dict[str, dict[str, int]] = {
     "decode_mma_l2x3": {"l2_ahead": 3},
     "decode_mma_slots256": {"mma_slots": 256},
 }
-# FP8 `tok` with the tail at the 64-token tail tile it had before 32 (decode.config._tok_config: the 64-token
+# FP8 `tok` with the tail at the 64-token tail tile it had before 32 (decode.knobs.tok_knobs: the 64-token
 # tile's buffers took the shared memory of a second program per SM)
 HD256_FP8_TAIL_VARIANTS: dict[str, dict[str, int]] = {"decode_tail64_tok_tbn64": {"tail_block_n": 64}}
 # the other kernel that could serve these pools: "paged", every dtype's default at 256 before decode_mma

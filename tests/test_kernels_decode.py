@@ -11,7 +11,8 @@ import triton
 from nibblekv.formats.kv_view import PagedKV
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels._common import fmt_code, interpreting
-from nibblekv.kernels.decode.config import base_config, default_kernel
+from nibblekv.kernels.decode.config import default_kernel
+from nibblekv.kernels.decode.knobs import base_config
 from nibblekv.kernels.decode.launch import decode_triton
 from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.reference import decode_ref
@@ -465,7 +466,7 @@ def test_decode_tok_head_dim_256_gqa_6_and_8(group: int) -> None:
 
 
 def test_decode_tok_fp8_head_dim_256_tail_tile_32() -> None:
-    # FP8's `tok` default at head_dim 256 reads the bf16 tail in 32-token tiles (decode.config._tok_config);
+    # FP8's `tok` default at head_dim 256 reads the bf16 tail in 32-token tiles (decode.knobs.tok_knobs);
     # the interpreter's own config takes 16: this runs the 32-token tile there too (tails of 1, 5 and W)
     lens, tails = [1, 17, 300], [W, 1, 5]
     assert _run(KVDtype.FP8, lens, tails, 2, 6, 256, P, None, variant="tok:tbn=32") <= 1e-2
@@ -530,7 +531,8 @@ def test_select_decode_falls_back_where_mma_cannot_run(monkeypatch: pytest.Monke
     # the table of select_decode: NVFP4 head_dim 128 -> mma (groups <= 8), mma16 (9-16), balanced (>= 152
     # pairs, with the L2 prefetch unless told), tok past 16 columns; head_dim 64 -> mma (groups <= 4), tok
     # past; an explicit mma config raises
-    from nibblekv.kernels.decode.config import BALANCED_MIN_PAIRS, BALANCED_MIN_PAIRS_128, select_decode
+    from nibblekv.kernels.decode.config import select_decode
+    from nibblekv.kernels.decode.knobs import BALANCED_MIN_PAIRS, BALANCED_MIN_PAIRS_128
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU's choices (the interpreter's default is tok)
     pb = make_batch(KVDtype.NVFP4, [5], 8, 128, P, "cpu", via_write=False)

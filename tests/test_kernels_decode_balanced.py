@@ -130,7 +130,8 @@ def test_balanced_auto_turns_on_from_min_pairs() -> None:
     """``balanced=2`` (default): per-pair splits below ``bal_pairs`` (152 at head_dim 128, 208 at 256),
     token-balanced from it; never at head_dim 64 (PAIR), with several warps, or with the tail outside the
     grid."""
-    from nibblekv.kernels.decode.config import BALANCED_MIN_PAIRS, BALANCED_MIN_PAIRS_128, _balanced
+    from nibblekv.kernels.decode.config import _balanced
+    from nibblekv.kernels.decode.knobs import BALANCED_MIN_PAIRS, BALANCED_MIN_PAIRS_128
 
     assert decode_config_from_spec("mma", KVDtype.NVFP4, 256).bal_pairs == BALANCED_MIN_PAIRS == 208
     cfg = decode_config_from_spec("mma", KVDtype.NVFP4, 128)

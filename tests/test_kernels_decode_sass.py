@@ -74,7 +74,8 @@ def test_decode_mma_main_loop_builds_each_page_address_in_one_instruction(head_d
 def test_decode_mma16_fits_its_programs_per_sm() -> None:
     # decode_mma16 (a GQA group of 16): no spills under the cap that lets WIDE_PPSM one-warp programs share an
     # SM (213 registers at tpi=2; 225 with its default L2 prefetch)
-    from nibblekv.kernels.decode.config import WIDE_PPSM, _mma_max_registers
+    from nibblekv.kernels.decode.config import _mma_max_registers
+    from nibblekv.kernels.decode.knobs import WIDE_PPSM
 
     out = _compile("mma", "nvfp4", 16, 128, False)
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)

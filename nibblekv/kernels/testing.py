@@ -13,7 +13,7 @@ from nibblekv.formats.kv_view import PagedKV
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.formats.layout import KVDtype, PageLayout
 from nibblekv.kernels._common import fmt_code, interpreting
-from nibblekv.kernels.decode.config import base_config
+from nibblekv.kernels.decode.knobs import base_config
 from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.reference import write_kv_ref
 

@@ -2,7 +2,7 @@
 
 ``decode.config.select_decode`` builds it (the table of which kernel serves which case is its docstring);
 ``decode.decode_triton`` reads it. A benchmark or test that wants a non-default kernel passes one
-(``decode.config.base_config(kernel, ...)`` with ``dataclasses.replace`` for the knobs).
+(``decode.knobs.base_config(kernel, ...)`` with ``dataclasses.replace`` for the knobs).
 """
 
 from __future__ import annotations

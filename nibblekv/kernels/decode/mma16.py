@@ -21,7 +21,7 @@ Layout (lane ``L``: ``g = L // 4``, ``t = L % 4``; columns ``g`` and ``g + 8``),
 
 Against ``decode_mma``: twice the tensor-core work per byte and twice the rescale (64 ``HMMA`` and 80
 ``FMUL`` of a 32-token step's 871 sm_90 instructions, vs 32 and 40 of 776) for twice the columns, and 64
-accumulators: the launcher runs ``decode.config.WIDE_PPSM`` programs per SM, too few warps to hide the next
+accumulators: the launcher runs ``decode.knobs.WIDE_PPSM`` programs per SM, too few warps to hide the next
 step's loads, so each step also prefetches the tiles ``L2`` steps ahead into L2 (``WIDE_L2``). Same partial
 slots as ``_mma_segment``; no PAIR. The helpers take every fragment as its own argument for the reason
 given in ``_mma_step``'s docstring (registers, not a tensor with another layout).

@@ -14,7 +14,7 @@ fragment layout (``decode_mma``'s docstring), and:
 Q is 32 fragment registers (16 a half). One 16-token tile a step (``TPI`` = 1): with the next step
 prefetched (``PF``) a warp holds two tiles' raw words (2 x 2 x 20 registers) beside 64 accumulators and
 32 Q registers, which needs the 248-register budget of 8 one-warp programs per SM
-(``decode.config._mma_config``). GQA groups <= 8, no ``PAIR``. ``L2`` (opt-in, as ``decode_mma16``'s): an
+(``decode.knobs.mma_knobs``). GQA groups <= 8, no ``PAIR``. ``L2`` (opt-in, as ``decode_mma16``'s): an
 L2 prefetch of the tile ``L2`` steps ahead, one 128-byte line a lane (``_l2_prefetch256``).
 
 The bf16 tail at head_dim 256 (``_mma_tail256``, ``mma_tail._mma_tail`` on the two halves) shares the

@@ -36,10 +36,10 @@ from nibblekv.kernels._common import FMT_FP8, FMT_NVFP4, fmt_code, interpreting
 from nibblekv.kernels.decode.config import (
     TOK_VERIFIED_HEAD_DIMS,
     _mma_unsupported,
-    base_config,
     mma_columns,
     mma_narrow_columns,
 )
+from nibblekv.kernels.decode.knobs import base_config
 from nibblekv.kernels.decode.launch import decode_triton
 from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.extend.paged import extend_triton

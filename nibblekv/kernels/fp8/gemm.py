@@ -237,7 +237,7 @@ def gemm_tile(m: int, n: int, kblocks: int) -> GemmTile:
         # NOTE: 64x64 tiles, 6 stages, no k-split: at 64-256 tokens on an H100 it beat every other decode tile
         # of bench_fp8's sweep at all four 8B projections but down at 256 (qkv / o at 64 tokens: 13.5 / 11.5
         # us vs 21.0 / 16.8 with 64x128, 4 stages and k-splits); a deep pipeline per program outdid more
-        # programs even at 64 output tiles
+        # programs even at 64 output tiles. The block-scaled GEMM shares it (its decode tiles not yet swept)
         return GemmTile(64, 64, 4, 6)
     bm, bn, warps, stages = (16, 64, 4, 5) if m <= 16 else (32, 64, 4, 4)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
