@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import decode_run, free_memory, read_bandwidth, rotating_last
+from engine_timing import decode_run, free_memory, read_bandwidth, rotating_last
 from long_context_ttft import PrefillTimes, measure_ttft, prefill_kernels, sampled_ttft
 from plot_long_context import plot, series
 

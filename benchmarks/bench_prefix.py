@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import rotating_last
+from engine_timing import rotating_last
 
 from nibblekv.cache import size_pool
 from nibblekv.config import EngineConfig

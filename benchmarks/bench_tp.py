@@ -32,7 +32,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import TINY, decode_run, free_memory, read_bandwidth
+from bench_engine import TINY
+from engine_timing import decode_run, free_memory, read_bandwidth
 
 from nibblekv.config import EngineConfig
 from nibblekv.engine.engine import Engine

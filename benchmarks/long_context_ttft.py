@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench_engine import admit_with_prefix, kernel_profile, sync
+from engine_timing import admit_with_prefix, kernel_profile, sync
 
 from nibblekv.engine.engine import Engine
 from nibblekv.engine.sampling_params import SamplingParams

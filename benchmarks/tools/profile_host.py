@@ -4,7 +4,7 @@ Why: at 256 running SmolLM2 requests the GPU finishes a decode step in ~2 ms whi
 on an H200: the host (scheduling, page growth, metadata, graph inputs, token bookkeeping) set the pace.
 This prints the functions with the most own time per step, so the next cut goes where the time is.
 
-Requests are admitted with their prompt pages allocated but not computed (``bench_engine.synthetic_prefill``),
+Requests are admitted with their prompt pages allocated but not computed (``engine_timing.synthetic_prefill``),
 then ``--warm`` steps run untimed and ``--steps`` under cProfile. On CPU use a tiny model
 (``--json-model-override-args``): the reference attention there is not host work on a GPU.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for bench_engine
-from bench_engine import synthetic_prefill  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for engine_timing
+from engine_timing import synthetic_prefill  # noqa: E402
 
 from nibblekv import Engine  # noqa: E402
 from nibblekv.engine.gc_heap import frozen_heap  # noqa: E402
