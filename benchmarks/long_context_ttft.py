@@ -73,9 +73,10 @@ def chunk_seconds(engine: Engine, prompt: list[int], offset: int, chunk: int) ->
 
 
 def chunk_offsets(input_len: int, chunk: int, samples: int) -> list[int]:
-    """``samples`` chunk offsets spread evenly over a prefill of ``input_len`` tokens (first and last chunk
-    included; fewer where the prefill has fewer chunks)."""
-    last = max(0, -(-input_len // chunk) - 1)
+    """``samples`` offsets of whole chunks spread evenly over a prefill of ``input_len`` tokens (the first and
+    the last whole chunk included; fewer where the prefill has fewer): a short last chunk is not timed, its
+    time not being its tokens' share of a whole one's (the prefix it reads costs the same)."""
+    last = max(0, input_len // chunk - 1)
     if samples < 2 or last == 0:
         return [0]
     return sorted({round(j * last / (samples - 1)) * chunk for j in range(samples)})
@@ -83,22 +84,21 @@ def chunk_offsets(input_len: int, chunk: int, samples: int) -> list[int]:
 
 def sampled_ttft(engine: Engine, prompt: list[int], chunk: int, samples: int) -> dict[str, Any]:
     """The chunk-sampled TTFT of ``prompt`` (module docstring): ``estimate_s``, the timed ``chunks``
-    (``[offset, s]``, s scaled to a full chunk), the fit ``a_s`` + ``b_s_per_token`` * offset. A chunk of two
-    tokens runs first, untimed (compiles)."""
+    (``[offset, s]``), the fit ``a_s`` + ``b_s_per_token`` * offset. A chunk of two tokens runs first,
+    untimed (compiles). A prompt shorter than a chunk is timed whole."""
     n = len(prompt)
     chunk_seconds(engine, prompt, 0, min(chunk, n, 2))
     offsets = chunk_offsets(n, chunk, samples)
-    sizes = [min(chunk, n - off) for off in offsets]
-    # NOTE: a short last chunk's time scaled to a full chunk's (both parts scale with its tokens)
-    times = [chunk_seconds(engine, prompt, off, size) * chunk / size for off, size in zip(offsets, sizes)]
+    times = [chunk_seconds(engine, prompt, off, min(chunk, n)) for off in offsets]
     if len(offsets) == 1:
         a, b = times[0], 0.0
     else:  # least squares of t = a + b * offset
         mx, my = sum(offsets) / len(offsets), sum(times) / len(times)
         b = sum((x - mx) * (y - my) for x, y in zip(offsets, times)) / sum((x - mx) ** 2 for x in offsets)
         a = my - b * mx
-    # both parts scale with a chunk's tokens (a short last chunk: its share)
-    estimate = sum((a + b * off) * min(chunk, n - off) / chunk for off in range(0, n, chunk))
+    # NOTE: a short last chunk counted at its tokens' share of a whole one's fit (an estimate; the inputs of
+    # the published table are whole multiples of the 8K chunk)
+    estimate = sum((a + b * off) * min(chunk, n - off) / min(chunk, n) for off in range(0, n, chunk))
     return {
         "estimate_s": round(estimate, 4),
         "chunks": [[off, round(t, 4)] for off, t in zip(offsets, times)],

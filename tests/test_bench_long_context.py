@@ -95,12 +95,13 @@ def test_smoke_hybrid_preset(tmp_path: Path, ssm: str | None) -> None:
 
 def test_sampled_ttft_sums_the_fitted_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk times linear in the offset: the estimate is exactly the prefill's chunks summed, a short last
-    chunk at its share; the offsets include the first and last chunk."""
+    chunk at its share; the offsets include the first and the last whole chunk."""
     bench = _bench()
     import long_context_ttft as lt  # on sys.path once the bench is loaded
 
     assert lt.chunk_offsets(1_048_576, 8192, 3) == [0, 64 * 8192, 127 * 8192]
-    assert lt.chunk_offsets(100, 64, 3) == [0, 64] and lt.chunk_offsets(50, 64, 3) == [0]
+    assert lt.chunk_offsets(200, 64, 3) == [0, 64, 128]  # whole chunks only: the short last one is not timed
+    assert lt.chunk_offsets(100, 64, 3) == [0] and lt.chunk_offsets(50, 64, 3) == [0]
     timed: list[tuple[int, int]] = []
 
     def fake(engine: object, prompt: list[int], offset: int, chunk: int) -> float:
@@ -109,7 +110,7 @@ def test_sampled_ttft_sums_the_fitted_chunks(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(lt, "chunk_seconds", fake)
     out = lt.sampled_ttft(None, list(range(300)), 64, 3)  # type: ignore[arg-type]
-    assert timed[0] == (0, 2) and timed[1:] == [(0, 64), (128, 64), (256, 44)]  # warm-up, then the samples
+    assert timed[0] == (0, 2) and timed[1:] == [(0, 64), (128, 64), (192, 64)]  # warm-up, then the samples
     want = sum((0.5 + 0.001 * off) * min(64, 300 - off) / 64 for off in range(0, 300, 64))
     assert out["estimate_s"] == pytest.approx(want, abs=1e-4) and out["b_s_per_token"] > 0
     assert bench is not None
