@@ -4,8 +4,8 @@ a chunk-sampled estimate where a real prefill does not fit a device call (1M tok
 A chunked prefill of ``L`` tokens runs ``ceil(L / C)`` chunks of ``C`` tokens; chunk ``i`` attends over
 ``i * C`` cached tokens, so its time is linear in its offset (fixed GEMM work plus attention over the prefix).
 :func:`sampled_ttft` times single chunks at a few offsets, each over a synthetic prefix (pages allocated, not
-computed: the time does not depend on the cached values), fits ``t(offset) = a + b * offset`` and sums it
-over the prefill's chunks. Where a real TTFT is measured too, the row carries both: the method's own check.
+computed: the time does not depend on the cached values) and after its previous chunk (computed, untimed),
+fits ``t(offset) = a + b * offset`` and sums it over the prefill's chunks. Where a real TTFT is measured too, the row carries both: the method's own check.
 """
 
 from __future__ import annotations
@@ -60,16 +60,26 @@ def prefill_kernels(engine: Engine, prompt: list[int], top: int = 10) -> dict[st
 
 
 def chunk_seconds(engine: Engine, prompt: list[int], offset: int, chunk: int) -> float:
-    """Seconds of the last prefill chunk ``prompt[offset : offset + chunk]`` over a synthetic prefix of
-    ``offset`` tokens, to its first token (the engine idle before and after)."""
-    req = engine.make_request(prompt[: offset + chunk], ONE_TOKEN)
+    """Seconds of one engine step that prefills ``prompt[offset : offset + chunk]`` as a chunk inside a longer
+    prefill runs: the prefix up to the previous chunk synthetic, the previous chunk computed first (untimed:
+    its bf16 prefill window is what this chunk reads and demotes), one more token after it (so the window
+    applies to it too), drained untimed. A prompt of at most one chunk runs whole (its only chunk)."""
+    ids = prompt[: offset + chunk]
+    if not (offset == 0 and len(prompt) <= chunk):
+        ids = ids + ids[:1]
+    req = engine.make_request(ids, ONE_TOKEN)
+    admit_with_prefix(engine, req, max(0, offset - chunk))
+    if offset:
+        engine.step()  # the previous chunk
     sync()
     t0 = time.perf_counter()
-    admit_with_prefix(engine, req, offset)
+    engine.step()
+    sync()
+    seconds = time.perf_counter() - t0
     while engine.has_unfinished():
         engine.step()
     sync()
-    return time.perf_counter() - t0
+    return seconds
 
 
 def chunk_offsets(input_len: int, chunk: int, samples: int) -> list[int]:
