@@ -55,8 +55,21 @@ def test_quant_groups_bit_exact(group: int | None) -> None:
     assert torch.equal(s, sr)
 
 
-# None: gemm_tile's choice; split-K with an uneven last split (K blocks 2 or 5); a prefill-sized tile
-TILES = [None, GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3)]
+# None: gemm_tile's choice; split-K with an uneven last split (K blocks 2 or 5); a prefill-sized tile; the
+# decode tile of 33-256 tokens (six stages, no split)
+TILES = [None, GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3), GemmTile(64, 64, 4, 6)]
+
+
+def test_gemm_tile_and_route_by_size() -> None:
+    """Decode batches up to 32 tokens: small tiles and k-splits; 33-256: 64x64 tiles, 6 stages, no split;
+    prefill chunks 64x128. The row-wise layer's Triton GEMM serves up to 128 tokens at <= 8,192 outputs,
+    up to 64 above (gate_up), cuBLASLt beyond (bench_fp8's H100 sweep)."""
+    from nibblekv.kernels.fp8.gemm import gemm_tile, rowwise_triton_max_m
+
+    assert gemm_tile(1, 4096, 32).split_k > 1 and gemm_tile(1, 4096, 32).block_m == 16
+    assert gemm_tile(64, 4096, 32) == gemm_tile(256, 28672, 32) == GemmTile(64, 64, 4, 6)
+    assert gemm_tile(8192, 4096, 32) == GemmTile(64, 128, 4, 3)
+    assert [rowwise_triton_max_m(n) for n in (4096, 8192, 28672)] == [128, 128, 64]
 
 
 @pytest.mark.parametrize("tile", TILES)
