@@ -34,23 +34,12 @@ def paged_knobs(fmt: int, d: int, interp: bool) -> dict[str, int | bool]:
     """
     if interp:
         return {"block_n": 16, "tail_block_n": 16, "num_warps": 4, "num_stages": 1, "conv": 0}
+    bn = 128 if d <= 128 else 64
     if fmt == FMT_NVFP4:
-        return {
-            "block_n": 128 if d <= 128 else 64,
-            "tail_block_n": 64,
-            "num_warps": 4,
-            "num_stages": 6,
-            "conv": 1,
-        }
+        return {"block_n": bn, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "conv": 1}
     if fmt == FMT_FLOAT:
         return {"block_n": 64, "tail_block_n": 64, "num_warps": 4, "num_stages": 6, "conv": 0}
-    return {
-        "block_n": 128 if d <= 128 else 64,
-        "tail_block_n": 64,
-        "num_warps": 4,
-        "num_stages": 5,
-        "conv": 0,
-    }
+    return {"block_n": bn, "tail_block_n": 64, "num_warps": 4, "num_stages": 5, "conv": 0}
 
 
 def mma_knobs(d: int) -> dict[str, int | bool]:
@@ -129,21 +118,16 @@ def mma_knobs(d: int) -> dict[str, int | bool]:
 
 
 def tok_knobs(fmt: int, d: int) -> dict[str, int | bool]:
-    """Launch config of the per-token kernels (measured on the H200 at these settings, see TOK_VERIFIED_HEAD_DIMS).
+    """Launch config of the per-token kernels (measured on the H200 at these settings; see
+    ``decode.config.TOK_VERIFIED_HEAD_DIMS``).
 
     Picked by SASS instruction counts per token-head of the main loop (benchmarks/tools/sass_decode.py):
     FP8 with V as uint16-pair halves (sv=1, conv=1) at BN=128 is ~20 warp-instructions vs ~30 for "paged".
     NVFP4 decodes the pool's sm words (``_common.nvfp4_split``); ``conv`` applies to FP8 only.
     """
     if fmt == FMT_NVFP4:
-        return {
-            "block_n": 128 if d <= 128 else 64,
-            "tail_block_n": 64,
-            "num_warps": 4,
-            "num_stages": 4,
-            "conv": 0,
-            "split": 0,
-        }
+        bn = 128 if d <= 128 else 64
+        return {"block_n": bn, "tail_block_n": 64, "num_warps": 4, "num_stages": 4, "conv": 0, "split": 0}
     if fmt == FMT_FP8:
         # NOTE: num_stages 5 (2 buffers in flight): 0.92 / 0.74 / 0.74 / 0.67 of the H200's read ceiling at
         # B64x32K / B8x32K / B32x8K / B1x128K vs 0.80 / 0.66 / 0.66 / 0.62 at 4 (same run).
