@@ -5,7 +5,8 @@ A chunked prefill of ``L`` tokens runs ``ceil(L / C)`` chunks of ``C`` tokens; c
 ``i * C`` cached tokens, so its time is linear in its offset (fixed GEMM work plus attention over the prefix).
 :func:`sampled_ttft` times single chunks at a few offsets, each over a synthetic prefix (pages allocated, not
 computed: the time does not depend on the cached values) and after its previous chunk (computed, untimed),
-fits ``t(offset) = a + b * offset`` and sums it over the prefill's chunks. Where a real TTFT is measured too, the row carries both: the method's own check.
+fits ``t(offset) = a + b * offset`` and sums it over the prefill's chunks. Where a real TTFT is measured too,
+the row carries both: the method's own check.
 """
 
 from __future__ import annotations
