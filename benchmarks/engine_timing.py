@@ -40,6 +40,15 @@ def sync() -> None:
 
 def read_bandwidth(device: torch.device, gib: float) -> float:
     """Best of a full read (``x.sum()``) and a copy (read + write bytes), bytes/s."""
+    best = _bandwidth_probe(device, gib)
+    # NOTE: hand the probe's 8 GiB back to the driver (its buffers died with the probe): engines size their
+    # pool from the free memory, and the first one read ~4% low while the allocator still cached them.
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return best
+
+
+def _bandwidth_probe(device: torch.device, gib: float) -> float:
     n = int(gib * (1 << 30)) // 2
     x = torch.ones(n, dtype=torch.bfloat16, device=device)
     y = torch.empty_like(x)
@@ -54,11 +63,6 @@ def read_bandwidth(device: torch.device, gib: float) -> float:
             sync()
             times.append(time.perf_counter() - t0)
         best = max(best, nbytes / statistics.median(times))
-    # NOTE: hand the probe's 8 GiB back to the driver: engines size their pool from the free memory,
-    # and the first one read ~4% low while the allocator still cached these buffers.
-    del x, y
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     return best
 
 
