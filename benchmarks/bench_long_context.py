@@ -321,17 +321,6 @@ def run_row(
     if args.ttft_sample_chunks > 0 and kv not in times.sampled:
         times.sampled[kv] = sampled_ttft(engine, prompt, args.chunked_prefill_size, args.ttft_sample_chunks)
         log(t0, f"  sampled ttft {kv}: {json.dumps(times.sampled[kv])}")
-    sampled = times.sampled.get(kv)
-    if real:
-        ttft: dict[str, Any] = {"ttft_mean_s": round(sum(times.real[kv]) / len(times.real[kv]), 4),
-                                "ttft_kind": "real", "ttft_s": [round(x, 4) for x in times.real[kv]],
-                                **times.kernels.get(kv, {})}  # fmt: skip
-    elif sampled is not None:
-        ttft = {"ttft_mean_s": sampled["estimate_s"], "ttft_kind": "sampled", "ttft_s": []}
-    else:
-        ttft = {"ttft_mean_s": None, "ttft_kind": "synthetic", "ttft_s": []}
-    if sampled is not None:
-        ttft["ttft_sampled"] = sampled
     params = SamplingParams(temperature=0, max_new_tokens=steps, ignore_eos=True)
     with frozen_heap():
         out = decode_run(engine, [prompt] * n, params, True, bandwidth, args.profile_steps)
@@ -341,7 +330,7 @@ def run_row(
         "decode_tok_s_mean": out["decode_tok_s"], "step_ms": out["step_ms"],
         "step_floor_ms": out["step_floor_ms"],
         "decode_steps_timed": out["decode_steps_at_full"] - 1, "decode_steps_cap": args.decode_steps or None,
-        **ttft,
+        **times.row_fields(kv),
         **({"decode_kernels": out["top_kernels"]} if out["top_kernels"] else {}),
         "max_total_num_tokens": engine.max_total_num_tokens, "cuda_graph": out["cuda_graph"],
         "wall_s": round(time.perf_counter() - started, 1),

@@ -32,6 +32,20 @@ class PrefillTimes:
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)
     sampled: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def row_fields(self, kv: str) -> dict[str, Any]:
+        """A row's TTFT fields for ``kv``: ``ttft_kind`` real where measured, else sampled, else synthetic
+        (none); the sampled estimate beside a real one as ``ttft_sampled``."""
+        sampled = self.sampled.get(kv)
+        if kv in self.real:
+            out: dict[str, Any] = {"ttft_mean_s": round(sum(self.real[kv]) / len(self.real[kv]), 4),
+                                   "ttft_kind": "real", "ttft_s": [round(x, 4) for x in self.real[kv]],
+                                   **self.kernels.get(kv, {})}  # fmt: skip
+        elif sampled is not None:
+            out = {"ttft_mean_s": sampled["estimate_s"], "ttft_kind": "sampled", "ttft_s": []}
+        else:
+            out = {"ttft_mean_s": None, "ttft_kind": "synthetic", "ttft_s": []}
+        return out | ({"ttft_sampled": sampled} if sampled is not None else {})
+
 
 def measure_ttft(engine: Engine, prompt: list[int], k: int, chunk: int) -> list[float]:
     """Seconds to the first token of ``k`` requests prefilled one after another (after an untimed warm-up

@@ -10,7 +10,7 @@ import triton
 
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import FMT_NVFP4, fmt_code, interpreting, num_sms
-from nibblekv.kernels.decode.knobs import WIDE_L2, base_config
+from nibblekv.kernels.decode.knobs import BALANCED_L2, WIDE_L2, base_config
 from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 
 # NOTE: "tok" (decode_tok) is the default where "mma" does not apply: on the H200, fraction of the 4.63 TB/s
@@ -205,9 +205,7 @@ def select_decode(
         in_grid = tail is not None and _mma_tail_in_grid(cfg, pair, tail)
         cfg = cfg.replace(tail_in_grid=in_grid)
         if cfg.kernel is DecodeKernel.MMA and _balanced(cfg, pair, tail is not None, in_grid, pairs):
-            # NOTE: head_dim 128: the balanced kernel prefetches a step ahead into L2 unless told (H100,
-            # knobs.BALANCED_MIN_PAIRS_128's runs: +.01-.04 over bal=1 alone at every shape timed)
-            l2 = (1 if d == 128 else None) if cfg.l2_ahead is None else cfg.l2_ahead
+            l2 = BALANCED_L2.get(d) if cfg.l2_ahead is None else cfg.l2_ahead
             cfg = cfg.replace(kernel=DecodeKernel.BALANCED, l2_ahead=l2)
     return cfg
 

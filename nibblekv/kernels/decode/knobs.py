@@ -17,6 +17,10 @@ from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 # (H100, bench_decode_variants --tail, one run; without the prefetch .919 / .877 / .907): from 152 there
 BALANCED_MIN_PAIRS = 208
 BALANCED_MIN_PAIRS_128 = 152
+# NOTE: the L2 prefetch distance the balanced kernel takes where DecodeConfig.l2_ahead is None, by head_dim
+# (as WIDE_L2 for decode_mma16): at 128 +.01-.04 over bal=1 alone at every shape timed (the runs above);
+# head_dim 256 has it on for every mma kernel (mma_knobs' l2_ahead)
+BALANCED_L2 = {128: 1}
 
 # NOTE: one-warp programs per SM, decode_mma16: 64 accumulators + 32 Q registers need more than 128 (16 a SM).
 # 12 (168 registers, no spill) lost at GQA 16 on the H200: .52-.60 vs .56-.63 of the ceiling, B64x8K/32x8K/

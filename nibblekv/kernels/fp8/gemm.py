@@ -26,9 +26,9 @@ from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting, num_sms
 from nibblekv.kernels.fp8.scaled_mm import (
-    KBLOCK_MULTIPLE,
     MIN_ROWS,
     block_scaled_mm_available,
+    block_scaled_mm_fits,
     fp8_block_scaled_mm,
 )
 from nibblekv.kernels.write import _round_to_e4m3
@@ -349,7 +349,7 @@ def fp8_linear_block(
     xq, xs, dtype, lead = _quantized(x, block)
     cublas = (
         xq.is_cuda and xq.shape[0] > BLOCK_TRITON_MAX_M and dtype == torch.bfloat16 and block == 128
-        and n % block == k % (block * KBLOCK_MULTIPLE) == 0 and block_scaled_mm_available(xq.device)
+        and block_scaled_mm_fits(xq.shape[0], n, k) and block_scaled_mm_available(xq.device)
     )  # fmt: skip
     if cublas:
         y = fp8_block_scaled_mm(xq, xs, wq, w_scale, dtype)
@@ -370,8 +370,9 @@ def fp8_linear_rowwise(
     n, k = wq.shape
     xq, xs, dtype, lead = _quantized(x, None)  # NOTE: zero rows pass through both GEMMs' launchers as such
     m = xq.shape[0]
-    cublas = xq.is_cuda and m > rowwise_triton_max_m(n) and dtype == torch.bfloat16
-    cublas = cublas and n % 16 == k % 16 == 0
+    cublas = (
+        xq.is_cuda and m > rowwise_triton_max_m(n) and dtype == torch.bfloat16 and n % 16 == k % 16 == 0
+    )
     if cublas:
         y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale_row, out_dtype=dtype)
         y = y if bias is None else y + bias

@@ -21,6 +21,13 @@ MIN_ROWS = 256
 # off the twin (H100 / H200, torch 2.11), with 4, 8 and 32 right. Real models' K (4,096, 5,120, 14,336 ...)
 # are whole multiples of 512.
 KBLOCK_MULTIPLE = 4
+BLOCK = 128
+
+
+def block_scaled_mm_fits(m: int, n: int, k: int) -> bool:
+    """Whether :func:`fp8_block_scaled_mm` takes an ``m x k`` by ``n x k`` product: at least
+    :data:`MIN_ROWS` rows, N whole 128-blocks, K whole :data:`KBLOCK_MULTIPLE`s of them."""
+    return m >= MIN_ROWS and n % BLOCK == 0 and k % (BLOCK * KBLOCK_MULTIPLE) == 0
 
 
 def fp8_block_scaled_mm(
@@ -33,8 +40,9 @@ def fp8_block_scaled_mm(
     m, k = xq.shape
     if m < MIN_ROWS:
         raise ValueError(f"fp8_block_scaled_mm serves prefill chunks of >= {MIN_ROWS} rows, got {m}")
-    if x_scale.shape[1] % KBLOCK_MULTIPLE:
-        raise ValueError(f"fp8_block_scaled_mm needs K in whole {KBLOCK_MULTIPLE}s of 128-blocks, got K={k}")
+    if not block_scaled_mm_fits(m, wq.shape[0], k):
+        raise ValueError(f"fp8_block_scaled_mm needs N in whole 128-blocks and K in whole {KBLOCK_MULTIPLE}s "
+                         f"of 128-blocks, got K={k}, N={wq.shape[0]}")  # fmt: skip
     pad = -m % 4
     if pad:  # NOTE: a copy into a padded buffer (torch.cat of float8 is not in every CUDA build)
         xp = xq.new_zeros((m + pad, k))
