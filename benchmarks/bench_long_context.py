@@ -136,7 +136,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     p.add_argument("--name", default=RESULT_NAME, help="result file name inside --out")
     p.add_argument("--merge", type=Path, nargs="+", default=None,
-                   help="combine these files' rows; a later file's model + weights replace an earlier's")
+                   help="combine these files' rows; a later file's rows replace an earlier's of the same "
+                   "model, weights, input length, mode and KV dtype")
     p.add_argument("--smoke", action="store_true", help="CPU, a 2-layer SmolLM2 shape, tiny lengths")
     args = p.parse_args(argv)
     if args.smoke:  # tiny sizes, where the flag was not given
@@ -364,23 +365,38 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any, dict[str, Any]]
     return model, tok, overrides
 
 
+def _row_key(r: dict[str, Any]) -> tuple[str, int, str, str]:
+    return series(r), r["input_len"], r["mode"], r["kv_dtype"]
+
+
+def _stamp(d: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """``d``'s runs, and each of its rows and skips stamped with the ``commit`` of the run that measured it (a
+    merged file's rows carry theirs, or take the one run of their series)."""
+    runs = d.get("runs") or [{"file": name, "commit": d["commit"], "gpu": d["gpu"], "date": d["date"],
+                              "series": sorted({series(r) for r in d["rows"] + d.get("skipped", [])})}]  # fmt: skip
+    for r in d["rows"] + d.get("skipped", []):
+        if "commit" not in r:
+            r["commit"] = next(run["commit"] for run in runs if series(r) in run["series"])
+    return runs
+
+
 def merge(args: argparse.Namespace) -> dict[str, Any]:
-    """The rows of ``--merge``'s files in one result file, in order. A later file's rows replace an earlier
-    file's of the same model and weights (a rerun), and an earlier run left without rows leaves ``runs``."""
+    """The rows of ``--merge``'s files in one result file, in order. A later file's rows and skips replace an
+    earlier file's of the same model, weights, input length, mode and KV dtype (a rerun of some rows); each
+    row names its run's ``commit``, and ``runs`` keeps the runs that still own a row or skip."""
     docs = [json.loads(p.read_text()) for p in args.merge]
     doc = dict(docs[0])
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     for p, d in zip(args.merge, docs):
-        new = {series(r) for r in d["rows"] + d.get("skipped", [])}
-        rows = [r for r in rows if series(r) not in new] + d["rows"]
-        skipped = [r for r in skipped if series(r) not in new] + d.get("skipped", [])
-        # NOTE: a merged file's own runs are kept (each names the series it measured), so merging into an
-        # earlier merge keeps every run's commit
-        own = d.get("runs") or [{"file": p.name, "commit": d["commit"], "gpu": d["gpu"], "date": d["date"],
-                                 "series": sorted(new)}]  # fmt: skip
-        runs = [r for r in runs if not r.get("series") or not set(r["series"]) <= new] + own
+        own = _stamp(d, p.name)
+        new = {_row_key(r) for r in d["rows"] + d.get("skipped", [])}
+        rows = [r for r in rows if _row_key(r) not in new] + d["rows"]
+        skipped = [r for r in skipped if _row_key(r) not in new] + d.get("skipped", [])
+        runs += [r for r in own if r not in runs]
+    owners = {(r["commit"], series(r)) for r in rows + skipped}
+    runs = [r for r in runs if any((r["commit"], s) in owners for s in r["series"])]
     doc |= {"rows": rows, "skipped": skipped, "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / args.name).write_text(json.dumps(doc, indent=1))

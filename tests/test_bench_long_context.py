@@ -47,8 +47,8 @@ def test_smoke_rows_written_as_they_finish_with_plan_and_engine_agreeing(tmp_pat
     )
     assert (tmp_path / "a" / "long-context-h200.png").stat().st_size > 10_000
 
-    # --merge: runs of other models / weights add up; a rerun of the same model and weights replaces its rows
-    # and its run (the device runs one model per call)
+    # --merge: runs of other models / weights add up; a rerun replaces the rows it measured (model, weights,
+    # input length, mode, KV dtype) and keeps the others, each row naming its run's commit
     src = tmp_path / "a" / "long-context-h200.json"
     fp8 = json.loads(src.read_text()) | {"commit": "c2"}
     for r in fp8["rows"] + fp8["skipped"]:
@@ -59,16 +59,27 @@ def test_smoke_rows_written_as_they_finish_with_plan_and_engine_agreeing(tmp_pat
     both = json.loads((tmp_path / "m" / "long-context-h200.json").read_text())
     assert len(both["rows"]) == 2 * len(doc["rows"])
     assert [r["commit"] for r in both["runs"]] == [doc["commit"], "c2"]
-    rerun = fp8 | {"commit": "c3", "rows": [r | {"decode_tok_s": 1.0} for r in fp8["rows"]]}
-    (tmp_path / "rerun.json").write_text(json.dumps(rerun))
+    nv = [r | {"decode_tok_s": 1.0} for r in fp8["rows"] if r["kv_dtype"] == "nvfp4"]
+    (tmp_path / "rerun.json").write_text(json.dumps(fp8 | {"commit": "c3", "rows": nv, "skipped": []}))
     argv = ["--merge", str(tmp_path / "m" / "long-context-h200.json"), str(tmp_path / "rerun.json"),
             "--out", str(tmp_path / "m2")]  # fmt: skip
     assert bench.main(argv) == 0  # type: ignore[attr-defined]
     three = json.loads((tmp_path / "m2" / "long-context-h200.json").read_text())
-    assert [r["commit"] for r in three["runs"]] == [doc["commit"], "c3"]
+    assert [r["commit"] for r in three["runs"]] == [doc["commit"], "c2", "c3"]
     assert len(three["rows"]) == len(both["rows"]) and len(three["skipped"]) == len(both["skipped"])
-    assert {r["decode_tok_s"] for r in three["rows"] if r.get("weights") == "fp8"} == {1.0}
-    assert [r for r in three["rows"] if r.get("weights", "bf16") == "bf16"] == doc["rows"]
+    fp8w = [r for r in three["rows"] if r.get("weights") == "fp8"]
+    assert {(r["kv_dtype"], r["commit"], r["decode_tok_s"] == 1.0) for r in fp8w} == {
+        ("nvfp4", "c3", True), ("fp8_e4m3", "c2", False), ("bf16", "c2", False)}
+    assert [r for r in three["rows"] if r.get("weights", "bf16") == "bf16"] == [
+        r | {"commit": doc["commit"]} for r in doc["rows"]]
+    # a rerun of every row of a series drops the run it replaced
+    full = fp8 | {"commit": "c4"}
+    (tmp_path / "full.json").write_text(json.dumps(full))
+    argv = ["--merge", str(tmp_path / "m2" / "long-context-h200.json"), str(tmp_path / "full.json"),
+            "--out", str(tmp_path / "m3")]  # fmt: skip
+    assert bench.main(argv) == 0  # type: ignore[attr-defined]
+    four = json.loads((tmp_path / "m3" / "long-context-h200.json").read_text())
+    assert [r["commit"] for r in four["runs"]] == [doc["commit"], "c4"]
 
 
 @pytest.mark.parametrize("ssm", [None, "bfloat16"])

@@ -14,6 +14,7 @@ from nibblekv.formats.fp8_weights import (
 )
 from nibblekv.kernels.fp8.gemm import (
     BLOCK_TRITON_MAX_M,
+    ROW_TILE_MAX,
     GemmTile,
     fp8_block_gemm,
     fp8_linear_block,
@@ -24,6 +25,7 @@ from nibblekv.kernels.fp8.gemm import (
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref
 from nibblekv.kernels.fp8.scaled_mm import (
     block_scaled_mm_available,
+    block_scaled_mm_fits,
     block_scaled_mm_unavailable,
     fp8_block_scaled_mm,
 )
@@ -44,13 +46,17 @@ GEMM_RMS = 2e-3 if DEVICE == "cuda" else 1e-5
 LAYER_RMS = 5e-3
 
 
-@pytest.mark.parametrize("group", [128, None])
-def test_quant_groups_bit_exact(group: int | None) -> None:
-    x = torch.randn(7, 300, device=DEVICE) * torch.logspace(-3, 2, 300, device=DEVICE)
+# power-of-two groups and per-token scales (K <= ROW_TILE_MAX, the row one group padded to 2^n) take the
+# tiled kernel (one program over several groups: a partial last group, groups past the row's, two programs a
+# row at K=2,500); other groups and longer rows the one-group-a-program kernel
+@pytest.mark.parametrize(("group", "k"), [(128, 300), (64, 300), (128, 2500), (100, 300), (None, 300),
+                                          (None, ROW_TILE_MAX + 100)])  # fmt: skip
+def test_quant_groups_bit_exact(group: int | None, k: int) -> None:
+    x = torch.randn(7, k, device=DEVICE) * torch.logspace(-3, 2, k, device=DEVICE)
     x[3] = 0.0  # an all-zero row: the EPS floor, codes 0
     q, s = quant_fp8_groups(x.to(torch.bfloat16), group)
-    qr, sr = quantize_act_groups(x.to(torch.bfloat16), group or 300)
-    assert q.dtype == torch.float8_e4m3fn and s.shape == sr.shape == (7, 1 if group is None else 3)
+    qr, sr = quantize_act_groups(x.to(torch.bfloat16), group or k)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == sr.shape == (7, -(-k // (group or k)))
     assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8))
     assert torch.equal(s, sr)
 
@@ -152,7 +158,7 @@ def test_block_linear_prefill_matches_reference(m: int, k: int, n: int) -> None:
     assert got.shape == (m, n) and rel_rms(got, want) < LAYER_RMS, rel_rms(got, want)
     if DEVICE == "cpu":
         assert block_scaled_mm_unavailable(x.device) == "needs CUDA sm_90"
-    elif block_scaled_mm_available(x.device):  # the layer took cuBLASLt's kernel
+    elif block_scaled_mm_available(x.device) and block_scaled_mm_fits(m, n, k):  # the layer took cuBLASLt's
         xq, xs = quant_fp8_groups(x, 128)
         assert torch.equal(got, fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16) + bias)
 

@@ -43,10 +43,11 @@ ROWWISE_K_STEP = 128
 ROWWISE_TRITON_MAX_M = 64
 ROWWISE_TRITON_NARROW_M = 128
 ROWWISE_TRITON_NARROW_N = 8192
-# NOTE: block-scaled layers with more tokens than this (prefill chunks) take cuBLASLt's DeepSeek-style
-# block-scaled kernel where torch offers it (sm_90, 128 blocks); the Triton block GEMM's per-k-step scaling
-# kept it at 0.52-0.70x bf16 torch.mm at an 8K chunk on the H200. Never below the rows that kernel serves.
-BLOCK_TRITON_MAX_M = MIN_ROWS
+# NOTE: block-scaled layers with more tokens than this take cuBLASLt's DeepSeek-style block-scaled kernel
+# where torch offers it (sm_90, 128 blocks); the Triton block GEMM's per-k-step scaling kept it at 0.52-0.70x
+# bf16 torch.mm at an 8K chunk, and at 256 tokens it took 1.2-2.4x cuBLASLt's time on the H200 (Llama-3.1-8B:
+# qkv / o / gate_up / down 43 / 23 / 147 / 71 us vs 21 / 20 / 62 / 47). Never below the rows that kernel serves.
+BLOCK_TRITON_MAX_M = MIN_ROWS - 1
 
 
 @triton.jit
@@ -97,6 +98,31 @@ def _quant_kernel(
         k0 += BLOCK
 
 
+@triton.jit
+def _quant_groups_kernel(
+    x_ptr, q_ptr, s_ptr, K, n_groups, stride_x, stride_q,
+    GROUP: tl.constexpr, GROUPS: tl.constexpr, EPS: tl.constexpr, FP8_MAX: tl.constexpr,
+):  # fmt: skip
+    """``GROUPS`` whole token groups of one row as one ``[GROUPS, GROUP]`` tile (a power-of-two group): one
+    read of ``x``, the same math as ``_quant_kernel``."""
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    offs = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = (g[:, None] < n_groups) & (offs < K)
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    scale = act_scale(tl.max(tl.abs(x), axis=1), EPS, FP8_MAX)
+    tl.store(s_ptr + row * n_groups + g, scale, mask=g < n_groups)
+    tl.store(q_ptr + row * stride_q + offs, act_codes(x, scale[:, None], FP8_MAX), mask=mask)
+
+
+# NOTE: elements a program of _quant_groups_kernel quantizes: one small program per 128-group (262K of them
+# at an 8K x 4,096 chunk) took 127-459 us for Llama-3.1-8B's layers on the H200, ~3x the per-token kernel
+GROUPS_TILE = 2048
+# NOTE: per-token scales up to this K read the row once (one [1, 2^n] tile a program, up to 16 warps); longer
+# rows loop twice over it in _quant_kernel
+ROW_TILE_MAX = 16384
+
+
 def quant_fp8_groups(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` (unit stride along K) -> ``(xq float8_e4m3fn [M, K], scale float32 [M, groups])``;
     ``group=None``: one scale per token."""
@@ -108,6 +134,19 @@ def quant_fp8_groups(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, 
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((m, n_groups), dtype=torch.float32, device=x.device)
     if m == 0:
+        return q, s
+    if group is None and k <= ROW_TILE_MAX:  # one token a program, read once: a group padded to 2^n
+        _quant_groups_kernel[(m, 1)](
+            x, q, s, k, 1, x.stride(0), q.stride(0), GROUP=triton.next_power_of_2(k), GROUPS=1, EPS=ACT_EPS,
+            FP8_MAX=E4M3_MAX, num_warps=max(4, min(16, k // 1024)),
+        )
+        return q, s
+    if group is not None and g & (g - 1) == 0:
+        groups = max(1, min(GROUPS_TILE // g, triton.next_power_of_2(n_groups)))
+        _quant_groups_kernel[(m, triton.cdiv(n_groups, groups))](
+            x, q, s, k, n_groups, x.stride(0), q.stride(0), GROUP=g, GROUPS=groups, EPS=ACT_EPS,
+            FP8_MAX=E4M3_MAX, num_warps=4,
+        )
         return q, s
     block = min(triton.next_power_of_2(g), 1024)
     _quant_kernel[(m, n_groups)](
