@@ -372,9 +372,10 @@ def _row_key(r: dict[str, Any]) -> tuple[str, int, str, str]:
 def _stamp(d: dict[str, Any], name: str) -> list[dict[str, Any]]:
     """``d``'s runs, and each of its rows and skips stamped with the ``commit`` of the run that measured it (a
     merged file's rows carry theirs, or take the one run of their series)."""
+    every = d["rows"] + d.get("skipped", [])
     runs = d.get("runs") or [{"file": name, "commit": d["commit"], "gpu": d["gpu"], "date": d["date"],
-                              "series": sorted({series(r) for r in d["rows"] + d.get("skipped", [])})}]  # fmt: skip
-    for r in d["rows"] + d.get("skipped", []):
+                              "series": sorted({series(r) for r in every})}]  # fmt: skip
+    for r in every:
         if "commit" not in r:
             r["commit"] = next(run["commit"] for run in runs if series(r) in run["series"])
     return runs

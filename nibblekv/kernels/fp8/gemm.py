@@ -46,7 +46,7 @@ ROWWISE_TRITON_NARROW_N = 8192
 # NOTE: block-scaled layers with more tokens than this take cuBLASLt's DeepSeek-style block-scaled kernel
 # where torch offers it (sm_90, 128 blocks); the Triton block GEMM's per-k-step scaling kept it at 0.52-0.70x
 # bf16 torch.mm at an 8K chunk, and at 256 tokens it took 1.2-2.4x cuBLASLt's time on the H200 (Llama-3.1-8B:
-# qkv / o / gate_up / down 43 / 23 / 147 / 71 us vs 21 / 20 / 62 / 47). Never below the rows that kernel serves.
+# qkv / o / gate_up / down 43 / 23 / 147 / 71 us vs 21 / 20 / 62 / 47). Never below the rows it serves.
 BLOCK_TRITON_MAX_M = MIN_ROWS - 1
 
 
