@@ -136,9 +136,10 @@ def quant_fp8_groups(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, 
     if m == 0:
         return q, s
     if group is None and k <= ROW_TILE_MAX:  # one token a program, read once: a group padded to 2^n
+        row = triton.next_power_of_2(k)
         _quant_groups_kernel[(m, 1)](
-            x, q, s, k, 1, x.stride(0), q.stride(0), GROUP=triton.next_power_of_2(k), GROUPS=1, EPS=ACT_EPS,
-            FP8_MAX=E4M3_MAX, num_warps=max(4, min(16, k // 1024)),
+            x, q, s, k, 1, x.stride(0), q.stride(0), GROUP=row, GROUPS=1, EPS=ACT_EPS, FP8_MAX=E4M3_MAX,
+            num_warps=min(16, max(4, row // 1024)),  # NOTE: a power of two (Triton's rule)
         )
         return q, s
     if group is not None and g & (g - 1) == 0:
