@@ -13,8 +13,8 @@ GEMM up to ``rowwise_triton_max_m(N)`` tokens and ``torch._scaled_mm`` above, an
 alone (``triton_us``, ``scaled_mm_us``: where they cross sets that constant). ``block``: 128x128 weight
 blocks, per token-group activations; the layer runs the Triton block GEMM up to ``BLOCK_TRITON_MAX_M`` tokens
 and cuBLASLt's block-scaled kernel above (``torch._scaled_mm`` with 1x128 / 128x128 scales, sm_90), both
-timed alone as well (``scaled_mm_error`` says why cuBLASLt's could not run; block rows of 64-255 tokens
-also time it on their rows zero-padded to the 256 it serves, ``scaled_mm_padded_us``). Rows up to 256
+timed alone as well from 64 tokens (below ``MIN_ROWS`` = 256 rows zero-padded to it; ``scaled_mm_error``
+says why cuBLASLt's could not run). Rows up to 256
 tokens time their format's Triton GEMM with other decode tiles too (``decode_tiles_us``), block rows from 512
 tokens the block GEMM with other prefill tiles (``block_tiles_us``). Rows with M <= 16 also get
 ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling measured in the same
@@ -53,7 +53,6 @@ from nibblekv.kernels.fp8.gemm import (  # noqa: E402
 )
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref  # noqa: E402
 from nibblekv.kernels.fp8.scaled_mm import (  # noqa: E402
-    MIN_ROWS,
     block_scaled_mm_unavailable,
     fp8_block_scaled_mm,
 )
@@ -124,15 +123,9 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
         alternatives["triton_us"] = triton_block
         why = block_scaled_mm_unavailable(x.device) if x.is_cuda else "CPU"
         cublas = not why
-        if cublas and m >= MIN_ROWS:  # NOTE: it serves prefill chunks only (wrong at 8 rows on the H200)
-            alternatives["scaled_mm_us"] = lambda: fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16)
-        elif cublas and m >= 64:  # decode batches padded to the rows it serves (copy not timed): a route?
-            xqp = xq.new_zeros((MIN_ROWS, k))
-            xqp[:m] = xq
-            xsp = torch.ones((MIN_ROWS, xs.shape[1]), dtype=xs.dtype, device=xs.device)
-            xsp[:m] = xs
-            padded = functools.partial(fp8_block_scaled_mm, xqp, xsp, wq, ws, torch.bfloat16)
-            alternatives["scaled_mm_padded_us"] = padded
+        if cublas and m >= 64:  # NOTE: fewer than MIN_ROWS rows run zero-padded to it (fp8_block_scaled_mm)
+            cublas_mm = functools.partial(fp8_block_scaled_mm, xq, xs, wq, ws, torch.bfloat16)
+            alternatives["scaled_mm_us"] = cublas_mm
         elif why and x.is_cuda:
             alternatives["scaled_mm_error"] = f"no block-scaled torch._scaled_mm here: {why}"
         gemm = alternatives["scaled_mm_us"] if cublas and m > BLOCK_TRITON_MAX_M else triton_block
@@ -149,9 +142,9 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
         if isinstance(fn, str):  # an alternative that cannot run here: why
             row[key] = fn
         else:
-            if m <= 512 and key.startswith("scaled_mm"):  # the layer may not route here at this M: check it
+            if m <= 512 and key == "scaled_mm_us":  # the layer may not route here at this M: check it too
                 want = fp8_gemm_ref(xq, xs, wq, ws, block, torch.float32)
-                err = ((fn()[:m].float() - want).norm() / want.norm()).item()
+                err = ((fn().float() - want).norm() / want.norm()).item()
                 if not err < 1e-2:  # NOTE: kept in the row, not raised: the layer's own check guards it
                     row["scaled_mm_error"] = f"{err:.3g} (rel. L2) off the reference at m={m}"
                     continue

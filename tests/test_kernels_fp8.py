@@ -158,21 +158,19 @@ def test_block_linear_prefill_matches_reference(m: int, k: int, n: int) -> None:
     assert got.shape == (m, n) and rel_rms(got, want) < LAYER_RMS, rel_rms(got, want)
     if DEVICE == "cpu":
         assert block_scaled_mm_unavailable(x.device) == "needs CUDA sm_90"
-    elif block_scaled_mm_available(x.device) and block_scaled_mm_fits(m, n, k):  # the layer took cuBLASLt's
+    elif block_scaled_mm_available(x.device) and block_scaled_mm_fits(n, k):  # the layer took cuBLASLt's
         xq, xs = quant_fp8_groups(x, 128)
         assert torch.equal(got, fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16) + bias)
 
 
-def test_block_scaled_mm_refuses_decode_sizes_and_unaligned_k() -> None:
-    """cuBLASLt's block-scaled kernel serves prefill chunks only, and K in whole fours of 128-blocks (its
-    weight-scale rows 16-byte aligned: with 3 or 5 k-blocks it was wrong on the H100 / H200)."""
+def test_block_scaled_mm_refuses_unaligned_k() -> None:
+    """cuBLASLt's block-scaled kernel takes K in whole fours of 128-blocks only (its weight-scale rows 16-byte
+    aligned: with 3 or 5 k-blocks it was wrong on the H100 / H200) and N in whole blocks."""
     wq, ws = quantize_weight_block(torch.randn(256, 384, device=DEVICE) * 0.05, 128)
-    xq, xs = quant_fp8_groups(torch.randn(6, 384, device=DEVICE).to(torch.bfloat16), 128)
-    with pytest.raises(ValueError, match="prefill chunks of >= 256 rows, got 6"):
-        fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16)
     xq, xs = quant_fp8_groups(torch.randn(300, 384, device=DEVICE).to(torch.bfloat16), 128)
     with pytest.raises(ValueError, match="whole 4s of 128-blocks, got K=384"):
         fp8_block_scaled_mm(xq, xs, wq, ws, torch.bfloat16)
+    assert block_scaled_mm_fits(256, 512) and not block_scaled_mm_fits(200, 512)
 
 
 @cuda_only
@@ -180,7 +178,7 @@ def test_block_scaled_mm_matches_reference() -> None:
     why = block_scaled_mm_unavailable(torch.device("cuda", torch.cuda.current_device()))
     if why:
         pytest.skip(f"no block-scaled _scaled_mm on this GPU / torch: {why}")
-    for m in (257, 301, 1030):  # prefill chunks: the layer's only use of it
+    for m in (6, 128, 257, 301, 1030):  # decode rows (zero-padded to MIN_ROWS inside) and prefill chunks
         torch.manual_seed(m)
         wq, ws = quantize_weight_block(torch.randn(384, 1024, device="cuda") * 0.05, 128)
         xq, xs = quant_fp8_groups(torch.randn(m, 1024, device="cuda").to(torch.bfloat16), 128)

@@ -26,7 +26,6 @@ from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting, num_sms
 from nibblekv.kernels.fp8.scaled_mm import (
-    MIN_ROWS,
     block_scaled_mm_available,
     block_scaled_mm_fits,
     fp8_block_scaled_mm,
@@ -44,10 +43,12 @@ ROWWISE_TRITON_MAX_M = 64
 ROWWISE_TRITON_NARROW_M = 128
 ROWWISE_TRITON_NARROW_N = 8192
 # NOTE: block-scaled layers with more tokens than this take cuBLASLt's DeepSeek-style block-scaled kernel
-# where torch offers it (sm_90, 128 blocks); the Triton block GEMM's per-k-step scaling kept it at 0.52-0.70x
-# bf16 torch.mm at an 8K chunk, and at 256 tokens it took 1.2-2.4x cuBLASLt's time on the H200 (Llama-3.1-8B:
-# qkv / o / gate_up / down 43 / 23 / 147 / 71 us vs 21 / 20 / 62 / 47). Never below the rows it serves.
-BLOCK_TRITON_MAX_M = MIN_ROWS - 1
+# where torch offers it (sm_90, 128 blocks; fewer than MIN_ROWS rows zero-padded to it). The Triton block
+# GEMM scales each k-step's product before adding it, which stalls its tensor-core pipeline: at 128 tokens
+# it took 22.9 / 16.3 / 86.0 / 47.9 us for Llama-3.1-8B's qkv / o / gate_up / down against cuBLASLt's 20.6 /
+# 19.4 / 64.0 / 45.8 padded to 256 rows, at 192 tokens 35.8 / 22.5 / 124 / 68.9 vs 20.9 / 19.6 / 64.3 / 46.7
+# (H100); at 64 tokens it was ahead (16.8 / 15.9 / 52.7 / 48.3 us); 0.52-0.70x bf16 at an 8K chunk (H200).
+BLOCK_TRITON_MAX_M = 127
 
 
 @triton.jit
@@ -382,15 +383,14 @@ def fp8_linear_block(
     bias: torch.Tensor | None,
 ) -> torch.Tensor:  # fmt: skip
     """Block-scaled FP8 linear on ``x [..., K]`` (or rows already quantized per ``block`` columns):
-    per token-group activation quantization + the GEMM. Prefill chunks (more than
-    :data:`BLOCK_TRITON_MAX_M` tokens, bf16, 128 blocks, N whole blocks, K whole fours of blocks) run
-    cuBLASLt's block-scaled kernel where :func:`block_scaled_mm_available`; everything else the Triton block
-    GEMM."""
+    per token-group activation quantization + the GEMM. More than :data:`BLOCK_TRITON_MAX_M` tokens (bf16,
+    128 blocks, N whole blocks, K whole fours of blocks) run cuBLASLt's block-scaled kernel where
+    :func:`block_scaled_mm_available`; everything else the Triton block GEMM."""
     n, k = wq.shape
     xq, xs, dtype, lead = _quantized(x, block)
     cublas = (
         xq.is_cuda and xq.shape[0] > BLOCK_TRITON_MAX_M and dtype == torch.bfloat16 and block == 128
-        and block_scaled_mm_fits(xq.shape[0], n, k) and block_scaled_mm_available(xq.device)
+        and block_scaled_mm_fits(n, k) and block_scaled_mm_available(xq.device)
     )  # fmt: skip
     if cublas:
         y = fp8_block_scaled_mm(xq, xs, wq, w_scale, dtype)
