@@ -48,9 +48,9 @@ from nibblekv.kernels.fp8.gemm import (  # noqa: E402
     fp8_linear_block,
     fp8_linear_rowwise,
     fp8_rowwise_gemm,
-    quant_fp8_groups,
     rowwise_triton_max_m,
 )
+from nibblekv.kernels.fp8.quant import quant_fp8_groups  # noqa: E402
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref  # noqa: E402
 from nibblekv.kernels.fp8.scaled_mm import (  # noqa: E402
     block_scaled_mm_unavailable,

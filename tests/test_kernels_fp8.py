@@ -14,14 +14,13 @@ from nibblekv.formats.fp8_weights import (
 )
 from nibblekv.kernels.fp8.gemm import (
     BLOCK_TRITON_MAX_M,
-    ROW_TILE_MAX,
     GemmTile,
     fp8_block_gemm,
     fp8_linear_block,
     fp8_linear_rowwise,
     fp8_rowwise_gemm,
-    quant_fp8_groups,
 )
+from nibblekv.kernels.fp8.quant import ROW_TILE_MAX, quant_fp8_groups
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref
 from nibblekv.kernels.fp8.scaled_mm import (
     block_scaled_mm_available,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from model_helpers import random_causal_lm
 
-from nibblekv.kernels.fp8.gemm import quant_fp8_groups
+from nibblekv.kernels.fp8.quant import quant_fp8_groups
 from nibblekv.kernels.fused.elementwise import add_rms_norm, add_rms_norm_fp8, silu_and_mul, silu_and_mul_fp8
 from nibblekv.kernels.fused.reference import add_rms_norm_ref, rope_qk_ref, silu_and_mul_ref
 from nibblekv.kernels.fused.rope import rope_qk

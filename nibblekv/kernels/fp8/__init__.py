@@ -1,1 +1,2 @@
-"""FP8 linear layers: activation quantization and the block-scaled GEMM (``gemm``); twins in ``reference``."""
+"""FP8 linear layers: activation quantization (``quant``), the block-scaled and row-wise GEMMs (``gemm``,
+cuBLASLt's block-scaled kernel in ``scaled_mm``); twins in ``reference``."""

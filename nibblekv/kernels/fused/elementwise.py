@@ -26,7 +26,7 @@ from triton.language.extra import libdevice
 from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting
-from nibblekv.kernels.fp8.gemm import act_codes, act_scale
+from nibblekv.kernels.fp8.quant import act_codes, act_scale
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_BLOCK = 65536  # add_rms_norm: a whole row of H values is one tile

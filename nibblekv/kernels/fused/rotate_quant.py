@@ -18,7 +18,7 @@ import triton.language as tl
 from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting
-from nibblekv.kernels.fp8.gemm import act_codes, act_scale
+from nibblekv.kernels.fp8.quant import act_codes, act_scale
 from nibblekv.kernels.fused.elementwise import _bf16_rtne
 
 BLOCK_M = 16  # tokens a program (tl.dot's smallest M)
