@@ -49,8 +49,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_timing import decode_run, free_memory, read_bandwidth, rotating_last
+from long_context_merge import merge_files
 from long_context_ttft import PrefillTimes, measure_ttft, prefill_kernels, sampled_ttft
-from plot_long_context import plot, series
+from plot_long_context import plot
 
 from nibblekv.config import QUANTIZATIONS, SSM_DTYPES, EngineConfig
 from nibblekv.engine.engine import Engine
@@ -365,49 +366,12 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any, dict[str, Any]]
     return model, tok, overrides
 
 
-def _row_key(r: dict[str, Any]) -> tuple[str, int, str, str]:
-    return series(r), r["input_len"], r["mode"], r["kv_dtype"]
-
-
-def _stamp(d: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    """``d``'s runs, and each of its rows and skips stamped with the ``commit`` of the run that measured it (a
-    merged file's rows carry theirs, or take the one run of their series)."""
-    every = d["rows"] + d.get("skipped", [])
-    runs = d.get("runs") or [{"file": name, "commit": d["commit"], "gpu": d["gpu"], "date": d["date"],
-                              "series": sorted({series(r) for r in every})}]  # fmt: skip
-    for r in every:
-        if "commit" not in r:
-            r["commit"] = next(run["commit"] for run in runs if series(r) in run["series"])
-    return runs
-
-
-def merge(args: argparse.Namespace) -> dict[str, Any]:
-    """The rows of ``--merge``'s files in one result file, in order. A later file's rows and skips replace an
-    earlier file's of the same model, weights, input length, mode and KV dtype (a rerun of some rows); each
-    row names its run's ``commit``, and ``runs`` keeps the runs that still own a row or skip."""
-    docs = [json.loads(p.read_text()) for p in args.merge]
-    doc = dict(docs[0])
-    rows: list[dict[str, Any]] = []
-    skipped: list[dict[str, Any]] = []
-    runs: list[dict[str, Any]] = []
-    for p, d in zip(args.merge, docs):
-        own = _stamp(d, p.name)
-        new = {_row_key(r) for r in d["rows"] + d.get("skipped", [])}
-        rows = [r for r in rows if _row_key(r) not in new] + d["rows"]
-        skipped = [r for r in skipped if _row_key(r) not in new] + d.get("skipped", [])
-        runs += [r for r in own if r not in runs]
-    owners = {(r["commit"], series(r)) for r in rows + skipped}
-    runs = [r for r in runs if any((r["commit"], s) in owners for s in r["series"])]
-    doc |= {"rows": rows, "skipped": skipped, "runs": runs}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / args.name).write_text(json.dumps(doc, indent=1))
-    return doc
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
-        doc = merge(args)
+        doc = merge_files(args.merge)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / args.name).write_text(json.dumps(doc, indent=1))
     else:
         if not args.smoke and not torch.cuda.is_available():
             print("no CUDA device: use --smoke for the CPU check", file=sys.stderr)
