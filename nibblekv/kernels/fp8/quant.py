@@ -83,8 +83,9 @@ def _quant_groups_kernel(
     tl.store(q_ptr + row * stride_q + offs, act_codes(x, scale[:, None], FP8_MAX), mask=mask)
 
 
-# NOTE: elements a program of _quant_groups_kernel quantizes: one small program per 128-group (262K of them
-# at an 8K x 4,096 chunk) took 127-459 us for Llama-3.1-8B's layers on the H200, ~3x the per-token kernel
+# NOTE: elements a program of _quant_groups_kernel quantizes. One 1-warp program per 128-group (262K of them
+# at an 8K x 4,096 chunk) took 148-539 us for Llama-3.1-8B's layers at 8K tokens on the H100, these tiles
+# 11-97 us
 GROUPS_TILE = 2048
 # NOTE: per-token scales up to this K read the row once (one [1, 2^n] tile a program); longer rows loop twice
 # over it in _quant_kernel. H100, 8K tokens: o (K 4,096) 44 -> 33 us as a tile; down (K 14,336) 161 -> 181 us
