@@ -14,9 +14,9 @@ alone (``triton_us``, ``scaled_mm_us``: where they cross sets that constant). ``
 blocks, per token-group activations; the layer runs the Triton block GEMM up to ``BLOCK_TRITON_MAX_M`` tokens
 and cuBLASLt's block-scaled kernel above (``torch._scaled_mm`` with 1x128 / 128x128 scales, sm_90), both
 timed alone as well from 64 tokens (below ``MIN_ROWS`` = 256 rows zero-padded to it; ``scaled_mm_error``
-says why cuBLASLt's could not run). Rows up to 256
-tokens time their format's Triton GEMM with other decode tiles too (``decode_tiles_us``), block rows from 512
-tokens the block GEMM with other prefill tiles (``block_tiles_us``). Rows with M <= 16 also get
+says why cuBLASLt's could not run). Rows up to 256 tokens time their format's Triton GEMM with other decode
+tiles too (``decode_tiles_us``; block rows also with paired k-steps, names ending in ``p``), block rows from
+512 tokens the block GEMM with other prefill tiles (``block_tiles_us``). Rows with M <= 16 also get
 ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling measured in the same
 run. Every row's FP8 output is checked against the pure-torch reference first. Writes
 ``DIR/fp8-weights-h200.json`` (rows ``kind: gemm``) and a PNG.
@@ -82,10 +82,19 @@ _DECODE_TILES = (
 )
 
 
-def decode_tiles(m: int) -> dict[str, GemmTile]:
-    """:data:`_DECODE_TILES` with ``m``'s BLOCK_M (16 up to 16 tokens, 32 up to 32, else 64)."""
+# block-scaled rows also time these with paired k-steps (GemmTile.paired, name suffix "p")
+_PAIRED_TILES = ((64, 4, 6, 1), (64, 4, 4, 4), (128, 4, 4, 2))
+
+
+def decode_tiles(m: int, block: bool = False) -> dict[str, GemmTile]:
+    """:data:`_DECODE_TILES` with ``m``'s BLOCK_M (16 up to 16 tokens, 32 up to 32, else 64); ``block``: and
+    :data:`_PAIRED_TILES` paired."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    return {f"{bm}x{bn}w{w}s{st}k{sp}": GemmTile(bm, bn, w, st, sp) for bn, w, st, sp in _DECODE_TILES}
+    tiles = {f"{bm}x{bn}w{w}s{st}k{sp}": GemmTile(bm, bn, w, st, sp) for bn, w, st, sp in _DECODE_TILES}
+    if block:
+        for bn, w, st, sp in _PAIRED_TILES:
+            tiles[f"{bm}x{bn}w{w}s{st}k{sp}p"] = GemmTile(bm, bn, w, st, sp, paired=True)
+    return tiles
 
 
 def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: float) -> dict[str, Any]:
@@ -152,7 +161,8 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
     if fmt == "block" and m >= 512 and x.is_cuda:  # prefill tiles of the Triton block GEMM, side by side
         row["block_tiles_us"] = _tile_times(xq, xs, wq, ws, PREFILL_TILES, check=m == 512, block=BLOCK)
     if m <= 256:  # decode tiles of the Triton GEMM of this format (CPU: --smoke checks them)
-        row["decode_tiles_us"] = _tile_times(xq, xs, wq, ws, decode_tiles(m), check=True, block=block)
+        tiles = decode_tiles(m, block is not None)
+        row["decode_tiles_us"] = _tile_times(xq, xs, wq, ws, tiles, check=True, block=block)
     row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
     row["speedup"] = round(row["bf16_us"] / max(row["fp8_us"], 1e-3), 3)
     # NOTE: the engine quantizes most layers' activations in the kernel before (the norms, SiLU * mul): the

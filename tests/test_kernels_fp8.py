@@ -62,7 +62,8 @@ def test_quant_groups_bit_exact(group: int | None, k: int) -> None:
 
 # None: gemm_tile's choice; split-K with an uneven last split (K blocks 2 or 5); a prefill-sized tile; the
 # decode tile of 33-256 tokens (six stages, no split)
-TILES = [None, GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3), GemmTile(64, 64, 4, 6)]
+TILES = [None, GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3), GemmTile(64, 64, 4, 6),
+         GemmTile(16, 64, 4, 2, split_k=3, paired=True), GemmTile(64, 64, 4, 6, paired=True)]  # fmt: skip
 
 
 def test_gemm_tile_and_route_by_size() -> None:
@@ -93,6 +94,19 @@ def test_block_gemm_matches_reference(m: int, k: int, n: int, tile: GemmTile | N
     got_l = fp8_linear_block(x, wq, ws, 128, bias)
     want_l = fp8_linear_ref(x, wq, ws, 128, bias)
     assert rel_rms(got_l, want_l) < LAYER_RMS, rel_rms(got_l, want_l)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter sums in fp32 in the same order; the GPU's MMAs not")
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+def test_block_gemm_paired_steps_sum_in_the_same_order(split_k: int) -> None:
+    """``paired`` issues two k-steps' products before scaling them, then adds them in the unpaired order:
+    the same fp32 result, bit for bit, at 5 k-blocks (two pairs and an odd one; uneven k-splits)."""
+    torch.manual_seed(5)
+    wq, ws = quantize_weight_block(torch.randn(130, 520) * 0.05, 128)
+    xq, xs = quant_fp8_groups(torch.randn(5, 520).to(torch.bfloat16), 128)
+    one = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32, tile=GemmTile(16, 64, 4, 2, split_k=split_k))
+    two = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32, tile=GemmTile(16, 64, 4, 2, split_k, True))
+    assert torch.equal(one, two)
 
 
 def test_block_gemm_rejects_bad_scales() -> None:

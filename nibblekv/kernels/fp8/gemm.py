@@ -66,13 +66,31 @@ def _block_step(
 
 
 @triton.jit
+def _block_pair(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr):
+    """Two k-blocks ``kb``, ``kb + 1`` of the block-scaled sum (:func:`_block_step`'s math in the same order),
+    both products issued before either is scaled: the second MMA can run while the first one's result is
+    waited for."""
+    k_left = K - kb * GROUP
+    a0 = tl.load(a_ptrs + kb * GROUP, mask=offs_k[None, :] < k_left, other=0.0)
+    b0 = tl.load(b_ptrs + kb * GROUP, mask=offs_k[:, None] < k_left, other=0.0)
+    a1 = tl.load(a_ptrs + (kb + 1) * GROUP, mask=offs_k[None, :] < k_left - GROUP, other=0.0)
+    b1 = tl.load(b_ptrs + (kb + 1) * GROUP, mask=offs_k[:, None] < k_left - GROUP, other=0.0)
+    p0 = tl.dot(a0, b0)
+    p1 = tl.dot(a1, b1)
+    acc = acc + p0 * tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :]
+    return acc + p1 * tl.load(as_ptrs + kb + 1)[:, None] * tl.load(bs_ptrs + kb + 1)[None, :]
+
+
+@triton.jit
 def _block_gemm_kernel(
     a_ptr, b_ptr, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K, n_kblocks, kb_per_split,
     stride_am, stride_bn, stride_cm, stride_as, stride_bs,
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, ROWWISE: tl.constexpr, INTERP: tl.constexpr,
+    PAIRED: tl.constexpr = False,
 ):  # fmt: skip
     # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
+    # PAIRED (block-scaled only): k-blocks two at a time (_block_pair), an odd last one alone.
     # ROWWISE: as_ptr holds one scale per row, bs_ptr one per column (per-channel weights), for all of K.
     # PARTIAL (split-K): program (tile, s) sums k-blocks [s * kb_per_split, ...) into fp32 ws[s]; a second
     # kernel adds the splits. Decode batches need it: a few output tiles cannot keep every SM reading weights.
@@ -99,14 +117,24 @@ def _block_gemm_kernel(
     else:
         bs_ptrs = bs_ptr + (cols // GROUP) * stride_bs
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    pair_hi = kb_hi - (kb_hi - kb_lo) % 2 if PAIRED and not ROWWISE else kb_lo
     if INTERP:  # NOTE: the interpreter cannot run `for` over runtime bounds; GPUs need `for` to pipeline
         kb = kb_lo
+        while kb < pair_hi:
+            acc = _block_pair(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
+            kb += 2
         while kb < kb_hi:
             acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
             kb += 1
     else:
-        for kb in range(kb_lo, kb_hi):
-            acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
+        if PAIRED and not ROWWISE:
+            for kb in range(kb_lo, pair_hi, 2):
+                acc = _block_pair(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
+            if pair_hi < kb_hi:
+                acc = _block_step(acc, pair_hi, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
+        else:
+            for kb in range(kb_lo, kb_hi):
+                acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
     if ROWWISE:  # linear in the sum: each split-K partial may take the scales on its own
         acc = acc * tl.load(as_ptrs)[:, None] * tl.load(bs_ptrs)[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -139,13 +167,16 @@ def _splitk_sum_kernel(ws_ptr, c_ptr, bias_ptr, M, N, stride_cm, SPLIT: tl.const
 @dataclass(frozen=True)
 class GemmTile:
     """One launch of the FP8 GEMM: ``block_m x block_n`` output tiles (K steps of the scale group), Triton's
-    ``num_warps`` / ``num_stages``, and ``split_k`` k-splits (1: none; more: fp32 partials + a sum kernel)."""
+    ``num_warps`` / ``num_stages``, ``split_k`` k-splits (1: none; more: fp32 partials + a sum kernel), and
+    ``paired``: the block-scaled GEMM issues two k-steps' products before scaling them (an experiment for
+    decode batches, where each step's scaling waits on its MMA; no default uses it yet)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     split_k: int = 1
+    paired: bool = False
 
     def __post_init__(self) -> None:
         pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
@@ -198,7 +229,7 @@ def _launch_gemm(
         xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb, per_split,
         xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), 0 if rowwise else w_scale.stride(0),
         HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=8,
-        PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), num_warps=t.num_warps,
+        PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), PAIRED=t.paired, num_warps=t.num_warps,
         num_stages=t.num_stages,
     )  # fmt: skip
     if split > 1:
