@@ -117,7 +117,8 @@ def _block_gemm_kernel(
     else:
         bs_ptrs = bs_ptr + (cols // GROUP) * stride_bs
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    pair_hi = kb_hi - (kb_hi - kb_lo) % 2 if PAIRED and not ROWWISE else kb_lo
+    paired: tl.constexpr = PAIRED and not ROWWISE
+    pair_hi = kb_hi - (kb_hi - kb_lo) % 2 if paired else kb_lo  # pairs below it, an odd last k-block from it
     if INTERP:  # NOTE: the interpreter cannot run `for` over runtime bounds; GPUs need `for` to pipeline
         kb = kb_lo
         while kb < pair_hi:
@@ -127,7 +128,7 @@ def _block_gemm_kernel(
             acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
             kb += 1
     else:
-        if PAIRED and not ROWWISE:
+        if paired:
             for kb in range(kb_lo, pair_hi, 2):
                 acc = _block_pair(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
             if pair_hi < kb_hi:
@@ -200,7 +201,9 @@ def gemm_tile(m: int, n: int, kblocks: int) -> GemmTile:
         # NOTE: 64x64 tiles, 6 stages, no k-split: at 64-256 tokens on an H100 it beat every other decode tile
         # of bench_fp8's sweep at all four 8B projections but down at 256 (qkv / o at 64 tokens: 13.5 / 11.5
         # us vs 21.0 / 16.8 with 64x128, 4 stages and k-splits); a deep pipeline per program outdid more
-        # programs even at 64 output tiles. The block-scaled GEMM shares it (its decode tiles not yet swept)
+        # programs even at 64 output tiles. The block-scaled GEMM shares it, though its H200 sweep at 64
+        # tokens found split tiles faster on o and down (12.3 / 24.7 us vs 15.8 / 48.6: 64x64 / 4 stages /
+        # 2 splits, 64x128 / 8 warps / 4 splits): not yet a default of its own
         return GemmTile(64, 64, 4, 6)
     bm, bn, warps, stages = (16, 64, 4, 5) if m <= 16 else (32, 64, 4, 4)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
