@@ -139,12 +139,22 @@ def profiled(engine: Engine, n: int, top: int = 12) -> dict[str, Any]:
     }
 
 
+def decode_weight_bytes(model: torch.nn.Module) -> int:
+    """Parameter bytes a decode step reads: all of them but an untied embedding table, of which a step reads
+    only its tokens' rows (with tied embeddings the LM head reads the whole table)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.model.embed_tokens.weight  # type: ignore[union-attr]
+    if getattr(model, "lm_head", None) is not None:
+        total -= embed.numel() * embed.element_size()
+    return total
+
+
 def decode_run(
     engine: Engine, prompts: list[list[int]], params: SamplingParams, synthetic: bool, bandwidth: float,
     profile_steps: int = 0, profile_top: int = 12,
 ) -> dict[str, Any]:  # fmt: skip
     """Run to completion; time the decode steps that run the full batch."""
-    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    weights = decode_weight_bytes(engine.model)
     if synthetic:
         synthetic_prefill(engine, prompts, params)
     else:

@@ -128,7 +128,9 @@ def test_add_rms_norm_fp8_is_the_norm_then_its_quantization(group: int | None, t
 
 
 @pytest.mark.parametrize("group", [None, 128])
-@pytest.mark.parametrize(("t", "inter"), [(2, 40), (3, 1536), (1, 14336)])
+# (3, 1536) / (1, 14336) per row: rows split in tiles over two kernels (fewer rows than SMs); (133, 1536) one
+# program a row
+@pytest.mark.parametrize(("t", "inter"), [(2, 40), (3, 1536), (1, 14336), (133, 1536)])
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 def test_silu_and_mul_fp8_is_silu_mul_then_its_quantization(group: int | None, t: int, inter: int) -> None:
     torch.manual_seed(inter + t)

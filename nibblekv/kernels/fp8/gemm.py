@@ -29,6 +29,8 @@ from nibblekv.kernels.fp8.scaled_mm import (
     block_scaled_mm_fits,
     fp8_block_scaled_mm,
 )
+from nibblekv.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from nibblekv.kernels.ptx.mma import _prefetch_l2
 
 # K per step of the row-wise GEMM (no scale groups along K: any width that feeds the tensor cores)
 ROWWISE_K_STEP = 128
@@ -47,6 +49,9 @@ ROWWISE_TRITON_NARROW_N = 8192
 # 19.4 / 64.0 / 45.8 padded to 256 rows, at 192 tokens 35.8 / 22.5 / 124 / 68.9 vs 20.9 / 19.6 / 64.3 / 46.7
 # (H100); at 64 tokens it was ahead (16.8 / 15.9 / 52.7 / 48.3 us); 0.52-0.70x bf16 at an 8K chunk (H200).
 BLOCK_TRITON_MAX_M = 127
+# NOTE: 128-byte lines of each weight row a PDL launch of the GEMM prefetches into L2 before it waits for its
+# input (the start of the program's k range): the weight stream begins during the previous kernel's tail
+PDL_PREFETCH_LINES = 4
 
 
 @triton.jit
@@ -82,18 +87,28 @@ def _block_pair(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.
 
 
 @triton.jit
+def _prefetch_weights(b_ptr, cols, stride_bn, k0, K, LINES: tl.constexpr):
+    """L2 prefetch of ``LINES`` 128-byte lines of each weight row ``cols`` from byte ``k0`` (lines past the
+    row's ``K`` bytes skipped). Weights are never written, so this may run before ``pdl_wait``."""
+    offs = k0 + 128 * tl.arange(0, LINES)[None, :] + 0 * cols[:, None]
+    _prefetch_l2((b_ptr + cols[:, None] * stride_bn + offs).to(tl.int64), offs < K)
+
+
+@triton.jit
 def _block_gemm_kernel(
     a_ptr, b_ptr, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K, n_kblocks, kb_per_split,
     stride_am, stride_bn, stride_cm, stride_as, stride_bs,
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, ROWWISE: tl.constexpr, INTERP: tl.constexpr,
-    PAIRED: tl.constexpr = False,
+    PAIRED: tl.constexpr = False, PDL: tl.constexpr = False, PF_LINES: tl.constexpr = PDL_PREFETCH_LINES,
 ):  # fmt: skip
     # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
     # PAIRED (block-scaled only): k-blocks two at a time (_block_pair), an odd last one alone.
     # ROWWISE: as_ptr holds one scale per row, bs_ptr one per column (per-channel weights), for all of K.
     # PARTIAL (split-K): program (tile, s) sums k-blocks [s * kb_per_split, ...) into fp32 ws[s]; a second
     # kernel adds the splits. Decode batches need it: a few output tiles cannot keep every SM reading weights.
+    # PDL (kernels.pdl): released at once; the first weight lines prefetched into L2 before the input's wait.
+    pdl_release(PDL)
     pid = tl.program_id(0)
     kb_lo = tl.program_id(1) * kb_per_split
     kb_hi = tl.minimum(kb_lo + kb_per_split, n_kblocks)
@@ -108,6 +123,9 @@ def _block_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = (offs_m % M).to(tl.int64)  # out-of-range rows/columns read valid memory; their results are dropped
     cols = (offs_n % N).to(tl.int64)
+    if PDL:
+        _prefetch_weights(b_ptr, cols, stride_bn, kb_lo * GROUP, K, PF_LINES)
+    pdl_wait(PDL)
     offs_k = tl.arange(0, GROUP)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
     b_ptrs = b_ptr + cols[None, :] * stride_bn + offs_k[:, None]
@@ -152,8 +170,10 @@ def _block_gemm_kernel(
 
 @triton.jit
 def _splitk_sum_kernel(ws_ptr, c_ptr, bias_ptr, M, N, stride_cm, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       BLOCK: tl.constexpr):  # fmt: skip
+                       BLOCK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """``c[m, :] = sum_s ws[s, m, :] (+ bias)`` for one row ``m`` and ``BLOCK`` columns."""
+    pdl_release(PDL)
+    pdl_wait(PDL)
     m = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -214,8 +234,10 @@ def gemm_tile(m: int, n: int, kblocks: int) -> GemmTile:
 def _launch_gemm(
     xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, group: int,
     out_dtype: torch.dtype, bias: torch.Tensor | None, tile: GemmTile | None, rowwise: bool,
+    pdl: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Allocate ``[M, N]`` and run :func:`_block_gemm_kernel` (+ the split-K sum); shapes already checked."""
+    """Allocate ``[M, N]`` and run :func:`_block_gemm_kernel` (+ the split-K sum); shapes already checked.
+    ``pdl``: programmatic dependent launch (``kernels.pdl.pdl_launch``; default where available)."""
     m, k = xq.shape
     n = wq.shape[0]
     kb = triton.cdiv(k, group)
@@ -227,19 +249,20 @@ def _launch_gemm(
     per_split = triton.cdiv(kb, split)
     split = triton.cdiv(kb, per_split)  # no empty splits
     ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
+    launch = pdl_launch(xq.device, pdl)
     grid = (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), split)
     _block_gemm_kernel[grid](
         xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb, per_split,
         xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), 0 if rowwise else w_scale.stride(0),
         HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=8,
         PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), PAIRED=t.paired, num_warps=t.num_warps,
-        num_stages=t.num_stages,
+        num_stages=t.num_stages, **launch,
     )  # fmt: skip
     if split > 1:
         sum_block = min(1024, triton.next_power_of_2(n))
         _splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
             ws, out, bias if bias is not None else out, m, n, out.stride(0), SPLIT=split,
-            HAS_BIAS=bias is not None, BLOCK=sum_block, num_warps=4,
+            HAS_BIAS=bias is not None, BLOCK=sum_block, num_warps=4, **launch,
         )  # fmt: skip
     return out
 

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from nibblekv.formats.fp8_weights import ACT_EPS
 from nibblekv.formats.nvfp4 import E4M3_MAX
+from nibblekv.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from nibblekv.kernels.write import _round_to_e4m3
 
 
@@ -45,8 +46,10 @@ def _group_chunk(x_ptr, row, stride_x, start, k0, GROUP, K, BLOCK: tl.constexpr)
 @triton.jit
 def _quant_kernel(
     x_ptr, q_ptr, s_ptr, K, GROUP, n_groups, stride_x, stride_q,
-    BLOCK: tl.constexpr, EPS: tl.constexpr, FP8_MAX: tl.constexpr,
+    BLOCK: tl.constexpr, EPS: tl.constexpr, FP8_MAX: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_release(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     start = g * GROUP
@@ -70,9 +73,12 @@ def _quant_kernel(
 def _quant_groups_kernel(
     x_ptr, q_ptr, s_ptr, K, n_groups, stride_x, stride_q,
     GROUP: tl.constexpr, GROUPS: tl.constexpr, EPS: tl.constexpr, FP8_MAX: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``GROUPS`` whole token groups of one row as one ``[GROUPS, GROUP]`` tile (a power-of-two group): one
     read of ``x``, the same math as ``_quant_kernel``."""
+    pdl_release(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     offs = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
@@ -105,23 +111,24 @@ def quant_fp8_groups(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, 
     s = torch.empty((m, n_groups), dtype=torch.float32, device=x.device)
     if m == 0:
         return q, s
+    launch = pdl_launch(x.device)
     if group is None and k <= ROW_TILE_MAX:  # one token a program, read once: a group padded to 2^n
         row = triton.next_power_of_2(k)
         _quant_groups_kernel[(m, 1)](
             x, q, s, k, 1, x.stride(0), q.stride(0), GROUP=row, GROUPS=1, EPS=ACT_EPS, FP8_MAX=E4M3_MAX,
-            num_warps=min(16, max(4, row // 1024)),  # NOTE: a power of two (Triton's rule)
+            num_warps=min(16, max(4, row // 1024)), **launch,  # NOTE: warps a power of two (Triton's rule)
         )
         return q, s
     if group is not None and g & (g - 1) == 0:
         groups = max(1, min(GROUPS_TILE // g, triton.next_power_of_2(n_groups)))
         _quant_groups_kernel[(m, triton.cdiv(n_groups, groups))](
             x, q, s, k, n_groups, x.stride(0), q.stride(0), GROUP=g, GROUPS=groups, EPS=ACT_EPS,
-            FP8_MAX=E4M3_MAX, num_warps=4,
+            FP8_MAX=E4M3_MAX, num_warps=4, **launch,
         )
         return q, s
     block = min(triton.next_power_of_2(g), 1024)
     _quant_kernel[(m, n_groups)](
         x, q, s, k, g, n_groups, x.stride(0), q.stride(0), BLOCK=block, EPS=ACT_EPS, FP8_MAX=E4M3_MAX,
-        num_warps=4 if block >= 512 else 1,
+        num_warps=4 if block >= 512 else 1, **launch,
     )
     return q, s
