@@ -169,6 +169,9 @@ class CudaGraphRunner:
         torch.cuda.synchronize()
         self._pad_buffers()
         self._folded = self.model.output_rotation_folded
+        # NOTE: a fresh pool: the old one lives on with no graph (use count 0) while any tensor it allocated
+        # does, and capturing into it again failed torch's allocator assert (use_count > 0) in a GPU test
+        self.mempool = torch.cuda.graph_pool_handle()
         self._capture_all()
 
     @property
