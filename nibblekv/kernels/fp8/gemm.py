@@ -211,7 +211,8 @@ def gemm_tile(m: int, n: int, kblocks: int) -> GemmTile:
     ask on every call).
 
     Up to 32 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): small
-    tiles and split-K give every SM a share of the weight stream, ~2 programs per SM; 33-256 tokens: 64x64
+    tiles and split-K give every SM a share of the weight stream, ~4 programs per SM up to 16 tokens, ~2 up
+    to 32; 33-256 tokens: 64x64
     tiles in a 6-stage pipeline, no split. Prefill chunks
     (> 256 tokens) are compute-bound: 64x128 tiles, 4 warps, 3 stages -- 1.3-1.5x faster than 128x128 / 8
     warps at 512 and 8,192 tokens on an H200 (``benchmarks/bench_fp8.py`` times the others beside it)."""
@@ -227,7 +228,11 @@ def gemm_tile(m: int, n: int, kblocks: int) -> GemmTile:
         return GemmTile(64, 64, 4, 6)
     bm, bn, warps, stages = (16, 64, 4, 5) if m <= 16 else (32, 64, 4, 4)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    split = max(1, min(triton.cdiv(2 * num_sms(), tiles), kblocks // 4, 16))
+    # NOTE: up to 16 tokens ~4 programs an SM: Llama-3.1-8B's FP8 decode step in the engine (fp8_e4m3 KV,
+    # 2K context, H100) took 4.46 -> 4.28 ms at 1 token and 5.68 -> 5.59 ms at 16 against ~2 programs an SM
+    # (more weight streams in flight; gate_up gets 2 splits where it had none)
+    per_sm = 4 if m <= 16 else 2
+    split = max(1, min(triton.cdiv(per_sm * num_sms(), tiles), kblocks // 4, 16))
     return GemmTile(bm, bn, warps, stages, split)
 
 
