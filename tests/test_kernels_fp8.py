@@ -76,8 +76,8 @@ def test_gemm_tile_and_route_by_size() -> None:
 
     assert gemm_tile(1, 4096, 32).split_k > 1 and gemm_tile(1, 4096, 32).block_m == 16
     # ~4 programs an SM up to 16 tokens (132 SMs): gate_up's 448 output tiles in 2 splits, qkv's 96 in 6
-    assert (gemm_tile(16, 28672, 32).split_k, gemm_tile(1, 6144, 32).split_k, gemm_tile(32, 28672, 32).split_k) == (
-        2, 6, 1)
+    splits = [gemm_tile(m, n, 32).split_k for m, n in ((16, 28672), (1, 6144), (32, 28672))]
+    assert splits == [2, 6, 1]
     assert gemm_tile(64, 4096, 32) == gemm_tile(256, 28672, 32) == GemmTile(64, 64, 4, 6)
     assert gemm_tile(8192, 4096, 32) == GemmTile(64, 128, 4, 3)
     assert [rowwise_triton_max_m(n) for n in (4096, 8192, 28672)] == [128, 128, 64]
