@@ -29,6 +29,7 @@ from nibblekv.kernels.fp8.scaled_mm import (
     block_scaled_mm_fits,
     fp8_block_scaled_mm,
 )
+from nibblekv.kernels.fp8.splitk import add_splits, split_counters, splitk_sum_kernel
 from nibblekv.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from nibblekv.kernels.ptx.mma import _prefetch_l2
 
@@ -96,17 +97,19 @@ def _prefetch_weights(b_ptr, cols, stride_bn, k0, K, LINES: tl.constexpr):
 
 @triton.jit
 def _block_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K, n_kblocks, kb_per_split,
+    a_ptr, b_ptr, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, cnt_ptr, M, N, K, n_kblocks, kb_per_split,
     stride_am, stride_bn, stride_cm, stride_as, stride_bs,
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, ROWWISE: tl.constexpr, INTERP: tl.constexpr,
     PAIRED: tl.constexpr = False, PDL: tl.constexpr = False, PF_LINES: tl.constexpr = PDL_PREFETCH_LINES,
+    FUSED_SUM: tl.constexpr = False,
 ):  # fmt: skip
     # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
     # PAIRED (block-scaled only): k-blocks two at a time (_block_pair), an odd last one alone.
     # ROWWISE: as_ptr holds one scale per row, bs_ptr one per column (per-channel weights), for all of K.
-    # PARTIAL (split-K): program (tile, s) sums k-blocks [s * kb_per_split, ...) into fp32 ws[s]; a second
-    # kernel adds the splits. Decode batches need it: a few output tiles cannot keep every SM reading weights.
+    # PARTIAL (split-K): program (tile, s) sums k-blocks [s * kb_per_split, ...) into fp32 ws[s]; the tile's
+    # last split to finish adds them (FUSED_SUM, splitk.add_splits), or a second kernel does. Decode batches
+    # need split-K: a few output tiles cannot keep every SM reading weights.
     # PDL (kernels.pdl): released at once; the first weight lines prefetched into L2 before the input's wait.
     pdl_release(PDL)
     pid = tl.program_id(0)
@@ -161,6 +164,9 @@ def _block_gemm_kernel(
         split_base = ws_ptr + tl.program_id(1).to(tl.int64) * M * N
         ws_ptrs = split_base + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
         tl.store(ws_ptrs, acc, mask=mask)
+        if FUSED_SUM:
+            add_splits(ws_ptr, c_ptr, bias_ptr, cnt_ptr, pid, M, N, stride_cm, offs_m, offs_n, cols, mask,
+                        HAS_BIAS, BLOCK_M, BLOCK_N, INTERP)  # fmt: skip
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
@@ -168,29 +174,13 @@ def _block_gemm_kernel(
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _splitk_sum_kernel(ws_ptr, c_ptr, bias_ptr, M, N, stride_cm, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       BLOCK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
-    """``c[m, :] = sum_s ws[s, m, :] (+ bias)`` for one row ``m`` and ``BLOCK`` columns."""
-    pdl_release(PDL)
-    pdl_wait(PDL)
-    m = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in tl.static_range(SPLIT):
-        acc += tl.load(ws_ptr + (s * M + m) * N + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(c_ptr + m * stride_cm + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
 @dataclass(frozen=True)
 class GemmTile:
     """One launch of the FP8 GEMM: ``block_m x block_n`` output tiles (K steps of the scale group), Triton's
     ``num_warps`` / ``num_stages``, ``split_k`` k-splits (1: none; more: fp32 partials + a sum kernel), and
     ``paired``: the block-scaled GEMM issues two k-steps' products before scaling them (an experiment for
-    decode batches, where each step's scaling waits on its MMA; no default uses it yet)."""
+    decode batches, where each step's scaling waits on its MMA; no default uses it yet); ``fused_sum``: with
+    k-splits, the last split of each output tile adds them (no second kernel; ``splitk.add_splits``)."""
 
     block_m: int
     block_n: int
@@ -198,6 +188,7 @@ class GemmTile:
     num_stages: int
     split_k: int = 1
     paired: bool = False
+    fused_sum: bool = True
 
     def __post_init__(self) -> None:
         pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
@@ -241,7 +232,8 @@ def _launch_gemm(
     out_dtype: torch.dtype, bias: torch.Tensor | None, tile: GemmTile | None, rowwise: bool,
     pdl: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Allocate ``[M, N]`` and run :func:`_block_gemm_kernel` (+ the split-K sum); shapes already checked.
+    """Allocate ``[M, N]`` and run :func:`_block_gemm_kernel` (its last splits add the k-splits, or the sum
+    kernel after it does); shapes already checked.
     ``pdl``: programmatic dependent launch (``kernels.pdl.pdl_launch``; default where available)."""
     m, k = xq.shape
     n = wq.shape[0]
@@ -256,16 +248,19 @@ def _launch_gemm(
     ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
     launch = pdl_launch(xq.device, pdl)
     grid = (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), split)
+    counters = split_counters(xq.device, grid[0]) if split > 1 and t.fused_sum else None
+    fused = counters is not None
     _block_gemm_kernel[grid](
-        xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb, per_split,
+        xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, counters if fused else out,
+        m, n, k, kb, per_split,
         xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), 0 if rowwise else w_scale.stride(0),
         HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=8,
         PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), PAIRED=t.paired, num_warps=t.num_warps,
-        num_stages=t.num_stages, **launch,
+        num_stages=t.num_stages, FUSED_SUM=fused, **launch,
     )  # fmt: skip
-    if split > 1:
+    if split > 1 and not fused:
         sum_block = min(1024, triton.next_power_of_2(n))
-        _splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
+        splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
             ws, out, bias if bias is not None else out, m, n, out.stride(0), SPLIT=split,
             HAS_BIAS=bias is not None, BLOCK=sum_block, num_warps=4, **launch,
         )  # fmt: skip
