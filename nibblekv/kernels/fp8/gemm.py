@@ -102,7 +102,7 @@ def _block_gemm_kernel(
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, ROWWISE: tl.constexpr, INTERP: tl.constexpr,
     PAIRED: tl.constexpr = False, PDL: tl.constexpr = False, PF_LINES: tl.constexpr = PDL_PREFETCH_LINES,
-    FUSED_SUM: tl.constexpr = False,
+    FUSED_SUM: tl.constexpr = False, SPLIT: tl.constexpr = 1,
 ):  # fmt: skip
     # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
     # PAIRED (block-scaled only): k-blocks two at a time (_block_pair), an odd last one alone.
@@ -166,7 +166,7 @@ def _block_gemm_kernel(
         tl.store(ws_ptrs, acc, mask=mask)
         if FUSED_SUM:
             add_splits(ws_ptr, c_ptr, bias_ptr, cnt_ptr, pid, M, N, stride_cm, offs_m, offs_n, cols, mask,
-                        HAS_BIAS, BLOCK_M, BLOCK_N, INTERP)  # fmt: skip
+                       SPLIT, HAS_BIAS, BLOCK_M, BLOCK_N, INTERP)  # fmt: skip
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
@@ -256,7 +256,7 @@ def _launch_gemm(
         xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), 0 if rowwise else w_scale.stride(0),
         HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=8,
         PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), PAIRED=t.paired, num_warps=t.num_warps,
-        num_stages=t.num_stages, FUSED_SUM=fused, **launch,
+        num_stages=t.num_stages, FUSED_SUM=fused, SPLIT=split if fused else 1, **launch,
     )  # fmt: skip
     if split > 1 and not fused:
         sum_block = min(1024, triton.next_power_of_2(n))

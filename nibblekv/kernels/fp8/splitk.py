@@ -42,24 +42,23 @@ def _fence_acq_rel_gpu():
 @triton.jit
 def add_splits(
     ws_ptr, c_ptr, bias_ptr, cnt_ptr, tile, M, N, stride_cm, offs_m, offs_n, cols, mask,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr,
+    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    INTERP: tl.constexpr,
 ):  # fmt: skip
-    """Split-K fix-up of output tile ``tile``, after this program stored its partial: the tile's last split to
-    arrive (counter ``cnt_ptr[tile]``) adds every split's partial in split order, then the bias -- the sums
-    of ``splitk_sum_kernel``, bit for bit -- writes C and re-arms the counter to 0 for the next launch."""
+    """Split-K fix-up of output tile ``tile`` (of ``SPLIT`` splits), after this program stored its partial:
+    the tile's last split to arrive (counter ``cnt_ptr[tile]``) adds every split's partial in split order,
+    then the bias -- the sums of ``splitk_sum_kernel``, bit for bit -- writes C and re-arms the counter to 0
+    for the next launch. NOTE: the partials' loads are unrolled (``SPLIT`` a constexpr) so that they are in
+    flight together: a loop over a runtime count waited for each from L2 in turn."""
     if not INTERP:
         _fence_acq_rel_gpu()  # NOTE: every lane's partial is visible GPU-wide before the arrival is counted
     tl.debug_barrier()
-    n_splits = tl.num_programs(1)
     arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == n_splits - 1:
+    if arrived == SPLIT - 1:
         offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        s = 0
-        while s < n_splits:  # NOTE: L2 reads (.cg): other programs wrote these partials
-            part = ws_ptr + s.to(tl.int64) * M * N + offs
-            total += tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
-            s += 1
+        for s in tl.static_range(SPLIT):  # NOTE: L2 reads (.cg): other programs wrote these partials
+            total += tl.load(ws_ptr + M.to(tl.int64) * N * s + offs, mask=mask, other=0.0, cache_modifier=".cg")
         if HAS_BIAS:
             total += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
         c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
