@@ -58,7 +58,8 @@ def add_splits(
         offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for s in tl.static_range(SPLIT):  # NOTE: L2 reads (.cg): other programs wrote these partials
-            total += tl.load(ws_ptr + M.to(tl.int64) * N * s + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            part = ws_ptr + M.to(tl.int64) * N * s + offs
+            total += tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
         if HAS_BIAS:
             total += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
         c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
