@@ -180,7 +180,10 @@ class GemmTile:
     ``num_warps`` / ``num_stages``, ``split_k`` k-splits (1: none; more: fp32 partials + a sum kernel), and
     ``paired``: the block-scaled GEMM issues two k-steps' products before scaling them (an experiment for
     decode batches, where each step's scaling waits on its MMA; no default uses it yet); ``fused_sum``: with
-    k-splits, the last split of each output tile adds them (no second kernel; ``splitk.add_splits``)."""
+    k-splits, the last split of each output tile adds them instead of a second kernel (``splitk.add_splits``;
+    an experiment, off in every default: with its partials loaded one after another it made the 8B decode
+    step ~6% slower than the sum kernel on an H100, two runs compared through their common baseline; its
+    unrolled loads now are untimed)."""
 
     block_m: int
     block_n: int
@@ -188,7 +191,7 @@ class GemmTile:
     num_stages: int
     split_k: int = 1
     paired: bool = False
-    fused_sum: bool = True
+    fused_sum: bool = False
 
     def __post_init__(self) -> None:
         pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))

@@ -1,6 +1,7 @@
-"""Split-K for the FP8 GEMMs: each k-split of an output tile stores an fp32 partial; they are added by the
-tile's last split to finish (:func:`add_splits`, an arrival counter per tile in :func:`split_counters`) or by
-:func:`splitk_sum_kernel` after the GEMM. Both add the partials in split order, then the bias: the same bits.
+"""Split-K for the FP8 GEMMs: each k-split of an output tile stores an fp32 partial; they are added by
+:func:`splitk_sum_kernel` after the GEMM (the default) or by the tile's last split to finish
+(:func:`add_splits`, an arrival counter per tile in :func:`split_counters`; ``GemmTile.fused_sum``, an
+experiment). Both add the partials in split order, then the bias: the same bits.
 """
 
 from __future__ import annotations
