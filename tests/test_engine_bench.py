@@ -65,3 +65,24 @@ def test_bench_engine_quantization_flag_loads_fp8_weights() -> None:
     model, _ = bench.load(args, "llama-3.1-8b")  # the tiny config under --smoke
     assert isinstance(model.model.layers[0].self_attn.o_proj, Fp8Linear)
     assert bench.base_config(args, "x").quantization == "fp8"
+
+
+def test_fp8_decode_tiles_tool_variants() -> None:
+    """benchmarks/tools/fp8_decode_tiles.py: the launch each variant names for <= 16 tokens."""
+    import sys
+
+    sys.path.insert(0, str(BENCH.parent))
+    path = BENCH.parent / "tools" / "fp8_decode_tiles.py"
+    spec = importlib.util.spec_from_file_location("fp8_decode_tiles", path)
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    from nibblekv.kernels.fp8.gemm import GemmTile, gemm_tile
+
+    default = gemm_tile(1, 6144, 32)
+    assert tool.variant_tile("default", default, 6144, 32) == default
+    assert tool.variant_tile("p2", default, 6144, 32) == GemmTile(16, 64, 4, 5, 3)  # 96 tiles, 132 SMs
+    assert tool.variant_tile("p4+fused", default, 28672, 32) == GemmTile(16, 64, 4, 5, 2, fused_sum=True)
+    assert tool.variant_tile("t128w8s4k4", default, 6144, 2) == GemmTile(16, 128, 8, 4, 2)
+    with pytest.raises(SystemExit, match="unknown variant"):
+        tool.variant_tile("q4", default, 6144, 32)

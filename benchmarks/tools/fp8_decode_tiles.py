@@ -1,0 +1,67 @@
+"""Question: which FP8 GEMM launch makes the engine's decode step fastest at 1-16 tokens? Runs
+``bench_engine.py``'s long part with ``gemm_tile``'s choice for <= 16 tokens replaced by one variant.
+
+Usage on the device (one variant a run; the rest of the arguments go to ``bench_engine.py``)::
+
+    PYTHONPATH=. python benchmarks/tools/fp8_decode_tiles.py p4 --part long --long-requests 1 16 \
+        --long-input 2048 --long-output 40 --quantization fp8 --kv-dtypes fp8_e4m3 --synthetic-prefill \
+        --out DIR
+
+Variants: ``default`` (``gemm_tile`` as it is); ``p<N>``: 16x64 tiles, 4 warps, 5 stages, k-splits for
+~N programs an SM (at least 4 k-blocks a split, at most 16 splits); ``t<BN>w<W>s<S>k<K>``: 16 x BN tiles,
+W warps, S stages, K splits; a ``+fused`` suffix adds the split-K fix-up in the GEMM
+(``GemmTile.fused_sum``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import sys
+from pathlib import Path
+
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for bench_engine
+import bench_engine  # noqa: E402
+
+from nibblekv.kernels._common import num_sms  # noqa: E402
+from nibblekv.kernels.fp8 import gemm  # noqa: E402
+
+
+def variant_tile(spec: str, default: gemm.GemmTile, n: int, kblocks: int) -> gemm.GemmTile:
+    """The launch ``spec`` names for an output of ``n`` columns over ``kblocks`` k-blocks at <= 16 tokens."""
+    base, _, extra = spec.partition("+")
+    if extra not in ("", "fused"):
+        raise SystemExit(f"unknown suffix +{extra} (only +fused)")
+    if base == "default":
+        tile = default
+    elif m := re.fullmatch(r"p(\d+)", base):
+        split = max(1, min(triton.cdiv(int(m[1]) * num_sms(), triton.cdiv(n, 64)), kblocks // 4, 16))
+        tile = gemm.GemmTile(16, 64, 4, 5, split)
+    elif m := re.fullmatch(r"t(\d+)w(\d+)s(\d+)k(\d+)", base):
+        bn, warps, stages, split = (int(g) for g in m.groups())
+        tile = gemm.GemmTile(16, bn, warps, stages, min(split, kblocks))
+    else:
+        raise SystemExit(f"unknown variant {spec!r}: default, p<N> or t<BN>w<W>s<S>k<K> (+fused)")
+    return dataclasses.replace(tile, fused_sum=extra == "fused")
+
+
+def main() -> int:
+    spec = sys.argv.pop(1)
+    original = gemm.gemm_tile
+
+    @functools.lru_cache(maxsize=1024)
+    def tile(m: int, n: int, kblocks: int) -> gemm.GemmTile:
+        chosen = original(m, n, kblocks)
+        return chosen if m > 16 else variant_tile(spec, chosen, n, kblocks)
+
+    variant_tile(spec, original(1, 4096, 32), 4096, 32)  # a bad spec fails before the model loads
+    gemm.gemm_tile = tile  # type: ignore[assignment]
+    print(f"fp8_decode_tiles: variant {spec}", flush=True)
+    return bench_engine.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
