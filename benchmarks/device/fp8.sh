@@ -5,13 +5,15 @@
 # 8192, each a CUDA-graph replay with L2 emptied per call, beside the read ceiling of the same run; every row
 # is checked against the pure-torch reference first. ~3 min on an H200. With GGUF_PATH (the SmolLM2 GGUF,
 # rebuilt by gguf.sh) also benchmarks/eval_fp8_weights.py on it: KL / top-1 of --quantization fp8 against
-# the bf16 weights. Engine rows with FP8 weights:
+# the bf16 weights. Then the 8B engine's decode step with FP8 weights at 1 and 16 tokens (2K context, both 4-
+# and 8-bit KV; docs/results.md "The FP8 decode step at 1-16 tokens"), ~1.5 min. Engine rows with FP8 weights:
 #   ENGINE_ARGS="--quantization fp8" bash benchmarks/device/engine.sh
 # Usage from the repo root: OUT=DIR COMMIT=<sha> bash benchmarks/device/fp8.sh [GGUF_PATH]
-# Env: COMMIT (the commit under test), T_FP8 (timeout in s, 540), T_FP8_EVAL (timeout in s, 240).
+# Env: COMMIT (the commit under test), T_FP8 (timeout in s, 540), T_FP8_EVAL (timeout in s, 240), T_FP8_STEP
+# (timeout in s, 200; 0 skips the engine step).
 # $OUT gets: fp8-weights-h200.json (rows kind=gemm: m, n, k, format, fp8_us, fp8_gemm_us, bf16_us, speedup,
 # read_frac at M <= 16; acceptance; commit, gpu, date), fp8-weights-h200.png, fp8-weights-h200.log, gpu.txt,
-# and with GGUF_PATH fp8-weights-accuracy.json.
+# with GGUF_PATH fp8-weights-accuracy.json, and fp8-small-batch/bench_engine.json (+ .png, .log).
 set -o pipefail
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown} HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}
@@ -33,5 +35,15 @@ if [ -n "${1:-}" ]; then
     echo "eval_fp8_weights: exit $erc"
     tail -n 30 "$OUT/fp8-weights-h200.log"
     [ "$rc" -eq 0 ] && rc=$erc
+fi
+if [ "${T_FP8_STEP:-200}" != 0 ]; then
+    mkdir -p "$OUT/fp8-small-batch"
+    timeout -k 10 "${T_FP8_STEP:-200}" python3 benchmarks/bench_engine.py --part long --long-requests 1 16 \
+        --long-input 2048 --long-output 48 --quantization fp8 --kv-dtypes nvfp4 fp8_e4m3 --synthetic-prefill \
+        --profile-steps 3 --out "$OUT/fp8-small-batch" >"$OUT/fp8-small-batch/bench_engine.log" 2>&1
+    src=$?
+    echo "bench_engine (FP8 decode step at 1 / 16 tokens): exit $src"
+    tail -n 6 "$OUT/fp8-small-batch/bench_engine.log"
+    [ "$rc" -eq 0 ] && rc=$src
 fi
 exit $rc
