@@ -63,8 +63,9 @@ def test_quant_groups_bit_exact(group: int | None, k: int) -> None:
 
 
 # None: gemm_tile's choice; split-K with an uneven last split (K blocks 2 or 5); a prefill-sized tile; the
-# decode tile of 33-256 tokens (six stages, no split)
+# decode tile of 33-256 tokens (six stages, no split), and its 4-split form for a long K up to 64 tokens
 TILES = [None, GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3), GemmTile(64, 64, 4, 6),
+         GemmTile(64, 64, 4, 4, split_k=4),
          GemmTile(16, 64, 4, 2, split_k=3, paired=True), GemmTile(64, 64, 4, 6, paired=True)]  # fmt: skip
 
 
@@ -79,6 +80,8 @@ def test_gemm_tile_and_route_by_size() -> None:
     splits = [gemm_tile(m, n, 32).split_k for m, n in ((16, 28672), (1, 6144), (32, 28672))]
     assert splits == [2, 6, 1]
     assert gemm_tile(64, 4096, 32) == gemm_tile(256, 28672, 32) == GemmTile(64, 64, 4, 6)
+    # down_proj's long K (112 k-blocks) over 64 output tiles: 4 splits up to 64 tokens
+    assert gemm_tile(64, 4096, 112) == GemmTile(64, 64, 4, 4, 4) and gemm_tile(65, 4096, 112).split_k == 1
     assert gemm_tile(8192, 4096, 32) == GemmTile(64, 128, 4, 3)
     assert [rowwise_triton_max_m(n) for n in (4096, 8192, 28672)] == [128, 128, 64]
 

@@ -206,10 +206,10 @@ def gemm_tile(m: int, n: int, kblocks: int) -> GemmTile:
 
     Up to 32 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): small
     tiles and split-K give every SM a share of the weight stream, ~4 programs per SM up to 16 tokens, ~2 up
-    to 32; 33-256 tokens: 64x64
-    tiles in a 6-stage pipeline, no split. Prefill chunks
-    (> 256 tokens) are compute-bound: 64x128 tiles, 4 warps, 3 stages -- 1.3-1.5x faster than 128x128 / 8
-    warps at 512 and 8,192 tokens on an H200 (``benchmarks/bench_fp8.py`` times the others beside it)."""
+    to 32; 33-256 tokens: 64x64 tiles in a 6-stage pipeline, no split (up to 64 tokens, a long K over fewer
+    tiles than SMs: 4 splits). Prefill chunks (> 256 tokens) are compute-bound: 64x128 tiles, 4 warps, 3
+    stages -- 1.3-1.5x faster than 128x128 / 8 warps at 512 and 8,192 tokens on an H200
+    (``benchmarks/bench_fp8.py`` times the others beside it)."""
     if m > 256:
         return GemmTile(64, 128, 4, 3)
     if m > 32:
@@ -219,6 +219,12 @@ def gemm_tile(m: int, n: int, kblocks: int) -> GemmTile:
         # programs even at 64 output tiles. The block-scaled GEMM shares it, though its H200 sweep at 64
         # tokens found split tiles faster on o and down (12.3 / 24.7 us vs 15.8 / 48.6: 64x64 / 4 stages /
         # 2 splits, 64x128 / 8 warps / 4 splits): not yet a default of its own
+        if m <= 64 and kblocks >= 64 and triton.cdiv(n, 64) < num_sms():
+            # NOTE: a long K over fewer output tiles than SMs (down_proj: 112 k-blocks, 64 tiles) leaves SMs
+            # idle without k-splits: at 64 tokens 4 splits, 4 stages took 28.4 vs 30.6 us on the H100 and
+            # 21.7 vs 29.2 us on the H200 (per channel; 128x128 blocks on the H200 25.5 vs 48.7), bench_fp8's
+            # decode-tile sweep; at 128 tokens no split tile won on both GPUs
+            return GemmTile(64, 64, 4, 4, 4)
         return GemmTile(64, 64, 4, 6)
     bm, bn, warps, stages = (16, 64, 4, 5) if m <= 16 else (32, 64, 4, 4)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
