@@ -73,7 +73,7 @@ _TILES = (
     (128, 128, 8, 3), (64, 128, 4, 4), (64, 256, 8, 3), (128, 64, 4, 4), (128, 128, 8, 4),
 )
 PREFILL_TILES: dict[str, GemmTile] = {f"{t[0]}x{t[1]}w{t[2]}s{t[3]}": GemmTile(*t) for t in _TILES}
-# the Triton GEMM's decode tiles timed beside gemm_tile's at M <= 256 (both formats share gemm_tile):
+# the Triton GEMM's decode tiles timed beside gemm_tile's at M <= 256 (its choice depends on the format):
 # (BLOCK_M, BLOCK_N, warps, stages, split-K); the batch's own BLOCK_M, narrower / wider weight tiles, deeper
 # pipelines and more k-splits (more programs a weight column, each with fewer bytes in flight)
 _DECODE_TILES = (

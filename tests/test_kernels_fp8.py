@@ -82,6 +82,9 @@ def test_gemm_tile_and_route_by_size() -> None:
     assert gemm_tile(64, 4096, 32) == gemm_tile(256, 28672, 32) == GemmTile(64, 64, 4, 6)
     # down_proj's long K (112 k-blocks) over 64 output tiles: 4 splits up to 64 tokens
     assert gemm_tile(64, 4096, 112) == GemmTile(64, 64, 4, 4, 4) and gemm_tile(65, 4096, 112).split_k == 1
+    # the block-scaled GEMM at o_proj's 64 output tiles: 2 splits up to 64 tokens (qkv's 96 tiles: none)
+    assert gemm_tile(64, 4096, 32, block=True) == GemmTile(64, 64, 4, 4, 2)
+    assert gemm_tile(64, 6144, 32, block=True) == GemmTile(64, 64, 4, 6)
     assert gemm_tile(8192, 4096, 32) == GemmTile(64, 128, 4, 3)
     assert [rowwise_triton_max_m(n) for n in (4096, 8192, 28672)] == [128, 128, 64]
 

@@ -200,31 +200,35 @@ class GemmTile:
 
 
 @functools.lru_cache(maxsize=1024)
-def gemm_tile(m: int, n: int, kblocks: int) -> GemmTile:
-    """The default :class:`GemmTile` for an ``m x n`` output over ``kblocks`` k-blocks (cached: launchers
-    ask on every call).
+def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
+    """The default :class:`GemmTile` for an ``m x n`` output over ``kblocks`` k-blocks, ``block``: of the
+    block-scaled GEMM (cached: launchers ask on every call).
 
     Up to 32 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): small
     tiles and split-K give every SM a share of the weight stream, ~4 programs per SM up to 16 tokens, ~2 up
     to 32; 33-256 tokens: 64x64 tiles in a 6-stage pipeline, no split (up to 64 tokens, a long K over fewer
-    tiles than SMs: 4 splits). Prefill chunks (> 256 tokens) are compute-bound: 64x128 tiles, 4 warps, 3
-    stages -- 1.3-1.5x faster than 128x128 / 8 warps at 512 and 8,192 tokens on an H200
-    (``benchmarks/bench_fp8.py`` times the others beside it)."""
+    tiles than SMs: 4 splits; block-scaled, at most half as many tiles as SMs: 2). Prefill chunks (> 256
+    tokens) are compute-bound: 64x128 tiles, 4 warps, 3 stages -- 1.3-1.5x faster than 128x128 / 8 warps at
+    512 and 8,192 tokens on an H200 (``benchmarks/bench_fp8.py`` times the others beside it)."""
     if m > 256:
         return GemmTile(64, 128, 4, 3)
     if m > 32:
         # NOTE: 64x64 tiles, 6 stages, no k-split: at 64-256 tokens on an H100 it beat every other decode tile
         # of bench_fp8's sweep at all four 8B projections but down at 256 (qkv / o at 64 tokens: 13.5 / 11.5
         # us vs 21.0 / 16.8 with 64x128, 4 stages and k-splits); a deep pipeline per program outdid more
-        # programs even at 64 output tiles. The block-scaled GEMM shares it, though its H200 sweep at 64
-        # tokens found split tiles faster on o and down (12.3 / 24.7 us vs 15.8 / 48.6: 64x64 / 4 stages /
-        # 2 splits, 64x128 / 8 warps / 4 splits): not yet a default of its own
-        if m <= 64 and kblocks >= 64 and triton.cdiv(n, 64) < num_sms():
+        # programs even at 64 output tiles.
+        tiles = triton.cdiv(n, 64)
+        if m <= 64 and kblocks >= 64 and tiles < num_sms():
             # NOTE: a long K over fewer output tiles than SMs (down_proj: 112 k-blocks, 64 tiles) leaves SMs
             # idle without k-splits: at 64 tokens 4 splits, 4 stages took 28.4 vs 30.6 us on the H100 and
-            # 21.7 vs 29.2 us on the H200 (per channel; 128x128 blocks on the H200 25.5 vs 48.7), bench_fp8's
-            # decode-tile sweep; at 128 tokens no split tile won on both GPUs
+            # 21.7 vs 29.2 us on the H200 per channel, 30.9 vs 48.3 / 25.5 vs 48.7 with 128x128 blocks
+            # (bench_fp8's decode-tile sweep); at 128 tokens no split tile won on both GPUs
             return GemmTile(64, 64, 4, 4, 4)
+        if m <= 64 and block and 2 * tiles <= num_sms():
+            # NOTE: the block-scaled GEMM waits on each k-step's product before scaling it: more programs hide
+            # that. o_proj (64 tiles) at 64 tokens: 2 splits 13.4 vs 15.9 us (H100), 12.3 vs 15.8 (H200); the
+            # row-wise GEMM there is faster without (11.0 vs 13.0 / 10.9 vs 11.8), qkv's 96 tiles equal
+            return GemmTile(64, 64, 4, 4, 2)
         return GemmTile(64, 64, 4, 6)
     bm, bn, warps, stages = (16, 64, 4, 5) if m <= 16 else (32, 64, 4, 4)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
@@ -250,7 +254,7 @@ def _launch_gemm(
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
         return out
-    t = tile or gemm_tile(m, n, kb)
+    t = tile or gemm_tile(m, n, kb, not rowwise)
     split = min(t.split_k, kb)
     per_split = triton.cdiv(kb, split)
     split = triton.cdiv(kb, per_split)  # no empty splits
