@@ -26,7 +26,6 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for bench_engine
 import bench_engine  # noqa: E402
 
-from nibblekv.kernels._common import num_sms  # noqa: E402
 from nibblekv.kernels.fp8 import gemm  # noqa: E402
 
 
@@ -38,8 +37,7 @@ def variant_tile(spec: str, default: gemm.GemmTile, n: int, kblocks: int) -> gem
     if base == "default":
         tile = default
     elif m := re.fullmatch(r"p(\d+)", base):
-        split = max(1, min(triton.cdiv(int(m[1]) * num_sms(), triton.cdiv(n, 64)), kblocks // 4, 16))
-        tile = gemm.GemmTile(16, 64, 4, 5, split)
+        tile = gemm.GemmTile(16, 64, 4, 5, gemm.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks))
     elif m := re.fullmatch(r"t(\d+)w(\d+)s(\d+)k(\d+)", base):
         bn, warps, stages, split = (int(g) for g in m.groups())
         tile = gemm.GemmTile(16, bn, warps, stages, min(split, kblocks))

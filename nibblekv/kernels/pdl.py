@@ -6,7 +6,8 @@ PDL lets the next one start (and prefetch its first weights into L2) during the 
 
 Contract of a kernel built with ``PDL`` true (the helpers are no-ops when it is false, as on CPU):
 
-* :func:`pdl_release` first: the next PDL launch may be scheduled once every program of this one ran it;
+* :func:`pdl_release` first: the next PDL launch may be scheduled once every program of this one ran it
+  (:func:`pdl_enter`: both, for a kernel with nothing to do before its input);
 * :func:`pdl_wait` before any read of another kernel's output and before any store (the kernel before may
   still read what a store would overwrite); reads of weights (nobody writes them) may go before it;
 * NOTE: every program calls :func:`pdl_wait` on every path, even one with nothing to read: a kernel that
@@ -57,6 +58,14 @@ def use_pdl(enabled: bool) -> Iterator[None]:
         yield
     finally:
         _enabled = before
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """:func:`pdl_release` then :func:`pdl_wait`: the start of a PDL kernel with nothing to do before its
+    input is ready."""
+    pdl_release(PDL)
+    pdl_wait(PDL)
 
 
 @functools.cache

@@ -235,9 +235,13 @@ def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
     # NOTE: up to 16 tokens ~4 programs an SM: Llama-3.1-8B's FP8 decode step in the engine (fp8_e4m3 KV,
     # 2K context, H100) took 4.46 -> 4.28 ms at 1 token and 5.68 -> 5.59 ms at 16 against ~2 programs an SM
     # (more weight streams in flight; gate_up gets 2 splits where it had none)
-    per_sm = 4 if m <= 16 else 2
-    split = max(1, min(triton.cdiv(per_sm * num_sms(), tiles), kblocks // 4, 16))
-    return GemmTile(bm, bn, warps, stages, split)
+    return GemmTile(bm, bn, warps, stages, decode_splits(4 if m <= 16 else 2, tiles, kblocks))
+
+
+def decode_splits(per_sm: int, tiles: int, kblocks: int) -> int:
+    """k-splits for ~``per_sm`` programs an SM over ``tiles`` output tiles: at least 4 of the ``kblocks``
+    k-blocks a split, at most 16 splits."""
+    return max(1, min(triton.cdiv(per_sm * num_sms(), tiles), kblocks // 4, 16))
 
 
 def _launch_gemm(

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from nibblekv.formats.fp8_weights import ACT_EPS
 from nibblekv.formats.nvfp4 import E4M3_MAX
-from nibblekv.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from nibblekv.kernels.pdl import pdl_enter, pdl_launch
 from nibblekv.kernels.write import _round_to_e4m3
 
 
@@ -48,8 +48,7 @@ def _quant_kernel(
     x_ptr, q_ptr, s_ptr, K, GROUP, n_groups, stride_x, stride_q,
     BLOCK: tl.constexpr, EPS: tl.constexpr, FP8_MAX: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    pdl_release(PDL)
-    pdl_wait(PDL)
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     start = g * GROUP
@@ -77,8 +76,7 @@ def _quant_groups_kernel(
 ):  # fmt: skip
     """``GROUPS`` whole token groups of one row as one ``[GROUPS, GROUP]`` tile (a power-of-two group): one
     read of ``x``, the same math as ``_quant_kernel``."""
-    pdl_release(PDL)
-    pdl_wait(PDL)
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     offs = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]

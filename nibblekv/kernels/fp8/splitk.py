@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nibblekv.kernels.pdl import pdl_release, pdl_wait
+from nibblekv.kernels.pdl import pdl_enter
 
 # Split-K arrival counters: one int32 per output tile, zero between launches (a tile's last split re-arms it).
 # NOTE: one buffer a device, shared by every fused split-K launch: those run one after another on the
@@ -72,8 +72,7 @@ def add_splits(
 def splitk_sum_kernel(ws_ptr, c_ptr, bias_ptr, M, N, stride_cm, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BLOCK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """``c[m, :] = sum_s ws[s, m, :] (+ bias)`` for one row ``m`` and ``BLOCK`` columns."""
-    pdl_release(PDL)
-    pdl_wait(PDL)
+    pdl_enter(PDL)
     m = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N

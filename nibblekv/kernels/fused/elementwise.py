@@ -27,7 +27,7 @@ from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting, num_sms
 from nibblekv.kernels.fp8.quant import act_codes, act_scale
-from nibblekv.kernels.pdl import pdl_launch, pdl_release, pdl_wait
+from nibblekv.kernels.pdl import pdl_enter, pdl_launch
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_BLOCK = 65536  # add_rms_norm: a whole row of H values is one tile
@@ -133,8 +133,7 @@ def _add_rms_norm_kernel(
 ):  # fmt: skip
     """One row: ``s = x + r`` (rounded to x's dtype, stored), ``out = round(round(s * rstd) * w)``;
     ``QGROUP > 0``: ``out`` quantized to e4m3 per group of ``QGROUP`` columns instead (rows of ``H``)."""
-    pdl_release(PDL)
-    pdl_wait(PDL)
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -243,8 +242,7 @@ def _silu_and_mul_kernel(
     """``BLOCK`` columns of one row: ``round(round(g / (1 + exp(-g))) * u)``; ``QGROUP > 0``: quantized to
     e4m3 per group of ``QGROUP`` columns instead (rows of ``I``). ``TILE_AMAX``: also the tile's amax to
     ``amax_ptr[row, tile]`` (rows of as many tiles as the grid's second axis), for ``_quant_tiles_kernel``."""
-    pdl_release(PDL)
-    pdl_wait(PDL)
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     c0 = tl.program_id(1) * BLOCK
     cols = c0 + tl.arange(0, BLOCK)
@@ -271,8 +269,7 @@ def _quant_tiles_kernel(
     """Tile ``BLOCK`` columns of row ``y[row]`` (rows of ``I``) to e4m3 under the row's scale, the max of its
     ``n_tiles`` tile maxima (``TILES`` a power of two >= it); tile 0 stores the scale: per-row quantization
     (``_store_e4m3_groups``' math) of a row split over programs."""
-    pdl_release(PDL)
-    pdl_wait(PDL)
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
     t = tl.arange(0, TILES)
