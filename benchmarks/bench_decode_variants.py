@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--ragged", nargs="*", default=[], help="ragged batches, e.g. 1x32768+63x1024 (NxCTX groups)")
     ap.add_argument("--head-dim", type=int, default=128, help="64: e.g. nvfp4=mma (two tokens a row) vs tok")
-    ap.add_argument("--q-heads", type=int, default=32, help="query heads over the 8 KV heads (64: GQA 8)")
+    ap.add_argument("--q-heads", type=int, default=32, help="query heads over 8 KV heads (64: GQA 8)")
+    ap.add_argument("--kv-heads", type=int, default=8,
+                    help="KV heads (the query heads scale with it: --kv-heads 2 --q-heads 64 is Qwen3-Next's 16 / 2)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")
     ap.add_argument("--tail", action="store_true", help="with a 64-token bf16 tail per request (the engine's default)")
     ap.add_argument("--page-order", choices=("random", "sequential"), default="random",
@@ -149,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     print("ceiling probes", ceil, flush=True)
     probe_ceiling = max(ceil["torch_sum_tbps"], ceil["triton_stream_tbps"])  # per-line fractions use this
     max_tok = max([b * c for b, c in shapes] + [len(x) * max(x) for _, x in ragged.values()]) + 4096
-    # 8 KV heads (Llama-3.1-8B); the smoke run: one, at the same GQA ratio (the interpreter is slow)
-    hkv = 1 if args.smoke else 8
+    # --kv-heads (8: Llama-3.1-8B); the smoke run: one, at the same GQA ratio (the interpreter is slow)
+    hkv = 1 if args.smoke else args.kv_heads
+    if args.q_heads * hkv % 8:
+        ap.error(f"--q-heads {args.q_heads} over 8 KV heads does not scale to --kv-heads {hkv}")
     q_heads = args.q_heads * hkv // 8
     pools = Pools({dt: max_tok for dt in NAMES}, hkv, args.head_dim)
     print(f"pools ready {time.time() - t0:.0f}s", flush=True)

@@ -21,19 +21,23 @@ from nibblekv.kernels.ptx.mma import _lane_reduce, _mma, _p_frag, _st4
 
 
 @triton.jit
-def _scores(raw, qk_scale, n0, lim, lim1,
+def _scores(raw, n0, lim, lim1,
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
             MASKED: tl.constexpr):  # fmt: skip
-    """S^T fragment of one tile, times ``qk_scale``: (token g, head 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+    """S^T fragment of one tile, not yet times the softmax scale: (token g, head 2t), (g, 2t+1), (g+8, 2t),
+    (g+8, 2t+1).
 
     Masked (MASKED: token >= lim; columns 2t+1 token >= lim1, see PAIR in ``_mma_segment``) scores are
     -inf. ``n0`` is this warp's tile start.
+
+    NOTE: the scale (> 0) goes on after the step's column max (``_step_max``) and into the exponent's FFMA
+    (``exp2(s * scale - c)``): scaling each score first cost 4 FMUL a tile that fed only the max.
     """
     (
         kg0, kg1, kg2, kg3, kg4, kg5, kg6, kg7, kg8, kg9, kg10, kg11, kg12, kg13, kg14, kg15,
         k80, k81, k82, k83, k84, k85, k86, k87, k88, k89, k810, k811, k812, k813, k814, k815,
     ) = _tile_regs(raw, 0)  # fmt: skip
-    z = tl.zeros_like(qk_scale)
+    z = tl.zeros(q0.shape, tl.float32)
     e0, e1, e2, e3 = z, z, z, z
     f0, f1, f2, f3 = z, z, z, z
     e0, e1, e2, e3 = _mma(kg0, k80, kg1, k81, q0, q1, e0, e1, e2, e3)
@@ -44,10 +48,10 @@ def _scores(raw, qk_scale, n0, lim, lim1,
     f0, f1, f2, f3 = _mma(kg10, k810, kg11, k811, q10, q11, f0, f1, f2, f3)
     e0, e1, e2, e3 = _mma(kg12, k812, kg13, k813, q12, q13, e0, e1, e2, e3)
     f0, f1, f2, f3 = _mma(kg14, k814, kg15, k815, q14, q15, f0, f1, f2, f3)
-    s0 = (e0 + f0) * qk_scale
-    s1 = (e1 + f1) * qk_scale
-    s2 = (e2 + f2) * qk_scale
-    s3 = (e3 + f3) * qk_scale
+    s0 = e0 + f0
+    s1 = e1 + f1
+    s2 = e2 + f2
+    s3 = e3 + f3
     if MASKED:
         g = (tl.arange(0, s0.shape[0]) % 32) // 4
         s0 = tl.where(n0 + g < lim, s0, float("-inf"))
@@ -130,12 +134,14 @@ def _advance(
 # NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _step_max(
-    m0, m1, l0, l1, mx0, mx1,
+    m0, m1, l0, l1, mx0, mx1, scale,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
 ):  # fmt: skip
-    """``_advance`` to the column max of this lane's step maxima ``mx0/mx1`` (the shuffles included)."""
+    """``_advance`` to the column max of this lane's step maxima ``mx0/mx1`` (the shuffles included) times
+    ``scale`` (> 0: the max of the scaled scores)."""
     x0, x1 = _lane_reduce(mx0, mx1, True, True)
+    x0, x1 = x0 * scale, x1 * scale
     (
         m0, m1, c0, c1, l0, l1,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
@@ -164,12 +170,10 @@ def _run_step(
     (m0, m1, l0, l1, O^T fragments)."""
     if TPI == 2:
         sA0, sA1, sA2, sA3 = _scores(
-            rawA, qk_scale, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
-            MASKED,
+            rawA, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, MASKED,
         )  # fmt: skip
         sB0, sB1, sB2, sB3 = _scores(
-            rawB, qk_scale, nb + 16, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
-            MASKED,
+            rawB, nb + 16, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, MASKED,
         )  # fmt: skip
         mx0 = tl.maximum(tl.maximum(sA0, sA2), tl.maximum(sB0, sB2))
         mx1 = tl.maximum(tl.maximum(sA1, sA3), tl.maximum(sB1, sB3))
@@ -178,13 +182,13 @@ def _run_step(
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ) = _step_max(
-            m0, m1, l0, l1, mx0, mx1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
-            o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            m0, m1, l0, l1, mx0, mx1, qk_scale, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30,
+            o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         )  # fmt: skip
-        pA0, pA1 = tl.exp2(sA0 - c0), tl.exp2(sA1 - c1)
-        pA2, pA3 = tl.exp2(sA2 - c0), tl.exp2(sA3 - c1)
-        pB0, pB1 = tl.exp2(sB0 - c0), tl.exp2(sB1 - c1)
-        pB2, pB3 = tl.exp2(sB2 - c0), tl.exp2(sB3 - c1)
+        pA0, pA1 = tl.exp2(sA0 * qk_scale - c0), tl.exp2(sA1 * qk_scale - c1)
+        pA2, pA3 = tl.exp2(sA2 * qk_scale - c0), tl.exp2(sA3 * qk_scale - c1)
+        pB0, pB1 = tl.exp2(sB0 * qk_scale - c0), tl.exp2(sB1 * qk_scale - c1)
+        pB2, pB3 = tl.exp2(sB2 * qk_scale - c0), tl.exp2(sB3 * qk_scale - c1)
         l0 = l0 + (pA0 + pA2 + pB0 + pB2)
         l1 = l1 + (pA1 + pA3 + pB1 + pB3)
         (
@@ -205,20 +209,19 @@ def _run_step(
         )  # fmt: skip
     else:
         sA0, sA1, sA2, sA3 = _scores(
-            rawA, qk_scale, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
-            MASKED,
+            rawA, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, MASKED,
         )  # fmt: skip
         (
             m0, m1, c0, c1, l0, l1,
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ) = _step_max(
-            m0, m1, l0, l1, tl.maximum(sA0, sA2), tl.maximum(sA1, sA3), o00, o01, o02, o03, o10, o11, o12,
-            o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61,
+            m0, m1, l0, l1, tl.maximum(sA0, sA2), tl.maximum(sA1, sA3), qk_scale, o00, o01, o02, o03, o10, o11,
+            o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61,
             o62, o63, o70, o71, o72, o73,
         )  # fmt: skip
-        pA0, pA1 = tl.exp2(sA0 - c0), tl.exp2(sA1 - c1)
-        pA2, pA3 = tl.exp2(sA2 - c0), tl.exp2(sA3 - c1)
+        pA0, pA1 = tl.exp2(sA0 * qk_scale - c0), tl.exp2(sA1 * qk_scale - c1)
+        pA2, pA3 = tl.exp2(sA2 * qk_scale - c0), tl.exp2(sA3 * qk_scale - c1)
         l0 = l0 + (pA0 + pA2)
         l1 = l1 + (pA1 + pA3)
         (

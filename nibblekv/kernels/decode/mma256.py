@@ -42,16 +42,17 @@ from nibblekv.kernels.ptx.mma import _lane_reduce, _p_frag, _p_frag_bf16, _page_
 # NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
 @triton.jit
 def _fold256(
-    s0, s1, s2, s3, m0, m1, l0, l1,
+    s0, s1, s2, s3, scale, m0, m1, l0, l1,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
     u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43, u50,
     u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
 ):  # fmt: skip
-    """The online softmax step on one score fragment ``s`` of both halves (the NVFP4 step and the bf16 tail):
-    returns the new (m0, m1, l0, l1), the probabilities ``p0..p3`` and the O^T halves ``o`` / ``u`` rescaled
-    to the new max."""
+    """The online softmax step on one score fragment ``s`` of both halves (the NVFP4 step and the bf16 tail),
+    whose scores are ``s * scale`` (``scale`` > 0; see ``_mma_step._scores``): returns the new (m0, m1, l0,
+    l1), the probabilities ``p0..p3`` and the O^T halves ``o`` / ``u`` rescaled to the new max."""
     x0, x1 = _lane_reduce(tl.maximum(s0, s2), tl.maximum(s1, s3), True, True)
+    x0, x1 = x0 * scale, x1 * scale
     (
         n0, n1, c0, c1, k0, k1,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
@@ -69,8 +70,8 @@ def _fold256(
         m0, m1, l0, l1, x0, x1, u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33,
         u40, u41, u42, u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
     )  # fmt: skip
-    p0, p1 = tl.exp2(s0 - c0), tl.exp2(s1 - c1)
-    p2, p3 = tl.exp2(s2 - c0), tl.exp2(s3 - c1)
+    p0, p1 = tl.exp2(s0 * scale - c0), tl.exp2(s1 * scale - c1)
+    p2, p3 = tl.exp2(s2 * scale - c0), tl.exp2(s3 * scale - c1)
     return (
         n0, n1, k0 + (p0 + p2), k1 + (p1 + p3), p0, p1, p2, p3,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
@@ -95,10 +96,10 @@ def _step256(
     """One softmax step over this warp's tile at ``nb`` (low half ``rawL``, high half ``rawH``; Q halves
     ``q`` / ``r``, O^T halves ``o`` / ``u``); returns the new (m0, m1, l0, l1, o, u)."""
     sL0, sL1, sL2, sL3 = _scores(
-        rawL, qk_scale, nb, lim, lim, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, MASKED,
+        rawL, nb, lim, lim, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, MASKED,
     )  # fmt: skip
     sH0, sH1, sH2, sH3 = _scores(
-        rawH, qk_scale, nb, lim, lim, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, False,
+        rawH, nb, lim, lim, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, False,
     )  # fmt: skip
     (
         m0, m1, l0, l1, p0, p1, p2, p3,
@@ -107,7 +108,7 @@ def _step256(
         u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
         u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
     ) = _fold256(
-        sL0 + sH0, sL1 + sH1, sL2 + sH2, sL3 + sH3, m0, m1, l0, l1,
+        sL0 + sH0, sL1 + sH1, sL2 + sH2, sL3 + sH3, qk_scale, m0, m1, l0, l1,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
         o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
@@ -376,10 +377,10 @@ def _mma_tail256(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_s
             kp, kp8, 128 + 32 * t, mg, m8, e0, e1, e2, e3, f0, f1, f2, f3,
             r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
         )  # fmt: skip
-        s0 = tl.where(mg, (e0 + f0) * qk_scale, float("-inf"))
-        s1 = tl.where(mg, (e1 + f1) * qk_scale, float("-inf"))
-        s2 = tl.where(m8, (e2 + f2) * qk_scale, float("-inf"))
-        s3 = tl.where(m8, (e3 + f3) * qk_scale, float("-inf"))
+        s0 = tl.where(mg, e0 + f0, float("-inf"))
+        s1 = tl.where(mg, e1 + f1, float("-inf"))
+        s2 = tl.where(m8, e2 + f2, float("-inf"))
+        s3 = tl.where(m8, e3 + f3, float("-inf"))
         (
             m0, m1, l0, l1, p0, p1, p2, p3,
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
@@ -387,7 +388,7 @@ def _mma_tail256(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_s
             u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
             u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
         ) = _fold256(
-            s0, s1, s2, s3, m0, m1, l0, l1,
+            s0, s1, s2, s3, qk_scale, m0, m1, l0, l1,
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
             u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,

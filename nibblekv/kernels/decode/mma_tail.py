@@ -204,21 +204,21 @@ def _mma_tail(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_scal
             kp, kp8, 32 * t, kmg, km8, z, z, z, z, z, z, z, z,
             q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
         )  # fmt: skip
-        s0 = tl.where(mg, (e0 + f0) * qk_scale, float("-inf"))
-        s1 = tl.where(mg1, (e1 + f1) * qk_scale, float("-inf"))  # PAIR: column 2t+1 has parity 1
-        s2 = tl.where(m8, (e2 + f2) * qk_scale, float("-inf"))
-        s3 = tl.where(m81, (e3 + f3) * qk_scale, float("-inf"))
+        s0 = tl.where(mg, e0 + f0, float("-inf"))
+        s1 = tl.where(mg1, e1 + f1, float("-inf"))  # PAIR: column 2t+1 has parity 1
+        s2 = tl.where(m8, e2 + f2, float("-inf"))
+        s3 = tl.where(m81, e3 + f3, float("-inf"))
         (
             m0, m1, c0, c1, l0, l1,
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ) = _step_max(
-            m0, m1, l0, l1, tl.maximum(s0, s2), tl.maximum(s1, s3), o00, o01, o02, o03, o10, o11, o12, o13,
-            o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62,
-            o63, o70, o71, o72, o73,
+            m0, m1, l0, l1, tl.maximum(s0, s2), tl.maximum(s1, s3), qk_scale, o00, o01, o02, o03, o10, o11,
+            o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61,
+            o62, o63, o70, o71, o72, o73,
         )  # fmt: skip
-        p0, p1 = tl.exp2(s0 - c0), tl.exp2(s1 - c1)
-        p2, p3 = tl.exp2(s2 - c0), tl.exp2(s3 - c1)
+        p0, p1 = tl.exp2(s0 * qk_scale - c0), tl.exp2(s1 * qk_scale - c1)
+        p2, p3 = tl.exp2(s2 * qk_scale - c0), tl.exp2(s3 * qk_scale - c1)
         l0 = l0 + (p0 + p2)
         l1 = l1 + (p1 + p3)
         pa = _p_frag_bf16(p0, p1)
