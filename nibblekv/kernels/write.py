@@ -16,7 +16,6 @@ import triton.language as tl
 from nibblekv.formats.kv_view import TailDemotion
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import FMT_NVFP4, check_cache, fmt_code, scale_tensors
-from nibblekv.kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -202,7 +201,6 @@ def _store_rows_kernel(
     FMT: tl.constexpr,
     DEMOTE: tl.constexpr,
     FOUR_OVER_SIX: tl.constexpr,
-    PDL: tl.constexpr = 0,
 ):
     """One program per destination row.
 
@@ -210,7 +208,6 @@ def _store_rows_kernel(
     demote (DEMOTE=True): row r is offset ``r % PAGE`` of tail page ``idx_ptr[r // PAGE]``, stored at the
     same offset of main page ``dst_idx_ptr[r // PAGE]``.
     """
-    pdl_enter(PDL)
     r = tl.program_id(0)
     if DEMOTE:
         i = r // PAGE
@@ -317,7 +314,6 @@ def _launch(
         D=lay.head_dim, FMT=fmt, DEMOTE=demote, FOUR_OVER_SIX=four_over_six and fmt == FMT_NVFP4,
         num_warps=4 if fmt == FMT_NVFP4 else 2,
         enable_fp_fusion=False,  # no FMA contraction: 4over6's error sums must round like the reference's
-        **pdl_launch(k_src.device),
     )  # fmt: skip
 
 

@@ -34,7 +34,6 @@ from nibblekv.kernels.decode.launch_config import DecodeConfig
 from nibblekv.kernels.decode.mma import _mma_segment
 from nibblekv.kernels.decode.mma256 import _mma256_segment, _mma_tail256
 from nibblekv.kernels.decode.mma_tail import _mma_tail
-from nibblekv.kernels.pdl import pdl_enter
 
 
 def plan_balanced(lens: list[int], kv_heads: int, warps: int, min_tiles: int) -> list[tuple[int, int, int, int, int]]:
@@ -84,11 +83,10 @@ def decode_mma_bal_kernel(
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BP: tl.constexpr, W: tl.constexpr, HAS_TAIL: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     MINC: tl.constexpr, VST: tl.constexpr, VQ: tl.constexpr, DYN: tl.constexpr,
-    L2: tl.constexpr = 0, PDL: tl.constexpr = 0,
+    L2: tl.constexpr = 0,
 ):  # fmt: skip
     """1-D grid: ``W`` one-warp programs over the balanced chunks, then (``HAS_TAIL``) one tail program per
     pair. ``n_req`` requests, of which the first ``*act_ptr`` are real with ``DYN`` (CUDA-graph padding)."""
-    pdl_enter(PDL)
     HKV: tl.constexpr = HQ // G
     pid = tl.program_id(0)
     n_act = n_req
@@ -165,7 +163,7 @@ def _combine_bal_kernel(
     o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, n_req, act_ptr, lse_out,
     HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BP: tl.constexpr,
     W: tl.constexpr, MINC: tl.constexpr, HAS_TAIL: tl.constexpr, DYN: tl.constexpr,
-    WRITE_LSE: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr = 0,
+    WRITE_LSE: tl.constexpr, CH: tl.constexpr,
 ):  # fmt: skip
     """Merge the partials of one (request, KV head) pair -- its ``G`` query heads (``GP`` = the next power of
     two) -- for dims ``[DB * pid1, DB * (pid1 + 1))``, ``CH`` slots at a time; padding rows (``DYN``) and
@@ -177,7 +175,6 @@ def _combine_bal_kernel(
     (``lens``, then the slots). H200, a program per query head and three round trips: 6.0 / 10.6 / 19.4 us
     of 105 / 200 / 383 us decode calls at B32 / B64 / B128 x 8K.
     """
-    pdl_enter(PDL)
     HKV: tl.constexpr = HQ // G
     p = tl.program_id(0)  # p = b * HKV + h
     b = p // HKV
@@ -228,12 +225,11 @@ def _combine_bal_kernel(
 def launch_balanced(
     q: torch.Tensor, cache: LayerKV, page_table: torch.Tensor, lens: torch.Tensor, sm_scale: float,
     tail_ops: tuple, has_tail: bool, cfg: DecodeConfig, out: torch.Tensor,
-    lse_out: torch.Tensor | None, active: torch.Tensor | None, pdl: dict[str, bool],
+    lse_out: torch.Tensor | None, active: torch.Tensor | None,
 ) -> torch.Tensor:  # fmt: skip
     """``decode_triton``'s ``BALANCED`` kernel (its caller checked shapes and that this kernel applies:
     head_dim 128 or 256, one warp per program, the tail in the grid, ``vq`` only for vector-loadable Q).
-    ``tail_ops``: ``tail_operands``' result; ``pdl``: both launches' ``kernels.pdl.pdl_launch`` arguments.
-    Returns the compiled decode kernel."""
+    ``tail_ops``: ``tail_operands``' result. Returns the compiled decode kernel."""
     tk, tv, ts, tpt, ttl, tpage = tail_ops
     bsz, hq, d = q.shape
     hkv = cache.layout.num_kv_heads
@@ -255,7 +251,7 @@ def launch_balanced(
         HQ=hq, G=g, D=d, PAGE=cache.layout.page_size, TPAGE=tpage, BP=bp, W=warps, HAS_TAIL=int(has_tail),
         TPI=cfg.tpi, PF=cfg.pf, MINC=cfg.minc, VST=cfg.vst,
         VQ=cfg.vq,
-        L2=cfg.l2_ahead or 0, DYN=dyn, num_warps=1, num_stages=1, **pdl,
+        L2=cfg.l2_ahead or 0, DYN=dyn, num_warps=1, num_stages=1,
         **({} if interp else {"maxnreg": _mma_max_registers(per_sm)}),
     )  # fmt: skip
     slots = max_pair_slots(warps, hkv)
@@ -266,7 +262,7 @@ def launch_balanced(
         lse_out if lse_out is not None else lse_part,
         HQ=hq, G=g, GP=gp, D=d, DB=db, BP=bp, W=warps, MINC=cfg.minc,
         HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None),
-        CH=combine_chunk(gp, db), num_warps=4, **pdl,
+        CH=combine_chunk(gp, db), num_warps=4,
     )  # fmt: skip
     return k
 

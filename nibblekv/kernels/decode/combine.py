@@ -12,7 +12,6 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels.decode.mma import dyn_splits, mma_chunk
-from nibblekv.kernels.pdl import pdl_enter
 
 
 @triton.jit
@@ -73,7 +72,7 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
                     PAIR: tl.constexpr = 0, lse_out=None, WRITE_LSE: tl.constexpr = 0,
                     TAIL_SLOTS: tl.constexpr = 1, act_ptr=None, warp_slots=0, reserve_per_req=0,
                     WARPS_PER_REQ: tl.constexpr = 1, DYN: tl.constexpr = 0,
-                    TB: tl.constexpr = 2, PDL: tl.constexpr = 0):  # fmt: skip
+                    TB: tl.constexpr = 2):  # fmt: skip
     """Merge the split partials of ``G`` rows (query heads ``G * pid0 .. G * pid0 + G - 1`` of the flattened
     (request, head) rows; ``GP`` = the next power of two) for dims ``[DB * pid1, DB * (pid1 + 1))``: weights
     ``2**(lse_s - max lse)``, in one online pass over chunks of ``CH`` slots. ``WRITE_LSE``: also
@@ -92,7 +91,6 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
     ``combine_chunk``). H200, a program per query head and three round trips (lens, lse, partials): 5.0 /
     7.7 / 13.3 us of 296 / 197 / 376 us decode calls at B26 x 32K / B64 x 8K / B128 x 8K.
     """
-    pdl_enter(PDL)
     r0 = tl.program_id(0).to(tl.int64) * G  # first row: b * HQ + head (HQ % G == 0)
     b = r0 // HQ
     offs_g = tl.arange(0, GP)

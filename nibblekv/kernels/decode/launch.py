@@ -37,7 +37,6 @@ from nibblekv.kernels.decode.mma import decode_mma_kernel
 from nibblekv.kernels.decode.mma_tail import decode_tail_kernel
 from nibblekv.kernels.decode.paged import _decode_kernel
 from nibblekv.kernels.decode.tok import decode_tok_kernel
-from nibblekv.kernels.pdl import pdl_launch
 
 # NOTE: GQA groups over 16 run as chunks of <= 16 query heads (each reads the KV head again): the tok/paged
 # builds with 64-row query blocks (group 36) hit an illegal address on the H200 (the interpreter
@@ -159,14 +158,11 @@ def decode_triton(
         raise ValueError(f"lse_out must be contiguous float32 [{bsz}, {hq}]")
     if bsz == 0:
         return out
-    # NOTE: programmatic dependent launch (kernels.pdl): in the engine's graphs the decode kernel's launch
-    # overlaps the cache write's tail, the combine step's the decode kernel's, the o_proj's the combine's
-    pdl = pdl_launch(q.device)
     if name is DecodeKernel.BALANCED:
         bal_cfg = cfg.replace(vq=cfg.vq * int(_q_vector_ok(q)))
         tail_ops = (tk, tv, ts, tpt, ttl, tpage)
         LAST_KERNEL["decode"] = launch_balanced(
-            q, cache, page_table, lens, sm_scale, tail_ops, has_tail, bal_cfg, out, lse_out, active, pdl
+            q, cache, page_table, lens, sm_scale, tail_ops, has_tail, bal_cfg, out, lse_out, active
         )
         return out
     o_part = torch.empty((bsz, hq, s_tot, d), dtype=torch.float32, device=q.device)
@@ -224,7 +220,6 @@ def decode_triton(
             TPP=int(tail_in_grid and bool(cfg.tail_page_prefetch)),
             **dyn,
             **mma_common,
-            **pdl,
             # NOTE: the grid is one wave of ppsm warps per SM, so the register count must let ppsm warps be
             # resident (128 at 16). Uncapped, sm_90 compiles drift to 130 (GQA 8) and 166 (no tail, with
             # an early return): 15 / 12 warps per SM, two waves, 0.44-0.59 of the H200's ceiling
@@ -238,18 +233,17 @@ def decode_triton(
             )
         split = cfg.split if fmt != FMT_FLOAT else 0
         k = decode_tok_kernel[(bsz, hkv, s_tot)](
-            *args, CONV=conv, SPLIT=split, **common, **pdl
+            *args, CONV=conv, SPLIT=split, **common
         )  # fmt: skip
     else:
         paged = name is DecodeKernel.PAGED and _pages_contiguous(cache, bn)
         k = _decode_kernel[(bsz, hkv, s_tot)](
             *args, PAGED=paged,
-            TPAGED=name is DecodeKernel.PAGED and has_tail and _pages_contiguous(tail, tbn), **common, **pdl,
+            TPAGED=name is DecodeKernel.PAGED and has_tail and _pages_contiguous(tail, tbn), **common,
         )  # fmt: skip
     LAST_KERNEL["decode"] = k
-    if side is not None:  # NOTE: the combine step then waits on two streams: no programmatic edge
+    if side is not None:
         torch.cuda.current_stream(q.device).wait_stream(side)
-        pdl = {"PDL": False}
     # NOTE: one combine program per (request, KV head) -- its G query heads' rows are adjacent -- where the
     # pairs fill the GPU: H200, combine us per call at B26x32K / B32x8K / B64x8K / B128x8K 5.0 / 6.0 / 10.6 /
     # 19.4 -> 3.6 / 4.0 / 3.6 / 5.2; with fewer pairs than SMs a program per query head: B8x32K / B1x128K
@@ -266,7 +260,7 @@ def decode_triton(
         MMA_SPLITS=splits if mma else 0, MMA_NW=cfg.num_warps * (1 + pair) if mma else 1,
         MINC=cfg.minc if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
         lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
-        **(dict(dyn, WARPS_PER_REQ=hkv * cfg.num_warps) if mma and dyn else {}), **pdl,
+        **(dict(dyn, WARPS_PER_REQ=hkv * cfg.num_warps) if mma and dyn else {}),
     )  # fmt: skip
     return out
 

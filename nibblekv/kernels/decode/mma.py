@@ -49,7 +49,6 @@ from nibblekv.kernels.decode._mma_tile import (
 from nibblekv.kernels.decode.mma16 import _mma16_segment
 from nibblekv.kernels.decode.mma256 import _mma256_segment, _mma_tail256
 from nibblekv.kernels.decode.mma_tail import _mma_tail
-from nibblekv.kernels.pdl import pdl_enter
 
 
 @triton.jit
@@ -217,7 +216,7 @@ def decode_mma_kernel(
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     TPP: tl.constexpr = 0,
     L2: tl.constexpr = 0, qr_ptr=None, s_qt=0, s_qr=0, qcu_ptr=None, q_last=0, QG: tl.constexpr = 0,
-    QNG: tl.constexpr = 1, PDL: tl.constexpr = 0,
+    QNG: tl.constexpr = 1,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -242,7 +241,6 @@ def decode_mma_kernel(
     ``s_qr``) through ``decode_triton``'s ``q_rows`` map -- request ``b`` is virtual: real request ``b //
     QNG`` (its first token ``qcu_ptr[b // QNG]``), columns from ``(b % QNG) * G``; ``q_ptr`` is unused.
     """
-    pdl_enter(PDL)  # NOTE: before any load: Q and the pool are the output of the kernels before
     HKV: tl.constexpr = HQ // G
     TM1: tl.constexpr = TAIL_MMA if TAIL_MMA > 0 else 1
     if DYN:

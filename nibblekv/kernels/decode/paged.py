@@ -22,7 +22,6 @@ from nibblekv.kernels._common import (
     load_v_rows,
     online_softmax_step,
 )
-from nibblekv.kernels.pdl import pdl_enter
 
 
 @triton.jit
@@ -155,9 +154,7 @@ def _decode_kernel(
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr,
     FMT: tl.constexpr, INTERP: tl.constexpr, PAGED: tl.constexpr, TPAGED: tl.constexpr,
-    PDL: tl.constexpr = 0,
 ):  # fmt: skip
-    pdl_enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     # NOTE: the tail is program 0 of the split axis (scheduled first, not as a short last wave); its

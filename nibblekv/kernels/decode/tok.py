@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from nibblekv.kernels._common import nvfp4_split, softmax_update
-from nibblekv.kernels.pdl import pdl_enter
 
 
 @triton.jit
@@ -354,10 +353,8 @@ def decode_tok_kernel(
     PAGE: tl.constexpr, TPAGE: tl.constexpr, BN: tl.constexpr, TBN: tl.constexpr,
     NUM_SPLITS, HAS_TAIL: tl.constexpr,
     FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, SPLIT: tl.constexpr,
-    PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them)."""
-    pdl_enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     # NOTE: the tail is program 0 of the split axis (scheduled first, not as a short last wave); its

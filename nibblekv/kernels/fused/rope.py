@@ -13,7 +13,6 @@ import triton.language as tl
 
 from nibblekv.kernels._common import interpreting
 from nibblekv.kernels.fused.elementwise import _bf16_bits, _check_rows, _round
-from nibblekv.kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -29,14 +28,13 @@ def _rope_qkv_kernel(
     qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr,
     stride_qkv, stride_cos, stride_sin,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-    HALF_BLOCK: tl.constexpr, BH: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr = 0,
+    HALF_BLOCK: tl.constexpr, BH: tl.constexpr, BF16_BITS: tl.constexpr,
 ):  # fmt: skip
     """``BH`` heads of one token: q and k heads rotated into ``q_ptr`` / ``k_ptr``, v heads copied to
     ``v_ptr``.
 
     Head ``h`` of the ``[q | k | v]`` row is a q head for ``h < HQ``, a k head below ``HQ + HKV``, else v.
     """
-    pdl_enter(PDL)
     HALF: tl.constexpr = D // 2
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -77,7 +75,7 @@ def _rope_qkv_rot_kernel(
     qkv_ptr, cos_ptr, sin_ptr, rot_ptr, q_ptr, k_ptr, v_ptr,
     stride_qkv, stride_cos, stride_sin,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BF16_BITS: tl.constexpr,
-    IEEE: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr = 0,
+    IEEE: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """:func:`_rope_qkv_kernel`, then every row (q and k after RoPE, v as is) times ``rot [D, D]``.
 
@@ -85,7 +83,6 @@ def _rope_qkv_rot_kernel(
     head rows of the rounded RoPE output (as the eager ``q @ rot`` sees it), float32 accumulation. Output
     columns ``[BC * pid2, BC * (pid2 + 1))`` (each program loads only that slice of ``rot``).
     """
-    pdl_enter(PDL)
     HALF: tl.constexpr = D // 2
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -211,7 +208,7 @@ def _launch_plain(
         qkv, cos, sin, q, k, v,
         qkv.stride(0), cos.stride(0), sin.stride(0),
         HQ=num_heads, HKV=num_kv_heads, D=head_dim, HALF_BLOCK=half_block, BH=bh,
-        BF16_BITS=_bf16_bits(qkv.dtype), num_warps=4, enable_fp_fusion=False, **pdl_launch(qkv.device),
+        BF16_BITS=_bf16_bits(qkv.dtype), num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
 
 
@@ -273,7 +270,6 @@ def _launch_rotated(
         qkv.stride(0), cos.stride(0), sin.stride(0),
         HQ=num_heads, HKV=num_kv_heads, D=d, BH=bh, BF16_BITS=_bf16_bits(qkv.dtype),
         IEEE=qkv.dtype == torch.float32 or interpreting(), BC=bc, num_warps=4, enable_fp_fusion=False,
-        **pdl_launch(qkv.device),
     )  # fmt: skip
 
 
