@@ -86,3 +86,7 @@ def test_fp8_decode_tiles_tool_variants() -> None:
     assert tool.variant_tile("t128w8s4k4", default, 6144, 2) == GemmTile(16, 128, 8, 4, 2)
     with pytest.raises(SystemExit, match="unknown variant"):
         tool.variant_tile("q4", default, 6144, 32)
+    # the override takes gemm_tile's arguments (the block flag too) and keeps its choice above 16 tokens
+    tile = tool.override("p2", gemm_tile)
+    assert tile(1, 6144, 32, True) == GemmTile(16, 64, 4, 5, 3)
+    assert tile(64, 6144, 32, True) == gemm_tile(64, 6144, 32, True)

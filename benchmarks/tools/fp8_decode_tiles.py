@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import triton
@@ -46,17 +47,21 @@ def variant_tile(spec: str, default: gemm.GemmTile, n: int, kblocks: int) -> gem
     return dataclasses.replace(tile, fused_sum=extra == "fused")
 
 
-def main() -> int:
-    spec = sys.argv.pop(1)
-    original = gemm.gemm_tile
+def override(spec: str, original: Callable[..., gemm.GemmTile]) -> Callable[..., gemm.GemmTile]:
+    """``gemm.gemm_tile`` (``original``, same arguments) with ``spec``'s launch at <= 16 tokens."""
 
     @functools.lru_cache(maxsize=1024)
-    def tile(m: int, n: int, kblocks: int) -> gemm.GemmTile:
-        chosen = original(m, n, kblocks)
+    def tile(m: int, n: int, kblocks: int, block: bool = False) -> gemm.GemmTile:
+        chosen = original(m, n, kblocks, block)
         return chosen if m > 16 else variant_tile(spec, chosen, n, kblocks)
 
-    variant_tile(spec, original(1, 4096, 32), 4096, 32)  # a bad spec fails before the model loads
-    gemm.gemm_tile = tile  # type: ignore[assignment]
+    return tile
+
+
+def main() -> int:
+    spec = sys.argv.pop(1)
+    variant_tile(spec, gemm.gemm_tile(1, 4096, 32), 4096, 32)  # a bad spec fails before the model loads
+    gemm.gemm_tile = override(spec, gemm.gemm_tile)  # type: ignore[assignment]
     print(f"fp8_decode_tiles: variant {spec}", flush=True)
     return bench_engine.main()
 
