@@ -59,7 +59,7 @@ def add_splits(
         offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for s in tl.static_range(SPLIT):  # NOTE: L2 reads (.cg): other programs wrote these partials
-            part = ws_ptr + M.to(tl.int64) * N * s + offs
+            part = ws_ptr + tl.cast(M, tl.int64) * N * s + offs  # NOTE: M == 1 arrives as a Python int
             total += tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
         if HAS_BIAS:
             total += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
