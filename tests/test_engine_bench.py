@@ -82,7 +82,7 @@ def test_fp8_decode_tiles_tool_variants() -> None:
     default = gemm_tile(1, 6144, 32)
     assert tool.variant_tile("default", default, 6144, 32) == default
     assert tool.variant_tile("p2", default, 6144, 32) == GemmTile(16, 64, 4, 5, 3)  # 96 tiles, 132 SMs
-    assert tool.variant_tile("p4+fused", default, 28672, 32) == GemmTile(16, 64, 4, 5, 2, fused_sum=True)
+    assert tool.variant_tile("p4", default, 28672, 32) == GemmTile(16, 64, 4, 5, 2)
     assert tool.variant_tile("t128w8s4k4", default, 6144, 2) == GemmTile(16, 128, 8, 4, 2)
     with pytest.raises(SystemExit, match="unknown variant"):
         tool.variant_tile("q4", default, 6144, 32)

@@ -9,13 +9,11 @@ Usage on the device (one variant a run; the rest of the arguments go to ``bench_
 
 Variants: ``default`` (``gemm_tile`` as it is); ``p<N>``: 16x64 tiles, 4 warps, 5 stages, k-splits for
 ~N programs an SM (at least 4 k-blocks a split, at most 16 splits); ``t<BN>w<W>s<S>k<K>``: 16 x BN tiles,
-W warps, S stages, K splits; a ``+fused`` suffix adds the split-K fix-up in the GEMM
-(``GemmTile.fused_sum``).
+W warps, S stages, K splits.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 import sys
@@ -32,19 +30,14 @@ from nibblekv.kernels.fp8 import gemm  # noqa: E402
 
 def variant_tile(spec: str, default: gemm.GemmTile, n: int, kblocks: int) -> gemm.GemmTile:
     """The launch ``spec`` names for an output of ``n`` columns over ``kblocks`` k-blocks at <= 16 tokens."""
-    base, _, extra = spec.partition("+")
-    if extra not in ("", "fused"):
-        raise SystemExit(f"unknown suffix +{extra} (only +fused)")
-    if base == "default":
-        tile = default
-    elif m := re.fullmatch(r"p(\d+)", base):
-        tile = gemm.GemmTile(16, 64, 4, 5, gemm.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks))
-    elif m := re.fullmatch(r"t(\d+)w(\d+)s(\d+)k(\d+)", base):
+    if spec == "default":
+        return default
+    if m := re.fullmatch(r"p(\d+)", spec):
+        return gemm.GemmTile(16, 64, 4, 5, gemm.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks))
+    if m := re.fullmatch(r"t(\d+)w(\d+)s(\d+)k(\d+)", spec):
         bn, warps, stages, split = (int(g) for g in m.groups())
-        tile = gemm.GemmTile(16, bn, warps, stages, min(split, kblocks))
-    else:
-        raise SystemExit(f"unknown variant {spec!r}: default, p<N> or t<BN>w<W>s<S>k<K> (+fused)")
-    return dataclasses.replace(tile, fused_sum=extra == "fused")
+        return gemm.GemmTile(16, bn, warps, stages, min(split, kblocks))
+    raise SystemExit(f"unknown variant {spec!r}: default, p<N> or t<BN>w<W>s<S>k<K>")
 
 
 def override(spec: str, original: Callable[..., gemm.GemmTile]) -> Callable[..., gemm.GemmTile]:

@@ -29,7 +29,7 @@ from nibblekv.kernels.fp8.scaled_mm import (
     block_scaled_mm_fits,
     fp8_block_scaled_mm,
 )
-from nibblekv.kernels.fp8.splitk import add_splits, split_counters, splitk_sum_kernel
+from nibblekv.kernels.fp8.splitk import splitk_sum_kernel
 from nibblekv.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from nibblekv.kernels.ptx.mma import _prefetch_l2
 
@@ -97,19 +97,18 @@ def _prefetch_weights(b_ptr, cols, stride_bn, k0, K, LINES: tl.constexpr):
 
 @triton.jit
 def _block_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, cnt_ptr, M, N, K, n_kblocks, kb_per_split,
+    a_ptr, b_ptr, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K, n_kblocks, kb_per_split,
     stride_am, stride_bn, stride_cm, stride_as, stride_bs,
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, ROWWISE: tl.constexpr, INTERP: tl.constexpr,
     PAIRED: tl.constexpr = False, PDL: tl.constexpr = False, PF_LINES: tl.constexpr = PDL_PREFETCH_LINES,
-    FUSED_SUM: tl.constexpr = False, SPLIT: tl.constexpr = 1,
 ):  # fmt: skip
     # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
     # PAIRED (block-scaled only): k-blocks two at a time (_block_pair), an odd last one alone.
     # ROWWISE: as_ptr holds one scale per row, bs_ptr one per column (per-channel weights), for all of K.
-    # PARTIAL (split-K): program (tile, s) sums k-blocks [s * kb_per_split, ...) into fp32 ws[s]; the tile's
-    # last split to finish adds them (FUSED_SUM, splitk.add_splits), or a second kernel does. Decode batches
-    # need split-K: a few output tiles cannot keep every SM reading weights.
+    # PARTIAL (split-K): program (tile, s) sums k-blocks [s * kb_per_split, ...) into fp32 ws[s]; a second
+    # kernel adds them (splitk). Decode batches need split-K: a few output tiles cannot keep every SM reading
+    # weights.
     # PDL (kernels.pdl): released at once; the first weight lines prefetched into L2 before the input's wait.
     pdl_release(PDL)
     pid = tl.program_id(0)
@@ -164,9 +163,6 @@ def _block_gemm_kernel(
         split_base = ws_ptr + tl.program_id(1).to(tl.int64) * M * N
         ws_ptrs = split_base + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
         tl.store(ws_ptrs, acc, mask=mask)
-        if FUSED_SUM:
-            add_splits(ws_ptr, c_ptr, bias_ptr, cnt_ptr, pid, M, N, stride_cm, offs_m, offs_n, cols, mask,
-                       SPLIT, HAS_BIAS, BLOCK_M, BLOCK_N, INTERP)  # fmt: skip
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
@@ -179,11 +175,7 @@ class GemmTile:
     """One launch of the FP8 GEMM: ``block_m x block_n`` output tiles (K steps of the scale group), Triton's
     ``num_warps`` / ``num_stages``, ``split_k`` k-splits (1: none; more: fp32 partials + a sum kernel), and
     ``paired``: the block-scaled GEMM issues two k-steps' products before scaling them (an experiment for
-    decode batches, where each step's scaling waits on its MMA; no default uses it yet); ``fused_sum``: with
-    k-splits, the last split of each output tile adds them instead of a second kernel (``splitk.add_splits``;
-    an experiment, off in every default: with its partials loaded one after another it made the 8B decode
-    step ~6% slower than the sum kernel on an H100, two runs compared through their common baseline; its
-    unrolled loads now are untimed)."""
+    decode batches, where each step's scaling waits on its MMA; no default uses it yet)."""
 
     block_m: int
     block_n: int
@@ -191,7 +183,6 @@ class GemmTile:
     num_stages: int
     split_k: int = 1
     paired: bool = False
-    fused_sum: bool = False
 
     def __post_init__(self) -> None:
         pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
@@ -265,17 +256,14 @@ def _launch_gemm(
     ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
     launch = pdl_launch(xq.device, pdl)
     grid = (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), split)
-    counters = split_counters(xq.device, grid[0]) if split > 1 and t.fused_sum else None
-    fused = counters is not None
     _block_gemm_kernel[grid](
-        xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, counters if fused else out,
-        m, n, k, kb, per_split,
+        xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb, per_split,
         xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), 0 if rowwise else w_scale.stride(0),
         HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=8,
         PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), PAIRED=t.paired, num_warps=t.num_warps,
-        num_stages=t.num_stages, FUSED_SUM=fused, SPLIT=split if fused else 1, **launch,
+        num_stages=t.num_stages, **launch,
     )  # fmt: skip
-    if split > 1 and not fused:
+    if split > 1:
         sum_block = min(1024, triton.next_power_of_2(n))
         splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
             ws, out, bias if bias is not None else out, m, n, out.stride(0), SPLIT=split,
