@@ -240,9 +240,9 @@ def _launch_gemm(
     out_dtype: torch.dtype, bias: torch.Tensor | None, tile: GemmTile | None, rowwise: bool,
     pdl: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Allocate ``[M, N]`` and run :func:`_block_gemm_kernel` (its last splits add the k-splits, or the sum
-    kernel after it does); shapes already checked.
-    ``pdl``: programmatic dependent launch (``kernels.pdl.pdl_launch``; default where available)."""
+    """Allocate ``[M, N]`` and run :func:`_block_gemm_kernel` (+ ``splitk_sum_kernel`` with k-splits); shapes
+    already checked. ``pdl``: programmatic dependent launch (``kernels.pdl.pdl_launch``; default where
+    available)."""
     m, k = xq.shape
     n = wq.shape[0]
     kb = triton.cdiv(k, group)
