@@ -111,9 +111,9 @@ def test_fused_kernels_hand_fp8_layers_their_inputs_quantized(monkeypatch: pytes
     seen: list[str] = []
     gemm = Fp8Linear._gemm
 
-    def spy(self: Fp8Linear, x: Any, bias: torch.Tensor | None) -> torch.Tensor:
+    def spy(self: Fp8Linear, x: Any, bias: torch.Tensor | None, defer_sum: bool = False) -> Any:
         seen.append(type(x).__name__)
-        return gemm(self, x, bias)
+        return gemm(self, x, bias, defer_sum)
 
     monkeypatch.setattr(Fp8Linear, "_gemm", spy)
     fused = _logits(model)
@@ -125,6 +125,41 @@ def test_fused_kernels_hand_fp8_layers_their_inputs_quantized(monkeypatch: pytes
     unfused = _logits(model)
     assert seen == ["Tensor"] * 8
     assert torch.equal(fused, unfused)
+
+
+def test_fused_kernels_add_the_split_k_partials_of_the_layer_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """o_proj, gate/up and down_proj hand their k-split partials unsummed to the fused kernel after them
+    (add + RMSNorm, SiLU * mul), qkv_proj sums its own: logits bit for bit those with every sum kernel
+    launched."""
+    from nibblekv.kernels.fp8 import gemm as gemm_mod
+
+    model = random_causal_lm(ModelConfig.from_hf(CFG), std=0.04, seed=5).to(DEVICE, torch.bfloat16)
+    quantize_model(model)
+    fp8 = [(n.rsplit(".", 1)[-1], m.defer_sum) for n, m in model.named_modules() if isinstance(m, Fp8Linear)]
+    assert fp8 == [("qkv_proj", False), ("o_proj", True), ("gate_up_proj", True), ("down_proj", True)] * 2
+    monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")
+    # NOTE: this model's K (2-3 k-blocks) gets no k-split by default: force 2 (the launcher's rounding keeps
+    # every split non-empty)
+    split2 = gemm_mod.GemmTile(16, 64, 4, 2, split_k=2)
+    monkeypatch.setattr(gemm_mod, "gemm_tile", lambda m, n, kb, block=False: split2)
+    outs: list[str] = []
+    forward = Fp8Linear.forward
+
+    def spy(self: Fp8Linear, x: Any) -> Any:
+        y = forward(self, x)
+        outs.append(type(y).__name__)
+        return y
+
+    monkeypatch.setattr(Fp8Linear, "forward", spy)
+    deferred = _logits(model)
+    assert outs == ["Tensor", "PartialSums", "PartialSums", "PartialSums"] * 2
+    for m in model.modules():
+        if isinstance(m, Fp8Linear):
+            m.defer_sum = False
+    outs.clear()
+    summed = _logits(model)
+    assert outs == ["Tensor"] * 8
+    assert torch.equal(deferred, summed)
 
 
 class _RotatingAttention(DenseAttention):
