@@ -111,3 +111,20 @@ def test_partials_are_checked() -> None:
     with pytest.raises(ValueError, match="residual must match x"):
         r = torch.zeros(3, 8, device=DEVICE, dtype=torch.bfloat16)
         add_rms_norm(PartialSums(p, None, torch.float32), r, torch.ones(8, device=DEVICE), 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rotate", [False, True])
+def test_rope_qk_adds_partials_as_it_loads(dtype: torch.dtype, rotate: bool) -> None:
+    """qkv with a bias (Qwen2's): 4 q heads, 2 k, 2 v of 32 dims; the rotated kernel splits output columns."""
+    from nibblekv.attention.paged import hadamard_matrix
+    from nibblekv.kernels.fused.rope import rope_qk
+
+    t, d = 3, 32
+    summed, parts = _gemm(t, 8 * d, dtype, True, False, seed=3)
+    pos = torch.arange(t).float()[:, None] * (1.0 / 10000 ** (torch.arange(0, d, 2).float() / d))
+    emb = torch.cat((pos, pos), dim=-1)[:, None, :]
+    cos, sin = emb.cos().to(DEVICE, dtype), emb.sin().to(DEVICE, dtype)
+    rot = hadamard_matrix(d, DEVICE, dtype) if rotate else None
+    for a, b in zip(rope_qk(parts, cos, sin, 4, 2, d, rot), rope_qk(summed, cos, sin, 4, 2, d, rot)):
+        _same(a, b)

@@ -127,16 +127,36 @@ def test_fused_kernels_hand_fp8_layers_their_inputs_quantized(monkeypatch: pytes
     assert torch.equal(fused, unfused)
 
 
-def test_fused_kernels_add_the_split_k_partials_of_the_layer_before(monkeypatch: pytest.MonkeyPatch) -> None:
-    """o_proj, gate/up and down_proj hand their k-split partials unsummed to the fused kernel after them
-    (add + RMSNorm, SiLU * mul), qkv_proj sums its own: logits bit for bit those with every sum kernel
-    launched."""
+class _RotatingAttention(DenseAttention):
+    """Dense attention behind a Hadamard ``qkv_rotation``, as an nvfp4 cache's backend: q, k, v arrive rotated
+    and the output leaves in the rotated basis (scores are unchanged: ``R`` is orthogonal)."""
+
+    def __init__(self, n: int, d: int) -> None:
+        super().__init__([0, n])
+        self.qkv_rotation = hadamard_matrix(d, DEVICE, torch.bfloat16)
+
+    def forward_rotated(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        return self.forward(layer_id, q, k, v)
+
+
+@pytest.mark.parametrize(("qk_norm", "rotate"), [(False, False), (False, True), (True, False)])
+def test_fused_kernels_add_the_split_k_partials_of_the_layer_before(
+    monkeypatch: pytest.MonkeyPatch, qk_norm: bool, rotate: bool
+) -> None:
+    """Every projection hands its k-split partials unsummed to the fused kernel after it (RoPE -- with the
+    cache's rotation or without --, add + RMSNorm, SiLU * mul): logits bit for bit those with every sum
+    kernel launched. With q/k norm (its split, norm and RoPE run eagerly) qkv_proj sums its own."""
     from nibblekv.kernels.fp8 import gemm as gemm_mod
 
-    model = random_causal_lm(ModelConfig.from_hf(CFG), std=0.04, seed=5).to(DEVICE, torch.bfloat16)
+    cfg = {**CFG, "model_type": "qwen3"} if qk_norm else CFG
+    model = random_causal_lm(ModelConfig.from_hf(cfg), std=0.04, seed=5).to(DEVICE, torch.bfloat16)
     quantize_model(model)
+    assert (model.model.layers[0].self_attn.q_norm is not None) == qk_norm
     fp8 = [(n.rsplit(".", 1)[-1], m.defer_sum) for n, m in model.named_modules() if isinstance(m, Fp8Linear)]
-    assert fp8 == [("qkv_proj", False), ("o_proj", True), ("gate_up_proj", True), ("down_proj", True)] * 2
+    deferring = [("qkv_proj", not qk_norm), ("o_proj", True), ("gate_up_proj", True), ("down_proj", True)]
+    assert fp8 == deferring * 2
     monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")
     # NOTE: this model's K (2-3 k-blocks) gets no k-split by default: force 2 (the launcher's rounding keeps
     # every split non-empty)
@@ -151,29 +171,19 @@ def test_fused_kernels_add_the_split_k_partials_of_the_layer_before(monkeypatch:
         return y
 
     monkeypatch.setattr(Fp8Linear, "forward", spy)
-    deferred = _logits(model)
-    assert outs == ["Tensor", "PartialSums", "PartialSums", "PartialSums"] * 2
-    for m in model.modules():
-        if isinstance(m, Fp8Linear):
-            m.defer_sum = False
-    outs.clear()
-    summed = _logits(model)
+    n = 10
+    ids, pos = torch.arange(5, 5 + n, device=DEVICE), torch.arange(n, device=DEVICE)
+    attn = _RotatingAttention(n, model.config.head_dim) if rotate else DenseAttention.single(n)
+    with torch.no_grad():
+        deferred = model.compute_logits(model(ids, pos, attn))
+        assert outs == (["Tensor" if qk_norm else "PartialSums"] + ["PartialSums"] * 3) * 2
+        for m in model.modules():
+            if isinstance(m, Fp8Linear):
+                m.defer_sum = False
+        outs.clear()
+        summed = model.compute_logits(model(ids, pos, attn))
     assert outs == ["Tensor"] * 8
     assert torch.equal(deferred, summed)
-
-
-class _RotatingAttention(DenseAttention):
-    """Dense attention behind a Hadamard ``qkv_rotation``, as an nvfp4 cache's backend: q, k, v arrive rotated
-    and the output leaves in the rotated basis (scores are unchanged: ``R`` is orthogonal)."""
-
-    def __init__(self, n: int, d: int) -> None:
-        super().__init__([0, n])
-        self.qkv_rotation = hadamard_matrix(d, DEVICE, torch.bfloat16)
-
-    def forward_rotated(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        return self.forward(layer_id, q, k, v)
 
 
 @pytest.mark.parametrize("block", [None, 64])

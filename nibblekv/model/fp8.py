@@ -207,18 +207,19 @@ def install_fp8_layers(model: CausalLM, block: int | None, ignore: tuple[str, ..
 def _route_fp8_inputs(model: CausalLM) -> None:
     """A dense layer's RMSNorms quantize their output for the FP8 projection after them (qkv, gate/up): one
     kernel where there were two. (SiLU * mul does the same for down_proj, in ``GatedMLP``.) The projections
-    whose output goes to a fused kernel that can add split-K partials -- o_proj and down_proj (the next add +
-    RMSNorm), gate/up (SiLU * mul) -- hand them over unsummed (``Fp8Linear.defer_sum``): at decode batches,
-    where the GEMMs split K, 3 of a layer's 4 sum kernels go."""
+    whose output goes to a fused kernel that can add split-K partials -- qkv (RoPE; not with q/k norm, which
+    runs eagerly), o_proj and down_proj (the next add + RMSNorm), gate/up (SiLU * mul) -- hand them over
+    unsummed (``Fp8Linear.defer_sum``): at decode batches, where the GEMMs split K, no sum kernel runs."""
     if model.config.is_hybrid:
         return  # NOTE: hybrid layers norm without the fused kernel (and a DeltaNet's input feeds bf16 layers)
     for layer in model.model.layers:
         attn_in = (layer.input_layernorm, layer.self_attn.qkv_proj)
         for norm, linear in (attn_in, (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
             norm.fp8_out = linear.fp8_input if isinstance(linear, Fp8Linear) else None
-        for linear in (layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        attn = layer.self_attn
+        for linear in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             if isinstance(linear, Fp8Linear):
-                linear.defer_sum = True
+                linear.defer_sum = linear is not attn.qkv_proj or attn.q_norm is None
 
 
 @torch.no_grad()

@@ -113,8 +113,9 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         rot = attn.qkv_rotation
-        # NOTE: q/k norm (Qwen3) is not fused: those models keep the eager split, norm and RoPE.
-        if self.q_norm is None and use_triton(qkv):
+        # NOTE: q/k norm (Qwen3) is not fused: those models keep the eager split, norm and RoPE. Unsummed
+        # partials come only from the Triton GEMM (Fp8Linear.defer_sum: only without q/k norm).
+        if self.q_norm is None and (isinstance(qkv, PartialSums) or use_triton(qkv)):
             # NOTE: the cache's rotation (if any) rides along in the RoPE kernel: no extra launches
             fused_rot = rot if self.head_dim >= 32 else None
             q, k, v = self._qkv_fused(qkv, cos, sin, fused_rot)

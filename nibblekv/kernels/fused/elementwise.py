@@ -59,18 +59,19 @@ def _round(x, like_ptr, BF16_BITS: tl.constexpr):
 
 @triton.jit
 def _load_out(x_ptr, b_ptr, dt_ptr, row, cols, mask, stride_x, n_rows, SPLIT: tl.constexpr,
-              HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    """Columns ``cols`` of row ``row`` of a layer's output, in fp32: loaded (``SPLIT == 0``), or the sum of a
-    split-K GEMM's ``SPLIT`` fp32 partials ``x[s, row, cols]`` (``n_rows`` rows of ``stride_x`` a split) +
-    ``b[cols]``, rounded to ``dt_ptr``'s dtype: ``splitk_sum_kernel``'s math, bit for bit."""
+              HAS_BIAS: tl.constexpr):  # fmt: skip
+    """Columns ``cols`` (any shape) of row ``row`` of a layer's output: loaded (``SPLIT == 0``, x's dtype),
+    or the sum of a split-K GEMM's ``SPLIT`` fp32 partials ``x[s, row, cols]`` (``n_rows`` rows of
+    ``stride_x`` a split) + ``b[cols]``, rounded to ``dt_ptr``'s dtype: ``splitk_sum_kernel``'s math, bit for
+    bit."""
     if SPLIT == 0:
-        return tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
+        return tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    acc = tl.zeros_like(cols).to(tl.float32)
     for s in tl.static_range(SPLIT):
         acc += tl.load(x_ptr + (s * n_rows + row) * stride_x + cols, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    return acc.to(dt_ptr.dtype.element_ty).to(tl.float32)
+    return acc.to(dt_ptr.dtype.element_ty)
 
 
 class _Rows(NamedTuple):
@@ -189,7 +190,7 @@ def _add_rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-    s = _load_out(x_ptr, xb_ptr, res_ptr, row, cols, mask, stride_x, T, SPLIT, HAS_XB, BLOCK)
+    s = _load_out(x_ptr, xb_ptr, res_ptr, row, cols, mask, stride_x, T, SPLIT, HAS_XB).to(tl.float32)
     if HAS_RES:
         r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
         s_rounded = _round(s + r, res_ptr, X_BITS)
@@ -309,8 +310,8 @@ def _silu_and_mul_kernel(
     c0 = tl.program_id(1) * BLOCK
     cols = c0 + tl.arange(0, BLOCK)
     mask = cols < I
-    g = _load_out(gu_ptr, gub_ptr, out_ptr, row, cols, mask, stride_gu, T, SPLIT, HAS_GUB, BLOCK)
-    u = _load_out(gu_ptr, gub_ptr, out_ptr, row, cols + I, mask, stride_gu, T, SPLIT, HAS_GUB, BLOCK)
+    g = _load_out(gu_ptr, gub_ptr, out_ptr, row, cols, mask, stride_gu, T, SPLIT, HAS_GUB).to(tl.float32)
+    u = _load_out(gu_ptr, gub_ptr, out_ptr, row, cols + I, mask, stride_gu, T, SPLIT, HAS_GUB).to(tl.float32)
     silu = _round(tl.math.div_rn(g, 1.0 + _exp(-g, INTERP)), out_ptr, BF16_BITS).to(tl.float32)
     y = _round(silu * u, out_ptr, BF16_BITS)
     _store_tile(
