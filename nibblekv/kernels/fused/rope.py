@@ -15,7 +15,7 @@ import triton.language as tl
 
 from nibblekv.formats.fp8_weights import PartialSums
 from nibblekv.kernels._common import interpreting
-from nibblekv.kernels.fused.elementwise import _bf16_bits, _load_out, _round, _Rows, _rows
+from nibblekv.kernels.fused._rows import _bf16_bits, _load_out, _round, _Rows, _rows
 
 
 @triton.jit
