@@ -71,14 +71,14 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 # so CPU runs five cases; GPUs run every spec x group x page.
 MMA_SPECS = [
     "mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0",
-    "mma:tpp=1", "mma:l2=1", "mma:tpi=1,l2=2",
+    "mma:tpp=1", "mma:l2=1", "mma:tpi=1,l2=2", "mma:pf=0,l2=1", "mma:pf=0,l2=2",
 ]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)] + [("mma", 4, 2 * P)]
     if DEVICE == "cuda"
     # minc: later splits stay empty; 32-token pages: tiles inside a page
     else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P),
-          ("mma:w=4", 4, 5), ("mma:tpi=2", 3, 2 * P)]
+          ("mma:w=4", 4, 5), ("mma:tpi=2", 3, 2 * P), ("mma:pf=0,l2=1", 4, P)]
 )
 
 
@@ -169,9 +169,10 @@ MMA256_CASES = (
     [("mma", grp, page) for grp in (1, 6, 8) for page in (P, 5)]
     + [("mma:pf=0", 6, P), ("mma:w=2,vst=0,vq=0", 8, 5), ("mma:minc=16,ppsm=12", 6, P), ("mma:tin=0", 8, P),
        ("mma:tpp=0,ts=1", 6, 5), ("mma:l2=1", 8, P), ("mma:l2=2,w=2", 6, P), ("mma", 6, 2 * P), ("mma", 8, 8),
-       ("mma:slots=512", 8, P)]
+       ("mma:slots=512", 8, P), ("mma:pf=0,l2=1,ppsm=12", 8, P), ("mma:pf=0,l2=2", 6, P)]
     if DEVICE == "cuda"
-    else [("mma:ts=3,l2=1", 6, P), ("mma:pf=0,vst=0,vq=0", 8, 5), ("mma:w=2,minc=16", 3, 2 * P)]
+    else [("mma:ts=3,l2=1", 6, P), ("mma:pf=0,vst=0,vq=0", 8, 5), ("mma:w=2,minc=16", 3, 2 * P),
+          ("mma:pf=0,l2=1", 8, P)]
 )  # fmt: skip
 
 

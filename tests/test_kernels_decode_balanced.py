@@ -90,11 +90,12 @@ def test_balanced_ragged_batch_with_tails(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.usefixtures("one_sm")
-@pytest.mark.parametrize("l2", [1] if DEVICE == "cpu" else [1, 2])
-def test_balanced_l2_prefetch(l2: int) -> None:
+@pytest.mark.parametrize("l2,pf", [(1, 1), (1, 0)] if DEVICE == "cpu" else [(1, 1), (2, 1), (1, 0), (2, 0)])
+def test_balanced_l2_prefetch(l2: int, pf: int) -> None:
     # variant option l2 (opt-in): an L2 prefetch of the tiles l2 steps ahead -- page ids of steps past a
-    # warp's chunk clamp to its current step; a no-op hint under the interpreter (the page-id loads run)
-    spec = f"mma:bal=1,bppsm=5,minc=16,tpi=2,l2={l2}"
+    # warp's chunk clamp to its current step; a no-op hint under the interpreter (the page-id loads run).
+    # pf=0: no register prefetch, each step loads its tiles (from L2, where the prefetch put them)
+    spec = f"mma:bal=1,bppsm=5,minc=16,tpi=2,l2={l2},pf={pf}"
     assert _run_bal([100, 1, P + 1, 40], [W, 0, 3, 1], 1, 4, P, spec=spec) <= 1e-2
 
 

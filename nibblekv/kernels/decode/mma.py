@@ -74,8 +74,8 @@ def _mma_segment(
     ``VST``: the partial o as 16-byte vector stores (8 per lane) instead of 32 scalar ones, each of which
     touches 32 sectors -- the whole grid stores at once at its end (one wave), so the epilogue is a burst.
     ``VQ``: Q (bf16, rows 16-byte aligned) as 4 vector loads per lane, for the same reason at the start.
-    ``L2`` (with ``PF``, 16-row pages, no PAIR): ``decode_mma16``'s L2 prefetch
-    of the tiles ``L2`` steps ahead. Gained nothing at 16 programs per SM; opt-in for 12.
+    ``L2`` (16-row pages, no PAIR): ``decode_mma16``'s L2 prefetch of the tiles ``L2`` steps ahead; without
+    ``PF`` each step then loads its registers from L2 (no registers hold the next step: fewer of them).
     """
     lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
         k_ptr, v_ptr, ks_ptr, vs_ptr, h, s_head, sc_head, NW,
@@ -102,6 +102,8 @@ def _mma_segment(
     full_end = start + (end1 - start) // STEP * STEP  # NOTE: end1 == end unless PAIR
     lim = full_end
     lim1 = full_end
+    if L2 > 0 and PAGE == 16 and PAIR == 0:  # the first L2 prefetch's pages (as decode_mma16's)
+        pl = _l2_pages(pt_ptr, start, L2 * STEP, full_end, lane, warp, TPI, PAGE)
     if PF:
         nb = start + 16 * TPI * warp
         rawA = _load_tile(
@@ -114,17 +116,15 @@ def _mma_segment(
                 k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
                 PAGE, D, True, PAIR,
             )
-        if L2 > 0 and PAGE == 16 and PAIR == 0:  # the first L2 prefetch's pages (as decode_mma16's)
-            pl = _l2_pages(pt_ptr, start, L2 * STEP, full_end, lane, warp, TPI, PAGE)
     n0 = start
     while (
         n0 < full_end
     ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
         nb = n0 + 16 * TPI * warp
+        if L2 > 0 and PAGE == 16 and PAIR == 0:  # NOTE: pl holds the pages of step n0 + L2 * STEP
+            _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
+            pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
         if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
-            if L2 > 0 and PAGE == 16 and PAIR == 0:  # NOTE: pl holds the pages of step n0 + L2 * STEP
-                _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
-                pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
             nextA = _load_tile(
                 k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,

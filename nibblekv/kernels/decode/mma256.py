@@ -207,8 +207,8 @@ def _mma256_segment(
     VST: tl.constexpr = 0, VQ: tl.constexpr = 0, L2: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode_mma._mma_segment`` at head_dim 256 (no PAIR): each warp attends its 16-token tiles of
-    ``[start, end)`` (``PF`` = 1: the next tile's bytes load during this one; ``L2`` with ``PF`` and 16-row
-    pages: the tile ``L2`` steps ahead prefetched into L2) and stores its partial o / lse at ``o_ptr + w *
+    ``[start, end)`` (``PF`` = 1: the next tile's bytes load during this one; ``L2`` with 16-row pages: the
+    tile ``L2`` steps ahead prefetched into L2 -- without ``PF`` each step's registers then load from L2) and stores its partial o / lse at ``o_ptr + w *
     256`` / ``lse_ptr + w`` (``s_oh`` = elements between two heads' partials)."""
     tl.static_assert(TPI == 1, "head_dim 256: one 16-token tile a softmax step (registers)")
     lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
@@ -230,20 +230,20 @@ def _mma256_segment(
     u60, u61, u62, u63, u70, u71, u72, u73 = z, z, z, z, z, z, z, z
     STEP: tl.constexpr = 16 * NW
     full_end = start + (end - start) // STEP * STEP
+    if L2 > 0 and PAGE == 16:  # the first L2 prefetch's page
+        pl = _l2_page256(pt_ptr, start, L2 * STEP, full_end, warp, PAGE)
     if PF:
         rawL, rawH = _load_halves(
             k64, v64, ks16, vs8, pt_ptr, start + 16 * warp, full_end, hoff, shoff, s_page, sc_page, g, t,
             PAGE, True,
         )  # fmt: skip
-        if L2 > 0 and PAGE == 16:  # the first L2 prefetch's page
-            pl = _l2_page256(pt_ptr, start, L2 * STEP, full_end, warp, PAGE)
     n0 = start
     while n0 < full_end:  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
         nb = n0 + 16 * warp
+        if L2 > 0 and PAGE == 16:  # NOTE: pl holds the page of step n0 + L2 * STEP (loaded last step)
+            _l2_prefetch256(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane)
+            pl = _l2_page256(pt_ptr, n0, (L2 + 1) * STEP, full_end, warp, PAGE)
         if PF:  # prefetch the next step (the current tile again on the last step: no mask needed)
-            if L2 > 0 and PAGE == 16:  # NOTE: pl holds the page of step n0 + L2 * STEP (loaded last step)
-                _l2_prefetch256(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane)
-                pl = _l2_page256(pt_ptr, n0, (L2 + 1) * STEP, full_end, warp, PAGE)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * warp
             nextL, nextH = _load_halves(
                 k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, False,
