@@ -111,9 +111,9 @@ def test_fused_kernels_hand_fp8_layers_their_inputs_quantized(monkeypatch: pytes
     seen: list[str] = []
     gemm = Fp8Linear._gemm
 
-    def spy(self: Fp8Linear, x: Any, bias: torch.Tensor | None, defer_sum: bool = False) -> Any:
+    def spy(self: Fp8Linear, x: Any, bias: torch.Tensor | None) -> torch.Tensor:
         seen.append(type(x).__name__)
-        return gemm(self, x, bias, defer_sum)
+        return gemm(self, x, bias)
 
     monkeypatch.setattr(Fp8Linear, "_gemm", spy)
     fused = _logits(model)
@@ -139,51 +139,6 @@ class _RotatingAttention(DenseAttention):
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         return self.forward(layer_id, q, k, v)
-
-
-@pytest.mark.parametrize(("qk_norm", "rotate"), [(False, False), (False, True), (True, False)])
-def test_fused_kernels_add_the_split_k_partials_of_the_layer_before(
-    monkeypatch: pytest.MonkeyPatch, qk_norm: bool, rotate: bool
-) -> None:
-    """Every projection hands its k-split partials unsummed to the fused kernel after it (RoPE -- with the
-    cache's rotation or without --, add + RMSNorm, SiLU * mul): logits bit for bit those with every sum
-    kernel launched. With q/k norm (its split, norm and RoPE run eagerly) qkv_proj sums its own."""
-    from nibblekv.kernels.fp8 import gemm as gemm_mod
-
-    cfg = {**CFG, "model_type": "qwen3"} if qk_norm else CFG
-    model = random_causal_lm(ModelConfig.from_hf(cfg), std=0.04, seed=5).to(DEVICE, torch.bfloat16)
-    quantize_model(model)
-    assert (model.model.layers[0].self_attn.q_norm is not None) == qk_norm
-    fp8 = [(n.rsplit(".", 1)[-1], m.defer_sum) for n, m in model.named_modules() if isinstance(m, Fp8Linear)]
-    deferring = [("qkv_proj", not qk_norm), ("o_proj", True), ("gate_up_proj", True), ("down_proj", True)]
-    assert fp8 == deferring * 2
-    monkeypatch.setenv("NIBBLEKV_KERNELS", "triton")
-    # NOTE: this model's K (2-3 k-blocks) gets no k-split by default: force 2 (the launcher's rounding keeps
-    # every split non-empty)
-    split2 = gemm_mod.GemmTile(16, 64, 4, 2, split_k=2)
-    monkeypatch.setattr(gemm_mod, "gemm_tile", lambda m, n, kb, block=False: split2)
-    outs: list[str] = []
-    forward = Fp8Linear.forward
-
-    def spy(self: Fp8Linear, x: Any) -> Any:
-        y = forward(self, x)
-        outs.append(type(y).__name__)
-        return y
-
-    monkeypatch.setattr(Fp8Linear, "forward", spy)
-    n = 10
-    ids, pos = torch.arange(5, 5 + n, device=DEVICE), torch.arange(n, device=DEVICE)
-    attn = _RotatingAttention(n, model.config.head_dim) if rotate else DenseAttention.single(n)
-    with torch.no_grad():
-        deferred = model.compute_logits(model(ids, pos, attn))
-        assert outs == (["Tensor" if qk_norm else "PartialSums"] + ["PartialSums"] * 3) * 2
-        for m in model.modules():
-            if isinstance(m, Fp8Linear):
-                m.defer_sum = False
-        outs.clear()
-        summed = model.compute_logits(model(ids, pos, attn))
-    assert outs == ["Tensor"] * 8
-    assert torch.equal(deferred, summed)
 
 
 @pytest.mark.parametrize("block", [None, 64])

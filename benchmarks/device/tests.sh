@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 DEFAULT_FILES="tests/test_kernels_ptx_mma.py tests/test_engine_overlap.py tests/test_kernels_extend_via_decode.py
     tests/test_kernels_page_copy.py tests/test_hicache.py tests/test_engine_gpu.py tests/test_kernels_extend_paged.py
     tests/test_kernels_write.py tests/test_kernels_ops_dispatch.py tests/test_kernels_fused.py tests/test_kernels_fp8.py
-    tests/test_model_fp8.py tests/test_kernels_splitk_fused.py tests/test_kernels_large_offsets.py tests/test_hybrid_gpu.py tests/test_kernels_linear.py
+    tests/test_model_fp8.py tests/test_kernels_large_offsets.py tests/test_hybrid_gpu.py tests/test_kernels_linear.py
     tests/test_kernels_decode_balanced.py tests/test_kernels_decode.py"
 FILES=""
 for f in ${TEST_FILES:-$DEFAULT_FILES}; do  # a file renamed or removed is named, not a pytest usage error

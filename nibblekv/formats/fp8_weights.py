@@ -45,29 +45,6 @@ class QuantizedRows(NamedTuple):
         return self.q.shape
 
 
-class PartialSums(NamedTuple):
-    """A split-K GEMM's output not yet summed, for the kernel after the layer to add as it loads (the sum
-    kernel's launch saved): ``parts [S, M, N]`` fp32, one per k-split; the output is ``(parts[0] + ... +
-    parts[S-1] (+ bias)).to(dtype)``, summed in split order from 0 (bit for bit the sum kernel's)."""
-
-    parts: torch.Tensor
-    bias: torch.Tensor | None
-    dtype: torch.dtype
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.parts.shape[1:]
-
-    def summed(self) -> torch.Tensor:
-        """The layer's output ``[M, N]`` in ``dtype`` (the sum kernel's math, where a tensor is needed)."""
-        acc = torch.zeros(self.shape, dtype=torch.float32, device=self.parts.device)
-        for p in self.parts:
-            acc += p
-        if self.bias is not None:
-            acc += self.bias.float()
-        return acc.to(self.dtype)
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -65,8 +65,7 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """The layers with fused Triton kernels (see ``nibblekv.model.layers``): same math as the eager loop.
 
-        NOTE: the residual stream runs alongside ``h``; the last layer's add fuses into the final norm. ``h``
-        may be an FP8 down_proj's unsummed split-K partials, which the next norm's kernel adds.
+        NOTE: the residual stream runs alongside ``h``; the last layer's add fuses into the final norm.
         """
         residual: torch.Tensor | None = None
         for layer in self.model.layers:

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nibblekv.formats.fp8_weights import Fp8Input, PartialSums, QuantizedRows, quantize_weight_channel
+from nibblekv.formats.fp8_weights import Fp8Input, QuantizedRows, quantize_weight_channel
 from nibblekv.kernels import use_triton
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref
 from nibblekv.model.causal_lm import CausalLM
@@ -100,40 +100,32 @@ class Fp8Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features, dtype=bias_dtype), False) if bias else None
         self.reduce = reduce
         self.reduce_group = reduce_group
-        # NOTE: set (by _route_fp8_inputs) where the fused kernel after this layer adds split-K partials as
-        # it loads them: a k-split GEMM then returns PartialSums and no sum kernel runs (not under TP,
-        # whose all-reduce needs the sum)
-        self.defer_sum = False
 
     @property
     def fp8_input(self) -> Fp8Input:
         """How this layer quantizes its input (per row, or per ``block`` columns)."""
         return Fp8Input(self.block)
 
-    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor | PartialSums:
-        """``x [..., K]`` -> ``[..., N]``; with :attr:`defer_sum`, a split-K GEMM's unsummed partials."""
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         bias = None if self.reduce else self.bias
-        y = self._gemm(x, bias, self.defer_sum and not self.reduce)
+        y = self._gemm(x, bias)
         if self.reduce:
-            assert isinstance(y, torch.Tensor)
             dist.all_reduce(y, group=self.reduce_group)
             if self.bias is not None:
                 y = y + self.bias
         return y
 
-    def _gemm(
-        self, x: torch.Tensor | QuantizedRows, bias: torch.Tensor | None, defer_sum: bool = False
-    ) -> torch.Tensor | PartialSums:
+    def _gemm(self, x: torch.Tensor | QuantizedRows, bias: torch.Tensor | None) -> torch.Tensor:
         n = self.weight.shape[0]
         t = x.q if isinstance(x, QuantizedRows) else x
         if use_triton(t) and (_fp8_tensor_cores(t.device) or not t.is_cuda):
             if self.block is not None:
                 from nibblekv.kernels.fp8.gemm import fp8_linear_block
 
-                return fp8_linear_block(x, self.weight, self.weight_scale, self.block, bias, defer_sum)
+                return fp8_linear_block(x, self.weight, self.weight_scale, self.block, bias)
             from nibblekv.kernels.fp8.gemm import fp8_linear_rowwise
 
-            return fp8_linear_rowwise(x, self.weight, self.weight_scale.view(1, n), bias, defer_sum)
+            return fp8_linear_rowwise(x, self.weight, self.weight_scale.view(1, n), bias)
         if isinstance(x, QuantizedRows):
             return fp8_gemm_ref(x.q, x.scale, self.weight, self.weight_scale, self.block, x.dtype, bias)
         return fp8_linear_ref(x, self.weight, self.weight_scale, self.block, bias)
@@ -206,20 +198,13 @@ def install_fp8_layers(model: CausalLM, block: int | None, ignore: tuple[str, ..
 
 def _route_fp8_inputs(model: CausalLM) -> None:
     """A dense layer's RMSNorms quantize their output for the FP8 projection after them (qkv, gate/up): one
-    kernel where there were two. (SiLU * mul does the same for down_proj, in ``GatedMLP``.) The projections
-    whose output goes to a fused kernel that can add split-K partials -- qkv (RoPE; not with q/k norm, which
-    runs eagerly), o_proj and down_proj (the next add + RMSNorm), gate/up (SiLU * mul) -- hand them over
-    unsummed (``Fp8Linear.defer_sum``): at decode batches, where the GEMMs split K, no sum kernel runs."""
+    kernel where there were two. (SiLU * mul does the same for down_proj, in ``GatedMLP``.)"""
     if model.config.is_hybrid:
         return  # NOTE: hybrid layers norm without the fused kernel (and a DeltaNet's input feeds bf16 layers)
     for layer in model.model.layers:
         attn_in = (layer.input_layernorm, layer.self_attn.qkv_proj)
         for norm, linear in (attn_in, (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
             norm.fp8_out = linear.fp8_input if isinstance(linear, Fp8Linear) else None
-        attn = layer.self_attn
-        for linear in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-            if isinstance(linear, Fp8Linear):
-                linear.defer_sum = linear is not attn.qkv_proj or attn.q_norm is None
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nibblekv.attention.backend import AttentionBackend
-from nibblekv.formats.fp8_weights import Fp8Input, PartialSums, QuantizedRows
+from nibblekv.formats.fp8_weights import Fp8Input, QuantizedRows
 from nibblekv.kernels import use_triton
 from nibblekv.model.config import ModelConfig
 from nibblekv.model.rope import apply_rope
@@ -50,10 +50,9 @@ class RMSNorm(RMSNormBase):
         return self.weight * self.normalized(x).to(x.dtype)
 
     def forward_fused(
-        self, x: torch.Tensor | PartialSums, residual: torch.Tensor | None
+        self, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor | QuantizedRows, torch.Tensor]:
-        """``(norm(x + residual), x + residual)`` in one kernel (``residual=None``: ``(norm(x), x)``); ``x``
-        may be an FP8 projection's unsummed split-K partials."""
+        """``(norm(x + residual), x + residual)`` in one kernel (``residual=None``: ``(norm(x), x)``)."""
         from nibblekv.kernels.fused.elementwise import add_rms_norm, add_rms_norm_fp8
 
         if self.fp8_out is not None:
@@ -107,15 +106,13 @@ class Attention(nn.Module):
 
     def forward(
         self, x: torch.Tensor | QuantizedRows, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
-    ) -> torch.Tensor | PartialSums:
-        """``x [T, hidden]`` (or its rows quantized for an FP8 qkv_proj) -> ``[T, hidden]`` (or an FP8
-        o_proj's unsummed partials, on the fused path)."""
+    ) -> torch.Tensor:
+        """``x [T, hidden]`` (or its rows quantized for an FP8 qkv_proj) -> ``[T, hidden]``."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         rot = attn.qkv_rotation
-        # NOTE: q/k norm (Qwen3) is not fused: those models keep the eager split, norm and RoPE. Unsummed
-        # partials come only from the Triton GEMM (Fp8Linear.defer_sum: only without q/k norm).
-        if self.q_norm is None and (isinstance(qkv, PartialSums) or use_triton(qkv)):
+        # NOTE: q/k norm (Qwen3) is not fused: those models keep the eager split, norm and RoPE.
+        if self.q_norm is None and use_triton(qkv):
             # NOTE: the cache's rotation (if any) rides along in the RoPE kernel: no extra launches
             fused_rot = rot if self.head_dim >= 32 else None
             q, k, v = self._qkv_fused(qkv, cos, sin, fused_rot)
@@ -174,10 +171,9 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor | PartialSums:
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        # NOTE: unsummed partials come only from the Triton GEMM, whose outputs take the fused kernels
-        if isinstance(gate_up, PartialSums) or use_triton(gate_up):
+        if use_triton(gate_up):
             from nibblekv.kernels.fused.elementwise import silu_and_mul, silu_and_mul_fp8
 
             # an FP8 down_proj takes its input quantized by the SiLU * mul kernel
@@ -206,17 +202,16 @@ class DecoderLayer(nn.Module):
 
     def forward_fused(
         self,
-        h: torch.Tensor | PartialSums,
+        h: torch.Tensor,
         residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         attn: AttentionBackend,
-    ) -> tuple[torch.Tensor | PartialSums, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` with a running residual: returns ``(mlp_out, residual)`` whose sum is its output.
 
         ``h`` is the previous layer's MLP output not yet added to ``residual`` (on the first layer:
-        the embeddings, ``residual=None``). Each add is done by the next RMSNorm's kernel, and so is the
-        sum of an FP8 o_proj's or down_proj's split-K partials.
+        the embeddings, ``residual=None``). Each add is done by the next RMSNorm's kernel.
         """
         x, residual = self.input_layernorm.forward_fused(h, residual)
         h = self.self_attn(x, cos, sin, attn)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nibblekv.formats.fp8_weights import PartialSums, QuantizedRows
+from nibblekv.formats.fp8_weights import QuantizedRows
 from nibblekv.kernels._common import interpreting, num_sms
 from nibblekv.kernels.fp8.quant import quant_fp8_groups
 from nibblekv.kernels.fp8.scaled_mm import (
@@ -238,25 +238,22 @@ def decode_splits(per_sm: int, tiles: int, kblocks: int) -> int:
 def _launch_gemm(
     xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, group: int,
     out_dtype: torch.dtype, bias: torch.Tensor | None, tile: GemmTile | None, rowwise: bool,
-    pdl: bool | None = None, defer_sum: bool = False,
-) -> torch.Tensor | PartialSums:  # fmt: skip
+    pdl: bool | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Allocate ``[M, N]`` and run :func:`_block_gemm_kernel` (+ ``splitk_sum_kernel`` with k-splits); shapes
     already checked. ``pdl``: programmatic dependent launch (``kernels.pdl.pdl_launch``; default where
-    available). ``defer_sum``: with k-splits, return the partials (:class:`PartialSums`) for the next kernel
-    to add instead of launching the sum kernel."""
+    available)."""
     m, k = xq.shape
     n = wq.shape[0]
     kb = triton.cdiv(k, group)
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
-        return torch.empty((m, n), dtype=out_dtype, device=xq.device)
+        return out
     t = tile or gemm_tile(m, n, kb, not rowwise)
     split = min(t.split_k, kb)
     per_split = triton.cdiv(kb, split)
     split = triton.cdiv(kb, per_split)  # no empty splits
-    ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else None
-    # NOTE: deferred partials need no [M, N] output: the kernel's unused output pointer is the first split's
-    out = ws[0] if ws is not None and defer_sum else torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    ws = out if ws is None else ws
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
     launch = pdl_launch(xq.device, pdl)
     grid = (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), split)
     _block_gemm_kernel[grid](
@@ -266,8 +263,6 @@ def _launch_gemm(
         PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), PAIRED=t.paired, num_warps=t.num_warps,
         num_stages=t.num_stages, **launch,
     )  # fmt: skip
-    if split > 1 and defer_sum:
-        return PartialSums(ws, bias, out_dtype)
     if split > 1:
         sum_block = min(1024, triton.next_power_of_2(n))
         splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
@@ -293,12 +288,10 @@ def fp8_block_gemm(
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
     tile: GemmTile | None = None,
-    defer_sum: bool = False,
-) -> torch.Tensor | PartialSums:
+) -> torch.Tensor:
     """``xq [M, K]`` e4m3 with ``x_scale [M, ceil(K/B)]``, ``wq [N, K]`` e4m3 with ``w_scale [ceil(N/B),
     ceil(K/B)]`` (``B = block``) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref``). ``tile``: this
-    launch config instead of :func:`gemm_tile`'s. ``defer_sum``: a k-split launch returns its partials
-    (:class:`PartialSums`) unsummed."""
+    launch config instead of :func:`gemm_tile`'s."""
     _check_operands("fp8_block_gemm", xq, wq)
     m, k = xq.shape
     n = wq.shape[0]
@@ -312,9 +305,7 @@ def fp8_block_gemm(
         raise ValueError(
             f"fp8_block_gemm: scales need unit column stride and block in 32/64/128/256, got {block}"
         )
-    return _launch_gemm(
-        xq, x_scale, wq, w_scale, block, out_dtype, bias, tile, rowwise=False, defer_sum=defer_sum
-    )
+    return _launch_gemm(xq, x_scale, wq, w_scale, block, out_dtype, bias, tile, rowwise=False)
 
 
 def fp8_rowwise_gemm(
@@ -325,12 +316,10 @@ def fp8_rowwise_gemm(
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
     tile: GemmTile | None = None,
-    defer_sum: bool = False,
-) -> torch.Tensor | PartialSums:
+) -> torch.Tensor:
     """``xq [M, K]`` e4m3 with per-token ``x_scale [M, 1]``, ``wq [N, K]`` e4m3 with per-channel ``w_scale``
     (``N`` values, contiguous) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref`` with ``block=None``):
-    the block GEMM's split-K tiles, scales applied once after the k loop; ``defer_sum`` as
-    :func:`fp8_block_gemm`'s."""
+    the block GEMM's split-K tiles, scales applied once after the k loop."""
     _check_operands("fp8_rowwise_gemm", xq, wq)
     m, n = xq.shape[0], wq.shape[0]
     if tuple(x_scale.shape) != (m, 1) or w_scale.numel() != n or not w_scale.is_contiguous():
@@ -338,20 +327,17 @@ def fp8_rowwise_gemm(
             f"fp8_rowwise_gemm: scales {tuple(x_scale.shape)} / {tuple(w_scale.shape)} do not fit "
             f"x {tuple(xq.shape)}, w {tuple(wq.shape)} (per token [M, 1], per channel [N])"
         )
-    return _launch_gemm(
-        xq, x_scale, wq, w_scale, ROWWISE_K_STEP, out_dtype, bias, tile, rowwise=True, defer_sum=defer_sum
-    )
+    return _launch_gemm(xq, x_scale, wq, w_scale, ROWWISE_K_STEP, out_dtype, bias, tile, rowwise=True)
 
 
 def fp8_linear_block(
     x: torch.Tensor | QuantizedRows, wq: torch.Tensor, w_scale: torch.Tensor, block: int,
-    bias: torch.Tensor | None, defer_sum: bool = False,
-) -> torch.Tensor | PartialSums:  # fmt: skip
+    bias: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
     """Block-scaled FP8 linear on ``x [..., K]`` (or rows already quantized per ``block`` columns):
     per token-group activation quantization + the GEMM. More than :data:`BLOCK_TRITON_MAX_M` tokens (bf16,
     128 blocks, N whole blocks, K whole fours of blocks) run cuBLASLt's block-scaled kernel where
-    :func:`block_scaled_mm_available`; everything else the Triton block GEMM. ``defer_sum`` (2-D ``x``): a
-    k-split Triton GEMM returns its partials (:class:`PartialSums`) for the next kernel to add."""
+    :func:`block_scaled_mm_available`; everything else the Triton block GEMM."""
     n, k = wq.shape
     xq, xs, dtype, lead = _quantized(x, block)
     cublas = (
@@ -362,19 +348,18 @@ def fp8_linear_block(
         y = fp8_block_scaled_mm(xq, xs, wq, w_scale, dtype)
         y = y if bias is None else y + bias
     else:
-        y = fp8_block_gemm(xq, xs, wq, w_scale, block, dtype, bias, defer_sum=defer_sum and len(lead) == 1)
-    return y if isinstance(y, PartialSums) else y.reshape(*lead, n)
+        y = fp8_block_gemm(xq, xs, wq, w_scale, block, dtype, bias)
+    return y.reshape(*lead, n)
 
 
 def fp8_linear_rowwise(
-    x: torch.Tensor | QuantizedRows, wq: torch.Tensor, w_scale_row: torch.Tensor, bias: torch.Tensor | None,
-    defer_sum: bool = False,
-) -> torch.Tensor | PartialSums:
+    x: torch.Tensor | QuantizedRows, wq: torch.Tensor, w_scale_row: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """Per-channel FP8 linear on ``x [..., K]`` (or rows already quantized per row): per-token activation
     scales times ``w_scale_row [1, N]``. More than :data:`ROWWISE_TRITON_MAX_M` tokens (than
     :data:`ROWWISE_TRITON_NARROW_M` for at most :data:`ROWWISE_TRITON_NARROW_N` outputs), bf16, K and N
     multiples of 16 run cuBLASLt's row-wise scaled FP8 GEMM (``torch._scaled_mm``); everything else the
-    Triton GEMM. ``defer_sum`` as :func:`fp8_linear_block`'s."""
+    Triton GEMM."""
     n, k = wq.shape
     xq, xs, dtype, lead = _quantized(x, None)  # NOTE: zero rows pass through both GEMMs' launchers as such
     m = xq.shape[0]
@@ -385,10 +370,8 @@ def fp8_linear_rowwise(
         y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=w_scale_row, out_dtype=dtype)
         y = y if bias is None else y + bias
     else:
-        y = fp8_rowwise_gemm(
-            xq, xs, wq, w_scale_row.reshape(-1), dtype, bias, defer_sum=defer_sum and len(lead) == 1
-        )
-    return y if isinstance(y, PartialSums) else y.reshape(*lead, n)
+        y = fp8_rowwise_gemm(xq, xs, wq, w_scale_row.reshape(-1), dtype, bias)
+    return y.reshape(*lead, n)
 
 
 def rowwise_triton_max_m(n: int) -> int:

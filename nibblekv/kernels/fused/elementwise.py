@@ -23,14 +23,48 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from nibblekv.formats.fp8_weights import ACT_EPS, PartialSums, QuantizedRows
+from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting, num_sms
 from nibblekv.kernels.fp8.quant import act_codes, act_scale
-from nibblekv.kernels.fused._rows import _FLOATS, _bf16_bits, _check_rows, _load_out, _round, _Rows, _rows
 from nibblekv.kernels.pdl import pdl_enter, pdl_launch
 
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_BLOCK = 65536  # add_rms_norm: a whole row of H values is one tile
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+@triton.jit
+def _bf16_rtne(x):
+    """float32 -> bfloat16, round to nearest even with integer ops (NaN -> 0x7FC0, as torch)."""
+    b = x.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    r = tl.where((b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, r)  # NaN
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _round(x, like_ptr, BF16_BITS: tl.constexpr):
+    """float32 ``x`` rounded to the element type of ``like_ptr`` (nearest even)."""
+    if BF16_BITS:
+        y = _bf16_rtne(x)
+    else:
+        y = x.to(like_ptr.dtype.element_ty)
+    return y
+
+
+def _bf16_bits(dtype: torch.dtype) -> bool:
+    """Whether kernels must round to bf16 with integer ops (the interpreter truncates)."""
+    return dtype == torch.bfloat16 and interpreting()
+
+
+def _check_rows(t: torch.Tensor, name: str) -> None:
+    if t.dim() != 2 or t.stride(-1) != 1:
+        raise ValueError(f"{name} must be 2-D [T, width] with unit last stride, got shape {tuple(t.shape)}")
+    if t.dtype not in _FLOATS:
+        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
 
 
 def _warps(block: int) -> int:
@@ -91,32 +125,27 @@ def _quant_out(t: int, width: int, n_groups: int, device: torch.device) -> tuple
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, xb_ptr, r_ptr, w_ptr, out_ptr, res_ptr, q_ptr, s_ptr,
+    x_ptr, r_ptr, w_ptr, out_ptr, res_ptr, q_ptr, s_ptr,
     stride_x, stride_r, stride_out, stride_res, n_groups,
-    T, H, eps,
+    H, eps,
     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, X_BITS: tl.constexpr, OUT_BITS: tl.constexpr,
-    QGROUP: tl.constexpr, EPS: tl.constexpr, FP8_MAX: tl.constexpr, SPLIT: tl.constexpr = 0,
-    HAS_XB: tl.constexpr = False, PDL: tl.constexpr = False,
+    QGROUP: tl.constexpr, EPS: tl.constexpr, FP8_MAX: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """One row: ``s = x + r`` (rounded to x's dtype, stored), ``out = round(round(s * rstd) * w)``;
-    ``QGROUP > 0``: ``out`` quantized to e4m3 per group of ``QGROUP`` columns instead (rows of ``H``).
-    ``SPLIT > 0``: ``x`` is a split-K GEMM's partials (``_load_out``; bias ``xb`` with ``HAS_XB``), and ``s``
-    is stored even without ``r``. NOTE: ``res``'s dtype is x's (the partials' output dtype)."""
+    ``QGROUP > 0``: ``out`` quantized to e4m3 per group of ``QGROUP`` columns instead (rows of ``H``)."""
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-    s = _load_out(x_ptr, xb_ptr, res_ptr, row, cols, mask, stride_x, T, SPLIT, HAS_XB).to(tl.float32)
+    s = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-        s_rounded = _round(s + r, res_ptr, X_BITS)
+        s_rounded = _round(s + r, x_ptr, X_BITS)
         tl.store(res_ptr + row * stride_res + cols, s_rounded, mask=mask)
         s = s_rounded.to(tl.float32)
-    elif SPLIT > 0:  # the summed output (already in res's dtype) is the residual
-        tl.store(res_ptr + row * stride_res + cols, s.to(res_ptr.dtype.element_ty), mask=mask)
     var = tl.sum(s * s, axis=0) / H
     rstd = tl.math.rsqrt(var + eps)
-    normed = _round(s * rstd, res_ptr, X_BITS).to(tl.float32)
+    normed = _round(s * rstd, x_ptr, X_BITS).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = _round(normed * w, out_ptr, OUT_BITS)
     _store_tile(
@@ -125,14 +154,12 @@ def _add_rms_norm_kernel(
 
 
 def add_rms_norm(
-    x: torch.Tensor | PartialSums, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused residual add and RMSNorm: ``(rms_norm(s) * weight, s)`` with ``s = x + residual``.
 
     ``x, residual [T, H]``: same dtype (float32 / bfloat16 / float16), unit last stride (any row
-    stride); ``residual=None`` means ``s = x`` (returned as is, no copy). ``x`` may be a split-K GEMM's
-    :class:`PartialSums`, added as they load (bit for bit their sum kernel, then this). ``weight [H]``
-    contiguous.
+    stride); ``residual=None`` means ``s = x`` (returned as is, no copy). ``weight [H]`` contiguous.
     Returns new contiguous tensors: normed ``[T, H]`` in ``promote_types(weight.dtype, x.dtype)``
     and ``s [T, H]`` in ``x``'s dtype. Same roundings as :func:`~nibblekv.kernels.fused.reference.add_rms_norm_ref`.
     """
@@ -141,9 +168,8 @@ def add_rms_norm(
 
 
 def add_rms_norm_fp8(
-    x: torch.Tensor | PartialSums, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-    group: int | None,
-) -> tuple[QuantizedRows, torch.Tensor]:  # fmt: skip
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, group: int | None
+) -> tuple[QuantizedRows, torch.Tensor]:
     """:func:`add_rms_norm` whose normed rows leave as an FP8 layer's input: e4m3 per ``group`` columns
     (``None``: per row), bit for bit ``quant_fp8_groups(add_rms_norm(...)[0], group)``; the residual as
     there."""
@@ -153,45 +179,43 @@ def add_rms_norm_fp8(
 
 
 def _add_rms_norm(
-    x_in: torch.Tensor | PartialSums, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-    group: int | None, quantize: bool,
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, group: int | None,
+    quantize: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:  # fmt: skip
-    x = _rows(x_in, "x")
-    t, h, dev = x.rows, x.width, x.src.device
+    _check_rows(x, "x")
+    t, h = x.shape
     if residual is not None:
         _check_rows(residual, "residual")
-        if residual.shape != (t, h) or residual.dtype != x.dtype or residual.device != dev:
+        if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
             raise ValueError(
                 f"residual must match x: got {tuple(residual.shape)} {residual.dtype} on {residual.device}, "
-                f"x is {(t, h)} {x.dtype} on {dev}"
+                f"x is {tuple(x.shape)} {x.dtype} on {x.device}"
             )
     if weight.shape != (h,) or not weight.is_contiguous() or weight.dtype not in _FLOATS:
         raise ValueError(
             f"weight must be a contiguous float [{h}] tensor, got {tuple(weight.shape)} {weight.dtype}"
         )
-    if weight.device != dev:
-        raise ValueError(f"weight is on {weight.device}, x on {dev}")
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device}, x on {x.device}")
     block = triton.next_power_of_2(h)
     if block > _MAX_BLOCK:
         raise ValueError(f"hidden size {h} is too large for one program per row (max {_MAX_BLOCK})")
     _, qgroup, n_groups = _quant_plan(h, group, block) if quantize else (block, 0, 1)
     # NOTE: when quantizing, ``out`` only carries the dtype the kernel rounds to (nothing is stored in it)
     out_dtype = torch.promote_types(weight.dtype, x.dtype)
-    out = torch.empty((1,) if quantize else (t, h), dtype=out_dtype, device=dev)
-    quant = _quant_out(t, h, n_groups, dev) if quantize else None
-    keep_x = residual is None and x.split == 0  # s = x: returned as is
-    new_res = x.src if keep_x else torch.empty((t, h), dtype=x.dtype, device=dev)
+    out = torch.empty((1,) if quantize else (t, h), dtype=out_dtype, device=x.device)
+    quant = _quant_out(t, h, n_groups, x.device) if quantize else None
+    new_res = x if residual is None else torch.empty((t, h), dtype=x.dtype, device=x.device)
     if t == 0:
         return out, new_res, quant
-    r = residual if residual is not None else new_res
+    r = x if residual is None else residual
     q, sc = quant if quant is not None else (out, out)
     _add_rms_norm_kernel[(t,)](
-        x.src, x.bias if x.bias is not None else out, r, weight, out, new_res, q, sc,
-        x.row_stride, r.stride(0), h, new_res.stride(0), n_groups,
-        t, h, float(eps),
+        x, r, weight, out, new_res, q, sc,
+        x.stride(0), r.stride(0), h, new_res.stride(0), n_groups,
+        h, float(eps),
         HAS_RES=residual is not None, BLOCK=block, X_BITS=_bf16_bits(x.dtype), OUT_BITS=_bf16_bits(out.dtype),
-        QGROUP=qgroup, EPS=ACT_EPS, FP8_MAX=E4M3_MAX, SPLIT=x.split, HAS_XB=x.bias is not None,
-        num_warps=_warps(block), **pdl_launch(dev),
+        QGROUP=qgroup, EPS=ACT_EPS, FP8_MAX=E4M3_MAX, num_warps=_warps(block), **pdl_launch(x.device),
     )  # fmt: skip
     return out, new_res, quant
 
@@ -211,23 +235,21 @@ def _exp(x, INTERP: tl.constexpr):
 
 @triton.jit
 def _silu_and_mul_kernel(
-    gu_ptr, gub_ptr, out_ptr, q_ptr, s_ptr, amax_ptr, stride_gu, stride_out, n_groups, T, I,
+    gu_ptr, out_ptr, q_ptr, s_ptr, amax_ptr, stride_gu, stride_out, n_groups, I,
     BLOCK: tl.constexpr, BF16_BITS: tl.constexpr, INTERP: tl.constexpr, QGROUP: tl.constexpr,
-    EPS: tl.constexpr, FP8_MAX: tl.constexpr, TILE_AMAX: tl.constexpr = False, SPLIT: tl.constexpr = 0,
-    HAS_GUB: tl.constexpr = False, PDL: tl.constexpr = False,
+    EPS: tl.constexpr, FP8_MAX: tl.constexpr, TILE_AMAX: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``BLOCK`` columns of one row: ``round(round(g / (1 + exp(-g))) * u)``; ``QGROUP > 0``: quantized to
     e4m3 per group of ``QGROUP`` columns instead (rows of ``I``). ``TILE_AMAX``: also the tile's amax to
-    ``amax_ptr[row, tile]`` (rows of as many tiles as the grid's second axis), for ``_quant_tiles_kernel``.
-    ``SPLIT > 0``: ``gu`` is the gate/up GEMM's split-K partials (``_load_out``; bias ``gub`` with
-    ``HAS_GUB``), summed to ``out``'s dtype (gate_up's)."""
+    ``amax_ptr[row, tile]`` (rows of as many tiles as the grid's second axis), for ``_quant_tiles_kernel``."""
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     c0 = tl.program_id(1) * BLOCK
     cols = c0 + tl.arange(0, BLOCK)
     mask = cols < I
-    g = _load_out(gu_ptr, gub_ptr, out_ptr, row, cols, mask, stride_gu, T, SPLIT, HAS_GUB).to(tl.float32)
-    u = _load_out(gu_ptr, gub_ptr, out_ptr, row, cols + I, mask, stride_gu, T, SPLIT, HAS_GUB).to(tl.float32)
+    src = gu_ptr + row * stride_gu + cols
+    g = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(src + I, mask=mask, other=0.0).to(tl.float32)
     silu = _round(tl.math.div_rn(g, 1.0 + _exp(-g, INTERP)), out_ptr, BF16_BITS).to(tl.float32)
     y = _round(silu * u, out_ptr, BF16_BITS)
     _store_tile(
@@ -260,18 +282,17 @@ def _quant_tiles_kernel(
     tl.store(q_ptr + row * I + cols, act_codes(y, scale, FP8_MAX), mask=mask)
 
 
-def silu_and_mul(gate_up: torch.Tensor | PartialSums) -> torch.Tensor:
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``gate_up [T, 2I]`` (columns ``[gate | up]``, unit last stride) -> ``silu(gate) * up`` ``[T, I]``.
 
     Float32 / bfloat16 / float16; the output is a new contiguous tensor in the input dtype, rounded as
-    ``F.silu(gate) * up`` (see :func:`~nibblekv.kernels.fused.reference.silu_and_mul_ref`). ``gate_up`` may
-    be a split-K GEMM's :class:`PartialSums`, added as they load (bit for bit their sum kernel, then this).
+    ``F.silu(gate) * up`` (see :func:`~nibblekv.kernels.fused.reference.silu_and_mul_ref`).
     """
     out, _ = _silu_and_mul(gate_up, None, quantize=False)
     return out
 
 
-def silu_and_mul_fp8(gate_up: torch.Tensor | PartialSums, group: int | None) -> QuantizedRows:
+def silu_and_mul_fp8(gate_up: torch.Tensor, group: int | None) -> QuantizedRows:
     """:func:`silu_and_mul` leaving as an FP8 layer's input: e4m3 per ``group`` columns (``None``: per row),
     bit for bit ``quant_fp8_groups(silu_and_mul(gate_up), group)``."""
     out, quant = _silu_and_mul(gate_up, group, quantize=True)
@@ -280,51 +301,50 @@ def silu_and_mul_fp8(gate_up: torch.Tensor | PartialSums, group: int | None) -> 
 
 
 def _silu_and_mul(
-    gate_up: torch.Tensor | PartialSums, group: int | None, quantize: bool
+    gate_up: torch.Tensor, group: int | None, quantize: bool
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-    gu = _rows(gate_up, "gate_up")
-    t, two_i, dev = gu.rows, gu.width, gu.src.device
+    _check_rows(gate_up, "gate_up")
+    t, two_i = gate_up.shape
     if two_i % 2:
         raise ValueError(f"gate_up must have an even number of columns [gate | up], got {two_i}")
     inter = two_i // 2
     block = min(triton.next_power_of_2(max(inter, 1)), 1024)
     if quantize and group is None and 0 < t < num_sms() and inter > block:
-        return _silu_and_mul_rows_split(gu, inter, block)
+        return _silu_and_mul_rows_split(gate_up, inter, block)
     block, qgroup, n_groups = _quant_plan(inter, group, block) if quantize else (block, 0, 1)
     if block > _MAX_BLOCK:
         raise ValueError(f"intermediate size {inter} is too large to quantize per row in one program")
     # NOTE: when quantizing, ``out`` only carries the dtype the kernel rounds to (nothing is stored in it)
-    out = torch.empty((1,) if quantize else (t, inter), dtype=gu.dtype, device=dev)
-    quant = _quant_out(t, inter, n_groups, dev) if quantize else None
+    out = torch.empty((1,) if quantize else (t, inter), dtype=gate_up.dtype, device=gate_up.device)
+    quant = _quant_out(t, inter, n_groups, gate_up.device) if quantize else None
     if t == 0 or inter == 0:
         return out, quant
     q, sc = quant if quant is not None else (out, out)
     _silu_and_mul_kernel[(t, triton.cdiv(inter, block))](
-        gu.src, gu.bias if gu.bias is not None else out, out, q, sc, out, gu.row_stride, inter, n_groups, t,
-        inter, BLOCK=block, BF16_BITS=_bf16_bits(gu.dtype), INTERP=interpreting(), QGROUP=qgroup, EPS=ACT_EPS,
-        FP8_MAX=E4M3_MAX, SPLIT=gu.split, HAS_GUB=gu.bias is not None,
-        num_warps=_warps(block) if quantize else 4, **pdl_launch(dev),
+        gate_up, out, q, sc, out, gate_up.stride(0), inter, n_groups, inter,
+        BLOCK=block, BF16_BITS=_bf16_bits(gate_up.dtype), INTERP=interpreting(), QGROUP=qgroup, EPS=ACT_EPS,
+        FP8_MAX=E4M3_MAX, num_warps=_warps(block) if quantize else 4, **pdl_launch(gate_up.device),
     )  # fmt: skip
     return out, quant
 
 
 def _silu_and_mul_rows_split(
-    gu: _Rows, inter: int, block: int
+    gate_up: torch.Tensor, inter: int, block: int
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Per-row quantized SiLU * mul for fewer rows than SMs, each row in ``block``-column tiles over two
     kernels (SiLU * mul with each tile's amax, then the codes), the same bits as the one-program row.
     NOTE: one program a row leaves most SMs idle at decode batches, and that one SM does the whole row's
     exp and division: Llama-3.1-8B's 14,336-wide down_proj input took 8.8 us a call at 1-16 tokens (H100)."""
-    t, dev = gu.rows, gu.src.device
+    t = gate_up.shape[0]
     tiles = triton.cdiv(inter, block)
-    y = torch.empty((t, inter), dtype=gu.dtype, device=dev)
-    amax = torch.empty((t, tiles), dtype=torch.float32, device=dev)
-    q, sc = _quant_out(t, inter, 1, dev)
-    launch = pdl_launch(dev)
+    y = torch.empty((t, inter), dtype=gate_up.dtype, device=gate_up.device)
+    amax = torch.empty((t, tiles), dtype=torch.float32, device=gate_up.device)
+    q, sc = _quant_out(t, inter, 1, gate_up.device)
+    launch = pdl_launch(gate_up.device)
     _silu_and_mul_kernel[(t, tiles)](
-        gu.src, gu.bias if gu.bias is not None else y, y, y, y, amax, gu.row_stride, inter, 1, t, inter,
-        BLOCK=block, BF16_BITS=_bf16_bits(gu.dtype), INTERP=interpreting(), QGROUP=0, EPS=ACT_EPS,
-        FP8_MAX=E4M3_MAX, TILE_AMAX=True, SPLIT=gu.split, HAS_GUB=gu.bias is not None, num_warps=4, **launch,
+        gate_up, y, y, y, amax, gate_up.stride(0), inter, 1, inter,
+        BLOCK=block, BF16_BITS=_bf16_bits(gate_up.dtype), INTERP=interpreting(), QGROUP=0, EPS=ACT_EPS,
+        FP8_MAX=E4M3_MAX, TILE_AMAX=True, num_warps=4, **launch,
     )  # fmt: skip
     _quant_tiles_kernel[(t, tiles)](
         y, amax, q, sc, inter, tiles, BLOCK=block, TILES=triton.next_power_of_2(tiles), EPS=ACT_EPS,

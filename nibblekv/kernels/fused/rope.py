@@ -2,9 +2,7 @@
 
 Same rounding contract as :mod:`nibblekv.kernels.fused.elementwise` (twin: ``reference.rope_qk_ref``):
 RoPE is bit-exact in every dtype (``enable_fp_fusion=False``: float32 ``x * cos + r * sin`` never becomes
-an FMA); the rotation multiplies the rounded RoPE output, as the eager ``q @ rotation`` does. The qkv rows
-may be an FP8 qkv_proj's unsummed split-K partials, added as they load (``elementwise._load_out``).
-NOTE: the kernels round to ``q``'s dtype (the activations'), which ``qkv`` has unless it holds partials.
+an FMA); the rotation multiplies the rounded RoPE output, as the eager ``q @ rotation`` does.
 """
 
 from __future__ import annotations
@@ -13,9 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nibblekv.formats.fp8_weights import PartialSums
 from nibblekv.kernels._common import interpreting
-from nibblekv.kernels.fused._rows import _bf16_bits, _load_out, _round, _Rows, _rows
+from nibblekv.kernels.fused.elementwise import _bf16_bits, _check_rows, _round
 
 
 @triton.jit
@@ -28,11 +25,10 @@ def _rope_pair(a, b, c, s, like_ptr, BF16_BITS: tl.constexpr):
 
 @triton.jit
 def _rope_qkv_kernel(
-    qkv_ptr, qb_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr,
-    stride_qkv, stride_cos, stride_sin, T,
+    qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr,
+    stride_qkv, stride_cos, stride_sin,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-    HALF_BLOCK: tl.constexpr, BH: tl.constexpr, BF16_BITS: tl.constexpr, SPLIT: tl.constexpr = 0,
-    HAS_QB: tl.constexpr = False,
+    HALF_BLOCK: tl.constexpr, BH: tl.constexpr, BF16_BITS: tl.constexpr,
 ):  # fmt: skip
     """``BH`` heads of one token: q and k heads rotated into ``q_ptr`` / ``k_ptr``, v heads copied to
     ``v_ptr``.
@@ -48,17 +44,17 @@ def _rope_qkv_kernel(
     is_k = (heads >= HQ) & (heads < HQ + HKV)
     is_v = (heads >= HQ + HKV) & (heads < HQ + 2 * HKV)
     m = (is_q | is_k | is_v)[:, None] & cmask[None, :]
-    offs = heads[:, None] * D + cols[None, :]
-    x1 = _load_out(qkv_ptr, qb_ptr, q_ptr, t, offs, m, stride_qkv, T, SPLIT, HAS_QB)
-    x2 = _load_out(qkv_ptr, qb_ptr, q_ptr, t, offs + HALF, m, stride_qkv, T, SPLIT, HAS_QB)
+    src = qkv_ptr + t * stride_qkv + heads[:, None] * D + cols[None, :]
+    x1 = tl.load(src, mask=m, other=0.0)
+    x2 = tl.load(src + HALF, mask=m, other=0.0)
     c1 = tl.load(cos_ptr + t * stride_cos + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     c2 = tl.load(cos_ptr + t * stride_cos + HALF + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     s1 = tl.load(sin_ptr + t * stride_sin + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     s2 = tl.load(sin_ptr + t * stride_sin + HALF + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     a, b = x1.to(tl.float32), x2.to(tl.float32)
     # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2 | x1]
-    o1 = _rope_pair(a, -b, c1, s1, q_ptr, BF16_BITS)
-    o2 = _rope_pair(b, a, c2, s2, q_ptr, BF16_BITS)
+    o1 = _rope_pair(a, -b, c1, s1, qkv_ptr, BF16_BITS)
+    o2 = _rope_pair(b, a, c2, s2, qkv_ptr, BF16_BITS)
     rows = tl.where(is_q, t * HQ + heads, tl.where(is_k, t * HKV + heads - HQ, t * HKV + heads - HQ - HKV))
     dst = tl.where(m, rows[:, None] * D + cols[None, :], 0)
     qm, km, vm = (
@@ -76,10 +72,10 @@ def _rope_qkv_kernel(
 
 @triton.jit
 def _rope_qkv_rot_kernel(
-    qkv_ptr, qb_ptr, cos_ptr, sin_ptr, rot_ptr, q_ptr, k_ptr, v_ptr,
-    stride_qkv, stride_cos, stride_sin, T,
+    qkv_ptr, cos_ptr, sin_ptr, rot_ptr, q_ptr, k_ptr, v_ptr,
+    stride_qkv, stride_cos, stride_sin,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BF16_BITS: tl.constexpr,
-    IEEE: tl.constexpr, BC: tl.constexpr, SPLIT: tl.constexpr = 0, HAS_QB: tl.constexpr = False,
+    IEEE: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """:func:`_rope_qkv_kernel`, then every row (q and k after RoPE, v as is) times ``rot [D, D]``.
 
@@ -96,17 +92,17 @@ def _rope_qkv_rot_kernel(
     is_k = (heads >= HQ) & (heads < HQ + HKV)
     is_v = (heads >= HQ + HKV) & (heads < HQ + 2 * HKV)
     m = (is_q | is_k | is_v)[:, None]
-    offs = heads[:, None] * D + cols[None, :]
-    x1 = _load_out(qkv_ptr, qb_ptr, q_ptr, t, offs, m, stride_qkv, T, SPLIT, HAS_QB)
-    x2 = _load_out(qkv_ptr, qb_ptr, q_ptr, t, offs + HALF, m, stride_qkv, T, SPLIT, HAS_QB)
+    src = qkv_ptr + t * stride_qkv + heads[:, None] * D + cols[None, :]
+    x1 = tl.load(src, mask=m, other=0.0)
+    x2 = tl.load(src + HALF, mask=m, other=0.0)
     c1 = tl.load(cos_ptr + t * stride_cos + cols).to(tl.float32)[None, :]
     c2 = tl.load(cos_ptr + t * stride_cos + HALF + cols).to(tl.float32)[None, :]
     s1 = tl.load(sin_ptr + t * stride_sin + cols).to(tl.float32)[None, :]
     s2 = tl.load(sin_ptr + t * stride_sin + HALF + cols).to(tl.float32)[None, :]
     a, b = x1.to(tl.float32), x2.to(tl.float32)
     qk = (is_q | is_k)[:, None]
-    y1 = tl.where(qk, _rope_pair(a, -b, c1, s1, q_ptr, BF16_BITS).to(tl.float32), a)
-    y2 = tl.where(qk, _rope_pair(b, a, c2, s2, q_ptr, BF16_BITS).to(tl.float32), b)
+    y1 = tl.where(qk, _rope_pair(a, -b, c1, s1, qkv_ptr, BF16_BITS).to(tl.float32), a)
+    y2 = tl.where(qk, _rope_pair(b, a, c2, s2, qkv_ptr, BF16_BITS).to(tl.float32), b)
     rr = tl.arange(0, HALF)[:, None] * D + ocols[None, :]
     r1 = tl.load(rot_ptr + rr)
     r2 = tl.load(rot_ptr + HALF * D + rr)
@@ -116,7 +112,7 @@ def _rope_qkv_rot_kernel(
     else:  # y1, y2 hold bf16/fp16 values exactly: the dot sees what the eager matmul sees
         acc = tl.dot(y1.to(r1.dtype), r1)
         acc = tl.dot(y2.to(r2.dtype), r2, acc)
-    out = _round(acc, q_ptr, BF16_BITS)
+    out = _round(acc, qkv_ptr, BF16_BITS)
     rows = tl.where(is_q, t * HQ + heads, tl.where(is_k, t * HKV + heads - HQ, t * HKV + heads - HQ - HKV))
     dst = tl.where(m, rows[:, None] * D + ocols[None, :], 0)
     tl.store(q_ptr + dst, out, mask=is_q[:, None])
@@ -125,7 +121,7 @@ def _rope_qkv_rot_kernel(
 
 
 def rope_qk(
-    qkv: torch.Tensor | PartialSums,
+    qkv: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     num_heads: int,
@@ -141,48 +137,49 @@ def rope_qk(
     ``_ROT_FUSED_MAX_TOKENS`` tokens (``_ROT_FUSED_MAX_TOKENS_GRAPH`` while a CUDA graph is captured), else
     by one GEMM after it (q, k, v are then views of one buffer).
 
-    ``qkv [T, (Hq + 2 Hkv) * D]``: rows ``[q | k | v]``, unit last stride (any row stride), or an FP8
-    qkv_proj's unsummed split-K :class:`PartialSums` (added as they load, bit for bit their sum kernel);
+    ``qkv [T, (Hq + 2 Hkv) * D]``: rows ``[q | k | v]``, unit last stride (any row stride);
     ``cos, sin [T, 1, D]`` as ``RotaryEmbedding.cos_sin`` returns them, in ``qkv``'s dtype.
     Returns new contiguous ``q [T, Hq, D]``, ``k [T, Hkv, D]`` (rotated, bit-exact with
     ``apply_rope``) and ``v [T, Hkv, D]`` (a copy, as ``v.contiguous()``), all in ``qkv``'s dtype.
     """
-    x = _rows(qkv, "qkv")
-    t, dtype, dev = x.rows, x.dtype, x.src.device
+    _check_rows(qkv, "qkv")
+    t = qkv.shape[0]
     if head_dim <= 0 or head_dim % 2 or num_heads <= 0 or num_kv_heads <= 0:
         raise ValueError(
             f"need positive heads and an even head_dim, got {num_heads}/{num_kv_heads}, {head_dim}"
         )
     nh = num_heads + 2 * num_kv_heads
-    if x.width != nh * head_dim:
+    if qkv.shape[1] != nh * head_dim:
         raise ValueError(
-            f"qkv has {x.width} columns, ({num_heads} + 2 * {num_kv_heads}) * {head_dim} expected"
+            f"qkv has {qkv.shape[1]} columns, ({num_heads} + 2 * {num_kv_heads}) * {head_dim} expected"
         )
     for c, name in ((cos, "cos"), (sin, "sin")):
         if c.shape != (t, 1, head_dim) or c.stride(-1) != 1:
             raise ValueError(
                 f"{name} must be [{t}, 1, {head_dim}] with unit last stride, got {tuple(c.shape)}"
             )
-        if c.dtype != dtype or c.device != dev:
-            raise ValueError(f"{name} must be {dtype} on {dev} like qkv, got {c.dtype} on {c.device}")
-    if rotation is not None and _rotation_by_gemm(t, x.src):  # the plain kernel, then one GEMM
-        _check_rotation(rotation, dtype, dev, head_dim)
+        if c.dtype != qkv.dtype or c.device != qkv.device:
+            raise ValueError(
+                f"{name} must be {qkv.dtype} on {qkv.device} like qkv, got {c.dtype} on {c.device}"
+            )
+    if rotation is not None and _rotation_by_gemm(t, qkv):  # the plain kernel, then one GEMM
+        _check_rotation(rotation, qkv, head_dim)
         # NOTE: q | k | v back to back in one buffer: one GEMM rotates all three (a launch per output cost
         # more host time than the GPU saved)
-        buf = torch.empty(t * nh * head_dim, dtype=dtype, device=dev)
-        _launch_plain(x, cos, sin, *_split_qkv(buf, t, num_heads, num_kv_heads, head_dim), num_heads,
+        buf = torch.empty(t * nh * head_dim, dtype=qkv.dtype, device=qkv.device)
+        _launch_plain(qkv, cos, sin, *_split_qkv(buf, t, num_heads, num_kv_heads, head_dim), num_heads,
                       num_kv_heads, head_dim)  # fmt: skip
         out = torch.mm(buf.view(-1, head_dim), rotation)
         return _split_qkv(out.view(-1), t, num_heads, num_kv_heads, head_dim)
-    q = torch.empty((t, num_heads, head_dim), dtype=dtype, device=dev)
-    k = torch.empty((t, num_kv_heads, head_dim), dtype=dtype, device=dev)
-    v = torch.empty((t, num_kv_heads, head_dim), dtype=dtype, device=dev)
+    q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty((t, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    v = torch.empty((t, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q, k, v
     if rotation is not None:
-        _launch_rotated(x, cos, sin, rotation, q, k, v, num_heads, num_kv_heads, head_dim)
+        _launch_rotated(qkv, cos, sin, rotation, q, k, v, num_heads, num_kv_heads, head_dim)
         return q, k, v
-    _launch_plain(x, cos, sin, q, k, v, num_heads, num_kv_heads, head_dim)
+    _launch_plain(qkv, cos, sin, q, k, v, num_heads, num_kv_heads, head_dim)
     return q, k, v
 
 
@@ -199,20 +196,19 @@ def _split_qkv(
 
 
 def _launch_plain(
-    qkv: _Rows, cos: torch.Tensor, sin: torch.Tensor,
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
 ) -> None:  # fmt: skip
-    t, nh = qkv.rows, num_heads + 2 * num_kv_heads
+    t, nh = qkv.shape[0], num_heads + 2 * num_kv_heads
     half_block = triton.next_power_of_2(head_dim // 2)
     bh = max(1, min(triton.next_power_of_2(nh), 512 // half_block))
     # NOTE: enable_fp_fusion=False: float32 x * cos + r * sin must not contract to an FMA (eager rounds
     # both products); the interpreter ignores the option.
     _rope_qkv_kernel[(t, triton.cdiv(nh, bh))](
-        qkv.src, qkv.bias if qkv.bias is not None else q, cos, sin, q, k, v,
-        qkv.row_stride, cos.stride(0), sin.stride(0), t,
+        qkv, cos, sin, q, k, v,
+        qkv.stride(0), cos.stride(0), sin.stride(0),
         HQ=num_heads, HKV=num_kv_heads, D=head_dim, HALF_BLOCK=half_block, BH=bh,
-        BF16_BITS=_bf16_bits(qkv.dtype), SPLIT=qkv.split, HAS_QB=qkv.bias is not None, num_warps=4,
-        enable_fp_fusion=False,
+        BF16_BITS=_bf16_bits(qkv.dtype), num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
 
 
@@ -240,17 +236,17 @@ def _rotation_by_gemm(t: int, qkv: torch.Tensor) -> bool:
     return t >= (_ROT_FUSED_MAX_TOKENS_GRAPH if _capturing(qkv) else _ROT_FUSED_MAX_TOKENS)
 
 
-def _check_rotation(rotation: torch.Tensor, dtype: torch.dtype, device: torch.device, d: int) -> None:
+def _check_rotation(rotation: torch.Tensor, qkv: torch.Tensor, d: int) -> None:
     if d < 32 or d & (d - 1):
         raise ValueError(f"rope_qk: a rotation needs a power-of-two head_dim >= 32, got {d}")
     if rotation.shape != (d, d) or not rotation.is_contiguous():
         raise ValueError(f"rotation must be a contiguous [{d}, {d}] matrix, got {tuple(rotation.shape)}")
-    if rotation.dtype != dtype or rotation.device != device:
-        raise ValueError(f"rotation must be {dtype} on {device} like qkv, got {rotation.dtype}")
+    if rotation.dtype != qkv.dtype or rotation.device != qkv.device:
+        raise ValueError(f"rotation must be {qkv.dtype} on {qkv.device} like qkv, got {rotation.dtype}")
 
 
 def _launch_rotated(
-    qkv: _Rows,
+    qkv: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     rotation: torch.Tensor,
@@ -262,19 +258,18 @@ def _launch_rotated(
     head_dim: int,
 ) -> None:
     d = head_dim
-    _check_rotation(rotation, qkv.dtype, qkv.src.device, d)
+    _check_rotation(rotation, qkv, d)
     nh = num_heads + 2 * num_kv_heads
     bh = 16  # tl.dot's smallest M
     # NOTE: few tokens (decode) -> split the output columns over programs: at batch 1 the kernel was ~3
     # programs each loading all of rot (32 KB at D=128) and running the full dot, 4.0 us a layer vs 1.6
     # for the plain RoPE kernel (H200); more tokens -> whole rows, rot loaded once a program
-    bc = d if qkv.rows >= _ROT_SPLIT_TOKENS else 32
-    _rope_qkv_rot_kernel[(qkv.rows, triton.cdiv(nh, bh), d // bc)](
-        qkv.src, qkv.bias if qkv.bias is not None else q, cos, sin, rotation, q, k, v,
-        qkv.row_stride, cos.stride(0), sin.stride(0), qkv.rows,
+    bc = d if qkv.shape[0] >= _ROT_SPLIT_TOKENS else 32
+    _rope_qkv_rot_kernel[(qkv.shape[0], triton.cdiv(nh, bh), d // bc)](
+        qkv, cos, sin, rotation, q, k, v,
+        qkv.stride(0), cos.stride(0), sin.stride(0),
         HQ=num_heads, HKV=num_kv_heads, D=d, BH=bh, BF16_BITS=_bf16_bits(qkv.dtype),
-        IEEE=qkv.dtype == torch.float32 or interpreting(), BC=bc, SPLIT=qkv.split,
-        HAS_QB=qkv.bias is not None, num_warps=4, enable_fp_fusion=False,
+        IEEE=qkv.dtype == torch.float32 or interpreting(), BC=bc, num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
 
 

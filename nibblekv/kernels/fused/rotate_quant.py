@@ -19,7 +19,7 @@ from nibblekv.formats.fp8_weights import ACT_EPS, QuantizedRows
 from nibblekv.formats.nvfp4 import E4M3_MAX
 from nibblekv.kernels._common import interpreting
 from nibblekv.kernels.fp8.quant import act_codes, act_scale
-from nibblekv.kernels.fused._rows import _bf16_rtne
+from nibblekv.kernels.fused.elementwise import _bf16_rtne
 
 BLOCK_M = 16  # tokens a program (tl.dot's smallest M)
 # NOTE: a program loops over its group's heads twice (amax, then codes): fine for block-scaled layers
