@@ -74,8 +74,9 @@ def _mma_segment(
     ``VST``: the partial o as 16-byte vector stores (8 per lane) instead of 32 scalar ones, each of which
     touches 32 sectors -- the whole grid stores at once at its end (one wave), so the epilogue is a burst.
     ``VQ``: Q (bf16, rows 16-byte aligned) as 4 vector loads per lane, for the same reason at the start.
-    ``L2`` (16-row pages, no PAIR): ``decode_mma16``'s L2 prefetch of the tiles ``L2`` steps ahead; without
-    ``PF`` each step then loads its registers from L2 (no registers hold the next step: fewer of them).
+    ``L2`` (16-row pages, no PAIR): ``decode_mma16``'s L2 prefetch of the tiles ``L2`` steps ahead (with
+    ``PF``: gained nothing at 16 programs per SM, opt-in for 12); without ``PF`` each step then loads its
+    registers from L2 (no registers hold the next step: fewer of them).
     """
     lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
         k_ptr, v_ptr, ks_ptr, vs_ptr, h, s_head, sc_head, NW,

@@ -208,8 +208,9 @@ def _mma256_segment(
 ):  # fmt: skip
     """``decode_mma._mma_segment`` at head_dim 256 (no PAIR): each warp attends its 16-token tiles of
     ``[start, end)`` (``PF`` = 1: the next tile's bytes load during this one; ``L2`` with 16-row pages: the
-    tile ``L2`` steps ahead prefetched into L2 -- without ``PF`` each step's registers then load from L2) and stores its partial o / lse at ``o_ptr + w *
-    256`` / ``lse_ptr + w`` (``s_oh`` = elements between two heads' partials)."""
+    tile ``L2`` steps ahead prefetched into L2 -- without ``PF`` each step's registers then load from L2) and
+    stores its partial o / lse at ``o_ptr + w * 256`` / ``lse_ptr + w`` (``s_oh`` = elements between two
+    heads' partials)."""
     tl.static_assert(TPI == 1, "head_dim 256: one 16-token tile a softmax step (registers)")
     lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
         k_ptr, v_ptr, ks_ptr, vs_ptr, h, s_head, sc_head, NW,
