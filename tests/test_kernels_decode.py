@@ -71,7 +71,7 @@ def test_decode_variants(variant: str, dtype: KVDtype, d: int) -> None:
 # so CPU runs five cases; GPUs run every spec x group x page.
 MMA_SPECS = [
     "mma", "mma:w=2,tpi=2", "mma:w=4,pf=0", "mma:tpi=2,pf=0", "mma:minc=64", "mma:vst=0,vq=0", "mma:w=2,vq=0",
-    "mma:tpp=1", "mma:l2=1", "mma:tpi=1,l2=2", "mma:pf=0,l2=1", "mma:pf=0,l2=2",
+    "mma:tpp=1", "mma:l2=1", "mma:tpi=1,l2=2", "mma:pf=0,l2=1", "mma:pf=0,l2=2", "mma:pbf=1",
 ]
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)] + [("mma", 4, 2 * P)]
@@ -192,6 +192,31 @@ def test_decode_mma_head_dim_256(spec: str, group: int, page: int) -> None:
     if DEVICE == "cuda" or page == 5:  # no bf16 tail
         err = _run(KVDtype.NVFP4, lens, None, hkv, group, 256, page, 3, gscale=gscale, variant=spec)
         assert err <= 1e-2, err
+
+
+@pytest.mark.parametrize(
+    "d,group", [(128, 4), (256, 8)] if DEVICE == "cpu" else [(128, 4), (128, 12), (256, 8)]
+)
+def test_decode_mma_bf16_partials(d: int, group: int) -> None:
+    # pbf=1: the partial outputs in bf16 (vector stores of bf16 pairs; the combine step reads them as fp32).
+    # 3 splits and the tail's slots: each output row merges several rounded partials, so it differs from
+    # the fp32-partial run somewhere (the knob took effect) but by about bf16's rounding only
+    torch.manual_seed(7)
+    pb = make_batch(
+        KVDtype.NVFP4, [1, P + 1, 70], 1, d, P, DEVICE, tail_lens=[W, 0, 5], global_scale=(0.37, 2.5)
+    )
+    q = torch.randn(3, group, d, device=DEVICE).to(torch.bfloat16)
+    sm = 1.0 / math.sqrt(d)
+    outs = []
+    for spec in ("mma:minc=16,pbf=0", "mma:minc=16,pbf=1"):  # NOTE: bf16 is head_dim 256's default
+        out = torch.full_like(q, float("nan"))
+        cfg = decode_config_from_spec(spec, KVDtype.NVFP4, d)
+        decode_triton(q, pb.view(), sm, num_splits=3, out=out, config=cfg)
+        outs.append(out)
+    ref = decode_ref(q.float(), pb.view(), sm)
+    assert rel_rms(outs[0], ref) <= 1e-2 and rel_rms(outs[1], ref) <= 1e-2
+    assert not torch.equal(outs[0], outs[1])
+    assert rel_rms(outs[1], outs[0].float()) <= 5e-3
 
 
 def test_decode_mma_empty_splits_and_tail_only() -> None:

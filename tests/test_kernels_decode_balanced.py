@@ -100,6 +100,14 @@ def test_balanced_l2_prefetch(l2: int, pf: int) -> None:
 
 
 @pytest.mark.usefixtures("one_sm")
+@pytest.mark.parametrize("d", [128, 256])
+def test_balanced_bf16_partials(d: int) -> None:
+    # pbf=1: the balanced kernel's partial outputs (and its tail slots) in bf16, merged by its combine step
+    spec = "mma:bal=1,bppsm=5,minc=16,pbf=1"
+    assert _run_bal([100, 1, P + 1, 40], [W, 0, 3, 1], 1, 4, P, spec=spec, d=d) <= 1e-2
+
+
+@pytest.mark.usefixtures("one_sm")
 def test_balanced_no_tail_gqa4_and_padding_rows() -> None:
     assert _run_bal([100, 1, P], None, 1, 4, P) <= 1e-2
     # CUDA-graph padding: 2 of 4 rows are requests; the padding rows' lengths must not take any warp's work

@@ -144,7 +144,7 @@ SPEC_KEYS = {
     "ppsm": "ppsm", "wppsm": "wppsm", "tpi": "tpi", "pf": "pf", "minc": "minc", "cdb": "combine_db",
     "vst": "vst", "vq": "vq", "tin": "tin", "cap": "split_cap", "bal": "balanced",
     "tpp": "tail_page_prefetch", "ts": "tail_splits", "wv": "wave_ctas", "st": "tail_stages",
-    "bppsm": "bal_ppsm", "l2": "l2_ahead", "slots": "mma_slots",
+    "bppsm": "bal_ppsm", "l2": "l2_ahead", "slots": "mma_slots", "pbf": "part_bf16",
 }  # fmt: skip
 
 

@@ -237,7 +237,9 @@ def launch_balanced(
     per_sm = cfg.bal_ppsm
     warps = per_sm * num_sms()
     interp = interpreting()
-    o_part, lse_part = empty_partials(partial_slots(warps, bsz * hkv, has_tail), g, d, q.device, interp)
+    o_part, lse_part = empty_partials(
+        partial_slots(warps, bsz * hkv, has_tail), g, d, q.device, interp, cfg.partial_dtype
+    )
     ks, vs, (sp, sh, _) = scale_tensors(cache)
     ds = cache.k_data.stride()
     dyn = int(active is not None)
@@ -279,9 +281,12 @@ def partial_slots(warps: int, pairs: int, has_tail: bool) -> int:
     return warps + pairs * (1 + int(has_tail))
 
 
-def empty_partials(slots: int, g: int, d: int, device: torch.device, nan: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The partial buffers (NaN-filled for interpreter tests: a slot read but never written shows)."""
-    o = torch.empty((slots, g, d), dtype=torch.float32, device=device)
+def empty_partials(
+    slots: int, g: int, d: int, device: torch.device, nan: bool, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partial buffers, outputs in ``dtype`` and lse in fp32 (NaN-filled for interpreter tests: a slot
+    read but never written shows)."""
+    o = torch.empty((slots, g, d), dtype=dtype, device=device)
     lse = torch.empty((slots, g), dtype=torch.float32, device=device)
     if nan:
         o.fill_(float("nan"))

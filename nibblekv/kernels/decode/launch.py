@@ -165,7 +165,7 @@ def decode_triton(
             q, cache, page_table, lens, sm_scale, tail_ops, has_tail, bal_cfg, out, lse_out, active
         )
         return out
-    o_part = torch.empty((bsz, hq, s_tot, d), dtype=torch.float32, device=q.device)
+    o_part = torch.empty((bsz, hq, s_tot, d), dtype=cfg.partial_dtype, device=q.device)
     lse_part = torch.empty((bsz, hq, s_tot), dtype=torch.float32, device=q.device)
     if interp:  # NOTE: CPU tests see any partial slot the combine step reads but no program wrote
         o_part.fill_(float("nan"))

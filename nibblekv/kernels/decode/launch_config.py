@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 
+import torch
+
 
 class DecodeKernel(str, Enum):
     """The decode kernel families. ``MMA16`` and ``BALANCED`` are what ``select_decode`` makes of ``MMA``
@@ -43,7 +45,9 @@ class DecodeConfig:
     the bf16 tail as programs of the grid (0: its own launch), ``tail_splits`` such programs per (request,
     KV head), ``tail_page_prefetch`` their next page id loaded a tile early, ``balanced`` (0 off, 1 on, 2 from
     ``bal_pairs`` pairs), ``l2_ahead`` the L2 prefetch distance in steps (None: ``decode_mma16``'s
-    default, else off), ``mma_slots`` the most partial slots (one a warp) a (request, KV head) pair writes.
+    default, else off), ``mma_slots`` the most partial slots (one a warp) a (request, KV head) pair writes,
+    ``part_bf16`` those partial outputs in bf16 (half the bytes the kernel writes and the combine step reads;
+    their lse stays fp32).
     ``tail_in_grid`` is resolved by ``select_decode`` (not an input).
     """
 
@@ -73,12 +77,18 @@ class DecodeConfig:
     bal_pairs: int = 208
     l2_ahead: int | None = None
     mma_slots: int = 256
+    part_bf16: int = 0
     tail_in_grid: bool = False
 
     @property
     def mma(self) -> bool:
         """Whether a ``decode_mma`` family kernel runs (16-token tiles, one partial slot a warp)."""
         return self.kernel in MMA_KERNELS
+
+    @property
+    def partial_dtype(self) -> torch.dtype:
+        """The dtype of the partial outputs a launch writes for its combine step."""
+        return torch.bfloat16 if self.mma and self.part_bf16 else torch.float32
 
     def replace(self, **changes: object) -> DecodeConfig:
         """A copy with ``changes`` (``dataclasses.replace``)."""

@@ -199,7 +199,16 @@ def _p_frag_bf16(a, b):
 
 @triton.jit
 def _st4(ptr, a, b, c, d, m):
-    """``st.global.v4.f32``: four consecutive fp32 at ``ptr`` (16-byte aligned) where ``m``."""
+    """Four consecutive fp32 values at ``ptr`` where ``m``, as one vector store: ``st.global.v4.f32`` (16-byte
+    aligned), or for a bf16 ``ptr`` rounded to bf16 (``cvt.rn.bf16x2.f32``) and ``st.global.v2.b32`` (8-byte
+    aligned)."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b32 x, y; setp.ne.s32 p, $6, 0; cvt.rn.bf16x2.f32 x, $3, $2; "
+            "cvt.rn.bf16x2.f32 y, $5, $4; @p st.global.v2.b32 [$1], {x, y}; mov.b32 $0, 0; }",
+            "=r,l,f,f,f,f,r", [ptr.to(tl.int64), a, b, c, d, m.to(tl.int32)], dtype=tl.int32, is_pure=False,
+            pack=1,
+        )  # fmt: skip
     return tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.s32 p, $6, 0; @p st.global.v4.f32 [$1], {$2, $3, $4, $5}; mov.b32 $0, 0; }",
         "=r,l,f,f,f,f,r", [ptr.to(tl.int64), a, b, c, d, m.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,

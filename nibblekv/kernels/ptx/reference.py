@@ -206,7 +206,7 @@ def p_frag_bf16(a, b):
 
 @triton.jit
 def st4(ptr, a, b, c, d, m):
-    """Four consecutive fp32 at ``ptr`` where ``m`` (one vector store on the GPU)."""
+    """Four consecutive fp32 at ``ptr`` where ``m``, rounded to its dtype (one vector store on the GPU)."""
     tl.store(ptr, a, mask=m)
     tl.store(ptr + 1, b, mask=m)
     tl.store(ptr + 2, c, mask=m)
