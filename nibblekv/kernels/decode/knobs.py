@@ -118,6 +118,13 @@ def mma_knobs(d: int) -> dict[str, int | bool]:
         # half the grid. H200, NVFP4, GQA 8 B1x256K .49 -> .60 of the read ceiling at 512; equal (+-.01) at
         # every other head_dim-256 row (GQA 6 and 8, B64x8K / B8x32K; bench_kernels --head-dims 256, one run)
         "mma_slots": 512 if d == 256 else 256,
+        # NOTE: head_dim 256: bf16 partial outputs (8 KB a warp in fp32 at GQA 8, ~6% of the KV bytes a call
+        # at B8 x 32K, written in one burst at the one wave's end and read again by the combine step). H100,
+        # NVFP4, fp32 -> bf16: GQA 8 B8x32K .737 -> .756, B1x256K .734 -> .759; GQA 6 B8x32K .827 -> .834,
+        # B1x256K .829 -> .840, B64x8K (balanced) .861 -> .874; rel. RMS 1.7e-3 -> 1.9e-3. Head_dim 128 (with
+        # the tail): B8x32K equal, B1x128K .780 -> .791, B32x8K (balanced) .846 -> .825, so off there
+        # (bench_decode_variants; results.md, head_dim 256)
+        "part_bf16": 1 if d == 256 else 0,
     }
 
 
