@@ -47,12 +47,22 @@ GEMM_RMS = 2e-3 if DEVICE == "cuda" else 1e-5
 LAYER_RMS = 5e-3
 
 
-# power-of-two groups and per-token scales (K <= ROW_TILE_MAX, the row one group padded to 2^n) take the
-# tiled kernel (one program over several groups: a partial last group, groups past the row's, two programs a
-# row at K=2,500); other groups and longer rows the one-group-a-program kernel
-@pytest.mark.parametrize(("group", "k"), [(128, 300), (64, 300), (128, 2500), (100, 300), (None, 300),
-                                          (None, ROW_TILE_MAX + 100)])  # fmt: skip
-def test_quant_groups_bit_exact(group: int | None, k: int) -> None:
+# power-of-two groups and per-token scales (K <= ROW_TILE_MAX, the row one group padded to 2^n; longer rows
+# up to LONG_ROW_TILE_MAX_M tokens) take the tiled kernel (one program over several groups: a partial last
+# group, groups past the row's, two programs a row at K=2,500); other groups and longer rows past that many
+# tokens (long_rows=0 here) the one-group-a-program kernel
+@pytest.mark.parametrize(("group", "k", "long_rows"), [
+    (128, 300, 256), (64, 300, 256), (128, 2500, 256), (100, 300, 256), (None, 300, 256),
+    (None, ROW_TILE_MAX + 100, 256), (None, ROW_TILE_MAX + 100, 0)])  # fmt: skip
+def test_quant_groups_bit_exact(
+    monkeypatch: pytest.MonkeyPatch, group: int | None, k: int, long_rows: int
+) -> None:
+    import nibblekv.kernels.fp8.quant as quant
+
+    monkeypatch.setattr(quant, "LONG_ROW_TILE_MAX_M", long_rows)
+    if group is None:  # the route taken: the other kernel is not there
+        other = "_quant_groups_kernel" if k > ROW_TILE_MAX and not long_rows else "_quant_kernel"
+        monkeypatch.setattr(quant, other, None)
     x = torch.randn(7, k, device=DEVICE) * torch.logspace(-3, 2, k, device=DEVICE)
     x[3] = 0.0  # an all-zero row: the EPS floor, codes 0
     q, s = quant_fp8_groups(x.to(torch.bfloat16), group)

@@ -1,8 +1,8 @@
 """Dynamic FP8 activation quantization: ``x [M, K]`` -> e4m3 codes + one FP32 scale per token-group (or per
 token), the math of :func:`nibblekv.formats.fp8_weights.quantize_act_groups` bit for bit.
 
-* :func:`quant_fp8_groups`: the launcher (power-of-two groups and rows up to :data:`ROW_TILE_MAX` as tiles
-  read once, others one group a program);
+* :func:`quant_fp8_groups`: the launcher (power-of-two groups and rows up to :data:`ROW_TILE_MAX`, longer
+  ones at decode batches, as tiles read once; others one group a program);
 * :func:`act_scale` / :func:`act_codes`: the per-group math, shared with the fused kernels that quantize
   their output for the FP8 layer after them (``kernels.fused``).
 """
@@ -93,8 +93,15 @@ def _quant_groups_kernel(
 GROUPS_TILE = 2048
 # NOTE: per-token scales up to this K read the row once (one [1, 2^n] tile a program); longer rows loop twice
 # over it in _quant_kernel. H100, 8K tokens: o (K 4,096) 44 -> 33 us as a tile; down (K 14,336) 161 -> 181 us
-# as a 16K tile of 16 warps, so it keeps the loop
+# as a 16K tile of 16 warps, so it keeps the loop -- at prefill sizes (LONG_ROW_TILE_MAX_M)
 ROW_TILE_MAX = 8192
+# NOTE: up to this many tokens longer rows (K <= LONG_ROW_TILE_MAX_K) take the tile too: the loop's
+# 2 x K / 1024 dependent loads a program are its time at decode batches. H100, tile / loop us at 1 / 16 / 256
+# / 1,024 / 8,192 tokens: K 14,336 (8B down_proj) 5.8 / 6.0 / 11.1 / 31.4 / 184 vs 11.0 / 11.5 / 13.7 / 32.4 /
+# 201; K 28,672 (70B) 8.0 / 8.4 / 21.3 / 67.3 / 459 vs 20.0 / 20.6 / 25.5 / 62.4 / 403
+# (benchmarks/tools/fp8_quant_rows.py; results.md, FP8 weights)
+LONG_ROW_TILE_MAX_M = 256
+LONG_ROW_TILE_MAX_K = 32768
 
 
 def quant_fp8_groups(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,7 +117,8 @@ def quant_fp8_groups(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, 
     if m == 0:
         return q, s
     launch = pdl_launch(x.device)
-    if group is None and k <= ROW_TILE_MAX:  # one token a program, read once: a group padded to 2^n
+    tile = k <= ROW_TILE_MAX or (m <= LONG_ROW_TILE_MAX_M and k <= LONG_ROW_TILE_MAX_K)
+    if group is None and tile:  # one token a program, read once: a group padded to 2^n
         row = triton.next_power_of_2(k)
         _quant_groups_kernel[(m, 1)](
             x, q, s, k, 1, x.stride(0), q.stride(0), GROUP=row, GROUPS=1, EPS=ACT_EPS, FP8_MAX=E4M3_MAX,
