@@ -29,11 +29,12 @@ from nibblekv.formats.fp8_weights import quantize_act_groups  # noqa: E402
 from nibblekv.kernels.fp8 import quant  # noqa: E402
 
 
-def time_route(x: torch.Tensor, tile: bool) -> float:
-    """Median us of ``quant_fp8_groups(x, None)`` by one route (checked bit for bit against the reference)."""
+def time_route(x: torch.Tensor, ref: tuple[torch.Tensor, torch.Tensor], tile: bool) -> float:
+    """Median us of ``quant_fp8_groups(x, None)`` by one route (checked bit for bit against ``ref``, the
+    reference's codes and scales)."""
     quant.LONG_ROW_TILE_MAX_M = x.shape[0] if tile else 0
     q, s = quant.quant_fp8_groups(x, None)
-    qr, sr = quantize_act_groups(x, x.shape[1])
+    qr, sr = ref
     if not (torch.equal(q.view(torch.uint8), qr.view(torch.uint8)) and torch.equal(s, sr)):
         raise SystemExit(f"{'tile' if tile else 'loop'} route differs from the reference at {tuple(x.shape)}")
     return timing.bench_graph(lambda: quant.quant_fp8_groups(x, None))
@@ -41,7 +42,7 @@ def time_route(x: torch.Tensor, tile: bool) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ks", type=int, nargs="+", default=[14336, 28672], help="row lengths (8B / 70B down_proj)")
+    ap.add_argument("--ks", type=int, nargs="+", default=[14336, 28672], help="row lengths (8B / 70B down)")
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 16, 64, 256, 1024, 2048, 8192])
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     args = ap.parse_args()
@@ -49,7 +50,8 @@ def main() -> None:
     for k in args.ks:
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            tile_us, loop_us = time_route(x, True), time_route(x, False)
+            ref = quantize_act_groups(x, k)
+            tile_us, loop_us = time_route(x, ref, True), time_route(x, ref, False)
             rows.append({"k": k, "m": m, "tile_us": round(tile_us, 2), "loop_us": round(loop_us, 2)})
             print(f"K {k:6d} M {m:5d}: tile {tile_us:8.2f} us  loop {loop_us:8.2f} us", flush=True)
     res = {

@@ -1,9 +1,10 @@
 """The split-K combine step: merge each (request, query head)'s partial outputs into its result.
 
 Decode and extend kernels that split a context write, per slot, a partial output (fp32; bf16 with
-``DecodeConfig.part_bf16``, read here as fp32) and its fp32 log2-sum-exp2 of scaled scores; ``_combine_kernel`` merges the slots of each row with weights
-``2**(lse_s - max lse)``. decode_mma's slot layout (splits of
-``mma_chunk`` tokens, the tail's slots last, CUDA-graph padding rows) is read through ``MMA_SPLITS`` / ``DYN``.
+``DecodeConfig.part_bf16``, read here as fp32) and its fp32 log2-sum-exp2 of scaled scores;
+``_combine_kernel`` merges the slots of each row with weights ``2**(lse_s - max lse)``. decode_mma's slot
+layout (splits of ``mma_chunk`` tokens, the tail's slots last, CUDA-graph padding rows) is read through
+``MMA_SPLITS`` / ``DYN``.
 """
 
 from __future__ import annotations
