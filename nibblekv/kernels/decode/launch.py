@@ -165,7 +165,17 @@ def decode_triton(
             q, cache, page_table, lens, sm_scale, tail_ops, has_tail, bal_cfg, out, lse_out, active
         )
         return out
-    o_part = torch.empty((bsz, hq, s_tot, d), dtype=cfg.partial_dtype, device=q.device)
+    # NOTE: one combine program per (request, KV head) -- its G query heads' rows are adjacent -- where the
+    # pairs fill the GPU: H200, combine us per call at B26x32K / B32x8K / B64x8K / B128x8K 5.0 / 6.0 / 10.6 /
+    # 19.4 -> 3.6 / 4.0 / 3.6 / 5.2; with fewer pairs than SMs a program per query head: B8x32K / B1x128K
+    # 3.5 / 3.0 vs 4.1 / 4.6 grouped
+    gc = g if bsz * hkv >= num_sms() else 1
+    db = cfg.combine_db or combine_dim_block(bsz * hq // gc, s_tot, d)
+    # NOTE: bf16 partials (part_bf16) only where the combine splits the dims: merging whole 256-dim bf16
+    # rows took 15.8 us against fp32's 5.8 (H100, head_dim 256 GQA 8 B64 x 8 slots, 1,024 programs;
+    # benchmarks/tools/combine_partials.py), while at 16-64 dims a program bf16 costs <= 0.2 us more
+    pdt = cfg.partial_dtype if db < d else torch.float32
+    o_part = torch.empty((bsz, hq, s_tot, d), dtype=pdt, device=q.device)
     lse_part = torch.empty((bsz, hq, s_tot), dtype=torch.float32, device=q.device)
     if interp:  # NOTE: CPU tests see any partial slot the combine step reads but no program wrote
         o_part.fill_(float("nan"))
@@ -244,12 +254,6 @@ def decode_triton(
     LAST_KERNEL["decode"] = k
     if side is not None:
         torch.cuda.current_stream(q.device).wait_stream(side)
-    # NOTE: one combine program per (request, KV head) -- its G query heads' rows are adjacent -- where the
-    # pairs fill the GPU: H200, combine us per call at B26x32K / B32x8K / B64x8K / B128x8K 5.0 / 6.0 / 10.6 /
-    # 19.4 -> 3.6 / 4.0 / 3.6 / 5.2; with fewer pairs than SMs a program per query head: B8x32K / B1x128K
-    # 3.5 / 3.0 vs 4.1 / 4.6 grouped
-    gc = g if bsz * hkv >= num_sms() else 1
-    db = cfg.combine_db or combine_dim_block(bsz * hq // gc, s_tot, d)
     mma = cfg.mma
     gp = triton.next_power_of_2(gc)
     s_main = s_tot - tail_slots * int(has_tail)
