@@ -558,43 +558,6 @@ def test_combine_chunk_covers_the_acceptance_rows_slots_in_one_load() -> None:
         assert ch & (ch - 1) == 0 and (gp * ch * db <= COMBINE_ELEMS or ch == 1)
 
 
-def test_combine_takes_8_warps_where_one_4_warp_chunk_misses_slots() -> None:
-    # head_dim 256 GQA 8, one request x 256K: 528 split slots a row at 16 dims a program -- two 4-warp
-    # chunks of 512 (two dependent round trips), one at 8 warps; rows that fit one 4-warp chunk keep 4
-    from nibblekv.kernels.decode.combine import COMBINE_ELEMS, combine_chunk, combine_warps
-
-    assert combine_warps(1, 16, 528) == 8 and combine_chunk(1, 16, 528, 8) == 1024
-    assert combine_warps(1, 16, 512) == 4 and combine_chunk(1, 16, 512, 4) == 512
-    assert combine_warps(1, 64, 66) == 4 and combine_chunk(1, 64, 66, 4) == 128
-    for gp, db in ((1, 16), (4, 128), (8, 256)):
-        assert gp * combine_chunk(gp, db, warps=8) * db <= 2 * COMBINE_ELEMS
-
-
-@pytest.mark.parametrize("cw", [0, 4])
-def test_decode_combine_in_one_8_warp_chunk_or_two_4_warp_ones(
-    cw: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # 200 splits of a 64-dim row merged at whole-row dim blocks (128 slots a 4-warp chunk): the default
-    # reads them in one 8-warp chunk, combine_warps=4 in two chunks of 4 warps; both match the reference
-    from nibblekv.kernels.decode import launch
-
-    seen: list[tuple[int, int]] = []
-    real = launch._combine_kernel
-
-    class _Spy:
-        def __getitem__(self, grid: tuple[int, int]):  # noqa: ANN204 - the launcher's kernel[grid](...) call
-            def run(*args: object, **kw: object) -> object:
-                seen.append((int(kw["CH"]), int(kw["num_warps"])))  # type: ignore[call-overload]
-                return real[grid](*args, **kw)
-
-            return run
-
-    monkeypatch.setattr(launch, "_combine_kernel", _Spy())
-    err = _run(KVDtype.NVFP4, [400], None, 1, 2, 64, P, 200, knobs={"combine_db": 64, "combine_warps": cw})
-    assert seen == ([(256, 8)] if cw == 0 else [(128, 4)]), seen
-    assert err <= 1e-2, err
-
-
 def test_select_decode_falls_back_where_mma_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
     # the table of select_decode: NVFP4 head_dim 128 -> mma (groups <= 8), mma16 (9-16), balanced (>= 152
     # pairs, with the L2 prefetch unless told), tok past 16 columns; head_dim 64 -> mma (groups <= 4), tok

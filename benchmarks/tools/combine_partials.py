@@ -43,7 +43,7 @@ def launch(o: torch.Tensor, lse: torch.Tensor, lens: torch.Tensor, out: torch.Te
     """The combine step as ``decode_triton`` launches it after ``decode_mma`` (a program per query head)."""
     b, hq, s, d = o.shape
     _combine_kernel[(b * hq, d // db)](
-        o, lse, out, out.stride(0), out.stride(1), HQ=hq, S=s, D=d, DB=db, CH=combine_chunk(1, db, s, warps),
+        o, lse, out, out.stride(0), out.stride(1), HQ=hq, S=s, D=d, DB=db, CH=combine_chunk(1, db, s),
         G=1, GP=1, lens_ptr=lens, MMA_SPLITS=splits, MMA_NW=1, MINC=16, HAS_TAIL=0, TAIL_SLOTS=1, PAIR=0,
         lse_out=None, WRITE_LSE=0, num_warps=warps,
     )  # fmt: skip

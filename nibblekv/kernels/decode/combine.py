@@ -146,18 +146,11 @@ def _combine_kernel(o_part, lse_part, out_ptr, s_ob, s_oh, HQ: tl.constexpr, S: 
 COMBINE_ELEMS = 8192
 
 
-def combine_chunk(gp: int, db: int, slots: int | None = None, warps: int = 4) -> int:
-    """Slots per chunk (a power of two) for ``gp`` rows x ``db`` dims: ``COMBINE_ELEMS`` elements at most
-    (twice that at 8 ``warps``), and no more than ``slots`` (the most a row has, when known) need."""
-    ch = max(1, triton.next_power_of_2(COMBINE_ELEMS * warps // 4 // (gp * db) + 1) // 2)
+def combine_chunk(gp: int, db: int, slots: int | None = None) -> int:
+    """Slots per chunk (a power of two) for ``gp`` rows x ``db`` dims: ``COMBINE_ELEMS`` elements at most,
+    and no more than ``slots`` (the most a row has, when known) need."""
+    ch = max(1, triton.next_power_of_2(COMBINE_ELEMS // (gp * db) + 1) // 2)
     return ch if slots is None else min(ch, triton.next_power_of_2(max(1, slots)))
 
 
-def combine_warps(gp: int, db: int, slots: int) -> int:
-    """Warps of a combine program: 8 where a row's ``slots`` need more than one 4-warp chunk (one memory
-    round trip instead of two: head_dim 256, GQA 8, one request x 256K writes 528 split slots a row), else
-    4."""
-    return 8 if slots > combine_chunk(gp, db) else 4
-
-
-__all__ = ["COMBINE_ELEMS", "_combine_kernel", "_load_slots", "_merge_rows", "combine_chunk", "combine_warps"]
+__all__ = ["COMBINE_ELEMS", "_combine_kernel", "_load_slots", "_merge_rows", "combine_chunk"]

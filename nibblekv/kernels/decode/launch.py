@@ -24,7 +24,7 @@ from nibblekv.kernels._common import (
     tail_operands,
 )
 from nibblekv.kernels.decode.balanced import launch_balanced
-from nibblekv.kernels.decode.combine import _combine_kernel, combine_chunk, combine_warps
+from nibblekv.kernels.decode.combine import _combine_kernel, combine_chunk
 from nibblekv.kernels.decode.config import (
     _mma_max_registers,
     combine_dim_block,
@@ -256,16 +256,14 @@ def decode_triton(
         torch.cuda.current_stream(q.device).wait_stream(side)
     mma = cfg.mma
     gp = triton.next_power_of_2(gc)
-    s_main = s_tot - tail_slots * int(has_tail)
-    warps = cfg.combine_warps or combine_warps(gp, db, s_main)
-    ch = combine_chunk(gp, db, s_main, warps)
+    ch = combine_chunk(gp, db, s_tot - tail_slots * int(has_tail))
     _combine_kernel[(bsz * hq // gc, d // db)](
         o_part, lse_part, out, out.stride(0), out.stride(1),
         HQ=hq, S=s_tot, D=d, DB=db, CH=ch, G=gc, GP=gp, lens_ptr=lens,
         TB=max(2, triton.next_power_of_2(tail_slots)),
         MMA_SPLITS=splits if mma else 0, MMA_NW=cfg.num_warps * (1 + pair) if mma else 1,
         MINC=cfg.minc if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
-        lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=warps,
+        lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
         **(dict(dyn, WARPS_PER_REQ=hkv * cfg.num_warps) if mma and dyn else {}),
     )  # fmt: skip
     return out

@@ -36,8 +36,7 @@ class DecodeConfig:
     Every kernel: ``block_n`` / ``tail_block_n`` (keys per tile of the pool / the bf16 tail), ``num_warps``,
     ``num_stages`` (``tail_stages``: with a bf16 tail, None = the same), ``split_cap`` (most splits a
     request), ``wave_ctas`` (programs per SM of ``default_num_splits``' one-wave rule; 0 off),
-    ``combine_db`` (dims per combine program; 0 = ``combine_dim_block``), ``combine_warps`` (its warps; 0 =
-    ``combine.combine_warps``). ``decode_tok``: ``conv`` (FP8: bit 0
+    ``combine_db`` (dims per combine program; 0 = ``combine_dim_block``). ``decode_tok``: ``conv`` (FP8: bit 0
     V, bit 1 K through the uint16-pair asm), ``split`` (V as even / odd column halves; 2: NVFP4 K too).
 
     ``decode_mma`` family: ``ppsm`` programs per SM to aim for (``wppsm`` for ``decode_mma16``, ``bal_ppsm``
@@ -61,7 +60,6 @@ class DecodeConfig:
     split_cap: int = 64
     wave_ctas: int = 0
     combine_db: int = 0
-    combine_warps: int = 0
     conv: int = 0
     split: int = 0
     ppsm: int = 16
