@@ -3,7 +3,7 @@ and warps, at the shapes where it weighs most (head_dim 256, GQA 8: Qwen3-Next's
 
 Usage on the device::
 
-    PYTHONPATH=. python benchmarks/tools/combine_partials.py [--shapes 64x8x256 8x66x256 1x528x256] --out DIR
+    PYTHONPATH=. python benchmarks/tools/combine_partials.py [--shapes 64x8x256 8x66x256 1x512x256] --out DIR
 
 A shape is ``BxSxD``: B requests of 16 query heads (2 KV heads), S written split slots a row, head_dim D -- the
 slots ``decode_mma`` writes (``decode.launch``'s layout, no tail). Each (dtype, dims per program, warps) is
