@@ -123,7 +123,8 @@ def mma_knobs(d: int) -> dict[str, int | bool]:
         # NVFP4, fp32 -> bf16: GQA 8 B8x32K .737 -> .756, B1x256K .734 -> .759; GQA 6 B8x32K .827 -> .834,
         # B1x256K .829 -> .840, B64x8K (balanced) .861 -> .874; rel. RMS 1.7e-3 -> 1.9e-3. Head_dim 128 (with
         # the tail): B8x32K equal, B1x128K .780 -> .791, B32x8K (balanced) .846 -> .825, so off there
-        # (bench_decode_variants; results.md, head_dim 256)
+        # (bench_decode_variants; results.md, head_dim 256). decode_triton keeps them fp32 where the combine
+        # step merges whole rows (bf16 there: 15.7 vs 5.8 us at GQA 8 B64x8K, H100)
         "part_bf16": 1 if d == 256 else 0,
     }
 
