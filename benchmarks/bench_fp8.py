@@ -19,7 +19,8 @@ tiles too (``decode_tiles_us``; block rows also with paired k-steps, names endin
 512 tokens the block GEMM with other prefill tiles (``block_tiles_us``). Rows with M <= 16 also get
 ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling measured in the same
 run. Every row's FP8 output is checked against the pure-torch reference first. Writes
-``DIR/fp8-weights-h200.json`` (rows ``kind: gemm``) and a PNG.
+``DIR/fp8-weights-<gpu>.json`` (rows ``kind: gemm``; ``<gpu>`` = ``timing.gpu_tag()``: h200, h100, ...) and a
+PNG.
 """
 
 from __future__ import annotations
@@ -260,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"), help="output folder")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (interpreter / reference)")
+    ap.add_argument("--name", default=None, help="output file stem (default fp8-weights-<gpu tag>)")
     ap.add_argument("--ms", type=int, nargs="+", default=None, help="token counts (default: 1 ... 8192)")
     ap.add_argument("--shapes", nargs="+", default=None, choices=[s[0] for s in SHAPES_8B])
     args = ap.parse_args(argv)
@@ -289,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "fp8-weights-h200.json").write_text(json.dumps(doc, indent=1))
-    plot(rows, out / "fp8-weights-h200.png")
+    name = args.name or f"fp8-weights-{timing.gpu_tag()}"
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
+    plot(rows, out / f"{name}.png")
     head = ("name", "m", "format", "fp8_us", "gemm_us", "triton_us", "cublas_us", "bf16_us", "speedup")
     print(f"{head[0]:8} {head[1]:>5} {head[2]:8} " + " ".join(f"{h:>9}" for h in head[3:]) + " read_frac")
     for r in rows:

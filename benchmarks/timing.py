@@ -9,6 +9,7 @@ is the wall clock of one call: the smoke runs check the code path and the rows, 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -115,6 +116,19 @@ def bench_graph(fn, reps: int = 20, trials: int = 7) -> float:  # type: ignore[n
 # (nvidia-smi; nothing without it). Long NVFP4 rows moved 5-14% with how long the GPU had been busy before
 # them: these fields say whether the clock did.
 _SMI = ("nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits")
+
+
+def gpu_tag(name: str | None = None) -> str:
+    """A result file's GPU suffix: ``h200`` / ``h100`` for those cards, else the device name lowercased to
+    ``[a-z0-9]`` runs (``cpu`` without CUDA). ``name``: a device name to map instead of GPU 0's."""
+    if name is None:
+        if DEV != "cuda":
+            return "cpu"
+        name = torch.cuda.get_device_name()
+    for tag in ("h200", "h100"):
+        if tag in name.lower():
+            return tag
+    return "-".join(re.findall(r"[a-z0-9]+", name.lower().removeprefix("nvidia"))) or "gpu"
 
 
 def gpu_state() -> dict[str, float]:

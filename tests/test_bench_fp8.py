@@ -14,7 +14,7 @@ from benchmarks import bench_fp8  # noqa: E402
 
 def test_bench_fp8_smoke_writes_rows_and_plot(tmp_path: Path) -> None:
     assert bench_fp8.main(["--smoke", "--out", str(tmp_path)]) == 0
-    doc = json.loads((tmp_path / "fp8-weights-h200.json").read_text())
+    doc = json.loads((tmp_path / "fp8-weights-cpu.json").read_text())  # named by the device (timing.gpu_tag)
     assert {"commit", "gpu", "date", "rows", "acceptance"} <= set(doc)
     rows = doc["rows"]
     assert len(rows) == len(bench_fp8.SHAPES_SMOKE) * len(bench_fp8.MS_SMOKE) * len(bench_fp8.FORMATS)
@@ -26,7 +26,16 @@ def test_bench_fp8_smoke_writes_rows_and_plot(tmp_path: Path) -> None:
         assert set(r["decode_tiles_us"]) == set(bench_fp8.decode_tiles(r["m"], block=r["format"] == "block"))
         assert all(us > 0 for us in r["decode_tiles_us"].values())
     assert doc["acceptance"]["block"]["min_speedup_prefill_8k"] is None  # no 8K row in the smoke run
-    assert (tmp_path / "fp8-weights-h200.png").stat().st_size > 0
+    assert (tmp_path / "fp8-weights-cpu.png").stat().st_size > 0
+
+
+def test_gpu_tag_names_result_files_by_the_card() -> None:
+    from benchmarks import timing
+
+    assert timing.gpu_tag("NVIDIA H200") == "h200" and timing.gpu_tag("NVIDIA H100 80GB HBM3") == "h100"
+    assert timing.gpu_tag("NVIDIA A100-SXM4-80GB") == "a100-sxm4-80gb"
+    if timing.DEV == "cpu":
+        assert timing.gpu_tag() == "cpu"
 
 
 def test_eval_fp8_weights_smoke(tmp_path: Path) -> None:

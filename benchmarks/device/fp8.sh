@@ -11,16 +11,19 @@
 # Usage from the repo root: OUT=DIR COMMIT=<sha> bash benchmarks/device/fp8.sh [GGUF_PATH]
 # Env: COMMIT (the commit under test), T_FP8 (timeout in s, 540), T_FP8_EVAL (timeout in s, 240), T_FP8_STEP
 # (timeout in s, 200; 0 skips the engine step).
-# $OUT gets: fp8-weights-h200.json (rows kind=gemm: m, n, k, format, fp8_us, fp8_gemm_us, bf16_us, speedup,
-# read_frac at M <= 16; acceptance; commit, gpu, date), fp8-weights-h200.png, fp8-weights-h200.log, gpu.txt,
-# with GGUF_PATH fp8-weights-accuracy.json, and fp8-small-batch/bench_engine.json (+ .png, .log).
+# $OUT gets: fp8-weights-<gpu>.json (<gpu>: h200, h100, ... as benchmarks/timing.py's gpu_tag; rows kind=gemm:
+# m, n, k, format, fp8_us, fp8_gemm_us, bf16_us, speedup, read_frac at M <= 16; acceptance; commit, gpu, date),
+# fp8-weights-<gpu>.png, fp8-weights-<gpu>.log, gpu.txt, with GGUF_PATH fp8-weights-accuracy.json, and
+# fp8-small-batch/bench_engine.json (+ .png, .log).
 set -o pipefail
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown} HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 source "$(dirname "$0")/common.sh"
 gpu_info
-run_bench "${T_FP8:-540}" "$OUT/fp8-weights-h200.log" 70 benchmarks/bench_fp8.py --out "$OUT"
+TAG=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import timing; print(timing.gpu_tag())")
+LOG="$OUT/fp8-weights-$TAG.log"
+run_bench "${T_FP8:-540}" "$LOG" 70 benchmarks/bench_fp8.py --out "$OUT"
 rc=$?
 if [ -n "${1:-}" ]; then
     # as eval.sh: the device has no `gguf` package; import it from a carried wheel in .whl/
@@ -30,10 +33,10 @@ if [ -n "${1:-}" ]; then
         done
     fi
     timeout -k 10 "${T_FP8_EVAL:-240}" python3 benchmarks/eval_fp8_weights.py --model "$1" --out "$OUT" \
-        >>"$OUT/fp8-weights-h200.log" 2>&1
+        >>"$LOG" 2>&1
     erc=$?
     echo "eval_fp8_weights: exit $erc"
-    tail -n 30 "$OUT/fp8-weights-h200.log"
+    tail -n 30 "$LOG"
     [ "$rc" -eq 0 ] && rc=$erc
 fi
 if [ "${T_FP8_STEP:-200}" != 0 ]; then
