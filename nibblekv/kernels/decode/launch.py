@@ -172,8 +172,10 @@ def decode_triton(
     gc = g if bsz * hkv >= num_sms() else 1
     db = cfg.combine_db or combine_dim_block(bsz * hq // gc, s_tot, d)
     # NOTE: bf16 partials (part_bf16) only where the combine splits the dims: merging whole 256-dim bf16
-    # rows took 15.8 us against fp32's 5.8 (H100, head_dim 256 GQA 8 B64 x 8 slots, 1,024 programs;
-    # benchmarks/tools/combine_partials.py), while at 16-64 dims a program bf16 costs <= 0.2 us more
+    # rows took 15.7 us against fp32's 5.8 (H100, head_dim 256 GQA 8 B64 x 8 slots, 1,024 programs;
+    # benchmarks/tools/combine_partials.py), while at the 16 / 64 dims picked at B1x256K / B8x32K bf16 is
+    # within 0.2 us of fp32 and the decode kernel writes half the bytes. (The balanced kernel has its own
+    # combine, G heads a program, which gained from bf16.)
     pdt = cfg.partial_dtype if db < d else torch.float32
     o_part = torch.empty((bsz, hq, s_tot, d), dtype=pdt, device=q.device)
     lse_part = torch.empty((bsz, hq, s_tot), dtype=torch.float32, device=q.device)
