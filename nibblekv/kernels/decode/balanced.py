@@ -28,7 +28,12 @@ import triton.language as tl
 
 from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import interpreting, num_sms, scale_tensors
-from nibblekv.kernels.decode.combine import _load_slots, _merge_rows, combine_chunk
+from nibblekv.kernels.decode.combine import (
+    _load_slots,
+    _merge_rows,
+    combine_chunk,
+    empty_partials,
+)
 from nibblekv.kernels.decode.config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels.decode.launch_config import DecodeConfig
 from nibblekv.kernels.decode.mma import _mma_segment
@@ -238,7 +243,7 @@ def launch_balanced(
     warps = per_sm * num_sms()
     interp = interpreting()
     o_part, lse_part = empty_partials(
-        partial_slots(warps, bsz * hkv, has_tail), g, d, q.device, interp, cfg.partial_dtype
+        (partial_slots(warps, bsz * hkv, has_tail), g), d, q.device, interp, cfg.partial_dtype
     )
     ks, vs, (sp, sh, _) = scale_tensors(cache)
     ds = cache.k_data.stride()
@@ -279,19 +284,6 @@ def partial_slots(warps: int, pairs: int, has_tail: bool) -> int:
     """Slots ``decode_mma_bal_kernel`` writes at most: ``warps + pairs`` main ones (slot ``w + p``), and
     one tail slot per pair."""
     return warps + pairs * (1 + int(has_tail))
-
-
-def empty_partials(
-    slots: int, g: int, d: int, device: torch.device, nan: bool, dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The partial buffers, outputs in ``dtype`` and lse in fp32 (NaN-filled for interpreter tests: a slot
-    read but never written shows)."""
-    o = torch.empty((slots, g, d), dtype=dtype, device=device)
-    lse = torch.empty((slots, g), dtype=torch.float32, device=device)
-    if nan:
-        o.fill_(float("nan"))
-        lse.fill_(float("nan"))
-    return o, lse
 
 
 __all__ = ["decode_mma_bal_kernel", "launch_balanced", "max_pair_slots", "partial_slots", "plan_balanced"]

@@ -9,6 +9,7 @@ layout (splits of ``mma_chunk`` tokens, the tail's slots last, CUDA-graph paddin
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -153,4 +154,19 @@ def combine_chunk(gp: int, db: int, slots: int | None = None) -> int:
     return ch if slots is None else min(ch, triton.next_power_of_2(max(1, slots)))
 
 
-__all__ = ["COMBINE_ELEMS", "_combine_kernel", "_load_slots", "_merge_rows", "combine_chunk"]
+def empty_partials(
+    lead: tuple[int, ...], d: int, device: torch.device, nan: bool, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partial buffers a split decode writes for this step: outputs ``[*lead, d]`` in ``dtype`` and their
+    lse ``lead`` in fp32 (NaN-filled for interpreter tests: a slot read but never written shows)."""
+    o = torch.empty((*lead, d), dtype=dtype, device=device)
+    lse = torch.empty(lead, dtype=torch.float32, device=device)
+    if nan:
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    return o, lse
+
+
+__all__ = [
+    "COMBINE_ELEMS", "_combine_kernel", "_load_slots", "_merge_rows", "combine_chunk", "empty_partials",
+]

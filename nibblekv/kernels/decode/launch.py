@@ -24,7 +24,7 @@ from nibblekv.kernels._common import (
     tail_operands,
 )
 from nibblekv.kernels.decode.balanced import launch_balanced
-from nibblekv.kernels.decode.combine import _combine_kernel, combine_chunk
+from nibblekv.kernels.decode.combine import _combine_kernel, combine_chunk, empty_partials
 from nibblekv.kernels.decode.config import (
     _mma_max_registers,
     combine_dim_block,
@@ -177,11 +177,7 @@ def decode_triton(
     # within 0.2 us of fp32 and the decode kernel writes half the bytes. (The balanced kernel has its own
     # combine, G heads a program, which gained from bf16.)
     pdt = cfg.partial_dtype if db < d else torch.float32
-    o_part = torch.empty((bsz, hq, s_tot, d), dtype=pdt, device=q.device)
-    lse_part = torch.empty((bsz, hq, s_tot), dtype=torch.float32, device=q.device)
-    if interp:  # NOTE: CPU tests see any partial slot the combine step reads but no program wrote
-        o_part.fill_(float("nan"))
-        lse_part.fill_(float("nan"))
+    o_part, lse_part = empty_partials((bsz, hq, s_tot), d, q.device, interp, pdt)
     ks, vs, (sp, sh, st) = scale_tensors(cache)
     ds = cache.k_data.stride()
     tok = name is DecodeKernel.TOK

@@ -87,7 +87,8 @@ class DecodeConfig:
 
     @property
     def partial_dtype(self) -> torch.dtype:
-        """The dtype of the partial outputs a launch writes for its combine step."""
+        """The dtype asked for the partial outputs a launch writes for its combine step (``decode_triton``
+        keeps per-pair partials fp32 where its combine merges whole rows)."""
         return torch.bfloat16 if self.mma and self.part_bf16 else torch.float32
 
     def replace(self, **changes: object) -> DecodeConfig:
