@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_timing import decode_run, free_memory, read_bandwidth, rotating_last, sync
+from engine_timing import SharedModel, decode_run, free_memory, read_bandwidth, rotating_last, sync
 
 from nibblekv.config import QUANTIZATIONS, EngineConfig
 from nibblekv.engine.engine import Engine
@@ -112,8 +112,9 @@ def base_config(args: argparse.Namespace, model: str) -> EngineConfig:
     return EngineConfig(model=model, device="cuda", mem_fraction_static=args.mem_fraction_static, **common)
 
 
-def load(args: argparse.Namespace, name: str) -> tuple[Any, Any]:
-    """A dummy (random-weight) model; with --smoke the tiny config whatever ``name`` says."""
+def load(args: argparse.Namespace, name: str) -> SharedModel[tuple[Any, Any]]:
+    """A dummy (random-weight) model for the engines of every KV dtype; with --smoke the tiny config whatever
+    ``name`` says."""
     if args.smoke:
         path = Path(tempfile.mkdtemp()) / "config.json"
         path.write_text(json.dumps(TINY))
@@ -121,9 +122,10 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any]:
     device = "cpu" if args.smoke else "cuda"
     overrides = base_config(args, name).model_overrides()
     quant = QuantMethod(args.quantization) if args.quantization else None
-    return load_model(
-        name, load_format="dummy", device=device, seed=args.seed, overrides=overrides, quantization=quant
-    )
+    return SharedModel(lambda rotation: load_model(
+        name, load_format="dummy", device=device, seed=args.seed, overrides=overrides, quantization=quant,
+        kv_rotation=rotation,
+    ))  # fmt: skip
 
 
 def random_prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
@@ -132,8 +134,8 @@ def random_prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
 
 # ---- throughput -----------------------------------------------------------------------------------
 def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str, Any]]:
-    loaded = load(args, model_name)
-    vocab = loaded[0].config.vocab_size
+    models = load(args, model_name)
+    vocab = models.current[0].config.vocab_size
     rng = random.Random(args.seed)
     lens = [
         (rng.randint(*args.input_range), rng.randint(*args.output_range)) for _ in range(args.num_requests)
@@ -145,7 +147,7 @@ def bench_throughput(args: argparse.Namespace, model_name: str) -> list[dict[str
         cfg = replace(
             base_config(args, model_name), kv_cache_dtype=kv, max_running_requests=args.max_running_requests
         )
-        engine = Engine(cfg, loaded=loaded)
+        engine = Engine(cfg, loaded=models.get(cfg))
         sync()
         warm = warm_up(engine, vocab, args)
         runs, compiles, cached = [], [], []
@@ -233,9 +235,8 @@ def prefill_only(engine: Engine, prompts: list[list[int]]) -> float:
 
 
 # ---- long context ---------------------------------------------------------------------------------
-def capacity_requests(cfg: EngineConfig, loaded: tuple[Any, Any], per_request: int) -> int:
+def capacity_requests(cfg: EngineConfig, model: Any, per_request: int) -> int:
     """The most requests of ``per_request`` tokens the pool holds at once (the engine's own sizing)."""
-    model = loaded[0]
     n = resident_capacity(cfg, model, per_request, cfg.context_length or model.config.max_position_embeddings)
     if n == 0:
         raise ValueError(f"the KV pool cannot hold one request of {per_request} tokens")
@@ -243,8 +244,8 @@ def capacity_requests(cfg: EngineConfig, loaded: tuple[Any, Any], per_request: i
 
 
 def bench_long(args: argparse.Namespace) -> list[dict[str, Any]]:
-    loaded = load(args, args.long_model)
-    dev = loaded[0].device
+    models = load(args, args.long_model)
+    dev = models.current[0].device
     bandwidth = read_bandwidth(dev, 0.0625 if args.smoke else 4.0)
     page = EngineConfig().page_size
     per_request = (-(-(args.long_input + args.long_output) // page) + 1) * page
@@ -252,19 +253,21 @@ def bench_long(args: argparse.Namespace) -> list[dict[str, Any]]:
         base_config(args, args.long_model), context_length=args.long_input + args.long_output + page
     )
     rng = random.Random(args.seed)
-    vocab = loaded[0].config.vocab_size
+    vocab = models.current[0].config.vocab_size
     params = SamplingParams(temperature=0, max_new_tokens=args.long_output, ignore_eos=True)
     if args.long_requests:  # fixed batch sizes, e.g. the small batches of a low-concurrency server
         runs = [(f"requests={n}", n) for n in args.long_requests]
     else:
-        runs = [("matched", capacity_requests(replace(cfg, kv_cache_dtype="bf16"), loaded, per_request)),
+        runs = [("matched", capacity_requests(replace(cfg, kv_cache_dtype="bf16"), models.current[0], per_request)),
                 ("capacity", 0)]  # fmt: skip
     rows = []
     for kv in rotating_last(args.kv_dtypes):
         for mode, fixed in runs:
             kv_cfg = replace(cfg, kv_cache_dtype=kv)
-            n = fixed or capacity_requests(kv_cfg, loaded, per_request)
+            loaded = models.get(kv_cfg)
+            n = fixed or capacity_requests(kv_cfg, loaded[0], per_request)
             engine = Engine(replace(kv_cfg, max_running_requests=n), loaded=loaded)
+            del loaded  # NOTE: the next get may reload: hold the model through the engine only
             prompts = [random_prompt(rng, args.long_input, vocab) for _ in range(n)]
             with frozen_heap():
                 res = decode_run(

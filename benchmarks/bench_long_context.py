@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_timing import decode_run, free_memory, read_bandwidth, rotating_last
+from engine_timing import SharedModel, decode_run, free_memory, read_bandwidth, rotating_last
 from long_context_merge import merge_files
 from long_context_ttft import PrefillTimes, measure_ttft, prefill_kernels, sampled_ttft
 from plot_long_context import plot
@@ -216,12 +216,12 @@ def bench_length(
     args: argparse.Namespace,
     res: Results,
     name: str,
-    loaded: Any,
+    models: SharedModel,
     input_len: int,
     bandwidth: float,
     t0: float,
 ) -> None:
-    model = loaded[0]
+    model, _, overrides = models.current
     page = EngineConfig().page_size
     context = input_len + args.output_len + page
     per_request = (-(-(input_len + args.output_len) // page) + 1) * page
@@ -248,7 +248,7 @@ def bench_length(
     }
     budget = kv_budget_bytes(base, model.device) or 0
     ssm = {"mamba_ssm_dtype": args.mamba_ssm_dtype} if args.mamba_ssm_dtype else {}
-    shape = shape_from_config({**PRESETS[name], **loaded[2], **ssm}, name)  # top-level keys beat text_config
+    shape = shape_from_config({**PRESETS[name], **overrides, **ssm}, name)  # top-level keys beat text_config
     opts = EngineOptions(page, args.kv_recent_window, args.chunked_prefill_size,
                          model_dtype=parse_kv_dtype("auto", model.dtype))  # fmt: skip
     plans = {kv: resident_requests(shape, KVDtype(kv), budget, per_request, context, opts) for kv in dtypes}
@@ -256,6 +256,7 @@ def bench_length(
     log(t0, f"{name} input {input_len}: context {context}, KV budget {gib:.2f} GiB, capacity {caps}, "
             f"planner {plans}")  # fmt: skip
     prompt = [10 + (i * 7919) % 30000 % (model.config.vocab_size - 10) for i in range(input_len)]
+    del model  # NOTE: run_row's engines take the model from ``models``, which may reload it
     times = PrefillTimes()
     done: dict[tuple[str, int], dict[str, Any]] = {}
     for kv in rotating_last(args.kv_dtypes):
@@ -281,7 +282,7 @@ def bench_length(
                 continue
             log(t0, f"row {tag}")
             row = run_row(
-                args, loaded, replace(base, kv_cache_dtype=kv), n, prompt, per_request, bandwidth, times, t0
+                args, models, replace(base, kv_cache_dtype=kv), n, prompt, per_request, bandwidth, times, t0
             )
             if "skip" in row:
                 log(t0, f"skip {tag}: {row['skip']}")
@@ -289,7 +290,7 @@ def bench_length(
                 continue
             row = {**where, "mode": mode, "kv_dtype": kv, **row, "capacity_requests": caps[kv],
                    "plan_requests": plans[kv], "context_length": context,
-                   "kv_budget_gib": round(gib, 3), "rope_scaling": loaded[2].get("rope_scaling")}  # fmt: skip
+                   "kv_budget_gib": round(gib, 3), "rope_scaling": overrides.get("rope_scaling")}  # fmt: skip
             done[(kv, n)] = row
             res.add("rows", row)
             log(
@@ -300,13 +301,13 @@ def bench_length(
 
 
 def run_row(
-    args: argparse.Namespace, loaded: Any, cfg: EngineConfig, n: int, prompt: list[int], per_request: int,
-    bandwidth: float, times: PrefillTimes, t0: float,
+    args: argparse.Namespace, models: SharedModel, cfg: EngineConfig, n: int, prompt: list[int],
+    per_request: int, bandwidth: float, times: PrefillTimes, t0: float,
 ) -> dict[str, Any]:  # fmt: skip
     """One engine of ``n`` requests: TTFT (once per dtype), then the decode batch at full concurrency;
     ``{"skip": why}`` when the pool built now holds fewer (GPU memory moved since the sizing)."""
     started, kv = time.perf_counter(), cfg.kv_cache_dtype
-    engine = Engine(replace(cfg, max_running_requests=n, cuda_graph_bs=(n,)), loaded=loaded[:2])
+    engine = Engine(replace(cfg, max_running_requests=n, cuda_graph_bs=(n,)), loaded=models.get(cfg)[:2])
     if engine.max_total_num_tokens < n * per_request:
         held = engine.max_total_num_tokens
         del engine
@@ -342,8 +343,9 @@ def run_row(
     return row
 
 
-def load(args: argparse.Namespace, name: str) -> tuple[Any, Any, dict[str, Any]]:
-    """(model, tokenizer, overrides): dummy weights, RoPE stretched to the longest context asked for."""
+def load(args: argparse.Namespace, name: str) -> SharedModel[tuple[Any, Any, dict[str, Any]]]:
+    """(model, tokenizer, overrides) for the engines of every KV dtype: dummy weights, RoPE stretched to the
+    longest context asked for."""
     longest = max(args.input_lens) + args.output_len + EngineConfig().page_size
     overrides = dict(SMOKE_OVERRIDES) if args.smoke else {}
     if args.smoke and "full_attention_interval" in text_config(PRESETS[name]):
@@ -360,10 +362,15 @@ def load(args: argparse.Namespace, name: str) -> tuple[Any, Any, dict[str, Any]]
     overrides |= json.loads(args.json_model_override_args or "{}")
     device = "cpu" if args.smoke else "cuda"
     quant = QuantMethod(args.quantization) if args.quantization else None
-    model, tok = load_model(
-        name, load_format="dummy", device=device, seed=0, overrides=overrides, quantization=quant
-    )
-    return model, tok, overrides
+
+    def load_one(rotation: bool) -> tuple[Any, Any, dict[str, Any]]:
+        model, tok = load_model(
+            name, load_format="dummy", device=device, seed=0, overrides=overrides, quantization=quant,
+            kv_rotation=rotation,
+        )  # fmt: skip
+        return model, tok, overrides
+
+    return SharedModel(load_one)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,12 +389,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.device("cpu" if args.smoke else "cuda"), 0.0625 if args.smoke else 4.0
         )
         for name in args.models:
-            loaded = load(args, name)
-            log(t0, f"loaded {name} (dummy), overrides {loaded[2]}")
+            models = load(args, name)
+            log(t0, f"loaded {name} (dummy), overrides {models.current[2]}")
             for input_len in args.input_lens:
-                bench_length(args, res, name, loaded, input_len, bandwidth, t0)
-            del loaded
-            free_memory()
+                bench_length(args, res, name, models, input_len, bandwidth, t0)
+            models.release()
         doc = res.doc
         log(t0, f"wrote {res.path}")
     png = (args.out / args.name).with_suffix(".png")

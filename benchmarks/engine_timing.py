@@ -1,5 +1,6 @@
 """Timing an engine's steps, shared by the engine benchmarks (bench_engine, bench_long_context, bench_tp,
-bench_prefix, tools/profile_host): the read bandwidth and each step's memory floor, requests admitted with
+bench_prefix, tools/profile_host): the model their engines share, the read bandwidth and each step's memory
+floor, requests admitted with
 their prompt's pages allocated but not computed, the decode steps at full batch, and the torch profiler's
 view of a few steps.
 """
@@ -10,20 +11,60 @@ import contextlib
 import gc
 import statistics
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 import torch
 
+from nibblekv.config import EngineConfig
 from nibblekv.engine.engine import Engine
 from nibblekv.engine.request import Request, RequestStatus
 from nibblekv.engine.sampling_params import SamplingParams
+from nibblekv.engine.setup import kv_rotation_planned
 
 
 def rotating_last(kv_dtypes: list[str]) -> list[str]:
-    """``kv_dtypes`` with nvfp4 (whose engines fold the Hadamard rotation into the shared model's o_proj)
-    last. NOTE: a bf16/fp8 engine built on a folded model pays one extra matmul per layer to rotate its
-    output into the folded basis; timing it after nvfp4 would bias the comparison against it."""
+    """``kv_dtypes`` with nvfp4 (whose cache rotates K/V by a Hadamard matrix) last: engines sharing one
+    model change basis once (a :class:`SharedModel` reload; with a model loaded once, the fold an nvfp4
+    engine makes in a bf16 o_proj, which a later bf16 / fp8 engine would pay for with a matmul a layer)."""
     return sorted(kv_dtypes, key=lambda kv: kv == "nvfp4")
+
+
+L = TypeVar("L", bound=tuple)
+
+
+class SharedModel(Generic[L]):
+    """The model a benchmark's engines share, loaded in the o_proj basis the next engine's KV cache needs.
+
+    ``load(kv_rotation)`` loads it (``load_model``'s ``kv_rotation``: nvfp4's Hadamard rotation folded into
+    o_proj, before FP8 quantization); :meth:`get` reloads it (the same seed: the same weights) when an
+    engine needs the other basis. NOTE: a bf16 / fp8 engine on a folded model would rotate every layer's
+    output into that basis (one more launch a layer), and an nvfp4 engine on an unfolded FP8 model would
+    rotate its output back: either biases the comparison."""
+
+    def __init__(self, load: Callable[[bool], L]) -> None:
+        self._load = load
+        self._rotation: bool | None = None
+        self._loaded: L | None = None
+
+    def get(self, cfg: EngineConfig) -> L:
+        """The loaded model (and whatever ``load`` returns with it) for an engine of ``cfg``."""
+        rotation = kv_rotation_planned(cfg)
+        if self._loaded is None or rotation != self._rotation:
+            self.release()
+            self._loaded, self._rotation = self._load(rotation), rotation
+        return self._loaded
+
+    @property
+    def current(self) -> L:
+        """The model as loaded now (for what does not depend on the basis: its config, its weight bytes)."""
+        if self._loaded is None:
+            self._loaded, self._rotation = self._load(False), False
+        return self._loaded
+
+    def release(self) -> None:
+        """Drop the model (hold no other reference to it: its memory goes back before the next load)."""
+        self._loaded = None
+        free_memory()
 
 
 def free_memory() -> None:

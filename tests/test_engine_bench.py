@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_engine.py"
 
@@ -54,7 +55,10 @@ def test_bench_engine_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_bench_engine_quantization_flag_loads_fp8_weights() -> None:
     """--quantization fp8: the shared model has FP8 linear layers and the rows say so (the smoke above runs
-    the same code path with bf16 weights)."""
+    the same code path with bf16 weights); an nvfp4 engine gets it reloaded (the same weights) with the
+    cache's rotation folded into o_proj, a fp8_e4m3 one without."""
+    from dataclasses import replace
+
     from nibblekv.model.fp8 import Fp8Linear
 
     spec = importlib.util.spec_from_file_location("bench_engine", BENCH)
@@ -62,9 +66,17 @@ def test_bench_engine_quantization_flag_loads_fp8_weights() -> None:
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     args = bench.parse_args(["--smoke", "--quantization", "fp8"])
-    model, _ = bench.load(args, "llama-3.1-8b")  # the tiny config under --smoke
-    assert isinstance(model.model.layers[0].self_attn.o_proj, Fp8Linear)
-    assert bench.base_config(args, "x").quantization == "fp8"
+    models = bench.load(args, "llama-3.1-8b")  # the tiny config under --smoke
+    cfg = bench.base_config(args, "x")
+    assert cfg.quantization == "fp8"
+    plain = models.get(replace(cfg, kv_cache_dtype="fp8_e4m3"))[0]
+    assert isinstance(plain.model.layers[0].self_attn.o_proj, Fp8Linear) and not plain.output_rotation_folded
+    qkv = plain.model.layers[0].self_attn.qkv_proj.weight.clone()
+    assert models.get(replace(cfg, kv_cache_dtype="fp8_e4m3"))[0] is plain
+    del plain
+    folded = models.get(replace(cfg, kv_cache_dtype="nvfp4"))[0]
+    assert folded.output_rotation_folded
+    assert torch.equal(folded.model.layers[0].self_attn.qkv_proj.weight.view(torch.uint8), qkv.view(torch.uint8))
 
 
 def test_fp8_decode_tiles_tool_variants() -> None:

@@ -131,9 +131,9 @@ class _RotatingAttention(DenseAttention):
     """Dense attention behind a Hadamard ``qkv_rotation``, as an nvfp4 cache's backend: q, k, v arrive rotated
     and the output leaves in the rotated basis (scores are unchanged: ``R`` is orthogonal)."""
 
-    def __init__(self, n: int, d: int) -> None:
+    def __init__(self, n: int, d: int, dtype: torch.dtype = torch.bfloat16, device: str = DEVICE) -> None:
         super().__init__([0, n])
-        self.qkv_rotation = hadamard_matrix(d, DEVICE, torch.bfloat16)
+        self.qkv_rotation = hadamard_matrix(d, device, dtype)
 
     def forward_rotated(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -177,6 +177,49 @@ def test_fp8_o_proj_takes_its_input_rotated_back_and_quantized_in_one_kernel(
     # input in another basis (other e4m3 roundings, 5% apart)
     assert _rel(fused, eager) < 1e-2, _rel(fused, eager)
     assert _rel(fused, plain) < 0.1, _rel(fused, plain)
+
+
+def test_kv_rotation_is_folded_into_o_proj_before_it_is_quantized(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``load_model(..., kv_rotation=True)`` (an nvfp4 engine's load): o_proj's FP8 codes are those of
+    ``W_o blockdiag(H)``, quantized once, and behind a rotating backend no layer rotates its output back
+    (the eager path's matmuls by ``H``: q, k, v only; an FP8 o_proj loaded unfolded adds the output's); the
+    logits stay within FP8 rounding of the plain model's."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CFG))
+    kw: dict[str, Any] = {"load_format": "dummy", "seed": 1}  # CPU: the eager path, whose matmuls we count
+    ref, _ = load_model(str(path), **kw)
+    fp8, _ = load_model(str(path), quantization=QuantMethod.FP8, kv_rotation=True, **kw)
+    unfolded, _ = load_model(str(path), quantization=QuantMethod.FP8, **kw)  # the default: kv_rotation=False
+    d, layers = ref.config.head_dim, ref.config.num_layers
+    h = hadamard_matrix(d, "cpu", ref.dtype)
+    for plain, folded in zip(ref.model.layers, fp8.model.layers):
+        attn = folded.self_attn
+        assert attn.o_rotation is not None and isinstance(attn.o_proj, Fp8Linear)
+        w = plain.self_attn.o_proj.weight
+        wq, ws = quantize_weight_channel((w.view(w.shape[0], -1, d) @ h).reshape(w.shape))
+        assert torch.equal(attn.o_proj.weight.view(torch.uint8), wq.view(torch.uint8))
+        assert torch.equal(attn.o_proj.weight_scale, ws)
+    assert unfolded.model.layers[0].self_attn.o_rotation is None
+    n = 10
+    ids, pos = torch.arange(5, 5 + n), torch.arange(n)
+    by_h: list[int] = []
+    real_matmul = torch.Tensor.__matmul__
+
+    def spy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        by_h.append(int(b.shape == (d, d) and torch.equal(b, h)))
+        return real_matmul(a, b)
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
+    with torch.no_grad():
+        got = fp8.compute_logits(fp8(ids, pos, _RotatingAttention(n, d, ref.dtype, "cpu"))).float()
+        folded_count, by_h[:] = sum(by_h), []
+        back = unfolded.compute_logits(unfolded(ids, pos, _RotatingAttention(n, d, ref.dtype, "cpu"))).float()
+    monkeypatch.setattr(torch.Tensor, "__matmul__", real_matmul)
+    assert (folded_count, sum(by_h)) == (3 * layers, 4 * layers)
+    assert _rel(got, _logits(ref).float()) < 0.15
+    assert _rel(got, back) < 0.15
 
 
 def test_load_model_quantization_flag_on_dummy(tmp_path: Path) -> None:
@@ -391,6 +434,26 @@ def test_engine_and_cli_serve_fp8_weights(
     with pytest.raises(SystemExit) as exc:
         main([*argv[:-1], "awq"])
     assert exc.value.code == 2 and "--quantization" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("kv", "hadamard", "folded"), [("nvfp4", None, True), ("nvfp4", False, False),
+                                                       ("fp8_e4m3", None, False), ("fp8_e4m3", True, True)])
+def test_engine_loads_o_proj_in_its_caches_basis(
+    tmp_path: Path, kv: str, hadamard: bool | None, folded: bool
+) -> None:
+    """An engine whose cache rotates K/V (nvfp4's default, or ``--kv-hadamard``) loads its FP8 o_proj with the
+    rotation folded in (``kv_rotation_planned``); the others load it as it is. Either way it serves."""
+    from nibblekv.engine import Engine, SamplingParams
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CFG, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32}))
+    engine = Engine(load_format="dummy", model=str(path), max_total_tokens=256, quantization="fp8",
+                    kv_cache_dtype=kv, kv_hadamard=hadamard, device="cpu")  # fmt: skip
+    assert engine.model.output_rotation_folded is folded
+    assert (engine.runner.backend.qkv_rotation is not None) is folded
+    assert isinstance(engine.model.model.layers[0].self_attn.o_proj, Fp8Linear)
+    out = engine.generate([[7, 11, 3]], SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
+    assert len(out[0].token_ids) == 3
 
 
 sm90 = pytest.mark.skipif(

@@ -27,6 +27,7 @@ from nibblekv.engine.setup import (
     build_cache_manager,
     build_pool,
     build_state_pool,
+    kv_rotation_planned,
     make_page_table,
     resolve_device,
 )
@@ -87,6 +88,7 @@ class Engine:
                 tp=self.tp.context if self.tp is not None else None,
                 overrides=cfg.model_overrides(),
                 quantization=QuantMethod(cfg.quantization) if cfg.quantization else None,
+                kv_rotation=kv_rotation_planned(cfg),
             )
         self.model, self.tokenizer = loaded
         self.device = self.model.device

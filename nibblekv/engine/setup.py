@@ -108,6 +108,14 @@ def _size_pool(
     )
 
 
+def kv_rotation_planned(config: EngineConfig) -> bool:
+    """Whether the pool will rotate K/V by the Hadamard matrix where head_dim allows, known before the model
+    is (``load_model``'s ``kv_rotation``): ``--kv-hadamard``, else on for nvfp4 (``resolve_kv_options``)."""
+    if config.kv_hadamard is not None:
+        return config.kv_hadamard
+    return parse_kv_dtype(config.kv_cache_dtype) is KVDtype.NVFP4  # NOTE: "auto" (the model's dtype) never is
+
+
 def resolve_kv_options(config: EngineConfig, kv_dtype: KVDtype, head_dim: int) -> tuple[bool, bool]:
     """(Hadamard rotation, 4over6 block scales) for this pool: the flags when given, else the nvfp4
     default chosen from the accuracy run (docs/accuracy.md): both on for nvfp4, the rotation only for

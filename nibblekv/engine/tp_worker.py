@@ -141,7 +141,7 @@ def worker_main(
 
 
 def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connection) -> None:
-    from nibblekv.engine.setup import _DTYPES, build_pool, make_page_table
+    from nibblekv.engine.setup import _DTYPES, build_pool, kv_rotation_planned, make_page_table
     from nibblekv.engine.gc_heap import frozen_heap
     from nibblekv.engine.model_runner import ModelRunner, execute_mirror
     from nibblekv.model import load_model
@@ -162,6 +162,7 @@ def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connecti
         tp=TPContext(rank, size),
         overrides=config.model_overrides(),
         quantization=QuantMethod(config.quantization) if config.quantization else None,
+        kv_rotation=kv_rotation_planned(config),
     )
     kind, setup = conn.recv()
     if kind != "setup":

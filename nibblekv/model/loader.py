@@ -62,6 +62,7 @@ def load_model(
     tp: TPContext | None = None,
     overrides: Mapping[str, Any] | None = None,
     quantization: QuantMethod | None = None,
+    kv_rotation: bool = False,
 ) -> tuple[CausalLM, Tokenizer]:
     """Load a model in eval mode on ``device`` in ``dtype`` (default: :func:`default_dtype`).
 
@@ -76,14 +77,17 @@ def load_model(
     ``quantization`` (``--quantization fp8``): quantize the decoder's linear layers to per-channel FP8 after
     loading. An HF folder whose config has an FP8 ``quantization_config`` loads its FP8 weights as they are
     (see :mod:`nibblekv.model.fp8`); a dummy model of such a config is quantized as with ``fp8``.
+    ``kv_rotation``: the KV cache will store K/V rotated by the Hadamard matrix of head_dim (``--kv-hadamard``,
+    nvfp4's default): o_proj absorbs it at load, before any FP8 quantization (dense models with a
+    power-of-two head_dim; see ``_finish``).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose from {LOAD_FORMATS}")
     dev = torch.device(device)
     dtype = dtype or default_dtype(dev)
     if load_format == "dummy":
-        lm, tok = _load_dummy(model, dtype, dev, seed, tp, overrides or {})
-        return _quantize(lm, quantization), tok
+        lm, tok, fp8 = _load_dummy(model, dtype, dev, seed, tp, overrides or {})
+        return _finish(lm, quantization, kv_rotation, fp8), tok
     path = bundled_model_path() if model is None else Path(model)
     fmt = load_format if load_format != "auto" else _detect_format(path)
     if fmt == "gguf":
@@ -93,11 +97,28 @@ def load_model(
         lm, tok = _load_gguf(path, dtype, dev, tp)
     else:
         lm, tok = _load_safetensors(path, dtype, dev, tp, overrides or {})
-    return _quantize(lm, quantization), tok
+    return _finish(lm, quantization, kv_rotation), tok
 
 
-def _quantize(model: CausalLM, quantization: QuantMethod | None) -> CausalLM:
-    """``--quantization fp8``: per-channel FP8 for every decoder projection not already FP8."""
+def _finish(
+    model: CausalLM, quantization: QuantMethod | None, kv_rotation: bool, fp8: Fp8Config | None = None
+) -> CausalLM:
+    """The loaded weights as served: the KV cache's rotation folded into o_proj (``kv_rotation``), then FP8
+    for a dummy model of an FP8 config (``fp8``: per channel, its ``ignore`` kept) and for ``--quantization
+    fp8`` (every decoder projection not already FP8).
+
+    NOTE: the fold comes first, so an o_proj quantized here is quantized in the rotated basis. Folded later
+    (``ModelRunner`` folds a bf16 model), an FP8 o_proj could only be requantized (a second rounding); it
+    stays as it is and each layer's output is rotated back instead, one more launch a layer."""
+    d = model.config.head_dim
+    # NOTE: the Sylvester construction needs a power-of-two head_dim (as the pool's default rule); a hybrid
+    # model's fold does nothing (its output gate sits between attention and o_proj)
+    if kv_rotation and d & (d - 1) == 0:
+        from nibblekv.attention.paged import hadamard_matrix
+
+        model.fold_output_rotation(hadamard_matrix(d, model.device, model.dtype))
+    if fp8 is not None:
+        quantize_model(model, fp8.ignore)
     if quantization is QuantMethod.FP8:
         quantize_model(model)
     return model
@@ -246,7 +267,9 @@ def init_dummy_weights(model: CausalLM, seed: int) -> None:
 def _load_dummy(
     model: str | None, dtype: torch.dtype, device: torch.device, seed: int, tp: TPContext | None,
     overrides: Mapping[str, Any],
-) -> tuple[CausalLM, Tokenizer]:  # fmt: skip
+) -> tuple[CausalLM, Tokenizer, Fp8Config | None]:  # fmt: skip
+    """Random weights of ``model``'s config, its tokenizer, and the config's FP8 ``quantization_config`` (if
+    any: the caller quantizes them)."""
     raw, folder = _dummy_source(model)
     config = ModelConfig.from_hf({**raw, **overrides})
     lm = _empty_model(config, dtype, device, tp)
@@ -264,7 +287,4 @@ def _load_dummy(
         tokenizer = HFTokenizer.from_folder(folder, [*config.eos_token_ids, *_generation_eos(folder)])
     else:
         tokenizer = ByteTokenizer(config.vocab_size)  # NOTE: no tokenizer on hand; see ByteTokenizer
-    fp8 = parse_quantization_config({**raw, **overrides})
-    if fp8 is not None:  # random weights of an FP8 checkpoint's config are served in FP8 too (per channel)
-        quantize_model(lm, fp8.ignore)
-    return lm, tokenizer
+    return lm, tokenizer, parse_quantization_config({**raw, **overrides})
