@@ -87,11 +87,19 @@ _DECODE_TILES = (
 _PAIRED_TILES = ((64, 4, 6, 1), (64, 4, 4, 4), (128, 4, 4, 2))
 
 
+# 64-256 tokens also: deeper pipelines without k-splits (more weight bytes in flight a program, no sum kernel)
+# and, from 128 tokens, 128-row tiles (each weight tile read by one program, not one per 64 rows)
+_DEEP_TILES = ((64, 64, 4, 8, 1), (64, 64, 4, 10, 1), (64, 32, 4, 8, 1), (64, 32, 2, 8, 1))
+_WIDE_M_TILES = ((128, 64, 8, 6, 1), (128, 64, 4, 6, 1), (128, 32, 4, 8, 1), (128, 64, 8, 4, 2))
+
+
 def decode_tiles(m: int, block: bool = False) -> dict[str, GemmTile]:
-    """:data:`_DECODE_TILES` with ``m``'s BLOCK_M (16 up to 16 tokens, 32 up to 32, else 64); ``block``: and
-    :data:`_PAIRED_TILES` paired."""
+    """:data:`_DECODE_TILES` with ``m``'s BLOCK_M (16 up to 16 tokens, 32 up to 32, else 64); from 33 tokens
+    :data:`_DEEP_TILES` and from 128 :data:`_WIDE_M_TILES`; ``block``: and :data:`_PAIRED_TILES` paired."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     tiles = {f"{bm}x{bn}w{w}s{st}k{sp}": GemmTile(bm, bn, w, st, sp) for bn, w, st, sp in _DECODE_TILES}
+    extra = (_DEEP_TILES if m > 32 else ()) + (_WIDE_M_TILES if m >= 128 else ())
+    tiles |= {f"{tm}x{bn}w{w}s{st}k{sp}": GemmTile(tm, bn, w, st, sp) for tm, bn, w, st, sp in extra}
     if block:
         for bn, w, st, sp in _PAIRED_TILES:
             tiles[f"{bm}x{bn}w{w}s{st}k{sp}p"] = GemmTile(bm, bn, w, st, sp, paired=True)

@@ -73,14 +73,16 @@ def test_quant_groups_bit_exact(
 
 
 # None: gemm_tile's choice; split-K with an uneven last split (K blocks 2 or 5); a prefill-sized tile; the
-# decode tile of 33-256 tokens (six stages, no split), and its 4-split form for a long K up to 64 tokens
+# decode tile of 33-256 tokens (six stages, no split), its 4-split form for a long K up to 64 tokens and the
+# row-wise 32-wide one there
 TILES = [None, GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3), GemmTile(64, 64, 4, 6),
-         GemmTile(64, 64, 4, 4, split_k=4),
+         GemmTile(64, 64, 4, 4, split_k=4), GemmTile(64, 32, 4, 8),
          GemmTile(16, 64, 4, 2, split_k=3, paired=True), GemmTile(64, 64, 4, 6, paired=True)]  # fmt: skip
 
 
 def test_gemm_tile_and_route_by_size() -> None:
-    """Decode batches up to 32 tokens: small tiles and k-splits; 33-256: 64x64 tiles, 6 stages, no split;
+    """Decode batches up to 32 tokens: small tiles and k-splits; 33-256: 64x64 tiles, 6 stages, no split (but
+    at 33-64 tokens over few output tiles);
     prefill chunks 64x128. The row-wise layer's Triton GEMM serves up to 128 tokens at <= 8,192 outputs,
     up to 64 above (gate_up), cuBLASLt beyond (bench_fp8's H100 sweep)."""
     from nibblekv.kernels.fp8.gemm import gemm_tile, rowwise_triton_max_m
@@ -89,9 +91,14 @@ def test_gemm_tile_and_route_by_size() -> None:
     # ~4 programs an SM up to 16 tokens (132 SMs): gate_up's 448 output tiles in 2 splits, qkv's 96 in 6
     splits = [gemm_tile(m, n, 32).split_k for m, n in ((16, 28672), (1, 6144), (32, 28672))]
     assert splits == [2, 6, 1]
-    assert gemm_tile(64, 4096, 32) == gemm_tile(256, 28672, 32) == GemmTile(64, 64, 4, 6)
-    # down_proj's long K (112 k-blocks) over 64 output tiles: 4 splits up to 64 tokens
-    assert gemm_tile(64, 4096, 112) == GemmTile(64, 64, 4, 4, 4) and gemm_tile(65, 4096, 112).split_k == 1
+    assert gemm_tile(65, 4096, 32) == gemm_tile(256, 28672, 32) == gemm_tile(64, 28672, 32) == GemmTile(64, 64, 4, 6)
+    # row-wise at 33-64 tokens over fewer 64-wide tiles than SMs: 8 stages; 32-wide where they fill at most
+    # half the SMs (o_proj and down_proj's 64, whatever K; qkv's 96 stay 64-wide)
+    assert gemm_tile(64, 4096, 32) == gemm_tile(33, 4096, 112) == GemmTile(64, 32, 4, 8)
+    assert gemm_tile(64, 6144, 32) == GemmTile(64, 64, 4, 8)
+    # the block-scaled down_proj's long K (112 k-blocks) over 64 output tiles: 4 splits up to 64 tokens
+    assert gemm_tile(64, 4096, 112, block=True) == GemmTile(64, 64, 4, 4, 4)
+    assert gemm_tile(65, 4096, 112, block=True).split_k == 1
     # the block-scaled GEMM at o_proj's 64 output tiles: 2 splits up to 64 tokens (qkv's 96 tiles: none)
     assert gemm_tile(64, 4096, 32, block=True) == GemmTile(64, 64, 4, 4, 2)
     assert gemm_tile(64, 6144, 32, block=True) == GemmTile(64, 64, 4, 6)

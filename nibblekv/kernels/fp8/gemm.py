@@ -197,8 +197,9 @@ def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
 
     Up to 32 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): small
     tiles and split-K give every SM a share of the weight stream, ~4 programs per SM up to 16 tokens, ~2 up
-    to 32; 33-256 tokens: 64x64 tiles in a 6-stage pipeline, no split (up to 64 tokens, a long K over fewer
-    tiles than SMs: 4 splits; block-scaled, at most half as many tiles as SMs: 2). Prefill chunks (> 256
+    to 32; 33-256 tokens: 64x64 tiles in a 6-stage pipeline, no split (up to 64 tokens over fewer tiles than
+    SMs: row-wise 8 stages, 32-wide tiles where 64-wide ones fill at most half the SMs; block-scaled, a long K:
+    4 splits, at most half as many tiles as SMs: 2). Prefill chunks (> 256
     tokens) are compute-bound: 64x128 tiles, 4 warps, 3 stages -- 1.3-1.5x faster than 128x128 / 8 warps at
     512 and 8,192 tokens on an H200 (``benchmarks/bench_fp8.py`` times the others beside it)."""
     if m > 256:
@@ -209,6 +210,12 @@ def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
         # us vs 21.0 / 16.8 with 64x128, 4 stages and k-splits); a deep pipeline per program outdid more
         # programs even at 64 output tiles.
         tiles = triton.cdiv(n, 64)
+        if m <= 64 and not block and tiles < num_sms():
+            # NOTE: row-wise at 33-64 tokens over fewer 64-wide tiles than SMs: 8 stages, and 32-wide tiles
+            # where 64-wide ones would fill at most half the SMs (o_proj, down_proj: 64). H100, GEMM alone,
+            # against 64x64 / 6 stages (down: 4 k-splits): o 10.4 vs 12.0 us, down 26.0 vs 27.8, qkv (96
+            # tiles) 13.1 vs 13.9 (bench_fp8's decode-tile sweep)
+            return GemmTile(64, 32 if 2 * tiles <= num_sms() else 64, 4, 8)
         if m <= 64 and kblocks >= 64 and tiles < num_sms():
             # NOTE: a long K over fewer output tiles than SMs (down_proj: 112 k-blocks, 64 tiles) leaves SMs
             # idle without k-splits: at 64 tokens 4 splits, 4 stages took 28.4 vs 30.6 us on the H100 and
