@@ -1,8 +1,7 @@
 """Timing an engine's steps, shared by the engine benchmarks (bench_engine, bench_long_context, bench_tp,
 bench_prefix, tools/profile_host): the model their engines share, the read bandwidth and each step's memory
-floor, requests admitted with
-their prompt's pages allocated but not computed, the decode steps at full batch, and the torch profiler's
-view of a few steps.
+floor, requests admitted with their prompt's pages allocated but not computed, the decode steps at full
+batch, and the torch profiler's view of a few steps.
 """
 
 from __future__ import annotations
