@@ -399,9 +399,9 @@ def test_decode_configs_and_spec_errors(monkeypatch: pytest.MonkeyPatch) -> None
         wppsm=8, tpi=1, pf=0, minc=64, vst=1, vq=1, tin=1, tail_page_prefetch=1, tail_splits=2, balanced=2,
         bal_ppsm=12, bal_pairs=152,
     )
-    # decode_mma at head_dim 64: 12 programs per SM (168 registers), 16 at 128, 8 at 256 (248 registers, one
+    # decode_mma at head_dim 64 and 128: 12 programs per SM (168 registers), 8 at 256 (248 registers, one
     # tile a step; the balanced kernel too)
-    assert [base_config(DecodeKernel.MMA, FMT_NVFP4, d, False).ppsm for d in (64, 128, 256)] == [12, 16, 8]
+    assert [base_config(DecodeKernel.MMA, FMT_NVFP4, d, False).ppsm for d in (64, 128, 256)] == [12, 12, 8]
     c256 = base_config(DecodeKernel.MMA, FMT_NVFP4, 256, False)
     assert (c256.tpi, c256.tin, c256.balanced, c256.bal_ppsm, c256.l2_ahead) == (1, 1, 2, 8, 1)
     # BF16 tok: 4 stages, 5 with the bf16 tail at head_dim 128 (s sets both, st the tail's); head_dim 64: BN 128

@@ -117,7 +117,7 @@ def _mma_max_registers(per_sm: int) -> int:
     NOTE: an SM's 64K registers are four 16K files, one per scheduler, and each warp lives in one of them:
     ``ceil(per_sm / 4)`` warps must fit 16K. 14 programs at 144 registers fit 64K but only 3 a scheduler, so
     12 ran and the grid planned for 14 took two waves: 0.42-0.56 of the H200's ceiling vs 0.54-0.77 at
-    ppsm 16 or 12."""
+    ppsm 16 or 12 (the defaults: 12, 8 at head_dim 256)."""
     return max(24, min(255, 16384 // (32 * -(-per_sm // 4))) // 8 * 8)
 
 

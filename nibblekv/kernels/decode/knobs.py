@@ -60,12 +60,15 @@ def mma_knobs(d: int) -> dict[str, int | bool]:
         # Head_dim 64 (two tokens a row): 12 (168 registers). At 128 ptxas sank the next step's loads into
         # the loop's last ~90 of ~780 SASS and moved a 64-bit value through local memory; at 168 they issue
         # ~300 SASS before the end: B8x32K / B64x8K / B64x32K .541/.599/.672 -> .637/.710/.775 (H200,
-        # two runs). Head_dim 128 GQA 4 at 12 (32 spill bytes): B32x8K .654 ->
-        # .697, B1x128K .623 -> .637, B8x32K / B64x32K equal, B26x32K .770 -> .745: kept at 16.
+        # two runs). Head_dim 128 GQA 4 at 12 (158 registers, no spill): the same, at 128 registers the next
+        # step's loads sit in the loop's last 7-13% (sm_90 SASS), at 158 at 49-61%. H200, when most shapes ran
+        # per pair: B1x128K .623 -> .637, B8x32K equal (B32x8K .654 -> .697, B64x32K equal, B26x32K .770 ->
+        # .745: balanced since); H100 with the tail, per pair (< 152 pairs): B1x128K .773 -> .791, B11x160K
+        # .920 -> .926, B3x1M .933 -> .934 (bench_decode_variants, one run): 12 since
         # Head_dim 256 (decode.mma256): 64 accumulators + 32 Q registers + two prefetched tiles' raw words
         # (80) do not fit 168: 8 (248 registers). 12 (with spills) lost on the H100 (bench_kernels.py
         # --head-dims 256, GQA 6 B64x8K / B8x32K / B1x256K): .70/.75/.72 vs .83/.80/.81; pf=0 .68/.67/.67
-        "ppsm": {64: 12, 256: 8}.get(d, 16),
+        "ppsm": 8 if d == 256 else 12,
         # NOTE: programs per SM for a GQA group of 9-16 columns (decode_mma16: 213 registers at tpi=2, sm_90)
         "wppsm": WIDE_PPSM,
         # NOTE: head_dim 256: one tile a step (two, with the prefetch, would hold 160 registers of raw words)

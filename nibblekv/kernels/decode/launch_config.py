@@ -62,7 +62,7 @@ class DecodeConfig:
     combine_db: int = 0
     conv: int = 0
     split: int = 0
-    ppsm: int = 16
+    ppsm: int = 12
     wppsm: int = 8
     bal_ppsm: int = 12
     tpi: int = 2
