@@ -258,8 +258,8 @@ def bench_long(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.long_requests:  # fixed batch sizes, e.g. the small batches of a low-concurrency server
         runs = [(f"requests={n}", n) for n in args.long_requests]
     else:
-        runs = [("matched", capacity_requests(replace(cfg, kv_cache_dtype="bf16"), models.current[0], per_request)),
-                ("capacity", 0)]  # fmt: skip
+        bf16 = capacity_requests(replace(cfg, kv_cache_dtype="bf16"), models.current[0], per_request)
+        runs = [("matched", bf16), ("capacity", 0)]
     rows = []
     for kv in rotating_last(args.kv_dtypes):
         for mode, fixed in runs:

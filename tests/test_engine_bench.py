@@ -76,7 +76,8 @@ def test_bench_engine_quantization_flag_loads_fp8_weights() -> None:
     del plain
     folded = models.get(replace(cfg, kv_cache_dtype="nvfp4"))[0]
     assert folded.output_rotation_folded
-    assert torch.equal(folded.model.layers[0].self_attn.qkv_proj.weight.view(torch.uint8), qkv.view(torch.uint8))
+    folded_qkv = folded.model.layers[0].self_attn.qkv_proj.weight
+    assert torch.equal(folded_qkv.view(torch.uint8), qkv.view(torch.uint8))
 
 
 def test_fp8_decode_tiles_tool_variants() -> None:

@@ -91,7 +91,8 @@ def test_gemm_tile_and_route_by_size() -> None:
     # ~4 programs an SM up to 16 tokens (132 SMs): gate_up's 448 output tiles in 2 splits, qkv's 96 in 6
     splits = [gemm_tile(m, n, 32).split_k for m, n in ((16, 28672), (1, 6144), (32, 28672))]
     assert splits == [2, 6, 1]
-    assert gemm_tile(65, 4096, 32) == gemm_tile(256, 28672, 32) == gemm_tile(64, 28672, 32) == GemmTile(64, 64, 4, 6)
+    assert gemm_tile(65, 4096, 32) == gemm_tile(256, 28672, 32) == GemmTile(64, 64, 4, 6)
+    assert gemm_tile(64, 28672, 32) == GemmTile(64, 64, 4, 6)  # gate_up's 448 tiles: 6 stages
     # row-wise at 33-64 tokens over fewer 64-wide tiles than SMs: 8 stages; 32-wide where they fill at most
     # half the SMs (o_proj and down_proj's 64, whatever K; qkv's 96 stay 64-wide)
     assert gemm_tile(64, 4096, 32) == gemm_tile(33, 4096, 112) == GemmTile(64, 32, 4, 8)

@@ -141,9 +141,9 @@ def worker_main(
 
 
 def _serve(rank: int, size: int, port: int, config: EngineConfig, conn: Connection) -> None:
-    from nibblekv.engine.setup import _DTYPES, build_pool, kv_rotation_planned, make_page_table
     from nibblekv.engine.gc_heap import frozen_heap
     from nibblekv.engine.model_runner import ModelRunner, execute_mirror
+    from nibblekv.engine.setup import _DTYPES, build_pool, kv_rotation_planned, make_page_table
     from nibblekv.model import load_model
     from nibblekv.model.fp8 import QuantMethod
     from nibblekv.model.parallel import TPContext

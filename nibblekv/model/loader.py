@@ -77,9 +77,9 @@ def load_model(
     ``quantization`` (``--quantization fp8``): quantize the decoder's linear layers to per-channel FP8 after
     loading. An HF folder whose config has an FP8 ``quantization_config`` loads its FP8 weights as they are
     (see :mod:`nibblekv.model.fp8`); a dummy model of such a config is quantized as with ``fp8``.
-    ``kv_rotation``: the KV cache will store K/V rotated by the Hadamard matrix of head_dim (``--kv-hadamard``,
-    nvfp4's default): o_proj absorbs it at load, before any FP8 quantization (dense models with a
-    power-of-two head_dim; see ``_finish``).
+    ``kv_rotation``: the KV cache will store K/V rotated by the Hadamard matrix of head_dim
+    (``--kv-hadamard``, nvfp4's default): o_proj absorbs it at load, before any FP8 quantization (dense models
+    with a power-of-two head_dim; see ``_finish``).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose from {LOAD_FORMATS}")

@@ -197,11 +197,11 @@ def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
 
     Up to 32 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): small
     tiles and split-K give every SM a share of the weight stream, ~4 programs per SM up to 16 tokens, ~2 up
-    to 32; 33-256 tokens: 64x64 tiles in a 6-stage pipeline, no split (up to 64 tokens over fewer tiles than
-    SMs: row-wise 8 stages, 32-wide tiles where 64-wide ones fill at most half the SMs; block-scaled, a long K:
-    4 splits, at most half as many tiles as SMs: 2). Prefill chunks (> 256 tokens) are compute-bound: 64x128
-    tiles, 4 warps, 3 stages -- 1.3-1.5x faster than 128x128 / 8 warps at 512 and 8,192 tokens on an H200
-    (``benchmarks/bench_fp8.py`` times the others beside it)."""
+    to 32; 33-256 tokens: 64x64 tiles in a 6-stage pipeline, no split (up to 64 tokens over fewer tiles
+    than SMs: row-wise 8 stages, 32-wide tiles where 64-wide ones fill at most half the SMs; block-scaled, a
+    long K: 4 splits, at most half as many tiles as SMs: 2). Prefill chunks (> 256 tokens) are compute-bound:
+    64x128 tiles, 4 warps, 3 stages -- 1.3-1.5x faster than 128x128 / 8 warps at 512 and 8,192 tokens on an
+    H200 (``benchmarks/bench_fp8.py`` times the others beside it)."""
     if m > 256:
         return GemmTile(64, 128, 4, 3)
     if m > 32:
