@@ -1,14 +1,14 @@
 """decode_mma's sm_90 compile (CPU only: a fake driver and the triton wheel's ptxas, see
-benchmarks/tools/sass_decode.py): its launch grid is one wave of 16 one-warp programs per SM (12 at head_dim
-64 and in the balanced kernel), which holds only while every build fits 128 (168) registers without spills.
+benchmarks/tools/sass_decode.py): its launch grid is one wave of 12 one-warp programs per SM (``ppsm=16``: 16),
+which holds only while every build fits 168 (128) registers without spills.
 Uncapped builds drift to 130 and 166 registers and run 10-25% slower on the H200. Head_dim 256 (two
 128-dim halves a step, 64 accumulators) runs 8 programs per SM (248 registers). The token-balanced
 kernel (``bal=1``) spills ~5 values into its tile loop at its defaults unless each page address is one
 ``IMAD.WIDE.U32``.
 NOTE: with the pool's NVFP4 words in sm order ptxas moves one 64-bit value through local memory at the
 loop's end at 128 registers (8 bytes): faster on the H200 than the standard order all the same, so the
-budget below is that, and any more fails. Head_dim 64 and the balanced kernel run 12 programs per SM (168
-registers) and spill nothing."""
+budget below is that, and any more fails. At 12 programs per SM (168 registers, the default but at head_dim
+256) nothing spills."""
 
 from __future__ import annotations
 
@@ -94,6 +94,19 @@ def test_decode_tok_keeps_three_programs_per_sm(dtype: str) -> None:
     m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers", out)
     assert m and "decode_tok_kernel" in out, out[-2000:]
     assert int(m.group(1)) == 0 and int(m.group(2)) <= most, m.group(0)
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
+def test_decode_mma_head_dim_128_loads_the_next_step_mid_loop() -> None:
+    # Why 12 programs an SM at head_dim 128 (knobs.mma_knobs): at 128 registers (16 an SM) ptxas issues the
+    # register prefetch of the next step in the loop's last ~10%, at 168 around its middle
+    spans = {}
+    for spec in ("mma", "mma:ppsm=16"):
+        out = _compile(spec, "nvfp4", 4, 128, True)
+        m = re.search(r"loads at ([0-9.]+) / ([0-9.]+)", out)
+        assert m, out[-2000:]
+        spans[spec] = float(m.group(2))
+    assert spans["mma"] < 0.75 < 0.8 < spans["mma:ppsm=16"], spans
 
 
 def _compile(spec: str, dtype: str, group: int, head_dim: int, tail: bool) -> str:

@@ -11,9 +11,10 @@ A fake Triton driver reports an sm_90 target and the launcher's kernel launches 
 ``kernel[:key=value,...]`` (``nibblekv.kernels.testing.decode_config_from_spec``), turned into the typed
 ``DecodeConfig`` the launcher takes. For each compiled kernel it
 prints the registers and spill bytes (``ptxas -v``), the loops of its SASS (backward branches) and, for
-the largest loop (the main-pool key loop), SASS instructions per iteration and **warp-instructions per
-token-head** = loop length x num_warps / BN: our local proxy for speed (an H200 issues ~0.9e12
-warp-instructions/s; NVFP4 at 0.8 of the ceiling needs ~25e9 token-heads/s).
+the largest loop (the main-pool key loop), SASS instructions per iteration, where its global loads sit in
+it (first and median, as fractions of the loop) and **warp-instructions per token-head** = loop length x
+num_warps / BN: our local proxy for speed (an H200 issues ~0.9e12 warp-instructions/s; NVFP4 at 0.8 of the
+ceiling needs ~25e9 token-heads/s).
 """
 
 from __future__ import annotations
@@ -106,6 +107,14 @@ def loops(ins: list[tuple[int, str]]) -> list[tuple[int, int, int]]:
     return sorted(res, key=lambda t: -t[2])
 
 
+def load_span(ins: list[tuple[int, str]], lo: int, hi: int) -> tuple[float, float] | None:
+    """Where the global loads of loop ``[lo, hi]`` sit, as fractions of its instructions (first, median): a
+    register prefetch whose loads come last in the loop hides little of their latency. None without loads."""
+    body = [t for a, t in ins if lo <= a <= hi]
+    at = [i / len(body) for i, t in enumerate(body) if re.sub(r"^@!?U?P\w+\s+", "", t).startswith("LDG")]
+    return (at[0], at[len(at) // 2]) if at else None
+
+
 def opcode_histogram(ins: list[tuple[int, str]], lo: int, hi: int) -> list[tuple[str, int]]:
     c: collections.Counter[str] = collections.Counter()
     for a, txt in ins:
@@ -160,8 +169,10 @@ def main() -> None:
             per_th = main_len * cfg.num_warps / (cfg.block_n * tiles)
             rows.append((dname, spec, per_th))
             smem = getattr(k.metadata, "shared", "?")  # type: ignore[attr-defined]
+            span = load_span(ins, lp[0][0], lp[0][1]) if lp else None
+            at = f"{span[0]:.2f} / {span[1]:.2f}" if span else "-"
             print(f"{dname:9s} {spec:28s} {getattr(k, 'name', '?')} cfg={cfg} | {usage} | smem {smem} B | LDL/STL {spill_ins} | loops {[n for _, _, n in lp[:4]]}"
-                  f" | main loop {main_len} SASS/iter -> {per_th:.1f} warp-instr per token-head", flush=True)  # fmt: skip
+                  f" | main loop {main_len} SASS/iter -> {per_th:.1f} warp-instr per token-head | loads at {at} (first / median)", flush=True)  # fmt: skip
             if args.hist and lp:
                 print("    ", opcode_histogram(ins, lp[0][0], lp[0][1]))
             if args.dump:
