@@ -1,6 +1,6 @@
 """decode_mma's sm_90 compile (CPU only: a fake driver and the triton wheel's ptxas, see
-benchmarks/tools/sass_decode.py): its launch grid is one wave of 12 one-warp programs per SM (``ppsm=16``: 16),
-which holds only while every build fits 168 (128) registers without spills.
+benchmarks/tools/sass_decode.py): its launch grid is one wave of 12 one-warp programs per SM (``ppsm=16``:
+16), which holds only while every build fits 168 (128) registers without spills.
 Uncapped builds drift to 130 and 166 registers and run 10-25% slower on the H200. Head_dim 256 (two
 128-dim halves a step, 64 accumulators) runs 8 programs per SM (248 registers). The token-balanced
 kernel (``bal=1``) spills ~5 values into its tile loop at its defaults unless each page address is one

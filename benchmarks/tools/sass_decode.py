@@ -172,7 +172,8 @@ def main() -> None:
             span = load_span(ins, lp[0][0], lp[0][1]) if lp else None
             at = f"{span[0]:.2f} / {span[1]:.2f}" if span else "-"
             print(f"{dname:9s} {spec:28s} {getattr(k, 'name', '?')} cfg={cfg} | {usage} | smem {smem} B | LDL/STL {spill_ins} | loops {[n for _, _, n in lp[:4]]}"
-                  f" | main loop {main_len} SASS/iter -> {per_th:.1f} warp-instr per token-head | loads at {at} (first / median)", flush=True)  # fmt: skip
+                  f" | main loop {main_len} SASS/iter -> {per_th:.1f} warp-instr per token-head"
+                  f" | loads at {at} (first / median)", flush=True)  # fmt: skip
             if args.hist and lp:
                 print("    ", opcode_histogram(ins, lp[0][0], lp[0][1]))
             if args.dump:
