@@ -15,7 +15,8 @@ blocks, per token-group activations; the layer runs the Triton block GEMM up to 
 and cuBLASLt's block-scaled kernel above (``torch._scaled_mm`` with 1x128 / 128x128 scales, sm_90), both
 timed alone as well from 64 tokens (below ``MIN_ROWS`` = 256 rows zero-padded to it; ``scaled_mm_error``
 says why cuBLASLt's could not run). Rows up to 256 tokens time their format's Triton GEMM with other decode
-tiles too (``decode_tiles_us``; block rows also with paired k-steps, names ending in ``p``), block rows from
+tiles too (``decode_tiles_us``; block rows also with paired k-steps, names ending in ``p``, and the default
+tile with its scales loaded in each k-step, ``default_in_step``), block rows from
 512 tokens the block GEMM with other prefill tiles (``block_tiles_us``). Rows with M <= 16 also get
 ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling measured in the same
 run. Every row's FP8 output is checked against the pure-torch reference first. Writes
@@ -26,6 +27,7 @@ PNG.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import json
@@ -49,6 +51,7 @@ from nibblekv.kernels.fp8.gemm import (  # noqa: E402
     fp8_linear_block,
     fp8_linear_rowwise,
     fp8_rowwise_gemm,
+    gemm_tile,
     rowwise_triton_max_m,
 )
 from nibblekv.kernels.fp8.quant import quant_fp8_groups  # noqa: E402
@@ -171,6 +174,9 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
         row["block_tiles_us"] = _tile_times(xq, xs, wq, ws, PREFILL_TILES, check=m == 512, block=BLOCK)
     if m <= 256:  # decode tiles of the Triton GEMM of this format (CPU: --smoke checks them)
         tiles = decode_tiles(m, block is not None)
+        if block is not None:  # the default tile with each k-step's scales loaded in the step, not before
+            default = gemm_tile(m, n, triton.cdiv(k, block), block=True)
+            tiles["default_in_step"] = dataclasses.replace(default, scale_ahead=False)
         row["decode_tiles_us"] = _tile_times(xq, xs, wq, ws, tiles, check=True, block=block)
     row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
     row["speedup"] = round(row["bf16_us"] / max(row["fp8_us"], 1e-3), 3)

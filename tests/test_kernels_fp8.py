@@ -3,6 +3,8 @@ pure-torch twins: the interpreter on CPU (see conftest), the GPU kernels when CU
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -136,6 +138,24 @@ def test_block_gemm_paired_steps_sum_in_the_same_order(split_k: int) -> None:
     one = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32, tile=GemmTile(16, 64, 4, 2, split_k=split_k))
     two = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32, tile=GemmTile(16, 64, 4, 2, split_k, True))
     assert torch.equal(one, two)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter sums in fp32 in the same order; the GPU's MMAs not")
+@pytest.mark.parametrize(
+    "tile", [GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3), GemmTile(32, 32, 4, 4, 2)]
+)
+def test_block_gemm_scales_loaded_a_step_ahead_give_the_same_sums(tile: GemmTile) -> None:
+    """``scale_ahead`` loads each k-step's scale product the step before (the last step's prefetch reads
+    the last k-block's scales, valid memory, and drops them): bit for bit the in-step result, with uneven
+    k-splits, a partial last k-block and column tiles inside one weight block (32-wide: four a block)."""
+    torch.manual_seed(7)
+    wq, ws = quantize_weight_block(torch.randn(200, 650) * 0.05, 128)
+    xq, xs = quant_fp8_groups(torch.randn(37, 650).to(torch.bfloat16), 128)
+    on = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32, tile=tile)
+    in_step = dataclasses.replace(tile, scale_ahead=False)
+    off = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32, tile=in_step)
+    assert torch.equal(on, off)
+    assert rel_rms(on, fp8_gemm_ref(xq, xs, wq, ws, 128, torch.float32)) < GEMM_RMS
 
 
 def test_block_gemm_rejects_bad_scales() -> None:

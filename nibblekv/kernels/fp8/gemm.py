@@ -57,10 +57,12 @@ PDL_PREFETCH_LINES = 4
 
 @triton.jit
 def _block_step(
-    acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr, ROWWISE: tl.constexpr
+    acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr, ROWWISE: tl.constexpr, sc=None
 ):  # fmt: skip
-    """``acc + (A_kb @ B_kb^T) * a_scale[:, kb] * b_scale[:, kb]`` for k-block ``kb`` (masked past K);
-    ROWWISE: ``acc + A_kb @ B_kb^T`` (one scale per row and per column, applied after the k loop)."""
+    """``acc + (A_kb @ B_kb^T) * a_scale[:, kb] * b_scale[:, kb]`` for k-block ``kb`` (masked past K), the
+    scales loaded here, or ``sc`` (their product, loaded steps before: :func:`_block_scales`);
+    ROWWISE: ``acc + A_kb @ B_kb^T`` (one scale per row and per column, applied after the k loop).
+    NOTE: every block-scaled path multiplies the two scales first, then the product: one fp32 order."""
     k_left = K - kb * GROUP
     a = tl.load(a_ptrs + kb * GROUP, mask=offs_k[None, :] < k_left, other=0.0)
     b = tl.load(b_ptrs + kb * GROUP, mask=offs_k[:, None] < k_left, other=0.0)
@@ -68,7 +70,16 @@ def _block_step(
         # NOTE: Hopper's FP8 MMAs accumulate in reduced precision: promote into the fp32 acc every GROUP
         # (as cuBLASLt's row-wise kernels and the block path, whose scaling promotes each step, do)
         return tl.dot(a, b, acc, max_num_imprecise_acc=GROUP)
-    return acc + tl.dot(a, b) * tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :]
+    if sc is None:
+        sc = tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :]
+    return acc + tl.dot(a, b) * sc
+
+
+@triton.jit
+def _block_scales(as_ptrs, bs_ptr, kb):
+    """``a_scale[:, kb] * b_scale[kb]`` as ``[BLOCK_M, 1]``: ``bs_ptr`` points at the scale row of the one
+    weight block the tile's columns lie in."""
+    return (tl.load(as_ptrs + kb) * tl.load(bs_ptr + kb))[:, None]
 
 
 @triton.jit
@@ -83,8 +94,8 @@ def _block_pair(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.
     b1 = tl.load(b_ptrs + (kb + 1) * GROUP, mask=offs_k[:, None] < k_left - GROUP, other=0.0)
     p0 = tl.dot(a0, b0)
     p1 = tl.dot(a1, b1)
-    acc = acc + p0 * tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :]
-    return acc + p1 * tl.load(as_ptrs + kb + 1)[:, None] * tl.load(bs_ptrs + kb + 1)[None, :]
+    acc = acc + p0 * (tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :])
+    return acc + p1 * (tl.load(as_ptrs + kb + 1)[:, None] * tl.load(bs_ptrs + kb + 1)[None, :])
 
 
 @triton.jit
@@ -102,8 +113,11 @@ def _block_gemm_kernel(
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, ROWWISE: tl.constexpr, INTERP: tl.constexpr,
     PAIRED: tl.constexpr = False, PDL: tl.constexpr = False, PF_LINES: tl.constexpr = PDL_PREFETCH_LINES,
+    SCALE_AHEAD: tl.constexpr = True,
 ):  # fmt: skip
     # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
+    # SCALE_AHEAD (block-scaled, unpaired, BLOCK_N <= GROUP): each k-step's scale product is loaded the step
+    # before (held in registers); else by the step itself, whose scaling then waits on a global load.
     # PAIRED (block-scaled only): k-blocks two at a time (_block_pair), an odd last one alone.
     # ROWWISE: as_ptr holds one scale per row, bs_ptr one per column (per-channel weights), for all of K.
     # PARTIAL (split-K): program (tile, s) sums k-blocks [s * kb_per_split, ...) into fp32 ws[s]; a second
@@ -138,8 +152,29 @@ def _block_gemm_kernel(
         bs_ptrs = bs_ptr + (cols // GROUP) * stride_bs
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     paired: tl.constexpr = PAIRED and not ROWWISE
+    # NOTE: prefetched scales only for a tile no wider than a weight block (BLOCK_N divides GROUP: one weight
+    # scale a k-step); a [BLOCK_M, BLOCK_N] product held a step would spill (64x256 tiles: 690 bytes)
+    ahead: tl.constexpr = SCALE_AHEAD and not ROWWISE and not paired and BLOCK_N <= GROUP
+    bs_tile = bs_ptr + ((pid_n * BLOCK_N) // GROUP) * stride_bs
+    last = n_kblocks - 1  # prefetches past the split's k range load this valid scale and drop it
     pair_hi = kb_hi - (kb_hi - kb_lo) % 2 if paired else kb_lo  # pairs below it, an odd last k-block from it
-    if INTERP:  # NOTE: the interpreter cannot run `for` over runtime bounds; GPUs need `for` to pipeline
+    if ahead:
+        sc = _block_scales(as_ptrs, bs_tile, kb_lo)
+        if INTERP:  # NOTE: the interpreter cannot run `for` over runtime bounds; GPUs need `for` to pipeline
+            kb = kb_lo
+            while kb < kb_hi:
+                nxt = _block_scales(as_ptrs, bs_tile, tl.minimum(kb + 1, last))
+                acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE, sc)
+                sc = nxt
+                kb += 1
+        else:
+            # NOTE: one step ahead; two (a second held product) left Triton's pipeliner unable to stage the
+            # A / B tiles (no cp.async at all in the loop's SASS)
+            for kb in range(kb_lo, kb_hi):
+                nxt = _block_scales(as_ptrs, bs_tile, tl.minimum(kb + 1, last))
+                acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE, sc)
+                sc = nxt
+    elif INTERP:
         kb = kb_lo
         while kb < pair_hi:
             acc = _block_pair(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
@@ -175,7 +210,9 @@ class GemmTile:
     """One launch of the FP8 GEMM: ``block_m x block_n`` output tiles (K steps of the scale group), Triton's
     ``num_warps`` / ``num_stages``, ``split_k`` k-splits (1: none; more: fp32 partials + a sum kernel), and
     ``paired``: the block-scaled GEMM issues two k-steps' products before scaling them (an experiment for
-    decode batches, where each step's scaling waits on its MMA; no default uses it yet)."""
+    decode batches; no default uses it); ``scale_ahead``: the block-scaled GEMM loads each k-step's scales
+    the step before (tiles no wider than a weight block; off: in the step, whose scaling waits on the
+    load)."""
 
     block_m: int
     block_n: int
@@ -183,10 +220,11 @@ class GemmTile:
     num_stages: int
     split_k: int = 1
     paired: bool = False
+    scale_ahead: bool = True
 
     def __post_init__(self) -> None:
         pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
-        if not pow2 or min(self.num_warps, self.num_stages, self.split_k) < 1:
+        if not pow2 or min(self.num_warps, self.num_stages, self.split_k) < 1 :
             raise ValueError(f"FP8 GEMM tile {self}: powers of two >= 16, positive warps, stages and splits")
 
 
@@ -267,8 +305,8 @@ def _launch_gemm(
         xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb, per_split,
         xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), 0 if rowwise else w_scale.stride(0),
         HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=8,
-        PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), PAIRED=t.paired, num_warps=t.num_warps,
-        num_stages=t.num_stages, **launch,
+        PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), PAIRED=t.paired, SCALE_AHEAD=t.scale_ahead,
+        num_warps=t.num_warps, num_stages=t.num_stages, **launch,
     )  # fmt: skip
     if split > 1:
         sum_block = min(1024, triton.next_power_of_2(n))
