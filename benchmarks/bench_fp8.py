@@ -15,8 +15,8 @@ blocks, per token-group activations; the layer runs the Triton block GEMM up to 
 and cuBLASLt's block-scaled kernel above (``torch._scaled_mm`` with 1x128 / 128x128 scales, sm_90), both
 timed alone as well from 64 tokens (below ``MIN_ROWS`` = 256 rows zero-padded to it; ``scaled_mm_error``
 says why cuBLASLt's could not run). Rows up to 256 tokens time their format's Triton GEMM with other decode
-tiles too (``decode_tiles_us``; block rows also with paired k-steps, names ending in ``p``, and the default
-tile with its scales loaded in each k-step, ``default_in_step``), block rows from
+tiles too (``decode_tiles_us``; block rows also the default tile with its scales loaded in each k-step,
+``default_in_step``), block rows from
 512 tokens the block GEMM with other prefill tiles (``block_tiles_us``). Rows with M <= 16 also get
 ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling measured in the same
 run. Every row's FP8 output is checked against the pure-torch reference first. Writes
@@ -86,26 +86,19 @@ _DECODE_TILES = (
 )
 
 
-# block-scaled rows also time these with paired k-steps (GemmTile.paired, name suffix "p")
-_PAIRED_TILES = ((64, 4, 6, 1), (64, 4, 4, 4), (128, 4, 4, 2))
-
-
 # 64-256 tokens also: deeper pipelines without k-splits (more weight bytes in flight a program, no sum kernel)
 # and, from 128 tokens, 128-row tiles (each weight tile read by one program, not one per 64 rows)
 _DEEP_TILES = ((64, 64, 4, 8, 1), (64, 64, 4, 10, 1), (64, 32, 4, 8, 1), (64, 32, 2, 8, 1))
 _WIDE_M_TILES = ((128, 64, 8, 6, 1), (128, 64, 4, 6, 1), (128, 32, 4, 8, 1), (128, 64, 8, 4, 2))
 
 
-def decode_tiles(m: int, block: bool = False) -> dict[str, GemmTile]:
+def decode_tiles(m: int) -> dict[str, GemmTile]:
     """:data:`_DECODE_TILES` with ``m``'s BLOCK_M (16 up to 16 tokens, 32 up to 32, else 64); from 33 tokens
-    :data:`_DEEP_TILES` and from 128 :data:`_WIDE_M_TILES`; ``block``: and :data:`_PAIRED_TILES` paired."""
+    :data:`_DEEP_TILES` and from 128 :data:`_WIDE_M_TILES`."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     tiles = {f"{bm}x{bn}w{w}s{st}k{sp}": GemmTile(bm, bn, w, st, sp) for bn, w, st, sp in _DECODE_TILES}
     extra = (_DEEP_TILES if m > 32 else ()) + (_WIDE_M_TILES if m >= 128 else ())
     tiles |= {f"{tm}x{bn}w{w}s{st}k{sp}": GemmTile(tm, bn, w, st, sp) for tm, bn, w, st, sp in extra}
-    if block:
-        for bn, w, st, sp in _PAIRED_TILES:
-            tiles[f"{bm}x{bn}w{w}s{st}k{sp}p"] = GemmTile(bm, bn, w, st, sp, paired=True)
     return tiles
 
 
@@ -173,7 +166,7 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
     if fmt == "block" and m >= 512 and x.is_cuda:  # prefill tiles of the Triton block GEMM, side by side
         row["block_tiles_us"] = _tile_times(xq, xs, wq, ws, PREFILL_TILES, check=m == 512, block=BLOCK)
     if m <= 256:  # decode tiles of the Triton GEMM of this format (CPU: --smoke checks them)
-        tiles = decode_tiles(m, block is not None)
+        tiles = decode_tiles(m)
         if block is not None:  # the default tile with each k-step's scales loaded in the step, not before
             default = gemm_tile(m, n, triton.cdiv(k, block), block=True)
             tiles["default_in_step"] = dataclasses.replace(default, scale_ahead=False)

@@ -44,12 +44,11 @@ ROWWISE_TRITON_MAX_M = 64
 ROWWISE_TRITON_NARROW_M = 128
 ROWWISE_TRITON_NARROW_N = 8192
 # NOTE: block-scaled layers with more tokens than this take cuBLASLt's DeepSeek-style block-scaled kernel
-# where torch offers it (sm_90, 128 blocks; fewer than MIN_ROWS rows zero-padded to it). The Triton block
-# GEMM scales each k-step's product before adding it, which stalls its tensor-core pipeline: at 128 tokens
-# it took 22.9 / 16.3 / 86.0 / 47.9 us for Llama-3.1-8B's qkv / o / gate_up / down against cuBLASLt's 20.6 /
-# 19.4 / 64.0 / 45.8 padded to 256 rows, at 192 tokens 35.8 / 22.5 / 124 / 68.9 vs 20.9 / 19.6 / 64.3 / 46.7
-# (H100); at 64 tokens it was ahead (16.8 / 15.9 / 52.7 / 48.3 us); 0.52-0.70x bf16 at an 8K chunk (H200).
-BLOCK_TRITON_MAX_M = 127
+# where torch offers it (sm_90, 128 blocks; fewer than MIN_ROWS rows zero-padded to it). H100, GEMM alone, us,
+# Llama-3.1-8B's qkv / o / gate_up / down, the Triton block GEMM (scales loaded a step ahead) vs cuBLASLt
+# padded to 256 rows: 128 tokens 18.1 / 13.8 / 66.6 / 38.6 vs 24.3 / 22.9 / 67.0 / 50.2; 192 tokens 27.7 /
+# 17.3 / 95.7 / 53.5 vs 24.6 / 23.2 / 67.6 / 51.2 (bench_fp8; o_proj's Triton GEMM stays ahead to 256)
+BLOCK_TRITON_MAX_M = 128
 # NOTE: 128-byte lines of each weight row a PDL launch of the GEMM prefetches into L2 before it waits for its
 # input (the start of the program's k range): the weight stream begins during the previous kernel's tail
 PDL_PREFETCH_LINES = 4
@@ -62,7 +61,7 @@ def _block_step(
     """``acc + (A_kb @ B_kb^T) * a_scale[:, kb] * b_scale[:, kb]`` for k-block ``kb`` (masked past K), the
     scales loaded here, or ``sc`` (their product, loaded steps before: :func:`_block_scales`);
     ROWWISE: ``acc + A_kb @ B_kb^T`` (one scale per row and per column, applied after the k loop).
-    NOTE: every block-scaled path multiplies the two scales first, then the product: one fp32 order."""
+    NOTE: both ways multiply the two scales first, then the product: one fp32 order."""
     k_left = K - kb * GROUP
     a = tl.load(a_ptrs + kb * GROUP, mask=offs_k[None, :] < k_left, other=0.0)
     b = tl.load(b_ptrs + kb * GROUP, mask=offs_k[:, None] < k_left, other=0.0)
@@ -83,22 +82,6 @@ def _block_scales(as_ptrs, bs_ptr, kb):
 
 
 @triton.jit
-def _block_pair(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr):
-    """Two k-blocks ``kb``, ``kb + 1`` of the block-scaled sum (:func:`_block_step`'s math in the same order),
-    both products issued before either is scaled: the second MMA can run while the first one's result is
-    waited for."""
-    k_left = K - kb * GROUP
-    a0 = tl.load(a_ptrs + kb * GROUP, mask=offs_k[None, :] < k_left, other=0.0)
-    b0 = tl.load(b_ptrs + kb * GROUP, mask=offs_k[:, None] < k_left, other=0.0)
-    a1 = tl.load(a_ptrs + (kb + 1) * GROUP, mask=offs_k[None, :] < k_left - GROUP, other=0.0)
-    b1 = tl.load(b_ptrs + (kb + 1) * GROUP, mask=offs_k[:, None] < k_left - GROUP, other=0.0)
-    p0 = tl.dot(a0, b0)
-    p1 = tl.dot(a1, b1)
-    acc = acc + p0 * (tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :])
-    return acc + p1 * (tl.load(as_ptrs + kb + 1)[:, None] * tl.load(bs_ptrs + kb + 1)[None, :])
-
-
-@triton.jit
 def _prefetch_weights(b_ptr, cols, stride_bn, k0, K, LINES: tl.constexpr):
     """L2 prefetch of ``LINES`` 128-byte lines of each weight row ``cols`` from byte ``k0`` (lines past the
     row's ``K`` bytes skipped). Weights are never written, so this may run before ``pdl_wait``."""
@@ -112,13 +95,12 @@ def _block_gemm_kernel(
     stride_am, stride_bn, stride_cm, stride_as, stride_bs,
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, ROWWISE: tl.constexpr, INTERP: tl.constexpr,
-    PAIRED: tl.constexpr = False, PDL: tl.constexpr = False, PF_LINES: tl.constexpr = PDL_PREFETCH_LINES,
+    PDL: tl.constexpr = False, PF_LINES: tl.constexpr = PDL_PREFETCH_LINES,
     SCALE_AHEAD: tl.constexpr = True,
 ):  # fmt: skip
     # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
-    # SCALE_AHEAD (block-scaled, unpaired, BLOCK_N <= GROUP): each k-step's scale product is loaded the step
-    # before (held in registers); else by the step itself, whose scaling then waits on a global load.
-    # PAIRED (block-scaled only): k-blocks two at a time (_block_pair), an odd last one alone.
+    # SCALE_AHEAD (block-scaled, BLOCK_N <= GROUP): each k-step's scale product is loaded the step before
+    # (held in registers); else by the step itself, whose scaling then waits on a global load.
     # ROWWISE: as_ptr holds one scale per row, bs_ptr one per column (per-channel weights), for all of K.
     # PARTIAL (split-K): program (tile, s) sums k-blocks [s * kb_per_split, ...) into fp32 ws[s]; a second
     # kernel adds them (splitk). Decode batches need split-K: a few output tiles cannot keep every SM reading
@@ -151,13 +133,11 @@ def _block_gemm_kernel(
     else:
         bs_ptrs = bs_ptr + (cols // GROUP) * stride_bs
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    paired: tl.constexpr = PAIRED and not ROWWISE
     # NOTE: prefetched scales only for a tile no wider than a weight block (BLOCK_N divides GROUP: one weight
     # scale a k-step); a [BLOCK_M, BLOCK_N] product held a step would spill (64x256 tiles: 690 bytes)
-    ahead: tl.constexpr = SCALE_AHEAD and not ROWWISE and not paired and BLOCK_N <= GROUP
+    ahead: tl.constexpr = SCALE_AHEAD and not ROWWISE and BLOCK_N <= GROUP
     bs_tile = bs_ptr + ((pid_n * BLOCK_N) // GROUP) * stride_bs
     last = n_kblocks - 1  # prefetches past the split's k range load this valid scale and drop it
-    pair_hi = kb_hi - (kb_hi - kb_lo) % 2 if paired else kb_lo  # pairs below it, an odd last k-block from it
     if ahead:
         sc = _block_scales(as_ptrs, bs_tile, kb_lo)
         if INTERP:  # NOTE: the interpreter cannot run `for` over runtime bounds; GPUs need `for` to pipeline
@@ -176,21 +156,12 @@ def _block_gemm_kernel(
                 sc = nxt
     elif INTERP:
         kb = kb_lo
-        while kb < pair_hi:
-            acc = _block_pair(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
-            kb += 2
         while kb < kb_hi:
             acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
             kb += 1
     else:
-        if paired:
-            for kb in range(kb_lo, pair_hi, 2):
-                acc = _block_pair(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP)
-            if pair_hi < kb_hi:
-                acc = _block_step(acc, pair_hi, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
-        else:
-            for kb in range(kb_lo, kb_hi):
-                acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
+        for kb in range(kb_lo, kb_hi):
+            acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
     if ROWWISE:  # linear in the sum: each split-K partial may take the scales on its own
         acc = acc * tl.load(as_ptrs)[:, None] * tl.load(bs_ptrs)[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -209,17 +180,14 @@ def _block_gemm_kernel(
 class GemmTile:
     """One launch of the FP8 GEMM: ``block_m x block_n`` output tiles (K steps of the scale group), Triton's
     ``num_warps`` / ``num_stages``, ``split_k`` k-splits (1: none; more: fp32 partials + a sum kernel), and
-    ``paired``: the block-scaled GEMM issues two k-steps' products before scaling them (an experiment for
-    decode batches; no default uses it); ``scale_ahead``: the block-scaled GEMM loads each k-step's scales
-    the step before (tiles no wider than a weight block; off: in the step, whose scaling waits on the
-    load)."""
+    ``scale_ahead``: the block-scaled GEMM loads each k-step's scales the step before (tiles no wider than a
+    weight block; off: in the step, whose scaling then waits on the load)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     split_k: int = 1
-    paired: bool = False
     scale_ahead: bool = True
 
     def __post_init__(self) -> None:
@@ -305,7 +273,7 @@ def _launch_gemm(
         xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb, per_split,
         xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), 0 if rowwise else w_scale.stride(0),
         HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=8,
-        PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), PAIRED=t.paired, SCALE_AHEAD=t.scale_ahead,
+        PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), SCALE_AHEAD=t.scale_ahead,
         num_warps=t.num_warps, num_stages=t.num_stages, **launch,
     )  # fmt: skip
     if split > 1:
