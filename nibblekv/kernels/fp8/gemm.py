@@ -58,10 +58,8 @@ PDL_PREFETCH_LINES = 4
 def _block_step(
     acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr, ROWWISE: tl.constexpr, sc=None
 ):  # fmt: skip
-    """``acc + (A_kb @ B_kb^T) * a_scale[:, kb] * b_scale[:, kb]`` for k-block ``kb`` (masked past K), the
-    scales loaded here, or ``sc`` (their product, loaded steps before: :func:`_block_scales`);
-    ROWWISE: ``acc + A_kb @ B_kb^T`` (one scale per row and per column, applied after the k loop).
-    NOTE: both ways multiply the two scales first, then the product: one fp32 order."""
+    """``acc + (A_kb @ B_kb^T) * (a_scale[:, kb] * b_scale[:, kb])`` for k-block ``kb`` (masked past K), that
+    product loaded here or given (``sc``); ROWWISE: ``acc + A_kb @ B_kb^T`` (scales after the k loop)."""
     k_left = K - kb * GROUP
     a = tl.load(a_ptrs + kb * GROUP, mask=offs_k[None, :] < k_left, other=0.0)
     b = tl.load(b_ptrs + kb * GROUP, mask=offs_k[:, None] < k_left, other=0.0)
@@ -79,6 +77,15 @@ def _block_scales(as_ptrs, bs_ptr, kb):
     """``a_scale[:, kb] * b_scale[kb]`` as ``[BLOCK_M, 1]``: ``bs_ptr`` points at the scale row of the one
     weight block the tile's columns lie in."""
     return (tl.load(as_ptrs + kb) * tl.load(bs_ptr + kb))[:, None]
+
+
+@triton.jit
+def _ahead_step(acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP: tl.constexpr):
+    """k-block ``kb`` of the block-scaled sum on its scale product ``sc``, loaded a step before, and the
+    next step's (k-block ``min(kb + 1, last)``: past the split's range a valid one, dropped). NOTE: one
+    step ahead; two (a second product held) left Triton's pipeliner unable to stage A / B (no cp.async)."""
+    nxt = _block_scales(as_ptrs, bs_tile, tl.minimum(kb + 1, last))
+    return _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP, False, sc), nxt
 
 
 @triton.jit
@@ -133,27 +140,21 @@ def _block_gemm_kernel(
     else:
         bs_ptrs = bs_ptr + (cols // GROUP) * stride_bs
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # NOTE: prefetched scales only for a tile no wider than a weight block (BLOCK_N divides GROUP: one weight
-    # scale a k-step); a [BLOCK_M, BLOCK_N] product held a step would spill (64x256 tiles: 690 bytes)
+    # NOTE: scales ahead only for tiles inside one weight block (BLOCK_N divides GROUP: one weight scale a
+    # k-step); a [BLOCK_M, BLOCK_N] product held a step spills (64x256 tiles: 690 bytes)
     ahead: tl.constexpr = SCALE_AHEAD and not ROWWISE and BLOCK_N <= GROUP
     bs_tile = bs_ptr + ((pid_n * BLOCK_N) // GROUP) * stride_bs
-    last = n_kblocks - 1  # prefetches past the split's k range load this valid scale and drop it
+    last = n_kblocks - 1
     if ahead:
         sc = _block_scales(as_ptrs, bs_tile, kb_lo)
         if INTERP:  # NOTE: the interpreter cannot run `for` over runtime bounds; GPUs need `for` to pipeline
             kb = kb_lo
             while kb < kb_hi:
-                nxt = _block_scales(as_ptrs, bs_tile, tl.minimum(kb + 1, last))
-                acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE, sc)
-                sc = nxt
+                acc, sc = _ahead_step(acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP)
                 kb += 1
         else:
-            # NOTE: one step ahead; two (a second held product) left Triton's pipeliner unable to stage the
-            # A / B tiles (no cp.async at all in the loop's SASS)
             for kb in range(kb_lo, kb_hi):
-                nxt = _block_scales(as_ptrs, bs_tile, tl.minimum(kb + 1, last))
-                acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE, sc)
-                sc = nxt
+                acc, sc = _ahead_step(acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP)
     elif INTERP:
         kb = kb_lo
         while kb < kb_hi:
