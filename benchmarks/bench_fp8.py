@@ -16,7 +16,7 @@ and cuBLASLt's block-scaled kernel above (``torch._scaled_mm`` with 1x128 / 128x
 timed alone as well from 64 tokens (below ``MIN_ROWS`` = 256 rows zero-padded to it; ``scaled_mm_error``
 says why cuBLASLt's could not run). Rows up to 256 tokens time their format's Triton GEMM with other decode
 tiles too (``decode_tiles_us``; block rows also the default tile with its scales loaded in each k-step,
-``default_in_step``), block rows from
+``default_in_step``; up to 32 tokens the default tile swapped, ``default_swapped``), block rows from
 512 tokens the block GEMM with other prefill tiles (``block_tiles_us``). Rows with M <= 16 also get
 ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling measured in the same
 run. Every row's FP8 output is checked against the pure-torch reference first. Writes
@@ -46,6 +46,7 @@ from benchmarks.timing import DEV, bench_graph, gpu_state, read_ceiling  # noqa:
 from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_channel  # noqa: E402
 from nibblekv.kernels.fp8.gemm import (  # noqa: E402
     BLOCK_TRITON_MAX_M,
+    ROWWISE_K_STEP,
     GemmTile,
     fp8_block_gemm,
     fp8_linear_block,
@@ -90,15 +91,25 @@ _DECODE_TILES = (
 # and, from 128 tokens, 128-row tiles (each weight tile read by one program, not one per 64 rows)
 _DEEP_TILES = ((64, 64, 4, 8, 1), (64, 64, 4, 10, 1), (64, 32, 4, 8, 1), (64, 32, 2, 8, 1))
 _WIDE_M_TILES = ((128, 64, 8, 6, 1), (128, 64, 4, 6, 1), (128, 32, 4, 8, 1), (128, 64, 8, 4, 2))
+# up to 32 tokens also with the MMA swapped (GemmTile.swap_ab: the weight tile is wgmma's 64-row M side): the
+# defaults' shapes, deeper pipelines and more k-splits (40-56 registers: more programs fit an SM)
+_SWAP_TILES = (
+    (64, 4, 4, 1), (64, 4, 4, 2), (64, 4, 5, 4), (64, 4, 4, 4), (64, 4, 6, 4), (64, 4, 4, 8), (128, 4, 4, 4),
+    (128, 8, 4, 4),
+)
 
 
 def decode_tiles(m: int) -> dict[str, GemmTile]:
     """:data:`_DECODE_TILES` with ``m``'s BLOCK_M (16 up to 16 tokens, 32 up to 32, else 64); from 33 tokens
-    :data:`_DEEP_TILES` and from 128 :data:`_WIDE_M_TILES`."""
+    :data:`_DEEP_TILES` and from 128 :data:`_WIDE_M_TILES`; up to 32 tokens also :data:`_SWAP_TILES` (names
+    ending in ``x``)."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     tiles = {f"{bm}x{bn}w{w}s{st}k{sp}": GemmTile(bm, bn, w, st, sp) for bn, w, st, sp in _DECODE_TILES}
     extra = (_DEEP_TILES if m > 32 else ()) + (_WIDE_M_TILES if m >= 128 else ())
     tiles |= {f"{tm}x{bn}w{w}s{st}k{sp}": GemmTile(tm, bn, w, st, sp) for tm, bn, w, st, sp in extra}
+    if m <= 32:
+        for bn, w, st, sp in _SWAP_TILES:
+            tiles[f"{bm}x{bn}w{w}s{st}k{sp}x"] = GemmTile(bm, bn, w, st, sp, swap_ab=True)
     return tiles
 
 
@@ -167,9 +178,11 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
         row["block_tiles_us"] = _tile_times(xq, xs, wq, ws, PREFILL_TILES, check=m == 512, block=BLOCK)
     if m <= 256:  # decode tiles of the Triton GEMM of this format (CPU: --smoke checks them)
         tiles = decode_tiles(m)
+        default = gemm_tile(m, n, triton.cdiv(k, block or ROWWISE_K_STEP), block=block is not None)
         if block is not None:  # the default tile with each k-step's scales loaded in the step, not before
-            default = gemm_tile(m, n, triton.cdiv(k, block), block=True)
             tiles["default_in_step"] = dataclasses.replace(default, scale_ahead=False)
+        if m <= 32:  # and swapped (the weight tile as the MMA's M side)
+            tiles["default_swapped"] = dataclasses.replace(default, swap_ab=True)
         row["decode_tiles_us"] = _tile_times(xq, xs, wq, ws, tiles, check=True, block=block)
     row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
     row["speedup"] = round(row["bf16_us"] / max(row["fp8_us"], 1e-3), 3)

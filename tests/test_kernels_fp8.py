@@ -79,7 +79,8 @@ def test_quant_groups_bit_exact(
 # row-wise 32-wide one there
 TILES = [None, GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3), GemmTile(64, 64, 4, 6),
          GemmTile(64, 64, 4, 4, split_k=4), GemmTile(64, 32, 4, 8), GemmTile(64, 256, 4, 2),
-         GemmTile(64, 64, 4, 6, scale_ahead=False)]  # fmt: skip
+         GemmTile(64, 64, 4, 6, scale_ahead=False), GemmTile(16, 64, 4, 2, 3, swap_ab=True),
+         GemmTile(32, 128, 4, 3, swap_ab=True)]  # fmt: skip
 
 
 def test_gemm_tile_and_route_by_size() -> None:

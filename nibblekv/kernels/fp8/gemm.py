@@ -56,7 +56,8 @@ PDL_PREFETCH_LINES = 4
 
 @triton.jit
 def _block_step(
-    acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr, ROWWISE: tl.constexpr, sc=None
+    acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr, ROWWISE: tl.constexpr, sc=None,
+    SWAP: tl.constexpr = False,
 ):  # fmt: skip
     """``acc + (A_kb @ B_kb^T) * (a_scale[:, kb] * b_scale[:, kb])`` for k-block ``kb`` (masked past K), that
     product loaded here or given (``sc``); ROWWISE: ``acc + A_kb @ B_kb^T`` (scales after the k loop)."""
@@ -66,10 +67,18 @@ def _block_step(
     if ROWWISE:
         # NOTE: Hopper's FP8 MMAs accumulate in reduced precision: promote into the fp32 acc every GROUP
         # (as cuBLASLt's row-wise kernels and the block path, whose scaling promotes each step, do)
-        return tl.dot(a, b, acc, max_num_imprecise_acc=GROUP)
-    if sc is None:
-        sc = tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :]
-    return acc + tl.dot(a, b) * sc
+        if SWAP:  # acc^T [BLOCK_N, BLOCK_M]: the weight tile is the MMA's M side
+            acc = tl.dot(tl.trans(b), tl.trans(a), acc, max_num_imprecise_acc=GROUP)
+        else:
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=GROUP)
+    else:
+        if sc is None:
+            sc = tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :]
+        if SWAP:
+            acc = acc + tl.dot(tl.trans(b), tl.trans(a)) * tl.trans(sc)
+        else:
+            acc = acc + tl.dot(a, b) * sc
+    return acc
 
 
 @triton.jit
@@ -80,12 +89,14 @@ def _block_scales(as_ptrs, bs_ptr, kb):
 
 
 @triton.jit
-def _ahead_step(acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP: tl.constexpr):
+def _ahead_step(
+    acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP: tl.constexpr, SWAP: tl.constexpr
+):  # fmt: skip
     """k-block ``kb`` of the block-scaled sum on its scale product ``sc``, loaded a step before, and the
     next step's (k-block ``min(kb + 1, last)``: past the split's range a valid one, dropped). NOTE: one
     step ahead; two (a second product held) left Triton's pipeliner unable to stage A / B (no cp.async)."""
     nxt = _block_scales(as_ptrs, bs_tile, tl.minimum(kb + 1, last))
-    return _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP, False, sc), nxt
+    return _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP, False, sc, SWAP), nxt
 
 
 @triton.jit
@@ -103,7 +114,7 @@ def _block_gemm_kernel(
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, ROWWISE: tl.constexpr, INTERP: tl.constexpr,
     PDL: tl.constexpr = False, PF_LINES: tl.constexpr = PDL_PREFETCH_LINES,
-    SCALE_AHEAD: tl.constexpr = True,
+    SCALE_AHEAD: tl.constexpr = True, SWAP: tl.constexpr = False,
 ):  # fmt: skip
     # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
     # SCALE_AHEAD (block-scaled, BLOCK_N <= GROUP): each k-step's scale product is loaded the step before
@@ -139,7 +150,10 @@ def _block_gemm_kernel(
         bs_ptrs = bs_ptr + cols
     else:
         bs_ptrs = bs_ptr + (cols // GROUP) * stride_bs
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # NOTE: scales ahead only for tiles inside one weight block (BLOCK_N divides GROUP: one weight scale a
     # k-step); a [BLOCK_M, BLOCK_N] product held a step spills (64x256 tiles: 690 bytes)
     ahead: tl.constexpr = SCALE_AHEAD and not ROWWISE and BLOCK_N <= GROUP
@@ -150,19 +164,29 @@ def _block_gemm_kernel(
         if INTERP:  # NOTE: the interpreter cannot run `for` over runtime bounds; GPUs need `for` to pipeline
             kb = kb_lo
             while kb < kb_hi:
-                acc, sc = _ahead_step(acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP)
+                acc, sc = _ahead_step(
+                    acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP, SWAP
+                )
                 kb += 1
         else:
             for kb in range(kb_lo, kb_hi):
-                acc, sc = _ahead_step(acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP)
+                acc, sc = _ahead_step(
+                    acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP, SWAP
+                )
     elif INTERP:
         kb = kb_lo
         while kb < kb_hi:
-            acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
+            acc = _block_step(
+                acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE, None, SWAP
+            )
             kb += 1
     else:
         for kb in range(kb_lo, kb_hi):
-            acc = _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE)
+            acc = _block_step(
+                acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE, None, SWAP
+            )
+    if SWAP:
+        acc = tl.trans(acc)
     if ROWWISE:  # linear in the sum: each split-K partial may take the scales on its own
         acc = acc * tl.load(as_ptrs)[:, None] * tl.load(bs_ptrs)[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -182,7 +206,10 @@ class GemmTile:
     """One launch of the FP8 GEMM: ``block_m x block_n`` output tiles (K steps of the scale group), Triton's
     ``num_warps`` / ``num_stages``, ``split_k`` k-splits (1: none; more: fp32 partials + a sum kernel), and
     ``scale_ahead``: the block-scaled GEMM loads each k-step's scales the step before (tiles no wider than a
-    weight block; off: in the step, whose scaling then waits on the load)."""
+    weight block; off: in the step, whose scaling then waits on the load); ``swap_ab``: the MMA computes
+    ``C^T = W X^T``, the weight tile its M side (wgmma needs 64 rows: ``block_n`` a multiple of 64 per
+    warpgroup), so a batch of 16-32 tokens runs on Hopper's FP8 wgmma instead of fp16 ``mma.sync`` after
+    converting both operands."""
 
     block_m: int
     block_n: int
@@ -190,6 +217,7 @@ class GemmTile:
     num_stages: int
     split_k: int = 1
     scale_ahead: bool = True
+    swap_ab: bool = False
 
     def __post_init__(self) -> None:
         pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
@@ -274,7 +302,7 @@ def _launch_gemm(
         xq, wq, out, ws, x_scale, w_scale, bias if bias is not None else out, m, n, k, kb, per_split,
         xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), 0 if rowwise else w_scale.stride(0),
         HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=8,
-        PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), SCALE_AHEAD=t.scale_ahead,
+        PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), SCALE_AHEAD=t.scale_ahead, SWAP=t.swap_ab,
         num_warps=t.num_warps, num_stages=t.num_stages, **launch,
     )  # fmt: skip
     if split > 1:
