@@ -84,16 +84,20 @@ TILES = [None, GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3), GemmT
 
 
 def test_gemm_tile_and_route_by_size() -> None:
-    """Decode batches up to 32 tokens: small tiles and k-splits; 33-256: 64x64 tiles, 6 stages, no split (but
+    """Decode batches up to 32 tokens: swapped small tiles and k-splits; 33-256: 64x64 tiles, 6 stages, no split (but
     at 33-64 tokens over few output tiles);
     prefill chunks 64x128. The row-wise layer's Triton GEMM serves up to 128 tokens at <= 8,192 outputs,
     up to 64 above (gate_up), cuBLASLt beyond (bench_fp8's H100 sweep)."""
     from nibblekv.kernels.fp8.gemm import gemm_tile, rowwise_triton_max_m
 
     assert gemm_tile(1, 4096, 32).split_k > 1 and gemm_tile(1, 4096, 32).block_m == 16
-    # ~4 programs an SM up to 16 tokens (132 SMs): gate_up's 448 output tiles in 2 splits, qkv's 96 in 6
-    splits = [gemm_tile(m, n, 32).split_k for m, n in ((16, 28672), (1, 6144), (32, 28672))]
-    assert splits == [2, 6, 1]
+    # up to 32 tokens swapped (weights as the MMA's M side); splits a power of two for ~3 programs an SM up to
+    # 16 tokens (132 SMs): gate_up's 448 output tiles in 1, qkv's 96 in 4 (5 rounded down), down's 64 in 4;
+    # ~2 up to 32 (qkv 3 -> 2)
+    assert all(gemm_tile(m, 6144, 32).swap_ab for m in (1, 16, 32)) and not gemm_tile(33, 6144, 32).swap_ab
+    splits = [gemm_tile(m, n, kb).split_k for m, n, kb in ((16, 28672, 32), (1, 6144, 32), (1, 4096, 112),
+                                                           (32, 6144, 32), (32, 4096, 112))]  # fmt: skip
+    assert splits == [1, 4, 4, 2, 4]
     assert gemm_tile(65, 4096, 32) == gemm_tile(256, 28672, 32) == GemmTile(64, 64, 4, 6)
     assert gemm_tile(64, 28672, 32) == GemmTile(64, 64, 4, 6)  # gate_up's 448 tiles: 6 stages
     # row-wise at 33-64 tokens over fewer 64-wide tiles than SMs: 8 stages; 32-wide where they fill at most

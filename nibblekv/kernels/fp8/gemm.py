@@ -230,9 +230,9 @@ def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
     """The default :class:`GemmTile` for an ``m x n`` output over ``kblocks`` k-blocks, ``block``: of the
     block-scaled GEMM (cached: launchers ask on every call).
 
-    Up to 32 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): small
-    tiles and split-K give every SM a share of the weight stream, ~4 programs per SM up to 16 tokens, ~2 up
-    to 32; 33-256 tokens: 64x64 tiles in a 6-stage pipeline, no split (up to 64 tokens over fewer tiles
+    Up to 32 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): 64-row weight
+    tiles as the MMA's M side (``swap_ab``) and split-K give every SM a share of the weight stream, ~3
+    programs per SM up to 16 tokens, ~2 up to 32; 33-256 tokens: 64x64 tiles in a 6-stage pipeline, no split (up to 64 tokens over fewer tiles
     than SMs: row-wise 8 stages, 32-wide tiles where 64-wide ones fill at most half the SMs; block-scaled, a
     long K: 4 splits, at most half as many tiles as SMs: 2). Prefill chunks (> 256 tokens) are compute-bound:
     64x128 tiles, 4 warps, 3 stages -- 1.3-1.5x faster than 128x128 / 8 warps at 512 and 8,192 tokens on an
@@ -263,12 +263,15 @@ def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
             # row-wise GEMM there is faster without (11.0 vs 13.0 / 10.9 vs 11.8), qkv's 96 tiles equal
             return GemmTile(64, 64, 4, 4, 2)
         return GemmTile(64, 64, 4, 6)
-    bm, bn, warps, stages = (16, 64, 4, 5) if m <= 16 else (32, 64, 4, 4)
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    # NOTE: up to 16 tokens ~4 programs an SM: Llama-3.1-8B's FP8 decode step in the engine (fp8_e4m3 KV,
-    # 2K context, H100) took 4.46 -> 4.28 ms at 1 token and 5.68 -> 5.59 ms at 16 against ~2 programs an SM
-    # (more weight streams in flight; gate_up gets 2 splits where it had none)
-    return GemmTile(bm, bn, warps, stages, decode_splits(4 if m <= 16 else 2, tiles, kblocks))
+    # NOTE: swapped (the 64-row weight tile is wgmma's M side), 4 stages, splits for ~3 programs an SM up to 16
+    # tokens and ~2 up to 32, a power of two. H100, GEMM alone, us, qkv / o / gate_up / down at 1 / 16 / 32
+    # tokens: 12.8 / 10.2 / 49.6 / 23.4, 13.1 / 10.3 / 42.7 / 24.1, 13.6 / 11.1 / 43.8 / 25.2 against the
+    # unswapped 16- / 32-row tiles (5 / 4 stages, ~4 / ~2 programs an SM) 14.5 / 11.9 / 48.4 / 25.9, 15.8 /
+    # 13.8 / 47.4 / 27.6, 16.2 / 13.2 / 46.6 / 26.8 (per channel; block-scaled alike; bench_fp8's sweep)
+    bm = 16 if m <= 16 else 32
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, 64)
+    split = decode_splits(3 if m <= 16 else 2, tiles, kblocks)
+    return GemmTile(bm, 64, 4, 4, 1 << (split.bit_length() - 1), swap_ab=True)
 
 
 def decode_splits(per_sm: int, tiles: int, kblocks: int) -> int:
