@@ -84,10 +84,10 @@ TILES = [None, GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3), GemmT
 
 
 def test_gemm_tile_and_route_by_size() -> None:
-    """Decode batches up to 32 tokens: swapped small tiles and k-splits; 33-256: 64x64 tiles, 6 stages, no split (but
-    at 33-64 tokens over few output tiles);
-    prefill chunks 64x128. The row-wise layer's Triton GEMM serves up to 128 tokens at <= 8,192 outputs,
-    up to 64 above (gate_up), cuBLASLt beyond (bench_fp8's H100 sweep)."""
+    """Decode batches up to 32 tokens: swapped small tiles and k-splits; 33-256: 64x64 tiles, 6 stages, no
+    split (but at 33-64 tokens over few output tiles); prefill chunks 64x128. The row-wise layer's Triton
+    GEMM serves up to 128 tokens at <= 8,192 outputs, up to 64 above (gate_up), cuBLASLt beyond (bench_fp8's
+    H100 sweep)."""
     from nibblekv.kernels.fp8.gemm import gemm_tile, rowwise_triton_max_m
 
     assert gemm_tile(1, 4096, 32).split_k > 1 and gemm_tile(1, 4096, 32).block_m == 16

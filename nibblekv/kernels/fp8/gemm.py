@@ -232,11 +232,12 @@ def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
 
     Up to 32 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): 64-row weight
     tiles as the MMA's M side (``swap_ab``) and split-K give every SM a share of the weight stream, ~3
-    programs per SM up to 16 tokens, ~2 up to 32; 33-256 tokens: 64x64 tiles in a 6-stage pipeline, no split (up to 64 tokens over fewer tiles
-    than SMs: row-wise 8 stages, 32-wide tiles where 64-wide ones fill at most half the SMs; block-scaled, a
-    long K: 4 splits, at most half as many tiles as SMs: 2). Prefill chunks (> 256 tokens) are compute-bound:
-    64x128 tiles, 4 warps, 3 stages -- 1.3-1.5x faster than 128x128 / 8 warps at 512 and 8,192 tokens on an
-    H200 (``benchmarks/bench_fp8.py`` times the others beside it)."""
+    programs per SM up to 16 tokens, ~2 up to 32; 33-256 tokens: 64x64 tiles in a 6-stage pipeline, no
+    split (up to 64 tokens over fewer tiles than SMs: row-wise 8 stages, 32-wide tiles where 64-wide ones
+    fill at most half the SMs; block-scaled, a long K: 4 splits, at most half as many tiles as SMs: 2).
+    Prefill chunks (> 256 tokens) are compute-bound: 64x128 tiles, 4 warps, 3 stages -- 1.3-1.5x faster than
+    128x128 / 8 warps at 512 and 8,192 tokens on an H200 (``benchmarks/bench_fp8.py`` times the others
+    beside it)."""
     if m > 256:
         return GemmTile(64, 128, 4, 3)
     if m > 32:
@@ -263,8 +264,8 @@ def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
             # row-wise GEMM there is faster without (11.0 vs 13.0 / 10.9 vs 11.8), qkv's 96 tiles equal
             return GemmTile(64, 64, 4, 4, 2)
         return GemmTile(64, 64, 4, 6)
-    # NOTE: swapped (the 64-row weight tile is wgmma's M side), 4 stages, splits for ~3 programs an SM up to 16
-    # tokens and ~2 up to 32, a power of two. H100, GEMM alone, us, qkv / o / gate_up / down at 1 / 16 / 32
+    # NOTE: swapped (the 64-row weight tile is wgmma's M side), 4 stages, splits for ~3 programs an SM up to
+    # 16 tokens and ~2 up to 32, a power of two. H100, GEMM alone, us, qkv / o / gate_up / down at 1 / 16 / 32
     # tokens: 12.8 / 10.2 / 49.6 / 23.4, 13.1 / 10.3 / 42.7 / 24.1, 13.6 / 11.1 / 43.8 / 25.2 against the
     # unswapped 16- / 32-row tiles (5 / 4 stages, ~4 / ~2 programs an SM) 14.5 / 11.9 / 48.4 / 25.9, 15.8 /
     # 13.8 / 47.4 / 27.6, 16.2 / 13.2 / 46.6 / 26.8 (per channel; block-scaled alike; bench_fp8's sweep)
