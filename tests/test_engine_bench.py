@@ -97,6 +97,7 @@ def test_fp8_decode_tiles_tool_variants() -> None:
     assert tool.variant_tile("p2", default, 6144, 32) == GemmTile(16, 64, 4, 5, 3)  # 96 tiles, 132 SMs
     assert tool.variant_tile("p4", default, 28672, 32) == GemmTile(16, 64, 4, 5, 2)
     assert tool.variant_tile("t128w8s4k4", default, 6144, 2) == GemmTile(16, 128, 8, 4, 2)
+    assert tool.variant_tile("p4x", default, 6144, 32) == GemmTile(16, 64, 4, 4, 4, swap_ab=True)  # 6 -> 4
     with pytest.raises(SystemExit, match="unknown variant"):
         tool.variant_tile("q4", default, 6144, 32)
     # the override takes gemm_tile's arguments (the block flag too) and keeps its choice above 16 tokens

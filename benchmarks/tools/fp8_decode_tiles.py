@@ -8,8 +8,9 @@ Usage on the device (one variant a run; the rest of the arguments go to ``bench_
         --out DIR
 
 Variants: ``default`` (``gemm_tile`` as it is); ``p<N>``: 16x64 tiles, 4 warps, 5 stages, k-splits for
-~N programs an SM (at least 4 k-blocks a split, at most 16 splits); ``t<BN>w<W>s<S>k<K>``: 16 x BN tiles,
-W warps, S stages, K splits.
+~N programs an SM (at least 4 k-blocks a split, at most 16 splits); ``p<N>x``: the same swapped
+(``GemmTile.swap_ab``), 4 stages, the splits rounded down to a power of two; ``t<BN>w<W>s<S>k<K>``: 16 x BN
+tiles, W warps, S stages, K splits.
 """
 
 from __future__ import annotations
@@ -34,10 +35,13 @@ def variant_tile(spec: str, default: gemm.GemmTile, n: int, kblocks: int) -> gem
         return default
     if m := re.fullmatch(r"p(\d+)", spec):
         return gemm.GemmTile(16, 64, 4, 5, gemm.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks))
+    if m := re.fullmatch(r"p(\d+)x", spec):
+        split = gemm.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks)
+        return gemm.GemmTile(16, 64, 4, 4, 1 << (split.bit_length() - 1), swap_ab=True)
     if m := re.fullmatch(r"t(\d+)w(\d+)s(\d+)k(\d+)", spec):
         bn, warps, stages, split = (int(g) for g in m.groups())
         return gemm.GemmTile(16, bn, warps, stages, min(split, kblocks))
-    raise SystemExit(f"unknown variant {spec!r}: default, p<N> or t<BN>w<W>s<S>k<K>")
+    raise SystemExit(f"unknown variant {spec!r}: default, p<N>, p<N>x or t<BN>w<W>s<S>k<K>")
 
 
 def override(spec: str, original: Callable[..., gemm.GemmTile]) -> Callable[..., gemm.GemmTile]:
