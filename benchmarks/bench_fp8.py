@@ -47,12 +47,10 @@ from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_
 from nibblekv.kernels.fp8.gemm import (  # noqa: E402
     BLOCK_TRITON_MAX_M,
     ROWWISE_K_STEP,
-    GemmTile,
     fp8_block_gemm,
     fp8_linear_block,
     fp8_linear_rowwise,
     fp8_rowwise_gemm,
-    gemm_tile,
     rowwise_triton_max_m,
 )
 from nibblekv.kernels.fp8.quant import quant_fp8_groups  # noqa: E402
@@ -61,6 +59,7 @@ from nibblekv.kernels.fp8.scaled_mm import (  # noqa: E402
     block_scaled_mm_unavailable,
     fp8_block_scaled_mm,
 )
+from nibblekv.kernels.fp8.tiles import GemmTile, gemm_tile  # noqa: E402
 
 BLOCK = 128
 # Llama-3.1-8B: (projection, N, K)

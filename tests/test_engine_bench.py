@@ -90,7 +90,7 @@ def test_fp8_decode_tiles_tool_variants() -> None:
     assert spec is not None and spec.loader is not None
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    from nibblekv.kernels.fp8.gemm import GemmTile, gemm_tile
+    from nibblekv.kernels.fp8.tiles import GemmTile, gemm_tile
 
     default = gemm_tile(1, 6144, 32)
     assert tool.variant_tile("default", default, 6144, 32) == default

@@ -16,7 +16,6 @@ from nibblekv.formats.fp8_weights import (
 )
 from nibblekv.kernels.fp8.gemm import (
     BLOCK_TRITON_MAX_M,
-    GemmTile,
     fp8_block_gemm,
     fp8_linear_block,
     fp8_linear_rowwise,
@@ -30,6 +29,7 @@ from nibblekv.kernels.fp8.scaled_mm import (
     block_scaled_mm_unavailable,
     fp8_block_scaled_mm,
 )
+from nibblekv.kernels.fp8.tiles import GemmTile
 from nibblekv.kernels.fused.elementwise import add_rms_norm_fp8, silu_and_mul_fp8
 from nibblekv.kernels.pdl import pdl_available, pdl_launch, use_pdl
 from nibblekv.kernels.testing import rel_rms
@@ -88,7 +88,8 @@ def test_gemm_tile_and_route_by_size() -> None:
     split (but at 33-64 tokens over few output tiles); prefill chunks 64x128. The row-wise layer's Triton
     GEMM serves up to 128 tokens at <= 8,192 outputs, up to 64 above (gate_up), cuBLASLt beyond (bench_fp8's
     H100 sweep)."""
-    from nibblekv.kernels.fp8.gemm import gemm_tile, rowwise_triton_max_m
+    from nibblekv.kernels.fp8.gemm import rowwise_triton_max_m
+    from nibblekv.kernels.fp8.tiles import gemm_tile
 
     assert gemm_tile(1, 4096, 32).split_k > 1 and gemm_tile(1, 4096, 32).block_m == 16
     # up to 32 tokens swapped (weights as the MMA's M side); splits a power of two for ~3 programs an SM up to

@@ -26,29 +26,30 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for bench_engine
 import bench_engine  # noqa: E402
 
-from nibblekv.kernels.fp8 import gemm  # noqa: E402
+from nibblekv.kernels.fp8 import gemm, tiles  # noqa: E402
 
 
-def variant_tile(spec: str, default: gemm.GemmTile, n: int, kblocks: int) -> gemm.GemmTile:
+def variant_tile(spec: str, default: tiles.GemmTile, n: int, kblocks: int) -> tiles.GemmTile:
     """The launch ``spec`` names for an output of ``n`` columns over ``kblocks`` k-blocks at <= 16 tokens."""
     if spec == "default":
         return default
     if m := re.fullmatch(r"p(\d+)", spec):
-        return gemm.GemmTile(16, 64, 4, 5, gemm.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks))
+        return tiles.GemmTile(16, 64, 4, 5, tiles.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks))
     if m := re.fullmatch(r"p(\d+)x", spec):
-        split = gemm.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks)
-        return gemm.GemmTile(16, 64, 4, 4, 1 << (split.bit_length() - 1), swap_ab=True)
+        split = tiles.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks)
+        return tiles.GemmTile(16, 64, 4, 4, 1 << (split.bit_length() - 1), swap_ab=True)
     if m := re.fullmatch(r"t(\d+)w(\d+)s(\d+)k(\d+)", spec):
         bn, warps, stages, split = (int(g) for g in m.groups())
-        return gemm.GemmTile(16, bn, warps, stages, min(split, kblocks))
+        return tiles.GemmTile(16, bn, warps, stages, min(split, kblocks))
     raise SystemExit(f"unknown variant {spec!r}: default, p<N>, p<N>x or t<BN>w<W>s<S>k<K>")
 
 
-def override(spec: str, original: Callable[..., gemm.GemmTile]) -> Callable[..., gemm.GemmTile]:
-    """``gemm.gemm_tile`` (``original``, same arguments) with ``spec``'s launch at <= 16 tokens."""
+def override(spec: str, original: Callable[..., tiles.GemmTile]) -> Callable[..., tiles.GemmTile]:
+    """``gemm_tile`` (``original``, same arguments) with ``spec``'s launch at <= 16 tokens; ``main`` puts it
+    where the launcher looks it up (``gemm.gemm_tile``)."""
 
     @functools.lru_cache(maxsize=1024)
-    def tile(m: int, n: int, kblocks: int, block: bool = False) -> gemm.GemmTile:
+    def tile(m: int, n: int, kblocks: int, block: bool = False) -> tiles.GemmTile:
         chosen = original(m, n, kblocks, block)
         return chosen if m > 16 else variant_tile(spec, chosen, n, kblocks)
 

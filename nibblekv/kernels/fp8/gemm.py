@@ -9,20 +9,18 @@
 * :func:`fp8_linear_block`: the block-scaled layer: the Triton block GEMM for decode batches, cuBLASLt's
   1x128 x 128x128 block-scaled kernel (:mod:`.scaled_mm`, sm_90) for prefill chunks where it passes its check.
 
-Launchers only allocate and launch (no host sync), so CUDA graphs capture them. Twins: ``fp8.reference``.
+Launch configurations (tile, stages, k-splits, swapped MMA) come from :mod:`.tiles`. Launchers only allocate
+and launch (no host sync), so CUDA graphs capture them. Twins: ``fp8.reference``.
 """
 
 from __future__ import annotations
-
-import functools
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from nibblekv.formats.fp8_weights import QuantizedRows
-from nibblekv.kernels._common import interpreting, num_sms
+from nibblekv.kernels._common import interpreting
 from nibblekv.kernels.fp8.quant import quant_fp8_groups
 from nibblekv.kernels.fp8.scaled_mm import (
     block_scaled_mm_available,
@@ -30,6 +28,7 @@ from nibblekv.kernels.fp8.scaled_mm import (
     fp8_block_scaled_mm,
 )
 from nibblekv.kernels.fp8.splitk import splitk_sum_kernel
+from nibblekv.kernels.fp8.tiles import GemmTile, gemm_tile
 from nibblekv.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from nibblekv.kernels.ptx.mma import _prefetch_l2
 
@@ -199,86 +198,6 @@ def _block_gemm_kernel(
             acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
         c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@dataclass(frozen=True)
-class GemmTile:
-    """One launch of the FP8 GEMM: ``block_m x block_n`` output tiles (K steps of the scale group), Triton's
-    ``num_warps`` / ``num_stages``, ``split_k`` k-splits (1: none; more: fp32 partials + a sum kernel), and
-    ``scale_ahead``: the block-scaled GEMM loads each k-step's scales the step before (tiles no wider than a
-    weight block; off: in the step, whose scaling then waits on the load); ``swap_ab``: the MMA computes
-    ``C^T = W X^T``, the weight tile its M side (wgmma needs 64 rows: ``block_n`` a multiple of 64 per
-    warpgroup), so a batch of 16-32 tokens runs on Hopper's FP8 wgmma instead of fp16 ``mma.sync`` after
-    converting both operands."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    split_k: int = 1
-    scale_ahead: bool = True
-    swap_ab: bool = False
-
-    def __post_init__(self) -> None:
-        pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
-        if not pow2 or min(self.num_warps, self.num_stages, self.split_k) < 1 :
-            raise ValueError(f"FP8 GEMM tile {self}: powers of two >= 16, positive warps, stages and splits")
-
-
-@functools.lru_cache(maxsize=1024)
-def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
-    """The default :class:`GemmTile` for an ``m x n`` output over ``kblocks`` k-blocks, ``block``: of the
-    block-scaled GEMM (cached: launchers ask on every call).
-
-    Up to 32 tokens the GEMM reads weights (FP8 tensor cores outrun HBM below ~400 flop/byte): 64-row weight
-    tiles as the MMA's M side (``swap_ab``) and split-K give every SM a share of the weight stream, ~3
-    programs per SM up to 16 tokens, ~2 up to 32; 33-256 tokens: 64x64 tiles in a 6-stage pipeline, no
-    split (up to 64 tokens over fewer tiles than SMs: row-wise 8 stages, 32-wide tiles where 64-wide ones
-    fill at most half the SMs; block-scaled, a long K: 4 splits, at most half as many tiles as SMs: 2).
-    Prefill chunks (> 256 tokens) are compute-bound: 64x128 tiles, 4 warps, 3 stages -- 1.3-1.5x faster than
-    128x128 / 8 warps at 512 and 8,192 tokens on an H200 (``benchmarks/bench_fp8.py`` times the others
-    beside it)."""
-    if m > 256:
-        return GemmTile(64, 128, 4, 3)
-    if m > 32:
-        # NOTE: 64x64 tiles, 6 stages, no k-split: at 64-256 tokens on an H100 it beat every other decode tile
-        # of bench_fp8's sweep at all four 8B projections but down at 256 (qkv / o at 64 tokens: 13.5 / 11.5
-        # us vs 21.0 / 16.8 with 64x128, 4 stages and k-splits); a deep pipeline per program outdid more
-        # programs even at 64 output tiles.
-        tiles = triton.cdiv(n, 64)
-        if m <= 64 and not block and tiles < num_sms():
-            # NOTE: row-wise at 33-64 tokens over fewer 64-wide tiles than SMs: 8 stages, and 32-wide tiles
-            # where 64-wide ones would fill at most half the SMs (o_proj, down_proj: 64). H100, GEMM alone,
-            # against 64x64 / 6 stages (down: 4 k-splits): o 10.4 vs 12.0 us, down 26.0 vs 27.8, qkv (96
-            # tiles) 13.1 vs 13.9 (bench_fp8's decode-tile sweep)
-            return GemmTile(64, 32 if 2 * tiles <= num_sms() else 64, 4, 8)
-        if m <= 64 and kblocks >= 64 and tiles < num_sms():
-            # NOTE: a long K over fewer output tiles than SMs (down_proj: 112 k-blocks, 64 tiles) leaves SMs
-            # idle without k-splits: at 64 tokens 4 splits, 4 stages took 28.4 vs 30.6 us on the H100 and
-            # 21.7 vs 29.2 us on the H200 per channel, 30.9 vs 48.3 / 25.5 vs 48.7 with 128x128 blocks
-            # (bench_fp8's decode-tile sweep); at 128 tokens no split tile won on both GPUs
-            return GemmTile(64, 64, 4, 4, 4)
-        if m <= 64 and block and 2 * tiles <= num_sms():
-            # NOTE: the block-scaled GEMM waits on each k-step's product before scaling it: more programs hide
-            # that. o_proj (64 tiles) at 64 tokens: 2 splits 13.4 vs 15.9 us (H100), 12.3 vs 15.8 (H200); the
-            # row-wise GEMM there is faster without (11.0 vs 13.0 / 10.9 vs 11.8), qkv's 96 tiles equal
-            return GemmTile(64, 64, 4, 4, 2)
-        return GemmTile(64, 64, 4, 6)
-    # NOTE: swapped (the 64-row weight tile is wgmma's M side), 4 stages, splits for ~3 programs an SM up to
-    # 16 tokens and ~2 up to 32, a power of two. H100, GEMM alone, us, qkv / o / gate_up / down at 1 / 16 / 32
-    # tokens: 12.8 / 10.2 / 49.6 / 23.4, 13.1 / 10.3 / 42.7 / 24.1, 13.6 / 11.1 / 43.8 / 25.2 against the
-    # unswapped 16- / 32-row tiles (5 / 4 stages, ~4 / ~2 programs an SM) 14.5 / 11.9 / 48.4 / 25.9, 15.8 /
-    # 13.8 / 47.4 / 27.6, 16.2 / 13.2 / 46.6 / 26.8 (per channel; block-scaled alike; bench_fp8's sweep)
-    bm = 16 if m <= 16 else 32
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, 64)
-    split = decode_splits(3 if m <= 16 else 2, tiles, kblocks)
-    return GemmTile(bm, 64, 4, 4, 1 << (split.bit_length() - 1), swap_ab=True)
-
-
-def decode_splits(per_sm: int, tiles: int, kblocks: int) -> int:
-    """k-splits for ~``per_sm`` programs an SM over ``tiles`` output tiles: at least 4 of the ``kblocks``
-    k-blocks a split, at most 16 splits."""
-    return max(1, min(triton.cdiv(per_sm * num_sms(), tiles), kblocks // 4, 16))
 
 
 def _launch_gemm(
