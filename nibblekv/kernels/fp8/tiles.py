@@ -32,7 +32,7 @@ class GemmTile:
 
     def __post_init__(self) -> None:
         pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
-        if not pow2 or min(self.num_warps, self.num_stages, self.split_k) < 1 :
+        if not pow2 or min(self.num_warps, self.num_stages, self.split_k) < 1:
             raise ValueError(f"FP8 GEMM tile {self}: powers of two >= 16, positive warps, stages and splits")
 
 
