@@ -23,9 +23,9 @@ def test_bench_fp8_smoke_writes_rows_and_plot(tmp_path: Path) -> None:
         assert all(r[key] > 0 for key in ("m", "n", "k", "fp8_us", "fp8_gemm_us", "bf16_us"))
         assert ("read_frac" in r) == (r["m"] <= 16)
         # every decode tile of either format compiled, checked against the twin and timed (block: also the
-        # default tile with its scales loaded in each step; up to 32 tokens the default tile swapped)
+        # default tile with its scales loaded in each step; up to 32 tokens the default tile not swapped)
         extra = {"default_in_step"} if r["format"] == "block" else set()
-        extra |= {"default_swapped"} if r["m"] <= 32 else set()
+        extra |= {"default_unswapped"} if r["m"] <= 32 else set()
         assert set(r["decode_tiles_us"]) == set(bench_fp8.decode_tiles(r["m"])) | extra
         assert all(us > 0 for us in r["decode_tiles_us"].values())
     assert doc["acceptance"]["block"]["min_speedup_prefill_8k"] is None  # no 8K row in the smoke run
