@@ -177,7 +177,7 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
         default = gemm_tile(m, n, triton.cdiv(k, block or ROWWISE_K_STEP), block=block is not None)
         if block is not None:  # the default tile with each k-step's scales loaded in the step, not before
             tiles["default_in_step"] = dataclasses.replace(default, scale_ahead=False)
-        if m <= 32:  # and not swapped (the token tile as the MMA's M side: fp16 mma.sync on converted operands)
+        if m <= 32:  # and not swapped (tokens as the M side: fp16 mma.sync on converted operands)
             tiles["default_unswapped"] = dataclasses.replace(default, swap_ab=False)
         row["decode_tiles_us"] = _tile_times(xq, xs, wq, ws, tiles, check=True, block=block)
     row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
