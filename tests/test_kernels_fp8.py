@@ -76,7 +76,8 @@ def test_quant_groups_bit_exact(
 
 # None: gemm_tile's choice; split-K with an uneven last split (K blocks 2 or 5); a prefill-sized tile; the
 # decode tile of 33-256 tokens (six stages, no split), its 4-split form for a long K up to 64 tokens and the
-# row-wise 32-wide one there
+# row-wise 32-wide one there; a tile wider than a weight block (block scales loaded in the step), one with its
+# scales loaded in the step by choice, and two swapped (weights as the MMA's M side)
 TILES = [None, GemmTile(16, 64, 4, 2, split_k=3), GemmTile(64, 128, 4, 3), GemmTile(64, 64, 4, 6),
          GemmTile(64, 64, 4, 4, split_k=4), GemmTile(64, 32, 4, 8), GemmTile(64, 256, 4, 2),
          GemmTile(64, 64, 4, 6, scale_ahead=False), GemmTile(16, 64, 4, 2, 3, swap_ab=True),

@@ -36,8 +36,8 @@ def variant_tile(spec: str, default: tiles.GemmTile, n: int, kblocks: int) -> ti
     if m := re.fullmatch(r"p(\d+)", spec):
         return tiles.GemmTile(16, 64, 4, 5, tiles.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks))
     if m := re.fullmatch(r"p(\d+)x", spec):
-        split = tiles.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks)
-        return tiles.GemmTile(16, 64, 4, 4, 1 << (split.bit_length() - 1), swap_ab=True)
+        split = tiles.decode_splits(int(m[1]), triton.cdiv(n, 64), kblocks, pow2=True)
+        return tiles.GemmTile(16, 64, 4, 4, split, swap_ab=True)
     if m := re.fullmatch(r"t(\d+)w(\d+)s(\d+)k(\d+)", spec):
         bn, warps, stages, split = (int(g) for g in m.groups())
         return tiles.GemmTile(16, bn, warps, stages, min(split, kblocks))

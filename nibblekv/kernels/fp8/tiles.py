@@ -72,7 +72,8 @@ def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
         if m <= 64 and block and 2 * tiles <= num_sms():
             # NOTE: the block-scaled GEMM waits on each k-step's product before scaling it: more programs hide
             # that. o_proj (64 tiles) at 64 tokens: 2 splits 13.4 vs 15.9 us (H100), 12.3 vs 15.8 (H200); the
-            # row-wise GEMM there is faster without (11.0 vs 13.0 / 10.9 vs 11.8), qkv's 96 tiles equal
+            # row-wise GEMM there is faster without (11.0 vs 13.0 / 10.9 vs 11.8), qkv's 96 tiles equal. Timed
+            # before the scales were loaded a step ahead; since, 13.2 us vs 12.8 for 64x32 / 8 stages (H100)
             return GemmTile(64, 64, 4, 4, 2)
         return GemmTile(64, 64, 4, 6)
     # NOTE: swapped (the 64-row weight tile is wgmma's M side), 4 stages, splits for ~3 programs an SM up to
@@ -82,11 +83,12 @@ def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
     # 13.8 / 47.4 / 27.6, 16.2 / 13.2 / 46.6 / 26.8 (per channel; block-scaled alike; bench_fp8's sweep)
     bm = 16 if m <= 16 else 32
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, 64)
-    split = decode_splits(3 if m <= 16 else 2, tiles, kblocks)
-    return GemmTile(bm, 64, 4, 4, 1 << (split.bit_length() - 1), swap_ab=True)
+    split = decode_splits(3 if m <= 16 else 2, tiles, kblocks, pow2=True)
+    return GemmTile(bm, 64, 4, 4, split, swap_ab=True)
 
 
-def decode_splits(per_sm: int, tiles: int, kblocks: int) -> int:
+def decode_splits(per_sm: int, tiles: int, kblocks: int, pow2: bool = False) -> int:
     """k-splits for ~``per_sm`` programs an SM over ``tiles`` output tiles: at least 4 of the ``kblocks``
-    k-blocks a split, at most 16 splits."""
-    return max(1, min(triton.cdiv(per_sm * num_sms(), tiles), kblocks // 4, 16))
+    k-blocks a split, at most 16 splits; ``pow2``: rounded down to a power of two."""
+    split = max(1, min(triton.cdiv(per_sm * num_sms(), tiles), kblocks // 4, 16))
+    return 1 << (split.bit_length() - 1) if pow2 else split
