@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="KV heads (the query heads scale with it: --kv-heads 2 --q-heads 64 is Qwen3-Next's 16 / 2)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")
     ap.add_argument("--tail", action="store_true", help="with a 64-token bf16 tail per request (the engine's default)")
-    ap.add_argument("--page-order", choices=("random", "sequential"), default="random",
-                    help="where a request's pages lie in the pool (bench_kernels.PAGE_ORDER)")
+    ap.add_argument("--page-order", choices=bench_kernels.PAGE_ORDERS, default="random",
+                    help="where a request's pages lie in the pool; l2: all in 8 MiB of it (bench_kernels.PAGE_ORDER)")
     ap.add_argument("--flush", choices=timing.FLUSH_MODES, default=timing.FLUSH,
                     help="how L2 is emptied before each timed call (timing.FLUSH)")
     args = ap.parse_args(argv)

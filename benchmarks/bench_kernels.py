@@ -64,8 +64,12 @@ AddRow = Callable[..., None]
 
 # NOTE: "random" (the default, what a long-running engine's free list gives) or "sequential" (each request's
 # pages one after another in the pool): bench_decode_variants' --page-order sets it, to see what placement
-# costs
+# costs. "l2" is a probe, not a placement: every page-table entry points at one of the pool's first
+# L2_ALIAS_BYTES of pages (at random, repeating), so a long context is read from L2 and the call is bound by
+# the kernel's own instruction stream, not HBM -- what a GPU with more bandwidth per SM (the H200) would meet.
 PAGE_ORDER = "random"
+PAGE_ORDERS = ("random", "sequential", "l2")
+L2_ALIAS_BYTES = 8 << 20  # well inside one half of the H100's / H200's 50 MB L2
 
 
 # ----------------------------------------------------------------------------- decode
@@ -98,6 +102,17 @@ def decode_bytes(pool: LayerKV, batch: int, main: int, tail: int, q_heads: int) 
     return batch * (main * per_tok + tail * tail_tok) + batch * q_heads * pool.layout.head_dim * 2 + pt
 
 
+def page_table(pool: LayerKV, batch: int, pages: int, gen: torch.Generator) -> torch.Tensor:
+    """``[batch, pages]`` int32 page ids of ``pool`` placed by ``PAGE_ORDER`` (CPU tensor)."""
+    n = pool.num_pages
+    if PAGE_ORDER == "l2":
+        hot = max(1, min(n, L2_ALIAS_BYTES // (PAGE * pool.layout.bytes_per_token())))
+        order = torch.randint(0, hot, (batch * pages,), generator=gen)
+    else:
+        order = torch.randperm(n, generator=gen) if PAGE_ORDER == "random" else torch.arange(n)
+    return order[: batch * pages].reshape(batch, pages).to(torch.int32)
+
+
 def decode_call(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, with_tail: bool,
                 cfg: DecodeConfig | None = None, ctxs: list[int] | None = None):  # type: ignore[no-untyped-def]  # fmt: skip
     """A ready decode call on random pages of the pool (and the main-pool lengths it reads): ``cfg`` the
@@ -108,9 +123,7 @@ def decode_call(pools: Pools, dt: KVDtype, batch: int, ctx: int, q_heads: int, w
     main = ctx - tail
     pages = triton.cdiv(main, PAGE)
     gen = torch.Generator().manual_seed(batch * 7919 + ctx)
-    n = pool.num_pages
-    order = torch.randperm(n, generator=gen) if PAGE_ORDER == "random" else torch.arange(n)
-    pt = order[: batch * pages].reshape(batch, pages).to(torch.int32).to(DEV)
+    pt = page_table(pool, batch, pages, gen).to(DEV)
     mains = [c - tail for c in ctxs] if ctxs else [main] * batch
     lens = torch.tensor(mains, dtype=torch.int32, device=DEV)
     q = torch.randn(batch, q_heads, pools.head_dim, device=DEV).to(torch.bfloat16)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import bench_decode_variants, bench_kernels, timing  # noqa: E402
@@ -61,6 +62,21 @@ def test_bench_decode_variants_smoke(tmp_path: Path) -> None:
     row = doc["rows"][0]
     best = {"variant": "tok", "us": row["us"], "frac": row["frac_of_ceiling"]}
     assert doc["best"] == [{"batch": 1, "context": 32, "bf16": best}]
+
+
+def test_l2_page_order_aliases_a_long_context_onto_a_few_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the instruction-bound probe: 1M tokens' page table over 8 MiB of pages (random, repeating)
+    pools = bench_kernels.Pools({bench_kernels.KVDtype.NVFP4: 1 << 16}, 8, 128)
+    pool = pools.pools[bench_kernels.KVDtype.NVFP4]
+    gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    monkeypatch.setattr(bench_kernels, "PAGE_ORDER", "l2")
+    pt = bench_kernels.page_table(pool, 2, 1 << 15, gen())
+    hot = (8 << 20) // (16 * 1152)  # 1,152 bytes a token: 8 heads x (64 data + 8 scale bytes) x K, V
+    assert pt.shape == (2, 1 << 15) and pt.dtype == torch.int32
+    assert int(pt.min()) >= 0 and int(pt.max()) < hot and len(pt.unique()) > hot // 2
+    monkeypatch.setattr(bench_kernels, "PAGE_ORDER", "random")
+    pt = bench_kernels.page_table(pool, 2, 1000, gen())
+    assert len(pt.unique()) == 2000 and int(pt.max()) < pool.num_pages
 
 
 def test_kernel_plot_draws_decode_and_extend_panels(tmp_path: Path) -> None:
