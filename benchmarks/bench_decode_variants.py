@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU times of every timed call")
     ap.add_argument("--tail", action="store_true", help="with a 64-token bf16 tail per request (the engine's default)")
     ap.add_argument("--page-order", choices=bench_kernels.PAGE_ORDERS, default="random",
-                    help="where a request's pages lie in the pool; l2: in 8 MiB of it (bench_kernels.PAGE_ORDER)")
+                    help="where a request's pages lie (bench_kernels.PAGE_ORDER; l2: all in 8 MiB)")
     ap.add_argument("--flush", choices=timing.FLUSH_MODES, default=timing.FLUSH,
                     help="how L2 is emptied before each timed call (timing.FLUSH)")
     args = ap.parse_args(argv)
