@@ -131,25 +131,58 @@ def _advance(
     )  # fmt: skip
 
 
+@triton.jit
+def _grows(m0, m1, x0, x1, LAZY: tl.constexpr):
+    """Whether any lane's column max ``x0/x1`` exceeds its running max by more than ``LAZY`` (log2 units):
+    the lazy softmax's advance test. NOTE: a scalar for the whole program (one warp in every mma launch),
+    so the branch it takes is warp-uniform; a running max of -inf always grows on a finite score."""
+    grow = (x0 > m0 + LAZY) | (x1 > m1 + LAZY)
+    return tl.max(grow.to(tl.int32), axis=0) > 0
+
+
+@triton.jit
+def _kept_max(m0, m1):
+    """The max a step's scores subtract when the running max stays (``_softmax``'s ``c`` for it): the
+    scores then sit at most ``LAZY`` above it, so each probability is <= 2**LAZY (fp16 holds it)."""
+    c0 = tl.where(m0 > float("-inf"), m0, 0.0)
+    c1 = tl.where(m1 > float("-inf"), m1, 0.0)
+    return c0, c1
+
+
 # NOTE: one argument per fragment register, on purpose: see the module docstring (why the long signature)
 @triton.jit
 def _step_max(
     m0, m1, l0, l1, mx0, mx1, scale,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    LAZY: tl.constexpr = 0,
 ):  # fmt: skip
     """``_advance`` to the column max of this lane's step maxima ``mx0/mx1`` (the shuffles included) times
-    ``scale`` (> 0: the max of the scaled scores)."""
+    ``scale`` (> 0: the max of the scaled scores). ``LAZY`` > 0: only where some column's max grew by more
+    than ``LAZY`` (log2 units) since the last advance (``_grows``), else the old max stays."""
     x0, x1 = _lane_reduce(mx0, mx1, True, True)
     x0, x1 = x0 * scale, x1 * scale
-    (
-        m0, m1, c0, c1, l0, l1,
-        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-        o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    ) = _advance(
-        m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
-        o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    )  # fmt: skip
+    if LAZY > 0:
+        if _grows(m0, m1, x0, x1, LAZY):
+            (
+                m0, m1, c0, c1, l0, l1,
+                o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41,
+                o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            ) = _advance(
+                m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30,
+                o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            )  # fmt: skip
+        else:
+            c0, c1 = _kept_max(m0, m1)
+    else:
+        (
+            m0, m1, c0, c1, l0, l1,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
+            o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _advance(
+            m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
+            o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        )  # fmt: skip
     return (
         m0, m1, c0, c1, l0, l1,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
@@ -164,10 +197,10 @@ def _run_step(
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    TPI: tl.constexpr, MASKED: tl.constexpr,
+    TPI: tl.constexpr, MASKED: tl.constexpr, LAZY: tl.constexpr = 0,
 ):  # fmt: skip
     """One softmax step over ``TPI`` tiles (``rawA``, ``rawB``) of this warp at ``nb``; returns the new
-    (m0, m1, l0, l1, O^T fragments)."""
+    (m0, m1, l0, l1, O^T fragments). ``LAZY``: ``_step_max``'s."""
     if TPI == 2:
         sA0, sA1, sA2, sA3 = _scores(
             rawA, nb + 0, lim, lim1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, MASKED,
@@ -183,7 +216,7 @@ def _run_step(
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ) = _step_max(
             m0, m1, l0, l1, mx0, mx1, qk_scale, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30,
-            o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, LAZY,
         )  # fmt: skip
         pA0, pA1 = tl.exp2(sA0 * qk_scale - c0), tl.exp2(sA1 * qk_scale - c1)
         pA2, pA3 = tl.exp2(sA2 * qk_scale - c0), tl.exp2(sA3 * qk_scale - c1)
@@ -218,7 +251,7 @@ def _run_step(
         ) = _step_max(
             m0, m1, l0, l1, tl.maximum(sA0, sA2), tl.maximum(sA1, sA3), qk_scale, o00, o01, o02, o03, o10, o11,
             o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61,
-            o62, o63, o70, o71, o72, o73,
+            o62, o63, o70, o71, o72, o73, LAZY,
         )  # fmt: skip
         pA0, pA1 = tl.exp2(sA0 * qk_scale - c0), tl.exp2(sA1 * qk_scale - c1)
         pA2, pA3 = tl.exp2(sA2 * qk_scale - c0), tl.exp2(sA3 * qk_scale - c1)

@@ -224,6 +224,7 @@ def decode_triton(
             VST=cfg.vst,
             VQ=cfg.vq * int(_q_vector_ok(q if q_rows is None else q_rows[0])),
             L2=cfg.l2_ahead or 0,
+            LZ=cfg.lazy_rescale,
             **_q_rows_args(q_rows),
             TPP=int(tail_in_grid and bool(cfg.tail_page_prefetch)),
             **dyn,

@@ -47,7 +47,9 @@ class DecodeConfig:
     ``bal_pairs`` pairs), ``l2_ahead`` the L2 prefetch distance in steps (None: ``decode_mma16``'s
     default, else off), ``mma_slots`` the most partial slots (one a warp) a (request, KV head) pair writes,
     ``part_bf16`` those partial outputs in bf16 (half the bytes the kernel writes and the combine step reads;
-    their lse stays fp32).
+    their lse stays fp32), ``lazy_rescale`` > 0: a warp keeps its softmax max (and skips rescaling its
+    accumulators) until some score exceeds it by more than that many log2 units (``decode_mma`` and
+    ``decode_balanced`` at head_dim 128 and 256; 0 = every step).
     ``tail_in_grid`` is resolved by ``select_decode`` (not an input).
     """
 
@@ -78,6 +80,7 @@ class DecodeConfig:
     l2_ahead: int | None = None
     mma_slots: int = 256
     part_bf16: int = 0
+    lazy_rescale: int = 0
     tail_in_grid: bool = False
 
     @property

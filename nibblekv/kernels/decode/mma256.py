@@ -26,7 +26,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels.decode._mma_step import _advance, _normalizers, _pv, _scores, _store_frags, _store_lse
+from nibblekv.kernels.decode._mma_step import (
+    _advance,
+    _grows,
+    _kept_max,
+    _normalizers,
+    _pv,
+    _scores,
+    _store_frags,
+    _store_lse,
+)
 from nibblekv.kernels.decode._mma_tile import _load_tile, _online_init, _q_frags, _warp_lanes
 from nibblekv.kernels.decode.mma_tail import (
     _k_half,
@@ -41,18 +50,14 @@ from nibblekv.kernels.ptx.mma import _lane_reduce, _p_frag, _p_frag_bf16, _page_
 
 # NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
 @triton.jit
-def _fold256(
-    s0, s1, s2, s3, scale, m0, m1, l0, l1,
+def _advance_both(
+    m0, m1, l0, l1, x0, x1,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
     u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43, u50,
     u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
 ):  # fmt: skip
-    """The online softmax step on one score fragment ``s`` of both halves (the NVFP4 step and the bf16 tail),
-    whose scores are ``s * scale`` (``scale`` > 0; see ``_mma_step._scores``): returns the new (m0, m1, l0,
-    l1), the probabilities ``p0..p3`` and the O^T halves ``o`` / ``u`` rescaled to the new max."""
-    x0, x1 = _lane_reduce(tl.maximum(s0, s2), tl.maximum(s1, s3), True, True)
-    x0, x1 = x0 * scale, x1 * scale
+    """``_mma_step._advance`` of both O^T halves to the column max ``x0/x1``."""
     (
         n0, n1, c0, c1, k0, k1,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
@@ -70,6 +75,63 @@ def _fold256(
         m0, m1, l0, l1, x0, x1, u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33,
         u40, u41, u42, u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
     )  # fmt: skip
+    return (
+        n0, n1, c0, c1, k0, k1,
+        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    )  # fmt: skip
+
+
+# NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
+@triton.jit
+def _fold256(
+    s0, s1, s2, s3, scale, m0, m1, l0, l1,
+    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
+    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+    u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43, u50,
+    u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+    LAZY: tl.constexpr = 0,
+):  # fmt: skip
+    """The online softmax step on one score fragment ``s`` of both halves (the NVFP4 step and the bf16 tail),
+    whose scores are ``s * scale`` (``scale`` > 0; see ``_mma_step._scores``): returns the new (m0, m1, l0,
+    l1), the probabilities ``p0..p3`` and the O^T halves ``o`` / ``u`` rescaled to the new max. ``LAZY``:
+    ``_mma_step._step_max``'s (the max and both halves advance only where some column grew by more)."""
+    x0, x1 = _lane_reduce(tl.maximum(s0, s2), tl.maximum(s1, s3), True, True)
+    x0, x1 = x0 * scale, x1 * scale
+    if LAZY > 0:
+        if _grows(m0, m1, x0, x1, LAZY):
+            (
+                n0, n1, c0, c1, k0, k1,
+                o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
+                o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+                u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
+                u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+            ) = _advance_both(
+                m0, m1, l0, l1, x0, x1,
+                o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
+                o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+                u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
+                u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+            )  # fmt: skip
+        else:
+            n0, n1, k0, k1 = m0, m1, l0, l1
+            c0, c1 = _kept_max(m0, m1)
+    else:
+        (
+            n0, n1, c0, c1, k0, k1,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+        ) = _advance_both(
+            m0, m1, l0, l1, x0, x1,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+        )  # fmt: skip
     p0, p1 = tl.exp2(s0 * scale - c0), tl.exp2(s1 * scale - c1)
     p2, p3 = tl.exp2(s2 * scale - c0), tl.exp2(s3 * scale - c1)
     return (
@@ -91,7 +153,7 @@ def _step256(
     o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
     u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43, u50,
     u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
-    MASKED: tl.constexpr,
+    MASKED: tl.constexpr, LAZY: tl.constexpr = 0,
 ):  # fmt: skip
     """One softmax step over this warp's tile at ``nb`` (low half ``rawL``, high half ``rawH``; Q halves
     ``q`` / ``r``, O^T halves ``o`` / ``u``); returns the new (m0, m1, l0, l1, o, u)."""
@@ -112,7 +174,7 @@ def _step256(
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
         o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
-        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73, LAZY,
     )  # fmt: skip
     pa = _p_frag(p0, p1)
     pb = _p_frag(p2, p3)
@@ -204,13 +266,13 @@ def _mma256_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
     pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
-    VST: tl.constexpr = 0, VQ: tl.constexpr = 0, L2: tl.constexpr = 0,
+    VST: tl.constexpr = 0, VQ: tl.constexpr = 0, L2: tl.constexpr = 0, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode_mma._mma_segment`` at head_dim 256 (no PAIR): each warp attends its 16-token tiles of
     ``[start, end)`` (``PF`` = 1: the next tile's bytes load during this one; ``L2`` with 16-row pages: the
     tile ``L2`` steps ahead prefetched into L2 -- without ``PF`` each step's registers then load from L2) and
     stores its partial o / lse at ``o_ptr + w * 256`` / ``lse_ptr + w`` (``s_oh`` = elements between two
-    heads' partials)."""
+    heads' partials). ``LZ``: the lazy softmax (``_mma_step._step_max``)."""
     tl.static_assert(TPI == 1, "head_dim 256: one 16-token tile a softmax step (registers)")
     lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
         k_ptr, v_ptr, ks_ptr, vs_ptr, h, s_head, sc_head, NW,
@@ -266,7 +328,7 @@ def _mma256_segment(
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
             u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
-            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73, False,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73, False, LZ,
         )  # fmt: skip
         if PF:
             rawL = nextL
@@ -291,7 +353,7 @@ def _mma256_segment(
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
             u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
-            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73, True,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73, True, LZ,
         )  # fmt: skip
         n0 += STEP
     _finish256(
