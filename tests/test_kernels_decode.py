@@ -197,7 +197,8 @@ def test_decode_mma_head_dim_256(spec: str, group: int, page: int) -> None:
 @pytest.mark.parametrize(
     "spec,d,group",
     [("mma:lz=1", 128, 4), ("mma:lz=1", 256, 8)]
-    + ([] if DEVICE == "cpu" else [("mma:lz=8", 128, 8), ("mma:lz=1,bal=1", 128, 4), ("mma:lz=8,bal=1", 256, 6)]),
+    + ([] if DEVICE == "cpu"
+       else [("mma:lz=8", 128, 8), ("mma:lz=1,bal=1", 128, 4), ("mma:lz=8,bal=1", 256, 6)]),
 )
 def test_decode_mma_lazy_rescale(spec: str, d: int, group: int) -> None:
     # lz: a warp keeps its softmax max until a score beats it by more than lz (log2 units). Scores 3x the

@@ -216,7 +216,8 @@ def _run_step(
             o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         ) = _step_max(
             m0, m1, l0, l1, mx0, mx1, qk_scale, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30,
-            o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, LAZY,
+            o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            LAZY,
         )  # fmt: skip
         pA0, pA1 = tl.exp2(sA0 * qk_scale - c0), tl.exp2(sA1 * qk_scale - c1)
         pA2, pA3 = tl.exp2(sA2 * qk_scale - c0), tl.exp2(sA3 * qk_scale - c1)
