@@ -129,6 +129,11 @@ def mma_knobs(d: int) -> dict[str, int | bool]:
         # (bench_decode_variants; results.md, head_dim 256). decode_triton keeps them fp32 where the combine
         # step merges whole rows (bf16 there: 15.7 vs 5.8 us at GQA 8 B64x8K, H100)
         "part_bf16": 1 if d == 256 else 0,
+        # NOTE: the lazy softmax rescale (DecodeConfig.lazy_rescale) is off: H100, from HBM, lz=4 / lz=8 lose
+        # 0.3-0.7% (head_dim 256 lz=8: 2%); with the pages in L2 (bench_decode_variants --page-order l2,
+        # whose rates the H200 reaches ~0.86 of) lz=4 gains 3-6% at head_dim 128, lz=8 2-8% at 256. The H200
+        # decides (results.md, "The H200's regime on an H100")
+        "lazy_rescale": 0,
     }
 
 
