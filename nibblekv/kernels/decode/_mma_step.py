@@ -162,19 +162,10 @@ def _step_max(
     than ``LAZY`` (log2 units) since the last advance (``_grows``), else the old max stays."""
     x0, x1 = _lane_reduce(mx0, mx1, True, True)
     x0, x1 = x0 * scale, x1 * scale
-    if LAZY > 0:
-        if _grows(m0, m1, x0, x1, LAZY):
-            (
-                m0, m1, c0, c1, l0, l1,
-                o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41,
-                o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            ) = _advance(
-                m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30,
-                o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            )  # fmt: skip
-        else:
-            c0, c1 = _kept_max(m0, m1)
-    else:
+    grow = True
+    if LAZY > 0:  # NOTE: a constexpr test; without LAZY ``grow`` stays the constant True (no branch)
+        grow = _grows(m0, m1, x0, x1, LAZY)
+    if grow:
         (
             m0, m1, c0, c1, l0, l1,
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
@@ -183,6 +174,8 @@ def _step_max(
             m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
             o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
         )  # fmt: skip
+    else:
+        c0, c1 = _kept_max(m0, m1)
     return (
         m0, m1, c0, c1, l0, l1,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,

@@ -100,25 +100,10 @@ def _fold256(
     ``_mma_step._step_max``'s (the max and both halves advance only where some column grew by more)."""
     x0, x1 = _lane_reduce(tl.maximum(s0, s2), tl.maximum(s1, s3), True, True)
     x0, x1 = x0 * scale, x1 * scale
-    if LAZY > 0:
-        if _grows(m0, m1, x0, x1, LAZY):
-            (
-                n0, n1, c0, c1, k0, k1,
-                o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-                o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-                u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
-                u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
-            ) = _advance_both(
-                m0, m1, l0, l1, x0, x1,
-                o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-                o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-                u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
-                u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
-            )  # fmt: skip
-        else:
-            n0, n1, k0, k1 = m0, m1, l0, l1
-            c0, c1 = _kept_max(m0, m1)
-    else:
+    grow = True
+    if LAZY > 0:  # NOTE: a constexpr test; without LAZY ``grow`` stays the constant True (no branch)
+        grow = _grows(m0, m1, x0, x1, LAZY)
+    if grow:
         (
             n0, n1, c0, c1, k0, k1,
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
@@ -132,6 +117,9 @@ def _fold256(
             u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
             u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
         )  # fmt: skip
+    else:
+        n0, n1, k0, k1 = m0, m1, l0, l1
+        c0, c1 = _kept_max(m0, m1)
     p0, p1 = tl.exp2(s0 * scale - c0), tl.exp2(s1 * scale - c1)
     p2, p3 = tl.exp2(s2 * scale - c0), tl.exp2(s3 * scale - c1)
     return (
