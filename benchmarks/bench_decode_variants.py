@@ -8,7 +8,9 @@ Usage (on the GPU machine, from the repo root)::
     TRITON_INTERPRET=1 python benchmarks/bench_decode_variants.py --smoke --out DIR   # CPU (interpreter)
 
 A kernel A/B: e.g. ``--variants nvfp4=mma nvfp4=mma:wppsm=12 --shapes 64x8192``, run twice in reverse
-order to see past the GPU's drift between runs.
+order to see past the GPU's drift between runs. ``--page-order l2`` (every page in 8 MiB of the pool, read
+from L2) times a kernel at its instruction-bound rate: on an H100 it predicts the H200 (the head_dim-128
+kernels read HBM there at 0.84-0.87 of that rate; docs/results.md).
 
 For each (kv dtype, variant spec) in priority order: compile + check against ``decode_ref`` on a small odd
 batch (lengths 1, 15, 16, 17, 1000, 4099; tails 0/1/32/7/64/0; Hq=32 Hkv=8 D=128), print registers and
