@@ -239,7 +239,8 @@ def decode_mma_kernel(
     ``TPP``: the tail program prefetches each next tile's page id (``_mma_tail``).
 
     ``L2``: ``decode_mma16``'s L2 prefetch distance in steps (``DecodeConfig.l2_ahead``; 0 = off).
-    ``LZ``: the lazy softmax rescale threshold of the head_dim-128 / 256 segments (``DecodeConfig.lazy_rescale``).
+    ``LZ``: the lazy softmax rescale threshold of the head_dim-128 / 256 segments
+    (``DecodeConfig.lazy_rescale``).
     ``QG`` > 0 (``decode_mma16`` only): Q rows from ``qr_ptr`` (``q [T, Hq, D]``, strides ``s_qt`` /
     ``s_qr``) through ``decode_triton``'s ``q_rows`` map -- request ``b`` is virtual: real request ``b //
     QNG`` (its first token ``qcu_ptr[b // QNG]``), columns from ``(b % QNG) * G``; ``q_ptr`` is unused.
