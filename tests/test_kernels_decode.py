@@ -440,6 +440,8 @@ def test_decode_configs_and_spec_errors(monkeypatch: pytest.MonkeyPatch) -> None
     # the removed variants kq / bs, bs's options and the options measured no better than the default
     assert decode_config_from_spec("mma:lz=4", KVDtype.NVFP4, 128).lazy_rescale == 4  # off by default
     assert decode_config_from_spec("mma", KVDtype.NVFP4, 256).lazy_rescale == 0
+    with pytest.raises(ValueError, match="lazy_rescale"):
+        decode_config_from_spec("mma:lz=16", KVDtype.NVFP4, 128)
     for gone in ("kq", "bs", "tok:sc=3", "tok:ord=0", "mma:tma=4", "mma:pdl=1", "tok:fuse=1",
                  "mma:tw=1", "tok:tr=1", "tok:ce=0"):
         with pytest.raises(ValueError):

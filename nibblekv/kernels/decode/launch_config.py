@@ -83,6 +83,11 @@ class DecodeConfig:
     lazy_rescale: int = 0
     tail_in_grid: bool = False
 
+    def __post_init__(self) -> None:
+        # NOTE: a kept max lets probabilities reach 2**lazy_rescale, and the mma kernels hold them in fp16
+        if not 0 <= self.lazy_rescale <= 15:
+            raise ValueError(f"lazy_rescale must be 0 (off) to 15 (fp16 holds 2**15): {self.lazy_rescale}")
+
     @property
     def mma(self) -> bool:
         """Whether a ``decode_mma`` family kernel runs (16-token tiles, one partial slot a warp)."""
