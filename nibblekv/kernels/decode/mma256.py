@@ -50,42 +50,6 @@ from nibblekv.kernels.ptx.mma import _lane_reduce, _p_frag, _p_frag_bf16, _page_
 
 # NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
 @triton.jit
-def _advance_both(
-    m0, m1, l0, l1, x0, x1,
-    o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
-    o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43, u50,
-    u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
-):  # fmt: skip
-    """``_mma_step._advance`` of both O^T halves to the column max ``x0/x1``."""
-    (
-        n0, n1, c0, c1, k0, k1,
-        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
-        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    ) = _advance(
-        m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-        o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-    )  # fmt: skip
-    # NOTE: the u half's step computes the same max and correction again: one copy after common subexpressions
-    (
-        n0, n1, c0, c1, k0, k1,
-        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
-        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
-    ) = _advance(
-        m0, m1, l0, l1, x0, x1, u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33,
-        u40, u41, u42, u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
-    )  # fmt: skip
-    return (
-        n0, n1, c0, c1, k0, k1,
-        o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
-        o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-        u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
-        u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
-    )  # fmt: skip
-
-
-# NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
-@triton.jit
 def _fold256(
     s0, s1, s2, s3, scale, m0, m1, l0, l1,
     o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43, o50,
@@ -108,14 +72,19 @@ def _fold256(
             n0, n1, c0, c1, k0, k1,
             o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
             o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _advance(
+            m0, m1, l0, l1, x0, x1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32,
+            o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        )  # fmt: skip
+        # NOTE: the u half's step computes the same max and correction again: one copy after common
+        # subexpressions
+        (
+            n0, n1, c0, c1, k0, k1,
             u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
             u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
-        ) = _advance_both(
-            m0, m1, l0, l1, x0, x1,
-            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-            o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
-            u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+        ) = _advance(
+            m0, m1, l0, l1, x0, x1, u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32,
+            u33, u40, u41, u42, u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
         )  # fmt: skip
     else:
         n0, n1, k0, k1 = m0, m1, l0, l1
@@ -305,10 +274,10 @@ def _mma256_segment(
             )  # fmt: skip
         (
             m0, m1, l0, l1,
-            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-            o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
-            u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
         ) = _step256(
             rawL, rawH, nb, full_end, qk_scale, m0, m1, l0, l1,
             q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
@@ -330,10 +299,10 @@ def _mma256_segment(
         )  # fmt: skip
         (
             m0, m1, l0, l1,
-            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-            o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
-            u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
         ) = _step256(
             rawL, rawH, nb, end, qk_scale, m0, m1, l0, l1,
             q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15,
@@ -434,16 +403,16 @@ def _mma_tail256(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_s
         s3 = tl.where(m8, e3 + f3, float("-inf"))
         (
             m0, m1, l0, l1, p0, p1, p2, p3,
-            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-            o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
-            u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
         ) = _fold256(
             s0, s1, s2, s3, qk_scale, m0, m1, l0, l1,
-            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-            o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
-            u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
         )  # fmt: skip
         pa = _p_frag_bf16(p0, p1)
         pb = _p_frag_bf16(p2, p3)
@@ -453,16 +422,16 @@ def _mma_tail256(q_ptr, s_qh, tk, tv, t_page, t_head, t_tok, tpt_ptr, n, h, qk_s
         up, mu = _tail_rows(vbase, tpt_ptr, n0 + 2 * t + 8, n, t_page, t_tok, TPAGE, pg, ONE)
         wp, mw = _tail_rows(vbase, tpt_ptr, n0 + 2 * t + 9, n, t_page, t_tok, TPAGE, pg, ONE)
         (
-            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-            o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
-            u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
         ) = _v_both(
             xp + 16 * g, yp + 16 * g, up + 16 * g, wp + 16 * g, mx, my, mu, mw, pa, pb,
-            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42,
-            o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42,
-            u43, u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
+            o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
+            o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+            u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
+            u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73,
         )  # fmt: skip
         n0 += 16
         pg = pg_next
