@@ -214,16 +214,6 @@ def test_decode_mma_lazy_rescale(spec: str, d: int, group: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", ["mma:pf=2"] + ([] if DEVICE == "cpu" else ["mma:pf=2,lz=4", "mma:pf=2,bal=1", "mma:pf=2,minc=16"])
-)
-def test_decode_mma_ping_pong(spec: str) -> None:
-    # pf=2: two steps an iteration, each half loading the other's tiles. 200 tokens in 2 splits (112 + 88):
-    # one double step each, the rest (48 / 24 tokens) the masked way; 37 tokens: the masked way only
-    err = _run(KVDtype.NVFP4, [200, 37], [W, 3], 1, 4, 128, P, 2, q_scale=3.0, variant=spec)
-    assert err <= 1e-2, err
-
-
-@pytest.mark.parametrize(
     "d,group", [(128, 4), (256, 8)] if DEVICE == "cpu" else [(128, 4), (128, 12), (256, 8)]
 )
 def test_decode_mma_bf16_partials(d: int, group: int) -> None:

@@ -40,9 +40,8 @@ class DecodeConfig:
     V, bit 1 K through the uint16-pair asm), ``split`` (V as even / odd column halves; 2: NVFP4 K too).
 
     ``decode_mma`` family: ``ppsm`` programs per SM to aim for (``wppsm`` for ``decode_mma16``, ``bal_ppsm``
-    for the balanced kernel), ``tpi`` 16-token tiles per softmax step, ``pf`` prefetch of the next step
-    (2: two steps an iteration, ping-pong, at head_dim 64 / 128; elsewhere as 1), ``minc`` the fewest
-    tokens a split, ``vst`` / ``vq`` 16-byte vector partial stores / Q loads, ``tin``
+    for the balanced kernel), ``tpi`` 16-token tiles per softmax step, ``pf`` prefetch of the next step,
+    ``minc`` the fewest tokens a split, ``vst`` / ``vq`` 16-byte vector partial stores / Q loads, ``tin``
     the bf16 tail as programs of the grid (0: its own launch), ``tail_splits`` such programs per (request,
     KV head), ``tail_page_prefetch`` their next page id loaded a tile early, ``balanced`` (0 off, 1 on, 2 from
     ``bal_pairs`` pairs), ``l2_ahead`` the L2 prefetch distance in steps (None: ``decode_mma16``'s

@@ -60,8 +60,7 @@ def _mma_segment(
     L2: tl.constexpr = 0, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
-    the next step's bytes load during this one; 2: two steps an iteration, each loading the other's tiles,
-    so no register moves carry the prefetch round the loop) and stores its partial o / lse at ``o_ptr + w * D`` /
+    the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
     ``lse_ptr + w`` (``s_oh`` = elements between two heads' partials).
 
     ``PAIR``: a head_dim-64 pool read as head_dim 128 -- each "row" is two consecutive tokens (their bytes
@@ -102,8 +101,7 @@ def _mma_segment(
     o60, o61, o62, o63 = z, z, z, z
     o70, o71, o72, o73 = z, z, z, z
     STEP: tl.constexpr = 16 * NW * TPI
-    # NOTE: PF == 2 runs two steps an iteration (whole pairs of steps; the rest goes the masked way)
-    full_end = start + (end1 - start) // (STEP * (1 + (PF == 2))) * (STEP * (1 + (PF == 2)))
+    full_end = start + (end1 - start) // STEP * STEP  # NOTE: end1 == end unless PAIR
     lim = full_end
     lim1 = full_end
     if L2 > 0 and PAGE == 16 and PAIR == 0:  # the first L2 prefetch's pages (as decode_mma16's)
@@ -121,101 +119,48 @@ def _mma_segment(
                 PAGE, D, True, PAIR,
             )
     n0 = start
-    if PF == 2:
-        # NOTE: ping-pong: each half loads the other half's tiles while it runs, into registers whose old
-        # values are dead by then, so no register moves carry the prefetch round the loop
-        while n0 < full_end:
-            nb = n0 + 16 * TPI * warp
-            if L2 > 0 and PAGE == 16 and PAIR == 0:
-                _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
-                pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
+    while (
+        n0 < full_end
+    ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
+        nb = n0 + 16 * TPI * warp
+        if L2 > 0 and PAGE == 16 and PAIR == 0:  # NOTE: pl holds the pages of step n0 + L2 * STEP
+            _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
+            pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
+        if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
+            nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
             nextA = _load_tile(
-                k64, v64, ks16, vs8, pt_ptr, nb + STEP, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
                 PAGE, D, False, PAIR,
             )
             nextB = nextA
             if TPI == 2:
                 nextB = _load_tile(
-                    k64, v64, ks16, vs8, pt_ptr, nb + STEP + 16, full_end, full_end, hoff, shoff, s_page,
-                    sc_page, g, t, PAGE, D, False, PAIR,
+                    k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page,
+                    g, t, PAGE, D, False, PAIR,
                 )
-            (
-                m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            ) = _run_step(
-                rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10,
-                q11, q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31,
-                o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI,
-                False, LZ,
-            )  # fmt: skip
-            n1 = n0 + STEP
-            if L2 > 0 and PAGE == 16 and PAIR == 0:
-                _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
-                pl = _l2_pages(pt_ptr, n1, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
-            nxt = tl.where(n1 + STEP < full_end, n1 + STEP, n0) + 16 * TPI * warp
+        else:
             rawA = _load_tile(
-                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
+                k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
                 PAGE, D, False, PAIR,
             )
             rawB = rawA
             if TPI == 2:
                 rawB = _load_tile(
-                    k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page,
+                    k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page,
                     g, t, PAGE, D, False, PAIR,
                 )
-            (
-                m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            ) = _run_step(
-                nextA, nextB, nb + STEP, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8,
-                q9, q10, q11, q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23,
-                o30, o31, o32, o33, o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72,
-                o73, TPI, False, LZ,
-            )  # fmt: skip
-            n0 += 2 * STEP
-    if PF != 2:  # one step an iteration
-        while (
-            n0 < full_end
-        ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
-            nb = n0 + 16 * TPI * warp
-            if L2 > 0 and PAGE == 16 and PAIR == 0:  # NOTE: pl holds the pages of step n0 + L2 * STEP
-                _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
-                pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
-            if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
-                nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
-                nextA = _load_tile(
-                    k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-                    PAGE, D, False, PAIR,
-                )
-                nextB = nextA
-                if TPI == 2:
-                    nextB = _load_tile(
-                        k64, v64, ks16, vs8, pt_ptr, nxt + 16, full_end, full_end, hoff, shoff, s_page, sc_page,
-                        g, t, PAGE, D, False, PAIR,
-                    )
-            else:
-                rawA = _load_tile(
-                    k64, v64, ks16, vs8, pt_ptr, nb, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
-                    PAGE, D, False, PAIR,
-                )
-                rawB = rawA
-                if TPI == 2:
-                    rawB = _load_tile(
-                        k64, v64, ks16, vs8, pt_ptr, nb + 16, full_end, full_end, hoff, shoff, s_page, sc_page,
-                        g, t, PAGE, D, False, PAIR,
-                    )
-            (
-                m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
-            ) = _run_step(
-                rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
-                q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
-                o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, LZ,
-            )  # fmt: skip
-            if PF:
-                rawA = nextA
-                rawB = nextB
-            n0 += STEP
+        (
+            m0, m1, l0, l1, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73,
+        ) = _run_step(
+            rawA, rawB, nb, lim, lim1, qk_scale, m0, m1, l0, l1, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11,
+            q12, q13, q14, q15, o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33,
+            o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, TPI, False, LZ,
+        )  # fmt: skip
+        if PF:
+            rawA = nextA
+            rawB = nextB
+        n0 += STEP
     # the rest (< STEP tokens): one masked tile per warp and step
     lim = end
     lim1 = end1
