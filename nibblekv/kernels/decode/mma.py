@@ -325,7 +325,7 @@ def decode_mma_kernel(
         _mma256x2_segment(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
-            o_ptr + first * DO, lse_ptr + first, S_TOT * DO, G, PAGE, PF, VST, VQ, LZ,
+            o_ptr + first * DO, lse_ptr + first, S_TOT * DO, G, PAGE, PF, VST, VQ, L2, LZ,
         )  # fmt: skip
     elif D == 256:  # the head_dim-128 step on two halves (decode.mma256)
         _mma256_segment(

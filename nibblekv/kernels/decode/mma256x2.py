@@ -28,6 +28,7 @@ from nibblekv.kernels.decode._mma_step import (
     _store_lse,
 )
 from nibblekv.kernels.decode._mma_tile import _load_tile, _online_init, _q_frags, _warp_lanes
+from nibblekv.kernels.decode.mma256 import _l2_page256, _l2_prefetch256
 from nibblekv.kernels.ptx.mma import _p_frag, _warp_pair_sum8
 
 
@@ -94,17 +95,19 @@ def _mma256x2_segment(
     q_ptr, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
     pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, PAGE: tl.constexpr, PF: tl.constexpr, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
-    LZ: tl.constexpr = 0,
+    L2: tl.constexpr = 0, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """Both warps attend the 16-token tiles of ``[start, end)``, two a step (``PF``: the next step's bytes
     load during this one), warp ``w`` dims ``[128 w, 128 w + 128)``, and store one partial (o at ``o_ptr``,
-    256 dims; lse at ``lse_ptr``; ``s_oh`` = elements between two heads' partials). ``LZ``: the lazy
-    softmax (``_mma_step._step_max``), both warps alike (they hold the same scores)."""
+    256 dims; lse at ``lse_ptr``; ``s_oh`` = elements between two heads' partials). ``L2`` (16-row pages):
+    warp ``w`` prefetches tile ``w`` of the step ``L2`` steps ahead into L2 (``mma256._l2_prefetch256``, both
+    halves). ``LZ``: the lazy softmax (``_mma_step._step_max``), both warps alike (the same scores)."""
     lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
         k_ptr, v_ptr, ks_ptr, vs_ptr, h, s_head, sc_head, 2,
     )  # fmt: skip
     # NOTE: at D = 256 _load_tile takes a row's first 64 data / 8 scale bytes from the head offset: the
     # warp's half is 64 w / 8 w bytes further (mma256's _load_halves)
+    hoff2, shoff2 = hoff, shoff  # the whole row's, for the L2 prefetch
     hoff = hoff + 64 * warp
     shoff = shoff + 8 * warp
     qm = g < G
@@ -116,6 +119,8 @@ def _mma256x2_segment(
     o40, o41, o42, o43, o50, o51, o52, o53 = z, z, z, z, z, z, z, z
     o60, o61, o62, o63, o70, o71, o72, o73 = z, z, z, z, z, z, z, z
     full_end = start + (end - start) // 32 * 32
+    if L2 > 0 and PAGE == 16:  # the first L2 prefetch's page
+        pl = _l2_page256(pt_ptr, start, L2 * 32, full_end, warp, PAGE)
     if PF:
         rawA = _load_tile(
             k64, v64, ks16, vs8, pt_ptr, start, full_end, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE,
@@ -127,6 +132,9 @@ def _mma256x2_segment(
         )  # fmt: skip
     n0 = start
     while n0 < full_end:  # NOTE: `while`, not `for` (triton 3.6's interpreter: no `for` over loaded bounds)
+        if L2 > 0 and PAGE == 16:  # NOTE: pl holds the page of step n0 + L2 * 32 (loaded last step)
+            _l2_prefetch256(k64, v64, ks16, vs8, pl, hoff2, shoff2, s_page, sc_page, lane)
+            pl = _l2_page256(pt_ptr, n0, (L2 + 1) * 32, full_end, warp, PAGE)
         if PF:  # the next step (the current one again on the last step: no mask needed)
             nxt = tl.where(n0 + 32 < full_end, n0 + 32, n0)
             nextA = _load_tile(
