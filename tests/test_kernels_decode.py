@@ -214,19 +214,6 @@ def test_decode_mma_lazy_rescale(spec: str, d: int, group: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "spec,group", [("mma:dsp=1,w=2", 8)] + ([] if DEVICE == "cpu" else [("mma:dsp=1,w=2,lz=8", 8),
-                                                                     ("mma:dsp=1,w=2,ppsm=12", 6)])
-)
-def test_decode_mma_dim_split(spec: str, group: int) -> None:
-    # dsp=1 (head_dim 256): a split's two warps share its tiles, a 128-dim half each, their scores summed
-    # across the warps before the softmax. 90 tokens in 2 splits: whole two-tile steps and masked tiles
-    err = _run(KVDtype.NVFP4, [90, 37], [W, 0], 1, group, 256, P, 2, q_scale=3.0, variant=spec)
-    assert err <= 1e-2, err
-    with pytest.raises(ValueError, match="dim_split"):
-        _run(KVDtype.NVFP4, [40], None, 1, 4, 128, P, 2, variant="mma:dsp=1,w=2")
-
-
-@pytest.mark.parametrize(
     "d,group", [(128, 4), (256, 8)] if DEVICE == "cpu" else [(128, 4), (128, 12), (256, 8)]
 )
 def test_decode_mma_bf16_partials(d: int, group: int) -> None:

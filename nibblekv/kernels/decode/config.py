@@ -212,7 +212,7 @@ def select_decode(
 
 def _mma_tail_in_grid(cfg: DecodeConfig, pair: int, tail: LayerKV) -> bool:
     """Whether decode_mma attends the bf16 tail as more one-warp programs of its grid (``TAIL_MMA``): ``tin``
-    (default 1), one warp per program (or ``dim_split``), bf16 rows whose addresses are 16-byte aligned (it reads them as
+    (default 1), one warp per program, bf16 rows whose addresses are 16-byte aligned (it reads them as
     vectors), packed rows; with ``PAIR`` (head_dim 64) even tail pages (two tokens a row). Else
     ``decode_tail_kernel`` runs beside it."""
     tk, tv, ts = tail.k_data, tail.v_data, tail.k_data.stride()
@@ -220,8 +220,7 @@ def _mma_tail_in_grid(cfg: DecodeConfig, pair: int, tail: LayerKV) -> bool:
     ok = tk.dtype == torch.bfloat16 and tk.stride(-1) == 1 and aligned
     if pair:
         ok = ok and tail.page_size % 2 == 0 and ts[2] == tk.shape[-1]  # a row's two tokens adjacent
-    # NOTE: dim_split's programs are two warps: the tail code (one warp's work) runs in both, alike
-    return bool(cfg.tin) and (cfg.num_warps == 1 or bool(cfg.dim_split)) and ok
+    return bool(cfg.tin) and cfg.num_warps == 1 and ok
 
 
 def _balanced(cfg: DecodeConfig, pair: int, has_tail: bool, tail_in_grid: bool, pairs: int) -> bool:

@@ -147,11 +147,7 @@ def decode_triton(
     else:
         splits = num_splits or graph_num_splits(bsz, lo, hkv, bn, cfg.split_cap, cfg.wave_ctas)
     tail_slots = mma_tail_slots(has_tail, pair, tail_progs)
-    if cfg.dim_split and (name is not DecodeKernel.MMA or d != 256 or cfg.num_warps != 2):
-        raise ValueError("dim_split needs kernel 'mma' (per-pair splits), head_dim 256 and num_warps 2")
-    # NOTE: partial slots a split: one a warp (two with PAIR), one with dim_split (mirrors decode_mma's SW)
-    split_slots = (1 if cfg.dim_split else cfg.num_warps * (1 + pair)) if cfg.mma else 1
-    s_tot = splits * split_slots + tail_slots
+    s_tot = splits * (cfg.num_warps * (1 + pair) if cfg.mma else 1) + tail_slots
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.stride(-1) != 1:
@@ -229,7 +225,6 @@ def decode_triton(
             VQ=cfg.vq * int(_q_vector_ok(q if q_rows is None else q_rows[0])),
             L2=cfg.l2_ahead or 0,
             LZ=cfg.lazy_rescale,
-            DSPLIT=cfg.dim_split,
             **_q_rows_args(q_rows),
             TPP=int(tail_in_grid and bool(cfg.tail_page_prefetch)),
             **dyn,
@@ -265,7 +260,7 @@ def decode_triton(
         o_part, lse_part, out, out.stride(0), out.stride(1),
         HQ=hq, S=s_tot, D=d, DB=db, CH=ch, G=gc, GP=gp, lens_ptr=lens,
         TB=max(2, triton.next_power_of_2(tail_slots)),
-        MMA_SPLITS=splits if mma else 0, MMA_NW=split_slots,
+        MMA_SPLITS=splits if mma else 0, MMA_NW=cfg.num_warps * (1 + pair) if mma else 1,
         MINC=cfg.minc if mma else 16, HAS_TAIL=int(has_tail), TAIL_SLOTS=tail_slots, PAIR=pair,
         lse_out=lse_out, WRITE_LSE=int(lse_out is not None), num_warps=4,
         **(dict(dyn, WARPS_PER_REQ=hkv * cfg.num_warps) if mma and dyn else {}),

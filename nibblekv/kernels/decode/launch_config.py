@@ -49,8 +49,7 @@ class DecodeConfig:
     ``part_bf16`` those partial outputs in bf16 (half the bytes the kernel writes and the combine step reads;
     their lse stays fp32), ``lazy_rescale`` > 0: a warp keeps its softmax max (and skips rescaling its
     accumulators) until some score exceeds it by more than that many log2 units (``decode_mma`` and
-    ``decode_balanced`` at head_dim 128 and 256; 0 = every step), ``dim_split`` 1: at head_dim 256 the two
-    warps of a ``decode_mma`` split (``num_warps`` 2) share its tiles, a 128-dim half each.
+    ``decode_balanced`` at head_dim 128 and 256; 0 = every step).
     ``tail_in_grid`` is resolved by ``select_decode`` (not an input).
     """
 
@@ -82,7 +81,6 @@ class DecodeConfig:
     mma_slots: int = 256
     part_bf16: int = 0
     lazy_rescale: int = 0
-    dim_split: int = 0
     tail_in_grid: bool = False
 
     def __post_init__(self) -> None:

@@ -48,7 +48,6 @@ from nibblekv.kernels.decode._mma_tile import (
 )
 from nibblekv.kernels.decode.mma16 import _mma16_segment
 from nibblekv.kernels.decode.mma256 import _mma256_segment, _mma_tail256
-from nibblekv.kernels.decode.mma256x2 import _mma256x2_segment
 from nibblekv.kernels.decode.mma_tail import _mma_tail
 
 
@@ -219,7 +218,7 @@ def decode_mma_kernel(
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     TPP: tl.constexpr = 0,
     L2: tl.constexpr = 0, qr_ptr=None, s_qt=0, s_qr=0, qcu_ptr=None, q_last=0, QG: tl.constexpr = 0,
-    QNG: tl.constexpr = 1, LZ: tl.constexpr = 0, DSPLIT: tl.constexpr = 0,
+    QNG: tl.constexpr = 1, LZ: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -242,8 +241,6 @@ def decode_mma_kernel(
     ``L2``: ``decode_mma16``'s L2 prefetch distance in steps (``DecodeConfig.l2_ahead``; 0 = off).
     ``LZ``: the lazy softmax rescale threshold of the head_dim-128 / 256 segments
     (``DecodeConfig.lazy_rescale``).
-    ``DSPLIT`` (head_dim 256, ``NW`` = 2): the two warps of a split share its tiles, a 128-dim half each
-    (``decode.mma256x2``), and write one slot.
     ``QG`` > 0 (``decode_mma16`` only): Q rows from ``qr_ptr`` (``q [T, Hq, D]``, strides ``s_qt`` /
     ``s_qr``) through ``decode_triton``'s ``q_rows`` map -- request ``b`` is virtual: real request ``b //
     QNG`` (its first token ``qcu_ptr[b // QNG]``), columns from ``(b % QNG) * G``; ``q_ptr`` is unused.
@@ -271,8 +268,7 @@ def decode_mma_kernel(
         s_run = NUM_SPLITS
     # NOTE: mirrored by decode.mma_tail_slots
     TAIL_SLOTS: tl.constexpr = HAS_TAIL * (TAIL_MMA * (1 + PAIR) if TAIL_MMA > 0 else 1)
-    SW: tl.constexpr = 1 if DSPLIT else NW * (1 + PAIR)  # partial slots a split (mirrored by the launcher)
-    S_TOT = NUM_SPLITS * SW + TAIL_SLOTS
+    S_TOT = NUM_SPLITS * NW * (1 + PAIR) + TAIL_SLOTS
     DO: tl.constexpr = D // (1 + PAIR)
     q_base = q_ptr + b.to(tl.int64) * s_qb
     if TAIL_MMA:  # noqa: SIM102 - a constexpr: resolved at compile time, the inner test at run time
@@ -292,7 +288,7 @@ def decode_mma_kernel(
                     lse_ptr + tail_first, S_TOT * DO, G, D, TPAGE, VST, PAIR, TPP, part, TAIL_MMA,
                 )  # fmt: skip
             return
-    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * SW
+    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + sp * NW * (1 + PAIR)
     n = tl.load(lens_ptr + b)
     rows = (n + PAIR) // (1 + PAIR)
     # NOTE: splits are fixed per batch size (CUDA graphs); at least MINC tokens each keeps a short
@@ -320,12 +316,6 @@ def decode_mma_kernel(
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
             G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, L2,
             qtok0, (b % QNG) * G, s_qt, q_last, QG,
-        )  # fmt: skip
-    elif D == 256 and DSPLIT:  # two warps, a 128-dim half each (decode.mma256x2)
-        _mma256x2_segment(
-            q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
-            pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
-            o_ptr + first * DO, lse_ptr + first, S_TOT * DO, G, PAGE, PF, VST, VQ, L2, LZ,
         )  # fmt: skip
     elif D == 256:  # the head_dim-128 step on two halves (decode.mma256)
         _mma256_segment(

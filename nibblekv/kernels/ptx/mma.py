@@ -250,48 +250,6 @@ def _prefetch_l2(addr, pred):
     )  # fmt: skip
 
 
-# $0-$7 = $8-$15 + the same lane's $8-$15 in the program's other warp ($16: thread 0-63, $17: step parity).
-# Each thread stores its 8 values to its slot of a [2 parities][64 threads][8] fp32 buffer, one barrier,
-# then loads the other warp's slot (thread ^ 32). NOTE: alternate parities per call: the next call's
-# stores then go to the other half while the slower warp may still load this one (one barrier a call)
-_PAIR_SUM8_PTX = tl.constexpr(
-    """{ .shared .align 16 .b32 xb[1024];
-        .reg .u32 base, o, q;
-        .reg .f32 t<8>;
-        mov.u32 base, xb;
-        mad.lo.u32 o, $17, 64, $16;
-        shl.b32 o, o, 5;
-        xor.b32 q, o, 1024;
-        add.u32 o, o, base;
-        add.u32 q, q, base;
-        st.shared.v4.f32 [o], {$8, $9, $10, $11};
-        st.shared.v4.f32 [o+16], {$12, $13, $14, $15};
-        bar.sync 0;
-        ld.shared.v4.f32 {t0, t1, t2, t3}, [q];
-        ld.shared.v4.f32 {t4, t5, t6, t7}, [q+16];
-        add.f32 $0, $8, t0;
-        add.f32 $1, $9, t1;
-        add.f32 $2, $10, t2;
-        add.f32 $3, $11, t3;
-        add.f32 $4, $12, t4;
-        add.f32 $5, $13, t5;
-        add.f32 $6, $14, t6;
-        add.f32 $7, $15, t7;
-        }"""
-)
-
-
-@triton.jit
-def _warp_pair_sum8(a, b, c, d, e, f, g, h, tid, par):
-    """Eight fp32 of a two-warp program (``[64]``, thread ``tid``), each plus the same lane's in the other
-    warp; ``par``: 0 / 1, alternating from one call to the next (see ``_PAIR_SUM8_PTX``). Both warps get the
-    same sums (fp32 addition commutes)."""
-    return tl.inline_asm_elementwise(
-        _PAIR_SUM8_PTX, "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,r,r", [a, b, c, d, e, f, g, h, tid, par],
-        dtype=(tl.float32,) * 8, is_pure=False, pack=1,
-    )  # fmt: skip
-
-
 if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (ptx.reference)
     from nibblekv.kernels.ptx import reference as _tw
 
@@ -301,4 +259,3 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
     _mma_bf16, _p_frag_bf16 = _tw.mma_bf16, _tw.p_frag_bf16
     _st4, _ld4 = _tw.st4, _tw.ld4
     _page_addr, _prefetch_l2 = _tw.page_addr, _tw.prefetch_l2
-    _warp_pair_sum8 = _tw.warp_pair_sum8

@@ -235,20 +235,3 @@ def page_addr(page, stride, base):
 def prefetch_l2(addr, pred):
     """A cache hint: nothing to do under the interpreter."""
     return (addr * 0).to(tl.int32)
-
-
-@triton.jit
-def warp_pair_sum8(a, b, c, d, e, f, g, h, tid, par):
-    """``_warp_pair_sum8``: each of eight ``[64]`` tensors plus itself with its two 32-lane halves swapped."""
-    # NOTE: tl.join adds its dim last, so x[i, r, q, p] = ((a, b), (c, d)), ((e, f), (g, h)) at p, q, r
-    x = tl.join(tl.join(tl.join(a, b), tl.join(c, d)), tl.join(tl.join(e, f), tl.join(g, h)))
-    s = tl.sum(tl.reshape(x, (2, 32, 8)), axis=0)
-    y = tl.reshape(tl.broadcast_to(s[None, :, :], (2, 32, 8)), (64, 2, 2, 2))
-    abcd, efgh = tl.split(y)
-    ab, cd = tl.split(abcd)
-    ef, gh = tl.split(efgh)
-    a, b = tl.split(ab)
-    c, d = tl.split(cd)
-    e, f = tl.split(ef)
-    g, h = tl.split(gh)
-    return a, b, c, d, e, f, g, h
