@@ -18,6 +18,11 @@ spills of the compiled kernel, then time the acceptance shapes (16-token pages a
 A variant that fails to compile or is wrong is reported and skipped. Results are written after every
 variant (``$OUT/decode-variants.json``), so a run cut short keeps what it measured; a table comes last:
 per shape, each variant's fraction of this run's read ceiling, and the best NVFP4 / best FP8 time ratio.
+
+Several runs (e.g. ``--page-order l2`` and from HBM, or two head_dims) become one result file with
+``--merge RUN.json... --name NAME --title TEXT``: top-level ``commit`` (``$COMMIT``, else the first run's),
+``gpu``, ``date``, ``torch``, ``triton``, ``title`` and ``runs`` (each run's ``command`` and rows);
+``benchmarks/device/decode_variants.sh`` runs and merges in one device call.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import datetime
 import json
 import math
 import os
+import shlex
 import sys
 import time
 import traceback
@@ -109,6 +115,36 @@ def make_check_batch(
     return pb, q, ref
 
 
+# a run's own keys in a merged file (the rest -- commit, gpu, torch, triton -- moves to the top level)
+RUN_KEYS = ("command", "date", "flush", "ceiling_probes", "ceiling_tbps", "variants", "rows", "best")
+
+
+def merge_runs(paths: list[Path], title: str, commit: str | None = None) -> dict[str, object]:
+    """Runs' ``decode-variants.json`` files -> one result document (see the module docstring). The runs
+    must come from one GPU."""
+    docs = [json.loads(p.read_text()) for p in paths]
+    if not docs:
+        raise ValueError("--merge needs at least one run file")
+    gpus = {d.get("gpu") for d in docs}
+    if len(gpus) != 1:
+        raise ValueError(f"--merge: runs from different GPUs {sorted(map(str, gpus))}")
+    first = docs[0]
+    return dict(
+        commit=commit or first.get("commit", "unknown"), gpu=first.get("gpu"), date=str(first.get("date", ""))[:10],
+        torch=first.get("torch"), triton=first.get("triton"), title=title,
+        runs=[{k: d[k] for k in RUN_KEYS if k in d} for d in docs],
+    )  # fmt: skip
+
+
+def command_line(argv: list[str]) -> str:
+    """The run's command as a result file cites it: ``--out``'s folder written as ``DIR``."""
+    args = list(argv)
+    for i, a in enumerate(args[:-1]):
+        if a == "--out":
+            args[i + 1] = "DIR"
+    return "PYTHONPATH=. python benchmarks/bench_decode_variants.py " + " ".join(map(shlex.quote, args))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Decode kernel variants side by side (see the module docstring).")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"), help="folder for decode-variants.json")
@@ -130,7 +166,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="where a request's pages lie (bench_kernels.PAGE_ORDER; l2: all in 8 MiB)")
     ap.add_argument("--flush", choices=timing.FLUSH_MODES, default=timing.FLUSH,
                     help="how L2 is emptied before each timed call (timing.FLUSH)")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="no run: merge these runs' decode-variants.json into --out/--name.json")
+    ap.add_argument("--name", default="decode-variants-merged", help="--merge's result file name (no .json)")
+    ap.add_argument("--title", default="", help="--merge's title: the question the runs answer")
     args = ap.parse_args(argv)
+    if args.merge:
+        doc_m = merge_runs(args.merge, args.title, os.environ.get("COMMIT"))
+        os.makedirs(args.out, exist_ok=True)
+        dest = Path(args.out) / f"{args.name}.json"
+        dest.write_text(json.dumps(doc_m, indent=1))
+        print(f"merged {len(args.merge)} runs into {dest}")
+        return 0
     bench_kernels.PAGE_ORDER = args.page_order
     timing.set_flush(args.flush)
     os.makedirs(args.out, exist_ok=True)
@@ -166,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         ceiling_probes=ceil, gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
         triton=triton.__version__, commit=os.environ.get("COMMIT", "unknown"),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), variants=[], rows=[],
-        flush=args.flush,
+        flush=args.flush, command=command_line(sys.argv[1:] if argv is None else argv),
     )  # fmt: skip
     variants: list[dict[str, object]] = doc["variants"]  # type: ignore[assignment]
     rows: list[dict[str, object]] = doc["rows"]  # type: ignore[assignment]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,9 @@ def test_bench_decode_variants_smoke(tmp_path: Path) -> None:
     argv += ["--shapes", "1x32"]
     assert bench_decode_variants.main(argv) == 0
     doc = json.loads((tmp_path / "decode-variants.json").read_text())
+    assert doc["command"] == "PYTHONPATH=. python benchmarks/bench_decode_variants.py " + " ".join(
+        argv[:1] + ["--out", "DIR"] + argv[3:]
+    )
     ok, bad = doc["variants"]
     assert ok["status"] == "ok" and ok["rel_rms"] <= 1e-2
     assert bad["status"] == "failed" and "unknown decode kernel" in bad["error"]
@@ -62,6 +66,46 @@ def test_bench_decode_variants_smoke(tmp_path: Path) -> None:
     row = doc["rows"][0]
     best = {"variant": "tok", "us": row["us"], "frac": row["frac_of_ceiling"]}
     assert doc["best"] == [{"batch": 1, "context": 32, "bf16": best}]
+
+
+def test_bench_decode_variants_merge(tmp_path: Path) -> None:
+    # runs of one GPU -> one result file: shared fields on top, each run's command and rows in "runs"
+    def run(name: str, gpu: str, rows: list[dict[str, object]]) -> Path:
+        doc = {"commit": "abc1234", "gpu": gpu, "torch": "2.11", "triton": "3.6", "date": "2026-12-06T17:00:00+00:00",
+               "command": f"PYTHONPATH=. python benchmarks/bench_decode_variants.py --{name}", "flush": "read",
+               "ceiling_probes": {}, "ceiling_tbps": 3.2, "variants": [], "rows": rows, "best": []}  # fmt: skip
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(doc))
+        return path
+
+    a, b = run("l2", "H100", [{"us": 1.0}]), run("hbm", "H100", [{"us": 2.0}])
+    argv = ["--merge", str(a), str(b), "--name", "ab", "--title", "probe and HBM", "--out", str(tmp_path)]
+    assert bench_decode_variants.main(argv) == 0
+    doc = json.loads((tmp_path / "ab.json").read_text())
+    assert {k: doc[k] for k in ("commit", "gpu", "date", "title")} == {
+        "commit": "abc1234", "gpu": "H100", "date": "2026-12-06", "title": "probe and HBM"
+    }
+    assert [r["command"][-3:] for r in doc["runs"]] == ["-l2", "hbm"]
+    assert [r["rows"] for r in doc["runs"]] == [[{"us": 1.0}], [{"us": 2.0}]]
+    assert "gpu" not in doc["runs"][0] and "commit" not in doc["runs"][0]
+    with pytest.raises(ValueError, match="different GPUs"):
+        bench_decode_variants.merge_runs([a, run("h200", "H200", [])], "x")
+
+
+def test_decode_variants_device_script_smoke(tmp_path: Path) -> None:
+    # benchmarks/device/decode_variants.sh on CPU: each argument string one run, then one merged file
+    # (device time is scarce: a renamed flag must fail here, not there)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "OUT": str(tmp_path), "COMMIT": "abc1234", "NAME": "ab", "TITLE": "smoke",
+           "TRITON_INTERPRET": "1"}  # fmt: skip
+    cmd = ["bash", "benchmarks/device/decode_variants.sh", "--smoke --variants bf16=tok --shapes 1x32"]
+    subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, timeout=300)
+    doc = json.loads((tmp_path / "ab.json").read_text())
+    assert (doc["commit"], doc["title"], len(doc["runs"])) == ("abc1234", "smoke", 1)
+    run = doc["runs"][0]
+    assert run["command"].endswith("--smoke --variants bf16=tok --shapes 1x32 --out DIR")
+    assert [r["variant"] for r in run["rows"]] == ["tok"]
+    assert run["command"] in (tmp_path / "ab.log").read_text()
 
 
 def test_l2_page_order_aliases_a_long_context_onto_a_few_pages(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,8 @@
 # Env: COMMIT (the commit under test: the device copy's git HEAD may differ), T_KERNELS (timeout in s, 540).
 # $OUT gets: kernels-h200.json (rows, ceiling, commit, GPU, date), kernels-h200.png, kernels-h200.log (the
 # run's output, a table last) and gpu.txt (nvidia-smi). A kernel A/B (variants side by side, each checked
-# against the reference first) is benchmarks/bench_decode_variants.py or bench_extend.py, run directly.
+# against the reference first) is benchmarks/device/decode_variants.sh (bench_decode_variants.py, several
+# runs merged into one file) or bench_extend.py, run directly.
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}
