@@ -37,7 +37,8 @@ from nibblekv.kernels.decode.combine import (
 from nibblekv.kernels.decode.config import _mma_max_registers, combine_dim_block
 from nibblekv.kernels.decode.launch_config import DecodeConfig
 from nibblekv.kernels.decode.mma import _mma_segment
-from nibblekv.kernels.decode.mma256 import _mma256_segment, _mma_tail256
+from nibblekv.kernels.decode.mma256 import _mma256_segment
+from nibblekv.kernels.decode.mma256_tail import _mma_tail256
 from nibblekv.kernels.decode.mma_tail import _mma_tail
 
 

@@ -47,7 +47,8 @@ from nibblekv.kernels.decode._mma_tile import (
     _warp_lanes,
 )
 from nibblekv.kernels.decode.mma16 import _mma16_segment
-from nibblekv.kernels.decode.mma256 import _mma256_segment, _mma_tail256
+from nibblekv.kernels.decode.mma256 import _mma256_segment
+from nibblekv.kernels.decode.mma256_tail import _mma_tail256
 from nibblekv.kernels.decode.mma_tail import _mma_tail
 
 
