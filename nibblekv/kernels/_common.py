@@ -208,6 +208,47 @@ def _dot_ready(a, b, FMT: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
+def global_scales(g_ptr, FMT: tl.constexpr):
+    """``(gk, gv)``: what the tile kernels multiply into the softmax scale (K) and the output (V) -- the
+    layer's global scales ``g_ptr[0:2]`` (quantized pools only, as in the formats reference), times the
+    ``2**7`` that NVFP4 tiles leave out (the module doc); ``(1, 1)`` for float pools."""
+    gk = 1.0
+    gv = 1.0
+    if FMT != 0:
+        gk = tl.load(g_ptr)
+        gv = tl.load(g_ptr + 1)
+    if FMT == 2:
+        gk = gk * 128.0
+        gv = gv * 128.0
+    return gk, gv
+
+
+@triton.jit
+def split_slot(q_ptr, s_qb, o_ptr, lse_ptr, NUM_SPLITS, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+               HAS_TAIL: tl.constexpr):  # fmt: skip
+    """The program's place in a split-K decode grid ``(B, kv_heads, HAS_TAIL + NUM_SPLITS)`` and its
+    partial outputs ``o [B, HQ, S_TOT, D]`` fp32, ``lse [B, HQ, S_TOT]`` (``S_TOT = NUM_SPLITS +
+    HAS_TAIL``): returns ``(b, h, sp, S_TOT, q_base, o_base, lse_base)`` with ``sp`` = -1 for the tail,
+    ``o_base`` / ``lse_base`` at row ``(b, h * G, sp)`` (the tail's slot is the last one). NOTE: the tail is
+    program 0 of the split axis (scheduled first, not as a short last wave); ``NUM_SPLITS`` is a runtime
+    int, so one compile serves every split count."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.program_id(2) - HAS_TAIL
+    S_TOT = NUM_SPLITS + HAS_TAIL
+    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + tl.where(sp < 0, NUM_SPLITS, sp)
+    return b, h, sp, S_TOT, q_ptr + b.to(tl.int64) * s_qb, o_ptr + first * D, lse_ptr + first
+
+
+@triton.jit
+def split_range(n, sp, NUM_SPLITS, BN: tl.constexpr):
+    """Split ``sp``'s tokens ``[start, end)`` of an ``n``-token context: whole ``BN``-token blocks each."""
+    chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BN) * BN
+    start = sp * chunk
+    return start, tl.minimum(start + chunk, n)
+
+
+@triton.jit
 def online_softmax_step(qa, qb, ka, kb, v, valid, m, l, acc, qk_scale):
     """One flash-attention step over a block of ``BN`` keys.
 

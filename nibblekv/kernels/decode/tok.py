@@ -18,7 +18,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nibblekv.kernels._common import nvfp4_split, softmax_update
+from nibblekv.kernels._common import (
+    global_scales,
+    nvfp4_split,
+    softmax_update,
+    split_range,
+    split_slot,
+)
 
 
 @triton.jit
@@ -355,16 +361,9 @@ def decode_tok_kernel(
     FMT: tl.constexpr, CONV: tl.constexpr, INTERP: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """Same arguments and partial-output layout as ``decode._decode_kernel`` (its combine step merges them)."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    # NOTE: the tail is program 0 of the split axis (scheduled first, not as a short last wave); its
-    # partial slot stays the last one
-    sp = tl.program_id(2) - HAS_TAIL
-    S_TOT = NUM_SPLITS + HAS_TAIL  # NUM_SPLITS is a runtime int: one compile serves every split count
-    q_base = q_ptr + b.to(tl.int64) * s_qb
-    first = (b.to(tl.int64) * HQ + h * G) * S_TOT + tl.where(sp < 0, NUM_SPLITS, sp)
-    o_base = o_ptr + first * D
-    lse_base = lse_ptr + first
+    b, h, sp, S_TOT, q_base, o_base, lse_base = split_slot(
+        q_ptr, s_qb, o_ptr, lse_ptr, NUM_SPLITS, HQ, G, D, HAS_TAIL,
+    )  # fmt: skip
     if HAS_TAIL and sp < 0:
         n = tl.load(tlens_ptr + b)
         _tok_segment(
@@ -374,18 +373,8 @@ def decode_tok_kernel(
             G, BH, D, TPAGE, TBN, 0, 0, INTERP,
         )  # fmt: skip
     else:
-        n = tl.load(lens_ptr + b)
-        chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BN) * BN
-        start = sp * chunk
-        end = tl.minimum(start + chunk, n)
-        gk = 1.0
-        gv = 1.0
-        if FMT != 0:  # global scales apply to quantized pools only (as in the formats reference)
-            gk = tl.load(g_ptr)
-            gv = tl.load(g_ptr + 1)
-        if FMT == 2:
-            gk = gk * 128.0
-            gv = gv * 128.0
+        start, end = split_range(tl.load(lens_ptr + b), sp, NUM_SPLITS, BN)
+        gk, gv = global_scales(g_ptr, FMT)
         if SPLIT:
             _split_segment(
                 q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, s_tok, sc_page, sc_head,

@@ -21,6 +21,7 @@ from nibblekv.kernels._common import (
     check_cache,
     check_tail,
     fmt_code,
+    global_scales,
     interpreting,
     load_kv_halves,
     load_v_rows,
@@ -147,14 +148,7 @@ def _extend_kernel(
             # 1) main-pool prefix, in the cache dtype
             n = tl.load(plens_ptr + b)
             qa, qb = _load_q(q_ptr, qrow, qhead, rmask, D, FMT)
-            gk = 1.0
-            gv = 1.0
-            if FMT != 0:
-                gk = tl.load(g_ptr)
-                gv = tl.load(g_ptr + 1)
-            if FMT == 2:
-                gk = gk * 128.0
-                gv = gv * 128.0
+            gk, gv = global_scales(g_ptr, FMT)
             chunk = tl.cdiv(tl.cdiv(n, S), BN) * BN
             start = tl.minimum(sp * chunk, n)
             m, l, acc = _prefix_phase(
