@@ -249,28 +249,13 @@ def _mma256_segment(
             k64, v64, ks16, vs8, pt_ptr, start + 16 * warp, full_end, hoff, shoff, s_page, sc_page, g, t,
             PAGE, True,
         )  # fmt: skip
-    if PF == 2:
-        kL = (rawL[0], rawL[1], rawL[2], rawL[3], rawL[4], rawL[5])
-        kH = (rawH[0], rawH[1], rawH[2], rawH[3], rawH[4], rawH[5])
     n0 = start
     while n0 < full_end:  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
         nb = n0 + 16 * warp
         if L2 > 0 and PAGE == 16:  # NOTE: pl holds the page of step n0 + L2 * STEP (loaded last step)
             _l2_prefetch256(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane)
             pl = _l2_page256(pt_ptr, n0, (L2 + 1) * STEP, full_end, warp, PAGE)
-        if PF == 2:  # K of the next step ahead, V of this step now (loaded while QK^T and the softmax run)
-            nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * warp
-            nextL, nextH = _load_halves(
-                k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, False,
-            )  # fmt: skip
-            curL, curH = _load_halves(
-                k64, v64, ks16, vs8, pt_ptr, nb, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, False,
-            )  # fmt: skip
-            rawL = (kL[0], kL[1], kL[2], kL[3], kL[4], kL[5], curL[6], curL[7], curL[8], curL[9], curL[10],
-                    curL[11])  # fmt: skip
-            rawH = (kH[0], kH[1], kH[2], kH[3], kH[4], kH[5], curH[6], curH[7], curH[8], curH[9], curH[10],
-                    curH[11])  # fmt: skip
-        elif PF:  # prefetch the next step (the current tile again on the last step: no mask needed)
+        if PF:  # prefetch the next step (the current tile again on the last step: no mask needed)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * warp
             nextL, nextH = _load_halves(
                 k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, False,
@@ -294,10 +279,7 @@ def _mma256_segment(
             u00, u01, u02, u03, u10, u11, u12, u13, u20, u21, u22, u23, u30, u31, u32, u33, u40, u41, u42, u43,
             u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73, False, LZ,
         )  # fmt: skip
-        if PF == 2:
-            kL = (nextL[0], nextL[1], nextL[2], nextL[3], nextL[4], nextL[5])
-            kH = (nextH[0], nextH[1], nextH[2], nextH[3], nextH[4], nextH[5])
-        elif PF:
+        if PF:
             rawL = nextL
             rawH = nextH
         n0 += STEP
