@@ -129,10 +129,9 @@ def mma_knobs(d: int) -> dict[str, int | bool]:
         # (bench_decode_variants; results.md, head_dim 256). decode_triton keeps them fp32 where the combine
         # step merges whole rows (bf16 there: 15.7 vs 5.8 us at GQA 8 B64x8K, H100)
         "part_bf16": 1 if d == 256 else 0,
-        # NOTE: the lazy softmax rescale (DecodeConfig.lazy_rescale) is off: H100, from HBM, lz=4 / lz=8 lose
-        # 0.3-0.7% (head_dim 256 lz=8: 2%); with the pages in L2 (bench_decode_variants --page-order l2,
-        # whose rates the H200 reaches ~0.86 of) lz=4 gains 3-6% at head_dim 128, lz=8 2-8% at 256. The H200
-        # decides (results.md, "The H200's regime on an H100")
+        # NOTE: the lazy softmax rescale (DecodeConfig.lazy_rescale) is off: H200, lz=4 / lz=8 within +-0.3%
+        # at head_dim 128 (B19x160K / B3x1M / B11x160K with the tail), lz=8 -0.6 to -1.3% at 256 (GQA 8); H100
+        # from HBM -0.3 to -1.3% (256: -2%). It gains only where the pages sit in L2 (--page-order l2: +2-8%)
         "lazy_rescale": 0,
     }
 
