@@ -8,7 +8,6 @@ interpreter runs their Triton twins, on a GPU the inline PTX.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 import triton
 import triton.language as tl

@@ -22,7 +22,6 @@ from nibblekv.config import EngineConfig, add_engine_args
 from nibblekv.engine.batch_io import INPUT_HELP, OUTPUT_HELP, BatchFileError, Job, done_ids, read_jobs
 from nibblekv.engine.long_context import context_length_cli_error
 
-
 # the numeric SamplingParams fields that are flags of the same name: (the flag's default, its help)
 SAMPLING_FLAGS: dict[str, tuple[int | float, str]] = {
     "max_new_tokens": (128, "tokens to generate per request"),
