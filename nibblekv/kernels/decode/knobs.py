@@ -130,7 +130,7 @@ def mma_knobs(d: int) -> dict[str, int | bool]:
         # step merges whole rows (bf16 there: 15.7 vs 5.8 us at GQA 8 B64x8K, H100)
         "part_bf16": 1 if d == 256 else 0,
         # NOTE: the lazy softmax rescale (DecodeConfig.lazy_rescale) is off: H200, lz=4 / lz=8 within +-0.3%
-        # at head_dim 128 (B19x160K / B3x1M / B11x160K with the tail), lz=8 -0.6 to -1.3% at 256 (GQA 8); H100
+        # at head_dim 128 (B19x160K / B3x1M / B11x160K with the tail), lz=8 -1.0 to -1.4% at 256 (GQA 8); H100
         # from HBM -0.3 to -1.3% (256: -2%). It gains only where the pages sit in L2 (--page-order l2: +2-8%)
         "lazy_rescale": 0,
     }
