@@ -19,17 +19,27 @@ P = 16
 W = 2 * P  # tail window
 
 
+@pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize(
     "lens,heads,warps,min_tiles",
-    [([1, 15, 16, 17, 70], 3, 8, 1), ([0, 33, 0, 0, 500], 2, 7, 1), ([32768] * 3 + [1024] * 61, 8, 2112, 4),
-     ([4096] * 91, 8, 2112, 4), ([5], 8, 2112, 4), ([0, 0], 2, 4, 1)],
+    [([1, 15, 16, 17, 70], 3, 9, 1), ([0, 33, 0, 0, 500], 2, 8, 1), ([32768] * 3 + [1024] * 61, 8, 2112, 4),
+     ([4096] * 91, 8, 2112, 4), ([5], 8, 2112, 4), ([0, 0], 2, 4, 1), ([163840] * 19, 8, 1584, 4)],
 )  # fmt: skip
-def test_plan_covers_every_token_once_in_unique_slots(lens: list[int], heads: int, warps: int, min_tiles: int) -> None:
-    segs = plan_balanced(lens, heads, warps, min_tiles)
+def test_plan_covers_every_token_once_in_unique_slots(
+    lens: list[int], heads: int, warps: int, min_tiles: int, aligned: bool
+) -> None:
+    segs = plan_balanced(lens, heads, warps, min_tiles, heads_aligned=aligned)
     pairs = len(lens) * heads
     seen: dict[int, list[tuple[int, int]]] = {}
+    at: dict[tuple[int, int], tuple[int, int]] = {}  # (chunk, request) -> tokens, the same for every head
     for w, p, lo, hi, slot in segs:
-        assert 0 <= w < warps and lo < hi and lo % 16 == 0 and slot == w + p
+        assert 0 <= w < warps and lo < hi and lo % 16 == 0
+        if aligned:
+            c, b, h = w // heads, p // heads, p % heads
+            assert w % heads == h and slot == (c + b) * heads + h
+            assert at.setdefault((c, b), (lo, hi)) == (lo, hi)
+        else:
+            assert slot == w + p
         seen.setdefault(p, []).append((lo, hi))
     for p in range(pairs):  # each pair's token ranges tile [0, len) exactly, in order
         n = lens[p // heads]
@@ -39,12 +49,13 @@ def test_plan_covers_every_token_once_in_unique_slots(lens: list[int], heads: in
         assert len(ranges) <= max_pair_slots(warps, heads)
     slots = [s for *_, s in segs]
     assert len(slots) == len(set(slots)) and max(slots, default=0) < partial_slots(warps, pairs, False)
-    # equal work: no warp holds more than one chunk (ceil(total / warps), at least min_tiles tiles)
-    total = sum(-(-n // 16) for n in lens) * heads
+    # equal work: no warp holds more than one chunk (ceil(total / chunks), at least min_tiles tiles)
+    total = sum(-(-n // 16) for n in lens) * (1 if aligned else heads)
+    chunks = warps // heads if aligned else warps
     per_warp: dict[int, int] = {}
     for w, _, lo, hi, _ in segs:
         per_warp[w] = per_warp.get(w, 0) + -(-(hi - lo) // 16)
-    assert max(per_warp.values(), default=0) <= max(-(-total // warps), min_tiles)
+    assert max(per_warp.values(), default=0) <= max(-(-total // chunks), min_tiles)
 
 
 def _run_bal(lens: list[int], tails: list[int] | None, hkv: int, group: int, page: int, active: int | None = None,
@@ -105,6 +116,21 @@ def test_balanced_bf16_partials(d: int) -> None:
     # pbf=1: the balanced kernel's partial outputs (and its tail slots) in bf16, merged by its combine step
     spec = "mma:bal=1,bppsm=5,minc=16,pbf=1"
     assert _run_bal([100, 1, P + 1, 40], [W, 0, 3, 1], 1, 4, P, spec=spec, d=d) <= 1e-2
+
+
+@pytest.mark.usefixtures("one_sm")
+def test_balanced_heads_aligned() -> None:
+    # bh=1: chunks over the requests' tiles, one warp per KV head each (5 warps, 2 KV heads -> 2 chunks, the
+    # 5th warp not launched); a ragged batch with tails, an empty main pool, lse_out
+    spec = "mma:bal=1,bppsm=5,minc=16,bh=1"
+    assert _run_bal([40, 0, P + 1], [W, 3, 1], 2, 2, P, gscale=(0.37, 2.5), lse=True, spec=spec) <= 1e-2
+
+
+@pytest.mark.usefixtures("one_sm")
+def test_balanced_heads_aligned_head_dim_256() -> None:
+    # bh=1 at head_dim 256 with the L2 prefetch, bf16 partials and CUDA-graph padding (2 of 3 rows real)
+    spec = "mma:bal=1,bppsm=5,minc=16,bh=1,l2=1,pbf=1"
+    assert _run_bal([37, P + 1, 1], [5, 1, 0], 2, 2, P, active=2, spec=spec, d=256) <= 1e-2
 
 
 @pytest.mark.usefixtures("one_sm")

@@ -17,6 +17,10 @@ program per pair, ``_mma_tail``) is slot ``W + P + p``. The combine step finds `
 prefix sums. Each program computes the prefix sums of tiles per request itself (a vector load of ``lens``
 and a cumsum): no extra launch and nothing to precompute per step, so CUDA graphs need nothing new.
 
+``bal_heads`` (head-aligned): the sequence is the requests' tiles, cut into ``W / H`` chunks (``H`` KV
+heads), and warp ``c * H + h`` attends chunk ``c`` for head ``h`` -- the ``H`` warps reading one page's
+heads run together, as per-pair splits have them; slot ``(c + b) * H + h``, unique by the same argument.
+
 ``plan_balanced`` is the host twin of the schedule (tests check its invariants and the kernel against it).
 """
 
@@ -42,24 +46,35 @@ from nibblekv.kernels.decode.mma256_tail import _mma_tail256
 from nibblekv.kernels.decode.mma_tail import _mma_tail
 
 
-def plan_balanced(lens: list[int], kv_heads: int, warps: int, min_tiles: int) -> list[tuple[int, int, int, int, int]]:
+def plan_balanced(
+    lens: list[int], kv_heads: int, warps: int, min_tiles: int, heads_aligned: bool = False
+) -> list[tuple[int, int, int, int, int]]:
     """The schedule ``decode_mma_bal_kernel`` runs: ``(warp, pair, first token, end token, slot)`` for every
-    segment, pairs ``b * kv_heads + h``; ``min_tiles`` = the least 16-token tiles a warp gets."""
+    segment, pairs ``b * kv_heads + h``; ``min_tiles`` = the least 16-token tiles a warp gets.
+    ``heads_aligned`` (``DecodeConfig.bal_heads``): ``warps // kv_heads`` chunks over the requests' tiles,
+    warp ``c * kv_heads + h`` attends chunk ``c`` for KV head ``h``."""
     tiles = [-(-n // 16) for n in lens]
-    total = sum(tiles) * kv_heads
-    chunk = max(-(-total // warps), min_tiles) if total else 1
+    heads = 1 if heads_aligned else kv_heads  # pairs a request contributes to the cut sequence
+    groups = warps // kv_heads if heads_aligned else warps
+    total = sum(tiles) * heads
+    chunk = max(-(-total // groups), min_tiles) if total else 1
     segs = []
-    for w in range(warps):
-        x0, x1 = w * chunk, min((w + 1) * chunk, total)
-        start = 0  # global tile index where request b's pairs begin
+    for c in range(groups):
+        x0, x1 = c * chunk, min((c + 1) * chunk, total)
+        start = 0  # index in the cut sequence where request b's tiles begin
         for b, t in enumerate(tiles):
-            for h in range(kv_heads):
-                lo, hi = max(x0, start + h * t), min(x1, start + (h + 1) * t)
+            for j in range(heads):
+                lo, hi = max(x0, start + j * t), min(x1, start + (j + 1) * t)
                 if lo < hi:
-                    p = b * kv_heads + h
-                    t0 = lo - start - h * t
-                    segs.append((w, p, 16 * t0, min(16 * (t0 + hi - lo), lens[b]), w + p))
-            start += kv_heads * t
+                    t0 = lo - start - j * t
+                    end = min(16 * (t0 + hi - lo), lens[b])
+                    if heads_aligned:  # every KV head of request b: warp c * H + h, slot (c + b) * H + h
+                        for h in range(kv_heads):
+                            segs.append((c * kv_heads + h, b * kv_heads + h, 16 * t0, end, (c + b) * kv_heads + h))
+                    else:
+                        p = b * kv_heads + j
+                        segs.append((c, p, 16 * t0, end, c + p))
+            start += heads * t
     return segs
 
 
@@ -89,11 +104,16 @@ def decode_mma_bal_kernel(
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BP: tl.constexpr, W: tl.constexpr, HAS_TAIL: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     MINC: tl.constexpr, VST: tl.constexpr, VQ: tl.constexpr, DYN: tl.constexpr,
-    L2: tl.constexpr = 0, LZ: tl.constexpr = 0,
+    L2: tl.constexpr = 0, LZ: tl.constexpr = 0, HA: tl.constexpr = 0,
 ):  # fmt: skip
     """1-D grid: ``W`` one-warp programs over the balanced chunks, then (``HAS_TAIL``) one tail program per
-    pair. ``n_req`` requests, of which the first ``*act_ptr`` are real with ``DYN`` (CUDA-graph padding)."""
+    pair. ``n_req`` requests, of which the first ``*act_ptr`` are real with ``DYN`` (CUDA-graph padding).
+    ``HA`` (``DecodeConfig.bal_heads``; ``W`` a multiple of the KV heads): ``W / HKV`` chunks of the
+    requests' tiles, program ``c * HKV + h`` attends chunk ``c`` for KV head ``h`` (slot ``(c + b) * HKV +
+    h``), else ``W`` chunks of the pairs' tiles (slot ``pid + b * HKV + h``)."""
     HKV: tl.constexpr = HQ // G
+    NH: tl.constexpr = HKV - HA * (HKV - 1)  # pairs a request contributes to the cut sequence
+    WG: tl.constexpr = W // (HKV - NH + 1)  # chunks
     pid = tl.program_id(0)
     n_act = n_req
     if DYN:
@@ -120,7 +140,8 @@ def decode_mma_bal_kernel(
                     )  # fmt: skip
         return
     incl, idx = _tile_prefix(lens_ptr, n_act, BP)
-    x0 = pid * _chunk(tl.max(incl, axis=0) * HKV, W, MINC)
+    c = pid // (HKV - NH + 1)
+    x0 = c * _chunk(tl.max(incl, axis=0) * NH, WG, MINC)
     more = True
     while more:
         # NOTE: all but x0 is recomputed per segment (a few loads and one cumsum) to keep what stays live
@@ -128,20 +149,25 @@ def decode_mma_bal_kernel(
         if DYN:
             n_act = tl.load(act_ptr)
         incl, idx = _tile_prefix(lens_ptr, n_act, BP)
-        total = tl.max(incl, axis=0) * HKV
-        x1 = tl.minimum((pid + 1) * _chunk(total, W, MINC), total)
+        total = tl.max(incl, axis=0) * NH
+        x1 = tl.minimum((c + 1) * _chunk(total, WG, MINC), total)
         more = x0 < x1
         if more:
             # the request holding tile x0: the count of requests that end at or before it (an empty one
             # ends where it starts, so it is counted and skipped); past n_act the prefix holds the total
-            b = tl.sum((incl * HKV <= x0).to(tl.int32), axis=0)
+            b = tl.sum((incl * NH <= x0).to(tl.int32), axis=0)
             rows = tl.load(lens_ptr + b).to(tl.int32)
             tiles = (rows + 15) // 16
-            base = (tl.sum(tl.where(idx == b, incl, 0), axis=0) - tiles) * HKV  # request b's first tile
-            h = (x0 - base) // tiles
-            t0 = x0 - base - h * tiles
+            base = (tl.sum(tl.where(idx == b, incl, 0), axis=0) - tiles) * NH  # request b's first tile
+            if HA:
+                h = pid % HKV
+                t0 = x0 - base
+                slot = ((c + b) * HKV + h).to(tl.int64)
+            else:
+                h = (x0 - base) // tiles
+                t0 = x0 - base - h * tiles
+                slot = (pid + b * HKV + h).to(tl.int64)
             nt = tl.minimum(tiles - t0, x1 - x0)
-            slot = (pid + b * HKV + h).to(tl.int64)
             end = tl.minimum((t0 + nt) * 16, rows)
             gk = tl.load(g_ptr) * 16384.0  # see decode_mma_kernel: the codes' 2**-14
             gv = tl.load(g_ptr + 1) * 16384.0
@@ -169,7 +195,7 @@ def _combine_bal_kernel(
     o_ptr, lse_ptr, lens_ptr, out_ptr, s_ob, s_oh, n_req, act_ptr, lse_out,
     HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BP: tl.constexpr,
     W: tl.constexpr, MINC: tl.constexpr, HAS_TAIL: tl.constexpr, DYN: tl.constexpr,
-    WRITE_LSE: tl.constexpr, CH: tl.constexpr,
+    WRITE_LSE: tl.constexpr, CH: tl.constexpr, HA: tl.constexpr = 0,
 ):  # fmt: skip
     """Merge the partials of one (request, KV head) pair -- its ``G`` query heads (``GP`` = the next power of
     two) -- for dims ``[DB * pid1, DB * (pid1 + 1))``, ``CH`` slots at a time; padding rows (``DYN``) and
@@ -182,6 +208,8 @@ def _combine_bal_kernel(
     of 105 / 200 / 383 us decode calls at B32 / B64 / B128 x 8K.
     """
     HKV: tl.constexpr = HQ // G
+    NH: tl.constexpr = HKV - HA * (HKV - 1)  # as decode_mma_bal_kernel
+    SST: tl.constexpr = HKV - NH + 1  # slots between a pair's two chunks
     p = tl.program_id(0)  # p = b * HKV + h
     b = p // HKV
     h = p % HKV
@@ -190,13 +218,13 @@ def _combine_bal_kernel(
         n_act = tl.load(act_ptr)
     live = b < n_act
     incl, idx = _tile_prefix(lens_ptr, n_act, BP)
-    total = tl.max(incl, axis=0) * HKV
-    chunk = _chunk(total, W, MINC)
+    total = tl.max(incl, axis=0) * NH
+    chunk = _chunk(total, W // SST, MINC)
     tiles = tl.where(live, (tl.load(lens_ptr + b).to(tl.int32) + 15) // 16, 0)
-    first_tile = (tl.sum(tl.where(idx == b, incl, 0), axis=0) - tiles) * HKV + h * tiles
+    first_tile = (tl.sum(tl.where(idx == b, incl, 0), axis=0) - tiles) * NH + h * tiles * (1 - HA)
     fw = first_tile // chunk
     n = tl.where(tiles > 0, (first_tile + tiles - 1) // chunk - fw + 1, 0)
-    first = (fw + p).to(tl.int64)
+    first = (fw * SST + p).to(tl.int64)  # chunk fw + i of pair p: slot first + i * SST
     offs_g = tl.arange(0, GP)
     gm = offs_g < G
     offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
@@ -206,7 +234,7 @@ def _combine_bal_kernel(
     o_t = tl.load(o_ptr + (tslot * G + offs_g)[:, None] * D + offs_d[None, :], mask=tm[:, None], other=0.0)
     offs_c = tl.arange(0, CH)
     cm = gm[:, None] & (offs_c < n)[None, :]
-    lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c, cm, offs_d, 1, G, D)  # G heads a slot
+    lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c * SST, cm, offs_d, 1, G, D)  # G heads a slot
     m = tl.full([GP], float("-inf"), tl.float32)
     m, l, acc = _merge_rows(lse_t[:, None], o_t[:, None, :], m, tl.zeros([GP], tl.float32),
                             tl.zeros([GP, DB], tl.float32))  # fmt: skip
@@ -215,7 +243,7 @@ def _combine_bal_kernel(
     while s0 < n:  # NOTE: only where a pair has more than CH slots (small batches: few, long pairs)
         offs_c = s0 + tl.arange(0, CH)
         cm = gm[:, None] & (offs_c < n)[None, :]
-        lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c, cm, offs_d, 1, G, D)
+        lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c * SST, cm, offs_d, 1, G, D)
         m, l, acc = _merge_rows(lse_c, o_c, m, l, acc)
         s0 += CH
     hq = h * G + offs_g
@@ -242,6 +270,8 @@ def launch_balanced(
     g = hq // hkv
     per_sm = cfg.bal_ppsm
     warps = per_sm * num_sms()
+    if cfg.bal_heads:  # NOTE: whole groups of one warp per KV head (the kernel's W / HKV chunks)
+        warps = max(1, warps // hkv) * hkv
     interp = interpreting()
     o_part, lse_part = empty_partials(
         (partial_slots(warps, bsz * hkv, has_tail), g), d, q.device, interp, cfg.partial_dtype
@@ -259,7 +289,7 @@ def launch_balanced(
         HQ=hq, G=g, D=d, PAGE=cache.layout.page_size, TPAGE=tpage, BP=bp, W=warps, HAS_TAIL=int(has_tail),
         TPI=cfg.tpi, PF=cfg.pf, MINC=cfg.minc, VST=cfg.vst,
         VQ=cfg.vq,
-        L2=cfg.l2_ahead or 0, LZ=cfg.lazy_rescale, DYN=dyn, num_warps=1, num_stages=1,
+        L2=cfg.l2_ahead or 0, LZ=cfg.lazy_rescale, HA=cfg.bal_heads, DYN=dyn, num_warps=1, num_stages=1,
         **({} if interp else {"maxnreg": _mma_max_registers(per_sm)}),
     )  # fmt: skip
     slots = max_pair_slots(warps, hkv)
@@ -270,7 +300,7 @@ def launch_balanced(
         lse_out if lse_out is not None else lse_part,
         HQ=hq, G=g, GP=gp, D=d, DB=db, BP=bp, W=warps, MINC=cfg.minc,
         HAS_TAIL=int(has_tail), DYN=dyn, WRITE_LSE=int(lse_out is not None),
-        CH=combine_chunk(gp, db), num_warps=4,
+        CH=combine_chunk(gp, db), HA=cfg.bal_heads, num_warps=4,
     )  # fmt: skip
     return k
 
@@ -282,8 +312,8 @@ def max_pair_slots(warps: int, kv_heads: int) -> int:
 
 
 def partial_slots(warps: int, pairs: int, has_tail: bool) -> int:
-    """Slots ``decode_mma_bal_kernel`` writes at most: ``warps + pairs`` main ones (slot ``w + p``), and
-    one tail slot per pair."""
+    """Slots ``decode_mma_bal_kernel`` writes at most: ``warps + pairs`` main ones (slot ``w + p``; with
+    ``bal_heads`` ``(c + b) * H + h`` for chunk ``c < warps / H``), and one tail slot per pair."""
     return warps + pairs * (1 + int(has_tail))
 
 

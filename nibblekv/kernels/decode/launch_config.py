@@ -49,7 +49,9 @@ class DecodeConfig:
     ``part_bf16`` those partial outputs in bf16 (half the bytes the kernel writes and the combine step reads;
     their lse stays fp32), ``lazy_rescale`` > 0: a warp keeps its softmax max (and skips rescaling its
     accumulators) until some score exceeds it by more than that many log2 units (``decode_mma`` and
-    ``decode_balanced`` at head_dim 128 and 256; 0 = every step).
+    ``decode_balanced`` at head_dim 128 and 256; 0 = every step). ``bal_heads`` 1: the balanced chunks cut
+    the requests' tiles (not the pairs') and every KV head of a request takes the same chunk, so the warps
+    reading one page's heads run side by side, as per-pair splits do.
     ``tail_in_grid`` is resolved by ``select_decode`` (not an input).
     """
 
@@ -81,6 +83,7 @@ class DecodeConfig:
     mma_slots: int = 256
     part_bf16: int = 0
     lazy_rescale: int = 0
+    bal_heads: int = 0
     tail_in_grid: bool = False
 
     def __post_init__(self) -> None:
