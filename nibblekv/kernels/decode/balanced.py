@@ -70,7 +70,8 @@ def plan_balanced(
                     end = min(16 * (t0 + hi - lo), lens[b])
                     if heads_aligned:  # every KV head of request b: warp c * H + h, slot (c + b) * H + h
                         for h in range(kv_heads):
-                            segs.append((c * kv_heads + h, b * kv_heads + h, 16 * t0, end, (c + b) * kv_heads + h))
+                            w, p = c * kv_heads + h, b * kv_heads + h
+                            segs.append((w, p, 16 * t0, end, (c + b) * kv_heads + h))
                     else:
                         p = b * kv_heads + j
                         segs.append((c, p, 16 * t0, end, c + p))
@@ -234,7 +235,8 @@ def _combine_bal_kernel(
     o_t = tl.load(o_ptr + (tslot * G + offs_g)[:, None] * D + offs_d[None, :], mask=tm[:, None], other=0.0)
     offs_c = tl.arange(0, CH)
     cm = gm[:, None] & (offs_c < n)[None, :]
-    lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c * SST, cm, offs_d, 1, G, D)  # G heads a slot
+    # G heads a slot
+    lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c * SST, cm, offs_d, 1, G, D)
     m = tl.full([GP], float("-inf"), tl.float32)
     m, l, acc = _merge_rows(lse_t[:, None], o_t[:, None, :], m, tl.zeros([GP], tl.float32),
                             tl.zeros([GP, DB], tl.float32))  # fmt: skip
