@@ -30,7 +30,7 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
      (4, True, 128, "mma"), (8, True, 128, "mma:bal=1,pf=0"), (4, False, 128, "mma:bal=1,tpi=1"),
      (8, True, 128, "mma:tpp=1"),
      (8, True, 128, "mma:bal=1"), (8, True, 256, "mma"), (6, False, 256, "mma"), (8, False, 256, "mma:vst=0,vq=0"),
-     (6, True, 256, "mma:bal=1")],
+     (6, True, 256, "mma:bal=1"), (4, True, 128, "mma:bal=1,bh=1"), (8, True, 256, "mma:bal=1,bh=1")],
 )
 def test_decode_mma_fits_its_programs_per_sm(group: int, tail: bool, head_dim: int, spec: str) -> None:
     from nibblekv.formats.layout import KVDtype
