@@ -113,8 +113,8 @@ def decode_mma_bal_kernel(
     requests' tiles, program ``c * HKV + h`` attends chunk ``c`` for KV head ``h`` (slot ``(c + b) * HKV +
     h``), else ``W`` chunks of the pairs' tiles (slot ``pid + b * HKV + h``)."""
     HKV: tl.constexpr = HQ // G
-    NH: tl.constexpr = HKV - HA * (HKV - 1)  # pairs a request contributes to the cut sequence
-    WG: tl.constexpr = W // (HKV - NH + 1)  # chunks
+    HW: tl.constexpr = 1 + HA * (HKV - 1)  # warps a chunk (one a KV head with HA) = a pair's slot stride
+    NH: tl.constexpr = HKV // HW  # pairs a request contributes to the cut sequence
     pid = tl.program_id(0)
     n_act = n_req
     if DYN:
@@ -141,8 +141,8 @@ def decode_mma_bal_kernel(
                     )  # fmt: skip
         return
     incl, idx = _tile_prefix(lens_ptr, n_act, BP)
-    c = pid // (HKV - NH + 1)
-    x0 = c * _chunk(tl.max(incl, axis=0) * NH, WG, MINC)
+    c = pid // HW
+    x0 = c * _chunk(tl.max(incl, axis=0) * NH, W // HW, MINC)
     more = True
     while more:
         # NOTE: all but x0 is recomputed per segment (a few loads and one cumsum) to keep what stays live
@@ -151,7 +151,7 @@ def decode_mma_bal_kernel(
             n_act = tl.load(act_ptr)
         incl, idx = _tile_prefix(lens_ptr, n_act, BP)
         total = tl.max(incl, axis=0) * NH
-        x1 = tl.minimum((c + 1) * _chunk(total, WG, MINC), total)
+        x1 = tl.minimum((c + 1) * _chunk(total, W // HW, MINC), total)
         more = x0 < x1
         if more:
             # the request holding tile x0: the count of requests that end at or before it (an empty one
@@ -209,8 +209,8 @@ def _combine_bal_kernel(
     of 105 / 200 / 383 us decode calls at B32 / B64 / B128 x 8K.
     """
     HKV: tl.constexpr = HQ // G
-    NH: tl.constexpr = HKV - HA * (HKV - 1)  # as decode_mma_bal_kernel
-    SST: tl.constexpr = HKV - NH + 1  # slots between a pair's two chunks
+    HW: tl.constexpr = 1 + HA * (HKV - 1)  # as decode_mma_bal_kernel
+    NH: tl.constexpr = HKV // HW
     p = tl.program_id(0)  # p = b * HKV + h
     b = p // HKV
     h = p % HKV
@@ -220,12 +220,12 @@ def _combine_bal_kernel(
     live = b < n_act
     incl, idx = _tile_prefix(lens_ptr, n_act, BP)
     total = tl.max(incl, axis=0) * NH
-    chunk = _chunk(total, W // SST, MINC)
+    chunk = _chunk(total, W // HW, MINC)
     tiles = tl.where(live, (tl.load(lens_ptr + b).to(tl.int32) + 15) // 16, 0)
     first_tile = (tl.sum(tl.where(idx == b, incl, 0), axis=0) - tiles) * NH + h * tiles * (1 - HA)
     fw = first_tile // chunk
     n = tl.where(tiles > 0, (first_tile + tiles - 1) // chunk - fw + 1, 0)
-    first = (fw * SST + p).to(tl.int64)  # chunk fw + i of pair p: slot first + i * SST
+    first = (fw * HW + p).to(tl.int64)  # chunk fw + i of pair p: slot first + i * HW
     offs_g = tl.arange(0, GP)
     gm = offs_g < G
     offs_d = tl.program_id(1) * DB + tl.arange(0, DB)
@@ -235,8 +235,7 @@ def _combine_bal_kernel(
     o_t = tl.load(o_ptr + (tslot * G + offs_g)[:, None] * D + offs_d[None, :], mask=tm[:, None], other=0.0)
     offs_c = tl.arange(0, CH)
     cm = gm[:, None] & (offs_c < n)[None, :]
-    # G heads a slot
-    lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c * SST, cm, offs_d, 1, G, D)
+    lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c * HW, cm, offs_d, 1, G, D)  # G heads/slot
     m = tl.full([GP], float("-inf"), tl.float32)
     m, l, acc = _merge_rows(lse_t[:, None], o_t[:, None, :], m, tl.zeros([GP], tl.float32),
                             tl.zeros([GP, DB], tl.float32))  # fmt: skip
@@ -245,7 +244,7 @@ def _combine_bal_kernel(
     while s0 < n:  # NOTE: only where a pair has more than CH slots (small batches: few, long pairs)
         offs_c = s0 + tl.arange(0, CH)
         cm = gm[:, None] & (offs_c < n)[None, :]
-        lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c * SST, cm, offs_d, 1, G, D)
+        lse_c, o_c = _load_slots(o_ptr, lse_ptr, offs_g, first + offs_c * HW, cm, offs_d, 1, G, D)
         m, l, acc = _merge_rows(lse_c, o_c, m, l, acc)
         s0 += CH
     hq = h * G + offs_g

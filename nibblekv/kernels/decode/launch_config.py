@@ -90,6 +90,8 @@ class DecodeConfig:
         # NOTE: a kept max lets probabilities reach 2**lazy_rescale, and the mma kernels hold them in fp16
         if not 0 <= self.lazy_rescale <= 15:
             raise ValueError(f"lazy_rescale must be 0 (off) to 15 (fp16 holds 2**15): {self.lazy_rescale}")
+        if self.bal_heads not in (0, 1):
+            raise ValueError(f"bal_heads must be 0 or 1: {self.bal_heads}")
 
     @property
     def mma(self) -> bool:
