@@ -85,6 +85,23 @@ def test_overlap_stops_one_step_late_but_drops_the_extra_token(tiny: tuple) -> N
     assert res[2][1] == "length" and len(res[2][0]) == 24
 
 
+def test_overlap_min_new_tokens_and_logit_bias_match_sync(tiny: tuple) -> None:
+    free = _engine(tiny, False).generate(
+        PROMPTS[:2], SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+    )
+    tok_stop = free[0].token_ids[1]
+    params = [
+        # the stop id is masked for 6 tokens (synchronous steps), then the request overlaps
+        SamplingParams(
+            temperature=0, max_new_tokens=12, ignore_eos=True, stop_token_ids=[tok_stop], min_new_tokens=6
+        ),
+        SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True, logit_bias={tok_stop: 100}),
+    ]
+    res = _run(tiny, params)
+    assert tok_stop not in res[0][0][:6] and (res[0][1] == "length" or res[0][0][-1] == tok_stop)
+    assert res[1][0] == [tok_stop] * 5
+
+
 def test_overlap_prompt_only_requests(tiny: tuple) -> None:
     # max_new_tokens=0: with 4-token chunks the last prompt token runs in a decode step, whose token is dropped
     params = [SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True) for n in (0, 5, 0)]

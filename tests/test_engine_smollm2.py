@@ -214,6 +214,28 @@ def test_stop_strings_and_stop_tokens(make_engine, smollm2) -> None:
     assert eos.finish_reason == "stop" and eos.token_ids[-1] in smollm2[1].eos_token_ids
 
 
+def test_min_new_tokens_and_logit_bias(make_engine, smollm2) -> None:
+    engine = make_engine()
+    tok = smollm2[1]
+    prompt = _chat(tok, PROMPTS[0])
+    eos = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=200))[0]
+    n = len(eos.token_ids)
+    assert eos.finish_reason == "stop" and eos.token_ids[-1] in tok.eos_token_ids
+    held_params = SamplingParams(temperature=0, max_new_tokens=n + 8, min_new_tokens=n + 4)
+    held = engine.generate([prompt], held_params)[0]
+    assert held.token_ids[: n - 1] == eos.token_ids[: n - 1]  # the same greedy path up to the EOS
+    assert len(held.token_ids) >= n + 4 and not set(held.token_ids[: n + 4]) & set(tok.eos_token_ids)
+    stop = eos.text[:3]  # a stop string at the very start is not searched before min_new_tokens
+    late_params = SamplingParams(temperature=0, max_new_tokens=8, min_new_tokens=8, stop=[stop])
+    late = engine.generate([prompt], late_params)
+    assert late[0].text.startswith(stop) and len(late[0].token_ids) == 8
+    forced = tok.encode(" Paris")[0]
+    biased = SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True, logit_bias={forced: 100})
+    assert engine.generate([prompt], biased)[0].token_ids == [forced] * 3
+    with pytest.raises(ValueError, match=r"logit_bias token id 49152 is out of range \[0, 49152\)"):
+        engine.generate([prompt], SamplingParams(logit_bias={49152: 1.0}))
+
+
 def test_logprobs_prompt_and_generated_agree(make_engine, smollm2) -> None:
     engine = make_engine()
     prompt = _chat(smollm2[1], PROMPTS[2])

@@ -36,6 +36,12 @@ def _req(params: SamplingParams, tokens: list[int] | None = None, prompt_len: in
         ({"logprobs": 50}, "logprobs"),
         ({"prompt_logprobs": -1}, "prompt_logprobs"),
         ({"seed": 1.5}, "seed"),
+        ({"min_new_tokens": -1}, "min_new_tokens"),
+        ({"max_new_tokens": 4, "min_new_tokens": 5}, "min_new_tokens"),
+        ({"logit_bias": {3: 100.5}}, "logit_bias"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"logit_bias": {"three": 1.0}}, "logit_bias"),
+        ({"logit_bias": {3: float("nan")}}, "logit_bias"),
     ],
 )
 def test_invalid_params_raise_clear_errors(kwargs: dict, field: str) -> None:
@@ -125,3 +131,33 @@ def test_sampling_follows_the_distribution() -> None:
     assert torch.allclose(freq, probs, atol=0.03)
     reqs = [_req(SamplingParams(temperature=1.0, top_k=1)) for _ in range(10)]
     assert Sampler(torch.device("cpu"))(logits[:10], reqs).token_ids == [0] * 10
+
+
+def test_logit_bias_moves_greedy_and_sampled_rows_and_leaves_logprobs_raw() -> None:
+    p = SamplingParams(logit_bias={"7": 3})  # JSON's string keys, as the API sends them
+    assert p.logit_bias == ((7, 3.0),) and hash(p)
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]] * 3)
+    reqs = [
+        _req(SamplingParams(temperature=0, logit_bias={2: 2.5}, logprobs=1)),  # 1 + 2.5 beats 3
+        _req(SamplingParams(temperature=0, logit_bias={1: -100})),  # the best token banned: 3 next
+        _req(SamplingParams(temperature=0)),  # no bias: untouched by the others'
+    ]
+    res = Sampler(torch.device("cpu"))(logits, reqs)
+    assert res.token_ids == [2, 3, 1]
+    lp = res.logprobs[0]
+    raw = float(torch.log_softmax(logits[0], -1)[2])
+    assert lp is not None and math.isclose(lp.logprob, raw, rel_tol=1e-6)
+    sampled = [_req(SamplingParams(temperature=1.0, logit_bias={0: 100})) for _ in range(50)]
+    assert Sampler(torch.device("cpu"), seed=1)(logits[:1].repeat(50, 1), sampled).token_ids == [0] * 50
+
+
+def test_min_new_tokens_masks_eos_and_stop_ids_until_reached() -> None:
+    logits = torch.tensor([[0.0, 5.0, 4.0, 1.0]])  # 1 (EOS) is best, then 2 (a stop id)
+    sampler = Sampler(torch.device("cpu"), eos_token_ids=[1])
+    params = SamplingParams(temperature=0, min_new_tokens=2, stop_token_ids=[2])
+    assert sampler(logits, [_req(params, [0, 3], prompt_len=1)]).token_ids == [3]  # 1 output < 2: masked
+    # prompt tokens don't count
+    assert sampler(logits, [_req(params, [0, 3, 3], prompt_len=2)]).token_ids == [3]
+    assert sampler(logits, [_req(params, [0, 3, 3], prompt_len=1)]).token_ids == [1]  # 2 outputs: EOS allowed
+    keep_eos = SamplingParams(temperature=0, min_new_tokens=2, ignore_eos=True, stop_token_ids=[2])
+    assert sampler(logits, [_req(keep_eos, [0], prompt_len=1)]).token_ids == [1]  # EOS not a stop: not masked

@@ -46,6 +46,18 @@ def _assert_error(r: httpx.Response, status: int, *needles: str, param: str | No
         ({"prompt": [99999999]}, ["out of range"], "prompt"),
         ({"prompt": []}, ["must not be empty"], None),
         ({"prompt": "hi", "suffix": "the end"}, ["suffix"], "suffix"),
+        (
+            {"prompt": "hi", "logit_bias": {"49152": 1}},
+            ["logit_bias token id 49152 is out of range"],
+            "logit_bias",
+        ),
+        ({"prompt": "hi", "logit_bias": {"5": 101}}, ["biases in [-100, 100]"], "logit_bias"),
+        ({"prompt": "hi", "logit_bias": {"five": 1}}, ["valid integer"], None),
+        (
+            {"prompt": "hi", "max_tokens": 2, "min_tokens": 3},
+            ["less than or equal to max_tokens=2"],
+            "min_tokens",
+        ),
         (b'{"prompt": "hi",', ["malformed json"], None),
         (b"\xff\xfe{}", ["utf-8"], None),
         (b"[1, 2]", ["must be an object"], None),
@@ -83,6 +95,20 @@ def test_chat_rejections(smollm2_server: ServerProcess) -> None:
     _assert_error(_post(smollm2_server, "/v1/chat/completions", bad_role), 400, "role")
     nan_temp = b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'
     _assert_error(_post(smollm2_server, "/v1/chat/completions", nan_temp), 400, "finite", param="temperature")
+    # known fields the server cannot honour are refused, not dropped
+    hi = [{"role": "user", "content": "hi"}]
+    json_mode = {"messages": hi, "response_format": {"type": "json_object"}}
+    _assert_error(
+        _post(smollm2_server, "/v1/chat/completions", json_mode), 400, "'json_object' is not supported"
+    )
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    for body in ({"messages": hi, "tools": tools}, {"messages": hi, "tools": tools, "tool_choice": "auto"}):
+        _assert_error(
+            _post(smollm2_server, "/v1/chat/completions", body), 400, "tool calls are not supported"
+        )
+    plain = {"messages": hi, "max_tokens": 2, "tools": tools, "tool_choice": "none"}
+    plain["response_format"] = {"type": "text"}
+    assert _post(smollm2_server, "/v1/chat/completions", plain).status_code == 200
 
 
 def test_unknown_model_and_route(smollm2_server: ServerProcess) -> None:

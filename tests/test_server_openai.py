@@ -58,6 +58,35 @@ def test_stop_sequence_cuts_text(client: Any) -> None:
     assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].text
 
 
+def test_logit_bias_and_min_tokens(client: Any) -> None:
+    out = client.completions.create(
+        model=MODEL,
+        prompt="The capital of France is",
+        max_tokens=3,
+        temperature=0,
+        logprobs=0,
+        logit_bias={"28": 100},
+    )
+    forced = out.choices[0].logprobs.tokens
+    assert len(forced) == 3 and len(set(forced)) == 1 and out.choices[0].text == forced[0] * 3
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=40,
+        temperature=0,
+    )
+    n = chat.usage.completion_tokens
+    assert chat.choices[0].finish_reason == "stop" and n < 30  # ends by EOS ...
+    held = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=40,
+        temperature=0,
+        extra_body={"min_tokens": n + 5},
+    )
+    assert held.usage.completion_tokens >= n + 5  # ... but not before min_tokens
+
+
 def test_chat_uses_the_template(client: Any) -> None:
     out = client.chat.completions.create(
         model=MODEL,

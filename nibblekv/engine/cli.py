@@ -25,6 +25,7 @@ from nibblekv.engine.long_context import context_length_cli_error
 # the numeric SamplingParams fields that are flags of the same name: (the flag's default, its help)
 SAMPLING_FLAGS: dict[str, tuple[int | float, str]] = {
     "max_new_tokens": (128, "tokens to generate per request"),
+    "min_new_tokens": (0, "no EOS, stop token or stop string ends a request before this many"),
     "temperature": (0.0, "0 = greedy"),
     "top_p": (1.0, "nucleus sampling; 1 = off"),
     "top_k": (-1, "-1 = off"),

@@ -120,11 +120,12 @@ class Engine:
                 # a cached prefix's KV is useless without the linear layers' state at its end, which is not kept
                 logger.info("Radix cache is disabled for hybrid linear-attention models (%s)", mc.architecture)
                 self.config = cfg = replace(cfg, disable_radix_cache=True, enable_hierarchical_cache=False)
+        eos_ids = [*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]
         self.scheduler = Scheduler(
             build_cache_manager(cfg, self.pool, self.page_table),
             max_running_requests=self.max_running,
             chunk_tokens=cfg.chunk_tokens,
-            eos_token_ids=[*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids],
+            eos_token_ids=eos_ids,
             policy=cfg.schedule_policy,
             states=self.states,
         )
@@ -140,6 +141,7 @@ class Engine:
             step_scope=self.tp.step if self.tp else None,
             agree=self.tp.agree_graphs if self.tp else None,
             states=self.states,
+            eos_token_ids=eos_ids,
         )
         if self.tp is not None:
             self.tp.before_teardown(self.runner.release_graphs)
@@ -197,6 +199,8 @@ class Engine:
         vocab = self.model.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if params.logit_bias and params.logit_bias[-1][0] >= vocab:
+            raise ValueError(f"logit_bias token id {params.logit_bias[-1][0]} is out of range [0, {vocab})")
         if len(ids) >= self.context_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens, but the context length is {self.context_len} "

@@ -78,8 +78,10 @@ class ModelRunner:
         step_scope: Callable[[StepPlan], AbstractContextManager[None]] | None = None,
         agree: Callable[[bool], bool] | None = None,
         states: StatePool | None = None,
+        eos_token_ids: Sequence[int] = (),
     ) -> None:
-        """``states``: a hybrid model's linear-attention state pool (each request's ``state_slot``).
+        """``states``: a hybrid model's linear-attention state pool (each request's ``state_slot``);
+        ``eos_token_ids``: the sampler's (``min_new_tokens`` holds them back).
 
         ``step_scope(plan)`` is entered around every step's forward and logits (rank 0 of a
         tensor-parallel group broadcasts the plan on entry); ``agree`` turns this rank's "CUDA graphs
@@ -94,7 +96,7 @@ class ModelRunner:
         if self.backend.qkv_rotation is not None:
             # o_proj takes the rotated attention output directly: one matmul per layer less per step
             model.fold_output_rotation(self.backend.qkv_rotation)
-        self.sampler = Sampler(self.device, seed)
+        self.sampler = Sampler(self.device, seed, eos_token_ids)
         self.graphs: CudaGraphRunner | None = None
         self._used_graph = False
         if use_cuda_graph:

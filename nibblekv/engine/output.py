@@ -46,6 +46,8 @@ class OutputProcessor:
             return False
         search_from = max(0, len(st.text) - max((len(s) for s in req.params.stop), default=0))
         st.text += piece
+        if req.num_output_tokens < req.params.min_new_tokens:
+            return False  # NOTE: as vLLM, no stop string ends a request before min_new_tokens
         for stop in req.params.stop:
             idx = st.text.find(stop, search_from)
             if idx >= 0:

@@ -54,12 +54,17 @@ class Pending:
 
 
 def overlappable(batch: ScheduledBatch) -> bool:
-    """Whether ``batch`` can run without its requests' newest tokens on the host."""
+    """Whether ``batch`` can run without its requests' newest tokens on the host (no penalties, logprobs or
+    min-tokens mask needs them)."""
     return (
         batch.is_decode
         and not batch.loads
         and all(
-            not r.params.penalized and r.params.logprobs is None and r.params.prompt_logprobs is None
+            not r.params.penalized
+            and r.params.logprobs is None
+            and r.params.prompt_logprobs is None
+            # NOTE: the host's count lags the token in flight, so this holds for the true count too
+            and r.num_output_tokens >= r.params.min_new_tokens
             for r in batch.reqs
         )
     )

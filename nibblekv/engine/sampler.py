@@ -1,4 +1,5 @@
-"""Turn logits into next tokens: penalties, temperature, top-k / top-p / min-p, seeded sampling, logprobs.
+"""Turn logits into next tokens: penalties, logit bias, the min-tokens stop mask, temperature, top-k / top-p /
+min-p, seeded sampling, logprobs.
 
 Batched over requests with per-row parameters; rows whose request has a seed draw their noise from
 the request's own generator, so a seeded request samples the same tokens whatever it is batched with.
@@ -64,6 +65,38 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tens
     return logits
 
 
+def apply_logit_bias(logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
+    """Each request's ``logit_bias`` added to its row (token ids checked against the vocabulary upstream)."""
+    rows = [(i, t, b) for i, r in enumerate(reqs) for t, b in r.params.logit_bias]
+    if not rows:
+        return logits
+    at, ids, bias = zip(*rows)
+    dev = logits.device
+    index = (_to(at, torch.int64, dev), _to(ids, torch.int64, dev))
+    return logits.index_put(index, _to(bias, torch.float32, dev), accumulate=True)
+
+
+def mask_early_stops(
+    logits: torch.Tensor, reqs: Sequence[Request], eos_token_ids: frozenset[int]
+) -> torch.Tensor:
+    """``-inf`` at the tokens that would end a request (EOS unless ``ignore_eos``, ``stop_token_ids``) in the
+    rows whose request has fewer than ``min_new_tokens`` output tokens."""
+    rows: list[tuple[int, int]] = []
+    vocab = logits.shape[-1]
+    for i, r in enumerate(reqs):
+        p = r.params
+        if r.num_output_tokens < p.min_new_tokens:
+            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
+            rows += [(i, t) for t in sorted(stops) if t < vocab]
+    if not rows:
+        return logits
+    at, ids = zip(*rows)
+    dev = logits.device
+    return logits.index_put(
+        (_to(at, torch.int64, dev), _to(ids, torch.int64, dev)), torch.tensor(float("-inf"), device=dev)
+    )
+
+
 def filter_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p as ``-inf`` masks (every row keeps its best token)."""
     dev = logits.device
@@ -105,8 +138,10 @@ def top_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, ns: Sequence[int]
 class Sampler:
     """Picks one token per row of logits (one row per request)."""
 
-    def __init__(self, device: torch.device, seed: int = 0) -> None:
+    def __init__(self, device: torch.device, seed: int = 0, eos_token_ids: Sequence[int] = ()) -> None:
+        """``eos_token_ids``: the tokens ``min_new_tokens`` holds back (with each request's stop ids)."""
         self.device = device
+        self.eos_token_ids = frozenset(eos_token_ids)
         # noise for rows without a seed of their own
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
@@ -132,8 +167,10 @@ class Sampler:
         return SampleResult(chosen.tolist(), lps)
 
     def choose(self, logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
-        """The next token of each row, left on the device (int64 ``[rows]``): penalties, filters, draws."""
+        """The next token of each row, left on the device (int64 ``[rows]``): penalties, logit bias, the
+        min-tokens mask, filters, draws."""
         logits = apply_penalties(logits.float(), reqs)
+        logits = mask_early_stops(apply_logit_bias(logits, reqs), reqs, self.eos_token_ids)
         chosen = logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if sampled:

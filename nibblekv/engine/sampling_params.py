@@ -20,6 +20,7 @@ class SamplingParams:
     """
 
     max_new_tokens: int = 128
+    min_new_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -31,6 +32,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
@@ -41,6 +43,13 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop or ()))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in (self.stop_token_ids or ())))
+        try:  # one bias a token id (a dict's, or the last of repeated pairs'), sorted
+            bias = {int(t): float(b) for t, b in dict(self.logit_bias or {}).items()}
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"invalid sampling parameter: logit_bias must map token ids to numbers ({exc})"
+            ) from exc
+        object.__setattr__(self, "logit_bias", tuple(sorted(bias.items())))
         self._validate()
 
     def _validate(self) -> None:
@@ -50,6 +59,11 @@ class SamplingParams:
                 _is_int(p.max_new_tokens) and p.max_new_tokens >= 0,
                 "max_new_tokens must be an int >= 0",
                 p.max_new_tokens,
+            ),
+            (
+                _is_int(p.min_new_tokens) and 0 <= p.min_new_tokens <= p.max_new_tokens,
+                "min_new_tokens must be an int in [0, max_new_tokens]",
+                p.min_new_tokens,
             ),
             (
                 _finite(p.temperature) and p.temperature >= 0,
@@ -81,6 +95,11 @@ class SamplingParams:
             (p.seed is None or _is_int(p.seed), "seed must be an int or None", p.seed),
             (all(isinstance(s, str) and s for s in p.stop), "stop must be non-empty strings", p.stop),
             (all(t >= 0 for t in p.stop_token_ids), "stop_token_ids must be >= 0", p.stop_token_ids),
+            (
+                all(t >= 0 and math.isfinite(b) and -100 <= b <= 100 for t, b in p.logit_bias),
+                "logit_bias must map token ids >= 0 to biases in [-100, 100]",
+                dict(p.logit_bias),
+            ),
         ]
         for name in ("logprobs", "prompt_logprobs"):
             n = getattr(p, name)

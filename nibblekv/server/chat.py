@@ -28,7 +28,7 @@ def _generation(req: ChatCompletionRequest, state: ServerState) -> Generation:
     ids = chat_prompt(req, state.tokenizer, state.limits)
     max_new = resolve_max_tokens(req.max_new_tokens(), len(ids), state.limits)
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = make_params(state.sampling_params, sampling_kwargs(req, max_new, top, None))
+    params = make_params(state.sampling_params, sampling_kwargs(req, max_new, top, None, state.limits))
     return Generation.of([(ids, params, max_new)], req.n, "chatcmpl")
 
 

@@ -30,9 +30,8 @@ def _generation(req: CompletionRequest, state: ServerState) -> Generation:
     prompts: list[tuple[list[int], Any, int]] = []
     for ids in completion_prompts(req, state.tokenizer, state.limits):
         max_new = resolve_max_tokens(req.max_tokens, len(ids), state.limits)
-        kwargs = sampling_kwargs(
-            req, max_new, logprobs, logprobs if req.echo and logprobs is not None else None
-        )
+        echo_lp = logprobs if req.echo and logprobs is not None else None
+        kwargs = sampling_kwargs(req, max_new, logprobs, echo_lp, state.limits)
         prompts.append((ids, make_params(state.sampling_params, kwargs), max_new))
     return Generation.of(prompts, req.n, "cmpl")
 

@@ -101,15 +101,32 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, limits: ModelLimi
 
 
 def sampling_kwargs(
-    req: SamplingFields, max_new_tokens: int, logprobs: int | None, prompt_logprobs: int | None
+    req: SamplingFields,
+    max_new_tokens: int,
+    logprobs: int | None,
+    prompt_logprobs: int | None,
+    limits: ModelLimits,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``SamplingParams``; unset fields keep the engine's defaults."""
+    """Keyword arguments for ``SamplingParams``; unset fields keep the engine's defaults. A ``logit_bias``
+    token outside the vocabulary, or ``min_tokens`` above ``max_tokens``, is a 400."""
+    bad = next((t for t in req.logit_bias or {} if t >= limits.vocab_size), None)
+    if bad is not None:
+        raise APIError(
+            f"logit_bias token id {bad} is out of range [0, {limits.vocab_size})", param="logit_bias"
+        )
+    if req.min_tokens > max_new_tokens:
+        raise APIError(
+            f"min_tokens must be less than or equal to max_tokens={max_new_tokens}, got {req.min_tokens}",
+            param="min_tokens",
+        )
     kwargs: dict[str, Any] = {
         # The engine generates at least one token; max_tokens=0 (lm-eval scoring) drops it later.
         "max_new_tokens": max(1, max_new_tokens),
         "stop": req.stop_list(),
         "stop_token_ids": list(req.stop_token_ids or []),
         "ignore_eos": req.ignore_eos,
+        "min_new_tokens": req.min_tokens,
+        "logit_bias": dict(req.logit_bias or {}),
         "logprobs": logprobs,
         "prompt_logprobs": prompt_logprobs,
     }

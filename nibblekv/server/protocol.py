@@ -10,12 +10,13 @@ import time
 import uuid
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 # Upper bounds that keep a hostile body from allocating absurd work before the engine sees it.
 MAX_N = 16
 MAX_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 16
+MAX_LOGIT_BIAS = 1024
 MAX_BATCH_PROMPTS = 256
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
 
@@ -50,15 +51,46 @@ class SamplingFields(_Request):
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_SEQUENCES)  # extension
     ignore_eos: StrictBool = False  # extension
+    min_tokens: int = Field(default=0, ge=0, lt=2**31)  # extension
+    # OpenAI's: token id (a string key in JSON) -> bias in [-100, 100], added to the logits
+    logit_bias: dict[int, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # NOTE: known fields this server cannot honour are a 400, not silently dropped (the output would not be
+    # what the client asked for): structured output and tool calls
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type", "text") != "text":
+            raise ValueError(f"response_format {value.get('type')!r} is not supported: only 'text'")
+        return value
+
+    @model_validator(mode="after")
+    def _no_tool_calls(self) -> SamplingFields:
+        if self.tools and self.tool_choice != "none":
+            raise ValueError("tool calls are not supported: send tools with tool_choice 'none', or no tools")
+        return self
 
     @field_validator("top_p")
     @classmethod
     def _top_p_range(cls, value: float | None) -> float | None:
         if value is not None and not 0.0 < value <= 1.0:
             raise ValueError("top_p must be in (0, 1]")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, value: dict[int, float] | None) -> dict[int, float] | None:
+        for token, bias in (value or {}).items():
+            if token < 0 or not -100.0 <= bias <= 100.0:
+                raise ValueError(
+                    f"logit_bias maps token ids >= 0 to biases in [-100, 100], got {token}: {bias}"
+                )
         return value
 
     @field_validator("stop")
