@@ -137,6 +137,11 @@ def test_api_key(small_server: ServerProcess) -> None:
         _post(small_server, "/v1/completions", body, authorization=f"Bearer {SMALL_API_KEY}").status_code
         == 200
     )
+    native = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    _assert_error(_post(small_server, "/generate", native), 401, "api key")  # SGLang's route too
+    assert (
+        _post(small_server, "/generate", native, authorization=f"Bearer {SMALL_API_KEY}").status_code == 200
+    )
     assert httpx.get(small_server.url + "/health").status_code == 200  # health stays open for routers
     client = openai.OpenAI(base_url=small_server.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):

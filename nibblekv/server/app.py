@@ -16,12 +16,14 @@ from nibblekv import __version__
 from nibblekv.server.chat import create_chat_completion
 from nibblekv.server.completions import create_completion
 from nibblekv.server.errors import error_response, install_error_handlers
+from nibblekv.server.native import generate
 from nibblekv.server.protocol import ModelCard, ModelList, dump
 from nibblekv.server.state import ServerState, get_state
 
-# Paths that need the API key (as in vLLM): the OpenAI API. Health, metrics and info stay open so
-# load balancers and routers (sglang-router polls them) work without credentials.
+# Paths that need the API key (as in vLLM): the OpenAI API and SGLang's /generate. Health, metrics and info
+# stay open so load balancers and routers (sglang-router polls them) work without credentials.
 _PROTECTED_PREFIX = "/v1/"
+_PROTECTED_PATHS = frozenset({"/generate"})
 HEALTH_GENERATE_TIMEOUT_S: float = 20.0  # SGLang's
 
 
@@ -37,7 +39,10 @@ class APIKeyMiddleware:
         self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        protected = scope["type"] == "http" and scope["path"].startswith(_PROTECTED_PREFIX)
+        path = scope.get("path", "")
+        protected = scope["type"] == "http" and (
+            path.startswith(_PROTECTED_PREFIX) or path in _PROTECTED_PATHS
+        )
         if protected and not self._authorized(Headers(scope=scope)):
             await error_response("Incorrect API key provided.", 401)(scope, receive, send)
             return
@@ -137,6 +142,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_api_route("/v1/completions", create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/models", _models, methods=["GET"])
+    app.add_api_route("/generate", generate, methods=["POST"])
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
     app.add_api_route("/health_generate", _health_generate, methods=["GET"])

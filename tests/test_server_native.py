@@ -1,0 +1,125 @@
+"""SGLang's native ``POST /generate`` on the real SmolLM2 server: single and batch prompts, ``n``, the
+``meta_info`` finish reasons and logprobs, streaming, and its 400s."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from server_harness import ServerProcess
+
+pytestmark = pytest.mark.slow
+PROMPT = "The capital of France is"
+GREEDY = {"max_new_tokens": 6, "temperature": 0}
+
+
+def _generate(server: ServerProcess, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(server.url + "/generate", json=body, timeout=120)
+
+
+def _ok(server: ServerProcess, body: dict[str, Any]) -> Any:
+    r = _generate(server, body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_single_prompt_matches_completions(smollm2_server: ServerProcess) -> None:
+    out = _ok(smollm2_server, {"text": PROMPT, "sampling_params": GREEDY})
+    ref = httpx.post(
+        smollm2_server.url + "/v1/completions",
+        json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0},
+        timeout=120,
+    ).json()["choices"][0]["text"]
+    assert out["text"] == ref and len(out["output_ids"]) == 6
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 6}
+    assert meta["prompt_tokens"] == 5 and meta["completion_tokens"] == 6 and meta["e2e_latency"] > 0
+    ids = _ok(smollm2_server, {"input_ids": [504, 3458, 282], "sampling_params": GREEDY})
+    assert ids["meta_info"]["prompt_tokens"] == 3 and len(ids["output_ids"]) == 6
+
+
+def test_batch_n_and_per_prompt_params(smollm2_server: ServerProcess) -> None:
+    body = {"text": [PROMPT, "1, 2, 3,"], "sampling_params": [{**GREEDY, "n": 2}, {**GREEDY, "n": 2}]}
+    out = _ok(smollm2_server, body)
+    assert len(out) == 4 and out[0]["text"] == out[1]["text"] and out[2]["text"] == out[3]["text"]
+    assert len({o["meta_info"]["id"] for o in out}) == 4
+    one = _ok(smollm2_server, {"text": [PROMPT], "sampling_params": GREEDY})
+    assert isinstance(one, list) and one[0]["text"] == out[0]["text"]  # a batch of one is still a list
+
+
+def test_finish_reasons_name_what_matched(smollm2_server: ServerProcess) -> None:
+    full = _ok(smollm2_server, {"text": PROMPT, "sampling_params": GREEDY})["text"]
+    stop = full[1:4]
+    cut = _ok(smollm2_server, {"text": PROMPT, "sampling_params": {**GREEDY, "stop": [stop]}})
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop} and stop not in cut["text"]
+    chat = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    eos = _ok(smollm2_server, {"text": chat, "sampling_params": {"max_new_tokens": 40, "temperature": 0}})
+    assert eos["meta_info"]["finish_reason"] == {"type": "stop", "matched": 2}  # <|im_end|>, SmolLM2's EOS
+    assert eos["output_ids"][-1] == 2 and eos["text"].endswith("Paris.")
+    held = {"max_new_tokens": 40, "temperature": 0, "min_new_tokens": len(eos["output_ids"]) + 3}
+    longer = _ok(smollm2_server, {"text": chat, "sampling_params": held})
+    assert len(longer["output_ids"]) >= len(eos["output_ids"]) + 3
+
+
+def test_logprobs(smollm2_server: ServerProcess) -> None:
+    body = {
+        "text": PROMPT,
+        "sampling_params": GREEDY,
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "logprob_start_len": 1,
+    }
+    meta = _ok(smollm2_server, body)["meta_info"]
+    out_lp, top = meta["output_token_logprobs"], meta["output_top_logprobs"]
+    assert len(out_lp) == 6 and all(len(t) == 2 for t in top)
+    assert all(lp[1] == t[0][1] and lp[0] == pytest.approx(t[0][0]) for lp, t in zip(out_lp, top))  # greedy
+    assert len(meta["input_token_logprobs"]) == 4 and all(
+        e[0] is not None for e in meta["input_token_logprobs"]
+    )
+    ref = httpx.post(
+        smollm2_server.url + "/v1/completions",
+        json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 0},
+        timeout=120,
+    ).json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert [e[0] for e in out_lp] == pytest.approx(ref, abs=1e-4)
+
+
+def test_streaming_sends_the_text_so_far(smollm2_server: ServerProcess) -> None:
+    whole = _ok(smollm2_server, {"text": PROMPT, "sampling_params": GREEDY})
+    events: list[str] = []
+    body = {"text": PROMPT, "sampling_params": GREEDY, "stream": True}
+    with httpx.stream("POST", smollm2_server.url + "/generate", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    texts = [c["text"] for c in chunks]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:])) and texts[-1] == whole["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"sampling_params": GREEDY}, "exactly one of text and input_ids"),
+        ({"text": "a", "input_ids": [1]}, "exactly one of text and input_ids"),
+        ({"text": "a", "sampling_params": {"max_new_tokens": 2, "regex": "a+"}}, "(regex) is not supported"),
+        ({"text": "a", "sampling_params": {"max_tokens": 2}}, "sampling_params.max_tokens: extra inputs"),
+        ({"text": "a", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+        (
+            {"text": "a", "sampling_params": {"max_new_tokens": 2, "min_new_tokens": 3}},
+            "min_new_tokens must be",
+        ),
+        ({"text": ["a", "b"], "sampling_params": [GREEDY]}, "2 prompts but 1 sampling_params"),
+        ({"input_ids": [99999999]}, "out of range"),
+        ({"text": "a", "sampling_params": {"logit_bias": {"49152": 1}}}, "logit_bias token id 49152"),
+        ({"text": "a", "sampling_params": {"max_new_tokens": 10**6}}, "maximum context length"),
+    ],
+)
+def test_rejections(smollm2_server: ServerProcess, body: dict[str, Any], needle: str) -> None:
+    r = _generate(smollm2_server, body)
+    assert r.status_code == 400, r.text
+    assert needle.lower() in r.json()["error"]["message"].lower()
