@@ -123,3 +123,28 @@ def test_rejections(smollm2_server: ServerProcess, body: dict[str, Any], needle:
     r = _generate(smollm2_server, body)
     assert r.status_code == 400, r.text
     assert needle.lower() in r.json()["error"]["message"].lower()
+
+
+def test_tokenize_detokenize_and_version(smollm2_server: ServerProcess) -> None:
+    url = smollm2_server.url
+    out = httpx.post(url + "/tokenize", json={"prompt": PROMPT}, timeout=60).json()
+    assert out["count"] == len(out["tokens"]) == 5 and out["max_model_len"] == 8192
+    back = httpx.post(url + "/detokenize", json={"tokens": out["tokens"]}, timeout=60).json()
+    assert back == {"prompt": PROMPT}
+    chat = httpx.post(
+        url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=60
+    ).json()
+    served = httpx.post(
+        url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+        timeout=60,
+    ).json()
+    assert chat["count"] == served["usage"]["prompt_tokens"]  # the chat route's own template and ids
+    both = httpx.post(url + "/tokenize", json={"prompt": "a", "messages": [{"role": "user", "content": "b"}]})
+    assert (
+        both.status_code == 400
+        and both.json()["error"]["message"] == "give exactly one of prompt and messages"
+    )
+    bad = httpx.post(url + "/detokenize", json={"tokens": [49152]}, timeout=60)
+    assert bad.status_code == 400 and "out of range" in bad.json()["error"]["message"]
+    assert httpx.get(url + "/version", timeout=60).json()["version"]

@@ -19,11 +19,13 @@ from nibblekv.server.errors import error_response, install_error_handlers
 from nibblekv.server.native import generate
 from nibblekv.server.protocol import ModelCard, ModelList, dump
 from nibblekv.server.state import ServerState, get_state
+from nibblekv.server.tokens import detokenize, tokenize
 
-# Paths that need the API key (as in vLLM): the OpenAI API and SGLang's /generate. Health, metrics and info
-# stay open so load balancers and routers (sglang-router polls them) work without credentials.
+# Paths that need the API key (as in vLLM): the OpenAI API, SGLang's /generate and vLLM's (de)tokenize.
+# Health, metrics and info stay open so load balancers and routers (sglang-router polls them) work without
+# credentials.
 _PROTECTED_PREFIX = "/v1/"
-_PROTECTED_PATHS = frozenset({"/generate"})
+_PROTECTED_PATHS = frozenset({"/generate", "/tokenize", "/detokenize"})
 HEALTH_GENERATE_TIMEOUT_S: float = 20.0  # SGLang's
 
 
@@ -110,6 +112,11 @@ async def _models(request: Request) -> JSONResponse:
     return JSONResponse(dump(ModelList(data=[card])))
 
 
+async def _version(_: Request) -> JSONResponse:
+    """vLLM's ``/version``."""
+    return JSONResponse({"version": __version__})
+
+
 async def _model_info(request: Request) -> JSONResponse:
     return JSONResponse(get_state(request).model_info)
 
@@ -143,6 +150,9 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/models", _models, methods=["GET"])
     app.add_api_route("/generate", generate, methods=["POST"])
+    app.add_api_route("/tokenize", tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", detokenize, methods=["POST"])
+    app.add_api_route("/version", _version, methods=["GET"])
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
     app.add_api_route("/health_generate", _health_generate, methods=["GET"])

@@ -37,7 +37,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     g.add_argument("--port", type=_port, default=30000, help="port to listen on")
     g.add_argument(
-        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /generate"
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/*, /generate, /tokenize and /detokenize",
     )
     g.add_argument(
         "--served-model-name",

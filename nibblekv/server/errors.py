@@ -69,7 +69,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', 'could not parse')}", None
     param = ".".join(loc) or None
-    msg = str(first.get("msg", "invalid value"))
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")  # a validator's own words
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
     return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param
 

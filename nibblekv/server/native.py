@@ -34,7 +34,7 @@ from nibblekv.server.formatting import ChoiceState, prompt_entries
 from nibblekv.server.params import check_prompt_ids, make_params, resolve_max_tokens
 from nibblekv.server.protocol import MAX_BATCH_PROMPTS, MAX_LOGPROBS, MAX_N, MAX_STOP_SEQUENCES, TokenId
 from nibblekv.server.responses import Generation, observed, run_to_end, stream_response
-from nibblekv.server.state import ServerState, get_state, parse_body
+from nibblekv.server.state import ServerState, describe_validation, get_state, parse_body
 
 CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
 
@@ -164,10 +164,8 @@ def _sampling(raw: dict[str, Any]) -> NativeSampling:
     try:
         return NativeSampling.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join(str(p) for p in first.get("loc", ()))
-        msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-        raise APIError(f"sampling_params{'.' + key if key else ''}: {msg}", param="sampling_params") from exc
+        message, status, _ = describe_validation(exc, "sampling_params")
+        raise APIError(message, status, param="sampling_params") from exc
 
 
 def _generation(req: GenerateRequest, state: ServerState) -> tuple[Generation, list[NativeSampling], int]:

@@ -6,13 +6,13 @@ vLLM's wording instead of a failure deep in the scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nibblekv.server.engine_api import ServingTokenizer
 from nibblekv.server.errors import APIError
-from nibblekv.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from nibblekv.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
 
 @dataclass(frozen=True)
@@ -49,18 +49,25 @@ def completion_prompts(
 
 
 def chat_prompt(req: ChatCompletionRequest, tokenizer: ServingTokenizer, limits: ModelLimits) -> list[int]:
-    """The chat template applied to the messages, as token ids."""
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    """The chat template applied to the messages, as token ids checked against the limits."""
+    ids = render_chat(req.messages, req.add_generation_prompt, tokenizer)
+    check_prompt_ids(ids, limits)
+    return ids
+
+
+def render_chat(
+    messages: Sequence[ChatMessage], add_generation_prompt: bool, tokenizer: ServingTokenizer
+) -> list[int]:
+    """The chat template applied to ``messages``, as token ids (a template error is a 400)."""
+    rendered = [{"role": m.role, "content": m.text()} for m in messages]
     try:
-        ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt))
+        return list(tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt))
     except ValueError as exc:  # e.g. a template that rejects the role order
         raise APIError(f"cannot apply the chat template: {exc}", param="messages") from exc
     except Exception as exc:  # jinja2 TemplateError and friends are client-caused too
         raise APIError(
             f"cannot apply the chat template: {type(exc).__name__}: {exc}", param="messages"
         ) from exc
-    check_prompt_ids(ids, limits)
-    return ids
 
 
 def check_prompt_ids(ids: list[int], limits: ModelLimits) -> None:

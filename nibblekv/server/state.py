@@ -125,16 +125,13 @@ async def parse_body(request: Request, model: type[M]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise APIError(*_describe(exc)) from exc
+        raise APIError(*describe_validation(exc)) from exc
 
 
-def _describe(exc: ValidationError) -> tuple[str, int, str | None]:
-    """(message, status, param) for the first validation error."""
+def describe_validation(exc: ValidationError, prefix: str = "") -> tuple[str, int, str | None]:
+    """(message, status, param) for the first validation error, its field path after ``prefix``."""
     first = exc.errors(include_url=False)[0]
-    param = ".".join(str(p) for p in first.get("loc", ())) or None
+    param = ".".join(([prefix] if prefix else []) + [str(p) for p in first.get("loc", ())])
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")  # a validator's own words
     more = f" (and {exc.error_count() - 1} more errors)" if exc.error_count() > 1 else ""
-    return (
-        f"{param}: {first.get('msg', 'invalid value')}{more}" if param else f"{first['msg']}{more}",
-        400,
-        param,
-    )
+    return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), 400, param or None
