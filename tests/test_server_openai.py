@@ -58,6 +58,21 @@ def test_stop_sequence_cuts_text(client: Any) -> None:
     assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].text
 
 
+def test_seeded_choices_differ_and_repeat(client: Any) -> None:
+    def texts() -> list[str]:
+        out = client.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=8, n=3, seed=42, temperature=1.0
+        )
+        return [c.text for c in sorted(out.choices, key=lambda c: c.index)]
+
+    first = texts()
+    assert len(set(first)) == 3 and texts() == first  # n seeded choices: distinct, and reproducible
+    one = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=8, seed=42, temperature=1.0
+    )
+    assert one.choices[0].text == first[0]  # choice 0 keeps the request's own seed
+
+
 def test_logit_bias_and_min_tokens(client: Any) -> None:
     out = client.completions.create(
         model=MODEL,

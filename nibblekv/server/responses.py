@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -76,13 +76,18 @@ class Generation:
     @classmethod
     def of(cls, prompts: Iterable[tuple[list[int], Any, int]], n: int, id_prefix: str) -> Generation:
         """``n`` choices per (prompt ids, sampling params, most new tokens); choice index = prompt index
-        * n + j, as in OpenAI. The response id is ``id_prefix``-fresh (``protocol.make_id``)."""
+        * n + j, as in OpenAI. The response id is ``id_prefix``-fresh (``protocol.make_id``).
+
+        NOTE: a seeded request's choice ``j`` samples with ``seed + j`` (as vLLM's parallel sampling): the
+        same seed for all would make the ``n`` choices one choice ``n`` times."""
         jobs: list[GenerationJob] = []
         choices: dict[int, ChoiceState] = {}
         for p, (ids, params, max_new) in enumerate(prompts):
             for j in range(n):
                 index = p * n + j
-                jobs.append(GenerationJob(index, ids, params))
+                seed = getattr(params, "seed", None)
+                own = replace(params, seed=seed + j) if seed is not None and j else params
+                jobs.append(GenerationJob(index, ids, own))
                 choices[index] = ChoiceState(index, ids, drop_output=max_new == 0)
         return cls(jobs, choices, make_id(id_prefix))
 
