@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from nibblekv.server.engine_api import TokenLogprob
 from nibblekv.server.errors import APIError
 from nibblekv.server.formatting import ChoiceState, prompt_entries
-from nibblekv.server.params import check_prompt_ids, make_params, resolve_max_tokens
+from nibblekv.server.params import check_logit_bias, check_prompt_ids, make_params, resolve_max_tokens
 from nibblekv.server.protocol import MAX_BATCH_PROMPTS, MAX_LOGPROBS, MAX_N, MAX_STOP_SEQUENCES, TokenId
 from nibblekv.server.responses import Generation, observed, run_to_end, stream_response
 from nibblekv.server.state import ServerState, describe_validation, get_state, parse_body
@@ -127,11 +127,7 @@ def _prompts(req: GenerateRequest, state: ServerState) -> list[list[int]]:
 def _params(req: GenerateRequest, sp: NativeSampling, prompt_len: int, state: ServerState) -> tuple[Any, int]:
     """The engine's sampling parameters for one prompt, and its most new tokens."""
     max_new = resolve_max_tokens(sp.max_new_tokens, prompt_len, state.limits)
-    bad = next((t for t in sp.logit_bias or {} if t >= state.limits.vocab_size), None)
-    if bad is not None:
-        raise APIError(
-            f"logit_bias token id {bad} is out of range [0, {state.limits.vocab_size})", param="logit_bias"
-        )
+    check_logit_bias(sp.logit_bias, state.limits)
     if sp.min_new_tokens > max_new:
         raise APIError(
             f"min_new_tokens must be in [0, max_new_tokens={max_new}], got {sp.min_new_tokens}",

@@ -92,6 +92,15 @@ def check_prompt_ids(ids: list[int], limits: ModelLimits) -> None:
         )
 
 
+def check_logit_bias(bias: dict[int, float] | None, limits: ModelLimits) -> None:
+    """A 400 for a ``logit_bias`` token outside the vocabulary (the ranges are the protocol's)."""
+    bad = next((t for t in bias or {} if t >= limits.vocab_size), None)
+    if bad is not None:
+        raise APIError(
+            f"logit_bias token id {bad} is out of range [0, {limits.vocab_size})", param="logit_bias"
+        )
+
+
 def resolve_max_tokens(requested: int | None, prompt_len: int, limits: ModelLimits) -> int:
     """``max_tokens`` checked against the context; ``None`` means "up to the context length"."""
     room = limits.context_length - prompt_len
@@ -116,11 +125,7 @@ def sampling_kwargs(
 ) -> dict[str, Any]:
     """Keyword arguments for ``SamplingParams``; unset fields keep the engine's defaults. A ``logit_bias``
     token outside the vocabulary, or ``min_tokens`` above ``max_tokens``, is a 400."""
-    bad = next((t for t in req.logit_bias or {} if t >= limits.vocab_size), None)
-    if bad is not None:
-        raise APIError(
-            f"logit_bias token id {bad} is out of range [0, {limits.vocab_size})", param="logit_bias"
-        )
+    check_logit_bias(req.logit_bias, limits)
     if req.min_tokens > max_new_tokens:
         raise APIError(
             f"min_tokens must be less than or equal to max_tokens={max_new_tokens}, got {req.min_tokens}",
