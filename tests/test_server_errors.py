@@ -95,6 +95,13 @@ def test_chat_rejections(smollm2_server: ServerProcess) -> None:
     _assert_error(_post(smollm2_server, "/v1/chat/completions", bad_role), 400, "role")
     nan_temp = b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'
     _assert_error(_post(smollm2_server, "/v1/chat/completions", nan_temp), 400, "finite", param="temperature")
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+    _assert_error(
+        _post(smollm2_server, "/v1/chat/completions", image),
+        400,
+        "content parts of type 'image_url' are not supported",
+        param="messages.0.content",
+    )
     # known fields the server cannot honour are refused, not dropped
     hi = [{"role": "user", "content": "hi"}]
     json_mode = {"messages": hi, "response_format": {"type": "json_object"}}

@@ -148,6 +148,18 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        # NOTE: before pydantic's union check, whose error would name the str branch, not the part
+        for part in value if isinstance(value, list) else []:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in (None, "text"):
+                raise ValueError(
+                    f"content parts of type {kind!r} are not supported: the served model is text-only"
+                )
+        return value
+
     def text(self) -> str:
         """The message content as one string."""
         if self.content is None:
