@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from nibblekv.cli_style import add_switch, non_negative_int, open_fraction, positive_float, positive_int
@@ -98,6 +99,9 @@ class EngineConfig:
     # config's mamba_ssm_dtype, else float32. bfloat16 halves each request's state (Qwen3.5-27B: 147 -> 75
     # MiB); the decode kernels step it in float32 and round once a step.
     mamba_ssm_dtype: str | None = None
+    # A Jinja chat template, or the path of a file holding one (SGLang's / vLLM's --chat-template): for a
+    # model without a template, or to override its own. See chat_template_text().
+    chat_template: str | None = None
 
     def _check_window(self, name: str, tokens: int) -> None:
         """A window of tokens kept unquantized: >= 0 and whole pages."""
@@ -129,7 +133,9 @@ class EngineConfig:
             self._check_window("kv_prefill_window", self.kv_prefill_window)
         if self.context_length is not None:
             _check(self.context_length >= 2, "context_length", "must be >= 2")
-        _check(self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs", "must be >= 1")
+        _check(
+            self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1, "cuda_graph_max_bs", "must be >= 1"
+        )
         _check(not self.cuda_graph_bs or min(self.cuda_graph_bs) >= 1, "cuda_graph_bs", "sizes must be >= 1")
         _check(self.tp_size >= 1, "tp_size", "must be >= 1")
         _check(self.decode_log_interval >= 0, "decode_log_interval", "must be >= 0")
@@ -143,6 +149,7 @@ class EngineConfig:
         _check_choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         self.model_overrides()  # NOTE: a bad JSON text fails here, before any weights load
+        self.chat_template_text()  # NOTE: likewise a missing file or a template that does not parse
         if self.enable_overlap_schedule:
             _check(self.tp_size == 1, "enable_overlap_schedule", "is not supported with --tp-size > 1")
 
@@ -157,6 +164,25 @@ class EngineConfig:
             raise ValueError(f"--json-model-override-args is not valid JSON: {e}") from None
         _check(isinstance(value, dict), "json_model_override_args", f"must be a JSON object, got {value!r}")
         return dict(value)
+
+    def chat_template_text(self) -> str | None:
+        """``chat_template`` as template text (read from its file when it names one); ValueError naming the
+        flag when it is neither a file nor a Jinja template that parses."""
+        if self.chat_template is None:
+            return None
+        text = self.chat_template
+        path = Path(text).expanduser()
+        if len(text) < 4096 and "\n" not in text and path.is_file():
+            text = path.read_text()
+        elif "{{" not in text and "{%" not in text:
+            raise ValueError(f"--chat-template: no file {self.chat_template!r}, and not a Jinja template")
+        import jinja2  # NOTE: transformers' own template engine, installed with it
+
+        try:
+            jinja2.Environment().parse(text)
+        except jinja2.TemplateSyntaxError as e:
+            raise ValueError(f"--chat-template: the template does not parse: {e} (line {e.lineno})") from None
+        return text
 
     def overlap_schedule(self, device_type: str) -> bool:
         """Whether the engine on ``device_type`` runs the overlap schedule (resolves the ``None`` default)."""
@@ -234,6 +260,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="hybrid models: dtype of each request's recurrent Gated DeltaNet state (default: the model "
         "config's mamba_ssm_dtype, else float32; bfloat16 halves the state, computed in float32 either way)",
     )  # fmt: skip
+    g.add_argument(
+        "--chat-template", default=None, metavar="TEMPLATE",
+        help="a Jinja chat template, or the file holding one, used instead of the model's own (or where it "
+        "has none)",
+    )  # fmt: skip
     g.add_argument("--device", default=d.device, choices=DEVICES, help="auto: CUDA when available")
     g.add_argument("--seed", type=int, default=d.seed, help="seed of sampling (and of dummy weights)")
     g.add_argument(
@@ -307,8 +338,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help=f"largest decode batch replayed from a CUDA graph (default: --max-running-requests, at most "
         f"{DEFAULT_CUDA_GRAPH_MAX_BS})",
     )  # fmt: skip
-    g.add_argument("--cuda-graph-bs", type=positive_int, nargs="+", default=None,
-                   help="the decode batch sizes to capture (default: 1, 2, 4, 8, then every 8 up to --cuda-graph-max-bs)")
+    g.add_argument(
+        "--cuda-graph-bs",
+        type=positive_int,
+        nargs="+",
+        default=None,
+        help="the decode batch sizes to capture (default: 1, 2, 4, 8, then every 8 up to --cuda-graph-max-bs)",
+    )
     overlap = g.add_mutually_exclusive_group()
     overlap.add_argument(
         "--enable-overlap-schedule", dest="enable_overlap_schedule", action="store_const", const=True,
@@ -333,5 +369,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--enable-hierarchical-cache", action="store_true", help="keep evicted prefix pages in host memory"
     )
-    g.add_argument("--hicache-size", type=positive_float, default=None, help="host tier GiB (default: 2x pool)")
+    g.add_argument(
+        "--hicache-size", type=positive_float, default=None, help="host tier GiB (default: 2x pool)"
+    )
     g.add_argument("--hicache-write-policy", default=d.hicache_write_policy, choices=HICACHE_WRITE_POLICIES)

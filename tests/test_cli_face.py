@@ -91,6 +91,8 @@ def test_help_speaks_to_users() -> None:
         (["generate", "--model", "llama-3.1-8b", "hi"], "add --load-format dummy"),
         (["serve", "--model", "/nonexistent"], "--model /nonexistent: no such file or folder"),
         (["serve", "--model", "llama-3.1-8b"], "add --load-format dummy"),
+        (["serve", "--chat-template", "nope.jinja"], "--chat-template: no file 'nope.jinja'"),
+        (["generate", "--chat-template", "{{ x", "hi"], "--chat-template: the template does not parse"),
     ],
 )
 def test_bad_model_is_one_line_exit_2(args: list[str], message: str, tmp_path: Path) -> None:

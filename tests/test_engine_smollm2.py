@@ -176,7 +176,10 @@ def test_prefill_window_reads_earlier_chunks_unquantized(make_engine, smollm2) -
     off, _ = run(chunked_prefill_size=64, kv_prefill_window=0)
     default, _ = run(chunked_prefill_size=64)  # the previous chunk + W = 128 tokens in the tail
     assert len(tokens) == 4  # decoding after the last chunk's demotion works
-    err = {name: float((x - whole).abs().max()) for name, x in (("covered", covered), ("off", off), ("default", default))}
+    err = {
+        name: float((x - whole).abs().max())
+        for name, x in (("covered", covered), ("off", off), ("default", default))
+    }
     assert err["covered"] < 1e-4, err
     assert err["off"] > 1e-2, err
     rms = {name: float((x - whole).pow(2).mean().sqrt()) for name, x in (("off", off), ("default", default))}
@@ -234,6 +237,16 @@ def test_min_new_tokens_and_logit_bias(make_engine, smollm2) -> None:
     assert engine.generate([prompt], biased)[0].token_ids == [forced] * 3
     with pytest.raises(ValueError, match=r"logit_bias token id 49152 is out of range \[0, 49152\)"):
         engine.generate([prompt], SamplingParams(logit_bias={49152: 1.0}))
+
+
+def test_chat_template_flag_reaches_generate(make_engine, smollm2, tmp_path) -> None:
+    path = tmp_path / "plain.jinja"
+    path.write_text("{% for m in messages %}Q: {{ m['content'] }}\n{% endfor %}A:")
+    engine = make_engine(chat_template=str(path))
+    ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Name a colour."}])
+    assert ids == smollm2[1].encode("Q: Name a colour.\nA:", add_special_tokens=False)
+    out = engine.generate([ids], SamplingParams(temperature=0, max_new_tokens=3))[0]
+    assert out.completion_tokens >= 1
 
 
 def test_logprobs_prompt_and_generated_agree(make_engine, smollm2) -> None:

@@ -56,3 +56,34 @@ def test_streaming_skips_special_tokens(smollm2: tuple[CausalLM, Tokenizer]) -> 
     tok = smollm2[1]
     ids = [*tok.encode("Hello there", add_special_tokens=False), 2]  # 2 = <|im_end|>
     assert "".join(_stream(tok, ids)) == "Hello there"
+
+
+TEMPLATE = (
+    "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<<assistant>>{% endif %}"
+)
+
+
+def test_chat_template_flag_text_file_and_errors(tmp_path) -> None:
+    from nibblekv.config import EngineConfig
+
+    assert EngineConfig(chat_template=TEMPLATE).chat_template_text() == TEMPLATE
+    path = tmp_path / "t.jinja"
+    path.write_text(TEMPLATE)
+    assert EngineConfig(chat_template=str(path)).chat_template_text() == TEMPLATE
+    with pytest.raises(ValueError, match="--chat-template: no file 'nope.jinja', and not a Jinja template"):
+        EngineConfig(chat_template="nope.jinja")
+    with pytest.raises(ValueError, match="--chat-template: the template does not parse"):
+        EngineConfig(chat_template="{% for m in messages %}{{ m }}")  # no endfor
+    with pytest.raises(ValueError, match="--chat-template: ByteTokenizer has its own fixed chat format"):
+        ByteTokenizer(300).with_chat_template(TEMPLATE)
+
+
+def test_chat_template_overrides_the_model_s_own(smollm2: tuple[CausalLM, Tokenizer]) -> None:
+    tok = smollm2[1]
+    own = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    custom = tok.with_chat_template(TEMPLATE)
+    ids = custom.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert ids == tok.encode("<<user>>hi\n<<assistant>>", add_special_tokens=False) and ids != own
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == own  # the loaded one is untouched
+    assert custom.eos_token_ids == tok.eos_token_ids and custom.vocab_size == tok.vocab_size

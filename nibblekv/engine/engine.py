@@ -91,6 +91,10 @@ class Engine:
                 kv_rotation=kv_rotation_planned(cfg),
             )
         self.model, self.tokenizer = loaded
+        template = cfg.chat_template_text()
+        if template is not None:
+            self.tokenizer = self.tokenizer.with_chat_template(template)
+            logger.info("Chat template from --chat-template (%d characters)", len(template))
         self.device = self.model.device
         logger.info(
             "Load weight end. Time elapsed: %.1f s, dtype=%s, quantization=%s, mem usage=%.2f GB",
@@ -118,7 +122,9 @@ class Engine:
             logger.info(self.states.startup_line())
             if not cfg.disable_radix_cache:
                 # a cached prefix's KV is useless without the linear layers' state at its end, which is not kept
-                logger.info("Radix cache is disabled for hybrid linear-attention models (%s)", mc.architecture)
+                logger.info(
+                    "Radix cache is disabled for hybrid linear-attention models (%s)", mc.architecture
+                )
                 self.config = cfg = replace(cfg, disable_radix_cache=True, enable_hierarchical_cache=False)
         eos_ids = [*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]
         self.scheduler = Scheduler(
@@ -289,7 +295,12 @@ class Engine:
             # NOTE: INFO like SGLang's scheduler; decode_log_interval=0 (benchmarks) silences both lines.
             (logger.info if self.config.decode_log_interval else logger.debug)(
                 prefill_log_line(
-                    len(batch.reqs), batch.num_tokens, usage, len(s.running), len(s.waiting), batch.num_cached_tokens
+                    len(batch.reqs),
+                    batch.num_tokens,
+                    usage,
+                    len(s.running),
+                    len(s.waiting),
+                    batch.num_cached_tokens,
                 )
             )
             return

@@ -38,7 +38,13 @@ class Tokenizer(ABC):
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
         """The chat template applied to ``messages``, as text (special tokens spelled out)."""
 
-    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+    def with_chat_template(self, template: str) -> Tokenizer:
+        """This tokenizer rendering chats with the Jinja ``template``; ValueError where it cannot."""
+        raise ValueError(f"--chat-template: {type(self).__name__} has its own fixed chat format")
+
+    def apply_chat_template(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[int]:
         """Token ids of the rendered chat. NOTE: the template supplies BOS itself, so none is added."""
         return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
 
@@ -46,11 +52,17 @@ class Tokenizer(ABC):
 class HFTokenizer(Tokenizer):
     """Wraps a ``transformers`` tokenizer; ``eos_token_ids`` merges the tokenizer's and the model's."""
 
-    def __init__(self, hf: Any, extra_eos: Sequence[int] = ()) -> None:
+    def __init__(self, hf: Any, extra_eos: Sequence[int] = (), chat_template: str | None = None) -> None:
+        """``chat_template``: a Jinja template used instead of the tokenizer's own (``--chat-template``)."""
         self.hf = hf
         eos = [] if hf.eos_token_id is None else [int(hf.eos_token_id)]
         self.eos_token_ids = list(dict.fromkeys([*eos, *(int(i) for i in extra_eos)]))
         self.vocab_size = len(hf)
+        self.chat_template = chat_template
+
+    def with_chat_template(self, template: str) -> HFTokenizer:
+        """This tokenizer rendering chats with ``template`` (a new object: the loaded one may be shared)."""
+        return HFTokenizer(self.hf, self.eos_token_ids, chat_template=template)
 
     @staticmethod
     def from_folder(folder: str | Path, extra_eos: Sequence[int] = ()) -> HFTokenizer:
@@ -64,7 +76,9 @@ class HFTokenizer(Tokenizer):
 
         folder = Path(folder)
         config_path = folder / "tokenizer_config.json"
-        declared = json.loads(config_path.read_text()).get("tokenizer_class") if config_path.is_file() else None
+        declared = (
+            json.loads(config_path.read_text()).get("tokenizer_class") if config_path.is_file() else None
+        )
         if declared in _GENERIC_TOKENIZERS and (folder / "tokenizer.json").is_file():
             return HFTokenizer(PreTrainedTokenizerFast.from_pretrained(str(folder)), extra_eos)
         return HFTokenizer(AutoTokenizer.from_pretrained(str(folder)), extra_eos)
@@ -96,10 +110,14 @@ class HFTokenizer(Tokenizer):
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        if not getattr(self.hf, "chat_template", None):
-            raise ValueError("this tokenizer has no chat template")
+        template = self.chat_template or getattr(self.hf, "chat_template", None)
+        if not template:
+            raise ValueError("this tokenizer has no chat template (give one with --chat-template)")
         text = self.hf.apply_chat_template(
-            [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=False
+            [dict(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            chat_template=template,
         )
         return str(text)
 
@@ -142,7 +160,9 @@ class DetokenizeState:
     multi-byte character is split across tokens. :meth:`finish` releases whatever is held.
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = list(prompt_ids[-6:])  # a little left context, as vLLM does
