@@ -174,3 +174,24 @@ def test_deep_json_and_surrogates_are_400() -> None:
     assert deep.status_code == 400 and "nested deeper" in deep.json()["error"]["message"]
     lone = client.post("/v1/completions", content=b'{"prompt": "\\udc80"}')
     assert lone.status_code == 400 and "not valid unicode" in lone.json()["error"]["message"].lower()
+
+
+def test_log_requests_logs_arrival_and_finish(caplog: pytest.LogCaptureFixture) -> None:
+    state = _state(_GeneratingEngine())
+    client = TestClient(build_app(state))
+    with caplog.at_level("INFO", logger="nibblekv.server.responses"):
+        assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200
+    assert not [
+        r for r in caplog.records if r.getMessage().startswith(("Receive:", "Finish:"))
+    ]  # off by default
+    state.log_requests = True
+    with caplog.at_level("INFO", logger="nibblekv.server.responses"):
+        assert (
+            client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "n": 2}).status_code == 200
+        )
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("Receive: cmpl-") and "prompt tokens: 3" in m for m in lines) == 2
+    finished = [m for m in lines if m.startswith("Finish: cmpl-")]
+    assert len(finished) == 2 and all(
+        "finish_reason: length" in m and "completion tokens: 1" in m for m in finished
+    )

@@ -70,6 +70,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level"
     )
     g.add_argument(
+        "--log-requests",
+        action="store_true",
+        help="log each request as it arrives (prompt tokens, sampling parameters) and as it ends (finish "
+        "reason, tokens, latency); no prompt or output text",
+    )
+    g.add_argument(
         "--skip-server-warmup",
         action="store_true",
         help="open the port without first running a few warm-up requests (which compile the kernels)",

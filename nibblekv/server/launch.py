@@ -80,6 +80,7 @@ def state_from_engine(engine: Any, args: argparse.Namespace) -> ServerState:
         admission=Admission(limit),
         metrics=metrics,
         api_key=args.api_key,
+        log_requests=args.log_requests,
         model_info={
             "model_path": facts["model_path"],
             "served_model_name": name,

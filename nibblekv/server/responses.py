@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -97,12 +98,24 @@ async def observed(state: ServerState, gen: Generation) -> AsyncIterator[tuple[C
     choice's output), once folded into the choice with its latency and tokens recorded (at the end, the
     finish: :func:`finish_metrics`)."""
     timers = {job.index: TokenTimer(state.metrics) for job in gen.jobs}
+    if state.log_requests:
+        for job in gen.jobs:
+            prompt = len(job.prompt_ids)
+            log.info("Receive: %s[%d], prompt tokens: %d, %s", gen.rid, job.index, prompt, job.params)
+    started = time.perf_counter()
     async for index, delta in merged_streams(state.engine, gen.jobs, state.live_requests):
         choice, timer = gen.choices[index], timers[index]
         timer.on_tokens(len(delta.token_ids))
         shown = choice.apply(delta)
         if delta.finished:
             finish_metrics(state, choice, timer)
+            if state.log_requests:
+                log.info(
+                    "Finish: %s[%d], finish_reason: %s, prompt tokens: %d, completion tokens: %d, cached "
+                    "tokens: %d, e2e latency: %.3f s",
+                    gen.rid, index, choice.finish_reason, choice.prompt_tokens, choice.completion_tokens,
+                    choice.cached_tokens, time.perf_counter() - started,
+                )  # fmt: skip
         yield choice, delta, shown
 
 

@@ -70,6 +70,7 @@ class ServerState:
     admission: Admission
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     api_key: str | None = None
+    log_requests: bool = False  # --log-requests: a line as each engine request starts and as it finishes
     draining: bool = False  # a shutdown signal arrived: /health and new requests get 503
     drain_expired: bool = False  # the drain timeout passed: live requests were aborted
     live_requests: set[str] = field(default_factory=set)  # engine request ids now generating
