@@ -208,6 +208,11 @@ def test_stop_strings_and_stop_tokens(make_engine, smollm2) -> None:
     stop = full.text[10:14]
     cut = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=32, stop=[stop]))[0]
     assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.index(stop)]
+    kept_params = SamplingParams(
+        temperature=0, max_new_tokens=32, stop=[stop], include_stop_str_in_output=True
+    )
+    kept = engine.generate([prompt], kept_params)[0]
+    assert kept.finish_reason == "stop" and kept.text == full.text[: full.text.index(stop) + len(stop)]
     tok_stop = engine.generate(
         [prompt], SamplingParams(temperature=0, max_new_tokens=32, stop_token_ids=[full.token_ids[3]])
     )[0]

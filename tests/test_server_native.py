@@ -54,6 +54,10 @@ def test_finish_reasons_name_what_matched(smollm2_server: ServerProcess) -> None
     stop = full[1:4]
     cut = _ok(smollm2_server, {"text": PROMPT, "sampling_params": {**GREEDY, "stop": [stop]}})
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop} and stop not in cut["text"]
+    kept = _ok(
+        smollm2_server, {"text": PROMPT, "sampling_params": {**GREEDY, "stop": [stop], "no_stop_trim": True}}
+    )
+    assert kept["text"] == cut["text"] + stop and kept["meta_info"]["finish_reason"]["matched"] == stop
     chat = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     eos = _ok(smollm2_server, {"text": chat, "sampling_params": {"max_new_tokens": 40, "temperature": 0}})
     assert eos["meta_info"]["finish_reason"] == {"type": "stop", "matched": 2}  # <|im_end|>, SmolLM2's EOS

@@ -56,6 +56,11 @@ def test_stop_sequence_cuts_text(client: Any) -> None:
         model=MODEL, prompt="1, 2, 3, 4,", max_tokens=8, temperature=0, stop=[stop]
     )
     assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].text
+    kept = client.completions.create(
+        model=MODEL, prompt="1, 2, 3, 4,", max_tokens=8, temperature=0, stop=[stop],
+        extra_body={"include_stop_str_in_output": True},
+    )  # fmt: skip
+    assert kept.choices[0].text == cut.choices[0].text + stop
 
 
 def test_seeded_choices_differ_and_repeat(client: Any) -> None:

@@ -51,7 +51,7 @@ class OutputProcessor:
         for stop in req.params.stop:
             idx = st.text.find(stop, search_from)
             if idx >= 0:
-                st.text = st.text[:idx]
+                st.text = st.text[: idx + (len(stop) if req.params.include_stop_str_in_output else 0)]
                 st.stopped = True
         return st.stopped
 

@@ -13,8 +13,12 @@ class SamplingParams:
     ``temperature == 0`` is greedy. ``top_k`` of -1 (or 0) and ``top_p == 1`` and ``min_p == 0``
     disable those filters. ``repetition_penalty`` (HF's: divides positive logits, multiplies negative
     ones) applies to prompt and output tokens; ``frequency_penalty`` / ``presence_penalty`` (OpenAI's)
-    to output tokens only. ``stop`` strings are cut from the returned text; ``stop_token_ids`` and
-    EOS (unless ``ignore_eos``) end generation with the token kept in ``token_ids``. ``logprobs`` /
+    to output tokens only; ``logit_bias`` (OpenAI's: token id -> bias in [-100, 100], a dict accepted) is
+    added after them. ``stop`` strings are cut from the returned text (kept with
+    ``include_stop_str_in_output``, vLLM's name, SGLang's ``no_stop_trim``); ``stop_token_ids`` and EOS
+    (unless ``ignore_eos``) end generation with the token kept in ``token_ids``. Before
+    ``min_new_tokens`` output tokens none of them ends it (SGLang's name, vLLM's ``min_tokens``: the stop
+    ids are masked out of the draw, stop strings not searched). ``logprobs`` /
     ``prompt_logprobs`` ask for the top-n log-probabilities of the model's raw distribution (before
     penalties and temperature) for each generated / prompt token (None = not returned).
     """
@@ -30,6 +34,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
+    include_stop_str_in_output: bool = False
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)

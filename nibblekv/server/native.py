@@ -57,6 +57,7 @@ class NativeSampling(BaseModel):
     stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_SEQUENCES)
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
+    no_stop_trim: StrictBool = False
     logit_bias: dict[int, float] | None = None
     sampling_seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     n: int = Field(default=1, ge=1, le=MAX_N)
@@ -148,6 +149,7 @@ def _params(req: GenerateRequest, sp: NativeSampling, prompt_len: int, state: Se
         "stop_token_ids": list(sp.stop_token_ids or []),
         "ignore_eos": sp.ignore_eos,
         "skip_special_tokens": sp.skip_special_tokens,
+        "include_stop_str_in_output": sp.no_stop_trim,
         "logit_bias": dict(sp.logit_bias or {}),
         "seed": sp.sampling_seed,
         "logprobs": logprobs,
@@ -190,7 +192,8 @@ def _finish(choice: ChoiceState, sp: NativeSampling, state: ServerState) -> dict
     if reason != "stop":
         return {"type": reason}
     text = "".join(choice.text)
-    tail = state.tokenizer.decode(ids, skip_special_tokens=sp.skip_special_tokens)[len(text) :]
+    full = state.tokenizer.decode(ids, skip_special_tokens=sp.skip_special_tokens)
+    tail = full[len(text) - (max(map(len, sp.stops()), default=0) if sp.no_stop_trim else 0) :]
     matched: str | int | None = next((s for s in sp.stops() if s in tail), None)
     if matched is None and ids:
         matched = ids[-1]  # an EOS or stop token

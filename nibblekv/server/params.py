@@ -138,6 +138,7 @@ def sampling_kwargs(
         "stop_token_ids": list(req.stop_token_ids or []),
         "ignore_eos": req.ignore_eos,
         "min_new_tokens": req.min_tokens,
+        "include_stop_str_in_output": req.include_stop_str_in_output,
         "logit_bias": dict(req.logit_bias or {}),
         "logprobs": logprobs,
         "prompt_logprobs": prompt_logprobs,

@@ -52,6 +52,7 @@ class SamplingFields(_Request):
     stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_SEQUENCES)  # extension
     ignore_eos: StrictBool = False  # extension
     min_tokens: int = Field(default=0, ge=0, lt=2**31)  # extension
+    include_stop_str_in_output: StrictBool = False  # extension
     # OpenAI's: token id (a string key in JSON) -> bias in [-100, 100], added to the logits
     logit_bias: dict[int, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     stream: StrictBool = False
