@@ -36,8 +36,9 @@ def test_single_prompt_matches_completions(smollm2_server: ServerProcess) -> Non
     meta = out["meta_info"]
     assert meta["finish_reason"] == {"type": "length", "length": 6}
     assert meta["prompt_tokens"] == 5 and meta["completion_tokens"] == 6 and meta["e2e_latency"] > 0
-    ids = _ok(smollm2_server, {"input_ids": [504, 3458, 282], "sampling_params": GREEDY})
+    ids = _ok(smollm2_server, {"input_ids": [504, 3458, 282], "sampling_params": GREEDY, "rid": "mine"})
     assert ids["meta_info"]["prompt_tokens"] == 3 and len(ids["output_ids"]) == 6
+    assert ids["meta_info"]["id"] == "mine"  # the client's request id, as SGLang's rid
 
 
 def test_batch_n_and_per_prompt_params(smollm2_server: ServerProcess) -> None:
@@ -119,6 +120,7 @@ def test_streaming_sends_the_text_so_far(smollm2_server: ServerProcess) -> None:
         ),
         ({"text": ["a", "b"], "sampling_params": [GREEDY]}, "2 prompts but 1 sampling_params"),
         ({"input_ids": [99999999]}, "out of range"),
+        ({"text": ["a", "b"], "rid": ["one"]}, "1 rids for 2 outputs"),
         ({"text": "a", "sampling_params": {"logit_bias": {"49152": 1}}}, "logit_bias token id 49152"),
         ({"text": "a", "sampling_params": {"max_new_tokens": 10**6}}, "maximum context length"),
     ],

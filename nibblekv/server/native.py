@@ -193,7 +193,8 @@ def _finish(choice: ChoiceState, sp: NativeSampling, state: ServerState) -> dict
         return {"type": reason}
     text = "".join(choice.text)
     full = state.tokenizer.decode(ids, skip_special_tokens=sp.skip_special_tokens)
-    tail = full[len(text) - (max(map(len, sp.stops()), default=0) if sp.no_stop_trim else 0) :]
+    kept = max(map(len, sp.stops()), default=0) if sp.no_stop_trim else 0  # the stop string left in the text
+    tail = full[max(0, len(text) - kept) :]
     matched: str | int | None = next((s for s in sp.stops() if s in tail), None)
     if matched is None and ids:
         matched = ids[-1]  # an EOS or stop token
