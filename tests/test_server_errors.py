@@ -46,6 +46,7 @@ def _assert_error(r: httpx.Response, status: int, *needles: str, param: str | No
         ({"prompt": [99999999]}, ["out of range"], "prompt"),
         ({"prompt": []}, ["must not be empty"], None),
         ({"prompt": "hi", "suffix": "the end"}, ["suffix"], "suffix"),
+        ({"prompt": "hi", "best_of": 3}, ["best_of (3) other than n (1) is not supported"], None),
         (
             {"prompt": "hi", "logit_bias": {"49152": 1}},
             ["logit_bias token id 49152 is out of range"],

@@ -122,6 +122,14 @@ class CompletionRequest(SamplingFields):
     echo: StrictBool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> CompletionRequest:
+        # NOTE: best_of > n would rank extra samples by logprob and drop them; not done, so refused
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of ({self.best_of}) other than n ({self.n}) is not supported")
+        return self
 
     @field_validator("prompt")
     @classmethod
