@@ -102,6 +102,9 @@ class EngineConfig:
     # A Jinja chat template, or the path of a file holding one (SGLang's / vLLM's --chat-template): for a
     # model without a template, or to override its own. See chat_template_text().
     chat_template: str | None = None
+    # An HF tokenizer folder used instead of the model's tokenizer (SGLang's --tokenizer-path): e.g. a real
+    # tokenizer for a --load-format dummy model, whose own is bytes (no tokenizer ships with a preset)
+    tokenizer_path: str | None = None
 
     def _check_window(self, name: str, tokens: int) -> None:
         """A window of tokens kept unquantized: >= 0 and whole pages."""
@@ -150,6 +153,16 @@ class EngineConfig:
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         self.model_overrides()  # NOTE: a bad JSON text fails here, before any weights load
         self.chat_template_text()  # NOTE: likewise a missing file or a template that does not parse
+        if self.tokenizer_path is not None:
+            folder = Path(self.tokenizer_path).expanduser()
+            has = folder.is_dir() and any(
+                (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")
+            )
+            _check(
+                has,
+                "tokenizer_path",
+                f"{self.tokenizer_path}: not a folder with tokenizer.json / tokenizer_config.json",
+            )
         if self.enable_overlap_schedule:
             _check(self.tp_size == 1, "enable_overlap_schedule", "is not supported with --tp-size > 1")
 
@@ -264,6 +277,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--chat-template", default=None, metavar="TEMPLATE",
         help="a Jinja chat template, or the file holding one, used instead of the model's own (or where it "
         "has none)",
+    )  # fmt: skip
+    g.add_argument(
+        "--tokenizer-path", default=None, metavar="DIR",
+        help="an HF tokenizer folder used instead of the model's (e.g. a real one for a dummy model)",
     )  # fmt: skip
     g.add_argument("--device", default=d.device, choices=DEVICES, help="auto: CUDA when available")
     g.add_argument("--seed", type=int, default=d.seed, help="seed of sampling (and of dummy weights)")

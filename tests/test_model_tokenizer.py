@@ -87,3 +87,39 @@ def test_chat_template_overrides_the_model_s_own(smollm2: tuple[CausalLM, Tokeni
     assert ids == tok.encode("<<user>>hi\n<<assistant>>", add_special_tokens=False) and ids != own
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == own  # the loaded one is untouched
     assert custom.eos_token_ids == tok.eos_token_ids and custom.vocab_size == tok.vocab_size
+
+
+def test_tokenizer_path_gives_a_dummy_model_a_real_tokenizer(
+    smollm2: tuple[CausalLM, Tokenizer], tmp_path
+) -> None:
+    import json
+
+    from nibblekv import Engine, SamplingParams
+    from nibblekv.config import EngineConfig
+
+    tok = smollm2[1]
+    folder = tmp_path / "tok"
+    tok.hf.save_pretrained(str(folder))  # type: ignore[attr-defined]
+    shape = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": tok.vocab_size, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+    }  # fmt: skip
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(shape))
+    kw = {"model": str(config), "load_format": "dummy", "max_total_tokens": 1024, "device": "cpu"}
+    engine = Engine(**kw, tokenizer_path=str(folder))
+    try:
+        assert engine.tokenizer.encode("The capital of France") == tok.encode("The capital of France")
+        assert set(tok.eos_token_ids) <= set(engine.tokenizer.eos_token_ids)
+        out = engine.generate(["The capital of France"], SamplingParams(temperature=0, max_new_tokens=2))[0]
+        assert out.prompt_tokens == len(tok.encode("The capital of France")) and out.completion_tokens >= 1
+    finally:
+        engine.shutdown()
+    config.write_text(json.dumps({**shape, "vocab_size": 320}))
+    with pytest.raises(
+        ValueError, match=r"its vocabulary \(49,152 tokens\) is larger than the model's \(320\)"
+    ):
+        Engine(**kw, tokenizer_path=str(folder))
+    with pytest.raises(ValueError, match="--tokenizer-path /nonexistent: not a folder with tokenizer.json"):
+        EngineConfig(tokenizer_path="/nonexistent")

@@ -32,7 +32,7 @@ from nibblekv.engine.setup import (
     resolve_device,
 )
 from nibblekv.engine.stats import EngineStats, decode_log_line, prefill_log_line
-from nibblekv.model import CausalLM, Tokenizer, load_model
+from nibblekv.model import CausalLM, Tokenizer, load_model, tokenizer_for
 from nibblekv.model.fp8 import QuantMethod, has_fp8_weights, weight_bytes
 
 if TYPE_CHECKING:
@@ -91,6 +91,8 @@ class Engine:
                 kv_rotation=kv_rotation_planned(cfg),
             )
         self.model, self.tokenizer = loaded
+        if cfg.tokenizer_path is not None:
+            self.tokenizer = tokenizer_for(self.model, cfg.tokenizer_path)
         template = cfg.chat_template_text()
         if template is not None:
             self.tokenizer = self.tokenizer.with_chat_template(template)

@@ -6,7 +6,7 @@ Heavy optional dependencies (``gguf``, ``transformers``) are imported only by th
 from nibblekv.model.causal_lm import CausalLM
 from nibblekv.model.config import ModelConfig, RopeScaling
 from nibblekv.model.dense import DenseAttention
-from nibblekv.model.loader import bundled_model_path, load_model
+from nibblekv.model.loader import bundled_model_path, load_model, tokenizer_for
 from nibblekv.model.tokenizer import ByteTokenizer, DetokenizeState, HFTokenizer, Tokenizer
 
 __all__ = [
@@ -20,4 +20,5 @@ __all__ = [
     "Tokenizer",
     "bundled_model_path",
     "load_model",
+    "tokenizer_for",
 ]

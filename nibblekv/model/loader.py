@@ -92,8 +92,9 @@ def load_model(
     fmt = load_format if load_format != "auto" else _detect_format(path)
     if fmt == "gguf":
         if overrides:
-            raise ValueError("--json-model-override-args needs an HF config.json (HF folder or dummy), "
-                             "not a GGUF")
+            raise ValueError(
+                "--json-model-override-args needs an HF config.json (HF folder or dummy), not a GGUF"
+            )
         lm, tok = _load_gguf(path, dtype, dev, tp)
     else:
         lm, tok = _load_safetensors(path, dtype, dev, tp, overrides or {})
@@ -206,6 +207,19 @@ def _generation_eos(folder: Path) -> list[int]:
     return [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
 
 
+def tokenizer_for(model: CausalLM, folder: str | Path) -> Tokenizer:
+    """The HF tokenizer in ``folder`` for ``model`` (``--tokenizer-path``): its EOS ids merged with the model's;
+    ValueError when its vocabulary is larger than the model's embedding (ids the model cannot read)."""
+    folder = Path(folder).expanduser()
+    tokenizer = HFTokenizer.from_folder(folder, [*model.config.eos_token_ids, *_generation_eos(folder)])
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"--tokenizer-path {folder}: its vocabulary ({tokenizer.vocab_size:,} tokens) is larger than the "
+            f"model's ({model.config.vocab_size:,})"
+        )
+    return tokenizer
+
+
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of every ``*.safetensors`` shard in ``folder``, one at a time (on CPU)."""
     from safetensors import safe_open
@@ -283,7 +297,9 @@ def _load_dummy(
     else:  # the same draws as the unsharded model, each rank keeping its slice
         _load_weights(lm, dummy_hf_weights(config, seed, DUMMY_STD, dtype, device))
     tokenizer: Tokenizer
-    if folder is not None and ((folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()):
+    if folder is not None and (
+        (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
+    ):
         tokenizer = HFTokenizer.from_folder(folder, [*config.eos_token_ids, *_generation_eos(folder)])
     else:
         tokenizer = ByteTokenizer(config.vocab_size)  # NOTE: no tokenizer on hand; see ByteTokenizer
