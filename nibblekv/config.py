@@ -248,8 +248,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     g = parser.add_argument_group("engine")
     g.add_argument(
-        "--model", default=None, help="GGUF file, HF directory, or preset (dummy); default: SmolLM2"
-    )
+        "--model", "--model-path", dest="model", default=None,
+        help="GGUF file, HF directory, or preset (dummy); default: SmolLM2 (--model-path: SGLang's name)",
+    )  # fmt: skip
     g.add_argument(
         "--load-format", default=d.load_format, choices=LOAD_FORMATS,
         help="auto: from --model (a .gguf file or an HF folder); dummy: random weights of a preset's or a "
@@ -283,7 +284,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="an HF tokenizer folder used instead of the model's (e.g. a real one for a dummy model)",
     )  # fmt: skip
     g.add_argument("--device", default=d.device, choices=DEVICES, help="auto: CUDA when available")
-    g.add_argument("--seed", type=int, default=d.seed, help="seed of sampling (and of dummy weights)")
+    g.add_argument(
+        "--seed", "--random-seed", dest="seed", type=int, default=d.seed,
+        help="seed of sampling (and of dummy weights); --random-seed: SGLang's name",
+    )  # fmt: skip
     g.add_argument(
         "--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_DTYPE_CHOICES,
         help="KV cache storage: auto = the model's dtype (bf16 on CUDA, fp32 on CPU); nvfp4 = 4 bits (GPU "

@@ -92,6 +92,10 @@ def test_help_speaks_to_users() -> None:
         (["serve", "--model", "/nonexistent"], "--model /nonexistent: no such file or folder"),
         (["serve", "--model", "llama-3.1-8b"], "add --load-format dummy"),
         (["serve", "--chat-template", "nope.jinja"], "--chat-template: no file 'nope.jinja'"),
+        (
+            ["serve", "--model-path", "/nonexistent"],
+            "--model /nonexistent: no such file or folder",
+        ),  # SGLang's name
         (["generate", "--chat-template", "{{ x", "hi"], "--chat-template: the template does not parse"),
     ],
 )
@@ -195,3 +199,8 @@ def test_eval_text_ships_with_the_package(smollm2) -> None:  # type: ignore[no-u
     assert token_windows(tok, eval_texts(DEFAULT_DATA_DIR), d.windows, d.window_tokens).shape == (16, 512)
     calib = [(CALIBRATION_FILE, calibration_text(DEFAULT_DATA_DIR))]
     assert token_windows(tok, calib, 8, 1024).shape == (8, 1024)
+
+
+def test_sglang_flag_names_are_accepted() -> None:
+    args = build_parser().parse_args(["serve", "--model-path", "m.gguf", "--random-seed", "7", "--tp", "2"])
+    assert (args.model, args.seed, args.tp_size) == ("m.gguf", 7, 2)
