@@ -10,6 +10,7 @@ from typing import Any
 
 from nibblekv.cli_style import add_switch, non_negative_int, open_fraction, positive_float, positive_int
 from nibblekv.formats import KV_DTYPE_CHOICES
+from nibblekv.model.tokenizer import has_hf_tokenizer
 
 LOAD_FORMATS: tuple[str, ...] = ("auto", "gguf", "safetensors", "dummy")
 QUANTIZATIONS: tuple[str, ...] = ("fp8",)  # --quantization (SGLang's names); see nibblekv.model.fp8
@@ -154,12 +155,8 @@ class EngineConfig:
         self.model_overrides()  # NOTE: a bad JSON text fails here, before any weights load
         self.chat_template_text()  # NOTE: likewise a missing file or a template that does not parse
         if self.tokenizer_path is not None:
-            folder = Path(self.tokenizer_path).expanduser()
-            has = folder.is_dir() and any(
-                (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")
-            )
             _check(
-                has,
+                has_hf_tokenizer(Path(self.tokenizer_path).expanduser()),
                 "tokenizer_path",
                 f"{self.tokenizer_path}: not a folder with tokenizer.json / tokenizer_config.json",
             )

@@ -87,7 +87,7 @@ def mask_early_stops(
         p = r.params
         if r.num_output_tokens < p.min_new_tokens:
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
-            rows += [(i, t) for t in sorted(stops) if t < vocab]
+            rows += [(i, t) for t in stops if t < vocab]
     if not rows:
         return logits
     at, ids = zip(*rows)

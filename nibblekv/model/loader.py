@@ -22,7 +22,7 @@ from nibblekv.model.fp8 import (
     quantize_model,
 )
 from nibblekv.model.parallel import TPCausalLM, TPContext, dummy_hf_weights, shard_weights
-from nibblekv.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from nibblekv.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, has_hf_tokenizer
 from nibblekv.model.weights import load_hf_weights
 
 BUNDLED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -297,9 +297,7 @@ def _load_dummy(
     else:  # the same draws as the unsharded model, each rank keeping its slice
         _load_weights(lm, dummy_hf_weights(config, seed, DUMMY_STD, dtype, device))
     tokenizer: Tokenizer
-    if folder is not None and (
-        (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
-    ):
+    if folder is not None and has_hf_tokenizer(folder):
         tokenizer = HFTokenizer.from_folder(folder, [*config.eos_token_ids, *_generation_eos(folder)])
     else:
         tokenizer = ByteTokenizer(config.vocab_size)  # NOTE: no tokenizer on hand; see ByteTokenizer

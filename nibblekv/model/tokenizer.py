@@ -20,6 +20,11 @@ Message = Mapping[str, str]  # {"role": ..., "content": ...}
 _GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
+def has_hf_tokenizer(folder: Path) -> bool:
+    """Whether ``folder`` holds an HF tokenizer (``tokenizer.json`` or ``tokenizer_config.json``)."""
+    return any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+
+
 class Tokenizer(ABC):
     """Text <-> token ids, chat formatting and the ids that end generation."""
 

@@ -31,7 +31,13 @@ from starlette.responses import JSONResponse, Response
 from nibblekv.server.engine_api import TokenLogprob
 from nibblekv.server.errors import APIError
 from nibblekv.server.formatting import ChoiceState, prompt_entries
-from nibblekv.server.params import check_logit_bias, check_prompt_ids, make_params, resolve_max_tokens
+from nibblekv.server.params import (
+    check_logit_bias,
+    check_min_tokens,
+    check_prompt_ids,
+    make_params,
+    resolve_max_tokens,
+)
 from nibblekv.server.protocol import MAX_BATCH_PROMPTS, MAX_LOGPROBS, MAX_N, MAX_STOP_SEQUENCES, TokenId
 from nibblekv.server.responses import Generation, observed, run_to_end, stream_response
 from nibblekv.server.state import ServerState, describe_validation, get_state, parse_body
@@ -129,11 +135,7 @@ def _params(req: GenerateRequest, sp: NativeSampling, prompt_len: int, state: Se
     """The engine's sampling parameters for one prompt, and its most new tokens."""
     max_new = resolve_max_tokens(sp.max_new_tokens, prompt_len, state.limits)
     check_logit_bias(sp.logit_bias, state.limits)
-    if sp.min_new_tokens > max_new:
-        raise APIError(
-            f"min_new_tokens must be in [0, max_new_tokens={max_new}], got {sp.min_new_tokens}",
-            param="min_new_tokens",
-        )
+    check_min_tokens(sp.min_new_tokens, max_new, ("min_new_tokens", "max_new_tokens"))
     logprobs = req.top_logprobs_num if req.return_logprob else None
     kwargs: dict[str, Any] = {
         "max_new_tokens": max(1, max_new),  # the engine makes one token; max_new_tokens=0 drops it later

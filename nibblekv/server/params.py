@@ -101,6 +101,15 @@ def check_logit_bias(bias: dict[int, float] | None, limits: ModelLimits) -> None
         )
 
 
+def check_min_tokens(min_tokens: int, max_new_tokens: int, names: tuple[str, str]) -> None:
+    """A 400 for a minimum above the most new tokens; ``names``: the route's (min, max) field names."""
+    if min_tokens > max_new_tokens:
+        raise APIError(
+            f"{names[0]} must be less than or equal to {names[1]}={max_new_tokens}, got {min_tokens}",
+            param=names[0],
+        )
+
+
 def resolve_max_tokens(requested: int | None, prompt_len: int, limits: ModelLimits) -> int:
     """``max_tokens`` checked against the context; ``None`` means "up to the context length"."""
     room = limits.context_length - prompt_len
@@ -126,11 +135,7 @@ def sampling_kwargs(
     """Keyword arguments for ``SamplingParams``; unset fields keep the engine's defaults. A ``logit_bias``
     token outside the vocabulary, or ``min_tokens`` above ``max_tokens``, is a 400."""
     check_logit_bias(req.logit_bias, limits)
-    if req.min_tokens > max_new_tokens:
-        raise APIError(
-            f"min_tokens must be less than or equal to max_tokens={max_new_tokens}, got {req.min_tokens}",
-            param="min_tokens",
-        )
+    check_min_tokens(req.min_tokens, max_new_tokens, ("min_tokens", "max_tokens"))
     kwargs: dict[str, Any] = {
         # The engine generates at least one token; max_tokens=0 (lm-eval scoring) drops it later.
         "max_new_tokens": max(1, max_new_tokens),

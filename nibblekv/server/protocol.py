@@ -53,7 +53,7 @@ class SamplingFields(_Request):
     ignore_eos: StrictBool = False  # extension
     min_tokens: int = Field(default=0, ge=0, lt=2**31)  # extension
     include_stop_str_in_output: StrictBool = False  # extension
-    # OpenAI's: token id (a string key in JSON) -> bias in [-100, 100], added to the logits
+    # OpenAI's: token id (a string key in JSON) -> bias in [-100, 100] (SamplingParams checks the range)
     logit_bias: dict[int, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -82,16 +82,6 @@ class SamplingFields(_Request):
     def _top_p_range(cls, value: float | None) -> float | None:
         if value is not None and not 0.0 < value <= 1.0:
             raise ValueError("top_p must be in (0, 1]")
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias_range(cls, value: dict[int, float] | None) -> dict[int, float] | None:
-        for token, bias in (value or {}).items():
-            if token < 0 or not -100.0 <= bias <= 100.0:
-                raise ValueError(
-                    f"logit_bias maps token ids >= 0 to biases in [-100, 100], got {token}: {bias}"
-                )
         return value
 
     @field_validator("stop")
