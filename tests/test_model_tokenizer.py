@@ -123,3 +123,25 @@ def test_tokenizer_path_gives_a_dummy_model_a_real_tokenizer(
         Engine(**kw, tokenizer_path=str(folder))
     with pytest.raises(ValueError, match="--tokenizer-path /nonexistent: not a folder with tokenizer.json"):
         EngineConfig(tokenizer_path="/nonexistent")
+
+
+GREETING = "{{ greeting | default('') }}{% for m in messages %}[{{ m.content }}]{% endfor %}"
+
+
+def test_chat_template_variables_and_an_open_final_message(smollm2: tuple[CausalLM, Tokenizer]) -> None:
+    tok = smollm2[1]
+    greet = tok.with_chat_template(GREETING)
+    hi = [{"role": "user", "content": "hi"}]
+    assert greet.render_chat(hi, template_kwargs={"greeting": "Hey"}) == "Hey[hi]"
+    assert greet.render_chat(hi) == "[hi]"  # a template ignores variables it is not given
+    turn = [*hi, {"role": "assistant", "content": "The capital of France is"}]
+    open_turn = tok.render_chat(turn, add_generation_prompt=False, continue_final_message=True)
+    closed = tok.render_chat(turn, add_generation_prompt=False)
+    assert open_turn.endswith("The capital of France is")  # no end-of-turn after it
+    assert closed.startswith(open_turn) and closed != open_turn
+    ids = tok.apply_chat_template(turn, add_generation_prompt=False, continue_final_message=True)
+    assert tok.decode(ids, skip_special_tokens=False) == open_turn
+    byte = ByteTokenizer(300)
+    assert byte.render_chat(turn, add_generation_prompt=False, continue_final_message=True).endswith(
+        "France is"
+    )

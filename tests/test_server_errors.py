@@ -59,6 +59,20 @@ def _assert_error(r: httpx.Response, status: int, *needles: str, param: str | No
             ["less than or equal to max_tokens=2"],
             "min_tokens",
         ),
+        (
+            {"prompt": "hi", "guided_json": {"type": "object"}},
+            ["structured output is not supported"],
+            "guided_json",
+        ),
+        ({"prompt": "hi", "regex": "[a-z]+"}, ["structured output is not supported"], "regex"),
+        ({"prompt": "hi", "use_beam_search": True}, ["beam search is not supported"], "use_beam_search"),
+        ({"prompt": "hi", "lora_path": "adapter"}, ["loading lora adapters is not supported"], "lora_path"),
+        ({"prompt": "hi", "return_hidden_states": True}, ["hidden states"], "return_hidden_states"),
+        (
+            {"prompt": "hi", "truncate_prompt_tokens": 0},
+            ["greater than or equal to 1"],
+            "truncate_prompt_tokens",
+        ),
         (b'{"prompt": "hi",', ["malformed json"], None),
         (b"\xff\xfe{}", ["utf-8"], None),
         (b"[1, 2]", ["must be an object"], None),
@@ -116,7 +130,14 @@ def test_chat_rejections(smollm2_server: ServerProcess) -> None:
         )
     plain = {"messages": hi, "max_tokens": 2, "tools": tools, "tool_choice": "none"}
     plain["response_format"] = {"type": "text"}
+    plain["use_beam_search"] = False  # unset: the refused fields are only refused when asked for
     assert _post(smollm2_server, "/v1/chat/completions", plain).status_code == 200
+    template = {"messages": hi, "chat_template": "{{ messages }}"}
+    _assert_error(
+        _post(smollm2_server, "/v1/chat/completions", template), 400, "--chat-template", param="chat_template"
+    )
+    both_open = {"messages": hi, "continue_final_message": True}  # add_generation_prompt defaults to true
+    _assert_error(_post(smollm2_server, "/v1/chat/completions", both_open), 400, "cannot both be true")
 
 
 def test_unknown_model_and_route(smollm2_server: ServerProcess) -> None:

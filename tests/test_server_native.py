@@ -89,6 +89,13 @@ def test_logprobs(smollm2_server: ServerProcess) -> None:
         timeout=120,
     ).json()["choices"][0]["logprobs"]["token_logprobs"]
     assert [e[0] for e in out_lp] == pytest.approx(ref, abs=1e-4)
+    named = _ok(smollm2_server, {**body, "return_text_in_logprobs": True})["meta_info"]
+    pieces = [e[2] for e in named["output_token_logprobs"]]
+    assert "".join(pieces) == _ok(smollm2_server, {"text": PROMPT, "sampling_params": GREEDY})["text"]
+    assert [e[:2] for e in named["output_token_logprobs"]] == [e[:2] for e in out_lp]
+    assert all(isinstance(t[2], str) for pos in named["output_top_logprobs"] for t in pos)
+    assert all(isinstance(e[2], str) for e in named["input_token_logprobs"])
+    assert all(e[2] is None for e in out_lp)  # without it, SGLang's None
 
 
 def test_streaming_sends_the_text_so_far(smollm2_server: ServerProcess) -> None:
@@ -113,6 +120,11 @@ def test_streaming_sends_the_text_so_far(smollm2_server: ServerProcess) -> None:
         ({"text": "a", "input_ids": [1]}, "exactly one of text and input_ids"),
         ({"text": "a", "sampling_params": {"max_new_tokens": 2, "regex": "a+"}}, "(regex) is not supported"),
         ({"text": "a", "sampling_params": {"max_tokens": 2}}, "sampling_params.max_tokens: extra inputs"),
+        ({"text": "a", "image_data": "cat.png"}, "image_data: input other than text or token ids is not"),
+        ({"text": "a", "lora_path": "adapter"}, "lora_path: loading lora adapters is not supported"),
+        ({"input_embeds": [[0.1]]}, "input_embeds: input other than text"),
+        ({"text": "a", "return_hidden_states": True}, "returning hidden states"),
+        ({"text": "a", "session_params": {"id": "s"}}, "continuing sessions"),
         ({"text": "a", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
         (
             {"text": "a", "sampling_params": {"max_new_tokens": 2, "min_new_tokens": 3}},

@@ -254,3 +254,37 @@ def test_echo_with_zero_max_tokens(smollm2_server: ServerProcess) -> None:
     assert len(choice["logprobs"]["tokens"]) == out["usage"]["prompt_tokens"]
     assert all(isinstance(x, float) for x in choice["logprobs"]["token_logprobs"][1:])
     assert json.dumps(out)  # plain JSON, no NaN
+
+
+def test_vllm_prompt_and_template_extensions(smollm2_server: ServerProcess) -> None:
+    url = smollm2_server.url
+
+    def post(path: str, body: dict[str, Any]) -> Any:
+        r = httpx.post(url + path, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    greedy = {"max_tokens": 4, "temperature": 0}
+    ids = post("/tokenize", {"prompt": "The capital of France is"})["tokens"]
+    cut = post(
+        "/v1/completions", {"prompt": "The capital of France is", "truncate_prompt_tokens": 2, **greedy}
+    )
+    tail = post("/v1/completions", {"prompt": ids[-2:], **greedy})
+    assert cut["usage"]["prompt_tokens"] == 2 and cut["choices"][0]["text"] == tail["choices"][0]["text"]
+    # a special token the model is pushed to write: kept in the text only with skip_special_tokens false
+    forced = {"prompt": "hi", "max_tokens": 2, "ignore_eos": True, "logit_bias": {"1": 100}}
+    assert post("/v1/completions", forced)["choices"][0]["text"] == ""
+    kept = post(
+        "/v1/completions", {**forced, "skip_special_tokens": False, "spaces_between_special_tokens": True}
+    )
+    assert kept["choices"][0]["text"] == "<|im_start|><|im_start|>"
+    # an open final assistant turn: the model continues it, the prompt ends with its text
+    turn = [{"role": "user", "content": "What is the capital of France?"}]
+    turn.append({"role": "assistant", "content": "The capital of France is"})
+    how = {"add_generation_prompt": False, "continue_final_message": True, "chat_template_kwargs": {"x": 1}}
+    rendered = post("/tokenize", {"messages": turn, **how})
+    text = post("/detokenize", {"tokens": rendered["tokens"]})["prompt"]
+    assert text.endswith("<|im_start|>assistant\nThe capital of France is")
+    chat = post("/v1/chat/completions", {"messages": turn, **how, **greedy})
+    assert chat["usage"]["prompt_tokens"] == rendered["count"]
+    assert chat["choices"][0]["message"]["content"].strip().startswith("Paris")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 Message = Mapping[str, str]  # {"role": ..., "content": ...}
+TemplateKwargs = Mapping[str, Any]  # extra variables for a Jinja chat template (e.g. enable_thinking)
 # tokenizer_config.json classes that just run tokenizer.json
 _GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
@@ -40,18 +41,40 @@ class Tokenizer(ABC):
         """Text of ``ids``."""
 
     @abstractmethod
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """The chat template applied to ``messages``, as text (special tokens spelled out)."""
+    def render_chat(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        *,
+        continue_final_message: bool = False,
+        template_kwargs: TemplateKwargs | None = None,
+    ) -> str:
+        """The chat template applied to ``messages``, as text (special tokens spelled out).
+        ``continue_final_message``: the last message left open for the model to continue (no end-of-turn
+        after it); ``template_kwargs``: more variables for the template, which ignores those it lacks."""
 
     def with_chat_template(self, template: str) -> Tokenizer:
         """This tokenizer rendering chats with the Jinja ``template``; ValueError where it cannot."""
         raise ValueError(f"--chat-template: {type(self).__name__} has its own fixed chat format")
 
     def apply_chat_template(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        *,
+        continue_final_message: bool = False,
+        template_kwargs: TemplateKwargs | None = None,
+        add_special_tokens: bool = False,
     ) -> list[int]:
-        """Token ids of the rendered chat. NOTE: the template supplies BOS itself, so none is added."""
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        """Token ids of the rendered chat (``render_chat``). NOTE: the template supplies BOS itself, so by
+        default none is added (``add_special_tokens``, vLLM's chat default)."""
+        text = self.render_chat(
+            messages,
+            add_generation_prompt,
+            continue_final_message=continue_final_message,
+            template_kwargs=template_kwargs,
+        )
+        return self.encode(text, add_special_tokens=add_special_tokens)
 
 
 class HFTokenizer(Tokenizer):
@@ -114,15 +137,24 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        *,
+        continue_final_message: bool = False,
+        template_kwargs: TemplateKwargs | None = None,
+    ) -> str:
         template = self.chat_template or getattr(self.hf, "chat_template", None)
         if not template:
             raise ValueError("this tokenizer has no chat template (give one with --chat-template)")
         text = self.hf.apply_chat_template(
             [dict(m) for m in messages],
             add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
             tokenize=False,
             chat_template=template,
+            **dict(template_kwargs or {}),
         )
         return str(text)
 
@@ -152,8 +184,17 @@ class ByteTokenizer(Tokenizer):
         data = bytes(i for i in ids if 0 <= i < 256)
         return data.decode("utf-8", errors="replace")
 
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        *,
+        continue_final_message: bool = False,
+        template_kwargs: TemplateKwargs | None = None,
+    ) -> str:
         text = "".join(f"<{m['role']}>: {m['content']}\n" for m in messages)
+        if continue_final_message and messages:
+            return text.removesuffix("\n")
         return text + ("<assistant>: " if add_generation_prompt else "")
 
 

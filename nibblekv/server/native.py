@@ -3,9 +3,10 @@
 One prompt with ``n == 1`` answers one object, a batch (or ``n > 1``) a list, each
 ``{"text", "output_ids", "meta_info"}`` with SGLang's ``meta_info`` (``id``, ``finish_reason`` as
 ``{"type": "stop", "matched": ...}`` / ``{"type": "length", "length": N}`` / ``{"type": "abort"}``, token
-counts, ``e2e_latency``, and with ``return_logprob`` the ``[logprob, token_id, None]`` lists). ``stream``
-sends SGLang's server-sent events: each carries one output's whole text so far, then ``data: [DONE]``.
-Unknown ``sampling_params`` keys, and the constrained-decoding ones this server lacks, are a 400.
+counts, ``e2e_latency``, and with ``return_logprob`` the ``[logprob, token_id, text]`` lists, ``text`` None
+unless ``return_text_in_logprobs``). ``stream`` sends SGLang's server-sent events: each carries one output's
+whole text so far, then ``data: [DONE]``. Unknown ``sampling_params`` keys, the constrained-decoding ones this
+server lacks, and the request fields it cannot honour (``NATIVE_REFUSED``) are a 400.
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ from pydantic import (
     Field,
     StrictBool,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from nibblekv.server.engine_api import TokenLogprob
 from nibblekv.server.errors import APIError
-from nibblekv.server.formatting import ChoiceState, prompt_entries
+from nibblekv.server.formatting import ChoiceState, TokenNames, prompt_entries
 from nibblekv.server.params import (
     check_logit_bias,
     check_min_tokens,
@@ -38,11 +39,31 @@ from nibblekv.server.params import (
     make_params,
     resolve_max_tokens,
 )
-from nibblekv.server.protocol import MAX_BATCH_PROMPTS, MAX_LOGPROBS, MAX_N, MAX_STOP_SEQUENCES, TokenId
+from nibblekv.server.protocol import (
+    MAX_BATCH_PROMPTS,
+    MAX_LOGPROBS,
+    MAX_N,
+    MAX_STOP_SEQUENCES,
+    REFUSED_FIELDS,
+    TokenId,
+    refuse,
+)
 from nibblekv.server.responses import Generation, observed, run_to_end, stream_response
 from nibblekv.server.state import ServerState, describe_validation, get_state, parse_body
 
 CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
+# NOTE: SGLang's request fields this server cannot honour: a 400 when set (as protocol.REFUSED_FIELDS)
+NATIVE_REFUSED = {
+    **dict.fromkeys(
+        ("input_embeds", "image_data", "audio_data", "video_data"), "input other than text or token ids"
+    ),
+    "lora_path": REFUSED_FIELDS["lora_path"],
+    "lora_id": REFUSED_FIELDS["lora_path"],
+    "return_hidden_states": REFUSED_FIELDS["return_hidden_states"],
+    "session_params": "continuing sessions",
+    "custom_logit_processor": "a custom logit processor",
+    "token_ids_logprob": "returning logprobs of chosen token ids",
+}
 
 
 class NativeSampling(BaseModel):
@@ -64,6 +85,8 @@ class NativeSampling(BaseModel):
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
     no_stop_trim: StrictBool = False
+    # NOTE: accepted as SGLang does; HF's fast tokenizers (the ones served here) ignore it there too
+    spaces_between_special_tokens: StrictBool = True
     logit_bias: dict[int, float] | None = None
     sampling_seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     n: int = Field(default=1, ge=1, le=MAX_N)
@@ -100,7 +123,23 @@ class GenerateRequest(BaseModel):
     return_logprob: StrictBool = False
     logprob_start_len: int = Field(default=-1, ge=-1, lt=2**31)
     top_logprobs_num: int = Field(default=0, ge=0, le=MAX_LOGPROBS)
+    return_text_in_logprobs: StrictBool = False
     rid: str | list[str] | None = None
+    input_embeds: Any = None
+    image_data: Any = None
+    audio_data: Any = None
+    video_data: Any = None
+    lora_path: Any = None
+    lora_id: Any = None
+    return_hidden_states: Any = None
+    session_params: Any = None
+    custom_logit_processor: Any = None
+    token_ids_logprob: Any = None
+
+    @field_validator(*NATIVE_REFUSED)
+    @classmethod
+    def _refused(cls, value: Any, info: ValidationInfo) -> Any:
+        return refuse(value, info, NATIVE_REFUSED)
 
     @field_validator("text", "input_ids")
     @classmethod
@@ -181,8 +220,9 @@ def _generation(req: GenerateRequest, state: ServerState) -> tuple[Generation, l
     return Generation.of(jobs, n, "gen"), sps, n
 
 
-def _triples(entries: list[TokenLogprob]) -> list[list[Any]]:
-    return [[e.logprob, e.token_id, None] for e in entries]
+def _triples(pairs: list[tuple[float | None, int]], names: TokenNames | None) -> list[list[Any]]:
+    """SGLang's ``[logprob, token_id, text]`` lists (``text`` None without ``names``)."""
+    return [[lp, t, names(t) if names else None] for lp, t in pairs]
 
 
 def _finish(choice: ChoiceState, sp: NativeSampling, state: ServerState) -> dict[str, Any] | None:
@@ -204,7 +244,13 @@ def _finish(choice: ChoiceState, sp: NativeSampling, state: ServerState) -> dict
 
 
 def _item(
-    req: GenerateRequest, choice: ChoiceState, sp: NativeSampling, rid: str, state: ServerState, t0: float
+    req: GenerateRequest,
+    choice: ChoiceState,
+    sp: NativeSampling,
+    rid: str,
+    state: ServerState,
+    t0: float,
+    names: TokenNames | None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": rid,
@@ -215,11 +261,13 @@ def _item(
         "e2e_latency": time.perf_counter() - t0,
     }
     if req.return_logprob:
-        meta["output_token_logprobs"] = _triples(choice.logprobs)
+        meta["output_token_logprobs"] = _triples([(e.logprob, e.token_id) for e in choice.logprobs], names)
         if req.top_logprobs_num:
-            meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in e.top] for e in choice.logprobs]
+            tops = [_triples([(lp, t) for t, lp in e.top], names) for e in choice.logprobs]
+            meta["output_top_logprobs"] = tops
         if req.logprob_start_len >= 0:
-            meta["input_token_logprobs"] = _triples(prompt_entries(choice)[req.logprob_start_len :])
+            prompt = prompt_entries(choice)[req.logprob_start_len :]
+            meta["input_token_logprobs"] = _triples([(e.logprob, e.token_id) for e in prompt], names)
     return {"text": "".join(choice.text), "output_ids": list(choice.token_ids), "meta_info": meta}
 
 
@@ -237,9 +285,10 @@ async def generate(request: Request) -> Response:
     req = await parse_body(request, GenerateRequest)
     gen, sps, n = _generation(req, state)
     rids = _rids(req, len(gen.choices))
+    names = TokenNames(state.tokenizer) if req.return_text_in_logprobs else None
 
     def item(index: int) -> dict[str, Any]:
-        return _item(req, gen.choices[index], sps[index // n], rids[index], state, t0)
+        return _item(req, gen.choices[index], sps[index // n], rids[index], state, t0, names)
 
     if req.stream:
         return stream_response(request, state, gen, _stream(state, gen, item))

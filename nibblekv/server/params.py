@@ -12,7 +12,13 @@ from typing import Any
 
 from nibblekv.server.engine_api import ServingTokenizer
 from nibblekv.server.errors import APIError
-from nibblekv.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from nibblekv.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ChatTemplateFields,
+    CompletionRequest,
+    SamplingFields,
+)
 
 
 @dataclass(frozen=True)
@@ -29,13 +35,13 @@ def completion_prompts(
     req: CompletionRequest, tokenizer: ServingTokenizer, limits: ModelLimits
 ) -> list[list[int]]:
     """The request's prompts as token-id lists (a string, strings, ids, or lists of ids)."""
-    raw = req.prompt
+    raw, special = req.prompt, req.add_special_tokens
     if isinstance(raw, str):
-        prompts = [tokenizer.encode(raw)]
+        prompts = [tokenizer.encode(raw, add_special_tokens=special)]
     elif all(isinstance(p, int) for p in raw):
         prompts = [[int(p) for p in raw]]  # type: ignore[arg-type]
     elif all(isinstance(p, str) for p in raw):
-        prompts = [tokenizer.encode(str(p)) for p in raw]
+        prompts = [tokenizer.encode(str(p), add_special_tokens=special) for p in raw]
     elif all(isinstance(p, list) for p in raw):
         prompts = [[int(t) for t in p] for p in raw]  # type: ignore[union-attr]
     else:
@@ -43,25 +49,43 @@ def completion_prompts(
             "prompt must be a string, a list of strings, a list of token ids or a list of those",
             param="prompt",
         )
+    prompts = [truncate(ids, req.truncate_prompt_tokens) for ids in prompts]
     for ids in prompts:
         check_prompt_ids(ids, limits)
     return prompts
 
 
+def truncate(ids: list[int], keep: int | None) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (all of them for None)."""
+    return ids if keep is None else ids[-keep:]
+
+
 def chat_prompt(req: ChatCompletionRequest, tokenizer: ServingTokenizer, limits: ModelLimits) -> list[int]:
     """The chat template applied to the messages, as token ids checked against the limits."""
-    ids = render_chat(req.messages, req.add_generation_prompt, tokenizer)
+    ids = render_chat(req.messages, req, tokenizer, req.add_special_tokens)
+    ids = truncate(ids, req.truncate_prompt_tokens)
     check_prompt_ids(ids, limits)
     return ids
 
 
 def render_chat(
-    messages: Sequence[ChatMessage], add_generation_prompt: bool, tokenizer: ServingTokenizer
+    messages: Sequence[ChatMessage],
+    how: ChatTemplateFields,
+    tokenizer: ServingTokenizer,
+    add_special_tokens: bool = False,
 ) -> list[int]:
-    """The chat template applied to ``messages``, as token ids (a template error is a 400)."""
+    """The chat template applied to ``messages`` as ``how`` says, as token ids (a template error is a 400)."""
     rendered = [{"role": m.role, "content": m.text()} for m in messages]
     try:
-        return list(tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt))
+        return list(
+            tokenizer.apply_chat_template(
+                rendered,
+                add_generation_prompt=how.add_generation_prompt,
+                continue_final_message=how.continue_final_message,
+                template_kwargs=how.chat_template_kwargs,
+                add_special_tokens=add_special_tokens,
+            )
+        )
     except ValueError as exc:  # e.g. a template that rejects the role order
         raise APIError(f"cannot apply the chat template: {exc}", param="messages") from exc
     except Exception as exc:  # jinja2 TemplateError and friends are client-caused too
@@ -144,6 +168,7 @@ def sampling_kwargs(
         "ignore_eos": req.ignore_eos,
         "min_new_tokens": req.min_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
+        "skip_special_tokens": req.skip_special_tokens,
         "logit_bias": dict(req.logit_bias or {}),
         "logprobs": logprobs,
         "prompt_logprobs": prompt_logprobs,

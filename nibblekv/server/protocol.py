@@ -10,7 +10,15 @@ import time
 import uuid
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # Upper bounds that keep a hostile body from allocating absurd work before the engine sees it.
 MAX_N = 16
@@ -25,6 +33,32 @@ class _Request(BaseModel):
     """Base for request bodies: unknown fields are ignored, strings are not coerced to numbers."""
 
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=False)
+
+
+# NOTE: vLLM's / SGLang's request fields this server cannot honour, and what each asks for: a 400 when set
+# (to anything but null / false), since ignoring one would answer another question than the client asked
+STRUCTURED_OUTPUT_FIELDS = (
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
+REFUSED_FIELDS = {
+    **dict.fromkeys((*STRUCTURED_OUTPUT_FIELDS, "json_schema", "regex", "ebnf"), "structured output"),
+    "use_beam_search": "beam search",
+    "lora_path": "loading LoRA adapters",
+    "return_hidden_states": "returning hidden states",
+    "chat_template": "a per-request chat template (vLLM refuses it by default too; start the server with "
+    "--chat-template)",
+}
+
+
+def refuse(value: Any, info: ValidationInfo, reasons: dict[str, str]) -> Any:
+    """A field validator's body: ``value`` if unset (None / False), else the ``reasons`` entry as an error."""
+    if value is None or value is False:
+        return value
+    raise ValueError(f"{reasons[str(info.field_name)]} is not supported by this server")
 
 
 class StreamOptions(_Request):
@@ -53,6 +87,10 @@ class SamplingFields(_Request):
     ignore_eos: StrictBool = False  # extension
     min_tokens: int = Field(default=0, ge=0, lt=2**31)  # extension
     include_stop_str_in_output: StrictBool = False  # extension
+    skip_special_tokens: StrictBool = True  # extension
+    # NOTE: accepted as vLLM / SGLang do; HF's fast tokenizers (the ones served here) ignore it there too
+    spaces_between_special_tokens: StrictBool = True  # extension
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1, lt=2**31)  # extension: keep the last N
     # OpenAI's: token id (a string key in JSON) -> bias in [-100, 100] (SamplingParams checks the range)
     logit_bias: dict[int, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     stream: StrictBool = False
@@ -63,6 +101,22 @@ class SamplingFields(_Request):
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    json_schema: Any = None
+    regex: Any = None
+    ebnf: Any = None
+    use_beam_search: Any = None
+    lora_path: Any = None
+    return_hidden_states: Any = None
+
+    @field_validator(*(name for name in REFUSED_FIELDS if name != "chat_template"))
+    @classmethod
+    def _refused(cls, value: Any, info: ValidationInfo) -> Any:
+        return refuse(value, info, REFUSED_FIELDS)
 
     @field_validator("response_format")
     @classmethod
@@ -111,6 +165,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=16, ge=0, lt=2**31)
     echo: StrictBool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    add_special_tokens: StrictBool = True  # extension: BOS etc. before a text prompt
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
 
@@ -168,7 +223,27 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatTemplateFields(_Request):
+    """How the chat template renders ``messages`` (vLLM's extensions; the chat and tokenize routes)."""
+
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False  # the last message left open for the model to continue
+    chat_template_kwargs: dict[str, Any] | None = None  # more template variables, e.g. enable_thinking
+    chat_template: Any = None
+
+    @field_validator("chat_template")
+    @classmethod
+    def _refused_template(cls, value: Any, info: ValidationInfo) -> Any:
+        return refuse(value, info, REFUSED_FIELDS)
+
+    @model_validator(mode="after")
+    def _one_open_turn(self) -> ChatTemplateFields:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        return self
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
@@ -176,7 +251,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=0, lt=2**31)
     logprobs: StrictBool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    add_generation_prompt: StrictBool = True  # extension
+    add_special_tokens: StrictBool = False  # extension: BOS etc. on top of the template's own
 
     def max_new_tokens(self) -> int | None:
         """``max_completion_tokens`` (newer name) wins over ``max_tokens``."""

@@ -9,22 +9,19 @@ from starlette.responses import JSONResponse
 
 from nibblekv.server.errors import APIError
 from nibblekv.server.params import render_chat
-from nibblekv.server.protocol import ChatMessage, TokenId
+from nibblekv.server.protocol import ChatMessage, ChatTemplateFields, TokenId
 from nibblekv.server.responses import check_model
 from nibblekv.server.state import get_state, parse_body
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(ChatTemplateFields):
     """A ``prompt`` (``add_special_tokens`` as the completions route encodes it), or chat ``messages``
-    rendered by the model's template (``add_generation_prompt`` as the chat route does)."""
-
-    model_config = ConfigDict(extra="ignore")
+    rendered by the model's template as the chat route does (``ChatTemplateFields``)."""
 
     model: str | None = None
     prompt: str | None = None
     add_special_tokens: StrictBool = True
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=4096)
-    add_generation_prompt: StrictBool = True
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -48,7 +45,7 @@ async def tokenize(request: Request) -> JSONResponse:
     req = await parse_body(request, TokenizeRequest)
     check_model(state, req.model)
     if req.messages is not None:
-        ids = render_chat(req.messages, req.add_generation_prompt, state.tokenizer)
+        ids = render_chat(req.messages, req, state.tokenizer)
     else:
         ids = state.tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.limits.context_length})
