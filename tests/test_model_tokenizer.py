@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nibblekv.model import ByteTokenizer, CausalLM, DetokenizeState, Tokenizer
+from nibblekv.model.tokenizer import ChatRender
 
 TEXT = "Plain ascii, then ünïcödé, 你好世界, emoji 🙂👍🏽 and \u00e9\u0301 combining."
 
@@ -132,16 +133,14 @@ def test_chat_template_variables_and_an_open_final_message(smollm2: tuple[Causal
     tok = smollm2[1]
     greet = tok.with_chat_template(GREETING)
     hi = [{"role": "user", "content": "hi"}]
-    assert greet.render_chat(hi, template_kwargs={"greeting": "Hey"}) == "Hey[hi]"
+    assert greet.render_chat(hi, ChatRender(template_kwargs={"greeting": "Hey"})) == "Hey[hi]"
     assert greet.render_chat(hi) == "[hi]"  # a template ignores variables it is not given
     turn = [*hi, {"role": "assistant", "content": "The capital of France is"}]
-    open_turn = tok.render_chat(turn, add_generation_prompt=False, continue_final_message=True)
-    closed = tok.render_chat(turn, add_generation_prompt=False)
+    open_turn = tok.render_chat(turn, ChatRender(add_generation_prompt=False, continue_final_message=True))
+    closed = tok.render_chat(turn, ChatRender(add_generation_prompt=False))
     assert open_turn.endswith("The capital of France is")  # no end-of-turn after it
     assert closed.startswith(open_turn) and closed != open_turn
-    ids = tok.apply_chat_template(turn, add_generation_prompt=False, continue_final_message=True)
+    ids = tok.apply_chat_template(turn, ChatRender(add_generation_prompt=False, continue_final_message=True))
     assert tok.decode(ids, skip_special_tokens=False) == open_turn
     byte = ByteTokenizer(300)
-    assert byte.render_chat(turn, add_generation_prompt=False, continue_final_message=True).endswith(
-        "France is"
-    )
+    assert byte.render_chat(turn, ChatRender(False, True)).endswith("France is")

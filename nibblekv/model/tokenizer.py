@@ -12,11 +12,23 @@ import os
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 Message = Mapping[str, str]  # {"role": ..., "content": ...}
-TemplateKwargs = Mapping[str, Any]  # extra variables for a Jinja chat template (e.g. enable_thinking)
+
+
+@dataclass(frozen=True)
+class ChatRender:
+    """How ``render_chat`` turns a conversation into a prompt (the fields of vLLM's chat requests)."""
+
+    add_generation_prompt: bool = True  # the assistant's turn opened after the messages
+    continue_final_message: bool = False  # the last message left open for the model to continue
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # more template variables
+
+
+NEW_ASSISTANT_TURN = ChatRender()
 # tokenizer_config.json classes that just run tokenizer.json
 _GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
@@ -41,17 +53,9 @@ class Tokenizer(ABC):
         """Text of ``ids``."""
 
     @abstractmethod
-    def render_chat(
-        self,
-        messages: Sequence[Message],
-        add_generation_prompt: bool = True,
-        *,
-        continue_final_message: bool = False,
-        template_kwargs: TemplateKwargs | None = None,
-    ) -> str:
-        """The chat template applied to ``messages``, as text (special tokens spelled out).
-        ``continue_final_message``: the last message left open for the model to continue (no end-of-turn
-        after it); ``template_kwargs``: more variables for the template, which ignores those it lacks."""
+    def render_chat(self, messages: Sequence[Message], how: ChatRender = NEW_ASSISTANT_TURN) -> str:
+        """The chat template applied to ``messages`` as ``how`` says, as text (special tokens spelled out);
+        a template ignores the variables of ``how.template_kwargs`` it does not use."""
 
     def with_chat_template(self, template: str) -> Tokenizer:
         """This tokenizer rendering chats with the Jinja ``template``; ValueError where it cannot."""
@@ -60,21 +64,12 @@ class Tokenizer(ABC):
     def apply_chat_template(
         self,
         messages: Sequence[Message],
-        add_generation_prompt: bool = True,
-        *,
-        continue_final_message: bool = False,
-        template_kwargs: TemplateKwargs | None = None,
+        how: ChatRender = NEW_ASSISTANT_TURN,
         add_special_tokens: bool = False,
     ) -> list[int]:
         """Token ids of the rendered chat (``render_chat``). NOTE: the template supplies BOS itself, so by
         default none is added (``add_special_tokens``, vLLM's chat default)."""
-        text = self.render_chat(
-            messages,
-            add_generation_prompt,
-            continue_final_message=continue_final_message,
-            template_kwargs=template_kwargs,
-        )
-        return self.encode(text, add_special_tokens=add_special_tokens)
+        return self.encode(self.render_chat(messages, how), add_special_tokens=add_special_tokens)
 
 
 class HFTokenizer(Tokenizer):
@@ -137,24 +132,17 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def render_chat(
-        self,
-        messages: Sequence[Message],
-        add_generation_prompt: bool = True,
-        *,
-        continue_final_message: bool = False,
-        template_kwargs: TemplateKwargs | None = None,
-    ) -> str:
+    def render_chat(self, messages: Sequence[Message], how: ChatRender = NEW_ASSISTANT_TURN) -> str:
         template = self.chat_template or getattr(self.hf, "chat_template", None)
         if not template:
             raise ValueError("this tokenizer has no chat template (give one with --chat-template)")
         text = self.hf.apply_chat_template(
             [dict(m) for m in messages],
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
+            add_generation_prompt=how.add_generation_prompt,
+            continue_final_message=how.continue_final_message,
             tokenize=False,
             chat_template=template,
-            **dict(template_kwargs or {}),
+            **dict(how.template_kwargs),
         )
         return str(text)
 
@@ -184,18 +172,11 @@ class ByteTokenizer(Tokenizer):
         data = bytes(i for i in ids if 0 <= i < 256)
         return data.decode("utf-8", errors="replace")
 
-    def render_chat(
-        self,
-        messages: Sequence[Message],
-        add_generation_prompt: bool = True,
-        *,
-        continue_final_message: bool = False,
-        template_kwargs: TemplateKwargs | None = None,
-    ) -> str:
+    def render_chat(self, messages: Sequence[Message], how: ChatRender = NEW_ASSISTANT_TURN) -> str:
         text = "".join(f"<{m['role']}>: {m['content']}\n" for m in messages)
-        if continue_final_message and messages:
+        if how.continue_final_message and messages:
             return text.removesuffix("\n")
-        return text + ("<assistant>: " if add_generation_prompt else "")
+        return text + ("<assistant>: " if how.add_generation_prompt else "")
 
 
 class DetokenizeState:

@@ -6,9 +6,11 @@ incremental outputs it yields are read by :func:`to_delta`, so an engine-side re
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from nibblekv.model.tokenizer import ChatRender
 
 # (token id, logprob) pairs, best first.
 TopLogprobs = list[tuple[int, float]]
@@ -25,13 +27,7 @@ class ServingTokenizer(Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(
-        self,
-        messages: Sequence[dict[str, str]],
-        add_generation_prompt: bool = True,
-        *,
-        continue_final_message: bool = False,
-        template_kwargs: Mapping[str, Any] | None = None,
-        add_special_tokens: bool = False,
+        self, messages: Sequence[dict[str, str]], how: ChatRender = ..., add_special_tokens: bool = False
     ) -> list[int]: ...
 
 

@@ -77,15 +77,7 @@ def render_chat(
     """The chat template applied to ``messages`` as ``how`` says, as token ids (a template error is a 400)."""
     rendered = [{"role": m.role, "content": m.text()} for m in messages]
     try:
-        return list(
-            tokenizer.apply_chat_template(
-                rendered,
-                add_generation_prompt=how.add_generation_prompt,
-                continue_final_message=how.continue_final_message,
-                template_kwargs=how.chat_template_kwargs,
-                add_special_tokens=add_special_tokens,
-            )
-        )
+        return list(tokenizer.apply_chat_template(rendered, how.render(), add_special_tokens))
     except ValueError as exc:  # e.g. a template that rejects the role order
         raise APIError(f"cannot apply the chat template: {exc}", param="messages") from exc
     except Exception as exc:  # jinja2 TemplateError and friends are client-caused too

@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from nibblekv.model.tokenizer import ChatRender
+
 # Upper bounds that keep a hostile body from allocating absurd work before the engine sees it.
 MAX_N = 16
 MAX_LOGPROBS = 20
@@ -241,6 +243,12 @@ class ChatTemplateFields(_Request):
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
         return self
+
+    def render(self) -> ChatRender:
+        """These fields as the tokenizer's typed rendering options."""
+        return ChatRender(
+            self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs or {}
+        )
 
 
 class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
