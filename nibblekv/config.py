@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from nibblekv.cli_style import add_switch, non_negative_int, open_fraction, positive_float, positive_int
 from nibblekv.formats import KV_DTYPE_CHOICES
+from nibblekv.model.hub import fetch, is_hub_id
 from nibblekv.model.tokenizer import has_hf_tokenizer
 
 LOAD_FORMATS: tuple[str, ...] = ("auto", "gguf", "safetensors", "dummy")
@@ -106,6 +107,10 @@ class EngineConfig:
     # An HF tokenizer folder used instead of the model's tokenizer (SGLang's --tokenizer-path): e.g. a real
     # tokenizer for a --load-format dummy model, whose own is bytes (no tokenizer ships with a preset)
     tokenizer_path: str | None = None
+    # A Hub id as --model / --tokenizer-path (org/name) is fetched at this branch, tag or commit (SGLang's
+    # --revision; None = main) into this folder (--download-dir; None = the Hugging Face cache)
+    revision: str | None = None
+    download_dir: str | None = None
 
     def _check_window(self, name: str, tokens: int) -> None:
         """A window of tokens kept unquantized: >= 0 and whole pages."""
@@ -154,7 +159,7 @@ class EngineConfig:
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         self.model_overrides()  # NOTE: a bad JSON text fails here, before any weights load
         self.chat_template_text()  # NOTE: likewise a missing file or a template that does not parse
-        if self.tokenizer_path is not None:
+        if self.tokenizer_path is not None and not is_hub_id(self.tokenizer_path):  # NOTE: a Hub id: fetched
             _check(
                 has_hf_tokenizer(Path(self.tokenizer_path).expanduser()),
                 "tokenizer_path",
@@ -214,6 +219,19 @@ class EngineConfig:
             return self.kv_recent_window  # NOTE: unchunked prompts never grow with a prefill window
         return min(chunk, MAX_DEFAULT_PREFILL_CHUNK) + self.kv_recent_window
 
+    def with_local_model(self) -> EngineConfig:
+        """This config with a Hugging Face Hub id as ``model`` or ``tokenizer_path`` replaced by the local
+        folder it was fetched into (``model.hub``; a dummy model fetches no weights). Raises
+        ``model.hub.HubFetchError`` (a ValueError) naming the flag when the Hub cannot supply it."""
+        changes: dict[str, str] = {}
+        if self.model is not None and is_hub_id(self.model):
+            weights = self.load_format != "dummy"
+            changes["model"] = str(fetch(self.model, self.revision, self.download_dir, weights=weights))
+        if self.tokenizer_path is not None and is_hub_id(self.tokenizer_path):
+            folder = fetch(self.tokenizer_path, None, self.download_dir, weights=False)
+            changes["tokenizer_path"] = str(folder)
+        return replace(self, **changes) if changes else self
+
     @staticmethod
     def from_args(args: argparse.Namespace) -> EngineConfig:
         """Build from flags added by :func:`add_engine_args` (unknown attributes are ignored)."""
@@ -246,7 +264,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument(
         "--model", "--model-path", dest="model", default=None,
-        help="GGUF file, HF directory, or preset (dummy); default: SmolLM2 (--model-path: SGLang's name)",
+        help="GGUF file, HF directory, Hugging Face Hub id (org/name, fetched), or preset (dummy); default: "
+        "SmolLM2 (--model-path: SGLang's name)",
+    )  # fmt: skip
+    g.add_argument(
+        "--revision", default=None,
+        help="a Hub --model's branch, tag or commit (default: main)",
+    )  # fmt: skip
+    g.add_argument(
+        "--download-dir", default=None, metavar="DIR",
+        help="where a Hub --model is fetched to (default: the Hugging Face cache, HF_HUB_CACHE)",
     )  # fmt: skip
     g.add_argument(
         "--load-format", default=d.load_format, choices=LOAD_FORMATS,

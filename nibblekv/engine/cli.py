@@ -54,7 +54,7 @@ in.jsonl, one request per line:
 def config_from_args_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> EngineConfig:
     """:meth:`EngineConfig.from_args`, turning a bad combination into ``parser.error`` (exit 2)."""
     try:
-        config = EngineConfig.from_args(args)
+        config = EngineConfig.from_args(args).with_local_model()  # NOTE: fetches a Hub --model first
     except ValueError as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits

@@ -57,7 +57,7 @@ class Engine:
         loaded: tuple[CausalLM, Tokenizer] | None = None,
         **overrides: Any,
     ) -> None:
-        self.config = replace(config or EngineConfig(), **overrides)
+        self.config = replace(config or EngineConfig(), **overrides).with_local_model()
         self.tp: TPGroup | None = None  # tensor-parallel workers (ranks 1..N-1), when --tp-size > 1
         try:
             self._setup(loaded)

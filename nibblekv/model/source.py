@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nibblekv.model.hub import is_hub_id
 from nibblekv.model.presets import PRESETS
 
 _KINDS = "a .gguf file, an HF folder with config.json, or a preset name with --load-format dummy"
@@ -38,11 +39,8 @@ def model_source_error(model: str | None, load_format: str, overrides: bool = Fa
                 f"--model {model} is a preset, which has no weights: add --load-format dummy to run its "
                 "shape with random weights, or give a .gguf file or an HF folder with config.json"
             )
-        if model.count("/") == 1 and not model.startswith((".", "/", "~")):
-            return (
-                f"--model {model}: no such folder; Hub models are not downloaded here: fetch it first "
-                f"(hf download {model} --local-dir DIR) and pass --model DIR"
-            )
+        if is_hub_id(model):  # NOTE: generate and serve fetch these first (EngineConfig.with_local_model)
+            return f"--model {model}: no such folder (a Hub id: hf download {model} --local-dir DIR)"
         return f"--model {model}: no such file or folder (give {_KINDS})"
     is_gguf = path.is_file() and path.suffix == ".gguf"
     is_hf = path.is_dir() and (path / "config.json").is_file()

@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 
 from nibblekv.model import bundled_model_path
+from nibblekv.model.hub import is_hub_id
 from nibblekv.server.app import build_app
 from nibblekv.server.metrics import ServerMetrics
 from nibblekv.server.params import ModelLimits
@@ -33,11 +34,14 @@ log = logging.getLogger(__name__)
 
 
 def served_model_name(model: str | None, override: str | None) -> str:
-    """The ``model`` name clients use: ``--served-model-name``, else the file or folder name."""
+    """The ``model`` name clients use: ``--served-model-name``, else a Hub id as given (as SGLang and vLLM
+    name it), else the file or folder name."""
     if override:
         return override
     if model is None:
         return "SmolLM2-135M-Instruct"
+    if is_hub_id(model):
+        return model
     return Path(model).stem if Path(model).suffix == ".gguf" else Path(model.rstrip("/")).name or model
 
 
