@@ -268,6 +268,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "SmolLM2 (--model-path: SGLang's name)",
     )  # fmt: skip
     g.add_argument(
+        "--trust-remote-code", action="store_true",
+        help="accepted for SGLang command lines: nibblekv implements its architectures itself and never runs "
+        "a checkpoint's own code",
+    )  # fmt: skip
+    g.add_argument(
         "--revision", default=None,
         help="a Hub --model's branch, tag or commit (default: main)",
     )  # fmt: skip

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from nibblekv.cli import build_parser, main
+from nibblekv.config import EngineConfig
 from nibblekv.engine.batch_io import BatchFileError, done_ids
 from nibblekv.eval.data import CALIBRATION_FILE, DEFAULT_DATA_DIR, calibration_text, eval_texts, token_windows
 from nibblekv.eval.kv_eval import EvalSettings
@@ -204,3 +205,11 @@ def test_eval_text_ships_with_the_package(smollm2) -> None:  # type: ignore[no-u
 def test_sglang_flag_names_are_accepted() -> None:
     args = build_parser().parse_args(["serve", "--model-path", "m.gguf", "--random-seed", "7", "--tp", "2"])
     assert (args.model, args.seed, args.tp_size) == ("m.gguf", 7, 2)
+
+
+def test_sglang_compatibility_switches_are_accepted() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--trust-remote-code", "--enable-metrics", "--model-path", "m"]
+    )
+    assert args.trust_remote_code and args.enable_metrics and args.model == "m"
+    assert EngineConfig.from_args(args).model == "m"  # the switches change nothing in the engine config

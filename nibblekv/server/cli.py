@@ -80,6 +80,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="open the port without first running a few warm-up requests (which compile the kernels)",
     )
+    g.add_argument(
+        "--enable-metrics",
+        action="store_true",
+        help="accepted for SGLang command lines: /metrics is always served",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
