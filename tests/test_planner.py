@@ -20,6 +20,7 @@ from nibblekv.planner.plan import (
     estimate_weights_gib,
     kv_bytes_per_token,
     plan_for,
+    resolve_model,
     shape_from_config,
 )
 
@@ -407,3 +408,26 @@ def test_context_accepts_k_and_m_suffixes() -> None:
     assert parse_context("1M") == 1048576
     with pytest.raises(argparse.ArgumentTypeError):
         parse_context("1g")
+
+
+def test_hub_id_plans_from_its_fetched_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import huggingface_hub
+
+    (tmp_path / "config.json").write_text(json.dumps(preset_config("llama-3.1-8b")))
+    asked: list[dict[str, Any]] = []
+
+    def fake(**kwargs: Any) -> str:
+        asked.append(kwargs)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    name, cfg = resolve_model("meta-llama/Llama-3.1-8B")
+    assert name == "meta-llama/Llama-3.1-8B" and cfg == preset_config("llama-3.1-8b")
+    assert asked[0]["repo_id"] == name and "*.safetensors" not in asked[0]["allow_patterns"]  # config only
+
+    def offline(**kwargs: Any) -> str:
+        raise huggingface_hub.errors.LocalEntryNotFoundError("no cached copy")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(PlanError, match="not fetched from the Hugging Face Hub: no cached copy"):
+        resolve_model("org/absent")

@@ -46,7 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add the ``plan`` subcommand."""
     p = add_command(subparsers, "plan", run, HELP, DESCRIPTION, EPILOG)
     p.add_argument(
-        "--model", required=True, help=f"config.json path or built-in: {', '.join(sorted(PRESETS))}"
+        "--model",
+        required=True,
+        help=f"config.json path, Hugging Face Hub id (org/name: its config.json is fetched) or built-in: "
+        f"{', '.join(sorted(PRESETS))}",
     )
     p.add_argument("--gpu", required=True, help=f"{', '.join(GPUS)}, or the reported memory in GiB")
     p.add_argument(

@@ -15,6 +15,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from nibblekv.model.hub import HubFetchError, fetch, is_hub_id
 from nibblekv.model.hybrid_config import SSM_DTYPE_BYTES, ssm_dtype_from
 from nibblekv.model.presets import PRESETS
 
@@ -276,6 +277,12 @@ def resolve_model(spec: str) -> tuple[str, dict[str, Any]]:
     path = Path(spec)
     if path.exists():
         return spec, read_config(path)
+    if is_hub_id(spec):  # NOTE: its config.json alone, fetched from the Hugging Face Hub (model.hub)
+        try:
+            return spec, read_config(fetch(spec, weights=False))
+        except HubFetchError as exc:
+            raise PlanError(str(exc)) from exc
     raise PlanError(
-        f"unknown model {spec!r}: not a built-in ({', '.join(sorted(PRESETS))}) nor a config.json path"
+        f"unknown model {spec!r}: not a built-in ({', '.join(sorted(PRESETS))}), a config.json path nor a "
+        "Hub id"
     )
