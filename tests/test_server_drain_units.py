@@ -51,10 +51,10 @@ def _server(drain_timeout: float) -> tuple[_DrainingServer, ServerState, _Aborti
 
 def _start(state: ServerState, engine: _AbortingEngine, request_id: str) -> Callable[[], None]:
     release = admit(state, 1)
-    state.live_requests.add(request_id)
+    state.live_requests[request_id] = request_id
 
     def done() -> None:
-        state.live_requests.discard(request_id)
+        state.live_requests.pop(request_id, None)
         release()
 
     engine.releases[request_id] = done

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -166,3 +168,29 @@ def test_tokenize_detokenize_and_version(smollm2_server: ServerProcess) -> None:
     bad = httpx.post(url + "/detokenize", json={"tokens": [49152]}, timeout=60)
     assert bad.status_code == 400 and "out of range" in bad.json()["error"]["message"]
     assert httpx.get(url + "/version", timeout=60).json()["version"]
+
+
+def test_abort_request_ends_a_running_output(smollm2_server: ServerProcess) -> None:
+    url = smollm2_server.url
+    long = {"max_new_tokens": 4000, "ignore_eos": True, "temperature": 0}
+    results: dict[str, Any] = {}
+
+    def run(rid: str) -> None:
+        results[rid] = _ok(smollm2_server, {"text": PROMPT, "sampling_params": long, "rid": rid})
+
+    threads = [threading.Thread(target=run, args=(rid,)) for rid in ("keep-a", "stop-b")]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while smollm2_server.engine_stats()["running"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r = httpx.post(url + "/abort_request", json={"rid": "stop-b"}, timeout=60)
+    assert r.status_code == 200
+    threads[1].join(timeout=60)
+    stopped = results["stop-b"]["meta_info"]
+    assert stopped["finish_reason"] == {"type": "abort"} and stopped["completion_tokens"] < 4000
+    assert threads[0].is_alive()  # the other output runs on
+    assert httpx.post(url + "/abort_request", json={"abort_all": True}, timeout=60).status_code == 200
+    threads[0].join(timeout=60)
+    assert results["keep-a"]["meta_info"]["finish_reason"] == {"type": "abort"}
+    assert httpx.post(url + "/abort_request", json={"rid": "gone"}, timeout=60).status_code == 200

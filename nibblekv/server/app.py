@@ -16,7 +16,7 @@ from nibblekv import __version__
 from nibblekv.server.chat import create_chat_completion
 from nibblekv.server.completions import create_completion
 from nibblekv.server.errors import error_response, install_error_handlers
-from nibblekv.server.native import generate
+from nibblekv.server.native import abort_request, generate
 from nibblekv.server.protocol import ModelCard, ModelList, dump
 from nibblekv.server.state import ServerState, get_state
 from nibblekv.server.tokens import detokenize, tokenize
@@ -25,7 +25,7 @@ from nibblekv.server.tokens import detokenize, tokenize
 # Health, metrics and info stay open so load balancers and routers (sglang-router polls them) work without
 # credentials.
 _PROTECTED_PREFIX = "/v1/"
-_PROTECTED_PATHS = frozenset({"/generate", "/tokenize", "/detokenize"})
+_PROTECTED_PATHS = frozenset({"/generate", "/abort_request", "/tokenize", "/detokenize"})
 HEALTH_GENERATE_TIMEOUT_S: float = 20.0  # SGLang's
 
 
@@ -150,6 +150,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/models", _models, methods=["GET"])
     app.add_api_route("/generate", generate, methods=["POST"])
+    app.add_api_route("/abort_request", abort_request, methods=["POST"])
     app.add_api_route("/tokenize", tokenize, methods=["POST"])
     app.add_api_route("/detokenize", detokenize, methods=["POST"])
     app.add_api_route("/version", _version, methods=["GET"])

@@ -24,25 +24,28 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class GenerationJob:
-    """One engine request: which choice it fills, its prompt ids and sampling parameters."""
+    """One engine request: which choice it fills, its prompt ids and sampling parameters, and the id the
+    client knows it by (its response's id, or the native route's ``rid``: what ``/abort_request`` takes)."""
 
     index: int
     prompt_ids: list[int]
     params: Any
+    client_id: str = ""
 
 
 async def generation_stream(
-    engine: ServingEngine, job: GenerationJob, live: set[str] | None = None
+    engine: ServingEngine, job: GenerationJob, live: dict[str, str] | None = None
 ) -> AsyncIterator[Delta]:
-    """Deltas of one engine request; aborts it if the consumer stops early. Its engine request id is in
-    ``live`` while it runs (a draining server aborts those at the drain timeout)."""
+    """Deltas of one engine request; aborts it if the consumer stops early. ``live`` maps its engine request
+    id to ``job.client_id`` while it runs (a draining server aborts those at the drain timeout, and
+    ``/abort_request`` those of a client id)."""
     request_id = uuid.uuid4().hex
     finished = False
     reader = DeltaReader(job.prompt_ids)
     if not engine.is_healthy():
         raise APIError("the engine is not running", status=503)
-    live = set() if live is None else live
-    live.add(request_id)
+    live = {} if live is None else live
+    live[request_id] = job.client_id
     try:
         async for out in engine.generate(job.prompt_ids, job.params, request_id=request_id):
             delta = reader.read(out)
@@ -51,13 +54,13 @@ async def generation_stream(
             if finished:
                 return
     finally:
-        live.discard(request_id)
+        live.pop(request_id, None)
         if not finished:
             engine.abort(request_id)
 
 
 async def merged_streams(
-    engine: ServingEngine, jobs: Sequence[GenerationJob], live: set[str] | None = None
+    engine: ServingEngine, jobs: Sequence[GenerationJob], live: dict[str, str] | None = None
 ) -> AsyncIterator[tuple[int, Delta]]:
     """Deltas of several engine requests as they arrive, tagged with their job index (``live``: see
     :func:`generation_stream`)."""

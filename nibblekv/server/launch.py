@@ -165,7 +165,7 @@ class _DrainingServer(uvicorn.Server):
             # NOTE: re-checked until all end: a request admitted just before the signal may reach the
             # engine after the first sweep.
             while state.admission.in_flight and time.monotonic() < grace_end:
-                for request_id in state.live_requests - aborted:
+                for request_id in state.live_requests.keys() - aborted:
                     state.engine.abort(request_id)
                     aborted.add(request_id)
                 await asyncio.sleep(DRAIN_POLL_S)

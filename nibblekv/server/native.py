@@ -207,7 +207,10 @@ def _sampling(raw: dict[str, Any]) -> NativeSampling:
         raise APIError(message, status, param="sampling_params") from exc
 
 
-def _generation(req: GenerateRequest, state: ServerState) -> tuple[Generation, list[NativeSampling], int]:
+def _generation(
+    req: GenerateRequest, state: ServerState
+) -> tuple[Generation, list[NativeSampling], int, list[str]]:
+    """The engine requests of ``req``, each prompt's sampling parameters, ``n`` and each output's rid."""
     prompts = _prompts(req, state)
     raw = req.sampling_params
     sps = [_sampling(r) for r in raw] if isinstance(raw, list) else [_sampling(raw or {})] * len(prompts)
@@ -217,7 +220,8 @@ def _generation(req: GenerateRequest, state: ServerState) -> tuple[Generation, l
     if any(sp.n != n for sp in sps):
         raise APIError("every prompt's sampling_params must have the same n", param="sampling_params")
     jobs = [(ids, *_params(req, sp, len(ids), state)) for ids, sp in zip(prompts, sps)]
-    return Generation.of(jobs, n, "gen"), sps, n
+    rids = _rids(req, len(prompts) * n)
+    return Generation.of(jobs, n, "gen", client_ids=rids), sps, n, rids
 
 
 def _triples(pairs: list[tuple[float | None, int]], names: TokenNames | None) -> list[list[Any]]:
@@ -283,8 +287,7 @@ async def generate(request: Request) -> Response:
     t0 = time.perf_counter()
     state = get_state(request)
     req = await parse_body(request, GenerateRequest)
-    gen, sps, n = _generation(req, state)
-    rids = _rids(req, len(gen.choices))
+    gen, sps, n, rids = _generation(req, state)
     names = TokenNames(state.tokenizer) if req.return_text_in_logprobs else None
 
     def item(index: int) -> dict[str, Any]:
@@ -302,3 +305,24 @@ async def _stream(state: ServerState, gen: Generation, item: Any) -> AsyncIterat
     async for choice, delta, shown in observed(state, gen):
         if shown.text or shown.token_ids or delta.finished:
             yield json.dumps({**item(choice.index), "index": choice.index})
+
+
+class AbortRequest(BaseModel):
+    """SGLang's ``POST /abort_request`` body."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rid: str = ""
+    abort_all: StrictBool = False
+
+
+async def abort_request(request: Request) -> Response:
+    """Abort the running outputs the client knows as ``rid`` (a ``/generate`` output's ``rid`` /
+    ``meta_info.id``, or an OpenAI response's ``id``: all its choices), or every one with ``abort_all``.
+    They end with finish reason ``abort``, their pages freed. 200 whether or not any ran, as SGLang answers."""
+    state = get_state(request)
+    req = await parse_body(request, AbortRequest)
+    for engine_id, client_id in list(state.live_requests.items()):
+        if req.abort_all or (req.rid and client_id == req.rid):
+            state.engine.abort(engine_id)
+    return Response(status_code=200)

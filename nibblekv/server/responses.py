@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -75,22 +75,30 @@ class Generation:
     rid: str
 
     @classmethod
-    def of(cls, prompts: Iterable[tuple[list[int], Any, int]], n: int, id_prefix: str) -> Generation:
+    def of(
+        cls,
+        prompts: Iterable[tuple[list[int], Any, int]],
+        n: int,
+        id_prefix: str,
+        client_ids: Sequence[str] | None = None,
+    ) -> Generation:
         """``n`` choices per (prompt ids, sampling params, most new tokens); choice index = prompt index
-        * n + j, as in OpenAI. The response id is ``id_prefix``-fresh (``protocol.make_id``).
+        * n + j, as in OpenAI. The response id is ``id_prefix``-fresh (``protocol.make_id``); the client
+        knows each choice by ``client_ids[index]`` where given, else by that id (``GenerationJob``).
 
         NOTE: a seeded request's choice ``j`` samples with ``seed + j`` (as vLLM's parallel sampling): the
         same seed for all would make the ``n`` choices one choice ``n`` times."""
         jobs: list[GenerationJob] = []
         choices: dict[int, ChoiceState] = {}
+        rid = make_id(id_prefix)
         for p, (ids, params, max_new) in enumerate(prompts):
             for j in range(n):
                 index = p * n + j
                 seed = getattr(params, "seed", None)
                 own = replace(params, seed=seed + j) if seed is not None and j else params
-                jobs.append(GenerationJob(index, ids, own))
+                jobs.append(GenerationJob(index, ids, own, client_ids[index] if client_ids else rid))
                 choices[index] = ChoiceState(index, ids, drop_output=max_new == 0)
-        return cls(jobs, choices, make_id(id_prefix))
+        return cls(jobs, choices, rid)
 
 
 async def observed(state: ServerState, gen: Generation) -> AsyncIterator[tuple[ChoiceState, Delta, Delta]]:

@@ -73,7 +73,8 @@ class ServerState:
     log_requests: bool = False  # --log-requests: a line as each engine request starts and as it finishes
     draining: bool = False  # a shutdown signal arrived: /health and new requests get 503
     drain_expired: bool = False  # the drain timeout passed: live requests were aborted
-    live_requests: set[str] = field(default_factory=set)  # engine request ids now generating
+    # engine request id -> the client's id of it (response id or rid), for the requests now generating
+    live_requests: dict[str, str] = field(default_factory=dict)
     server_info: dict[str, Any] = field(default_factory=dict)
     model_info: dict[str, Any] = field(default_factory=dict)
 
