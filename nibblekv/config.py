@@ -228,7 +228,8 @@ class EngineConfig:
             weights = self.load_format != "dummy"
             changes["model"] = str(fetch(self.model, self.revision, self.download_dir, weights=weights))
         if self.tokenizer_path is not None and is_hub_id(self.tokenizer_path):
-            folder = fetch(self.tokenizer_path, None, self.download_dir, weights=False)
+            where = (self.tokenizer_path, None, self.download_dir)
+            folder = fetch(*where, weights=False, flag="--tokenizer-path", require_config=False)
             changes["tokenizer_path"] = str(folder)
         return replace(self, **changes) if changes else self
 

@@ -120,3 +120,12 @@ def test_served_name_of_a_hub_model_is_its_id() -> None:
     assert served_model_name("Qwen/Qwen3-8B", None) == "Qwen/Qwen3-8B"
     assert served_model_name("/models/Qwen3-8B", None) == "Qwen3-8B"
     assert served_model_name("Qwen/Qwen3-8B", "qwen") == "qwen"
+
+
+def test_a_tokenizer_repo_needs_no_model_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text("{}")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **kwargs: str(tmp_path))
+    cfg = EngineConfig(tokenizer_path="org/tok").with_local_model()
+    assert cfg.tokenizer_path == str(tmp_path)
+    with pytest.raises(HubFetchError, match="--model org/tok: the Hub repo has no config.json"):
+        fetch("org/tok")

@@ -35,12 +35,17 @@ def is_hub_id(model: str) -> bool:
 
 
 def fetch(
-    model: str, revision: str | None = None, download_dir: str | None = None, weights: bool = True
+    model: str,
+    revision: str | None = None,
+    download_dir: str | None = None,
+    weights: bool = True,
+    flag: str = "--model",
+    require_config: bool = True,
 ) -> Path:
     """The local folder of Hub model ``model`` at ``revision`` (a branch, tag or commit; None = main), its
     files fetched as needed; ``weights=False`` fetches configs and tokenizer only. Raises
-    :class:`HubFetchError` when the Hub cannot supply it (unknown or gated repo, no network and no cached
-    copy, ...)."""
+    :class:`HubFetchError`, naming ``flag``, when the Hub cannot supply it (unknown or gated repo, no
+    network and no cached copy, ...) or, with ``require_config``, it has no ``config.json``."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -55,10 +60,10 @@ def fetch(
         )
     except (HfHubHTTPError, OSError, ValueError) as exc:  # NOTE: the Hub's own errors derive from these
         reason = " ".join(str(exc).split())  # NOTE: one line (the Hub's messages span several)
-        raise HubFetchError(f"--model {model}: not fetched from the Hugging Face Hub: {reason}") from exc
+        raise HubFetchError(f"{flag} {model}: not fetched from the Hugging Face Hub: {reason}") from exc
     path = Path(folder)
-    if not (path / "config.json").is_file():
+    if require_config and not (path / "config.json").is_file():
         raise HubFetchError(
-            f"--model {model}: the Hub repo has no config.json (GGUF repos: download one file)"
+            f"{flag} {model}: the Hub repo has no config.json (GGUF repos: download one file)"
         )
     return path
