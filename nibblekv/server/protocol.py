@@ -39,18 +39,25 @@ class _Request(BaseModel):
 
 # NOTE: vLLM's / SGLang's request fields this server cannot honour, and what each asks for: a 400 when set
 # (to anything but null / false), since ignoring one would answer another question than the client asked
-STRUCTURED_OUTPUT_FIELDS = (
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structured_outputs",
-)
 REFUSED_FIELDS = {
-    **dict.fromkeys((*STRUCTURED_OUTPUT_FIELDS, "json_schema", "regex", "ebnf"), "structured output"),
+    **dict.fromkeys(
+        (
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "guided_grammar",
+            "structured_outputs",
+            "json_schema",
+            "regex",
+            "ebnf",
+        ),
+        "structured output",
+    ),
     "use_beam_search": "beam search",
     "lora_path": "loading LoRA adapters",
     "return_hidden_states": "returning hidden states",
+}
+TEMPLATE_REFUSED = {
     "chat_template": "a per-request chat template (vLLM refuses it by default too; start the server with "
     "--chat-template)",
 }
@@ -115,7 +122,7 @@ class SamplingFields(_Request):
     lora_path: Any = None
     return_hidden_states: Any = None
 
-    @field_validator(*(name for name in REFUSED_FIELDS if name != "chat_template"))
+    @field_validator(*REFUSED_FIELDS)
     @classmethod
     def _refused(cls, value: Any, info: ValidationInfo) -> Any:
         return refuse(value, info, REFUSED_FIELDS)
@@ -236,7 +243,7 @@ class ChatTemplateFields(_Request):
     @field_validator("chat_template")
     @classmethod
     def _refused_template(cls, value: Any, info: ValidationInfo) -> Any:
-        return refuse(value, info, REFUSED_FIELDS)
+        return refuse(value, info, TEMPLATE_REFUSED)
 
     @model_validator(mode="after")
     def _one_open_turn(self) -> ChatTemplateFields:
