@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from model_helpers import TINY_LLAMA
 
 from nibblekv.cli import build_parser, main
 from nibblekv.config import EngineConfig
@@ -26,19 +27,13 @@ from nibblekv.eval.data import CALIBRATION_FILE, DEFAULT_DATA_DIR, calibration_t
 from nibblekv.eval.kv_eval import EvalSettings
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "vocab_size": 320, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "bos_token_id": 256, "eos_token_id": 257,
-}  # fmt: skip
 
 
 @pytest.fixture
 def tiny(tmp_path: Path) -> list[str]:
     """Engine flags for a tiny random-weight model (loads in well under a second)."""
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
+    path.write_text(json.dumps(TINY_LLAMA))
     return ["--load-format", "dummy", "--model", str(path), "--max-total-tokens", "2048"]
 
 

@@ -12,17 +12,12 @@ from typing import Any
 
 import huggingface_hub
 import pytest
+from model_helpers import TINY_LLAMA
 
 from nibblekv.config import EngineConfig
 from nibblekv.model.hub import HubFetchError, fetch, is_hub_id
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "vocab_size": 320, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "bos_token_id": 256, "eos_token_id": 257,
-}  # fmt: skip
 
 
 def _hub_cache(root: Path, repo: str, files: dict[str, str]) -> Path:
@@ -102,7 +97,7 @@ def test_engine_config_fetches_model_and_tokenizer(monkeypatch: pytest.MonkeyPat
 
 
 def test_generate_runs_a_hub_model_from_the_cache(tmp_path: Path) -> None:
-    _hub_cache(tmp_path, "org/tiny", {"config.json": json.dumps(TINY)})
+    _hub_cache(tmp_path, "org/tiny", {"config.json": json.dumps(TINY_LLAMA)})
     flags = ["--load-format", "dummy", "--max-total-tokens", "2048", "--max-new-tokens", "3", "--ignore-eos"]
     proc = _cli("generate", "--model", "org/tiny", *flags, "hi", cache=tmp_path)
     assert proc.returncode == 0, proc.stderr
