@@ -124,3 +124,16 @@ def test_a_tokenizer_repo_needs_no_model_config(monkeypatch: pytest.MonkeyPatch,
     assert cfg.tokenizer_path == str(tmp_path)
     with pytest.raises(HubFetchError, match="--model org/tok: the Hub repo has no config.json"):
         fetch("org/tok")
+
+
+def test_eval_fetches_a_hub_model_first(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import argparse
+
+    from nibblekv.eval.common import checked_data_dir
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **kwargs: str(tmp_path))
+    args = argparse.Namespace(
+        model="org/tiny", load_format="dummy", data_dir=None, _parser=argparse.ArgumentParser()
+    )
+    assert checked_data_dir(args).is_dir() and args.model == str(tmp_path)
