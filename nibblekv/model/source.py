@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nibblekv.model.hub import is_hub_id
 from nibblekv.model.presets import PRESETS
 
 _KINDS = "a .gguf file, an HF folder with config.json, or a preset name with --load-format dummy"
+# NOTE: a Hub id (org/name) never gets here: the CLIs fetch it first (EngineConfig.with_local_model)
 
 
 def model_source_error(model: str | None, load_format: str, overrides: bool = False) -> str | None:
@@ -39,8 +39,6 @@ def model_source_error(model: str | None, load_format: str, overrides: bool = Fa
                 f"--model {model} is a preset, which has no weights: add --load-format dummy to run its "
                 "shape with random weights, or give a .gguf file or an HF folder with config.json"
             )
-        if is_hub_id(model):  # NOTE: generate and serve fetch these first (EngineConfig.with_local_model)
-            return f"--model {model}: no such folder (a Hub id: hf download {model} --local-dir DIR)"
         return f"--model {model}: no such file or folder (give {_KINDS})"
     is_gguf = path.is_file() and path.suffix == ".gguf"
     is_hf = path.is_dir() and (path / "config.json").is_file()
