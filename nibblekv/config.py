@@ -10,7 +10,7 @@ from typing import Any
 
 from nibblekv.cli_style import add_switch, non_negative_int, open_fraction, positive_float, positive_int
 from nibblekv.formats import KV_DTYPE_CHOICES
-from nibblekv.model.hub import fetch, is_hub_id
+from nibblekv.model.hub import is_hub_id, local
 from nibblekv.model.tokenizer import has_hf_tokenizer
 
 LOAD_FORMATS: tuple[str, ...] = ("auto", "gguf", "safetensors", "dummy")
@@ -223,15 +223,16 @@ class EngineConfig:
         """This config with a Hugging Face Hub id as ``model`` or ``tokenizer_path`` replaced by the local
         folder it was fetched into (``model.hub``; a dummy model fetches no weights). Raises
         ``model.hub.HubFetchError`` (a ValueError) naming the flag when the Hub cannot supply it."""
-        changes: dict[str, str] = {}
-        if self.model is not None and is_hub_id(self.model):
-            weights = self.load_format != "dummy"
-            changes["model"] = str(fetch(self.model, self.revision, self.download_dir, weights=weights))
-        if self.tokenizer_path is not None and is_hub_id(self.tokenizer_path):
-            where = (self.tokenizer_path, None, self.download_dir)
-            folder = fetch(*where, weights=False, flag="--tokenizer-path", require_config=False)
-            changes["tokenizer_path"] = str(folder)
-        return replace(self, **changes) if changes else self
+        model, tokenizer = self.model, self.tokenizer_path
+        if model is not None:
+            model = local(model, self.revision, self.download_dir, weights=self.load_format != "dummy")
+        if tokenizer is not None:
+            tokenizer = local(
+                tokenizer, None, self.download_dir, False, "--tokenizer-path", require_config=False
+            )
+        if (model, tokenizer) == (self.model, self.tokenizer_path):
+            return self
+        return replace(self, model=model, tokenizer_path=tokenizer)
 
     @staticmethod
     def from_args(args: argparse.Namespace) -> EngineConfig:

@@ -53,13 +53,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def checked_data_dir(args: argparse.Namespace) -> Path:
     """``--model`` (a Hub id fetched first, ``args.model`` then its folder) and ``--data-dir`` checked before
     anything loads: a problem is a one-line error, exit 2."""
-    from nibblekv.model.hub import HubFetchError, fetch, is_hub_id
+    from nibblekv.model.hub import HubFetchError, local
     from nibblekv.model.source import model_source_error
 
     parser: argparse.ArgumentParser = args._parser
-    if args.model is not None and is_hub_id(args.model):
+    if args.model is not None:
         try:
-            args.model = str(fetch(args.model, weights=args.load_format != "dummy"))
+            args.model = local(args.model, weights=args.load_format != "dummy")
         except HubFetchError as exc:
             parser.error(str(exc))
     problem = model_source_error(args.model, args.load_format)

@@ -34,6 +34,20 @@ def is_hub_id(model: str) -> bool:
     )
 
 
+def local(
+    model: str,
+    revision: str | None = None,
+    download_dir: str | None = None,
+    weights: bool = True,
+    flag: str = "--model",
+    require_config: bool = True,
+) -> str:
+    """``model`` itself, or for a Hub id the local folder :func:`fetch` put it in (the same arguments)."""
+    if not is_hub_id(model):
+        return model
+    return str(fetch(model, revision, download_dir, weights, flag, require_config))
+
+
 def fetch(
     model: str,
     revision: str | None = None,

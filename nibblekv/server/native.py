@@ -207,10 +207,9 @@ def _sampling(raw: dict[str, Any]) -> NativeSampling:
         raise APIError(message, status, param="sampling_params") from exc
 
 
-def _generation(
-    req: GenerateRequest, state: ServerState
-) -> tuple[Generation, list[NativeSampling], int, list[str]]:
-    """The engine requests of ``req``, each prompt's sampling parameters, ``n`` and each output's rid."""
+def _generation(req: GenerateRequest, state: ServerState) -> tuple[Generation, list[NativeSampling], int]:
+    """The engine requests of ``req`` (each output's rid its job's ``client_id``), each prompt's sampling
+    parameters and ``n``."""
     prompts = _prompts(req, state)
     raw = req.sampling_params
     sps = [_sampling(r) for r in raw] if isinstance(raw, list) else [_sampling(raw or {})] * len(prompts)
@@ -220,8 +219,7 @@ def _generation(
     if any(sp.n != n for sp in sps):
         raise APIError("every prompt's sampling_params must have the same n", param="sampling_params")
     jobs = [(ids, *_params(req, sp, len(ids), state)) for ids, sp in zip(prompts, sps)]
-    rids = _rids(req, len(prompts) * n)
-    return Generation.of(jobs, n, "gen", client_ids=rids), sps, n, rids
+    return Generation.of(jobs, n, "gen", client_ids=_rids(req, len(prompts) * n)), sps, n
 
 
 def _triples(pairs: list[tuple[float | None, int]], names: TokenNames | None) -> list[list[Any]]:
@@ -287,7 +285,8 @@ async def generate(request: Request) -> Response:
     t0 = time.perf_counter()
     state = get_state(request)
     req = await parse_body(request, GenerateRequest)
-    gen, sps, n, rids = _generation(req, state)
+    gen, sps, n = _generation(req, state)
+    rids = {job.index: job.client_id for job in gen.jobs}
     names = TokenNames(state.tokenizer) if req.return_text_in_logprobs else None
 
     def item(index: int) -> dict[str, Any]:
