@@ -250,7 +250,8 @@ def bench_length(
     ssm = {"mamba_ssm_dtype": args.mamba_ssm_dtype} if args.mamba_ssm_dtype else {}
     shape = shape_from_config({**PRESETS[name], **overrides, **ssm}, name)  # top-level keys beat text_config
     opts = EngineOptions(page, args.kv_recent_window, args.chunked_prefill_size,
-                         model_dtype=parse_kv_dtype("auto", model.dtype))  # fmt: skip
+                         model_dtype=parse_kv_dtype("auto", model.dtype),
+                         disable_radix_cache=True)  # fmt: skip
     plans = {kv: resident_requests(shape, KVDtype(kv), budget, per_request, context, opts) for kv in dtypes}
     gib = budget / 2**30
     log(t0, f"{name} input {input_len}: context {context}, KV budget {gib:.2f} GiB, capacity {caps}, "

@@ -101,6 +101,10 @@ class EngineConfig:
     # config's mamba_ssm_dtype, else float32. bfloat16 halves each request's state (Qwen3.5-27B: 147 -> 75
     # MiB); the decode kernels step it in float32 and round once a step.
     mamba_ssm_dtype: str | None = None
+    # Hybrid models' state slots, SGLang's --max-mamba-cache-size: one per running request plus the prefix
+    # cache's state snapshots (nibblekv.cache.state_prefix). None = twice --max-running-requests (as many
+    # snapshots as running requests) with the radix cache, once without
+    max_mamba_cache_size: int | None = None
     # A Jinja chat template, or the path of a file holding one (SGLang's / vLLM's --chat-template): for a
     # model without a template, or to override its own. See chat_template_text().
     chat_template: str | None = None
@@ -124,6 +128,11 @@ class EngineConfig:
         _check_choice("dtype", self.dtype, DTYPES)
         if self.mamba_ssm_dtype is not None:
             _check_choice("mamba_ssm_dtype", self.mamba_ssm_dtype, SSM_DTYPES)
+        if self.max_mamba_cache_size is not None:
+            _check(
+                self.max_mamba_cache_size >= (self.max_running_requests or 1), "max_mamba_cache_size",
+                "must be >= --max-running-requests (each running request holds a state slot)",
+            )  # fmt: skip
         _check_choice("device", self.device, DEVICES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_DTYPE_CHOICES)
         _check(self.page_size >= 1, "page_size", "must be >= 1")
@@ -304,6 +313,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--mamba-ssm-dtype", default=None, choices=SSM_DTYPES,
         help="hybrid models: dtype of each request's recurrent Gated DeltaNet state (default: the model "
         "config's mamba_ssm_dtype, else float32; bfloat16 halves the state, computed in float32 either way)",
+    )  # fmt: skip
+    g.add_argument(
+        "--max-mamba-cache-size", type=positive_int, default=None,
+        help="hybrid models: state slots, one per running request plus the prefix cache's state snapshots "
+        "(default: twice --max-running-requests; equal to it: no prefix cache)",
     )  # fmt: skip
     g.add_argument(
         "--chat-template", default=None, metavar="TEMPLATE",

@@ -66,7 +66,7 @@ def test_batched_chunked_generation_equals_reference(
 ) -> None:
     with caplog.at_level(logging.INFO, logger="nibblekv"):
         engine = _engine(model, chunked_prefill_size=16)  # prompts span several chunks, carried in the state
-    assert "Radix cache is disabled for hybrid" in caplog.text
+    assert "32 slots + 32 prefix-cache snapshots (+1 scratch)" in caplog.text
     outs = engine.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == [r[:10] for r in reference]
     _no_leak(engine)
@@ -113,9 +113,12 @@ def test_nvfp4_kv_stays_close(model: HybridCausalLM) -> None:
 def test_kv_pool_holds_only_full_attention_layers(model: HybridCausalLM) -> None:
     engine = _engine(model)
     assert engine.pool.spec.num_layers == 1
-    # one slot per running request and the scratch slot of CUDA graphs' padding rows
-    assert engine.states is not None and engine.states.conv.shape[:2] == (3, engine.max_running + 1)
-    assert engine.states.scratch_slot == engine.max_running
+    # one slot per running request, as many prefix-cache snapshots and the scratch slot of CUDA graphs'
+    # padding rows (the last)
+    assert engine.states is not None and engine.states.conv.shape[:2] == (3, 2 * engine.max_running + 1)
+    assert engine.states.scratch_slot == 2 * engine.max_running
+    off = _engine(model, disable_radix_cache=True)
+    assert off.states is not None and off.states.conv.shape[:2] == (3, off.max_running + 1)
 
 
 def test_padded_graph_buffers_keep_each_request_state(

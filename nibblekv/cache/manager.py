@@ -158,6 +158,16 @@ class BaseCacheManager(ABC):
         """Copies into pages the next forward reads, to wait for per layer (none without a host tier)."""
         return []
 
+    # ---- hybrid models: the linear layers' per-request state (nibblekv.cache.state_prefix) -----------
+    def bind_state(self, pages: RequestPages, slot: int) -> None:
+        """A request admitted after :meth:`match_prefix` runs with state slot ``slot``: a prefix cache of
+        states fills it with the state at the matched prefix's end (no-op here)."""
+
+    def prefill_stop(self, pages: RequestPages, num_tokens: int) -> int | None:
+        """A position past ``pages.num_tokens`` where a prefill to ``num_tokens`` must end a forward (a
+        state snapshot is taken there), or None."""
+        return None
+
 
 class TieredCacheManager(BaseCacheManager):
     """The tail rule over one :class:`KVPool` (main + tail allocators).

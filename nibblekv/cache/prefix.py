@@ -97,8 +97,12 @@ class PrefixCacheManager(TieredCacheManager):
         lq = main_len_after(0, num_tokens, self.window, self.page_size)
         return min(lq, num_tokens - 1) // self.page_size
 
+    def _match_limit(self, token_ids: Sequence[int]) -> int:
+        """The most pages a match of ``token_ids`` may take (subclasses narrow it)."""
+        return self.max_reusable_pages(len(token_ids))
+
     def peek_prefix(self, token_ids: Sequence[int]) -> int:
-        return self.tree.peek_prefix(token_ids, self.max_reusable_pages(len(token_ids))) * self.page_size
+        return self.tree.peek_prefix(token_ids, self._match_limit(token_ids)) * self.page_size
 
     @property
     def prefix_version(self) -> int:
@@ -108,7 +112,7 @@ class PrefixCacheManager(TieredCacheManager):
         """Point an empty request at its cached prefix; return the tokens it no longer computes."""
         if pages.num_tokens or id(pages) in self._holds:
             raise ValueError("match_prefix needs a request that holds no pages")
-        match = self.tree.match_prefix(token_ids, self.max_reusable_pages(len(token_ids)))
+        match = self.tree.match_prefix(token_ids, self._match_limit(token_ids))
         device_tokens = len(match.pages) * self.page_size
         if match.host_pages:
             assert isinstance(self.tree, HiRadixCache)  # only it leaves host-only nodes behind

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 class TreeNode:
     """One edge of the tree: ``key`` (a multiple of ``P`` token ids) and where its pages are."""
 
-    __slots__ = ("children", "host", "id", "key", "last_access", "lock_ref", "pages", "parent", "pending")
+    __slots__ = (
+        "children", "host", "id", "key", "last_access", "lock_ref", "pages", "parent", "pending", "state",
+    )  # fmt: skip
     _ids = itertools.count()
 
     def __init__(
@@ -56,6 +58,9 @@ class TreeNode:
         self.last_access = last_access
         # A copy that may still be running on a side stream and touches this node's device pages.
         self.pending: Transfer | None = None
+        # Hybrid models: a state-pool snapshot slot holding the linear layers' state after this node's last
+        # token (nibblekv.cache.state_prefix); a split leaves it on the lower part, which keeps the end
+        self.state: int | None = None
         self.id = next(TreeNode._ids)
 
     @property
@@ -113,6 +118,8 @@ class RadixCache:
         self.protected_pages = 0
         self.host_pages = 0
         self.num_dropped = 0  # pages evicted for good (metrics, tests)
+        # called with a dropped node's snapshot slot (nibblekv.cache.state_prefix frees it)
+        self.on_state_drop: Callable[[int], None] | None = None
         # NOTE: bumped by every operation that may change what a key matches (insert, evict, evict_host), so
         # a caller may keep a peek_prefix result while it holds (the scheduler's lpm order)
         self.version = 0
@@ -165,13 +172,16 @@ class RadixCache:
             node, done = child, done + n
         return PrefixMatch(dev, dev_node, host, node)
 
-    def peek_prefix(self, key: Sequence[int], max_pages: int | None = None) -> int:
+    def peek_prefix(
+        self, key: Sequence[int], max_pages: int | None = None, ends: Callable[[TreeNode], bool] | None = None
+    ) -> int:
         """Pages :meth:`match_prefix` would match (device and host), changing nothing: no split, no LRU
-        refresh (a scheduling policy asks this of every waiting request)."""
+        refresh (a scheduling policy asks this of every waiting request). With ``ends``: only up to the end
+        of the deepest whole matched node for which it holds (0: none)."""
         limit = (
             len(key) // self.page_size if max_pages is None else min(max_pages, len(key) // self.page_size)
         )
-        node, done = self.root, 0
+        node, done, best = self.root, 0, 0
         while done < limit:
             child = node.children.get(self._chunk(key, done))
             if child is None:
@@ -181,7 +191,9 @@ class RadixCache:
             if n < len(child.key) // self.page_size:
                 break
             node = child
-        return done
+            if ends is not None and ends(node):
+                best = done
+        return done if ends is None else best
 
     # ---- structure ------------------------------------------------------------------------------
     def _split(self, node: TreeNode, n: int) -> TreeNode:
@@ -337,6 +349,10 @@ class RadixCache:
                 self.host.alloc.free(n.host)
                 self.host_pages -= len(n.host)
                 n.host = None
+            if n.state is not None:
+                assert self.on_state_drop is not None
+                self.on_state_drop(n.state)
+                n.state = None
             self.num_dropped += len(n.key) // self.page_size
 
     def _inserted(self, node: TreeNode) -> None:
@@ -350,11 +366,16 @@ class RadixCache:
     def device_page_ids(self) -> list[int]:
         return [p for n in self._nodes() for p in (n.pages or ())]
 
+    def state_slots(self) -> list[int]:
+        """The snapshot slots the tree's nodes hold (hybrid models)."""
+        return [n.state for n in self._nodes() if n.state is not None]
+
     def check(self) -> None:
         """Raise ``AssertionError`` unless every invariant in the module docstring holds."""
         p = self.page_size
         seen_dev: set[int] = set()
         seen_host: set[int] = set()
+        seen_states: set[int | None] = set()
         evictable = protected = host_pages = 0
         assert self.root.pages == [] and self.root.key == () and self.root.lock_ref >= 1
         for n in self._nodes():
@@ -374,6 +395,8 @@ class RadixCache:
                 else:
                     evictable += len(n.pages)
             host_pages += len(n.host or ())
+            assert n.state is None or n.state not in seen_states, f"{n!r}: snapshot shared"
+            seen_states.add(n.state)
             assert n.lock_ref >= sum(c.lock_ref for c in n.children.values()) >= 0, f"{n!r}: lock counts"
         assert self.root.lock_ref >= 1 + sum(c.lock_ref for c in self.root.children.values())
         assert (evictable, protected) == (self.evictable_pages, self.protected_pages), (

@@ -4,8 +4,11 @@ A Gated DeltaNet layer keeps, per request, a fixed-size recurrent state ``[HV, K
 causal conv's last ``W - 1`` inputs ``[C, W - 1]`` (model dtype), whatever the request's length. The
 :class:`StatePool` holds one slot of both for every running request (``max_running_requests`` slots):
 the scheduler takes a slot at admission and gives it back at finish, abort and preemption, so a slot
-never runs out while a request can be admitted. One more slot, :attr:`StatePool.scratch_slot`, is never
-handed out: a CUDA graph's padding rows read and write it, so they never touch a running request's state.
+never runs out while a request can be admitted. The prefix cache's *snapshot* slots follow (a request's
+state copied at a page boundary of its prompt, kept by the radix tree node ending there; see
+``nibblekv.cache.state_prefix``), with a free list of their own. One more slot, the last,
+:attr:`StatePool.scratch_slot`, is never handed out: a CUDA graph's padding rows read and write it, so they
+never touch a running request's or a snapshot's state.
 :class:`LinearStateBatch` is one forward's view: which slot each request of the flattened batch uses and
 whether it starts from a zero state.
 """
@@ -17,23 +20,44 @@ from dataclasses import dataclass, field
 import torch
 
 
+def snapshot_slots(max_running: int, max_mamba_cache_size: int | None, radix_cache: bool) -> int:
+    """Snapshot slots of a hybrid model's prefix cache: ``max_mamba_cache_size`` (every state slot, SGLang's
+    ``--max-mamba-cache-size``) less one per running request; as many as running requests when None; 0
+    without the radix cache. ValueError when it leaves a running request without a slot."""
+    if not radix_cache:
+        return 0
+    if max_mamba_cache_size is None:
+        return max_running
+    if max_mamba_cache_size < max_running:
+        raise ValueError(
+            f"--max-mamba-cache-size ({max_mamba_cache_size}) must be >= --max-running-requests "
+            f"({max_running}): every running request holds a state slot"
+        )
+    return max_mamba_cache_size - max_running
+
+
 class StatePool:
-    """``conv [layers, slots + 1, C, W-1]`` and ``recurrent [layers, slots + 1, HV, K, V]`` plus a free list
-    (the last slot is the scratch slot)."""
+    """``conv [layers, S, C, W-1]`` and ``recurrent [layers, S, HV, K, V]`` with ``S`` = slots + snapshot
+    slots + 1, plus a free list for each kind (the last slot is the scratch slot)."""
 
     def __init__(
         self, num_layers: int, num_slots: int, conv_shape: tuple[int, int], recurrent_shape: tuple[int, int, int],
         dtype: torch.dtype, device: torch.device, recurrent_dtype: torch.dtype = torch.float32,
+        num_snapshot_slots: int = 0,
     ) -> None:  # fmt: skip
         """``num_layers`` linear-attention layers; per slot and layer a conv window ``conv_shape`` ``(C, W-1)``
-        in ``dtype`` and a recurrent state ``recurrent_shape`` ``(HV, K, V)`` in ``recurrent_dtype``."""
+        in ``dtype`` and a recurrent state ``recurrent_shape`` ``(HV, K, V)`` in ``recurrent_dtype``;
+        ``num_slots`` slots for running requests, ``num_snapshot_slots`` for the prefix cache."""
         self.num_slots = num_slots
-        self.scratch_slot = num_slots  # NOTE: never allocated; padding rows' reads and writes land here
-        self.conv = torch.zeros(num_layers, num_slots + 1, *conv_shape, dtype=dtype, device=device)
+        self.num_snapshot_slots = num_snapshot_slots
+        total = num_slots + num_snapshot_slots
+        self.scratch_slot = total  # NOTE: never allocated; padding rows' reads and writes land here
+        self.conv = torch.zeros(num_layers, total + 1, *conv_shape, dtype=dtype, device=device)
         self.recurrent = torch.zeros(
-            num_layers, num_slots + 1, *recurrent_shape, dtype=recurrent_dtype, device=device
+            num_layers, total + 1, *recurrent_shape, dtype=recurrent_dtype, device=device
         )
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
+        self._snap_free: list[int] = list(range(total - 1, num_slots - 1, -1))
 
     @property
     def nbytes(self) -> int:
@@ -58,11 +82,31 @@ class StatePool:
             raise ValueError(f"state slot {slot} is not allocated")
         self._free.append(slot)
 
+    @property
+    def num_snapshots_free(self) -> int:
+        return len(self._snap_free)
+
+    def alloc_snapshot(self) -> int | None:
+        """A free snapshot slot, or None when every one holds a snapshot (the caller evicts one)."""
+        return self._snap_free.pop() if self._snap_free else None
+
+    def free_snapshot(self, slot: int) -> None:
+        if not self.num_slots <= slot < self.scratch_slot or slot in self._snap_free:
+            raise ValueError(f"snapshot slot {slot} is not allocated")
+        self._snap_free.append(slot)
+
+    def copy(self, src: int, dst: int) -> None:
+        """Slot ``dst`` := slot ``src`` in every layer (queued on the device's stream, after the forwards
+        already launched and before later ones)."""
+        self.conv[:, dst].copy_(self.conv[:, src])
+        self.recurrent[:, dst].copy_(self.recurrent[:, src])
+
     def startup_line(self) -> str:
         ssm = str(self.recurrent.dtype).removeprefix("torch.")
         return (
-            f"Linear-attention state pool: {self.num_slots} slots (+1 scratch), {self.conv.shape[0]} layers, "
-            f"recurrent state {ssm}, {self.nbytes / (1 << 30):.2f} GB"
+            f"Linear-attention state pool: {self.num_slots} slots + {self.num_snapshot_slots} prefix-cache "
+            f"snapshots (+1 scratch), {self.conv.shape[0]} layers, recurrent state {ssm}, "
+            f"{self.nbytes / (1 << 30):.2f} GB"
         )
 
 

@@ -122,15 +122,21 @@ class Engine:
         self.states = build_state_pool(cfg, self.model, self.max_running)
         if self.states is not None:
             logger.info(self.states.startup_line())
-            if not cfg.disable_radix_cache:
-                # a cached prefix's KV is useless without the linear layers' state at its end, which is not kept
+            if cfg.enable_hierarchical_cache:  # its pages would come back without the linear layers' states
                 logger.info(
-                    "Radix cache is disabled for hybrid linear-attention models (%s)", mc.architecture
+                    "Host KV tier is not used for hybrid linear-attention models (%s)", mc.architecture
                 )
-                self.config = cfg = replace(cfg, disable_radix_cache=True, enable_hierarchical_cache=False)
+                self.config = cfg = replace(cfg, enable_hierarchical_cache=False)
+            if not cfg.disable_radix_cache and self.states.num_snapshot_slots == 0:
+                # a cached prefix's KV is useless without the linear layers' state at its end
+                logger.info(
+                    "Radix cache is disabled for hybrid linear-attention models: --max-mamba-cache-size "
+                    "leaves no slot for state snapshots"
+                )
+                self.config = cfg = replace(cfg, disable_radix_cache=True)
         eos_ids = [*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]
         self.scheduler = Scheduler(
-            build_cache_manager(cfg, self.pool, self.page_table),
+            build_cache_manager(cfg, self.pool, self.page_table, self.states),
             max_running_requests=self.max_running,
             chunk_tokens=cfg.chunk_tokens,
             eos_token_ids=eos_ids,

@@ -7,7 +7,8 @@ in SGLang. When a decode step runs out of pages the newest running requests are 
 pages are freed and they go back to the front of the queue, keeping their tokens, to be recomputed
 later (no request is lost or duplicated). Hybrid models' requests also hold a linear-attention state
 slot (``states``) from admission to finish, abort or preemption; a preempted request recomputes its
-state from scratch with its pages.
+state with its pages, from its cached prefix's state snapshot where the prefix cache has one (a prefill
+then ends one chunk at the snapshot point: ``nibblekv.cache.state_prefix``).
 """
 
 from __future__ import annotations
@@ -103,14 +104,14 @@ class Scheduler:
         # NOTE: is_decoding inlined (one pass over the running requests every step)
         prefilling = [r for r in self.running if len(r.token_ids) - r.pages.num_tokens != 1]
         for req in prefilling:
-            n = min(req.num_tokens - req.num_cached, budget)
+            n, cut = self._chunk(req, req.num_cached, budget)
             more = req.num_cached + n < req.num_tokens  # a non-final chunk: the prefill window applies
             growth = self.cache.try_grow(req.pages, req.num_cached + n, prefilling=more)
             if growth is None:
                 return self._nonempty(batch)
             batch.reqs.append(req)
             batch.growths.append(growth)
-            budget -= n
+            budget = 0 if cut else budget - n
         # Headroom of one main page per decoding request, so admission does not force a preemption.
         reserve = len(self.running) - len(prefilling) + sum(1 for r in prefilling if r.is_decoding)
         if self.policy == "lpm" and budget > 0 and len(self.running) < self.max_running:
@@ -119,7 +120,7 @@ class Scheduler:
             req = self.waiting[0]
             # NOTE: prompt logprobs need every prompt position computed, so such requests never match.
             cached = 0 if req.wants_prompt_logprobs() else self.cache.match_prefix(req.pages, req.token_ids)
-            n = min(req.num_tokens - cached, budget)
+            n, cut = self._chunk(req, cached, budget)
             more = cached + n < req.num_tokens
             growth = self.cache.try_grow(req.pages, cached + n, reserve_main=reserve, prefilling=more)
             if growth is None:
@@ -128,6 +129,7 @@ class Scheduler:
             self.waiting.popleft()
             if self.states is not None:
                 req.state_slot = self.states.alloc()  # never runs out: one slot per running request
+                self.cache.bind_state(req.pages, req.state_slot)  # a prefix hit's state is copied in
             req.status = RequestStatus.RUNNING
             if req.num_preemptions == 0:
                 req.cached_tokens = cached
@@ -135,9 +137,19 @@ class Scheduler:
             batch.reqs.append(req)
             batch.growths.append(growth)
             batch.num_cached_tokens += cached
-            budget -= n
+            budget = 0 if cut else budget - n
         batch.loads = self.cache.take_loads()
         return self._nonempty(batch)
+
+    def _chunk(self, req: Request, start: int, budget: int) -> tuple[int, bool]:
+        """Tokens of ``req``'s prefill from ``start`` in this batch, and whether they stop short of the budget
+        at the cache's state snapshot point (hybrid models; then nothing else joins the batch, so only this
+        request is mid-prefill)."""
+        n = min(req.num_tokens - start, budget)
+        stop = self.cache.prefill_stop(req.pages, req.num_tokens)
+        if stop is not None and stop < start + n:
+            return stop - start, True
+        return n, False
 
     def _order_by_prefix(self) -> None:
         """LPM: waiting requests by cached prefix, longest first; a stable sort, so ties stay FCFS

@@ -27,7 +27,8 @@ from nibblekv.cache import (
 )
 from nibblekv.cache.host_tier import HostTier, host_pages_for
 from nibblekv.cache.prefix import PrefixCacheManager
-from nibblekv.cache.state_pool import StatePool
+from nibblekv.cache.state_pool import StatePool, snapshot_slots
+from nibblekv.cache.state_prefix import StatePrefixCacheManager
 from nibblekv.config import CPU_DEFAULT_MAX_TOTAL_TOKENS, EngineConfig
 from nibblekv.formats import KVDtype, parse_kv_dtype
 from nibblekv.kernels import check_gpu_head_dim
@@ -157,10 +158,18 @@ def ssm_dtype(config: EngineConfig, model: CausalLM) -> str | None:
     return None if la is None else config.mamba_ssm_dtype or la.ssm_dtype
 
 
+def state_snapshot_slots(config: EngineConfig, max_running: int) -> int:
+    """The prefix cache's state snapshot slots (``--max-mamba-cache-size`` less the running requests')."""
+    return snapshot_slots(max_running, config.max_mamba_cache_size, not config.disable_radix_cache)
+
+
 def state_pool_bytes(config: EngineConfig, model: CausalLM, max_running: int) -> int:
-    """Bytes of a hybrid model's linear-attention state pool (one slot per running request and the scratch
-    slot of CUDA graphs' padding rows); 0 otherwise."""
-    return (max_running + 1) * model.config.state_bytes_per_request(model.dtype, ssm_dtype(config, model))
+    """Bytes of a hybrid model's linear-attention state pool (one slot per running request, the prefix
+    cache's snapshot slots and the scratch slot of CUDA graphs' padding rows); 0 otherwise."""
+    per_slot = model.config.state_bytes_per_request(model.dtype, ssm_dtype(config, model))
+    if not per_slot:
+        return 0
+    return (max_running + state_snapshot_slots(config, max_running) + 1) * per_slot
 
 
 def build_state_pool(config: EngineConfig, model: CausalLM, max_running: int) -> StatePool | None:
@@ -171,7 +180,7 @@ def build_state_pool(config: EngineConfig, model: CausalLM, max_running: int) ->
     return StatePool(
         model.config.num_linear_layers, max_running, (la.conv_dim, la.conv_kernel - 1),
         (la.num_value_heads, la.key_head_dim, la.value_head_dim), model.dtype, model.device,
-        recurrent_dtype=getattr(torch, ssm),
+        recurrent_dtype=getattr(torch, ssm), num_snapshot_slots=state_snapshot_slots(config, max_running),
     )  # fmt: skip
 
 
@@ -199,10 +208,15 @@ def resident_capacity(config: EngineConfig, model: CausalLM, tokens_per_request:
     return most_that_fit(holds)
 
 
-def build_cache_manager(config: EngineConfig, pool: KVPool, page_table: PageTable) -> BaseCacheManager:
-    """The tail rule alone, or with prefix reuse (a radix tree), optionally over a host-memory tier."""
+def build_cache_manager(
+    config: EngineConfig, pool: KVPool, page_table: PageTable, states: StatePool | None = None
+) -> BaseCacheManager:
+    """The tail rule alone, or with prefix reuse (a radix tree), optionally over a host-memory tier; for a
+    hybrid model (``states``) the radix tree with state snapshots, never the host tier."""
     if config.disable_radix_cache:
         return TieredCacheManager(pool, page_table)
+    if states is not None:
+        return StatePrefixCacheManager(pool, page_table, states)
     host = None
     if config.enable_hierarchical_cache:
         gib = config.hicache_size or 2 * pool.spec.main_bytes() / (1 << 30)  # SGLang's default ratio: 2

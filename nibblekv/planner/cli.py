@@ -74,6 +74,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="engine: hybrid models' recurrent-state dtype (default: the config's mamba_ssm_dtype, else "
         "float32)",
     )  # fmt: skip
+    p.add_argument(
+        "--max-mamba-cache-size", type=int, default=None,
+        help="engine: hybrid models' state slots, running requests' plus prefix-cache snapshots (default: "
+        "twice the running requests)",
+    )  # fmt: skip
+    p.add_argument(
+        "--disable-radix-cache", action="store_true", help="engine: no prefix cache (hybrid: no snapshots)"
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -122,6 +130,13 @@ def _rows(plan: Plan) -> list[str]:
         e = plan.engine
         counts = ", ".join(f"{name} {n:,}" for name, n in plan.requests)
         what = f"bf16 tail W={e.kv_recent_window}, sink and prefill pages, page table, page {e.page_size}"
+        if plan.model.hybrid is not None:
+            what += ", a state slot each"
+            if not e.disable_radix_cache:
+                slots = (
+                    "as many" if e.max_mamba_cache_size is None else f"the rest of {e.max_mamba_cache_size}"
+                )
+                what += f", {slots} for prefix-cache snapshots"
         rows += ["", f"engine resident requests ({what}): {counts}"]
     return rows
 
@@ -156,7 +171,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             weights_dtype=args.weights_dtype,
             weights_gib=args.weights_gib,
             rule=MemoryRule(args.mem_fraction, args.reserve_gib),
-            engine=EngineOptions(**{name: getattr(args, name) for name in ENGINE_FLAGS}),
+            engine=EngineOptions(
+                **{name: getattr(args, name) for name in ENGINE_FLAGS},
+                disable_radix_cache=args.disable_radix_cache,
+                max_mamba_cache_size=args.max_mamba_cache_size,
+            ),
             mamba_ssm_dtype=args.mamba_ssm_dtype,
         )
     except PlanError as exc:

@@ -8,7 +8,9 @@ The engine carves its KV budget into (nibblekv/engine/setup.py, nibblekv/cache/p
   request ``W / page + 1`` pages plus the bf16 sink page(s) (default 1 for nvfp4), plus
   ``2 x (ceil(max(Wp, W) / page) + 1)`` pages for the chunked prefill in flight (Wp: the prefill window,
   default ``min(chunk, 2048) + W``), plus a scratch page;
-* hybrid models: the linear-attention state pool, one slot per running request;
+* hybrid models: the linear-attention state pool, one slot per running request, the prefix cache's state
+  snapshots (as many again by default, ``--max-mamba-cache-size``; none with ``--disable-radix-cache``)
+  and a scratch slot;
 * the main pool: what is left, in whole pages, minus its scratch page.
 
 A request is resident when its tokens (whole pages) fit in the main pool next to the others'. This module
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from nibblekv.cache.pool import PoolSpec, most_that_fit, page_table_bytes, size_pool
+from nibblekv.cache.state_pool import snapshot_slots
 from nibblekv.formats import KVDtype
 from nibblekv.planner.shape import ModelShape, PlanError
 
@@ -39,6 +42,8 @@ class EngineOptions:
     kv_sink_pages: int | None = None  # None: 1 for nvfp4, 0 otherwise
     kv_prefill_window: int | None = None  # None: min(chunk, 2048) + W
     model_dtype: KVDtype = KVDtype.BF16  # the tail pool's dtype
+    disable_radix_cache: bool = False  # hybrid models: no state snapshots
+    max_mamba_cache_size: int | None = None  # hybrid models: state slots (None: 2x the running requests)
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -94,8 +99,14 @@ def main_pool_tokens(
     opts: EngineOptions,
 ) -> int:
     """Main-pool tokens the engine allocates from ``budget_bytes`` for ``running`` requests (0: none)."""
-    # the engine takes the states first: one slot per request and the CUDA graphs' scratch slot
-    left = int(budget_bytes) - (running + 1) * shape.state_bytes_per_request
+    # the engine takes the states first: a slot per request, the snapshots, the CUDA graphs' scratch slot
+    left = int(budget_bytes)
+    if shape.state_bytes_per_request:
+        try:
+            snaps = snapshot_slots(running, opts.max_mamba_cache_size, not opts.disable_radix_cache)
+        except ValueError:  # more running requests than state slots
+            return 0
+        left -= (running + snaps + 1) * shape.state_bytes_per_request
     left -= page_table_bytes(_pool(shape, dtype, opts, running, None), running, context_len)
     try:
         return _pool(shape, dtype, opts, running, left).max_total_num_tokens

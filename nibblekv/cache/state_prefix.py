@@ -1,0 +1,163 @@
+"""Prefix reuse for hybrid models: KV pages through the radix tree, plus the linear layers' state.
+
+A cached prefix of a hybrid model is usable only where the state of its Gated DeltaNet layers after the
+prefix's last token is known too: the full-attention layers' K/V alone cannot restart the recurrence. So a
+match may end only at a tree node holding a *snapshot* (``TreeNode.state``: a snapshot slot of the
+:class:`StatePool` with the state after the node's last token) -- the deepest such node within the bound
+of :class:`PrefixCacheManager`.
+
+Where snapshots come from: a prefill to ``L`` tokens (a prompt, or a preempted request's recompute) ends a
+forward at its *snapshot point* ``b`` (:meth:`StatePrefixCacheManager.snapshot_point`: the main-pool
+length the prefill leaves, ``Lq`` of the tail rule, in whole pages and at most ``L`` -- the longest prefix
+the tree holds once the prompt is in). The scheduler cuts the chunk there (:meth:`prefill_stop`); after
+that forward the request's state slot is copied into a snapshot slot, which goes to the tree node ending at
+``b`` once the request's main pages reach ``b`` (by its last chunk), or is freed if the request is released
+first. A request admitted on a match gets its state slot filled from the matched node's snapshot
+(:meth:`bind_state`) and continues from there.
+
+Costs: a prefill whose snapshot point lies inside its last chunk (``b < L``: with a quantized KV dtype every
+prompt longer than W; otherwise one not ending on a page boundary) takes one more forward, of its last
+``L - b`` (< W + P) tokens, and no other request is admitted in the step that ends at ``b``; each snapshot
+slot holds a whole state (Qwen3.5-27B: 147 MiB in float32). Snapshot slots are a pool of their own
+(``--max-mamba-cache-size``): when none is free the least recently used snapshot is dropped (its node keeps
+its pages, reachable through a deeper snapshot); a node dropped from the tree frees its snapshot. The host
+tier is not used with hybrid models: its pages would come back without states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from nibblekv.cache.manager import main_len_after
+from nibblekv.cache.page_table import PageTable
+from nibblekv.cache.pages import RequestPages
+from nibblekv.cache.pool import KVPool
+from nibblekv.cache.prefix import PrefixCacheManager
+from nibblekv.cache.radix import TreeNode
+from nibblekv.cache.state_pool import StatePool
+
+
+class StatePrefixCacheManager(PrefixCacheManager):
+    """:class:`PrefixCacheManager` for hybrid models: matches end at state snapshots (module docstring).
+
+    Contract (on top of the base one): :meth:`bind_state` follows a successful admission with the request's
+    state slot; a forward ending at :meth:`prefill_stop` is followed by :meth:`cache_prefix` before the slot
+    changes again (the scheduler's postprocess of an extend batch, which always runs synchronously).
+    """
+
+    def __init__(self, pool: KVPool, page_table: PageTable | None, states: StatePool) -> None:
+        if states.num_snapshot_slots < 1:
+            raise ValueError("a prefix cache of linear-attention states needs snapshot slots")
+        super().__init__(pool, page_table)
+        self.states = states
+        self.tree.on_state_drop = self._free_snapshot
+        self._owners: dict[int, TreeNode] = {}  # snapshot slot -> the tree node holding it
+        self._restore: dict[int, int] = {}  # id(pages) -> the snapshot its match ends on (until bound)
+        self._slots: dict[int, int] = {}  # id(pages) -> the running request's state slot
+        self._taken: dict[
+            int, tuple[int, int]
+        ] = {}  # id(pages) -> (point, snapshot slot) not in the tree yet
+        self.snapshots_taken = 0
+        self.snapshots_dropped = 0  # evicted to make room for a newer one (metrics, tests)
+
+    def snapshot_point(self, num_tokens: int) -> int:
+        """Where a prefill to ``num_tokens`` tokens takes its snapshot (0: none)."""
+        p = self.page_size
+        return min(main_len_after(0, num_tokens, self.window, p), num_tokens // p * p)
+
+    @staticmethod
+    def _has_state(node: TreeNode) -> bool:
+        return node.state is not None and node.pages is not None
+
+    def _match_limit(self, token_ids: Sequence[int]) -> int:
+        return self.tree.peek_prefix(token_ids, super()._match_limit(token_ids), ends=self._has_state)
+
+    def match_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> int:
+        n = super().match_prefix(pages, token_ids)
+        if n:
+            node = self._holds[id(pages)].node
+            assert node.state is not None, "a hybrid match must end at a snapshot"
+            self._restore[id(pages)] = node.state
+        return n
+
+    def bind_state(self, pages: RequestPages, slot: int) -> None:
+        self._slots[id(pages)] = slot
+        snap = self._restore.pop(id(pages), None)
+        if snap is not None:  # NOTE: the node is locked (the request's hold) and snapshots only move in
+            self.states.copy(snap, slot)  # cache_prefix, which runs after this step's forward
+
+    def prefill_stop(self, pages: RequestPages, num_tokens: int) -> int | None:
+        point = self.snapshot_point(num_tokens)
+        return point if pages.num_tokens < point < num_tokens else None
+
+    # ---- snapshots ------------------------------------------------------------------------------
+    def cache_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> None:
+        """The base's, then: after the forward that ended at the snapshot point, copy the state; once the
+        request's main pages reach the point, give the copy to the tree node ending there."""
+        super().cache_prefix(pages, token_ids)
+        key = id(pages)
+        slot = self._slots.get(key)
+        if (
+            slot is not None
+            and key not in self._taken
+            and pages.num_tokens == self.snapshot_point(len(token_ids))
+        ):
+            snap = self.states.alloc_snapshot()
+            if snap is None:
+                snap = self._evict_snapshot()
+            if snap is not None:
+                self.states.copy(slot, snap)
+                self._taken[key] = (pages.num_tokens, snap)
+                self.snapshots_taken += 1
+        taken = self._taken.get(key)
+        if taken is None:
+            return
+        point, snap = taken
+        p = self.page_size
+        if point and min(pages.num_main, pages.num_tokens) // p * p >= point:
+            del self._taken[key]
+            # NOTE: these pages are the tree's already (the base call above): insert only finds (or splits
+            # out) the node that ends at the point
+            _, node = self.tree.insert(token_ids[:point], pages.main[: point // p])
+            if node.state is None:
+                node.state = snap
+                self._owners[snap] = node
+            else:  # the same prefix's state is there already
+                self.states.free_snapshot(snap)
+
+    def _evict_snapshot(self) -> int | None:
+        """Take the least recently used node's snapshot slot (None: every slot waits to enter the tree)."""
+        if not self._owners:
+            return None
+        node = min(self._owners.values())  # TreeNode orders by (last_access, id)
+        snap = node.state
+        assert snap is not None
+        node.state = None
+        del self._owners[snap]
+        self.snapshots_dropped += 1
+        return snap
+
+    def _free_snapshot(self, snap: int) -> None:
+        """The tree dropped the node holding ``snap``."""
+        del self._owners[snap]
+        self.states.free_snapshot(snap)
+
+    def release(self, pages: RequestPages, token_ids: Sequence[int] | None = None) -> None:
+        key = id(pages)
+        self._slots.pop(key, None)  # NOTE: first: no snapshot is taken of a released request's slot
+        self._restore.pop(key, None)
+        super().release(pages, token_ids)  # caches its pages, placing a snapshot whose point they reach
+        taken = self._taken.pop(key, None)
+        if taken is not None:
+            self.states.free_snapshot(taken[1])
+
+    def check(self, live: Iterable[RequestPages]) -> None:
+        """The base's checks, and every snapshot slot free, held by one tree node, or waiting for one."""
+        super().check(live)
+        held = self.tree.state_slots()
+        assert sorted(held) == sorted(self._owners), "snapshot owners out of sync with the tree"
+        assert all(self._owners[s].state == s for s in held)
+        waiting = [s for _, s in self._taken.values()]
+        assert len(held) + len(waiting) + self.states.num_snapshots_free == self.states.num_snapshot_slots, (
+            "snapshot slots leaked"
+        )
