@@ -153,3 +153,30 @@ def test_engine_head_dim_256_bf16_and_nvfp4(gpu_model: Any) -> None:
         la = torch.tensor([x.logprob for x in a.prompt_logprobs])
         lb = torch.tensor([x.logprob for x in b.prompt_logprobs])
         assert (la - lb).abs().mean() < 0.1, (la - lb).abs().mean()
+
+
+@pytest.mark.parametrize("kv", ["auto", "nvfp4"])
+def test_engine_prefix_hit_restores_the_state_snapshot(gpu_model: Any, kv: str) -> None:
+    """A second turn (the first prompt, its answer, a new message) reuses the first prompt up to its state
+    snapshot (fla's chunked kernel starting from the copied state, decode in CUDA graphs): each greedy token
+    is the cache-free forward's argmax up to bf16 near-ties (nvfp4: its quantization error), and the first
+    one's log-prob is the cache-free forward's."""
+    from nibblekv import Engine, SamplingParams
+    from nibblekv.model import ByteTokenizer
+
+    opts: dict[str, Any] = {"device": "cuda", "max_total_tokens": 8192, "chunked_prefill_size": 128,
+                            "decode_log_interval": 0, "kv_cache_dtype": kv}  # fmt: skip
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0)
+    first = [5 + (11 * j) % 500 for j in range(300)]
+    warm = Engine(loaded=(gpu_model, ByteTokenizer(512)), **opts)
+    answer = warm.generate([first], params)[0].token_ids
+    second = first + answer + [7 + (5 * j) % 400 for j in range(40)]
+    out = warm.generate([second], params)[0]
+    point = warm.scheduler.cache.snapshot_point(len(first))  # type: ignore[attr-defined]
+    assert out.cached_tokens == point > 0
+    ref = _ref_logits(gpu_model, second + out.token_ids).log_softmax(-1)
+    n, tol = len(second), 0.1 if kv == "auto" else 0.3
+    picked = ref[n - 1 : -1].gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
+    assert (ref[n - 1 : -1].max(-1).values - picked).max() < tol
+    assert out.logprobs is not None and abs(out.logprobs[0].logprob - float(picked[0])) < tol
+    assert warm.states is not None and warm.states.num_used == 0
