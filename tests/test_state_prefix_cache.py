@@ -98,6 +98,27 @@ def test_prefill_is_cut_at_the_snapshot_point(model: HybridCausalLM) -> None:
     _check(engine)
 
 
+def test_cut_prefills_batch_together_and_one_keeps_the_prefill_window(model: HybridCausalLM) -> None:
+    """Three nvfp4 prompts in one step, each cut at its snapshot point; only the first chunk keeps the
+    prefill window (the tail pool's room for one), so the tail holds the others' W newest tokens only."""
+    engine = _engine(model, kv_cache_dtype="nvfp4", chunked_prefill_size=1024)
+    lens = (150, 200, 130)
+    for i, n in enumerate(lens):
+        engine.add_request(
+            [9 + (i + j) % 200 for j in range(n)], SamplingParams(max_new_tokens=3, ignore_eos=True)
+        )
+    engine.step()
+    batch = engine.last_batch
+    assert batch is not None and not batch.is_decode
+    points = [_cache(engine).snapshot_point(n) for n in lens]
+    assert [g.new_len for g in batch.growths] == points == [96, 144, 80]
+    assert [g.num_main for g in batch.growths] == [0, 144 - 64, 80 - 64]  # the first keeps its window
+    while engine.scheduler.has_work():
+        engine.step()
+    assert _cache(engine).snapshots_taken == 3
+    _check(engine)
+
+
 def test_no_snapshot_without_a_whole_page(model: HybridCausalLM) -> None:
     """A 9-token prompt has no page to cache: no snapshot, no cut, and a second request has no hit."""
     engine = _engine(model)

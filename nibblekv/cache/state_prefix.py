@@ -17,8 +17,9 @@ first. A request admitted on a match gets its state slot filled from the matched
 
 Costs: a prefill whose snapshot point lies inside its last chunk (``b < L``: with a quantized KV dtype every
 prompt longer than W; otherwise one not ending on a page boundary) takes one more forward, of its last
-``L - b`` (< W + P) tokens, and no other request is admitted in the step that ends at ``b``; each snapshot
-slot holds a whole state (Qwen3.5-27B: 147 MiB in float32). Snapshot slots are a pool of their own
+``L - b`` (< W + P) tokens (in the next step, batched with the others), and its chunk up to ``b`` keeps the
+prefill window only if no other chunk of the batch does (the tail pool has room for one); each snapshot slot
+holds a whole state (Qwen3.5-27B: 147 MiB in float32). Snapshot slots are a pool of their own
 (``--max-mamba-cache-size``): when none is free the least recently used snapshot is dropped (its node keeps
 its pages, reachable through a deeper snapshot); a node dropped from the tree frees its snapshot. The host
 tier is not used with hybrid models: its pages would come back without states.

@@ -100,18 +100,23 @@ class Scheduler:
     def _schedule_extend(self) -> ScheduledBatch | None:
         budget = self.chunk_tokens if self.chunk_tokens is not None else 1 << 62
         batch = ScheduledBatch(False, [], [])
-        # NOTE: at most one running request is mid-prefill (a chunk stops the loop), and it goes first.
+        # NOTE: requests mid-prefill go first. Of a batch's non-final chunks only the first keeps the prefill
+        # window (the tail pool reserves room for one: nibblekv.cache.pool): without state snapshots that is
+        # the chunk that ran out of budget, the only one; with them (hybrid models) a prefill may also stop at
+        # its snapshot point, and further such chunks grow as final ones do.
         # NOTE: is_decoding inlined (one pass over the running requests every step)
         prefilling = [r for r in self.running if len(r.token_ids) - r.pages.num_tokens != 1]
+        windowed = False
         for req in prefilling:
-            n, cut = self._chunk(req, req.num_cached, budget)
-            more = req.num_cached + n < req.num_tokens  # a non-final chunk: the prefill window applies
-            growth = self.cache.try_grow(req.pages, req.num_cached + n, prefilling=more)
+            n = self._chunk(req, req.num_cached, budget)
+            window = not windowed and req.num_cached + n < req.num_tokens
+            growth = self.cache.try_grow(req.pages, req.num_cached + n, prefilling=window)
             if growth is None:
                 return self._nonempty(batch)
             batch.reqs.append(req)
             batch.growths.append(growth)
-            budget = 0 if cut else budget - n
+            budget -= n
+            windowed |= window
         # Headroom of one main page per decoding request, so admission does not force a preemption.
         reserve = len(self.running) - len(prefilling) + sum(1 for r in prefilling if r.is_decoding)
         if self.policy == "lpm" and budget > 0 and len(self.running) < self.max_running:
@@ -120,9 +125,9 @@ class Scheduler:
             req = self.waiting[0]
             # NOTE: prompt logprobs need every prompt position computed, so such requests never match.
             cached = 0 if req.wants_prompt_logprobs() else self.cache.match_prefix(req.pages, req.token_ids)
-            n, cut = self._chunk(req, cached, budget)
-            more = cached + n < req.num_tokens
-            growth = self.cache.try_grow(req.pages, cached + n, reserve_main=reserve, prefilling=more)
+            n = self._chunk(req, cached, budget)
+            window = not windowed and cached + n < req.num_tokens
+            growth = self.cache.try_grow(req.pages, cached + n, reserve_main=reserve, prefilling=window)
             if growth is None:
                 self.cache.release(req.pages)  # undo the match; it is retried next step
                 break
@@ -137,19 +142,17 @@ class Scheduler:
             batch.reqs.append(req)
             batch.growths.append(growth)
             batch.num_cached_tokens += cached
-            budget = 0 if cut else budget - n
+            budget -= n
+            windowed |= window
         batch.loads = self.cache.take_loads()
         return self._nonempty(batch)
 
-    def _chunk(self, req: Request, start: int, budget: int) -> tuple[int, bool]:
-        """Tokens of ``req``'s prefill from ``start`` in this batch, and whether they stop short of the budget
-        at the cache's state snapshot point (hybrid models; then nothing else joins the batch, so only this
-        request is mid-prefill)."""
+    def _chunk(self, req: Request, start: int, budget: int) -> int:
+        """Tokens of ``req``'s prefill from ``start`` in this batch: up to the budget, or to the cache's state
+        snapshot point (hybrid models) where that comes first."""
         n = min(req.num_tokens - start, budget)
         stop = self.cache.prefill_stop(req.pages, req.num_tokens)
-        if stop is not None and stop < start + n:
-            return stop - start, True
-        return n, False
+        return stop - start if stop is not None and stop < start + n else n
 
     def _order_by_prefix(self) -> None:
         """LPM: waiting requests by cached prefix, longest first; a stable sort, so ties stay FCFS
