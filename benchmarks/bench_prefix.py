@@ -77,7 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     p.add_argument("--name", default="prefix-h200", help="output file stem")
     p.add_argument("--merge", type=Path, nargs="+", help="combine these result files (no run) and plot")
-    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--model", default="llama-3.1-8b",
+                   help="preset or config.json (--smoke: a tiny dense model unless a config.json is given); "
+                   "a hybrid model needs fla-core on the GPU")  # fmt: skip
+    p.add_argument("--disable-radix-cache", action="store_true",
+                   help="no prefix cache (rows: radix false), the baseline of a hit rate")  # fmt: skip
     p.add_argument("--workloads", nargs="+", default=["shared_prefix", "agentic"])
     p.add_argument("--kv-dtypes", nargs="+", default=list(KV_DTYPES))
     p.add_argument("--hicache", choices=("off", "on", "both"), default="both")
@@ -252,7 +256,7 @@ def drive(engine: Engine, clients: list[Client]) -> dict[str, float]:
 # ---- engines --------------------------------------------------------------------------------------
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
     name = args.model
-    if args.smoke:
+    if args.smoke and not name.endswith(".json"):
         path = Path(tempfile.mkdtemp()) / "config.json"
         path.write_text(json.dumps(TINY))
         name = str(path)
@@ -263,7 +267,7 @@ def pool_tokens(args: argparse.Namespace, model: Any, kv: str, max_running: int)
     """Main-pool tokens that ``--kv-budget-gib`` holds for this dtype (the tail pool carved out first)."""
     mc = model.config
     spec = size_pool(
-        num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, page_size=16,
+        num_layers=mc.num_kv_layers, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, page_size=16,
         kv_dtype=parse_kv_dtype(kv, model.dtype), model_kv_dtype=parse_kv_dtype("auto", model.dtype),
         recent_window=args.kv_recent_window, max_running_requests=max_running,
         budget_bytes=int(args.kv_budget_gib * GIB), max_total_tokens=None,
@@ -279,6 +283,7 @@ def make_engine(args: argparse.Namespace, loaded: tuple[Any, Any], kv: str, hica
         chunked_prefill_size=args.chunked_prefill_size, kv_recent_window=args.kv_recent_window,
         disable_cuda_graph=args.disable_cuda_graph, decode_log_interval=0,
         enable_hierarchical_cache=hicache, hicache_size=args.hicache_size,
+        disable_radix_cache=args.disable_radix_cache,
         hicache_write_policy=args.hicache_write_policy,
         # NOTE: the overlap schedule's default leaves the host tier out; --enable-overlap-schedule includes it
         enable_overlap_schedule=args.overlap, schedule_policy=args.schedule_policy,
@@ -334,6 +339,7 @@ def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                             res = {**res, "output_tok_s_runs": [r["output_tok_s"] for r in runs]}
                         rows.append({
                             "workload": workload, "kv_dtype": kv, "hicache": hicache, "concurrency": c, **res,
+                            "radix": not args.disable_radix_cache, "model": args.model,
                             "pool_tokens": engine.max_total_num_tokens, "kv_budget_gib": args.kv_budget_gib,
                             "hicache_gib": args.hicache_size if hicache else 0.0,
                             "overlap": engine.overlap_schedule, "schedule_policy": args.schedule_policy,

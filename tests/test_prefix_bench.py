@@ -120,3 +120,21 @@ def test_bench_prefix_schedule_policy(tmp_path: Path) -> None:
     assert [r["schedule_policy"] for r in fcfs + lpm] == ["fcfs", "lpm"]
     for key in ("requests", "prompt_tokens", "output_tokens"):
         assert fcfs[0][key] == lpm[0][key], key
+
+
+@pytest.mark.parametrize("radix", [True, False])
+def test_bench_prefix_smoke_hybrid_model(tmp_path: Path, radix: bool) -> None:
+    """The agentic workload on a tiny hybrid (Gated DeltaNet) model: its later turns hit the prefix cache
+    through the state snapshots; without the radix cache nothing is reused."""
+    from tests.test_engine_hybrid import TINY
+
+    bench = _bench()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    argv = ["--smoke", "--model", str(config), "--out", str(tmp_path), "--workloads", "agentic"]
+    argv += ["--kv-dtypes", "fp8_e4m3", "nvfp4", "--hicache", "off", "--concurrency", "1", "2"]
+    assert bench.main(argv + ([] if radix else ["--disable-radix-cache"])) == 0
+    rows = json.loads((tmp_path / "prefix-h200-smoke.json").read_text())["rows"]
+    assert len(rows) == 4 and all(r["radix"] == radix and r["model"] == str(config) for r in rows)
+    for r in rows:
+        assert (r["hit_rate"] > 0.2) if radix else (r["hit_rate"] == 0 and r["cached_tokens"] == 0)

@@ -158,6 +158,10 @@ class BaseCacheManager(ABC):
         """Copies into pages the next forward reads, to wait for per layer (none without a host tier)."""
         return []
 
+    def flush(self) -> int:
+        """Drop every cached page no request holds; return how many were freed (0: no prefix cache)."""
+        return 0
+
     # ---- hybrid models: the linear layers' per-request state (nibblekv.cache.state_prefix) -----------
     def bind_state(self, pages: RequestPages, slot: int) -> None:
         """A request admitted after :meth:`match_prefix` runs with state slot ``slot``: a prefix cache of
