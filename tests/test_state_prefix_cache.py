@@ -169,8 +169,14 @@ def test_preemption_and_abort_keep_snapshots_accounted(model: HybridCausalLM) ->
 
 
 def test_max_mamba_cache_size_below_running_requests_is_refused() -> None:
+    """Both given: the config refuses the pair; only the slots: the CLI names the default they are below."""
+    from nibblekv.engine.setup import state_slots_error
+
     with pytest.raises(ValueError, match="max-mamba-cache-size"):
         EngineConfig(max_running_requests=8, max_mamba_cache_size=4)
+    problem = state_slots_error(EngineConfig(device="cpu", max_mamba_cache_size=4))
+    assert problem is not None and "(default 32 here)" in problem
+    assert state_slots_error(EngineConfig(device="cpu", max_mamba_cache_size=32)) is None
 
 
 def test_start_up_lines_name_what_hybrid_models_leave_out(

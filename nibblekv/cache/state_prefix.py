@@ -55,9 +55,8 @@ class StatePrefixCacheManager(PrefixCacheManager):
         self._owners: dict[int, TreeNode] = {}  # snapshot slot -> the tree node holding it
         self._restore: dict[int, int] = {}  # id(pages) -> the snapshot its match ends on (until bound)
         self._slots: dict[int, int] = {}  # id(pages) -> the running request's state slot
-        self._taken: dict[
-            int, tuple[int, int]
-        ] = {}  # id(pages) -> (point, snapshot slot) not in the tree yet
+        # id(pages) -> (its snapshot point, the snapshot slot) taken, not in the tree yet
+        self._taken: dict[int, tuple[int, int]] = {}
         self.snapshots_taken = 0
         self.snapshots_dropped = 0  # evicted to make room for a newer one (metrics, tests)
 

@@ -58,7 +58,9 @@ def config_from_args_or_exit(parser: argparse.ArgumentParser, args: argparse.Nam
     except ValueError as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
-    problem = context_length_cli_error(config)  # NOTE: before any weights load (presets, HF folders)
+    from nibblekv.engine.setup import state_slots_error  # NOTE: torch; the CLI's --help stays light
+
+    problem = context_length_cli_error(config) or state_slots_error(config)  # NOTE: before any weights load
     if problem:
         parser.error(problem)
     return config

@@ -158,6 +158,21 @@ def ssm_dtype(config: EngineConfig, model: CausalLM) -> str | None:
     return None if la is None else config.mamba_ssm_dtype or la.ssm_dtype
 
 
+def state_slots_error(config: EngineConfig) -> str | None:
+    """``--max-mamba-cache-size`` below the default ``--max-running-requests`` (EngineConfig checks the pair
+    when both are given), as a CLI error; None when it is fine."""
+    n = config.max_mamba_cache_size
+    if n is None or config.max_running_requests is not None:
+        return None
+    try:
+        default = DEFAULT_MAX_RUNNING.get(resolve_device(config.device).type, 32)
+    except ValueError:  # e.g. --device cuda without a GPU: the engine says so
+        return None
+    if n >= default:
+        return None
+    return f"--max-mamba-cache-size ({n}) must be >= --max-running-requests (default {default} here)"
+
+
 def state_snapshot_slots(config: EngineConfig, max_running: int) -> int:
     """The prefix cache's state snapshot slots (``--max-mamba-cache-size`` less the running requests')."""
     return snapshot_slots(max_running, config.max_mamba_cache_size, not config.disable_radix_cache)
