@@ -84,43 +84,53 @@ def test_second_turn_reuses_the_first_and_matches_a_cold_run(model: HybridCausal
     _check(warm)
 
 
-def test_prefill_is_cut_at_the_snapshot_point(model: HybridCausalLM) -> None:
-    """nvfp4, 150 tokens in chunks of 128: forwards end at 96 (the snapshot point) and 150, not at 128."""
-    engine = _engine(model, kv_cache_dtype="nvfp4", chunked_prefill_size=128)
-    engine.add_request([9 + j % 200 for j in range(150)], SamplingParams(max_new_tokens=2, ignore_eos=True))
-    ends = []
-    while engine.scheduler.has_work():
-        engine.step()
-        batch = engine.last_batch
-        if batch is not None and not batch.is_decode:
-            ends += [g.new_len for g in batch.growths]
-    assert ends == [96, 150]
-    _check(engine)
-
-
-def test_cut_prefills_batch_together_and_one_keeps_the_prefill_window(model: HybridCausalLM) -> None:
-    """Three nvfp4 prompts in one step, each cut at its snapshot point; only the first chunk keeps the
-    prefill window (the tail pool's room for one), so the tail holds the others' W newest tokens only."""
+def test_snapshots_are_taken_inside_the_forward_without_changing_chunks(model: HybridCausalLM) -> None:
+    """Three nvfp4 prompts in one extend batch, whole (no chunk cut at a snapshot point): each request's
+    linear layers run up to its point and on from there, the state between stored in a snapshot slot; each
+    prompt's snapshot sits at its point in the tree once the prompt is in."""
     engine = _engine(model, kv_cache_dtype="nvfp4", chunked_prefill_size=1024)
     lens = (150, 200, 130)
-    for i, n in enumerate(lens):
-        engine.add_request(
-            [9 + (i + j) % 200 for j in range(n)], SamplingParams(max_new_tokens=3, ignore_eos=True)
-        )
+    prompts = [[9 + (i + j) % 200 for j in range(n)] for i, n in enumerate(lens)]
+    for p in prompts:
+        engine.add_request(p, SamplingParams(max_new_tokens=3, ignore_eos=True))
     engine.step()
     batch = engine.last_batch
-    assert batch is not None and not batch.is_decode
-    points = [_cache(engine).snapshot_point(n) for n in lens]
-    assert [g.new_len for g in batch.growths] == points == [96, 144, 80]
-    assert [g.num_main for g in batch.growths] == [0, 144 - 64, 80 - 64]  # the first keeps its window
+    cache = _cache(engine)
+    points = [cache.snapshot_point(n) for n in lens]
+    assert points == [96, 144, 80]  # ceil((L - 64) / 16) * 16
+    assert batch is not None and not batch.is_decode and [g.new_len for g in batch.growths] == list(lens)
+    assert [(e, k) for e, k, _ in batch.snapshots] == [(0, 96), (1, 144), (2, 80)]
+    assert sorted(cache.tree.state_slots()) == sorted(slot for _, _, slot in batch.snapshots)
+    for p, point in zip(prompts, points):
+        assert cache.tree.peek_prefix(p + [1], ends=cache._has_state) * 16 == point
     while engine.scheduler.has_work():
         engine.step()
-    assert _cache(engine).snapshots_taken == 3
     _check(engine)
+
+
+def test_snapshot_is_the_state_a_prefill_ending_there_leaves(model: HybridCausalLM) -> None:
+    """The state a forward stores at a snapshot point is the state a prefill of exactly those tokens leaves
+    (fp32: the two chunked recurrences differ by rounding only)."""
+    prompt = [5 + (13 * j) % 240 for j in range(45)]
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    engine = _engine(model)
+    engine.add_request(prompt, params)
+    engine.step()
+    batch = engine.last_batch
+    assert batch is not None and [(e, k) for e, k, _ in batch.snapshots] == [(0, 32)]
+    ref = _engine(model, disable_radix_cache=True)
+    ref.add_request(prompt[:32], params)
+    ref.step()
+    a, b = engine.states, ref.states
+    assert a is not None and b is not None
+    snap, slot = batch.snapshots[0][2], ref.scheduler.running[0].state_slot
+    assert torch.allclose(a.conv[:, snap], b.conv[:, slot], atol=1e-5)
+    assert torch.allclose(a.recurrent[:, snap], b.recurrent[:, slot], atol=1e-5)
+    assert not torch.allclose(a.recurrent[:, snap], a.recurrent[:, engine.scheduler.running[0].state_slot])
 
 
 def test_no_snapshot_without_a_whole_page(model: HybridCausalLM) -> None:
-    """A 9-token prompt has no page to cache: no snapshot, no cut, and a second request has no hit."""
+    """A 9-token prompt has no page to cache: no snapshot, and a second request has no hit."""
     engine = _engine(model)
     engine.generate([[3, 4, 5, 6, 7, 8, 9, 10, 11]], GREEDY)
     out = engine.generate([[3, 4, 5, 6, 7, 8, 9, 10, 11, 12]], GREEDY)[0]
@@ -161,8 +171,8 @@ def test_preemption_and_abort_keep_snapshots_accounted(model: HybridCausalLM) ->
     _check(engine)
     nv = _engine(model, kv_cache_dtype="nvfp4", chunked_prefill_size=128)
     rid = nv.add_request([8 + j % 100 for j in range(150)], params)
-    nv.step()  # the first chunk, cut at the snapshot point
-    assert nv.last_batch is not None and nv.last_batch.growths[0].new_len == 96
+    nv.step()  # the first chunk (128 tokens) holds the snapshot point, 96
+    assert nv.last_batch is not None and nv.last_batch.snapshots[0][1] == 96
     assert len(_cache(nv)._taken) == 1 and not nv.scheduler.cache.tree.state_slots()
     nv.abort(rid)
     _check(nv)

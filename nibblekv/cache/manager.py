@@ -167,10 +167,13 @@ class BaseCacheManager(ABC):
         """A request admitted after :meth:`match_prefix` runs with state slot ``slot``: a prefix cache of
         states fills it with the state at the matched prefix's end (no-op here)."""
 
-    def prefill_stop(self, pages: RequestPages, num_tokens: int) -> int | None:
-        """A position past ``pages.num_tokens`` where a prefill to ``num_tokens`` must end a forward (a
-        state snapshot is taken there), or None."""
-        return None
+    def plan_snapshots(
+        self, entries: Sequence[tuple[RequestPages, Growth, int]]
+    ) -> list[tuple[int, int, int]]:
+        """State snapshots the next extend forward takes inside its chunks: for entries ``(pages, growth,
+        tokens to prefill)``, ``(entry, tokens of its chunk before the snapshot, snapshot slot)`` (none
+        here)."""
+        return []
 
 
 class TieredCacheManager(BaseCacheManager):

@@ -15,6 +15,7 @@ whether it starts from a zero state.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -110,6 +111,39 @@ class StatePool:
         )
 
 
+@dataclass(frozen=True)
+class SnapshotSplit:
+    """A forward's sequences cut at their snapshot points: token rows ``head_rows`` (every sequence up to its
+    point, the others whole; sequence bounds ``head_cu``), then ``tail_rows`` (the rest of the cut sequences
+    ``seqs``, bounds ``tail_cu``). Index tensors on the states' device."""
+
+    head_rows: torch.Tensor
+    head_cu: list[int]
+    tail_rows: torch.Tensor
+    tail_cu: list[int]
+    seqs: torch.Tensor
+
+    @staticmethod
+    def of(cu_seqlens: list[int], snapshots: list[tuple[int, int]], device: torch.device) -> SnapshotSplit:
+        cut = dict(snapshots)  # sequence -> its tokens before the point
+        head: list[int] = []
+        tail: list[int] = []
+        head_cu, tail_cu = [0], [0]
+        for i in range(len(cu_seqlens) - 1):
+            s, e = cu_seqlens[i], cu_seqlens[i + 1]
+            m = s + cut.get(i, e - s)
+            head.extend(range(s, m))
+            head_cu.append(len(head))
+            if i in cut:
+                tail.extend(range(m, e))
+                tail_cu.append(len(tail))
+        flat = torch.tensor(head + tail + sorted(cut), dtype=torch.long)  # NOTE: one host-to-device copy
+        if device.type == "cuda":
+            flat = flat.pin_memory().to(device, non_blocking=True)
+        rows, rest, seqs = flat.split([len(head), len(tail), len(cut)])
+        return SnapshotSplit(rows, head_cu, rest, tail_cu, seqs)
+
+
 @dataclass
 class LinearStateBatch:
     """One forward's states: request ``i`` of the batch is tokens ``[cu_seqlens[i], cu_seqlens[i+1])``,
@@ -128,10 +162,22 @@ class LinearStateBatch:
     fresh: torch.Tensor | None = None  # [N] bool, on the pool's device
     carried: bool = True  # some request continues a stored state (False: every one is fresh, nothing to read)
     scratch: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # (request, tokens of its chunk before its snapshot point) in request order: the state there is stored in
+    # the pool's row ``snapshot_slots[j]`` (nibblekv.cache.state_prefix); the linear layers run such a request
+    # in two parts
+    snapshots: list[tuple[int, int]] = field(default_factory=list)
+    snapshot_slots: torch.Tensor | None = None  # [len(snapshots)] long, on the pool's device
 
     @property
     def num_seqs(self) -> int:
         return len(self.cu_seqlens) - 1
+
+    @functools.cached_property
+    def split(self) -> SnapshotSplit:
+        """The token rows of the two parts of a forward holding :attr:`snapshots` (built once, every linear
+        layer reuses it)."""
+        device = self.slots.device if self.slots is not None else torch.device("cpu")
+        return SnapshotSplit.of(self.cu_seqlens, self.snapshots, device)
 
     @property
     def in_place(self) -> bool:
@@ -154,6 +200,12 @@ class LinearStateBatch:
         zero = torch.zeros((), dtype=conv.dtype, device=conv.device)
         conv = torch.where(self.fresh[:, None, None], zero, conv)
         return conv, torch.where(self.fresh[:, None, None, None], zero.to(rec.dtype), rec)
+
+    def write_snapshots(self, layer: int, conv: torch.Tensor, rec: torch.Tensor) -> None:
+        """Store linear layer ``layer``'s states at the snapshot points, a row per :attr:`snapshots` entry."""
+        assert self.pool is not None and self.snapshot_slots is not None
+        self.pool.conv[layer].index_copy_(0, self.snapshot_slots, conv.to(self.pool.conv.dtype))
+        self.pool.recurrent[layer].index_copy_(0, self.snapshot_slots, rec.to(self.pool.recurrent.dtype))
 
     def write(self, layer: int, conv: torch.Tensor, rec: torch.Tensor) -> None:
         """Store this forward's final states of linear layer ``layer``."""

@@ -6,20 +6,20 @@ match may end only at a tree node holding a *snapshot* (``TreeNode.state``: a sn
 :class:`StatePool` with the state after the node's last token) -- the deepest such node within the bound
 of :class:`PrefixCacheManager`.
 
-Where snapshots come from: a prefill to ``L`` tokens (a prompt, or a preempted request's recompute) ends a
-forward at its *snapshot point* ``b`` (:meth:`StatePrefixCacheManager.snapshot_point`: the main-pool
-length the prefill leaves, ``Lq`` of the tail rule, in whole pages and at most ``L`` -- the longest prefix
-the tree holds once the prompt is in). The scheduler cuts the chunk there (:meth:`prefill_stop`); after
-that forward the request's state slot is copied into a snapshot slot, which goes to the tree node ending at
-``b`` once the request's main pages reach ``b`` (by its last chunk), or is freed if the request is released
-first. A request admitted on a match gets its state slot filled from the matched node's snapshot
-(:meth:`bind_state`) and continues from there.
+Where snapshots come from: a prefill to ``L`` tokens (a prompt, or a preempted request's recompute) has a
+*snapshot point* ``b`` (:meth:`StatePrefixCacheManager.snapshot_point`: the main-pool length the prefill
+leaves, ``Lq`` of the tail rule, in whole pages and at most ``L`` -- the longest prefix the tree holds once
+the prompt is in). The forward whose chunk crosses ``b`` runs the request's linear layers in two parts, up
+to ``b`` and after it, and stores the state between them in a snapshot slot (:meth:`plan_snapshots`;
+``LinearStateBatch.snapshots``); a chunk ending at ``b`` has its state copied after the forward
+(:meth:`cache_prefix`). The snapshot goes to the tree node ending at ``b`` once the request's main pages
+reach ``b`` (by its last chunk), or is freed if the request is released first. A request admitted on a
+match gets its state slot filled from the matched node's snapshot (:meth:`bind_state`) and continues from
+there.
 
-Costs: a prefill whose snapshot point lies inside its last chunk (``b < L``: with a quantized KV dtype every
-prompt longer than W; otherwise one not ending on a page boundary) takes one more forward, of its last
-``L - b`` (< W + P) tokens (in the next step, batched with the others), and its chunk up to ``b`` keeps the
-prefill window only if no other chunk of the batch does (the tail pool has room for one); each snapshot slot
-holds a whole state (Qwen3.5-27B: 147 MiB in float32). Snapshot slots are a pool of their own
+Costs: no extra forward and no change of chunking; a forward holding a snapshot runs each linear layer's
+kernels twice (the parts before and after the points) for the requests that cross theirs. Each snapshot
+slot holds a whole state (Qwen3.5-27B: 147 MiB in float32). Snapshot slots are a pool of their own
 (``--max-mamba-cache-size``): when none is free the least recently used snapshot is dropped (its node keeps
 its pages, reachable through a deeper snapshot); a node dropped from the tree frees its snapshot. The host
 tier is not used with hybrid models: its pages would come back without states.
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from nibblekv.cache.manager import main_len_after
+from nibblekv.cache.manager import Growth, main_len_after
 from nibblekv.cache.page_table import PageTable
 from nibblekv.cache.pages import RequestPages
 from nibblekv.cache.pool import KVPool
@@ -42,8 +42,9 @@ class StatePrefixCacheManager(PrefixCacheManager):
     """:class:`PrefixCacheManager` for hybrid models: matches end at state snapshots (module docstring).
 
     Contract (on top of the base one): :meth:`bind_state` follows a successful admission with the request's
-    state slot; a forward ending at :meth:`prefill_stop` is followed by :meth:`cache_prefix` before the slot
-    changes again (the scheduler's postprocess of an extend batch, which always runs synchronously).
+    state slot; :meth:`plan_snapshots` precedes each extend forward, which writes the slots it returns;
+    :meth:`cache_prefix` follows each extend forward before the request's state changes again (the
+    scheduler's postprocess of an extend batch, which always runs synchronously).
     """
 
     def __init__(self, pool: KVPool, page_table: PageTable | None, states: StatePool) -> None:
@@ -86,11 +87,30 @@ class StatePrefixCacheManager(PrefixCacheManager):
         if snap is not None:  # NOTE: the node is locked (the request's hold) and snapshots only move in
             self.states.copy(snap, slot)  # cache_prefix, which runs after this step's forward
 
-    def prefill_stop(self, pages: RequestPages, num_tokens: int) -> int | None:
-        point = self.snapshot_point(num_tokens)
-        return point if pages.num_tokens < point < num_tokens else None
-
     # ---- snapshots ------------------------------------------------------------------------------
+    def _new_snapshot(self) -> int | None:
+        snap = self.states.alloc_snapshot()
+        return self._evict_snapshot() if snap is None else snap
+
+    def plan_snapshots(
+        self, entries: Sequence[tuple[RequestPages, Growth, int]]
+    ) -> list[tuple[int, int, int]]:
+        """A snapshot slot for each chunk that crosses its request's snapshot point ``b`` (``old_len < b <
+        new_len``); the forward writes the state at ``b`` into it."""
+        out = []
+        for i, (pages, growth, num_tokens) in enumerate(entries):
+            key = id(pages)
+            point = self.snapshot_point(num_tokens)
+            if key not in self._slots or key in self._taken or not growth.old_len < point < growth.new_len:
+                continue
+            snap = self._new_snapshot()
+            if snap is None:
+                continue
+            self._taken[key] = (point, snap)
+            self.snapshots_taken += 1
+            out.append((i, point - growth.old_len, snap))
+        return out
+
     def cache_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> None:
         """The base's, then: after the forward that ended at the snapshot point, copy the state; once the
         request's main pages reach the point, give the copy to the tree node ending there."""
@@ -102,9 +122,7 @@ class StatePrefixCacheManager(PrefixCacheManager):
             and key not in self._taken
             and pages.num_tokens == self.snapshot_point(len(token_ids))
         ):
-            snap = self.states.alloc_snapshot()
-            if snap is None:
-                snap = self._evict_snapshot()
+            snap = self._new_snapshot()
             if snap is not None:
                 self.states.copy(slot, snap)
                 self._taken[key] = (pages.num_tokens, snap)

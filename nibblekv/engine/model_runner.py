@@ -205,12 +205,14 @@ class ModelRunner:
 
     def _state_batch(self, plan: StepPlan, d: dict[str, torch.Tensor]) -> LinearStateBatch:
         """A hybrid forward's states: decode continues each request's pool row in place; an extend reads the
-        rows (zeros for fresh requests) and writes them back after the chunk."""
+        rows (zeros for fresh requests), writes them back after the chunk and stores its snapshots."""
         if plan.is_decode:
             return LinearStateBatch(list(range(plan.bs + 1)), True, self.states, d["state_slots"])
         fresh = plan.lists["state_fresh"]
+        snaps = list(zip(plan.lists["state_snap_entries"], plan.lists["state_snap_cuts"]))
         return LinearStateBatch(plan.lists["cu_seqlens"], False, self.states, d["state_slots"],
-                                d["state_fresh"] != 0, carried=not all(fresh))  # fmt: skip
+                                d["state_fresh"] != 0, carried=not all(fresh), snapshots=snaps,
+                                snapshot_slots=d["state_snap_slots"])  # fmt: skip
 
     def _host_inputs(self, batch: ScheduledBatch) -> dict[str, list[int]]:
         """Token ids, positions, attention metadata and page-table rows, as Python lists."""
@@ -230,6 +232,9 @@ class ModelRunner:
             lists["state_slots"] = [r.state_slot if r.state_slot is not None else -1 for r in batch.reqs]
             if not batch.is_decode:  # a fresh request starts from zeros (decode continues every state)
                 lists["state_fresh"] = [int(g.old_len == 0) for g in batch.growths]
+                lists["state_snap_entries"] = [e for e, _, _ in batch.snapshots]
+                lists["state_snap_cuts"] = [k for _, k, _ in batch.snapshots]
+                lists["state_snap_slots"] = [slot for _, _, slot in batch.snapshots]
         return lists
 
     def _sample(

@@ -170,4 +170,6 @@ class OverlapLoop:
             self.scheduler.cache.finish_growth(batch.growths[i])
         batch.reqs = [batch.reqs[i] for i in keep]
         batch.growths = [batch.growths[i] for i in keep]
+        new = {old: i for i, old in enumerate(keep)}  # NOTE: a dropped request's snapshot slot went with it
+        batch.snapshots = [(new[e], k, slot) for e, k, slot in batch.snapshots if e in new]
         return batch

@@ -7,8 +7,8 @@ in SGLang. When a decode step runs out of pages the newest running requests are 
 pages are freed and they go back to the front of the queue, keeping their tokens, to be recomputed
 later (no request is lost or duplicated). Hybrid models' requests also hold a linear-attention state
 slot (``states``) from admission to finish, abort or preemption; a preempted request recomputes its
-state with its pages, from its cached prefix's state snapshot where the prefix cache has one (a prefill
-then ends one chunk at the snapshot point: ``nibblekv.cache.state_prefix``).
+state with its pages, from its cached prefix's state snapshot where the prefix cache has one. An extend
+batch carries the state snapshots its forward takes (``nibblekv.cache.state_prefix``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ class ScheduledBatch:
     growths: list[Growth]
     num_cached_tokens: int = 0  # prefix tokens newly admitted requests took from the cache
     loads: list[Transfer] = field(default_factory=list)  # host-tier copies to wait for, per layer
+    # hybrid models: (entry, tokens of its chunk before the snapshot point, snapshot slot) per state snapshot
+    snapshots: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -100,23 +102,18 @@ class Scheduler:
     def _schedule_extend(self) -> ScheduledBatch | None:
         budget = self.chunk_tokens if self.chunk_tokens is not None else 1 << 62
         batch = ScheduledBatch(False, [], [])
-        # NOTE: requests mid-prefill go first. Of a batch's non-final chunks only the first keeps the prefill
-        # window (the tail pool reserves room for one: nibblekv.cache.pool): without state snapshots that is
-        # the chunk that ran out of budget, the only one; with them (hybrid models) a prefill may also stop at
-        # its snapshot point, and further such chunks grow as final ones do.
+        # NOTE: at most one running request is mid-prefill (a chunk stops the loop), and it goes first.
         # NOTE: is_decoding inlined (one pass over the running requests every step)
         prefilling = [r for r in self.running if len(r.token_ids) - r.pages.num_tokens != 1]
-        windowed = False
         for req in prefilling:
-            n = self._chunk(req, req.num_cached, budget)
-            window = not windowed and req.num_cached + n < req.num_tokens
-            growth = self.cache.try_grow(req.pages, req.num_cached + n, prefilling=window)
+            n = min(req.num_tokens - req.num_cached, budget)
+            more = req.num_cached + n < req.num_tokens  # a non-final chunk: the prefill window applies
+            growth = self.cache.try_grow(req.pages, req.num_cached + n, prefilling=more)
             if growth is None:
                 return self._nonempty(batch)
             batch.reqs.append(req)
             batch.growths.append(growth)
             budget -= n
-            windowed |= window
         # Headroom of one main page per decoding request, so admission does not force a preemption.
         reserve = len(self.running) - len(prefilling) + sum(1 for r in prefilling if r.is_decoding)
         if self.policy == "lpm" and budget > 0 and len(self.running) < self.max_running:
@@ -125,9 +122,9 @@ class Scheduler:
             req = self.waiting[0]
             # NOTE: prompt logprobs need every prompt position computed, so such requests never match.
             cached = 0 if req.wants_prompt_logprobs() else self.cache.match_prefix(req.pages, req.token_ids)
-            n = self._chunk(req, cached, budget)
-            window = not windowed and cached + n < req.num_tokens
-            growth = self.cache.try_grow(req.pages, cached + n, reserve_main=reserve, prefilling=window)
+            n = min(req.num_tokens - cached, budget)
+            more = cached + n < req.num_tokens
+            growth = self.cache.try_grow(req.pages, cached + n, reserve_main=reserve, prefilling=more)
             if growth is None:
                 self.cache.release(req.pages)  # undo the match; it is retried next step
                 break
@@ -143,16 +140,11 @@ class Scheduler:
             batch.growths.append(growth)
             batch.num_cached_tokens += cached
             budget -= n
-            windowed |= window
         batch.loads = self.cache.take_loads()
+        if self.states is not None and batch.reqs:
+            entries = [(r.pages, g, r.num_tokens) for r, g in zip(batch.reqs, batch.growths)]
+            batch.snapshots = self.cache.plan_snapshots(entries)
         return self._nonempty(batch)
-
-    def _chunk(self, req: Request, start: int, budget: int) -> int:
-        """Tokens of ``req``'s prefill from ``start`` in this batch: up to the budget, or to the cache's state
-        snapshot point (hybrid models) where that comes first."""
-        n = min(req.num_tokens - start, budget)
-        stop = self.cache.prefill_stop(req.pages, req.num_tokens)
-        return stop - start if stop is not None and stop < start + n else n
 
     def _order_by_prefix(self) -> None:
         """LPM: waiting requests by cached prefix, longest first; a stable sort, so ties stay FCFS

@@ -154,12 +154,48 @@ class GatedDeltaNet(nn.Module):
                 layer, (la.conv_dim, la.conv_kernel - 1),
                 (la.num_value_heads, la.key_head_dim, la.value_head_dim), x.dtype, x.device,
             )  # fmt: skip
-            mixed, conv_state = causal_conv_extend(mixed, weight, states.cu_seqlens, conv_state)
-            q, k, v = self._heads(mixed)
             g, beta = decay_and_beta(a, b, self.A_log, self.dt_bias)
-            out, rec_state = gated_delta_rule_for(x).extend(q, k, v, g, beta, states.cu_seqlens, rec_state)
+            if states.snapshots:
+                out, conv_state, rec_state = self._extend_with_snapshots(
+                    mixed, g, beta, states, conv_state, rec_state
+                )
+            else:
+                out, conv_state, rec_state = self._extend(
+                    mixed, g, beta, states.cu_seqlens, conv_state, rec_state
+                )
             states.write(layer, conv_state, rec_state)
         return self.out_proj(self.norm(out, z).reshape(t, la.value_dim))
+
+    def _extend(
+        self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cu_seqlens: list[int],
+        conv_state: torch.Tensor, rec_state: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Conv + gated delta rule over the sequences of ``cu_seqlens`` from their states: out, conv, rec."""
+        mixed, conv_state = causal_conv_extend(mixed, self.conv1d.weight[:, 0, :], cu_seqlens, conv_state)
+        q, k, v = self._heads(mixed)
+        out, rec_state = gated_delta_rule_for(mixed).extend(q, k, v, g, beta, cu_seqlens, rec_state)
+        return out, conv_state, rec_state
+
+    def _extend_with_snapshots(
+        self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states: LinearStateBatch,
+        conv_state: torch.Tensor, rec_state: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """:meth:`_extend` where some sequences hold a snapshot point: every sequence up to its point (the
+        others whole), the states there stored (``states.write_snapshots``), then the rest of those."""
+        sp = states.split
+        rows, rest, seqs = sp.head_rows, sp.tail_rows, sp.seqs
+        out1, conv_state, rec_state = self._extend(
+            mixed[rows], g[rows], beta[rows], sp.head_cu, conv_state, rec_state
+        )
+        conv_mid, rec_mid = conv_state[seqs], rec_state[seqs]
+        states.write_snapshots(self.linear_layer, conv_mid, rec_mid)
+        out2, conv_end, rec_end = self._extend(
+            mixed[rest], g[rest], beta[rest], sp.tail_cu, conv_mid, rec_mid
+        )
+        out = out1.new_empty(mixed.shape[0], *out1.shape[1:])
+        out[rows], out[rest] = out1, out2
+        conv_state[seqs], rec_state[seqs] = conv_end, rec_end
+        return out, conv_state, rec_state
 
 
 class HybridDecoderLayer(nn.Module):
