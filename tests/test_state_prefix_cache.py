@@ -157,6 +157,21 @@ def test_snapshots_evicted_lru_when_slots_run_out(model: HybridCausalLM) -> None
     _check(engine)
 
 
+def test_interleaved_sessions_keep_their_own_snapshots(model: HybridCausalLM) -> None:
+    """Four agentic sessions, four snapshot slots, turns interleaved (every session's first turn, then every
+    second turn): each second turn's snapshot replaces the one its own first turn left, which it supersedes,
+    not another session's, so every second turn hits (plain LRU dropped the next session's before it came)."""
+    engine = _engine(model, max_running_requests=4, max_mamba_cache_size=8)
+    firsts = [[20 + 3 * i + (7 * j) % 200 for j in range(40)] for i in range(4)]
+    answers = [engine.generate([p], GREEDY)[0].token_ids for p in firsts]
+    seconds = [p + a + [1 + i, 2, 3] for i, (p, a) in enumerate(zip(firsts, answers))]
+    hits = [engine.generate([p], GREEDY)[0].cached_tokens for p in seconds]
+    assert hits == [32] * 4 and _cache(engine).snapshots_dropped == 4
+    ends = sorted(_cache(engine).tree.peek_prefix(p + [9], ends=_cache(engine)._has_state) for p in seconds)
+    assert ends == [3] * 4  # each session's second prompt (55 tokens) left its snapshot at 48
+    _check(engine)
+
+
 def test_preemption_and_abort_keep_snapshots_accounted(model: HybridCausalLM) -> None:
     """A pool too small for the batch: requests are preempted and resume from their own snapshots; one is
     aborted mid-prefill, its snapshot taken but not in the tree yet (nvfp4: the prefill window keeps the

@@ -20,8 +20,9 @@ there.
 Costs: no extra forward and no change of chunking; a forward holding a snapshot runs each linear layer's
 kernels twice (the parts before and after the points) for the requests that cross theirs. Each snapshot
 slot holds a whole state (Qwen3.5-27B: 147 MiB in float32). Snapshot slots are a pool of their own
-(``--max-mamba-cache-size``): when none is free the least recently used snapshot is dropped (its node keeps
-its pages, reachable through a deeper snapshot); a node dropped from the tree frees its snapshot. The host
+(``--max-mamba-cache-size``): when none is free a snapshot is dropped -- the least recently used of those with
+a deeper snapshot below them (an agent's earlier turn), else of all -- and its node keeps its pages, reachable
+through a deeper snapshot; a node dropped from the tree frees its snapshot. The host
 tier is not used with hybrid models: its pages would come back without states.
 """
 
@@ -88,9 +89,10 @@ class StatePrefixCacheManager(PrefixCacheManager):
             self.states.copy(snap, slot)  # cache_prefix, which runs after this step's forward
 
     # ---- snapshots ------------------------------------------------------------------------------
-    def _new_snapshot(self) -> int | None:
+    def _new_snapshot(self, key: int) -> int | None:
+        """A snapshot slot for the request ``key`` (``id(pages)``): a free one, else one taken from the tree."""
         snap = self.states.alloc_snapshot()
-        return self._evict_snapshot() if snap is None else snap
+        return self._evict_snapshot(key) if snap is None else snap
 
     def plan_snapshots(
         self, entries: Sequence[tuple[RequestPages, Growth, int]]
@@ -103,7 +105,7 @@ class StatePrefixCacheManager(PrefixCacheManager):
             point = self.snapshot_point(num_tokens)
             if key not in self._slots or key in self._taken or not growth.old_len < point < growth.new_len:
                 continue
-            snap = self._new_snapshot()
+            snap = self._new_snapshot(key)
             if snap is None:
                 continue
             self._taken[key] = (point, snap)
@@ -122,7 +124,7 @@ class StatePrefixCacheManager(PrefixCacheManager):
             and key not in self._taken
             and pages.num_tokens == self.snapshot_point(len(token_ids))
         ):
-            snap = self._new_snapshot()
+            snap = self._new_snapshot(key)
             if snap is not None:
                 self.states.copy(slot, snap)
                 self._taken[key] = (pages.num_tokens, snap)
@@ -143,17 +145,37 @@ class StatePrefixCacheManager(PrefixCacheManager):
             else:  # the same prefix's state is there already
                 self.states.free_snapshot(snap)
 
-    def _evict_snapshot(self) -> int | None:
-        """Take the least recently used node's snapshot slot (None: every slot waits to enter the tree)."""
+    def _evict_snapshot(self, key: int) -> int | None:
+        """Take a snapshot slot from the tree for request ``key`` (None: every slot waits to enter it): the
+        least recently used of the snapshots with a deeper one below them, else of those on the request's own
+        path (its new snapshot supersedes them), else of all.
+
+        NOTE: an agent's turn matches its previous turn's snapshot and leaves a deeper one; plain LRU dropped
+        another session's only snapshot, not matched yet, instead of the one the new snapshot supersedes."""
         if not self._owners:
             return None
-        node = min(self._owners.values())  # TreeNode orders by (last_access, id)
+        superseded: list[TreeNode] = []
+        for node in self._owners.values():
+            superseded += self._snapshots_above(node.parent)
+        hold = self._holds.get(key)
+        own = self._snapshots_above(hold.node) if hold is not None else []
+        node = min(superseded or own or self._owners.values())  # TreeNode orders by (last_access, id)
         snap = node.state
         assert snap is not None
         node.state = None
         del self._owners[snap]
         self.snapshots_dropped += 1
         return snap
+
+    @staticmethod
+    def _snapshots_above(node: TreeNode | None) -> list[TreeNode]:
+        """``node`` and its ancestors that hold a snapshot."""
+        out = []
+        while node is not None:
+            if node.state is not None:
+                out.append(node)
+            node = node.parent
+        return out
 
     def _free_snapshot(self, snap: int) -> None:
         """The tree dropped the node holding ``snap``."""
