@@ -85,8 +85,8 @@ class StatePrefixCacheManager(PrefixCacheManager):
     def bind_state(self, pages: RequestPages, slot: int) -> None:
         self._slots[id(pages)] = slot
         snap = self._restore.pop(id(pages), None)
-        if snap is not None:  # NOTE: the node is locked (the request's hold) and snapshots only move in
-            self.states.copy(snap, slot)  # cache_prefix, which runs after this step's forward
+        if snap is not None:  # NOTE: queued now, before this step's forward: plan_snapshots may hand the slot
+            self.states.copy(snap, slot)  # out again, but only that forward writes it, after this copy
 
     # ---- snapshots ------------------------------------------------------------------------------
     def _new_snapshot(self, key: int) -> int | None:
