@@ -252,3 +252,99 @@ def test_planner_counts_the_snapshot_slots_as_the_engine_does(flags: dict[str, A
     if flags.get("max_mamba_cache_size") == 40:
         assert counts["nvfp4"] == 40  # every state slot a running request's: no snapshot left
     assert counts["fp8_e4m3"] >= 1
+
+
+SYSTEM = [5 + (13 * j) % 240 for j in range(300)]
+
+
+def _question(i: int) -> list[int]:
+    return [3 + i + (17 * j) % 200 for j in range(27)]
+
+
+def _nodes(cache: StatePrefixCacheManager) -> list[Any]:
+    """Every node of the tree but the root."""
+    out, todo = [], list(cache.tree.root.children.values())
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        todo += node.children.values()
+    return out
+
+
+def _depth(node: Any) -> int:
+    """Tokens from the root to the end of ``node``."""
+    n = 0
+    while node is not None:
+        n += len(node.key)
+        node = node.parent
+    return n
+
+
+def test_shared_system_prompt_gets_a_branch_snapshot(model: HybridCausalLM) -> None:
+    """Requests sharing a 300-token system prompt, one after another: the first leaves its end snapshot only;
+    the second finds the prompt's pages at a branch of the tree (inside the first one's edge) and takes a
+    snapshot there too (288: its last whole shared page), in the same forward as its end snapshot (320 of
+    327: three passes of the linear layers); the third resumes from it. The branch snapshot is the state a
+    prefill of those 288 tokens leaves, and every request decodes what an engine without a prefix cache
+    decodes."""
+    engine = _engine(model)
+    cold = _engine(model, disable_radix_cache=True)
+    prompts = [SYSTEM + _question(i) for i in range(3)]
+    outs = [engine.generate([prompts[0]], GREEDY)[0]]
+    engine.add_request(prompts[1], GREEDY)
+    done = engine.step()
+    batch = engine.last_batch
+    assert batch is not None and [(e, k) for e, k, _ in batch.snapshots] == [(0, 288), (0, 320)]
+    while engine.scheduler.has_work():
+        done += engine.step()
+    outs += [o for o in done if o.finished]
+    outs += [engine.generate([prompts[2]], GREEDY)[0]]
+    assert [o.cached_tokens for o in outs] == [0, 0, 288]
+    cache = _cache(engine)
+    assert cache.snapshots_taken == 1 + 2 + 1  # end; branch + end; end
+    assert [o.token_ids for o in outs] == [o.token_ids for o in cold.generate(prompts, GREEDY)]
+    assert cache.tree.peek_prefix(SYSTEM + [1] * 20, ends=cache._has_state) * 16 == 288
+    ref = _engine(model, disable_radix_cache=True)
+    ref.add_request(SYSTEM[:288], SamplingParams(max_new_tokens=2, ignore_eos=True))
+    ref.step()
+    a, b = engine.states, ref.states
+    assert a is not None and b is not None
+    snap = next(n.state for n in _nodes(cache) if n.state is not None and _depth(n) == 288)
+    slot = ref.scheduler.running[0].state_slot
+    assert torch.allclose(a.conv[:, snap], b.conv[:, slot], atol=1e-5)
+    assert torch.allclose(a.recurrent[:, snap], b.recurrent[:, slot], atol=1e-4)
+    _check(engine)
+
+
+def test_branch_snapshot_outlives_the_ends_below_it(model: HybridCausalLM) -> None:
+    """Two snapshot slots, five requests sharing the system prompt: the branch point's snapshot has end
+    snapshots below it, but it serves every request sharing the prompt, so those ends are dropped before it
+    (taking it for superseded, as an agent's earlier turn, left the fourth and fifth requests no hit)."""
+    engine = _engine(model, max_running_requests=2, max_mamba_cache_size=4)
+    assert engine.states is not None and engine.states.num_snapshot_slots == 2
+    outs = [engine.generate([SYSTEM + _question(i)], GREEDY)[0] for i in range(5)]
+    assert [o.cached_tokens for o in outs] == [0, 0, 288, 288, 288]
+    _check(engine)
+
+
+def test_snapshot_split_passes() -> None:
+    """Three sequences (5, 7 and 4 tokens): the first cut at 2 and 4, the second at 3, the third not. Pass 0
+    runs every sequence to its first point; pass 1 the cut ones on, after storing their states; pass 2 the
+    first one's rest."""
+    from nibblekv.cache.state_pool import SnapshotSplit
+
+    sp = SnapshotSplit.of([0, 5, 12, 16], [(0, 4), (0, 2), (1, 3)], [7, 6, 9], torch.device("cpu"))
+    got = [
+        (
+            p.rows.tolist(),
+            p.cu,
+            None if p.seqs is None else p.seqs.tolist(),
+            None if p.slots is None else p.slots.tolist(),
+        )
+        for p in sp.parts
+    ]
+    assert got == [
+        ([0, 1, 5, 6, 7, 12, 13, 14, 15], [0, 2, 5, 9], None, None),
+        ([2, 3, 8, 9, 10, 11], [0, 2, 6], [0, 1], [6, 9]),
+        ([4], [0, 1], [0], [7]),
+    ]

@@ -195,6 +195,23 @@ class RadixCache:
                 best = done
         return done if ends is None else best
 
+    def branch_pages(self, key: Sequence[int], max_pages: int) -> int:
+        """Pages of ``key``'s match where the match leaves the tree at a branch: inside an edge, or at the end
+        of a node with other children (0: the match ends at a leaf's end, reaches ``max_pages``, or is empty).
+        Changes nothing. Hybrid models snapshot there (``nibblekv.cache.state_prefix``)."""
+        node, done = self.root, 0
+        limit = min(max_pages, len(key) // self.page_size)
+        while done < limit:
+            child = node.children.get(self._chunk(key, done))
+            if child is None:
+                return done if node.children else 0
+            n = self._common_pages(child, key, done, limit - done)
+            done += n
+            if n < len(child.key) // self.page_size:
+                return done if done < limit else 0
+            node = child
+        return 0
+
     # ---- structure ------------------------------------------------------------------------------
     def _split(self, node: TreeNode, n: int) -> TreeNode:
         """Cut ``node`` after ``n`` pages; return the new upper node (``node`` keeps the rest).

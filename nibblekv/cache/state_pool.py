@@ -112,36 +112,67 @@ class StatePool:
 
 
 @dataclass(frozen=True)
-class SnapshotSplit:
-    """A forward's sequences cut at their snapshot points: token rows ``head_rows`` (every sequence up to its
-    point, the others whole; sequence bounds ``head_cu``), then ``tail_rows`` (the rest of the cut sequences
-    ``seqs``, bounds ``tail_cu``). Index tensors on the states' device."""
+class SplitPart:
+    """One pass of a forward cut at snapshot points: token rows ``rows`` of the sequences ``seqs`` (bounds
+    ``cu``). The first pass holds every sequence up to its first point (``seqs`` None); each later one the
+    sequences cut once more, from their previous point on, after their state there is stored in the
+    snapshot slots ``slots``. Index tensors on the states' device."""
 
-    head_rows: torch.Tensor
-    head_cu: list[int]
-    tail_rows: torch.Tensor
-    tail_cu: list[int]
-    seqs: torch.Tensor
+    rows: torch.Tensor
+    cu: list[int]
+    seqs: torch.Tensor | None = None
+    slots: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotSplit:
+    """A forward's sequences cut at their snapshot points, as passes (:class:`SplitPart`) run in order."""
+
+    parts: list[SplitPart]
 
     @staticmethod
-    def of(cu_seqlens: list[int], snapshots: list[tuple[int, int]], device: torch.device) -> SnapshotSplit:
-        cut = dict(snapshots)  # sequence -> its tokens before the point
-        head: list[int] = []
-        tail: list[int] = []
-        head_cu, tail_cu = [0], [0]
-        for i in range(len(cu_seqlens) - 1):
-            s, e = cu_seqlens[i], cu_seqlens[i + 1]
-            m = s + cut.get(i, e - s)
-            head.extend(range(s, m))
-            head_cu.append(len(head))
-            if i in cut:
-                tail.extend(range(m, e))
-                tail_cu.append(len(tail))
-        flat = torch.tensor(head + tail + sorted(cut), dtype=torch.long)  # NOTE: one host-to-device copy
+    def of(
+        cu_seqlens: list[int], snapshots: list[tuple[int, int]], slots: list[int], device: torch.device
+    ) -> SnapshotSplit:
+        """``snapshots[j]`` = (sequence, its tokens before the point), stored in snapshot slot ``slots[j]``;
+        a sequence may hold several points (each inside its chunk, distinct)."""
+        # sequence -> [(tokens before a point, its slot)], ascending
+        cuts: dict[int, list[tuple[int, int]]] = {}
+        for (seq, k), slot in zip(snapshots, slots):
+            cuts.setdefault(seq, []).append((k, slot))
+        for c in cuts.values():
+            c.sort()
+        flat: list[int] = []
+        sizes: list[int] = []
+        cus: list[list[int]] = []
+        for r in range(1 + max(map(len, cuts.values()), default=0)):
+            rows: list[int] = []
+            seqs: list[int] = []
+            part_slots: list[int] = []
+            cu = [0]
+            for i in range(len(cu_seqlens) - 1):
+                c = cuts.get(i, [])
+                if r > len(c):
+                    continue
+                s = cu_seqlens[i]
+                end = s + c[r][0] if r < len(c) else cu_seqlens[i + 1]
+                rows.extend(range(s + (c[r - 1][0] if r else 0), end))
+                cu.append(len(rows))
+                if r:
+                    seqs.append(i)
+                    part_slots.append(c[r - 1][1])
+            flat += rows + seqs + part_slots
+            sizes += [len(rows), len(seqs), len(part_slots)]
+            cus.append(cu)
+        t = torch.tensor(flat, dtype=torch.long)  # NOTE: one host-to-device copy
         if device.type == "cuda":
-            flat = flat.pin_memory().to(device, non_blocking=True)
-        rows, rest, seqs = flat.split([len(head), len(tail), len(cut)])
-        return SnapshotSplit(rows, head_cu, rest, tail_cu, seqs)
+            t = t.pin_memory().to(device, non_blocking=True)
+        pieces = t.split(sizes)
+        parts = [
+            SplitPart(pieces[3 * r], cu, pieces[3 * r + 1] if r else None, pieces[3 * r + 2] if r else None)
+            for r, cu in enumerate(cus)
+        ]
+        return SnapshotSplit(parts)
 
 
 @dataclass
@@ -162,11 +193,11 @@ class LinearStateBatch:
     fresh: torch.Tensor | None = None  # [N] bool, on the pool's device
     carried: bool = True  # some request continues a stored state (False: every one is fresh, nothing to read)
     scratch: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    # (request, tokens of its chunk before its snapshot point) in request order: the state there is stored in
-    # the pool's row ``snapshot_slots[j]`` (nibblekv.cache.state_prefix); the linear layers run such a request
-    # in two parts
+    # (request, tokens of its chunk before a snapshot point): the state there is stored in the pool's row
+    # ``snapshot_slots[j]`` (nibblekv.cache.state_prefix); the linear layers run such a request in parts, one
+    # more per point (:class:`SnapshotSplit`)
     snapshots: list[tuple[int, int]] = field(default_factory=list)
-    snapshot_slots: torch.Tensor | None = None  # [len(snapshots)] long, on the pool's device
+    snapshot_slots: list[int] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -174,10 +205,9 @@ class LinearStateBatch:
 
     @functools.cached_property
     def split(self) -> SnapshotSplit:
-        """The token rows of the two parts of a forward holding :attr:`snapshots` (built once, every linear
-        layer reuses it)."""
+        """The passes of a forward holding :attr:`snapshots` (built once, every linear layer reuses it)."""
         device = self.slots.device if self.slots is not None else torch.device("cpu")
-        return SnapshotSplit.of(self.cu_seqlens, self.snapshots, device)
+        return SnapshotSplit.of(self.cu_seqlens, self.snapshots, self.snapshot_slots, device)
 
     @property
     def in_place(self) -> bool:
@@ -201,11 +231,11 @@ class LinearStateBatch:
         conv = torch.where(self.fresh[:, None, None], zero, conv)
         return conv, torch.where(self.fresh[:, None, None, None], zero.to(rec.dtype), rec)
 
-    def write_snapshots(self, layer: int, conv: torch.Tensor, rec: torch.Tensor) -> None:
-        """Store linear layer ``layer``'s states at the snapshot points, a row per :attr:`snapshots` entry."""
-        assert self.pool is not None and self.snapshot_slots is not None
-        self.pool.conv[layer].index_copy_(0, self.snapshot_slots, conv.to(self.pool.conv.dtype))
-        self.pool.recurrent[layer].index_copy_(0, self.snapshot_slots, rec.to(self.pool.recurrent.dtype))
+    def write_snapshots(self, layer: int, slots: torch.Tensor, conv: torch.Tensor, rec: torch.Tensor) -> None:
+        """Store linear layer ``layer``'s states at snapshot points into the pool's rows ``slots``."""
+        assert self.pool is not None
+        self.pool.conv[layer].index_copy_(0, slots, conv.to(self.pool.conv.dtype))
+        self.pool.recurrent[layer].index_copy_(0, slots, rec.to(self.pool.recurrent.dtype))
 
     def write(self, layer: int, conv: torch.Tensor, rec: torch.Tensor) -> None:
         """Store this forward's final states of linear layer ``layer``."""

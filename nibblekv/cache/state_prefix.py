@@ -6,24 +6,27 @@ match may end only at a tree node holding a *snapshot* (``TreeNode.state``: a sn
 :class:`StatePool` with the state after the node's last token) -- the deepest such node within the bound
 of :class:`PrefixCacheManager`.
 
-Where snapshots come from: a prefill to ``L`` tokens (a prompt, or a preempted request's recompute) has a
-*snapshot point* ``b`` (:meth:`StatePrefixCacheManager.snapshot_point`: the main-pool length the prefill
-leaves, ``Lq`` of the tail rule, in whole pages and at most ``L`` -- the longest prefix the tree holds once
-the prompt is in). The forward whose chunk crosses ``b`` runs the request's linear layers in two parts, up
-to ``b`` and after it, and stores the state between them in a snapshot slot (:meth:`plan_snapshots`;
-``LinearStateBatch.snapshots``); a chunk ending at ``b`` has its state copied after the forward
-(:meth:`cache_prefix`). The snapshot goes to the tree node ending at ``b`` once the request's main pages
-reach ``b`` (by its last chunk), or is freed if the request is released first. A request admitted on a
+Where snapshots come from: a prefill to ``L`` tokens (a prompt, or a preempted request's recompute) has an
+*end point* (:meth:`StatePrefixCacheManager.snapshot_point`: the main-pool length the prefill leaves, ``Lq``
+of the tail rule, in whole pages and at most ``L`` -- the longest prefix the tree holds once the prompt is
+in: an agent's next turn resumes there), and may have a *branch point*: where its match leaves the tree's
+pages at a branch (inside an edge, or at a node with other children; ``RadixCache.branch_pages``), when that
+lies past the state it resumes from by a page and at least ``MIN_BRANCH_TOKENS`` in -- a prefix two requests
+have now shared, e.g. a system prompt, which a third request resumes from. A forward whose chunk holds
+points runs the request's linear layers in parts, cut at them, and stores the state at each in a snapshot
+slot (:meth:`plan_snapshots`; ``LinearStateBatch.snapshots``); a chunk ending at a point has its state
+copied after the forward (:meth:`cache_prefix`). A snapshot goes to the tree node ending at its point once
+the request's main pages reach it, or is freed if the request is released first. A request admitted on a
 match gets its state slot filled from the matched node's snapshot (:meth:`bind_state`) and continues from
 there.
 
-Costs: no extra forward and no change of chunking; a forward holding a snapshot runs each linear layer's
-kernels twice (the parts before and after the points) for the requests that cross theirs. Each snapshot
-slot holds a whole state (Qwen3.5-27B: 147 MiB in float32). Snapshot slots are a pool of their own
-(``--max-mamba-cache-size``): when none is free a snapshot is dropped -- the least recently used of those with
-a deeper snapshot below them (an agent's earlier turn), else of all -- and its node keeps its pages, reachable
-through a deeper snapshot; a node dropped from the tree frees its snapshot. The host
-tier is not used with hybrid models: its pages would come back without states.
+Costs: no extra forward and no change of chunking; a forward holding snapshots runs each linear layer's
+kernels once more per point (the parts between the points) for the requests whose chunks hold them. Each
+snapshot slot holds a whole state (Qwen3.5-27B: 147 MiB in float32). Snapshot slots are a pool of their own
+(``--max-mamba-cache-size``): when none is free a snapshot is dropped -- the least recently used of those
+with a deeper snapshot below them on their one path (an agent's earlier turn; never a branch point's), else
+of all -- and its node keeps its pages, reachable through a deeper snapshot; a node dropped from the tree
+frees its snapshot. The host tier is not used with hybrid models: its pages would come back without states.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ from nibblekv.cache.pool import KVPool
 from nibblekv.cache.prefix import PrefixCacheManager
 from nibblekv.cache.radix import TreeNode
 from nibblekv.cache.state_pool import StatePool
+
+# NOTE: a branch point shorter than this takes no snapshot: a snapshot slot holds a whole state (Qwen3.5-27B:
+# 147 MiB, the KV of ~8K nvfp4 tokens) and a branch snapshot, matched by every request below it, is seldom
+# evicted; the shortest shared prefixes (a chat template's first tokens) would hold slots for little prefill
+MIN_BRANCH_TOKENS = 256
 
 
 class StatePrefixCacheManager(PrefixCacheManager):
@@ -57,8 +65,9 @@ class StatePrefixCacheManager(PrefixCacheManager):
         self._owners: dict[int, TreeNode] = {}  # snapshot slot -> the tree node holding it
         self._restore: dict[int, int] = {}  # id(pages) -> the snapshot its match ends on (until bound)
         self._slots: dict[int, int] = {}  # id(pages) -> the running request's state slot
-        # id(pages) -> (its snapshot point, the snapshot slot) taken, not in the tree yet
-        self._taken: dict[int, tuple[int, int]] = {}
+        # id(pages) -> [(a snapshot point, the snapshot slot)] taken, not in the tree yet
+        self._taken: dict[int, list[tuple[int, int]]] = {}
+        self._branch: dict[int, int] = {}  # id(pages) -> its branch point (tokens) where its match found one
         self.snapshots_taken = 0
         self.snapshots_dropped = 0  # evicted to make room for a newer one (metrics, tests)
 
@@ -66,6 +75,13 @@ class StatePrefixCacheManager(PrefixCacheManager):
         """Where a prefill to ``num_tokens`` tokens takes its snapshot (0: none)."""
         p = self.page_size
         return min(main_len_after(0, num_tokens, self.window, p), num_tokens // p * p)
+
+    def _points(self, key: int, num_tokens: int) -> list[int]:
+        """The snapshot points of request ``key``'s prefill to ``num_tokens`` tokens, ascending: its branch
+        point (if any, below the end) and its end point."""
+        end = self.snapshot_point(num_tokens)
+        branch = self._branch.get(key, 0)
+        return [branch, end] if 0 < branch < end else [end] if end else []
 
     @staticmethod
     def _has_state(node: TreeNode) -> bool:
@@ -80,6 +96,9 @@ class StatePrefixCacheManager(PrefixCacheManager):
             node = self._holds[id(pages)].node
             assert node.state is not None, "a hybrid match must end at a snapshot"
             self._restore[id(pages)] = node.state
+        branch = self.tree.branch_pages(token_ids, super()._match_limit(token_ids)) * self.page_size
+        if branch >= max(n + self.page_size, MIN_BRANCH_TOKENS):
+            self._branch[id(pages)] = branch
         return n
 
     def bind_state(self, pages: RequestPages, slot: int) -> None:
@@ -97,21 +116,28 @@ class StatePrefixCacheManager(PrefixCacheManager):
     def plan_snapshots(
         self, entries: Sequence[tuple[RequestPages, Growth, int]]
     ) -> list[tuple[int, int, int]]:
-        """A snapshot slot for each chunk that crosses its request's snapshot point ``b`` (``old_len < b <
+        """A snapshot slot for each snapshot point ``b`` of a request inside its chunk (``old_len < b <
         new_len``); the forward writes the state at ``b`` into it."""
         out = []
         for i, (pages, growth, num_tokens) in enumerate(entries):
             key = id(pages)
-            point = self.snapshot_point(num_tokens)
-            if key not in self._slots or key in self._taken or not growth.old_len < point < growth.new_len:
+            if key not in self._slots:
                 continue
-            snap = self._new_snapshot(key)
-            if snap is None:
-                continue
-            self._taken[key] = (point, snap)
-            self.snapshots_taken += 1
-            out.append((i, point - growth.old_len, snap))
+            for point in self._points(key, num_tokens):
+                if growth.old_len < point < growth.new_len:
+                    snap = self._take(key, point)
+                    if snap is None:
+                        break
+                    out.append((i, point - growth.old_len, snap))
         return out
+
+    def _take(self, key: int, point: int) -> int | None:
+        """A snapshot slot for request ``key``'s point ``point``, recorded as taken (None: none to be had)."""
+        snap = self._new_snapshot(key)
+        if snap is not None:
+            self._taken.setdefault(key, []).append((point, snap))
+            self.snapshots_taken += 1
+        return snap
 
     def cache_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> None:
         """The base's, then: after the forward that ended at the snapshot point, copy the state; once the
@@ -119,23 +145,17 @@ class StatePrefixCacheManager(PrefixCacheManager):
         super().cache_prefix(pages, token_ids)
         key = id(pages)
         slot = self._slots.get(key)
-        if (
-            slot is not None
-            and key not in self._taken
-            and pages.num_tokens == self.snapshot_point(len(token_ids))
-        ):
-            snap = self._new_snapshot(key)
+        if slot is not None and pages.num_tokens in self._points(key, len(token_ids)):
+            snap = self._take(key, pages.num_tokens)
             if snap is not None:
                 self.states.copy(slot, snap)
-                self._taken[key] = (pages.num_tokens, snap)
-                self.snapshots_taken += 1
-        taken = self._taken.get(key)
-        if taken is None:
-            return
-        point, snap = taken
         p = self.page_size
-        if point and min(pages.num_main, pages.num_tokens) // p * p >= point:
-            del self._taken[key]
+        reached = min(pages.num_main, pages.num_tokens) // p * p
+        waiting = []
+        for point, snap in self._taken.pop(key, []):
+            if point > reached:
+                waiting.append((point, snap))
+                continue
             # NOTE: these pages are the tree's already (the base call above): insert only finds (or splits
             # out) the node that ends at the point
             _, node = self.tree.insert(token_ids[:point], pages.main[: point // p])
@@ -144,11 +164,13 @@ class StatePrefixCacheManager(PrefixCacheManager):
                 self._owners[snap] = node
             else:  # the same prefix's state is there already
                 self.states.free_snapshot(snap)
+        if waiting:
+            self._taken[key] = waiting
 
     def _evict_snapshot(self, key: int) -> int | None:
         """Take a snapshot slot from the tree for request ``key`` (None: every slot waits to enter it): the
         least recently used of the snapshots with a deeper one below them, else of those on the request's own
-        path (its new snapshot supersedes them), else of all.
+        path (its new snapshot supersedes them), else of all; branch points' snapshots only in the last group.
 
         NOTE: an agent's turn matches its previous turn's snapshot and leaves a deeper one; plain LRU dropped
         another session's only snapshot, not matched yet, instead of the one the new snapshot supersedes."""
@@ -156,9 +178,9 @@ class StatePrefixCacheManager(PrefixCacheManager):
             return None
         superseded: list[TreeNode] = []
         for node in self._owners.values():
-            superseded += self._snapshots_above(node.parent)
+            superseded += self._chain_snapshots_above(node.parent)
         hold = self._holds.get(key)
-        own = self._snapshots_above(hold.node) if hold is not None else []
+        own = self._chain_snapshots_above(hold.node) if hold is not None else []
         node = min(superseded or own or self._owners.values())  # TreeNode orders by (last_access, id)
         snap = node.state
         assert snap is not None
@@ -168,11 +190,12 @@ class StatePrefixCacheManager(PrefixCacheManager):
         return snap
 
     @staticmethod
-    def _snapshots_above(node: TreeNode | None) -> list[TreeNode]:
-        """``node`` and its ancestors that hold a snapshot."""
+    def _chain_snapshots_above(node: TreeNode | None) -> list[TreeNode]:
+        """``node`` and its ancestors that hold a snapshot and have at most one child: a branch point's
+        snapshot serves every path below it, so it is never taken for superseded."""
         out = []
         while node is not None:
-            if node.state is not None:
+            if node.state is not None and len(node.children) < 2:
                 out.append(node)
             node = node.parent
         return out
@@ -186,10 +209,10 @@ class StatePrefixCacheManager(PrefixCacheManager):
         key = id(pages)
         self._slots.pop(key, None)  # NOTE: first: no snapshot is taken of a released request's slot
         self._restore.pop(key, None)
-        super().release(pages, token_ids)  # caches its pages, placing a snapshot whose point they reach
-        taken = self._taken.pop(key, None)
-        if taken is not None:
-            self.states.free_snapshot(taken[1])
+        super().release(pages, token_ids)  # caches its pages, placing the snapshots whose points they reach
+        self._branch.pop(key, None)
+        for _, snap in self._taken.pop(key, []):
+            self.states.free_snapshot(snap)
 
     def check(self, live: Iterable[RequestPages]) -> None:
         """The base's checks, and every snapshot slot free, held by one tree node, or waiting for one."""
@@ -197,7 +220,7 @@ class StatePrefixCacheManager(PrefixCacheManager):
         held = self.tree.state_slots()
         assert sorted(held) == sorted(self._owners), "snapshot owners out of sync with the tree"
         assert all(self._owners[s].state == s for s in held)
-        waiting = [s for _, s in self._taken.values()]
+        waiting = [s for taken in self._taken.values() for _, s in taken]
         assert len(held) + len(waiting) + self.states.num_snapshots_free == self.states.num_snapshot_slots, (
             "snapshot slots leaked"
         )

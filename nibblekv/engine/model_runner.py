@@ -212,7 +212,7 @@ class ModelRunner:
         snaps = list(zip(plan.lists["state_snap_entries"], plan.lists["state_snap_cuts"]))
         return LinearStateBatch(plan.lists["cu_seqlens"], False, self.states, d["state_slots"],
                                 d["state_fresh"] != 0, carried=not all(fresh), snapshots=snaps,
-                                snapshot_slots=d["state_snap_slots"])  # fmt: skip
+                                snapshot_slots=plan.lists["state_snap_slots"])  # fmt: skip
 
     def _host_inputs(self, batch: ScheduledBatch) -> dict[str, list[int]]:
         """Token ids, positions, attention metadata and page-table rows, as Python lists."""

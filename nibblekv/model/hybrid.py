@@ -180,21 +180,25 @@ class GatedDeltaNet(nn.Module):
         self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states: LinearStateBatch,
         conv_state: torch.Tensor, rec_state: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-        """:meth:`_extend` where some sequences hold a snapshot point: every sequence up to its point (the
-        others whole), the states there stored (``states.write_snapshots``), then the rest of those."""
-        sp = states.split
-        rows, rest, seqs = sp.head_rows, sp.tail_rows, sp.seqs
-        out1, conv_state, rec_state = self._extend(
-            mixed[rows], g[rows], beta[rows], sp.head_cu, conv_state, rec_state
-        )
-        conv_mid, rec_mid = conv_state[seqs], rec_state[seqs]
-        states.write_snapshots(self.linear_layer, conv_mid, rec_mid)
-        out2, conv_end, rec_end = self._extend(
-            mixed[rest], g[rest], beta[rest], sp.tail_cu, conv_mid, rec_mid
-        )
-        out = out1.new_empty(mixed.shape[0], *out1.shape[1:])
-        out[rows], out[rest] = out1, out2
-        conv_state[seqs], rec_state[seqs] = conv_end, rec_end
+        """:meth:`_extend` where some sequences hold snapshot points: the passes of ``states.split`` in order,
+        each cut sequence's state stored (``states.write_snapshots``) before it runs on from its point."""
+        out: torch.Tensor | None = None
+        for part in states.split.parts:
+            r = part.rows
+            if part.seqs is None:  # the first pass: every sequence, up to its first point
+                o, conv_state, rec_state = self._extend(
+                    mixed[r], g[r], beta[r], part.cu, conv_state, rec_state
+                )
+                out = o.new_empty(mixed.shape[0], *o.shape[1:])
+            else:
+                assert part.slots is not None
+                conv_mid, rec_mid = conv_state[part.seqs], rec_state[part.seqs]
+                states.write_snapshots(self.linear_layer, part.slots, conv_mid, rec_mid)
+                o, conv_end, rec_end = self._extend(mixed[r], g[r], beta[r], part.cu, conv_mid, rec_mid)
+                conv_state[part.seqs], rec_state[part.seqs] = conv_end, rec_end
+            assert out is not None
+            out[r] = o
+        assert out is not None
         return out, conv_state, rec_state
 
 
