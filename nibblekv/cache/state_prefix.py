@@ -140,8 +140,8 @@ class StatePrefixCacheManager(PrefixCacheManager):
         return snap
 
     def cache_prefix(self, pages: RequestPages, token_ids: Sequence[int]) -> None:
-        """The base's, then: after the forward that ended at the snapshot point, copy the state; once the
-        request's main pages reach the point, give the copy to the tree node ending there."""
+        """The base's, then: after a forward that ended at a snapshot point, copy the state; once the
+        request's main pages reach a taken point, give its snapshot to the tree node ending there."""
         super().cache_prefix(pages, token_ids)
         key = id(pages)
         slot = self._slots.get(key)
