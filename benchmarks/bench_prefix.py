@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "a hybrid model needs fla-core on the GPU")  # fmt: skip
     p.add_argument("--disable-radix-cache", action="store_true",
                    help="no prefix cache (rows: radix false), the baseline of a hit rate")  # fmt: skip
+    p.add_argument("--max-mamba-cache-size", type=int, default=None,
+                   help="hybrid models: state slots, running requests' plus snapshots' (the engine's flag; "
+                   "default twice the top concurrency)")  # fmt: skip
     p.add_argument("--workloads", nargs="+", default=["shared_prefix", "agentic"])
     p.add_argument("--kv-dtypes", nargs="+", default=list(KV_DTYPES))
     p.add_argument("--hicache", choices=("off", "on", "both"), default="both")
@@ -283,7 +286,7 @@ def make_engine(args: argparse.Namespace, loaded: tuple[Any, Any], kv: str, hica
         chunked_prefill_size=args.chunked_prefill_size, kv_recent_window=args.kv_recent_window,
         disable_cuda_graph=args.disable_cuda_graph, decode_log_interval=0,
         enable_hierarchical_cache=hicache, hicache_size=args.hicache_size,
-        disable_radix_cache=args.disable_radix_cache,
+        disable_radix_cache=args.disable_radix_cache, max_mamba_cache_size=args.max_mamba_cache_size,
         hicache_write_policy=args.hicache_write_policy,
         # NOTE: the overlap schedule's default leaves the host tier out; --enable-overlap-schedule includes it
         enable_overlap_schedule=args.overlap, schedule_policy=args.schedule_policy,
@@ -340,6 +343,7 @@ def run(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                         rows.append({
                             "workload": workload, "kv_dtype": kv, "hicache": hicache, "concurrency": c, **res,
                             "radix": not args.disable_radix_cache, "model": args.model,
+                            "max_mamba_cache_size": args.max_mamba_cache_size,
                             "pool_tokens": engine.max_total_num_tokens, "kv_budget_gib": args.kv_budget_gib,
                             "hicache_gib": args.hicache_size if hicache else 0.0,
                             "overlap": engine.overlap_schedule, "schedule_policy": args.schedule_policy,

@@ -348,3 +348,31 @@ def test_snapshot_split_passes() -> None:
         ([2, 3, 8, 9, 10, 11], [0, 2, 6], [0, 1], [6, 9]),
         ([4], [0, 1], [0], [7]),
     ]
+
+
+def test_unmatched_end_snapshots_go_before_a_branch_snapshot(model: HybridCausalLM) -> None:
+    """Two snapshot slots; three requests on one system prompt, one on another, then a fourth on the first:
+    the new prompt's end snapshot takes the slot of an end snapshot no one resumed from, not the (least
+    recently used) branch snapshot the fourth request starts from."""
+    engine = _engine(model, max_running_requests=2, max_mamba_cache_size=4)
+    other = [7 + (29 * j) % 230 for j in range(300)]
+    prompts = [SYSTEM + _question(i) for i in range(3)] + [other + _question(3), SYSTEM + _question(4)]
+    outs = [engine.generate([p], GREEDY)[0] for p in prompts]
+    assert [o.cached_tokens for o in outs] == [0, 0, 288, 0, 288]
+    _check(engine)
+
+
+def test_one_branch_snapshot_for_requests_admitted_together(model: HybridCausalLM) -> None:
+    """Two requests on a cached system prompt admitted in one batch both leave the tree at its branch
+    point: only the first takes a snapshot there (the second's would be a duplicate, freed on arrival)."""
+    engine = _engine(model)
+    engine.generate([SYSTEM + _question(0)], GREEDY)
+    for i in (1, 2):
+        engine.add_request(SYSTEM + _question(i), GREEDY)
+    engine.step()
+    batch = engine.last_batch
+    assert batch is not None and [(e, k) for e, k, _ in batch.snapshots] == [(0, 288), (0, 320), (1, 320)]
+    while engine.scheduler.has_work():
+        engine.step()
+    assert engine.generate([SYSTEM + _question(3)], GREEDY)[0].cached_tokens == 288
+    _check(engine)

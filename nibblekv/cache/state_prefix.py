@@ -23,10 +23,11 @@ there.
 Costs: no extra forward and no change of chunking; a forward holding snapshots runs each linear layer's
 kernels once more per point (the parts between the points) for the requests whose chunks hold them. Each
 snapshot slot holds a whole state (Qwen3.5-27B: 147 MiB in float32). Snapshot slots are a pool of their own
-(``--max-mamba-cache-size``): when none is free a snapshot is dropped -- the least recently used of those
-with a deeper snapshot below them on their one path (an agent's earlier turn; never a branch point's), else
-of all -- and its node keeps its pages, reachable through a deeper snapshot; a node dropped from the tree
-frees its snapshot. The host tier is not used with hybrid models: its pages would come back without states.
+(``--max-mamba-cache-size``): when none is free a snapshot is dropped (:meth:`_evict_snapshot`: one
+superseded by a deeper one on its path, as an agent's earlier turn, first; end snapshots no request resumed
+from before branch points') and its node keeps its pages, reachable through a deeper snapshot; a node
+dropped from the tree frees its snapshot. Of the requests in flight that find the same branch point, one
+snapshots it. The host tier is not used with hybrid models: its pages would come back without states.
 """
 
 from __future__ import annotations
@@ -67,7 +68,11 @@ class StatePrefixCacheManager(PrefixCacheManager):
         self._slots: dict[int, int] = {}  # id(pages) -> the running request's state slot
         # id(pages) -> [(a snapshot point, the snapshot slot)] taken, not in the tree yet
         self._taken: dict[int, list[tuple[int, int]]] = {}
-        self._branch: dict[int, int] = {}  # id(pages) -> its branch point (tokens) where its match found one
+        # id(pages) -> (its branch point (tokens), the hash of the tokens before it) where its match found one
+        self._branch: dict[int, tuple[int, int]] = {}
+        self._branching: set[tuple[int, int]] = set()  # the branch points some request holds, as in _branch
+        self._unmatched: set[int] = set()  # tree snapshots at a prompt's end that no match has ended at yet
+        self._branches: set[int] = set()  # tree snapshots taken at branch points
         self.snapshots_taken = 0
         self.snapshots_dropped = 0  # evicted to make room for a newer one (metrics, tests)
 
@@ -80,7 +85,7 @@ class StatePrefixCacheManager(PrefixCacheManager):
         """The snapshot points of request ``key``'s prefill to ``num_tokens`` tokens, ascending: its branch
         point (if any, below the end) and its end point."""
         end = self.snapshot_point(num_tokens)
-        branch = self._branch.get(key, 0)
+        branch = self._branch.get(key, (0, 0))[0]
         return [branch, end] if 0 < branch < end else [end] if end else []
 
     @staticmethod
@@ -96,9 +101,14 @@ class StatePrefixCacheManager(PrefixCacheManager):
             node = self._holds[id(pages)].node
             assert node.state is not None, "a hybrid match must end at a snapshot"
             self._restore[id(pages)] = node.state
+            self._unmatched.discard(node.state)
         branch = self.tree.branch_pages(token_ids, super()._match_limit(token_ids)) * self.page_size
-        if branch >= max(n + self.page_size, MIN_BRANCH_TOKENS):
-            self._branch[id(pages)] = branch
+        tag = (branch, hash(tuple(token_ids[:branch])))
+        # NOTE: one request snapshots a branch point; the others in flight with it find it in the tree once it
+        # is there (a hash collision only loses a snapshot)
+        if branch >= max(n + self.page_size, MIN_BRANCH_TOKENS) and tag not in self._branching:
+            self._branch[id(pages)] = tag
+            self._branching.add(tag)
         return n
 
     def bind_state(self, pages: RequestPages, slot: int) -> None:
@@ -108,10 +118,10 @@ class StatePrefixCacheManager(PrefixCacheManager):
             self.states.copy(snap, slot)  # out again, but only that forward writes it, after this copy
 
     # ---- snapshots ------------------------------------------------------------------------------
-    def _new_snapshot(self, key: int) -> int | None:
+    def _new_snapshot(self, key: int, branch: bool) -> int | None:
         """A snapshot slot for the request ``key`` (``id(pages)``): a free one, else one taken from the tree."""
         snap = self.states.alloc_snapshot()
-        return self._evict_snapshot(key) if snap is None else snap
+        return self._evict_snapshot(key, branch) if snap is None else snap
 
     def plan_snapshots(
         self, entries: Sequence[tuple[RequestPages, Growth, int]]
@@ -133,7 +143,7 @@ class StatePrefixCacheManager(PrefixCacheManager):
 
     def _take(self, key: int, point: int) -> int | None:
         """A snapshot slot for request ``key``'s point ``point``, recorded as taken (None: none to be had)."""
-        snap = self._new_snapshot(key)
+        snap = self._new_snapshot(key, point == self._branch.get(key, (0, 0))[0])
         if snap is not None:
             self._taken.setdefault(key, []).append((point, snap))
             self.snapshots_taken += 1
@@ -162,32 +172,52 @@ class StatePrefixCacheManager(PrefixCacheManager):
             if node.state is None:
                 node.state = snap
                 self._owners[snap] = node
+                if point == self._branch.get(key, (0, 0))[0]:
+                    self._branches.add(snap)
+                else:
+                    self._unmatched.add(snap)
             else:  # the same prefix's state is there already
                 self.states.free_snapshot(snap)
         if waiting:
             self._taken[key] = waiting
 
-    def _evict_snapshot(self, key: int) -> int | None:
-        """Take a snapshot slot from the tree for request ``key`` (None: every slot waits to enter it): the
-        least recently used of the snapshots with a deeper one below them, else of those on the request's own
-        path (its new snapshot supersedes them), else of all; branch points' snapshots only in the last group.
+    def _evict_snapshot(self, key: int, branch: bool) -> int | None:
+        """Take a snapshot slot from the tree for request ``key``'s end snapshot (``branch``: its branch
+        point's), None when there is none to take. The least recently used of, first group first: the
+        snapshots with a deeper one below them on their one path; those on the request's own path (its new
+        snapshot supersedes them); end snapshots no match has used yet; end snapshots; branch snapshots --
+        these for an end snapshot only while branch snapshots hold more than half the slots.
 
         NOTE: an agent's turn matches its previous turn's snapshot and leaves a deeper one; plain LRU dropped
-        another session's only snapshot, not matched yet, instead of the one the new snapshot supersedes."""
-        if not self._owners:
-            return None
+        another session's only snapshot, not matched yet, instead of the one the new snapshot supersedes. And
+        requests that share only a system prompt leave end snapshots no one resumes from: under LRU they
+        pushed out the branch snapshot every later request of that prompt starts from."""
         superseded: list[TreeNode] = []
         for node in self._owners.values():
             superseded += self._chain_snapshots_above(node.parent)
         hold = self._holds.get(key)
         own = self._chain_snapshots_above(hold.node) if hold is not None else []
-        node = min(superseded or own or self._owners.values())  # TreeNode orders by (last_access, id)
+        unmatched = [self._owners[s] for s in self._unmatched]
+        ends = [n for s, n in self._owners.items() if s not in self._branches]
+        branches = [self._owners[s] for s in self._branches]
+        if not branch and 2 * len(branches) <= self.states.num_snapshot_slots:
+            branches = []
+        group = superseded or own or unmatched or ends or branches
+        if not group:
+            return None
+        node = min(group)  # TreeNode orders by (last_access, id)
         snap = node.state
         assert snap is not None
         node.state = None
-        del self._owners[snap]
+        self._forget(snap)
         self.snapshots_dropped += 1
         return snap
+
+    def _forget(self, snap: int) -> None:
+        """``snap`` leaves the tree."""
+        del self._owners[snap]
+        self._unmatched.discard(snap)
+        self._branches.discard(snap)
 
     @staticmethod
     def _chain_snapshots_above(node: TreeNode | None) -> list[TreeNode]:
@@ -202,7 +232,7 @@ class StatePrefixCacheManager(PrefixCacheManager):
 
     def _free_snapshot(self, snap: int) -> None:
         """The tree dropped the node holding ``snap``."""
-        del self._owners[snap]
+        self._forget(snap)
         self.states.free_snapshot(snap)
 
     def release(self, pages: RequestPages, token_ids: Sequence[int] | None = None) -> None:
@@ -210,7 +240,9 @@ class StatePrefixCacheManager(PrefixCacheManager):
         self._slots.pop(key, None)  # NOTE: first: no snapshot is taken of a released request's slot
         self._restore.pop(key, None)
         super().release(pages, token_ids)  # caches its pages, placing the snapshots whose points they reach
-        self._branch.pop(key, None)
+        tag = self._branch.pop(key, None)
+        if tag is not None:
+            self._branching.discard(tag)
         for _, snap in self._taken.pop(key, []):
             self.states.free_snapshot(snap)
 
@@ -220,6 +252,10 @@ class StatePrefixCacheManager(PrefixCacheManager):
         held = self.tree.state_slots()
         assert sorted(held) == sorted(self._owners), "snapshot owners out of sync with the tree"
         assert all(self._owners[s].state == s for s in held)
+        assert self._unmatched | self._branches <= set(held), (
+            "an unmatched or branch snapshot is not in the tree"
+        )
+        assert self._branching == set(self._branch.values())
         waiting = [s for taken in self._taken.values() for _, s in taken]
         assert len(held) + len(waiting) + self.states.num_snapshots_free == self.states.num_snapshot_slots, (
             "snapshot slots leaked"
