@@ -131,19 +131,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeat-max-concurrency", type=int, default=8,
                    help="rows above it run once (where dtypes differ by far more than run-to-run noise)")  # fmt: skip
     args = p.parse_args(argv)
-    if args.smoke:
-        args.concurrency = [c for c in args.concurrency if c <= 4] or [1, 4]
-        args.kv_budget_gib, args.hicache_size = 256 * 1024 / GIB, 1024 * 1024 / GIB
-        args.kv_recent_window, args.chunked_prefill_size = 16, 64
-        args.min_groups, args.per_group, args.system_len, args.question_len, args.sp_output_len = (
-            2,
-            2,
-            48,
-            8,
-            4,
-        )
-        args.turns, args.agent_system_len, args.tool_len, args.agent_output_len = 3, 24, [16, 32], 4
-        args.think_s, args.min_sessions = 0.01, 2
+    if args.smoke:  # tiny sizes for every size flag left at its default
+        if args.concurrency == p.get_default("concurrency"):
+            args.concurrency = [1, 4]
+        smoke = dict(
+            kv_budget_gib=256 * 1024 / GIB, hicache_size=1024 * 1024 / GIB, kv_recent_window=16,
+            chunked_prefill_size=64, min_groups=2, per_group=2, system_len=48, question_len=8,
+            sp_output_len=4, turns=3, agent_system_len=24, tool_len=[16, 32], agent_output_len=4, think_s=0.01,
+            min_sessions=2,
+        )  # fmt: skip
+        for key, value in smoke.items():
+            if getattr(args, key) == p.get_default(key):
+                setattr(args, key, value)
     return args
 
 

@@ -138,3 +138,21 @@ def test_bench_prefix_smoke_hybrid_model(tmp_path: Path, radix: bool) -> None:
     assert len(rows) == 4 and all(r["radix"] == radix and r["model"] == str(config) for r in rows)
     for r in rows:
         assert (r["hit_rate"] > 0.2) if radix else (r["hit_rate"] == 0 and r["cached_tokens"] == 0)
+
+
+def test_bench_prefix_smoke_hybrid_shared_system_prompts(tmp_path: Path) -> None:
+    """The shared-prefix workload on the tiny hybrid model, 8 clients over 8 groups of 8 requests sharing a
+    300-token system prompt (default state slots: 8 snapshots): the branch snapshots let later requests of a
+    group start past the prompt (end snapshots alone: hit rate 0; branch snapshots evicted LRU among the
+    running requests' end snapshots: 0.26)."""
+    from tests.test_engine_hybrid import TINY
+
+    bench = _bench()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    argv = ["--smoke", "--model", str(config), "--out", str(tmp_path), "--workloads", "shared_prefix"]
+    argv += ["--kv-dtypes", "nvfp4", "--hicache", "off", "--concurrency", "8", "--kv-budget-gib", "0.004"]
+    argv += ["--system-len", "300", "--question-len", "40", "--per-group", "8", "--min-groups", "8"]
+    assert bench.main(argv + ["--sp-output-len", "8"]) == 0
+    (row,) = json.loads((tmp_path / "prefix-h200-smoke.json").read_text())["rows"]
+    assert row["requests"] == 64 and row["hit_rate"] > 0.35, row
