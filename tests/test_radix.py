@@ -122,6 +122,26 @@ def test_insert_match_split() -> None:
     assert tree.evictable_pages == 5 and tree.protected_pages == 0
 
 
+def test_branch_pages_where_a_match_leaves_the_tree_at_a_branch() -> None:
+    """Inside an edge or at a node with other children: the pages matched; at a leaf's end, at the limit or
+    with nothing matched: 0. The tree is left as it was (no split)."""
+    pool = make_pool()
+    tree = make_tree(pool)
+    a = seq("abcd", "efgh", "ijkl")
+    tree.insert(a, store(pool, a))
+    assert tree.branch_pages(seq("abcd", "efgh", "XXXX"), 8) == 2  # inside a's edge
+    assert len(tree.root.children) == 1 and len(next(iter(tree.root.children.values())).key) == 3 * P
+    assert tree.branch_pages(a + seq("mnop"), 8) == 0  # past a leaf's end: an extension, not a branch
+    assert tree.branch_pages(seq("abcd", "efgh", "XXXX"), 1) == 0  # the limit first
+    assert tree.branch_pages(seq("zzzz"), 8) == 0
+    b = seq("abcd", "efgh", "mnop")
+    pages_b = store(pool, b)
+    tree.insert(b, pages_b)  # splits a's edge after 2 pages: a node with two children
+    pool.main_alloc.free(pages_b[:2])
+    assert tree.branch_pages(seq("abcd", "efgh", "qrst"), 8) == 2  # at that node, no child matching
+    check(tree, pool)
+
+
 def test_lock_protects_and_lru_evicts_leaves_first() -> None:
     pool = make_pool(num_pages=16)
     tree = make_tree(pool)

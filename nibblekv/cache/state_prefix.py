@@ -103,10 +103,12 @@ class StatePrefixCacheManager(PrefixCacheManager):
             self._restore[id(pages)] = node.state
             self._unmatched.discard(node.state)
         branch = self.tree.branch_pages(token_ids, super()._match_limit(token_ids)) * self.page_size
-        tag = (branch, hash(tuple(token_ids[:branch])))
+        if branch < max(n + self.page_size, MIN_BRANCH_TOKENS):
+            return n
         # NOTE: one request snapshots a branch point; the others in flight with it find it in the tree once it
         # is there (a hash collision only loses a snapshot)
-        if branch >= max(n + self.page_size, MIN_BRANCH_TOKENS) and tag not in self._branching:
+        tag = (branch, hash(tuple(token_ids[:branch])))
+        if tag not in self._branching:
             self._branch[id(pages)] = tag
             self._branching.add(tag)
         return n
