@@ -181,6 +181,23 @@ class RadixCache:
         limit = (
             len(key) // self.page_size if max_pages is None else min(max_pages, len(key) // self.page_size)
         )
+        _, done, best = self._descend(key, limit, ends)
+        return done if ends is None else best
+
+    def branch_pages(self, key: Sequence[int], max_pages: int) -> int:
+        """Pages of ``key``'s match where the match leaves the tree at a branch: inside an edge, or at the end
+        of a node with other children (0: the match ends at a leaf's end, reaches ``max_pages``, or is empty).
+        Changes nothing. Hybrid models snapshot there (``nibblekv.cache.state_prefix``)."""
+        limit = min(max_pages, len(key) // self.page_size)
+        node, done, _ = self._descend(key, limit)
+        return done if done < limit and node.children else 0
+
+    def _descend(
+        self, key: Sequence[int], limit: int, ends: Callable[[TreeNode], bool] | None = None
+    ) -> tuple[TreeNode, int, int]:
+        """Walk ``key``'s first ``limit`` pages down the tree, changing nothing: the deepest whole matched
+        node, the pages matched (the edge below that node may match in part), and the pages up to the
+        deepest whole matched node for which ``ends`` holds (0: none)."""
         node, done, best = self.root, 0, 0
         while done < limit:
             child = node.children.get(self._chunk(key, done))
@@ -193,24 +210,7 @@ class RadixCache:
             node = child
             if ends is not None and ends(node):
                 best = done
-        return done if ends is None else best
-
-    def branch_pages(self, key: Sequence[int], max_pages: int) -> int:
-        """Pages of ``key``'s match where the match leaves the tree at a branch: inside an edge, or at the end
-        of a node with other children (0: the match ends at a leaf's end, reaches ``max_pages``, or is empty).
-        Changes nothing. Hybrid models snapshot there (``nibblekv.cache.state_prefix``)."""
-        node, done = self.root, 0
-        limit = min(max_pages, len(key) // self.page_size)
-        while done < limit:
-            child = node.children.get(self._chunk(key, done))
-            if child is None:
-                return done if node.children else 0
-            n = self._common_pages(child, key, done, limit - done)
-            done += n
-            if n < len(child.key) // self.page_size:
-                return done if done < limit else 0
-            node = child
-        return 0
+        return node, done, best
 
     # ---- structure ------------------------------------------------------------------------------
     def _split(self, node: TreeNode, n: int) -> TreeNode:

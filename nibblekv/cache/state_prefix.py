@@ -70,7 +70,6 @@ class StatePrefixCacheManager(PrefixCacheManager):
         self._taken: dict[int, list[tuple[int, int]]] = {}
         # id(pages) -> (its branch point (tokens), the hash of the tokens before it) where its match found one
         self._branch: dict[int, tuple[int, int]] = {}
-        self._branching: set[tuple[int, int]] = set()  # the branch points some request holds, as in _branch
         self._unmatched: set[int] = set()  # tree snapshots at a prompt's end that no match has ended at yet
         self._branches: set[int] = set()  # tree snapshots taken at branch points
         self.snapshots_taken = 0
@@ -85,8 +84,12 @@ class StatePrefixCacheManager(PrefixCacheManager):
         """The snapshot points of request ``key``'s prefill to ``num_tokens`` tokens, ascending: its branch
         point (if any, below the end) and its end point."""
         end = self.snapshot_point(num_tokens)
-        branch = self._branch.get(key, (0, 0))[0]
+        branch = self._branch_point(key)
         return [branch, end] if 0 < branch < end else [end] if end else []
+
+    def _branch_point(self, key: int) -> int:
+        """Request ``key``'s branch point (0: none)."""
+        return self._branch.get(key, (0, 0))[0]
 
     @staticmethod
     def _has_state(node: TreeNode) -> bool:
@@ -108,9 +111,8 @@ class StatePrefixCacheManager(PrefixCacheManager):
         # NOTE: one request snapshots a branch point; the others in flight with it find it in the tree once it
         # is there (a hash collision only loses a snapshot)
         tag = (branch, hash(tuple(token_ids[:branch])))
-        if tag not in self._branching:
+        if tag not in self._branch.values():
             self._branch[id(pages)] = tag
-            self._branching.add(tag)
         return n
 
     def bind_state(self, pages: RequestPages, slot: int) -> None:
@@ -145,7 +147,7 @@ class StatePrefixCacheManager(PrefixCacheManager):
 
     def _take(self, key: int, point: int) -> int | None:
         """A snapshot slot for request ``key``'s point ``point``, recorded as taken (None: none to be had)."""
-        snap = self._new_snapshot(key, point == self._branch.get(key, (0, 0))[0])
+        snap = self._new_snapshot(key, point == self._branch_point(key))
         if snap is not None:
             self._taken.setdefault(key, []).append((point, snap))
             self.snapshots_taken += 1
@@ -174,7 +176,7 @@ class StatePrefixCacheManager(PrefixCacheManager):
             if node.state is None:
                 node.state = snap
                 self._owners[snap] = node
-                if point == self._branch.get(key, (0, 0))[0]:
+                if point == self._branch_point(key):
                     self._branches.add(snap)
                 else:
                     self._unmatched.add(snap)
@@ -242,9 +244,7 @@ class StatePrefixCacheManager(PrefixCacheManager):
         self._slots.pop(key, None)  # NOTE: first: no snapshot is taken of a released request's slot
         self._restore.pop(key, None)
         super().release(pages, token_ids)  # caches its pages, placing the snapshots whose points they reach
-        tag = self._branch.pop(key, None)
-        if tag is not None:
-            self._branching.discard(tag)
+        self._branch.pop(key, None)
         for _, snap in self._taken.pop(key, []):
             self.states.free_snapshot(snap)
 
@@ -257,7 +257,6 @@ class StatePrefixCacheManager(PrefixCacheManager):
         assert self._unmatched | self._branches <= set(held), (
             "an unmatched or branch snapshot is not in the tree"
         )
-        assert self._branching == set(self._branch.values())
         waiting = [s for taken in self._taken.values() for _, s in taken]
         assert len(held) + len(waiting) + self.states.num_snapshots_free == self.states.num_snapshot_slots, (
             "snapshot slots leaked"
