@@ -10,7 +10,8 @@ Usage (on the GPU machine, from the repo root)::
 A kernel A/B: e.g. ``--variants nvfp4=mma nvfp4=mma:wppsm=12 --shapes 64x8192``, run twice in reverse
 order to see past the GPU's drift between runs. ``--page-order l2`` (every page in 8 MiB of the pool, read
 from L2) times a kernel at its instruction-bound rate: on an H100 it predicts the H200 (the head_dim-128
-kernels read HBM there at 0.84-0.87 of that rate; docs/results.md).
+kernels read HBM there at 0.84-0.87 of that rate; docs/results.md). ``--scales beside`` / ``page`` time NVFP4
+with its block scales next to their data instead of in a tensor of their own (``kernels.testing.place_scales``).
 
 For each (kv dtype, variant spec) in priority order: compile + check against ``decode_ref`` on a small odd
 batch (lengths 1, 15, 16, 17, 1000, 4099; tails 0/1/32/7/64/0; Hq=32 Hkv=8 D=128), print registers and
@@ -49,7 +50,13 @@ from nibblekv.formats.kv_view import PagedKV  # noqa: E402
 from nibblekv.formats.layout import KVDtype  # noqa: E402
 from nibblekv.kernels.decode import launch as dec  # noqa: E402
 from nibblekv.kernels.reference import decode_ref  # noqa: E402
-from nibblekv.kernels.testing import decode_config_from_spec, make_batch, rel_rms  # noqa: E402
+from nibblekv.kernels.testing import (  # noqa: E402
+    SCALE_PLACEMENTS,
+    decode_config_from_spec,
+    make_batch,
+    place_scales,
+    rel_rms,
+)
 
 # Acceptance shapes (B, ctx): B*ctx >= 256K and B=1 x 128K; (32, 8192) is a mid row.
 SHAPES = [(64, 32768), (8, 32768), (1, 131072), (32, 8192)]
@@ -101,7 +108,7 @@ def _pad16(t: torch.Tensor) -> torch.Tensor:
 
 
 def make_check_batch(
-    dt: KVDtype, smoke: bool, head_dim: int = 128, q_heads: int = 32, kv_heads: int = 8
+    dt: KVDtype, smoke: bool, head_dim: int = 128, q_heads: int = 32, kv_heads: int = 8, scales: str = "apart"
 ) -> object:
     torch.manual_seed(1234)
     lens = [1, 17, 40] if smoke else [1, 15, 16, 17, 1000, 4099]
@@ -110,6 +117,7 @@ def make_check_batch(
     # NOTE: page tables padded to 16 columns, like the timed shapes', so Triton's divisibility
     # specialization of their row stride matches and the timed launches reuse the checked compile.
     pb.page_table, pb.tail_page_table = _pad16(pb.page_table), _pad16(pb.tail_page_table)
+    pb.cache = place_scales(pb.cache, scales)
     q = torch.randn(len(lens), q_heads, head_dim, device=DEV).to(torch.bfloat16)
     ref = decode_ref(q.float(), pb.view(), 1 / math.sqrt(head_dim))
     return pb, q, ref
@@ -164,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tail", action="store_true", help="with a 64-token bf16 tail per request (the engine's default)")
     ap.add_argument("--page-order", choices=bench_kernels.PAGE_ORDERS, default="random",
                     help="where a request's pages lie (bench_kernels.PAGE_ORDER; l2: all in 8 MiB)")
+    ap.add_argument("--scales", choices=SCALE_PLACEMENTS, default="apart",
+                    help="where NVFP4's block scales sit (kernels.testing.place_scales; apart: the pool's)")
     ap.add_argument("--flush", choices=timing.FLUSH_MODES, default=timing.FLUSH,
                     help="how L2 is emptied before each timed call (timing.FLUSH)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
@@ -205,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.q_heads * hkv % 8:
         ap.error(f"--q-heads {args.q_heads} over 8 KV heads does not scale to --kv-heads {hkv}")
     q_heads = args.q_heads * hkv // 8
-    pools = Pools({dt: max_tok for dt in NAMES}, hkv, args.head_dim)
+    pools = Pools({dt: max_tok for dt in NAMES}, hkv, args.head_dim, args.scales)
     print(f"pools ready {time.time() - t0:.0f}s", flush=True)
-    checks = {dt: make_check_batch(dt, args.smoke, args.head_dim, q_heads, hkv) for dt in NAMES}
+    checks = {dt: make_check_batch(dt, args.smoke, args.head_dim, q_heads, hkv, args.scales) for dt in NAMES}
     print(f"check batches ready {time.time() - t0:.0f}s", flush=True)
     doc: dict[str, object] = dict(
         ceiling_probes=ceil, gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
@@ -258,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rows.append(dict(kernel="decode_tail64" if args.tail else "decode", kv_dtype=NAMES[dt], variant=spec, batch=b, context=c,
                              q_heads=q_heads, kv_heads=hkv, head_dim=args.head_dim, page_size=16, us=round(us, 2),
-                             page_order=args.page_order,
+                             page_order=args.page_order, scales=args.scales,
                              bytes=nb, tbps=round(nb / us / 1e6, 4), **({"kernels_us": prof} if prof else {}),
                              **({"lens": rg[0]} if rg else {})))  # fmt: skip
             if prof:

@@ -52,7 +52,7 @@ from nibblekv.kernels.decode.config import default_kernel  # noqa: E402
 from nibblekv.kernels.decode.knobs import base_config  # noqa: E402
 from nibblekv.kernels.decode.launch import decode_triton  # noqa: E402
 from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel  # noqa: E402
-from nibblekv.kernels.testing import fill_pool  # noqa: E402
+from nibblekv.kernels.testing import fill_pool, place_scales  # noqa: E402
 from nibblekv.kernels.write import write_kv_triton  # noqa: E402
 
 PAGE = 16
@@ -78,14 +78,17 @@ L2_ALIAS_BYTES = 8 << 20  # well inside one half of the H100's / H200's 50 MB L2
 class Pools:
     """One big pool per (dtype, head_dim); shapes take random pages of it."""
 
-    def __init__(self, max_tokens: dict[KVDtype, int], kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self, max_tokens: dict[KVDtype, int], kv_heads: int, head_dim: int, scales: str = "apart"
+    ) -> None:
+        """``scales``: where NVFP4's block scales sit (``nibblekv.kernels.testing.place_scales``)."""
         self.kv_heads, self.head_dim = kv_heads, head_dim
         self.pools: dict[KVDtype, LayerKV] = {}
         for dt, toks in max_tokens.items():
             lay = PageLayout(dt, kv_heads, head_dim, PAGE)
             pool = LayerKV.allocate(lay, toks // PAGE, DEV, torch.tensor([0.8, 1.1], device=DEV))
             fill_pool(pool)
-            self.pools[dt] = pool
+            self.pools[dt] = place_scales(pool, scales)
         tlay = PageLayout(KVDtype.BF16, kv_heads, head_dim, PAGE)
         # 4 pages of 16 = the 64-token tail, for batches up to 256
         self.tail = LayerKV.allocate(tlay, 256 * 4 + 8, DEV)

@@ -8,11 +8,12 @@ import math
 import pytest
 import torch
 
+from nibblekv.formats.kv_view import PagedKV
 from nibblekv.formats.layout import KVDtype
 from nibblekv.kernels.decode.balanced import max_pair_slots, partial_slots, plan_balanced
 from nibblekv.kernels.decode.launch import decode_triton
 from nibblekv.kernels.reference import decode_ref
-from nibblekv.kernels.testing import decode_config_from_spec, make_batch, rel_rms
+from nibblekv.kernels.testing import decode_config_from_spec, make_batch, place_scales, rel_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 P = 16
@@ -203,3 +204,30 @@ def test_default_variant_runs_balanced_from_min_pairs_on_gpu(monkeypatch: pytest
     n = 40 if active is None else active
     ref = decode_ref(q[:n].float(), pb.head(n), sm)
     assert rel_rms(out[:n], ref) <= 1e-2
+
+
+@pytest.mark.usefixtures("one_sm")
+@pytest.mark.parametrize("placement,spec", [("beside", "mma:bal=1,bppsm=5,minc=16"), ("page", "mma:bal=0")])
+def test_scales_placed_elsewhere(placement: str, spec: str) -> None:
+    # place_scales (the benchmarks' --scales): the same pages with each (page, KV head)'s block scales beside
+    # its data, or K and V of a (page, head) in one run; the kernels read it through the strides they take
+    torch.manual_seed(7)
+    lens, hkv, g = [40, 1, P + 1], 2, 2
+    pb = make_batch(KVDtype.NVFP4, lens, hkv, 128, P, DEVICE, tail_lens=[W, 3, 0], global_scale=(0.37, 2.5))
+    placed = place_scales(pb.cache, placement)
+    assert placed.k_data.data_ptr() != pb.cache.k_data.data_ptr() and not placed.k_data.is_contiguous()
+    for a, b in ((placed.k_data, pb.cache.k_data), (placed.v_scale, pb.cache.v_scale)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    q = torch.randn(len(lens), hkv * g, 128, device=DEVICE).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    view = PagedKV(placed, pb.page_table, pb.lens, pb.tail, pb.tail_page_table, pb.tail_lens)
+    cfg = decode_config_from_spec(spec, KVDtype.NVFP4, 128)
+    decode_triton(q, view, 1 / math.sqrt(128), out=out, config=cfg)
+    assert rel_rms(out, decode_ref(q.float(), pb.view(), 1 / math.sqrt(128))) <= 1e-2
+
+
+def test_place_scales_refuses_unknown_placements() -> None:
+    pb = make_batch(KVDtype.NVFP4, [3], 1, 128, P, DEVICE)
+    assert place_scales(pb.cache, "apart") is pb.cache
+    with pytest.raises(ValueError, match="placement"):
+        place_scales(pb.cache, "inside")

@@ -67,6 +67,38 @@ def fill_pool(pool: LayerKV, scale: float = 1.0, chunk_pages: int = 4096) -> Non
                 d.normal_(0.0, scale)
 
 
+SCALE_PLACEMENTS = ("apart", "beside", "page")
+
+
+def place_scales(pool: LayerKV, placement: str) -> LayerKV:
+    """A copy of an NVFP4 pool whose block scales sit elsewhere in memory (the kernels take each tensor's page
+    and head strides, so they read any of these unchanged): ``apart`` the layout's own (separate data and
+    scale tensors; ``pool`` itself), ``beside`` each (page, KV head)'s 16 x D/16 scale bytes right after
+    its 16 x D/2 data bytes (K and V each in a buffer of their own), ``page`` K data, K scales, V data, V
+    scales of a (page, KV head) in one run of bytes. Other dtypes, and ``apart``, return ``pool``."""
+    if placement not in SCALE_PLACEMENTS:
+        raise ValueError(f"placement must be one of {SCALE_PLACEMENTS}: {placement!r}")
+    if placement == "apart" or pool.k_scale is None or pool.v_scale is None:
+        return pool
+    n, h, p, half = pool.k_data.shape
+    sb = pool.k_scale.shape[-1]
+    rec = p * (half + sb)  # one (page, head)'s data + scales, K or V
+    heads = 2 if placement == "page" else 1
+    bufs = [torch.empty(n * h * rec * heads, dtype=torch.uint8, device=pool.k_data.device)]
+    if placement == "beside":
+        bufs.append(torch.empty_like(bufs[0]))
+    views = []
+    for i in range(2):  # K, V
+        buf, base = (bufs[0], i * rec) if placement == "page" else (bufs[i], 0)
+        st = (h * rec * heads, rec * heads)
+        data = buf.as_strided((n, h, p, half), (*st, half, 1), base)
+        scale = buf.view(torch.float8_e4m3fn).as_strided((n, h, p, sb), (*st, sb, 1), base + p * half)
+        views.append((data, scale))
+    (kd, ks), (vd, vs) = views
+    kd.copy_(pool.k_data), ks.copy_(pool.k_scale), vd.copy_(pool.v_data), vs.copy_(pool.v_scale)
+    return LayerKV(pool.layout, kd, vd, ks, vs, pool.global_scale)
+
+
 def random_pages(
     batch: int,
     pages_per_req: int,
