@@ -10,8 +10,9 @@ Usage (on the GPU machine, from the repo root)::
 A kernel A/B: e.g. ``--variants nvfp4=mma nvfp4=mma:wppsm=12 --shapes 64x8192``, run twice in reverse
 order to see past the GPU's drift between runs. ``--page-order l2`` (every page in 8 MiB of the pool, read
 from L2) times a kernel at its instruction-bound rate: on an H100 it predicts the H200 (the head_dim-128
-kernels read HBM there at 0.84-0.87 of that rate; docs/results.md). ``--scales beside`` / ``page`` time NVFP4
-with its block scales next to their data instead of in a tensor of their own (``kernels.testing.place_scales``).
+kernels read HBM there at 0.84-0.87 of that rate; docs/results.md). ``--scales apart`` / ``beside`` time NVFP4
+with its block scales in tensors of their own / next to their data (``kernels.testing.place_scales``) instead
+of the pool's layout (K and V of a (page, head) in one run of bytes).
 
 For each (kv dtype, variant spec) in priority order: compile + check against ``decode_ref`` on a small odd
 batch (lengths 1, 15, 16, 17, 1000, 4099; tails 0/1/32/7/64/0; Hq=32 Hkv=8 D=128), print registers and
@@ -108,7 +109,7 @@ def _pad16(t: torch.Tensor) -> torch.Tensor:
 
 
 def make_check_batch(
-    dt: KVDtype, smoke: bool, head_dim: int = 128, q_heads: int = 32, kv_heads: int = 8, scales: str = "apart"
+    dt: KVDtype, smoke: bool, head_dim: int = 128, q_heads: int = 32, kv_heads: int = 8, scales: str = "page"
 ) -> object:
     torch.manual_seed(1234)
     lens = [1, 17, 40] if smoke else [1, 15, 16, 17, 1000, 4099]
@@ -172,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tail", action="store_true", help="with a 64-token bf16 tail per request (the engine's default)")
     ap.add_argument("--page-order", choices=bench_kernels.PAGE_ORDERS, default="random",
                     help="where a request's pages lie (bench_kernels.PAGE_ORDER; l2: all in 8 MiB)")
-    ap.add_argument("--scales", choices=SCALE_PLACEMENTS, default="apart",
-                    help="where NVFP4's block scales sit (kernels.testing.place_scales; apart: the pool's)")
+    ap.add_argument("--scales", choices=SCALE_PLACEMENTS, default="page",
+                    help="where NVFP4's block scales sit (kernels.testing.place_scales; page: the pool's)")
     ap.add_argument("--flush", choices=timing.FLUSH_MODES, default=timing.FLUSH,
                     help="how L2 is emptied before each timed call (timing.FLUSH)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,

@@ -79,7 +79,7 @@ class Pools:
     """One big pool per (dtype, head_dim); shapes take random pages of it."""
 
     def __init__(
-        self, max_tokens: dict[KVDtype, int], kv_heads: int, head_dim: int, scales: str = "apart"
+        self, max_tokens: dict[KVDtype, int], kv_heads: int, head_dim: int, scales: str = "page"
     ) -> None:
         """``scales``: where NVFP4's block scales sit (``nibblekv.kernels.testing.place_scales``)."""
         self.kv_heads, self.head_dim = kv_heads, head_dim

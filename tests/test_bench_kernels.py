@@ -68,14 +68,14 @@ def test_bench_decode_variants_smoke(tmp_path: Path) -> None:
     assert doc["best"] == [{"batch": 1, "context": 32, "bf16": best}]
 
 
-def test_bench_decode_variants_scales_beside(tmp_path: Path) -> None:
-    # --scales beside: NVFP4's pools (timed and checked) with each page's block scales after its data
-    argv = ["--smoke", "--out", str(tmp_path), "--scales", "beside", "--variants", "nvfp4=mma"]
+def test_bench_decode_variants_scales_apart(tmp_path: Path) -> None:
+    # --scales apart: NVFP4's pools (timed and checked) with data and block scales in tensors of their own
+    argv = ["--smoke", "--out", str(tmp_path), "--scales", "apart", "--variants", "nvfp4=mma"]
     argv += ["--shapes", "1x32"]
     assert bench_decode_variants.main(argv) == 0
     doc = json.loads((tmp_path / "decode-variants.json").read_text())
     assert doc["variants"][0]["status"] == "ok" and doc["variants"][0]["rel_rms"] <= 1e-2
-    assert [(r["variant"], r["scales"]) for r in doc["rows"]] == [("mma", "beside")]
+    assert [(r["variant"], r["scales"]) for r in doc["rows"]] == [("mma", "apart")]
 
 
 def test_bench_decode_variants_merge(tmp_path: Path) -> None:

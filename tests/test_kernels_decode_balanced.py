@@ -207,15 +207,18 @@ def test_default_variant_runs_balanced_from_min_pairs_on_gpu(monkeypatch: pytest
 
 
 @pytest.mark.usefixtures("one_sm")
-@pytest.mark.parametrize("placement,spec", [("beside", "mma:bal=1,bppsm=5,minc=16"), ("page", "mma:bal=0")])
+@pytest.mark.parametrize("placement,spec", [("beside", "mma:bal=1,bppsm=5,minc=16"), ("apart", "mma:bal=0")])
 def test_scales_placed_elsewhere(placement: str, spec: str) -> None:
     # place_scales (the benchmarks' --scales): the same pages with each (page, KV head)'s block scales beside
-    # its data, or K and V of a (page, head) in one run; the kernels read it through the strides they take
+    # its data, or in tensors of their own (the pool's own layout: K and V of a (page, head) in one run of
+    # bytes, every other test's); the kernels read each through the strides they take
     torch.manual_seed(7)
     lens, hkv, g = [40, 1, P + 1], 2, 2
     pb = make_batch(KVDtype.NVFP4, lens, hkv, 128, P, DEVICE, tail_lens=[W, 3, 0], global_scale=(0.37, 2.5))
     placed = place_scales(pb.cache, placement)
-    assert placed.k_data.data_ptr() != pb.cache.k_data.data_ptr() and not placed.k_data.is_contiguous()
+    assert pb.cache.pages is not None and placed.pages is None
+    assert placed.k_data.data_ptr() != pb.cache.k_data.data_ptr()
+    assert placed.k_scale.is_contiguous() == (placement == "apart")  # type: ignore[union-attr]
     for a, b in ((placed.k_data, pb.cache.k_data), (placed.v_scale, pb.cache.v_scale)):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     q = torch.randn(len(lens), hkv * g, 128, device=DEVICE).to(torch.bfloat16)
@@ -228,6 +231,8 @@ def test_scales_placed_elsewhere(placement: str, spec: str) -> None:
 
 def test_place_scales_refuses_unknown_placements() -> None:
     pb = make_batch(KVDtype.NVFP4, [3], 1, 128, P, DEVICE)
-    assert place_scales(pb.cache, "apart") is pb.cache
+    assert place_scales(pb.cache, "page") is pb.cache
+    back = place_scales(place_scales(pb.cache, "apart"), "page")
+    assert back.pages is not None and torch.equal(back.pages, pb.cache.pages)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="placement"):
         place_scales(pb.cache, "inside")

@@ -3,11 +3,11 @@
 A host page holds one main-pool page of every layer in its stored form: K and V data plus, for
 NVFP4, the block scales, byte for byte, so a round trip restores identical pages (the per-layer
 global scales stay on the device and are not part of a page). Layout: one contiguous uint8 tensor
-``[host_pages + 1, layer_page_bytes]`` per layer, a row holding the page's segments side by side (K data,
-V data and, for NVFP4, K and V scales). A transfer moves a layer through a device staging row per page:
-one gather/scatter launch (``kernels.gather_pages``) plus one copy per run of consecutive host slots,
-whatever the dtype (NOTE: a tensor per segment cost NVFP4 twice FP8's calls: ``segments * (runs + 1)``
-per layer, with runs ~ pages once host slots fragment).
+``[host_pages + 1, layer_page_bytes]`` per layer, a row holding the page's segments side by side (K data
+and V data; an NVFP4 page is one segment, its row of the pool's ``pages`` tensor). A transfer moves a layer
+through a device staging row per page: one gather/scatter launch (``kernels.gather_pages``) plus one copy per
+run of consecutive host slots, whatever the dtype (NOTE: a tensor per segment cost NVFP4 twice FP8's calls:
+``segments * (runs + 1)`` per layer, with runs ~ pages once host slots fragment).
 
 On CUDA the memory is pinned and copies run on a side stream: the side stream first waits for the
 current stream (the pages are final), and each :class:`Transfer` records an event per layer, so the
@@ -130,6 +130,8 @@ class HostTier:
 
     @staticmethod
     def _segments(layer: LayerKV) -> list[torch.Tensor]:
+        if layer.pages is not None:
+            return [layer.pages]
         tensors = [layer.k_data, layer.v_data]
         if layer.k_scale is not None and layer.v_scale is not None:
             tensors += [layer.k_scale, layer.v_scale]

@@ -15,7 +15,9 @@ class LayerKV:
 
     ``k_data``/``v_data`` are ``[num_pages, kv_heads, page_size, D or D/2]``; ``k_scale``/``v_scale``
     the NVFP4 block scales ``[num_pages, kv_heads, page_size, D/16]`` (None otherwise);
-    ``global_scale`` is FP32 ``[2]`` = (K, V) on the cache's device (1.0 for unquantized dtypes).
+    ``global_scale`` is FP32 ``[2]`` = (K, V) on the cache's device (1.0 for unquantized dtypes);
+    ``pages`` (NVFP4 from :meth:`allocate`) the uint8 ``[num_pages, page bytes]`` tensor the four share, a
+    page's every byte in one row (None where they are tensors of their own).
     NOTE: these are views into the pool's tensors; kernels write into them in place.
     """
 
@@ -25,6 +27,7 @@ class LayerKV:
     k_scale: torch.Tensor | None
     v_scale: torch.Tensor | None
     global_scale: torch.Tensor
+    pages: torch.Tensor | None = None
 
     @property
     def dtype(self) -> KVDtype:
@@ -45,8 +48,11 @@ class LayerKV:
         device: torch.device | str,
         global_scale: torch.Tensor | None = None,
     ) -> "LayerKV":
-        k_data, k_scale = layout.allocate(num_pages, device)
-        v_data, v_scale = layout.allocate(num_pages, device)
         if global_scale is None:
             global_scale = torch.ones(2, dtype=torch.float32, device=device)
+        if layout.dtype is KVDtype.NVFP4:
+            pages, (k_data, k_scale, v_data, v_scale) = layout.allocate_pages(num_pages, device)
+            return LayerKV(layout, k_data, v_data, k_scale, v_scale, global_scale, pages)
+        k_data, k_scale = layout.allocate(num_pages, device)
+        v_data, v_scale = layout.allocate(num_pages, device)
         return LayerKV(layout, k_data, v_data, k_scale, v_scale, global_scale)

@@ -1,14 +1,19 @@
 """KV dtypes, their bytes per token, and the paged layout the kernels read.
 
-One layer's K (and, separately, V) cache is a set of pages. Within a page the KV-head
-dimension comes first, so one page of one KV head is one contiguous run of bytes::
+One layer's K and V caches are sets of pages. Within a page the KV-head dimension comes first, so one
+page of one KV head is one contiguous run of bytes::
 
-    data  [num_pages, kv_heads, page_size, D]      bf16 / fp16 / fp32 / float8_e4m3fn
+    data  [num_pages, kv_heads, page_size, D]      bf16 / fp16 / fp32 / float8_e4m3fn (K and V apart)
     data  [num_pages, kv_heads, page_size, D/2]    nvfp4: uint8, 8 elements a 32-bit word in sm bit order
     scale [num_pages, kv_heads, page_size, D/16]   nvfp4 only: float8_e4m3fn block scales
 
-    page p, head h:   | tok0: D/2 bytes | tok1: D/2 bytes | ... | tok P-1 |   (data)
-                      | tok0: D/16 B    | tok1: D/16 B    | ... | tok P-1 |   (scale)
+An NVFP4 layer is one uint8 tensor ``pages [num_pages, page bytes]`` and the four tensors above are views
+into it (strides ``(kv_heads * 2 * R, 2 * R, row, 1)``, ``R = page_size * (D/2 + D/16)``): a (page, KV head)
+holds its K rows, their scales, its V rows and their scales side by side, so a decode step's reads of one
+(page, head) are one run of bytes (NOTE: 1-4% faster decode than four tensors of their own on an H100,
+docs/results.md; the kernels take every tensor's page and head strides, so they read either)::
+
+    page p, head h:   | K: tok0 .. tok P-1, D/2 B each | K scales: D/16 B each | V: ... | V scales: ... |
 
 Global scales are per layer: FP32 ``[num_layers, 2]`` (K, V). A token's *slot* is
 ``page * page_size + offset``; the slot mapping of a write says where each new row goes.
@@ -123,11 +128,34 @@ class PageLayout:
         return (num_pages, self.num_kv_heads, self.page_size, self.head_dim // nvfp4.BLOCK)
 
     def allocate(self, num_pages: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Zeroed (data, scale) tensors for ``num_pages`` pages of K or V."""
+        """Zeroed (data, scale) tensors of their own for ``num_pages`` pages of K or V (an NVFP4 pool puts
+        K and V in one tensor: :meth:`allocate_pages`)."""
         data = torch.zeros(self.data_shape(num_pages), dtype=self.torch_dtype, device=device)
         sshape = self.scale_shape(num_pages)
         scale = None if sshape is None else torch.zeros(sshape, dtype=torch.float8_e4m3fn, device=device)
         return data, scale
+
+    def head_run_bytes(self) -> int:
+        """NVFP4: bytes of one (page, KV head)'s K (or V) rows and their scales."""
+        return self.page_size * (self.head_dim // 2 + self.head_dim // nvfp4.BLOCK)
+
+    def allocate_pages(
+        self, num_pages: int, device: torch.device | str
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """NVFP4: the zeroed ``pages [num_pages, page bytes]`` uint8 tensor and its (k_data, k_scale, v_data,
+        v_scale) views (the module docstring's layout)."""
+        if self.dtype is not KVDtype.NVFP4:
+            raise ValueError(f"allocate_pages is for nvfp4 pools, not {self.dtype.value}")
+        run, h, p = self.head_run_bytes(), self.num_kv_heads, self.page_size
+        half, sb = self.head_dim // 2, self.head_dim // nvfp4.BLOCK
+        pages = torch.zeros(num_pages, h * 2 * run, dtype=torch.uint8, device=device)
+        as_fp8 = pages.view(torch.float8_e4m3fn)
+        st = (h * 2 * run, 2 * run)
+        k_data, v_data = (pages.as_strided((num_pages, h, p, half), (*st, half, 1), i * run) for i in (0, 1))
+        k_scale, v_scale = (
+            as_fp8.as_strided((num_pages, h, p, sb), (*st, sb, 1), i * run + p * half) for i in (0, 1)
+        )
+        return pages, (k_data, k_scale, v_data, v_scale)
 
 
 def quantize_rows(

@@ -67,36 +67,41 @@ def fill_pool(pool: LayerKV, scale: float = 1.0, chunk_pages: int = 4096) -> Non
                 d.normal_(0.0, scale)
 
 
-SCALE_PLACEMENTS = ("apart", "beside", "page")
+SCALE_PLACEMENTS = ("page", "apart", "beside")
 
 
 def place_scales(pool: LayerKV, placement: str) -> LayerKV:
-    """A copy of an NVFP4 pool whose block scales sit elsewhere in memory (the kernels take each tensor's page
-    and head strides, so they read any of these unchanged): ``apart`` the layout's own (separate data and
-    scale tensors; ``pool`` itself), ``beside`` each (page, KV head)'s 16 x D/16 scale bytes right after
-    its 16 x D/2 data bytes (K and V each in a buffer of their own), ``page`` K data, K scales, V data, V
-    scales of a (page, KV head) in one run of bytes. Other dtypes, and ``apart``, return ``pool``."""
+    """An NVFP4 pool with its block scales placed as asked (the kernels take each tensor's page and head
+    strides, so they read any of these unchanged): ``page`` the pool layout's own (K rows, K scales, V rows,
+    V scales of a (page, KV head) side by side: ``LayerKV.allocate``), ``apart`` four tensors of their own,
+    ``beside`` each (page, KV head)'s 16 x D/16 scale bytes right after its 16 x D/2 data bytes, K and V in
+    tensors of their own. ``pool`` itself where it is laid out so already or holds no scales, else a copy."""
     if placement not in SCALE_PLACEMENTS:
         raise ValueError(f"placement must be one of {SCALE_PLACEMENTS}: {placement!r}")
-    if placement == "apart" or pool.k_scale is None or pool.v_scale is None:
+    ks, vs = pool.k_scale, pool.v_scale
+    if ks is None or vs is None or (placement == "page" and pool.pages is not None):
         return pool
-    n, h, p, half = pool.k_data.shape
-    sb = pool.k_scale.shape[-1]
-    rec = p * (half + sb)  # one (page, head)'s data + scales, K or V
-    heads = 2 if placement == "page" else 1
-    bufs = [torch.empty(n * h * rec * heads, dtype=torch.uint8, device=pool.k_data.device)]
-    if placement == "beside":
-        bufs.append(torch.empty_like(bufs[0]))
-    views = []
-    for i in range(2):  # K, V
-        buf, base = (bufs[0], i * rec) if placement == "page" else (bufs[i], 0)
-        st = (h * rec * heads, rec * heads)
-        data = buf.as_strided((n, h, p, half), (*st, half, 1), base)
-        scale = buf.view(torch.float8_e4m3fn).as_strided((n, h, p, sb), (*st, sb, 1), base + p * half)
-        views.append((data, scale))
-    (kd, ks), (vd, vs) = views
-    kd.copy_(pool.k_data), ks.copy_(pool.k_scale), vd.copy_(pool.v_data), vs.copy_(pool.v_scale)
-    return LayerKV(pool.layout, kd, vd, ks, vs, pool.global_scale)
+    if placement == "apart":  # NOTE: .contiguous() copies the views of a page-laid pool, returns the rest
+        kd, vd = pool.k_data.contiguous(), pool.v_data.contiguous()
+        return LayerKV(pool.layout, kd, vd, ks.contiguous(), vs.contiguous(), pool.global_scale)
+    if placement == "page":
+        out = LayerKV.allocate(pool.layout, pool.num_pages, pool.k_data.device, pool.global_scale)
+    else:
+        n, h, p, half = pool.k_data.shape
+        sb = ks.shape[-1]
+        run = p * (half + sb)
+        views = []
+        for _ in range(2):  # K, V
+            buf = torch.empty(n * h * run, dtype=torch.uint8, device=pool.k_data.device)
+            data = buf.as_strided((n, h, p, half), (h * run, run, half, 1), 0)
+            scale = buf.view(torch.float8_e4m3fn).as_strided((n, h, p, sb), (h * run, run, sb, 1), p * half)
+            views.append((data, scale))
+        (kd, kss), (vd, vss) = views
+        out = LayerKV(pool.layout, kd, vd, kss, vss, pool.global_scale)
+    assert out.k_scale is not None and out.v_scale is not None
+    out.k_data.copy_(pool.k_data), out.k_scale.copy_(ks)
+    out.v_data.copy_(pool.v_data), out.v_scale.copy_(vs)
+    return out
 
 
 def random_pages(
