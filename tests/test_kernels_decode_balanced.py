@@ -207,11 +207,14 @@ def test_default_variant_runs_balanced_from_min_pairs_on_gpu(monkeypatch: pytest
 
 
 @pytest.mark.usefixtures("one_sm")
-@pytest.mark.parametrize("placement,spec", [("beside", "mma:bal=1,bppsm=5,minc=16"), ("apart", "mma:bal=0")])
+@pytest.mark.parametrize(
+    "placement,spec",
+    [("beside", "mma:bal=1,bppsm=5,minc=16"), ("apart", "mma:bal=0"), ("heads", "mma:bal=0")],
+)
 def test_scales_placed_elsewhere(placement: str, spec: str) -> None:
     # place_scales (the benchmarks' --scales): the same pages with each (page, KV head)'s block scales beside
-    # its data, or in tensors of their own (the pool's own layout: K and V of a (page, head) in one run of
-    # bytes, every other test's); the kernels read each through the strides they take
+    # its data, in tensors of their own, or KV head-major (the pool's own layout: K and V of a (page, head) in
+    # one run of bytes, every other test's); the kernels read each through the strides they take
     torch.manual_seed(7)
     lens, hkv, g = [40, 1, P + 1], 2, 2
     pb = make_batch(KVDtype.NVFP4, lens, hkv, 128, P, DEVICE, tail_lens=[W, 3, 0], global_scale=(0.37, 2.5))
@@ -219,6 +222,7 @@ def test_scales_placed_elsewhere(placement: str, spec: str) -> None:
     assert pb.cache.pages is not None and placed.pages is None
     assert placed.k_data.data_ptr() != pb.cache.k_data.data_ptr()
     assert placed.k_scale.is_contiguous() == (placement == "apart")  # type: ignore[union-attr]
+    assert (placed.k_data.stride(0) < placed.k_data.stride(1)) == (placement == "heads")
     for a, b in ((placed.k_data, pb.cache.k_data), (placed.v_scale, pb.cache.v_scale)):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     q = torch.randn(len(lens), hkv * g, 128, device=DEVICE).to(torch.bfloat16)

@@ -67,7 +67,7 @@ def fill_pool(pool: LayerKV, scale: float = 1.0, chunk_pages: int = 4096) -> Non
                 d.normal_(0.0, scale)
 
 
-SCALE_PLACEMENTS = ("page", "apart", "beside")
+SCALE_PLACEMENTS = ("page", "apart", "beside", "heads")
 
 
 def place_scales(pool: LayerKV, placement: str) -> LayerKV:
@@ -75,7 +75,9 @@ def place_scales(pool: LayerKV, placement: str) -> LayerKV:
     strides, so they read any of these unchanged): ``page`` the pool layout's own (K rows, K scales, V rows,
     V scales of a (page, KV head) side by side: ``LayerKV.allocate``), ``apart`` four tensors of their own,
     ``beside`` each (page, KV head)'s 16 x D/16 scale bytes right after its 16 x D/2 data bytes, K and V in
-    tensors of their own. ``pool`` itself where it is laid out so already or holds no scales, else a copy."""
+    tensors of their own, ``heads`` as ``page`` but KV head-major (a head's pages one after another, so a
+    request on consecutive pages reads one run a head). ``pool`` itself where it is laid out so already or
+    holds no scales, else a copy."""
     if placement not in SCALE_PLACEMENTS:
         raise ValueError(f"placement must be one of {SCALE_PLACEMENTS}: {placement!r}")
     ks, vs = pool.k_scale, pool.v_scale
@@ -86,6 +88,15 @@ def place_scales(pool: LayerKV, placement: str) -> LayerKV:
         return LayerKV(pool.layout, kd, vd, ks.contiguous(), vs.contiguous(), pool.global_scale)
     if placement == "page":
         out = LayerKV.allocate(pool.layout, pool.num_pages, pool.k_data.device, pool.global_scale)
+    elif placement == "heads":
+        n, h, p, half = pool.k_data.shape
+        run, sb = pool.layout.head_run_bytes(), ks.shape[-1]
+        buf = torch.empty(h * n * 2 * run, dtype=torch.uint8, device=pool.k_data.device)
+        st = (2 * run, n * 2 * run)  # page, head
+        kd, vd = (buf.as_strided((n, h, p, half), (*st, half, 1), i * run) for i in (0, 1))
+        fp8 = buf.view(torch.float8_e4m3fn)
+        kss, vss = (fp8.as_strided((n, h, p, sb), (*st, sb, 1), i * run + p * half) for i in (0, 1))
+        out = LayerKV(pool.layout, kd, vd, kss, vss, pool.global_scale)
     else:
         n, h, p, half = pool.k_data.shape
         sb = ks.shape[-1]
