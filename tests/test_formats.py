@@ -192,6 +192,28 @@ def test_page_shapes() -> None:
     assert fp[0].shape == (5, 3, 16, 64) and fp[0].dtype == torch.float8_e4m3fn and fp[1] is None
 
 
+def test_nvfp4_pool_is_one_tensor_a_run_per_page_and_head() -> None:
+    # LayerKV.allocate: an NVFP4 layer is one uint8 tensor; a (page, head)'s K rows, K scales, V rows and V
+    # scales lie side by side in it (formats/layout.py), every byte of a page in its row of ``pages``
+    from nibblekv.formats.layer_kv import LayerKV
+
+    lay = PageLayout(KVDtype.NVFP4, num_kv_heads=3, head_dim=64, page_size=4)
+    kv = LayerKV.allocate(lay, 5, "cpu")
+    assert kv.pages is not None and kv.k_scale is not None and kv.v_scale is not None
+    run = lay.head_run_bytes()
+    assert run == 4 * (32 + 4) and tuple(kv.pages.shape) == (5, 3 * 2 * run)
+    assert kv.pages.numel() == 5 * lay.page_size * lay.bytes_per_token()  # the bytes four tensors took
+    assert kv.k_data.shape == (5, 3, 4, 32) and kv.k_scale.shape == (5, 3, 4, 4)
+    base = kv.pages.data_ptr()
+    for t, off in ((kv.k_data, 0), (kv.k_scale, 4 * 32), (kv.v_data, run), (kv.v_scale, run + 4 * 32)):
+        assert t.data_ptr() - base == off and t.stride()[:2] == (3 * 2 * run, 2 * run)
+    kv.v_scale[2, 1, 3, 0] = 1.0  # E4M3 1.0 = 0x38: the last scale row of page 2, head 1
+    assert kv.pages[2, 1 * 2 * run + run + 4 * 32 + 3 * 4].item() == 0x38
+    assert int(kv.pages.count_nonzero()) == 1
+    fp = LayerKV.allocate(PageLayout(KVDtype.FP8, 3, 64, 4), 5, "cpu")
+    assert fp.pages is None and fp.k_data.is_contiguous()
+
+
 def test_parse_kv_dtype() -> None:
     assert parse_kv_dtype("auto", torch.float32) is KVDtype.FP32
     assert parse_kv_dtype("fp8") is KVDtype.FP8
