@@ -207,14 +207,11 @@ def test_default_variant_runs_balanced_from_min_pairs_on_gpu(monkeypatch: pytest
 
 
 @pytest.mark.usefixtures("one_sm")
-@pytest.mark.parametrize(
-    "placement,spec",
-    [("beside", "mma:bal=1,bppsm=5,minc=16"), ("apart", "mma:bal=0"), ("heads", "mma:bal=0")],
-)
+@pytest.mark.parametrize("placement,spec", [("apart", "mma:bal=0"), ("heads", "mma:bal=1,bppsm=5,minc=16")])
 def test_scales_placed_elsewhere(placement: str, spec: str) -> None:
-    # place_scales (the benchmarks' --scales): the same pages with each (page, KV head)'s block scales beside
-    # its data, in tensors of their own, or KV head-major (the pool's own layout: K and V of a (page, head) in
-    # one run of bytes, every other test's); the kernels read each through the strides they take
+    # place_scales (the benchmarks' --scales): the same pages with the block scales in tensors of their
+    # own, or the pool's layout KV head-major (the pool's own: K and V of a (page, head) in one run of bytes,
+    # every other test's); the kernels, per pair and balanced, read each through the strides they take
     torch.manual_seed(7)
     lens, hkv, g = [40, 1, P + 1], 2, 2
     pb = make_batch(KVDtype.NVFP4, lens, hkv, 128, P, DEVICE, tail_lens=[W, 3, 0], global_scale=(0.37, 2.5))
@@ -233,10 +230,14 @@ def test_scales_placed_elsewhere(placement: str, spec: str) -> None:
     assert rel_rms(out, decode_ref(q.float(), pb.view(), 1 / math.sqrt(128))) <= 1e-2
 
 
-def test_place_scales_refuses_unknown_placements() -> None:
+def test_place_scales_copies_bytes_and_refuses_unknown_placements() -> None:
     pb = make_batch(KVDtype.NVFP4, [3], 1, 128, P, DEVICE)
     assert place_scales(pb.cache, "page") is pb.cache
     back = place_scales(place_scales(pb.cache, "apart"), "page")
     assert back.pages is not None and torch.equal(back.pages, pb.cache.pages)  # type: ignore[arg-type]
+    beside = place_scales(pb.cache, "beside")  # K rows then their scales, K and V apart: the same bytes
+    assert beside.k_scale.data_ptr() - beside.k_data.data_ptr() == P * 64  # type: ignore[union-attr]
+    for a, b in ((beside.v_data, pb.cache.v_data), (beside.k_scale, pb.cache.k_scale)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="placement"):
         place_scales(pb.cache, "inside")
