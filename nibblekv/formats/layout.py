@@ -146,16 +146,27 @@ class PageLayout:
         v_scale) views (the module docstring's layout)."""
         if self.dtype is not KVDtype.NVFP4:
             raise ValueError(f"allocate_pages is for nvfp4 pools, not {self.dtype.value}")
-        run, h, p = self.head_run_bytes(), self.num_kv_heads, self.page_size
-        half, sb = self.head_dim // 2, self.head_dim // nvfp4.BLOCK
-        pages = torch.zeros(num_pages, h * 2 * run, dtype=torch.uint8, device=device)
-        as_fp8 = pages.view(torch.float8_e4m3fn)
-        st = (h * 2 * run, 2 * run)
-        k_data, v_data = (pages.as_strided((num_pages, h, p, half), (*st, half, 1), i * run) for i in (0, 1))
-        k_scale, v_scale = (
-            as_fp8.as_strided((num_pages, h, p, sb), (*st, sb, 1), i * run + p * half) for i in (0, 1)
+        run = self.head_run_bytes()
+        pages = torch.zeros(num_pages, self.num_kv_heads * 2 * run, dtype=torch.uint8, device=device)
+        st = (self.num_kv_heads * 2 * run, 2 * run)
+        (k_data, k_scale), (v_data, v_scale) = (
+            self.run_views(pages, num_pages, *st, i * run) for i in (0, 1)
         )
         return pages, (k_data, k_scale, v_data, v_scale)
+
+    def run_views(
+        self, buf: torch.Tensor, num_pages: int, page_stride: int, head_stride: int, offset: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """NVFP4: the (data, scale) views of K or V whose (page, KV head) runs (:meth:`head_run_bytes`: the
+        rows, then their scales) start at byte ``offset + page * page_stride + head * head_stride`` of the
+        uint8 tensor ``buf``."""
+        p, half, sb = self.page_size, self.head_dim // 2, self.head_dim // nvfp4.BLOCK
+        st = (page_stride, head_stride)
+        data = buf.as_strided((num_pages, self.num_kv_heads, p, half), (*st, half, 1), offset)
+        scale = buf.view(torch.float8_e4m3fn).as_strided(
+            (num_pages, self.num_kv_heads, p, sb), (*st, sb, 1), offset + p * half
+        )
+        return data, scale
 
 
 def quantize_rows(

@@ -88,27 +88,16 @@ def place_scales(pool: LayerKV, placement: str) -> LayerKV:
         return LayerKV(pool.layout, kd, vd, ks.contiguous(), vs.contiguous(), pool.global_scale)
     if placement == "page":
         out = LayerKV.allocate(pool.layout, pool.num_pages, pool.k_data.device, pool.global_scale)
-    elif placement == "heads":
-        n, h, p, half = pool.k_data.shape
-        run, sb = pool.layout.head_run_bytes(), ks.shape[-1]
-        buf = torch.empty(h * n * 2 * run, dtype=torch.uint8, device=pool.k_data.device)
-        st = (2 * run, n * 2 * run)  # page, head
-        kd, vd = (buf.as_strided((n, h, p, half), (*st, half, 1), i * run) for i in (0, 1))
-        fp8 = buf.view(torch.float8_e4m3fn)
-        kss, vss = (fp8.as_strided((n, h, p, sb), (*st, sb, 1), i * run + p * half) for i in (0, 1))
-        out = LayerKV(pool.layout, kd, vd, kss, vss, pool.global_scale)
     else:
-        n, h, p, half = pool.k_data.shape
-        sb = ks.shape[-1]
-        run = p * (half + sb)
-        views = []
-        for _ in range(2):  # K, V
-            buf = torch.empty(n * h * run, dtype=torch.uint8, device=pool.k_data.device)
-            data = buf.as_strided((n, h, p, half), (h * run, run, half, 1), 0)
-            scale = buf.view(torch.float8_e4m3fn).as_strided((n, h, p, sb), (h * run, run, sb, 1), p * half)
-            views.append((data, scale))
-        (kd, kss), (vd, vss) = views
-        out = LayerKV(pool.layout, kd, vd, kss, vss, pool.global_scale)
+        lay, n, h = pool.layout, pool.num_pages, pool.layout.num_kv_heads
+        run, dev = lay.head_run_bytes(), pool.k_data.device
+        if placement == "heads":  # one buffer, a head's (page) runs one after another
+            buf = torch.empty(h * n * 2 * run, dtype=torch.uint8, device=dev)
+            (kd, kss), (vd, vss) = (lay.run_views(buf, n, 2 * run, n * 2 * run, i * run) for i in (0, 1))
+        else:  # beside: K and V each a buffer of (page, head) runs
+            bufs = [torch.empty(n * h * run, dtype=torch.uint8, device=dev) for _ in range(2)]
+            (kd, kss), (vd, vss) = (lay.run_views(b, n, h * run, run, 0) for b in bufs)
+        out = LayerKV(lay, kd, vd, kss, vss, pool.global_scale)
     assert out.k_scale is not None and out.v_scale is not None
     out.k_data.copy_(pool.k_data), out.k_scale.copy_(ks)
     out.v_data.copy_(pool.v_data), out.v_scale.copy_(vs)
