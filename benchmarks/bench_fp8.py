@@ -53,6 +53,7 @@ from nibblekv.kernels.fp8.gemm import (  # noqa: E402
     fp8_rowwise_gemm,
     rowwise_triton_max_m,
 )
+from nibblekv.kernels.fp8.gemm_tma import TmaTile, fp8_tma_gemm  # noqa: E402
 from nibblekv.kernels.fp8.quant import quant_fp8_groups  # noqa: E402
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref  # noqa: E402
 from nibblekv.kernels.fp8.scaled_mm import (  # noqa: E402
@@ -93,6 +94,68 @@ _WIDE_M_TILES = ((128, 64, 8, 6, 1), (128, 64, 4, 6, 1), (128, 32, 4, 8, 1), (12
 # up to 32 tokens also with the MMA swapped (GemmTile.swap_ab: the weight tile is wgmma's 64-row M side): the
 # defaults' shapes, deeper pipelines and more k-splits (40-56 registers: more programs fit an SM)
 _SWAP_TILES = ((64, 4, 4, 1), (64, 4, 4, 2), (64, 4, 4, 4), (64, 4, 6, 4), (128, 8, 4, 4))
+
+# --tma: the persistent TMA GEMM (kernels.fp8.gemm_tma) at 33-256 tokens, (BLOCK_M, BLOCK_N, split-K, warps,
+# stages, programs an SM, warp-specialized): the batch in one or two M tiles, 64- and 128-wide weight tiles,
+# k-splits that give every SM a unit, deeper pipelines, two programs an SM and a TMA producer warp
+_TMA_TILES = (
+    (64, 64, 1, 4, 4, 1, False), (64, 128, 1, 4, 4, 1, False), (128, 64, 1, 8, 4, 1, False),
+    (128, 128, 1, 8, 4, 1, False), (128, 128, 2, 8, 4, 1, False), (128, 128, 3, 8, 4, 1, False),
+    (64, 128, 2, 4, 4, 1, False), (128, 64, 2, 8, 4, 1, False), (64, 64, 2, 4, 6, 2, False),
+    (64, 128, 1, 4, 6, 1, False), (128, 128, 2, 8, 4, 1, True), (64, 128, 2, 4, 4, 1, True),
+)
+
+
+def tma_tiles(m: int, block: int | None) -> dict[str, TmaTile]:
+    """:data:`_TMA_TILES` for ``m`` tokens (BLOCK_M at most the batch rounded up to 64; block-scaled: weight
+    tiles at most 128 wide), named ``MxN kS wW sS pP`` (+ ``ws``)."""
+    out: dict[str, TmaTile] = {}
+    for bm, bn, sp, w, st, pp, wsp in _TMA_TILES:
+        if bm > max(64, triton.next_power_of_2(m)) or (block and bn > block):
+            continue
+        name = f"{bm}x{bn}k{sp}w{w}s{st}p{pp}" + ("ws" if wsp else "")
+        out[name] = TmaTile(bm, bn, sp, w, st, pp, wsp)
+    return out
+
+
+def _tma_row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor) -> dict[str, Any]:
+    """The GEMM alone at ``m`` tokens: :mod:`.gemm`'s default Triton tile, cuBLASLt (per channel: row-wise
+    ``torch._scaled_mm``), every :func:`tma_tiles` launch (each checked against the twin first), bf16 mm."""
+    x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+    block = None if fmt == "channel" else BLOCK
+    wq, ws = quantize_weight_channel(w) if block is None else quantize_weight_block(w, BLOCK)
+    xq, xs = quant_fp8_groups(x, block)
+    if block is None:
+        default = lambda: fp8_rowwise_gemm(xq, xs, wq, ws, torch.bfloat16)  # noqa: E731
+    else:
+        default = lambda: fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16)  # noqa: E731
+    row: dict[str, Any] = dict(kind="tma", name=name, m=m, n=n, k=k, format=fmt)
+    row["triton_us"] = round(bench_graph(default), 2)
+    if block is None and x.is_cuda:
+        row["scaled_mm_us"] = round(bench_graph(
+            lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.view(1, -1), out_dtype=torch.bfloat16)
+        ), 2)  # fmt: skip
+    want = fp8_gemm_ref(xq, xs, wq, ws, block, torch.float32)
+    times: dict[str, float] = {}
+    for tname, tile in tma_tiles(m, block).items():
+        fn = lambda t=tile: fp8_tma_gemm(xq, xs, wq, ws, block, torch.bfloat16, t)  # noqa: E731
+        try:
+            got = fn()
+        except Exception as e:  # noqa: BLE001 - triton's OutOfResources and compile errors alike
+            print(f"tma tile {tname}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+            continue
+        err = ((got.float() - want).norm() / want.norm()).item()
+        if not err < 1e-2:
+            raise AssertionError(f"{name} m={m} {fmt}: TMA tile {tname} is {err:.3g} (rel. L2) off the twin")
+        times[tname] = round(bench_graph(fn), 2)
+    row["tma_tiles_us"] = times
+    row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, w.to(torch.bfloat16).t())), 2)
+    if times:
+        best = min(times, key=times.get)
+        row["tma_best"], row["tma_best_us"] = best, times[best]
+        row["tma_speedup"] = round(row["bf16_us"] / times[best], 3)
+    row["triton_speedup"] = round(row["bf16_us"] / row["triton_us"], 3)
+    return row
 
 
 def decode_tiles(m: int) -> dict[str, GemmTile]:
@@ -280,12 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=None, help="output file stem (default fp8-weights-<gpu tag>)")
     ap.add_argument("--ms", type=int, nargs="+", default=None, help="token counts (default: 1 ... 8192)")
     ap.add_argument("--shapes", nargs="+", default=None, choices=[s[0] for s in SHAPES_8B])
+    ap.add_argument("--tma", action="store_true", help="the persistent TMA GEMM's tiles beside the default "
+                    "GEMM, cuBLASLt and bf16 (rows kind tma; --ms default 64 128 256)")  # fmt: skip
     args = ap.parse_args(argv)
     if DEV != "cuda" and not args.smoke:
         ap.error("no CUDA device: run with --smoke (CPU, Triton interpreter)")
     shapes = tuple(s for s in SHAPES_8B if not args.shapes or s[0] in args.shapes)
     shapes = SHAPES_SMOKE if args.smoke else shapes
-    ms = tuple(args.ms) if args.ms else (MS_SMOKE if args.smoke else MS_8B)
+    ms = tuple(args.ms) if args.ms else (MS_SMOKE if args.smoke else (64, 128, 256) if args.tma else MS_8B)
     ceil = read_ceiling(1 << 20) if args.smoke else read_ceiling()
     ceiling = max(ceil.values())
     torch.manual_seed(0)
@@ -294,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         w = torch.randn(n, k, device=DEV) * 0.02
         for m in ms:
             for fmt in FORMATS:
-                rows.append(_row(name, n, k, m, fmt, w, ceiling))
+                row = _tma_row(name, n, k, m, fmt, w) if args.tma else _row(name, n, k, m, fmt, w, ceiling)
+                rows.append(row)
                 print(json.dumps(rows[-1]), flush=True)
         del w
     doc = dict(
@@ -303,11 +369,20 @@ def main(argv: list[str] | None = None) -> int:
         torch=torch.__version__, triton=triton.__version__, ceiling_tbps=round(ceiling, 4),
         ceiling_probes=ceil,
         timing=f"CUDA-graph replay, L2 emptied per call by a {timing.FLUSH} of 256 MB (timing.bench_graph)",
-        acceptance=acceptance(rows), rows=rows,
+        rows=rows,
     )  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = args.name or f"fp8-weights-{timing.gpu_tag()}"
+    name = args.name or f"fp8-{'tma' if args.tma else 'weights'}-{timing.gpu_tag()}"
+    if args.tma:
+        (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
+        print(f"{'name':8} {'m':>5} {'format':8} {'triton':>8} {'cublas':>8} {'bf16':>8} {'tma':>8}  best")
+        for r in rows:
+            print(f"{r['name']:8} {r['m']:5d} {r['format']:8} {r['triton_us']:8.2f} "
+                  f"{r.get('scaled_mm_us', float('nan')):8.2f} {r['bf16_us']:8.2f} "
+                  f"{r.get('tma_best_us', float('nan')):8.2f}  {r.get('tma_best')}")  # fmt: skip
+        return 0
+    doc["acceptance"] = acceptance(rows)
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
     plot(rows, out / f"{name}.png")
     head = ("name", "m", "format", "fp8_us", "gemm_us", "triton_us", "cublas_us", "bf16_us", "speedup")

@@ -1,0 +1,150 @@
+"""A persistent FP8 GEMM on Hopper's TMA for decode batches of 33-256 tokens: operands loaded by tensor
+descriptors (``TensorDescriptor``: bulk copies, zero-filled past the edges), one program per SM walking its
+share of the (output tile, k-split) units with the k loop flattened across units, so the pipeline keeps
+loading from one unit into the next instead of refilling per program as :mod:`.gemm`'s grid of short
+programs does.
+
+``C = (A @ B^T) * a_scale[m] * b_scale[n]`` (row-wise: per-token activations, per-channel weights) or
+``C = sum_kb (A_kb @ B_kb^T) * a_scale[m, kb] * b_scale[n // 128, kb]`` (128x128 block-scaled weights). Twin:
+``fp8.reference.fp8_gemm_ref``. Split-K partials go to an fp32 workspace that :mod:`.splitk` sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from nibblekv.kernels._common import interpreting, num_sms
+from nibblekv.kernels.fp8.splitk import splitk_sum_kernel
+
+# K per step: one weight block of the block-scaled format, and the row-wise GEMM's promotion interval
+K_STEP = 128
+
+
+@dataclass(frozen=True)
+class TmaTile:
+    """One launch of :func:`fp8_tma_gemm`: ``block_m x block_n`` output tiles, ``split_k`` k-splits, Triton's
+    ``num_warps`` / ``num_stages``, ``programs_per_sm`` persistent programs an SM, ``warp_specialize``: a
+    producer warp issuing the TMA loads (Triton's ``tl.range(warp_specialize=True)``)."""
+
+    block_m: int
+    block_n: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+    programs_per_sm: int = 1
+    warp_specialize: bool = False
+
+    def __post_init__(self) -> None:
+        pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
+        if not pow2 or min(self.split_k, self.num_warps, self.num_stages, self.programs_per_sm) < 1:
+            raise ValueError(f"FP8 TMA tile {self}: powers of two >= 16, positive splits, warps, stages")
+
+
+@triton.jit
+def _unit(
+    u, a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, M, N, grid_m, grid_n, k_steps, stride_cm, stride_as,
+    stride_bs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    PER_SPLIT: tl.constexpr, ROWWISE: tl.constexpr,
+):  # fmt: skip
+    """Unit ``u``: ``PER_SPLIT`` k-steps of one output tile, stored (or its fp32 partial, split-K)."""
+    pid_m = u % grid_m
+    pid_n = (u // grid_m) % grid_n
+    s = u // (grid_m * grid_n)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = offs_m % M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(PER_SPLIT):
+        kb = s * PER_SPLIT + i
+        a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
+        b = b_desc.load([pid_n * BLOCK_N, kb * BLOCK_K])
+        if ROWWISE:
+            # NOTE: Hopper's FP8 MMAs accumulate in reduced precision: promoted every k-step
+            acc = tl.dot(a, b.T, acc, max_num_imprecise_acc=BLOCK_K)
+        else:
+            kq = tl.minimum(kb, k_steps - 1)  # a step past K adds zeros: any valid scale
+            sa = tl.load(as_ptr + rows * stride_as + kq)
+            sb = tl.load(bs_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * stride_bs + kq)
+            acc += tl.dot(a, b.T) * (sa * sb)[:, None]
+    if ROWWISE:  # linear in the sum: each partial takes the scales on its own
+        cols = offs_n % N
+        acc = acc * tl.load(as_ptr + rows * stride_as)[:, None] * tl.load(bs_ptr + cols)[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SPLIT > 1:
+        ws = ws_ptr + s.to(tl.int64) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(ws, acc, mask=mask)
+    else:
+        c = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _tma_gemm_kernel(
+    a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, M, N, K, stride_cm, stride_as, stride_bs, programs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    PER_SPLIT: tl.constexpr, ROWWISE: tl.constexpr, WARP_SPEC: tl.constexpr,
+    INTERP: tl.constexpr,
+):  # fmt: skip
+    # NOTE: unit u = (split s, n tile, m tile), m fastest: the programs running at once on neighbouring units
+    # share each weight tile while it is in L2. Every unit runs the same number of k-steps (splits even,
+    # steps past K load zeros), which lets Triton flatten the two loops into one pipeline.
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    units = grid_m * grid_n * SPLIT
+    args = (a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, M, N, grid_m, grid_n, k_steps, stride_cm,
+            stride_as, stride_bs, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, PER_SPLIT, ROWWISE)  # fmt: skip
+    if INTERP:  # NOTE: the interpreter cannot run `for` over a program id; GPUs need `for` to pipeline
+        u = tl.program_id(0)
+        while u < units:
+            _unit(u, *args)
+            u += programs
+    else:
+        for u in tl.range(tl.program_id(0), units, programs, flatten=True, warp_specialize=WARP_SPEC):
+            _unit(u, *args)
+
+
+def fp8_tma_gemm(
+    xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, block: int | None,
+    out_dtype: torch.dtype, tile: TmaTile,
+) -> torch.Tensor:  # fmt: skip
+    """``xq [M, K]`` e4m3 and ``wq [N, K]`` e4m3 -> ``[M, N]`` in ``out_dtype``. ``block`` None: per-token
+    ``x_scale [M, 1]`` and per-channel ``w_scale`` (``N`` values); 128: ``x_scale [M, K/128]``, ``w_scale
+    [N/128, K/128]`` (``block_n`` at most 128). Rows 16-byte aligned (TMA): K a multiple of 16."""
+    m, k = xq.shape
+    n = wq.shape[0]
+    if wq.shape[1] != k or k % 16 or xq.stride(1) != 1 or wq.stride(1) != 1 or xq.stride(0) % 16:
+        raise ValueError(f"fp8_tma_gemm: x {tuple(xq.shape)}, w {tuple(wq.shape)} need the same K, a "
+                         "multiple of 16, unit column stride and 16-byte aligned rows")  # fmt: skip
+    if block not in (None, K_STEP) or (block and tile.block_n > K_STEP):
+        raise ValueError(f"fp8_tma_gemm: block None or {K_STEP} (block_n <= {K_STEP}), got {block}")
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return out
+    steps = triton.cdiv(k, K_STEP)
+    per_split = triton.cdiv(steps, min(tile.split_k, steps))
+    split = triton.cdiv(steps, per_split)  # no empty splits
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
+    a_desc = TensorDescriptor.from_tensor(xq, [tile.block_m, K_STEP])
+    b_desc = TensorDescriptor.from_tensor(wq, [tile.block_n, K_STEP])
+    units = triton.cdiv(m, tile.block_m) * triton.cdiv(n, tile.block_n) * split
+    programs = min(units, tile.programs_per_sm * num_sms())
+    _tma_gemm_kernel[(programs,)](
+        a_desc, b_desc, out, ws, x_scale, w_scale, m, n, k, out.stride(0), x_scale.stride(0),
+        0 if block is None else w_scale.stride(0), programs,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=K_STEP, SPLIT=split, PER_SPLIT=per_split,
+        ROWWISE=block is None,
+        WARP_SPEC=tile.warp_specialize, INTERP=interpreting(),
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )  # fmt: skip
+    if split > 1:
+        sum_block = min(1024, triton.next_power_of_2(n))
+        splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
+            ws, out, out, m, n, out.stride(0), SPLIT=split, HAS_BIAS=False, BLOCK=sum_block, num_warps=4
+        )
+    return out
