@@ -32,6 +32,23 @@ def test_bench_fp8_smoke_writes_rows_and_plot(tmp_path: Path) -> None:
     assert (tmp_path / "fp8-weights-cpu.png").stat().st_size > 0
 
 
+def test_bench_fp8_tma_rows(tmp_path: Path) -> None:
+    """--tma: per row the default GEMM, bf16 and every TMA tile that fits the batch and format (checked
+    against the twin before timing); a shape TMA cannot load (smoke down_proj's K = 200) has none."""
+    assert bench_fp8.main(["--smoke", "--tma", "--ms", "40", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "fp8-tma-cpu.json").read_text())["rows"]
+    want_rows = [("qkv", "channel"), ("qkv", "block"), ("down", "channel"), ("down", "block")]
+    assert [(r["name"], r["format"]) for r in rows] == want_rows
+    for r in rows:
+        assert r["kind"] == "tma" and r["triton_us"] > 0 and r["bf16_us"] > 0
+        block = None if r["format"] == "channel" else 128
+        want = set(bench_fp8.tma_tiles(40, block)) if r["k"] % 16 == 0 else set()
+        assert set(r["tma_tiles_us"]) == want and all(us > 0 for us in r["tma_tiles_us"].values())
+        assert ("tma_best" in r) == bool(want)
+    assert all(t.block_m <= 64 for t in bench_fp8.tma_tiles(40, None).values())
+    assert all(t.block_n <= 128 for t in bench_fp8.tma_tiles(200, 128).values())
+
+
 def test_gpu_tag_names_result_files_by_the_card() -> None:
     from benchmarks import timing
 

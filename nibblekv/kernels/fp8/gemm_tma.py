@@ -47,9 +47,9 @@ class TmaTile:
 
 @triton.jit
 def _unit(
-    u, a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, M, N, grid_m, grid_n, k_steps, stride_cm, stride_as,
-    stride_bs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    PER_SPLIT: tl.constexpr, ROWWISE: tl.constexpr,
+    u, a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, grid_m, grid_n, k_steps, stride_cm,
+    stride_as, stride_bs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr, ROWWISE: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     """Unit ``u``: ``PER_SPLIT`` k-steps of one output tile, stored (or its fp32 partial, split-K)."""
     pid_m = u % grid_m
@@ -79,15 +79,18 @@ def _unit(
         ws = ws_ptr + s.to(tl.int64) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
         tl.store(ws, acc, mask=mask)
     else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n % N).to(tl.float32)[None, :]
         c = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
         tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _tma_gemm_kernel(
-    a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, M, N, K, stride_cm, stride_as, stride_bs, programs,
+    a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K, stride_cm, stride_as, stride_bs,
+    programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    PER_SPLIT: tl.constexpr, ROWWISE: tl.constexpr, WARP_SPEC: tl.constexpr,
+    PER_SPLIT: tl.constexpr, ROWWISE: tl.constexpr, HAS_BIAS: tl.constexpr, WARP_SPEC: tl.constexpr,
     INTERP: tl.constexpr,
 ):  # fmt: skip
     # NOTE: unit u = (split s, n tile, m tile), m fastest: the programs running at once on neighbouring units
@@ -97,8 +100,9 @@ def _tma_gemm_kernel(
     grid_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
     units = grid_m * grid_n * SPLIT
-    args = (a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, M, N, grid_m, grid_n, k_steps, stride_cm,
-            stride_as, stride_bs, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, PER_SPLIT, ROWWISE)  # fmt: skip
+    args = (a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, grid_m, grid_n, k_steps, stride_cm,
+            stride_as, stride_bs, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, PER_SPLIT, ROWWISE,
+            HAS_BIAS)  # fmt: skip
     if INTERP:  # NOTE: the interpreter cannot run `for` over a program id; GPUs need `for` to pipeline
         u = tl.program_id(0)
         while u < units:
@@ -111,11 +115,12 @@ def _tma_gemm_kernel(
 
 def fp8_tma_gemm(
     xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, block: int | None,
-    out_dtype: torch.dtype, tile: TmaTile,
+    out_dtype: torch.dtype, tile: TmaTile, bias: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """``xq [M, K]`` e4m3 and ``wq [N, K]`` e4m3 -> ``[M, N]`` in ``out_dtype``. ``block`` None: per-token
     ``x_scale [M, 1]`` and per-channel ``w_scale`` (``N`` values); 128: ``x_scale [M, K/128]``, ``w_scale
-    [N/128, K/128]`` (``block_n`` at most 128). Rows 16-byte aligned (TMA): K a multiple of 16."""
+    [N/128, K/128]`` (``block_n`` at most 128); ``bias [N]`` added. Rows 16-byte aligned (TMA): K a multiple
+    of 16."""
     m, k = xq.shape
     n = wq.shape[0]
     if wq.shape[1] != k or k % 16 or xq.stride(1) != 1 or wq.stride(1) != 1 or xq.stride(0) % 16:
@@ -134,17 +139,19 @@ def fp8_tma_gemm(
     b_desc = TensorDescriptor.from_tensor(wq, [tile.block_n, K_STEP])
     units = triton.cdiv(m, tile.block_m) * triton.cdiv(n, tile.block_n) * split
     programs = min(units, tile.programs_per_sm * num_sms())
+    bias_arg = out if bias is None else bias
     _tma_gemm_kernel[(programs,)](
-        a_desc, b_desc, out, ws, x_scale, w_scale, m, n, k, out.stride(0), x_scale.stride(0),
+        a_desc, b_desc, out, ws, x_scale, w_scale, bias_arg, m, n, k, out.stride(0), x_scale.stride(0),
         0 if block is None else w_scale.stride(0), programs,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=K_STEP, SPLIT=split, PER_SPLIT=per_split,
-        ROWWISE=block is None,
+        ROWWISE=block is None, HAS_BIAS=bias is not None,
         WARP_SPEC=tile.warp_specialize, INTERP=interpreting(),
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     if split > 1:
         sum_block = min(1024, triton.next_power_of_2(n))
         splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
-            ws, out, out, m, n, out.stride(0), SPLIT=split, HAS_BIAS=False, BLOCK=sum_block, num_warps=4
+            ws, out, bias_arg, m, n, out.stride(0), SPLIT=split, HAS_BIAS=bias is not None, BLOCK=sum_block,
+            num_warps=4,
         )
     return out
