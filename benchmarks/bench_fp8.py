@@ -95,8 +95,8 @@ _WIDE_M_TILES = ((128, 64, 8, 6, 1), (128, 64, 4, 6, 1), (128, 32, 4, 8, 1), (12
 # defaults' shapes, deeper pipelines and more k-splits (40-56 registers: more programs fit an SM)
 _SWAP_TILES = ((64, 4, 4, 1), (64, 4, 4, 2), (64, 4, 4, 4), (64, 4, 6, 4), (128, 8, 4, 4))
 
-# --tma: the persistent TMA GEMM (kernels.fp8.gemm_tma) at 33-256 tokens, (BLOCK_M, BLOCK_N, split-K, warps,
-# stages, programs an SM, warp-specialized): the batch in one or two M tiles, 64- and 128-wide weight tiles,
+# --tma: the persistent TMA GEMM (kernels.fp8.gemm_tma), (BLOCK_M, BLOCK_N, split-K, warps, stages, programs
+# an SM, warp-specialized). 33-256 tokens: the batch in one or two M tiles, 64- and 128-wide weight tiles,
 # k-splits that give every SM a unit, deeper pipelines, two programs an SM and a TMA producer warp
 _TMA_TILES = (
     (64, 64, 1, 4, 4, 1, False), (64, 128, 1, 4, 4, 1, False), (128, 64, 1, 8, 4, 1, False),
@@ -104,12 +104,26 @@ _TMA_TILES = (
     (64, 128, 2, 4, 4, 1, False), (128, 64, 2, 8, 4, 1, False), (64, 64, 2, 4, 6, 2, False),
     (64, 128, 1, 4, 6, 1, False), (128, 128, 2, 8, 4, 1, True), (64, 128, 2, 4, 4, 1, True),
 )
+# up to 32 tokens swapped (the weight tile is wgmma's M side), BLOCK_M the batch's 16 or 32: 64- and 128-row
+# weight tiles, splits for one to several units an SM, deeper pipelines, two programs an SM, a producer warp
+_TMA_SWAP_TILES = (
+    (64, 2, 4, 4, 1, False), (64, 4, 4, 4, 1, False), (64, 8, 4, 4, 1, False), (128, 4, 4, 4, 1, False),
+    (64, 4, 4, 6, 1, False), (64, 4, 4, 4, 2, False), (128, 2, 4, 6, 1, False), (64, 4, 4, 4, 1, True),
+)
 
 
 def tma_tiles(m: int, block: int | None) -> dict[str, TmaTile]:
     """:data:`_TMA_TILES` for ``m`` tokens (BLOCK_M at most the batch rounded up to 64; block-scaled: weight
-    tiles at most 128 wide), named ``MxN kS wW sS pP`` (+ ``ws``)."""
+    tiles at most 128 wide), up to 32 tokens :data:`_TMA_SWAP_TILES`; named ``MxN kS wW sS pP`` (+ ``ws``
+    warp-specialized, ``x`` swapped)."""
     out: dict[str, TmaTile] = {}
+    if m <= 32:
+        bm = 16 if m <= 16 else 32
+        for bn, sp, w, st, pp, wsp in _TMA_SWAP_TILES:
+            if not (block and bn > block):
+                name = f"{bm}x{bn}k{sp}w{w}s{st}p{pp}" + ("ws" if wsp else "") + "x"
+                out[name] = TmaTile(bm, bn, sp, w, st, pp, wsp, swap_ab=True)
+        return out
     for bm, bn, sp, w, st, pp, wsp in _TMA_TILES:
         if bm > max(64, triton.next_power_of_2(m)) or (block and bn > block):
             continue
@@ -343,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=None, help="output file stem (default fp8-weights-<gpu tag>)")
     ap.add_argument("--ms", type=int, nargs="+", default=None, help="token counts (default: 1 ... 8192)")
     ap.add_argument("--shapes", nargs="+", default=None, choices=[s[0] for s in SHAPES_8B])
+    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     ap.add_argument("--tma", action="store_true", help="the persistent TMA GEMM's tiles beside the default "
                     "GEMM, cuBLASLt and bf16 (rows kind tma; --ms default 64 128 256)")  # fmt: skip
     args = ap.parse_args(argv)
@@ -358,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, n, k in shapes:
         w = torch.randn(n, k, device=DEV) * 0.02
         for m in ms:
-            for fmt in FORMATS:
+            for fmt in args.formats:
                 row = _tma_row(name, n, k, m, fmt, w) if args.tma else _row(name, n, k, m, fmt, w, ceiling)
                 rows.append(row)
                 print(json.dumps(rows[-1]), flush=True)

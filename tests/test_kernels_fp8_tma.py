@@ -22,9 +22,12 @@ CASES = [  # (m, k, n, tile)
     (37, 400, 200, TmaTile(32, 64, split_k=2)),  # 2 x 4 tiles, K = 3 steps + 16: splits of 2 and 2
     (70, 272, 96, TmaTile(64, 32, split_k=3, programs_per_sm=1)),  # 3 splits of 1 step (the last partial)
     (5, 512, 130, TmaTile(16, 128)),  # a partial column tile, no split
+    (3, 400, 200, TmaTile(16, 64, split_k=3, swap_ab=True)),  # swapped: the weight tile the MMA's M side
 ] if DEVICE == "cpu" else [
     (64, 4096, 6144, TmaTile(64, 128)), (128, 4096, 4096, TmaTile(128, 128, split_k=2, num_warps=8)),
-    (200, 14336, 4096, TmaTile(128, 64, split_k=3, num_warps=8)), (37, 1040, 264, TmaTile(64, 64, 2, 4, 6, 2)),
+    (200, 14336, 4096, TmaTile(128, 64, split_k=3, num_warps=8)),
+    (37, 1040, 264, TmaTile(64, 64, 2, 4, 6, 2)), (1, 4096, 6144, TmaTile(16, 64, split_k=4, swap_ab=True)),
+    (30, 1040, 264, TmaTile(32, 128, 2, swap_ab=True)),
 ]  # fmt: skip
 
 

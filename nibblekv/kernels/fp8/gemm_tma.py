@@ -1,4 +1,4 @@
-"""A persistent FP8 GEMM on Hopper's TMA for decode batches of 33-256 tokens: operands loaded by tensor
+"""A persistent FP8 GEMM on Hopper's TMA for decode batches (1-256 tokens): operands loaded by tensor
 descriptors (``TensorDescriptor``: bulk copies, zero-filled past the edges), one program per SM walking its
 share of the (output tile, k-split) units with the k loop flattened across units, so the pipeline keeps
 loading from one unit into the next instead of refilling per program as :mod:`.gemm`'s grid of short
@@ -29,7 +29,9 @@ K_STEP = 128
 class TmaTile:
     """One launch of :func:`fp8_tma_gemm`: ``block_m x block_n`` output tiles, ``split_k`` k-splits, Triton's
     ``num_warps`` / ``num_stages``, ``programs_per_sm`` persistent programs an SM, ``warp_specialize``: a
-    producer warp issuing the TMA loads (Triton's ``tl.range(warp_specialize=True)``)."""
+    producer warp issuing the TMA loads (Triton's ``tl.range(warp_specialize=True)``), ``swap_ab``: the MMA
+    computes ``C^T = W X^T``, the weight tile its M side (a batch of 1-32 tokens on FP8 wgmma, whose M is
+    64 rows a warpgroup)."""
 
     block_m: int
     block_n: int
@@ -38,6 +40,7 @@ class TmaTile:
     num_stages: int = 4
     programs_per_sm: int = 1
     warp_specialize: bool = False
+    swap_ab: bool = False
 
     def __post_init__(self) -> None:
         pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
@@ -50,6 +53,7 @@ def _unit(
     u, a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, grid_m, grid_n, k_steps, stride_cm,
     stride_as, stride_bs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr, ROWWISE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SWAP: tl.constexpr,
 ):  # fmt: skip
     """Unit ``u``: ``PER_SPLIT`` k-steps of one output tile, stored (or its fp32 partial, split-K)."""
     pid_m = u % grid_m
@@ -58,19 +62,30 @@ def _unit(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = offs_m % M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:  # acc^T [BLOCK_N, BLOCK_M]: the weight tile is the MMA's M side (wgmma's 64 rows)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(PER_SPLIT):
         kb = s * PER_SPLIT + i
         a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
         b = b_desc.load([pid_n * BLOCK_N, kb * BLOCK_K])
         if ROWWISE:
             # NOTE: Hopper's FP8 MMAs accumulate in reduced precision: promoted every k-step
-            acc = tl.dot(a, b.T, acc, max_num_imprecise_acc=BLOCK_K)
+            if SWAP:
+                acc = tl.dot(b, a.T, acc, max_num_imprecise_acc=BLOCK_K)
+            else:
+                acc = tl.dot(a, b.T, acc, max_num_imprecise_acc=BLOCK_K)
         else:
             kq = tl.minimum(kb, k_steps - 1)  # a step past K adds zeros: any valid scale
             sa = tl.load(as_ptr + rows * stride_as + kq)
             sb = tl.load(bs_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * stride_bs + kq)
-            acc += tl.dot(a, b.T) * (sa * sb)[:, None]
+            if SWAP:
+                acc += tl.dot(b, a.T) * (sa * sb)[None, :]
+            else:
+                acc += tl.dot(a, b.T) * (sa * sb)[:, None]
+    if SWAP:
+        acc = tl.trans(acc)
     if ROWWISE:  # linear in the sum: each partial takes the scales on its own
         cols = offs_n % N
         acc = acc * tl.load(as_ptr + rows * stride_as)[:, None] * tl.load(bs_ptr + cols)[None, :]
@@ -90,8 +105,8 @@ def _tma_gemm_kernel(
     a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K, stride_cm, stride_as, stride_bs,
     programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    PER_SPLIT: tl.constexpr, ROWWISE: tl.constexpr, HAS_BIAS: tl.constexpr, WARP_SPEC: tl.constexpr,
-    INTERP: tl.constexpr,
+    PER_SPLIT: tl.constexpr, ROWWISE: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP: tl.constexpr,
+    WARP_SPEC: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     # NOTE: unit u = (split s, n tile, m tile), m fastest: the programs running at once on neighbouring units
     # share each weight tile while it is in L2. Every unit runs the same number of k-steps (splits even,
@@ -102,7 +117,7 @@ def _tma_gemm_kernel(
     units = grid_m * grid_n * SPLIT
     args = (a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, grid_m, grid_n, k_steps, stride_cm,
             stride_as, stride_bs, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, PER_SPLIT, ROWWISE,
-            HAS_BIAS)  # fmt: skip
+            HAS_BIAS, SWAP)  # fmt: skip
     if INTERP:  # NOTE: the interpreter cannot run `for` over a program id; GPUs need `for` to pipeline
         u = tl.program_id(0)
         while u < units:
@@ -144,7 +159,7 @@ def fp8_tma_gemm(
         a_desc, b_desc, out, ws, x_scale, w_scale, bias_arg, m, n, k, out.stride(0), x_scale.stride(0),
         0 if block is None else w_scale.stride(0), programs,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=K_STEP, SPLIT=split, PER_SPLIT=per_split,
-        ROWWISE=block is None, HAS_BIAS=bias is not None,
+        ROWWISE=block is None, HAS_BIAS=bias is not None, SWAP=tile.swap_ab,
         WARP_SPEC=tile.warp_specialize, INTERP=interpreting(),
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
