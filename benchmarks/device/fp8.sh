@@ -8,9 +8,11 @@
 # the bf16 weights. Then the 8B engine's decode step with FP8 weights at 1 and 16 tokens (2K context, both 4-
 # and 8-bit KV; docs/results.md "The FP8 decode step at 1-16 tokens"), ~1.5 min. Engine rows with FP8 weights:
 #   ENGINE_ARGS="--quantization fp8" bash benchmarks/device/engine.sh
+# The persistent TMA GEMM's tile sweep beside the default GEMM, cuBLASLt and bf16 (fp8-tma-<gpu>.json, ~5 min):
+#   FP8_ARGS="--tma --formats channel --ms 1 16 64 128 256" T_FP8_STEP=0 bash benchmarks/device/fp8.sh
 # Usage from the repo root: OUT=DIR COMMIT=<sha> bash benchmarks/device/fp8.sh [GGUF_PATH]
-# Env: COMMIT (the commit under test), T_FP8 (timeout in s, 540), T_FP8_EVAL (timeout in s, 240), T_FP8_STEP
-# (timeout in s, 200; 0 skips the engine step).
+# Env: COMMIT (the commit under test), FP8_ARGS (more bench_fp8.py flags), T_FP8 (timeout in s, 540),
+# T_FP8_EVAL (timeout in s, 240), T_FP8_STEP (timeout in s, 200; 0 skips the engine step).
 # $OUT gets: fp8-weights-<gpu>.json (<gpu>: h200, h100, ... as benchmarks/timing.py's gpu_tag; rows kind=gemm:
 # m, n, k, format, fp8_us, fp8_gemm_us, bf16_us, speedup, read_frac at M <= 16; acceptance; commit, gpu, date),
 # fp8-weights-<gpu>.png, fp8-weights-<gpu>.log, gpu.txt, with GGUF_PATH fp8-weights-accuracy.json, and
@@ -22,8 +24,9 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/common.sh"
 gpu_info
 TAG=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import timing; print(timing.gpu_tag())")
-LOG="$OUT/fp8-weights-$TAG.log"
-run_bench "${T_FP8:-540}" "$LOG" 70 benchmarks/bench_fp8.py --out "$OUT"
+case " ${FP8_ARGS:-} " in *" --tma "*) LOG="$OUT/fp8-tma-$TAG.log" ;; *) LOG="$OUT/fp8-weights-$TAG.log" ;; esac
+# shellcheck disable=SC2086 # FP8_ARGS is a set of flags, split on purpose
+run_bench "${T_FP8:-540}" "$LOG" 70 benchmarks/bench_fp8.py --out "$OUT" ${FP8_ARGS:-}
 rc=$?
 if [ -n "${1:-}" ]; then
     # as eval.sh: the device has no `gguf` package; import it from a carried wheel in .whl/
