@@ -20,6 +20,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nibblekv.kernels._common import interpreting, num_sms
 from nibblekv.kernels.fp8.splitk import splitk_sum_kernel
+from nibblekv.kernels.pdl import pdl_enter, pdl_launch
 
 # K per step: one weight block of the block-scaled format, and the row-wise GEMM's promotion interval
 K_STEP = 128
@@ -106,11 +107,13 @@ def _tma_gemm_kernel(
     programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     PER_SPLIT: tl.constexpr, ROWWISE: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP: tl.constexpr,
-    WARP_SPEC: tl.constexpr, INTERP: tl.constexpr,
+    WARP_SPEC: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     # NOTE: unit u = (split s, n tile, m tile), m fastest: the programs running at once on neighbouring units
     # share each weight tile while it is in L2. Every unit runs the same number of k-steps (splits even,
     # steps past K load zeros), which lets Triton flatten the two loops into one pipeline.
+    # PDL (kernels.pdl): released, then waits for the input, at once.
+    pdl_enter(PDL)
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
@@ -130,12 +133,12 @@ def _tma_gemm_kernel(
 
 def fp8_tma_gemm(
     xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, block: int | None,
-    out_dtype: torch.dtype, tile: TmaTile, bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype, tile: TmaTile, bias: torch.Tensor | None = None, pdl: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """``xq [M, K]`` e4m3 and ``wq [N, K]`` e4m3 -> ``[M, N]`` in ``out_dtype``. ``block`` None: per-token
     ``x_scale [M, 1]`` and per-channel ``w_scale`` (``N`` values); 128: ``x_scale [M, K/128]``, ``w_scale
     [N/128, K/128]`` (``block_n`` at most 128); ``bias [N]`` added. Rows 16-byte aligned (TMA): K a multiple
-    of 16."""
+    of 16. ``pdl``: programmatic dependent launch (``kernels.pdl.pdl_launch``; default where available)."""
     m, k = xq.shape
     n = wq.shape[0]
     if wq.shape[1] != k or k % 16 or xq.stride(1) != 1 or wq.stride(1) != 1 or xq.stride(0) % 16:
@@ -155,18 +158,19 @@ def fp8_tma_gemm(
     units = triton.cdiv(m, tile.block_m) * triton.cdiv(n, tile.block_n) * split
     programs = min(units, tile.programs_per_sm * num_sms())
     bias_arg = out if bias is None else bias
+    launch = pdl_launch(xq.device, pdl)
     _tma_gemm_kernel[(programs,)](
         a_desc, b_desc, out, ws, x_scale, w_scale, bias_arg, m, n, k, out.stride(0), x_scale.stride(0),
         0 if block is None else w_scale.stride(0), programs,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=K_STEP, SPLIT=split, PER_SPLIT=per_split,
         ROWWISE=block is None, HAS_BIAS=bias is not None, SWAP=tile.swap_ab,
         WARP_SPEC=tile.warp_specialize, INTERP=interpreting(),
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        num_warps=tile.num_warps, num_stages=tile.num_stages, **launch,
     )  # fmt: skip
     if split > 1:
         sum_block = min(1024, triton.next_power_of_2(n))
         splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
             ws, out, bias_arg, m, n, out.stride(0), SPLIT=split, HAS_BIAS=bias is not None, BLOCK=sum_block,
-            num_warps=4,
+            num_warps=4, **launch,
         )
     return out
