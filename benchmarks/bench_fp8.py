@@ -156,14 +156,16 @@ def _tma_row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor) -> di
         try:
             got = fn()
         except Exception as e:  # noqa: BLE001 - triton's OutOfResources and compile errors alike
-            print(f"tma tile {tname}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+            why = [line for line in str(e).splitlines() if line.strip()][-3:]
+            print(f"tma tile {tname}: {type(e).__name__}: {' | '.join(why)[:400]}", flush=True)
             continue
         err = ((got.float() - want).norm() / want.norm()).item()
         if not err < 1e-2:
             raise AssertionError(f"{name} m={m} {fmt}: TMA tile {tname} is {err:.3g} (rel. L2) off the twin")
         times[tname] = round(bench_graph(fn), 2)
     row["tma_tiles_us"] = times
-    row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, w.to(torch.bfloat16).t())), 2)
+    wb = w.to(torch.bfloat16)
+    row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
     if times:
         best = min(times, key=times.get)
         row["tma_best"], row["tma_best_us"] = best, times[best]

@@ -118,17 +118,22 @@ def _tma_gemm_kernel(
     grid_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
     units = grid_m * grid_n * SPLIT
-    args = (a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, grid_m, grid_n, k_steps, stride_cm,
-            stride_as, stride_bs, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, PER_SPLIT, ROWWISE,
-            HAS_BIAS, SWAP)  # fmt: skip
     if INTERP:  # NOTE: the interpreter cannot run `for` over a program id; GPUs need `for` to pipeline
         u = tl.program_id(0)
         while u < units:
-            _unit(u, *args)
+            _unit(
+                u, a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, grid_m, grid_n, k_steps,
+                stride_cm, stride_as, stride_bs, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, PER_SPLIT, ROWWISE,
+                HAS_BIAS, SWAP,
+            )  # fmt: skip
             u += programs
     else:
         for u in tl.range(tl.program_id(0), units, programs, flatten=True, warp_specialize=WARP_SPEC):
-            _unit(u, *args)
+            _unit(
+                u, a_desc, b_desc, c_ptr, ws_ptr, as_ptr, bs_ptr, bias_ptr, M, N, grid_m, grid_n, k_steps,
+                stride_cm, stride_as, stride_bs, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, PER_SPLIT, ROWWISE,
+                HAS_BIAS, SWAP,
+            )  # fmt: skip
 
 
 def fp8_tma_gemm(
