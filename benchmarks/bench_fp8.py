@@ -53,14 +53,14 @@ from nibblekv.kernels.fp8.gemm import (  # noqa: E402
     fp8_rowwise_gemm,
     rowwise_triton_max_m,
 )
-from nibblekv.kernels.fp8.gemm_tma import TmaTile, fp8_tma_gemm  # noqa: E402
+from nibblekv.kernels.fp8.gemm_tma import fp8_tma_gemm  # noqa: E402
 from nibblekv.kernels.fp8.quant import quant_fp8_groups  # noqa: E402
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref, fp8_linear_ref  # noqa: E402
 from nibblekv.kernels.fp8.scaled_mm import (  # noqa: E402
     block_scaled_mm_unavailable,
     fp8_block_scaled_mm,
 )
-from nibblekv.kernels.fp8.tiles import GemmTile, gemm_tile  # noqa: E402
+from nibblekv.kernels.fp8.tiles import GemmTile, TmaTile, gemm_tile  # noqa: E402
 
 BLOCK = 128
 # Llama-3.1-8B: (projection, N, K)
@@ -104,11 +104,12 @@ _TMA_TILES = (
     (64, 128, 2, 4, 4, 1, False), (128, 64, 2, 8, 4, 1, False), (64, 64, 2, 4, 6, 2, False),
     (64, 128, 1, 4, 6, 1, False), (128, 128, 2, 8, 4, 1, True), (64, 128, 2, 4, 4, 1, True),
 )
-# up to 32 tokens swapped (the weight tile is wgmma's M side), BLOCK_M the batch's 16 or 32: 64- and 128-row
-# weight tiles, splits for one to several units an SM, deeper pipelines, two programs an SM, a producer warp
+# up to 32 tokens swapped (the weight tile is wgmma's M side), BLOCK_M the batch's 16 or 32: tma_tile's
+# default (64-row weight tiles, 4 splits, 2 programs an SM) and its neighbours -- 128-row tiles, 2 / 8 splits,
+# 3 programs an SM, deeper pipelines
 _TMA_SWAP_TILES = (
-    (64, 2, 4, 4, 1, False), (64, 4, 4, 4, 1, False), (64, 8, 4, 4, 1, False), (128, 4, 4, 4, 1, False),
-    (64, 4, 4, 6, 1, False), (64, 4, 4, 4, 2, False), (128, 2, 4, 6, 1, False), (64, 4, 4, 4, 1, True),
+    (64, 4, 4, 4, 2, False), (128, 2, 4, 6, 1, False), (64, 4, 4, 6, 1, False), (128, 4, 4, 4, 1, False),
+    (64, 8, 4, 4, 2, False), (64, 4, 4, 4, 3, False), (64, 2, 4, 4, 2, False), (64, 4, 4, 6, 2, False),
 )
 
 
@@ -133,18 +134,20 @@ def tma_tiles(m: int, block: int | None) -> dict[str, TmaTile]:
 
 
 def _tma_row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor) -> dict[str, Any]:
-    """The GEMM alone at ``m`` tokens: :mod:`.gemm`'s default Triton tile, cuBLASLt (per channel: row-wise
-    ``torch._scaled_mm``), every :func:`tma_tiles` launch (each checked against the twin first), bf16 mm."""
+    """The GEMM alone at ``m`` tokens: the grid GEMM's tile for ``m`` (``gemm_tile``), cuBLASLt (per channel:
+    row-wise ``torch._scaled_mm``), every :func:`tma_tiles` launch (each checked against the twin first) and
+    bf16 mm."""
     x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
     block = None if fmt == "channel" else BLOCK
     wq, ws = quantize_weight_channel(w) if block is None else quantize_weight_block(w, BLOCK)
     xq, xs = quant_fp8_groups(x, block)
+    grid = gemm_tile(m, n, triton.cdiv(k, block or ROWWISE_K_STEP), block=block is not None)
     if block is None:
-        default = lambda: fp8_rowwise_gemm(xq, xs, wq, ws, torch.bfloat16)  # noqa: E731
+        default = lambda: fp8_rowwise_gemm(xq, xs, wq, ws, torch.bfloat16, tile=grid)  # noqa: E731
     else:
-        default = lambda: fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16)  # noqa: E731
+        default = lambda: fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16, tile=grid)  # noqa: E731
     row: dict[str, Any] = dict(kind="tma", name=name, m=m, n=n, k=k, format=fmt)
-    row["triton_us"] = round(bench_graph(default), 2)
+    row["triton_us"] = round(bench_graph(default), 2)  # the grid GEMM (kernels.fp8.gemm), its tile for m
     if block is None and x.is_cuda:
         row["scaled_mm_us"] = round(bench_graph(
             lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.view(1, -1), out_dtype=torch.bfloat16)

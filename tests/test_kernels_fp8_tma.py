@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_channel
-from nibblekv.kernels.fp8.gemm_tma import TmaTile, fp8_tma_gemm
+from nibblekv.kernels.fp8.gemm import fp8_block_gemm, fp8_rowwise_gemm
+from nibblekv.kernels.fp8.gemm_tma import fp8_tma_gemm, tma_loads
 from nibblekv.kernels.fp8.quant import quant_fp8_groups
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref
+from nibblekv.kernels.fp8.tiles import TMA_MAX_M, TmaTile, tma_tile
 from nibblekv.kernels.testing import rel_rms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -56,3 +58,26 @@ def test_tma_gemm_refuses_what_tma_cannot_load() -> None:
         fp8_tma_gemm(xq, xs, wq, ws, 128, torch.float32, TmaTile(16, 256))
     with pytest.raises(ValueError, match="powers of two"):
         TmaTile(48, 64)
+
+
+@pytest.mark.parametrize("block", [None, 128])
+def test_small_batches_take_the_tma_gemm_by_default(block: int | None) -> None:
+    """Up to TMA_MAX_M tokens the FP8 GEMMs run the TMA GEMM with tma_tile's launch (bit for bit), past it
+    the grid GEMM; operands TMA cannot load (K not a multiple of 16) stay on the grid GEMM."""
+    torch.manual_seed(3)
+    wq, ws = (quantize_weight_channel if block is None else lambda w: quantize_weight_block(w, 128))(
+        torch.randn(200, 384, device=DEVICE) * 0.05
+    )
+    for m, tma in ((1, True), (TMA_MAX_M, True), (TMA_MAX_M + 1, False)):
+        xq, xs = quant_fp8_groups(torch.randn(m, 384, device=DEVICE).to(torch.bfloat16), block)
+        if block is None:
+            got = fp8_rowwise_gemm(xq, xs, wq, ws, torch.float32)
+        else:
+            got = fp8_block_gemm(xq, xs, wq, ws, 128, torch.float32)
+        tile = tma_tile(m, 200, 3, block is not None)
+        assert (tile is not None) == tma and tma_loads(xq, wq)
+        if tma:
+            assert torch.equal(got, fp8_tma_gemm(xq, xs, wq, ws, block, torch.float32, tile))
+        assert rel_rms(got, fp8_gemm_ref(xq, xs, wq, ws, block, torch.float32)) < GEMM_RMS
+    xq, xs = quant_fp8_groups(torch.randn(2, 200, device=DEVICE).to(torch.bfloat16), None)
+    assert not tma_loads(xq, quantize_weight_channel(torch.randn(8, 200, device=DEVICE))[0])

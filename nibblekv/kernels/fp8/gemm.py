@@ -21,6 +21,7 @@ import triton.language as tl
 
 from nibblekv.formats.fp8_weights import QuantizedRows
 from nibblekv.kernels._common import interpreting
+from nibblekv.kernels.fp8.gemm_tma import fp8_tma_gemm, tma_loads
 from nibblekv.kernels.fp8.quant import quant_fp8_groups
 from nibblekv.kernels.fp8.scaled_mm import (
     block_scaled_mm_available,
@@ -28,7 +29,7 @@ from nibblekv.kernels.fp8.scaled_mm import (
     fp8_block_scaled_mm,
 )
 from nibblekv.kernels.fp8.splitk import splitk_sum_kernel
-from nibblekv.kernels.fp8.tiles import GemmTile, gemm_tile
+from nibblekv.kernels.fp8.tiles import GemmTile, TmaTile, gemm_tile, tma_tile
 from nibblekv.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from nibblekv.kernels.ptx.mma import _prefetch_l2
 
@@ -202,15 +203,21 @@ def _block_gemm_kernel(
 
 def _launch_gemm(
     xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, group: int,
-    out_dtype: torch.dtype, bias: torch.Tensor | None, tile: GemmTile | None, rowwise: bool,
+    out_dtype: torch.dtype, bias: torch.Tensor | None, tile: GemmTile | TmaTile | None, rowwise: bool,
     pdl: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Allocate ``[M, N]`` and run :func:`_block_gemm_kernel` (+ ``splitk_sum_kernel`` with k-splits); shapes
-    already checked. ``pdl``: programmatic dependent launch (``kernels.pdl.pdl_launch``; default where
-    available)."""
+    """Allocate ``[M, N]`` and run :func:`_block_gemm_kernel` (+ ``splitk_sum_kernel`` with k-splits), or the
+    TMA GEMM (``gemm_tma``) for a :class:`TmaTile` given or by default (:func:`tma_tile`) where TMA can load
+    the operands; shapes already checked. ``pdl``: programmatic dependent launch (``kernels.pdl.pdl_launch``;
+    default where available)."""
     m, k = xq.shape
     n = wq.shape[0]
     kb = triton.cdiv(k, group)
+    tma = tile if isinstance(tile, TmaTile) else None
+    if tile is None and tma_loads(xq, wq):
+        tma = tma_tile(m, n, kb, not rowwise)
+    if tma is not None:
+        return fp8_tma_gemm(xq, x_scale, wq, w_scale, None if rowwise else group, out_dtype, tma, bias, pdl)
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
         return out
@@ -252,7 +259,7 @@ def fp8_block_gemm(
     block: int,
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
-    tile: GemmTile | None = None,
+    tile: GemmTile | TmaTile | None = None,
 ) -> torch.Tensor:
     """``xq [M, K]`` e4m3 with ``x_scale [M, ceil(K/B)]``, ``wq [N, K]`` e4m3 with ``w_scale [ceil(N/B),
     ceil(K/B)]`` (``B = block``) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref``). ``tile``: this
@@ -280,7 +287,7 @@ def fp8_rowwise_gemm(
     w_scale: torch.Tensor,
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
-    tile: GemmTile | None = None,
+    tile: GemmTile | TmaTile | None = None,
 ) -> torch.Tensor:
     """``xq [M, K]`` e4m3 with per-token ``x_scale [M, 1]``, ``wq [N, K]`` e4m3 with per-channel ``w_scale``
     (``N`` values, contiguous) -> ``[M, N]`` in ``out_dtype`` (twin: ``fp8_gemm_ref`` with ``block=None``):

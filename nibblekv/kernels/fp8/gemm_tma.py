@@ -11,7 +11,7 @@ programs does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
 import torch
 import triton
@@ -20,33 +20,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nibblekv.kernels._common import interpreting, num_sms
 from nibblekv.kernels.fp8.splitk import splitk_sum_kernel
+from nibblekv.kernels.fp8.tiles import TmaTile
 from nibblekv.kernels.pdl import pdl_enter, pdl_launch
 
 # K per step: one weight block of the block-scaled format, and the row-wise GEMM's promotion interval
 K_STEP = 128
-
-
-@dataclass(frozen=True)
-class TmaTile:
-    """One launch of :func:`fp8_tma_gemm`: ``block_m x block_n`` output tiles, ``split_k`` k-splits, Triton's
-    ``num_warps`` / ``num_stages``, ``programs_per_sm`` persistent programs an SM, ``warp_specialize``: a
-    producer warp issuing the TMA loads (Triton's ``tl.range(warp_specialize=True)``), ``swap_ab``: the MMA
-    computes ``C^T = W X^T``, the weight tile its M side (a batch of 1-32 tokens on FP8 wgmma, whose M is
-    64 rows a warpgroup)."""
-
-    block_m: int
-    block_n: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 4
-    programs_per_sm: int = 1
-    warp_specialize: bool = False
-    swap_ab: bool = False
-
-    def __post_init__(self) -> None:
-        pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
-        if not pow2 or min(self.split_k, self.num_warps, self.num_stages, self.programs_per_sm) < 1:
-            raise ValueError(f"FP8 TMA tile {self}: powers of two >= 16, positive splits, warps, stages")
 
 
 @triton.jit
@@ -134,6 +112,19 @@ def _tma_gemm_kernel(
                 stride_cm, stride_as, stride_bs, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, PER_SPLIT, ROWWISE,
                 HAS_BIAS, SWAP,
             )  # fmt: skip
+
+
+@functools.cache
+def _sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def tma_loads(xq: torch.Tensor, wq: torch.Tensor) -> bool:
+    """Whether :func:`fp8_tma_gemm` can load ``xq [M, K]`` and ``wq [N, K]``: an sm_90 GPU (or the
+    interpreter), unit column strides, rows and bases 16-byte aligned (TMA's bulk copies)."""
+    gpu = interpreting() or (xq.is_cuda and _sm90(xq.device.index or 0))
+    aligned = all(t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (xq, wq))
+    return gpu and aligned and xq.shape[1] % 16 == 0
 
 
 def fp8_tma_gemm(

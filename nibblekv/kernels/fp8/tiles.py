@@ -36,6 +36,45 @@ class GemmTile:
             raise ValueError(f"FP8 GEMM tile {self}: powers of two >= 16, positive warps, stages and splits")
 
 
+@dataclass(frozen=True)
+class TmaTile:
+    """One launch of :func:`fp8_tma_gemm`: ``block_m x block_n`` output tiles, ``split_k`` k-splits, Triton's
+    ``num_warps`` / ``num_stages``, ``programs_per_sm`` persistent programs an SM, ``warp_specialize``: a
+    producer warp issuing the TMA loads (Triton's ``tl.range(warp_specialize=True)``), ``swap_ab``: the MMA
+    computes ``C^T = W X^T``, the weight tile its M side (a batch of 1-32 tokens on FP8 wgmma, whose M is
+    64 rows a warpgroup)."""
+
+    block_m: int
+    block_n: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+    programs_per_sm: int = 1
+    warp_specialize: bool = False
+    swap_ab: bool = False
+
+    def __post_init__(self) -> None:
+        pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
+        if not pow2 or min(self.split_k, self.num_warps, self.num_stages, self.programs_per_sm) < 1:
+            raise ValueError(f"FP8 TMA tile {self}: powers of two >= 16, positive splits, warps, stages")
+
+
+# NOTE: the most tokens the TMA GEMM (kernels.fp8.gemm_tma) takes by default, swapped 16x64 weight tiles, 4
+# k-splits, 2 programs an SM: H100, GEMM alone, 1 token, qkv / o / gate_up / down 13.0 / 9.2 / 44.0 / 23.2 us
+# against the grid GEMM's 12.4 / 9.8 / 49.6 / 24.3 (-7% over the four); at 16 tokens 13.9 / 10.1 / 49.3 / 23.8
+# vs 12.9 / 10.3 / 42.2 / 24.0 (+9%); from 33 tokens no TMA tile gained over the grid GEMM or cuBLASLt by
+# more than 3 of 20 shapes (bench_fp8 --tma, fp8-tma-h100.json)
+TMA_MAX_M = 8
+
+
+def tma_tile(m: int, n: int, kblocks: int, block: bool = False) -> TmaTile | None:
+    """The default :class:`TmaTile` for an ``m x n`` output over ``kblocks`` k-steps (``block``: the
+    block-scaled GEMM), None where the grid GEMM (:func:`gemm_tile`) serves."""
+    if m > TMA_MAX_M:
+        return None
+    return TmaTile(16, 64, split_k=4, num_warps=4, num_stages=4, programs_per_sm=2, swap_ab=True)
+
+
 @functools.lru_cache(maxsize=1024)
 def gemm_tile(m: int, n: int, kblocks: int, block: bool = False) -> GemmTile:
     """The default :class:`GemmTile` for an ``m x n`` output over ``kblocks`` k-blocks, ``block``: of the
