@@ -59,12 +59,13 @@ class TmaTile:
             raise ValueError(f"FP8 TMA tile {self}: powers of two >= 16, positive splits, warps, stages")
 
 
-# NOTE: the most tokens the TMA GEMM (kernels.fp8.gemm_tma) takes by default, swapped 16x64 weight tiles, 4
-# k-splits, 2 programs an SM: H100, GEMM alone, 1 token, qkv / o / gate_up / down 13.0 / 9.2 / 44.0 / 23.2 us
-# against the grid GEMM's 12.4 / 9.8 / 49.6 / 24.3 (-7% over the four); at 16 tokens 13.9 / 10.1 / 49.3 / 23.8
-# vs 12.9 / 10.3 / 42.2 / 24.0 (+9%); from 33 tokens no TMA tile gained over the grid GEMM or cuBLASLt by
-# more than 3 of 20 shapes (bench_fp8 --tma, fp8-tma-h100.json)
-TMA_MAX_M = 8
+# NOTE: the most tokens the TMA GEMM (kernels.fp8.gemm_tma) takes by default (swapped 16x64 weight tiles, 4
+# k-splits, 2 programs an SM). H100, GEMM alone, us, qkv + o + gate_up + down, per channel / 128x128 blocks
+# (bench_fp8 --tma, fp8-tma-h100.json): 1 token 92.4 / 91.9 against the grid GEMM's 97.4 / 97.8 (-5 / -6%;
+# gate_up 46.3 vs 50.6), 2 tokens 94.1 / 96.2 vs 92.8 / 93.2, 8 tokens +6 / +7%, 16 tokens +9%; the engine's
+# 8B decode step at 1 token 4.40 -> 4.13-4.16 ms (FP8 weights and KV). At 64-256 tokens (per channel) the
+# best TMA tile beat both the grid GEMM and cuBLASLt at 3 of 12 shapes (down_proj at 128 tokens by 9%).
+TMA_MAX_M = 1
 
 
 def tma_tile(m: int, n: int, kblocks: int, block: bool = False) -> TmaTile | None:
