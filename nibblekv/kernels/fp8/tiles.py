@@ -1,5 +1,6 @@
-"""Launch configurations of the FP8 GEMM (:mod:`.gemm`): the typed :class:`GemmTile` and the default
-choice per token count, output width and K (:func:`gemm_tile`), from ``benchmarks/bench_fp8.py``'s sweeps.
+"""Launch configurations of the FP8 GEMMs: the grid GEMM's (:mod:`.gemm`) typed :class:`GemmTile` and its
+default per token count, output width and K (:func:`gemm_tile`); the TMA GEMM's (:mod:`.gemm_tma`)
+:class:`TmaTile` and where it is the default (:func:`tma_tile`) -- from ``benchmarks/bench_fp8.py``'s sweeps.
 """
 
 from __future__ import annotations
