@@ -21,9 +21,9 @@ tiles too (``decode_tiles_us``; block rows also the default tile with its scales
 ``read_frac``: the FP8 weight bytes over ``fp8_us`` as a fraction of the read ceiling measured in the same
 run. Every row's FP8 output is checked against the pure-torch reference first. Writes
 ``DIR/fp8-weights-<gpu>.json`` (rows ``kind: gemm``; ``<gpu>`` = ``timing.gpu_tag()``: h200, h100, ...) and a
-PNG. ``--tma`` instead times the GEMM alone per row -- the grid GEMM's tile for the batch, cuBLASLt, bf16 mm and
-each launch of the persistent TMA GEMM (``kernels.fp8.gemm_tma``) -- into ``DIR/fp8-tma-<gpu>.json`` (rows
-``kind: tma``).
+PNG. ``--tma`` instead times the GEMM alone per row -- the grid GEMM's tile for the batch, cuBLASLt, bf16 mm
+and each launch of the persistent TMA GEMM (``kernels.fp8.gemm_tma``) -- into ``DIR/fp8-tma-<gpu>.json``
+(rows ``kind: tma``).
 """
 
 from __future__ import annotations
