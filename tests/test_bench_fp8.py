@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks import bench_fp8  # noqa: E402
+from benchmarks import bench_fp8, fp8_tma  # noqa: E402
 
 
 def test_bench_fp8_smoke_writes_rows_and_plot(tmp_path: Path) -> None:
@@ -42,11 +42,11 @@ def test_bench_fp8_tma_rows(tmp_path: Path) -> None:
     for r in rows:
         assert r["kind"] == "tma" and r["triton_us"] > 0 and r["bf16_us"] > 0
         block = None if r["format"] == "channel" else 128
-        want = set(bench_fp8.tma_tiles(40, block)) if r["k"] % 16 == 0 else set()
+        want = set(fp8_tma.tma_tiles(40, block)) if r["k"] % 16 == 0 else set()
         assert set(r["tma_tiles_us"]) == want and all(us > 0 for us in r["tma_tiles_us"].values())
         assert ("tma_best" in r) == bool(want)
-    assert all(t.block_m <= 64 for t in bench_fp8.tma_tiles(40, None).values())
-    assert all(t.block_n <= 128 for t in bench_fp8.tma_tiles(200, 128).values())
+    assert all(t.block_m <= 64 for t in fp8_tma.tma_tiles(40, None).values())
+    assert all(t.block_n <= 128 for t in fp8_tma.tma_tiles(200, 128).values())
 
 
 def test_gpu_tag_names_result_files_by_the_card() -> None:
