@@ -90,3 +90,8 @@ def test_small_batches_take_the_tma_gemm_by_default(block: int | None) -> None:
         assert rel_rms(got, fp8_gemm_ref(xq, xs, wq, ws, block, torch.float32)) < GEMM_RMS
     xq, xs = quant_fp8_groups(torch.randn(2, 200, device=DEVICE).to(torch.bfloat16), None)
     assert not tma_loads(xq, quantize_weight_channel(torch.randn(8, 200, device=DEVICE))[0])
+    if block is not None:  # blocks of 64: the TMA GEMM takes 128 only, so the grid GEMM serves even 1 token
+        wq, ws = quantize_weight_block(torch.randn(200, 384, device=DEVICE) * 0.05, 64)
+        xq, xs = quant_fp8_groups(torch.randn(1, 384, device=DEVICE).to(torch.bfloat16), 64)
+        got = fp8_block_gemm(xq, xs, wq, ws, 64, torch.float32)
+        assert rel_rms(got, fp8_gemm_ref(xq, xs, wq, ws, 64, torch.float32)) < GEMM_RMS

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from nibblekv.formats.fp8_weights import QuantizedRows
 from nibblekv.kernels._common import interpreting
+from nibblekv.kernels.fp8.gemm_tma import K_STEP as TMA_K_STEP
 from nibblekv.kernels.fp8.gemm_tma import fp8_tma_gemm, tma_loads
 from nibblekv.kernels.fp8.quant import quant_fp8_groups
 from nibblekv.kernels.fp8.scaled_mm import (
@@ -214,7 +215,7 @@ def _launch_gemm(
     n = wq.shape[0]
     kb = triton.cdiv(k, group)
     tma = tile if isinstance(tile, TmaTile) else None
-    if tile is None and tma_loads(xq, wq):
+    if tile is None and (rowwise or group == TMA_K_STEP) and tma_loads(xq, wq):  # NOTE: its blocks are 128
         tma = tma_tile(m, n, kb, not rowwise)
     if tma is not None:
         return fp8_tma_gemm(xq, x_scale, wq, w_scale, None if rowwise else group, out_dtype, tma, bias, pdl)
