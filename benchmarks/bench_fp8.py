@@ -97,6 +97,7 @@ _WIDE_M_TILES = ((128, 64, 8, 6, 1), (128, 64, 4, 6, 1), (128, 32, 4, 8, 1), (12
 # defaults' shapes, deeper pipelines and more k-splits (40-56 registers: more programs fit an SM)
 _SWAP_TILES = ((64, 4, 4, 1), (64, 4, 4, 2), (64, 4, 4, 4), (64, 4, 6, 4), (128, 8, 4, 4))
 
+
 def decode_tiles(m: int) -> dict[str, GemmTile]:
     """:data:`_DECODE_TILES` with ``m``'s BLOCK_M (16 up to 16 tokens, 32 up to 32, else 64); from 33 tokens
     :data:`_DEEP_TILES` and from 128 :data:`_WIDE_M_TILES`; up to 32 tokens also :data:`_SWAP_TILES` (names

@@ -21,7 +21,6 @@ import triton.language as tl
 
 from nibblekv.formats.fp8_weights import QuantizedRows
 from nibblekv.kernels._common import interpreting
-from nibblekv.kernels.fp8.gemm_tma import K_STEP as TMA_K_STEP
 from nibblekv.kernels.fp8.gemm_tma import fp8_tma_gemm, tma_loads
 from nibblekv.kernels.fp8.quant import quant_fp8_groups
 from nibblekv.kernels.fp8.scaled_mm import (
@@ -29,7 +28,7 @@ from nibblekv.kernels.fp8.scaled_mm import (
     block_scaled_mm_fits,
     fp8_block_scaled_mm,
 )
-from nibblekv.kernels.fp8.splitk import splitk_sum_kernel
+from nibblekv.kernels.fp8.splitk import even_splits, sum_partials
 from nibblekv.kernels.fp8.tiles import GemmTile, TmaTile, gemm_tile, tma_tile
 from nibblekv.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from nibblekv.kernels.ptx.mma import _prefetch_l2
@@ -214,18 +213,18 @@ def _launch_gemm(
     m, k = xq.shape
     n = wq.shape[0]
     kb = triton.cdiv(k, group)
+    block = None if rowwise else group
     tma = tile if isinstance(tile, TmaTile) else None
-    if tile is None and (rowwise or group == TMA_K_STEP) and tma_loads(xq, wq):  # NOTE: its blocks are 128
+    if tile is None:
         tma = tma_tile(m, n, kb, not rowwise)
+        tma = tma if tma is not None and tma_loads(xq, wq, block) else None
     if tma is not None:
-        return fp8_tma_gemm(xq, x_scale, wq, w_scale, None if rowwise else group, out_dtype, tma, bias, pdl)
+        return fp8_tma_gemm(xq, x_scale, wq, w_scale, block, out_dtype, tma, bias, pdl)
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
         return out
     t = tile or gemm_tile(m, n, kb, not rowwise)
-    split = min(t.split_k, kb)
-    per_split = triton.cdiv(kb, split)
-    split = triton.cdiv(kb, per_split)  # no empty splits
+    split, per_split = even_splits(kb, t.split_k)
     ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
     launch = pdl_launch(xq.device, pdl)
     grid = (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), split)
@@ -237,11 +236,7 @@ def _launch_gemm(
         num_warps=t.num_warps, num_stages=t.num_stages, **launch,
     )  # fmt: skip
     if split > 1:
-        sum_block = min(1024, triton.next_power_of_2(n))
-        splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
-            ws, out, bias if bias is not None else out, m, n, out.stride(0), SPLIT=split,
-            HAS_BIAS=bias is not None, BLOCK=sum_block, num_warps=4, **launch,
-        )  # fmt: skip
+        sum_partials(ws, out, bias, launch)
     return out
 
 

@@ -19,7 +19,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nibblekv.kernels._common import interpreting, num_sms
-from nibblekv.kernels.fp8.splitk import splitk_sum_kernel
+from nibblekv.kernels.fp8.splitk import even_splits, sum_partials
 from nibblekv.kernels.fp8.tiles import TmaTile
 from nibblekv.kernels.pdl import pdl_enter, pdl_launch
 
@@ -119,12 +119,18 @@ def _sm90(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
 
 
-def tma_loads(xq: torch.Tensor, wq: torch.Tensor) -> bool:
-    """Whether :func:`fp8_tma_gemm` can load ``xq [M, K]`` and ``wq [N, K]``: an sm_90 GPU (or the
-    interpreter), unit column strides, rows and bases 16-byte aligned (TMA's bulk copies)."""
+def tma_loads(xq: torch.Tensor, wq: torch.Tensor, block: int | None = None) -> bool:
+    """Whether :func:`fp8_tma_gemm` can run on ``xq [M, K]`` and ``wq [N, K]`` with ``block`` (None: row-wise;
+    block-scaled: :data:`K_STEP` only): an sm_90 GPU (or the interpreter) and operands TMA can load."""
     gpu = interpreting() or (xq.is_cuda and _sm90(xq.device.index or 0))
+    return gpu and block in (None, K_STEP) and _loadable(xq, wq)
+
+
+def _loadable(xq: torch.Tensor, wq: torch.Tensor) -> bool:
+    """Same K, a multiple of 16; unit column strides; rows and bases 16-byte aligned (TMA's bulk copies)."""
+    same_k = wq.shape[1] == xq.shape[1] and xq.shape[1] % 16 == 0
     aligned = all(t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (xq, wq))
-    return gpu and aligned and xq.shape[1] % 16 == 0
+    return same_k and aligned
 
 
 def fp8_tma_gemm(
@@ -137,36 +143,29 @@ def fp8_tma_gemm(
     of 16. ``pdl``: programmatic dependent launch (``kernels.pdl.pdl_launch``; default where available)."""
     m, k = xq.shape
     n = wq.shape[0]
-    if wq.shape[1] != k or k % 16 or xq.stride(1) != 1 or wq.stride(1) != 1 or xq.stride(0) % 16:
+    if not _loadable(xq, wq):
         raise ValueError(f"fp8_tma_gemm: x {tuple(xq.shape)}, w {tuple(wq.shape)} need the same K, a "
-                         "multiple of 16, unit column stride and 16-byte aligned rows")  # fmt: skip
+                         "multiple of 16, unit column stride and 16-byte aligned rows and bases")  # fmt: skip
     if block not in (None, K_STEP) or (block and tile.block_n > K_STEP):
         raise ValueError(f"fp8_tma_gemm: block None or {K_STEP} (block_n <= {K_STEP}), got {block}")
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
         return out
-    steps = triton.cdiv(k, K_STEP)
-    per_split = triton.cdiv(steps, min(tile.split_k, steps))
-    split = triton.cdiv(steps, per_split)  # no empty splits
+    split, per_split = even_splits(triton.cdiv(k, K_STEP), tile.split_k)
     ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
     a_desc = TensorDescriptor.from_tensor(xq, [tile.block_m, K_STEP])
     b_desc = TensorDescriptor.from_tensor(wq, [tile.block_n, K_STEP])
     units = triton.cdiv(m, tile.block_m) * triton.cdiv(n, tile.block_n) * split
     programs = min(units, tile.programs_per_sm * num_sms())
-    bias_arg = out if bias is None else bias
     launch = pdl_launch(xq.device, pdl)
     _tma_gemm_kernel[(programs,)](
-        a_desc, b_desc, out, ws, x_scale, w_scale, bias_arg, m, n, k, out.stride(0), x_scale.stride(0),
-        0 if block is None else w_scale.stride(0), programs,
+        a_desc, b_desc, out, ws, x_scale, w_scale, out if bias is None else bias, m, n, k, out.stride(0),
+        x_scale.stride(0), 0 if block is None else w_scale.stride(0), programs,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=K_STEP, SPLIT=split, PER_SPLIT=per_split,
         ROWWISE=block is None, HAS_BIAS=bias is not None, SWAP=tile.swap_ab,
         WARP_SPEC=tile.warp_specialize, INTERP=interpreting(),
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch,
     )  # fmt: skip
     if split > 1:
-        sum_block = min(1024, triton.next_power_of_2(n))
-        splitk_sum_kernel[(m, triton.cdiv(n, sum_block))](
-            ws, out, bias_arg, m, n, out.stride(0), SPLIT=split, HAS_BIAS=bias is not None, BLOCK=sum_block,
-            num_warps=4, **launch,
-        )
+        sum_partials(ws, out, bias, launch)
     return out

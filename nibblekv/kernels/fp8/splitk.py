@@ -1,5 +1,6 @@
-"""Split-K for the FP8 GEMMs: each k-split of an output tile stores an fp32 partial; :func:`splitk_sum_kernel`
-adds them after the GEMM, in split order, then the bias.
+"""Split-K for the FP8 GEMMs: :func:`even_splits` divides the k-steps; each k-split of an output tile stores
+an fp32 partial; :func:`splitk_sum_kernel` (launched by :func:`sum_partials`) adds them after the GEMM, in
+split order, then the bias.
 
 NOTE: the fix-up inside the GEMM instead (each tile's last split to arrive, by an arrival counter, adds the
 partials) was measured slower in the engine's decode step: docs/results.md, What we tried.
@@ -7,6 +8,7 @@ partials) was measured slower in the engine's decode step: docs/results.md, What
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -27,3 +29,22 @@ def splitk_sum_kernel(ws_ptr, c_ptr, bias_ptr, M, N, stride_cm, SPLIT: tl.conste
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(c_ptr + m * stride_cm + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def even_splits(steps: int, want: int) -> tuple[int, int]:
+    """(splits, k-steps a split) for ``steps`` k-steps in at most ``want`` splits, none of them empty."""
+    per_split = triton.cdiv(steps, max(1, min(want, steps)))
+    return triton.cdiv(steps, per_split), per_split
+
+
+def sum_partials(
+    ws: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None, launch: dict[str, bool]
+) -> None:
+    """``out = ws.sum(0) (+ bias)``: fp32 partials ``ws [S, M, N]`` into ``out [M, N]`` by
+    :func:`splitk_sum_kernel` (``launch``: the GEMM's PDL launch arguments)."""
+    split, m, n = ws.shape
+    block = min(1024, triton.next_power_of_2(n))
+    splitk_sum_kernel[(m, triton.cdiv(n, block))](
+        ws, out, out if bias is None else bias, m, n, out.stride(0), SPLIT=split, HAS_BIAS=bias is not None,
+        BLOCK=block, num_warps=4, **launch,
+    )  # fmt: skip
