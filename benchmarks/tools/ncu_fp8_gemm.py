@@ -1,0 +1,105 @@
+"""Question: why do the FP8 GEMMs stream weights at ~2 TB/s at 1-256 tokens where bf16 ``torch.mm`` reaches
+~2.5 (H100)? One call of each GEMM per row, for ncu: the grid GEMM with its default tile (``gemm_tile``), the
+TMA GEMM with its default tile or one named, cuBLASLt's row-wise ``torch._scaled_mm`` and bf16 ``torch.mm``.
+
+Usage on the device (only the calls between cudaProfilerStart/Stop are profiled; ncu empties the caches
+before each kernel by default, as ``bench_graph`` does)::
+
+    PYTHONPATH=. ncu --profile-from-start off --clock-control none --set full --import-source no \
+        -o $OUT/fp8_gemm -f python3 benchmarks/tools/ncu_fp8_gemm.py --rows qkv:128 o:128 gate_up:1
+
+then ``ncu -i REPORT --page details``. A row is ``proj:m[:format]`` (an 8B projection of
+``bench_fp8.SHAPES_8B``, format ``channel`` by default or ``block``); ``--kernels`` picks among ``grid tma
+cublaslt bf16``; ``--tma-tile BMxBN:split:warps:stages:programs_per_sm`` sets the TMA launch (default:
+``tma_tile``'s, or for more tokens than it serves 64x128, 1 split, 4 warps, 6 stages, 1 program an SM -- the
+best TMA tile at 128 tokens in ``fp8-tma-h100.json``). Two warm-up calls compile and settle; the profiled
+call is the third. Each call is checked against the twin first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `benchmarks.*`
+from benchmarks.bench_fp8 import SHAPES_8B  # noqa: E402
+from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_channel  # noqa: E402
+from nibblekv.kernels.fp8.gemm import ROWWISE_K_STEP, fp8_block_gemm, fp8_rowwise_gemm  # noqa: E402
+from nibblekv.kernels.fp8.gemm_tma import fp8_tma_gemm  # noqa: E402
+from nibblekv.kernels.fp8.quant import quant_fp8_groups  # noqa: E402
+from nibblekv.kernels.fp8.reference import fp8_gemm_ref  # noqa: E402
+from nibblekv.kernels.fp8.tiles import TmaTile, gemm_tile, tma_tile  # noqa: E402
+
+BLOCK = 128
+KERNELS = ("grid", "tma", "cublaslt", "bf16")
+
+
+def parse_tma(spec: str) -> TmaTile:
+    """``BMxBN:split:warps:stages:programs_per_sm`` (a trailing ``:x`` swaps) -> :class:`TmaTile`."""
+    parts = spec.split(":")
+    bm, bn = (int(v) for v in parts[0].split("x"))
+    split, warps, stages, pps = (int(v) for v in parts[1:5])
+    return TmaTile(bm, bn, split, warps, stages, pps, swap_ab=parts[5:6] == ["x"])
+
+
+def calls(proj: str, m: int, fmt: str, kernels: list[str], tma: TmaTile | None) -> dict[str, Callable]:
+    """The named GEMM calls at one projection and token count, each checked against the twin."""
+    n, k = {name: (n, k) for name, n, k in SHAPES_8B}[proj]
+    w = torch.randn(n, k, device="cuda") / k**0.5
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    block = None if fmt == "channel" else BLOCK
+    wq, ws = quantize_weight_channel(w) if block is None else quantize_weight_block(w, BLOCK)
+    xq, xs = quant_fp8_groups(x, block)
+    grid = gemm_tile(m, n, triton.cdiv(k, block or ROWWISE_K_STEP), block=block is not None)
+    tile = tma or tma_tile(m, n, triton.cdiv(k, BLOCK), block is not None) or TmaTile(64, 128, 1, 4, 6, 1)
+    out: dict[str, Callable] = {}
+    if "grid" in kernels:
+        if block is None:
+            out[f"grid {grid}"] = lambda: fp8_rowwise_gemm(xq, xs, wq, ws, torch.bfloat16, tile=grid)
+        else:
+            out[f"grid {grid}"] = lambda: fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16, tile=grid)
+    if "tma" in kernels:
+        out[f"tma {tile}"] = lambda: fp8_tma_gemm(xq, xs, wq, ws, block, torch.bfloat16, tile)
+    if "cublaslt" in kernels and block is None:
+        out["cublaslt"] = lambda: torch._scaled_mm(
+            xq, wq.t(), scale_a=xs, scale_b=ws.view(1, -1), out_dtype=torch.bfloat16
+        )
+    want = fp8_gemm_ref(xq, xs, wq, ws, block, torch.float32)
+    for name, fn in out.items():
+        err = ((fn().float() - want).norm() / want.norm()).item()
+        if not err < 1e-2:
+            raise AssertionError(f"{proj} m={m} {fmt} {name}: {err:.3g} (rel. L2) off the twin")
+    if "bf16" in kernels:
+        wb = w.to(torch.bfloat16)
+        out["bf16 mm"] = lambda: torch.mm(x, wb.t())
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", nargs="+", required=True, help="proj:m[:format], e.g. qkv:128 o:64:block")
+    ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    ap.add_argument("--tma-tile", default=None, help="BMxBN:split:warps:stages:programs_per_sm[:x]")
+    args = ap.parse_args()
+    tma = parse_tma(args.tma_tile) if args.tma_tile else None
+    for spec in args.rows:
+        proj, m, *rest = spec.split(":")
+        fmt = rest[0] if rest else "channel"
+        for name, fn in calls(proj, int(m), fmt, args.kernels, tma).items():
+            for _ in range(2):
+                fn()
+            torch.cuda.synchronize()
+            print(f"profiling {proj} m={m} {fmt}: {name}", flush=True)
+            torch.cuda.cudart().cudaProfilerStart()
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    main()
