@@ -106,3 +106,33 @@ def test_fake_fp8_linear_is_the_served_rounding(scales: str) -> None:
     got = ev.FakeFp8Linear(lin, variant)(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert (got - lin(x)).abs().max() > 1e-3  # and it does round
+
+
+def test_ncu_fp8_gemm_summary_labels_each_kernel(tmp_path: Path) -> None:
+    """tools/ncu_fp8_gemm.py --summarize: each kernel of ncu's raw CSV gets the label printed before it (a
+    split-K sum kernel its GEMM's), its DRAM rate (MB / us = TB/s) and its largest stalls."""
+    from benchmarks.tools import ncu_fp8_gemm
+
+    stall = ncu_fp8_gemm.STALL
+    hdr = ["ID", "Kernel Name", "Grid Size", "Block Size", "gpu__time_duration.sum", "dram__bytes_read.sum",
+           "sm__cycles_active.avg", "sm__cycles_elapsed.avg", "launch__registers_per_thread",
+           "launch__waves_per_multiprocessor", stall + "barrier", stall + "wait",
+           stall + "barrier_not_issued"]  # fmt: skip
+    grid, cta = "(96, 4, 1)", "(128, 1, 1)"
+    rows = [hdr, ["", "", "", "", "us", "Mbyte"] + [""] * 7,
+            ["0", "gemm", grid, cta, "12.5", "25", "75", "100", "40", "0.7", "9", "30", "99"],
+            ["1", "sum", grid, cta, "4", "1", "10", "100", "38", "0.1", "1", "2", "99"],
+            ["2", "nvjet", grid, cta, "20", "30", "50", "100", "168", "0.4", "5,000", "1", "0"]]  # fmt: skip
+    (tmp_path / "raw.csv").write_text("\n".join(",".join(f'"{v}"' for v in r) for r in rows) + "\n")
+    log = ["profiling qkv m=16 channel: grid G", '==PROF== Profiling "gemm" - 0: 0%',
+           '==PROF== Profiling "sum" - 1:', "profiling qkv m=16 channel: cublaslt",
+           '==PROF== Profiling "nvjet_sm90..." - 2: 0%....100%']  # fmt: skip
+    (tmp_path / "log").write_text("\n".join(log) + "\n")
+    got = ncu_fp8_gemm.summarize(str(tmp_path / "raw.csv"), str(tmp_path / "log"))
+    assert [(k["label"], k["kernel"]) for k in got] == [
+        ("qkv m=16 channel: grid G", "gemm"), ("qkv m=16 channel: grid G", "sum"),
+        ("qkv m=16 channel: cublaslt", "nvjet"),
+    ]  # fmt: skip
+    assert got[0]["dram_tb_s"] == 2.0 and got[0]["sm_active_frac"] == 0.75
+    assert got[0]["top_stalls"] == {"wait": 30.0, "barrier": 9.0}  # "..._not_issued" columns left out
+    assert got[2]["top_stalls"]["barrier"] == 5000.0

@@ -8,7 +8,13 @@ before each kernel by default, as ``bench_graph`` does)::
     PYTHONPATH=. ncu --profile-from-start off --clock-control none --set full --import-source no \
         -o $OUT/fp8_gemm -f python3 benchmarks/tools/ncu_fp8_gemm.py --rows qkv:128 o:128 gate_up:1
 
-then ``ncu -i REPORT --page details``. A row is ``proj:m[:format]`` (an 8B projection of
+then ``ncu -i REPORT --page details``, or a JSON of each kernel's time, DRAM bytes and rate, SM activity and
+top warp stalls, labelled by the run's log (the ncu run's stdout)::
+
+    ncu -i REPORT --page raw --csv > RAW.csv
+    python3 benchmarks/tools/ncu_fp8_gemm.py --summarize RAW.csv LOG --gpu NAME --out FILE.json  # env COMMIT
+
+A row is ``proj:m[:format]`` (an 8B projection of
 ``bench_fp8.SHAPES_8B``, format ``channel`` by default or ``block``); ``--kernels`` picks among ``grid tma
 cublaslt bf16``; ``--tma-tile BMxBN:split:warps:stages:programs_per_sm`` sets the TMA launch (default:
 ``tma_tile``'s, or for more tokens than it serves 64x128, 1 split, 4 warps, 6 stages, 1 program an SM -- the
@@ -19,6 +25,11 @@ call is the third. Each call is checked against the twin first.
 from __future__ import annotations
 
 import argparse
+import csv
+import datetime
+import json
+import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -80,12 +91,64 @@ def calls(proj: str, m: int, fmt: str, kernels: list[str], tma: TmaTile | None) 
     return out
 
 
+STALL = "smsp__pcsamp_warps_issue_stalled_"
+
+
+def summarize(raw_csv: str, log: str) -> list[dict]:
+    """Per profiled kernel (ncu's raw page as CSV, ncu's ID order): the ``profiling ...`` label printed
+    before it in ``log``, its time, DRAM bytes read and rate, SM activity
+    (active / elapsed cycles), launch shape, and its five largest warp-stall samples."""
+    labels: dict[int, str] = {}
+    label = ""
+    for line in Path(log).read_text().splitlines():
+        if line.startswith("profiling "):
+            label = line[len("profiling ") :]
+        elif m := re.match(r'==PROF== Profiling ".*" - (\d+):', line):
+            labels[int(m[1])] = label
+    rows = list(csv.reader(Path(raw_csv).open()))
+    hdr, data = rows[0], rows[2:]  # rows[1]: units
+
+    def num(r: list[str], key: str) -> float:
+        return float(r[hdr.index(key)].replace(",", "") or 0)
+
+    out = []
+    for r in data:
+        stalls = {
+            h[len(STALL) :]: num(r, h) for h in hdr if h.startswith(STALL) and not h.endswith("not_issued")
+        }
+        us = num(r, "gpu__time_duration.sum")
+        dram_mb = num(r, "dram__bytes_read.sum")  # ncu's unit for it here: Mbyte
+        out.append(dict(
+            id=int(r[0]), label=labels.get(int(r[0]), ""), kernel=r[hdr.index("Kernel Name")],
+            grid=r[hdr.index("Grid Size")], block=r[hdr.index("Block Size")], us=us,
+            dram_read_mb=dram_mb, dram_tb_s=round(dram_mb / us, 3),
+            sm_active_frac=round(num(r, "sm__cycles_active.avg") / num(r, "sm__cycles_elapsed.avg"), 3),
+            registers=num(r, "launch__registers_per_thread"),
+            waves_per_sm=num(r, "launch__waves_per_multiprocessor"),
+            top_stalls=dict(sorted(stalls.items(), key=lambda kv: -kv[1])[:5]),
+        ))  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", nargs="+", required=True, help="proj:m[:format], e.g. qkv:128 o:64:block")
+    ap.add_argument("--rows", nargs="+", help="proj:m[:format], e.g. qkv:128 o:64:block")
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     ap.add_argument("--tma-tile", default=None, help="BMxBN:split:warps:stages:programs_per_sm[:x]")
+    ap.add_argument("--summarize", nargs=2, metavar=("RAW_CSV", "LOG"), help="JSON of an ncu report instead")
+    ap.add_argument("--out", default=None, help="--summarize: the JSON file (default: stdout)")
+    ap.add_argument("--gpu", default="unknown", help="--summarize: the GPU the report was taken on")
     args = ap.parse_args()
+    if args.summarize:
+        doc = dict(
+            commit=os.environ.get("COMMIT", "unknown"), gpu=args.gpu, date=datetime.date.today().isoformat(),
+            kernels=summarize(*args.summarize),
+        )  # fmt: skip
+        text = json.dumps(doc, indent=1)
+        Path(args.out).write_text(text + "\n") if args.out else print(text)
+        return
+    if not args.rows:
+        ap.error("--rows is required unless --summarize")
     tma = parse_tma(args.tma_tile) if args.tma_tile else None
     for spec in args.rows:
         proj, m, *rest = spec.split(":")
