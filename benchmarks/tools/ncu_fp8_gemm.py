@@ -14,12 +14,13 @@ top warp stalls, labelled by the run's log (the ncu run's stdout)::
     ncu -i REPORT --page raw --csv > RAW.csv
     python3 benchmarks/tools/ncu_fp8_gemm.py --summarize RAW.csv LOG --gpu NAME --out FILE.json  # env COMMIT
 
-A row is ``proj:m[:format]`` (an 8B projection of
-``bench_fp8.SHAPES_8B``, format ``channel`` by default or ``block``); ``--kernels`` picks among ``grid tma
-cublaslt bf16``; ``--tma-tile BMxBN:split:warps:stages:programs_per_sm`` sets the TMA launch (default:
-``tma_tile``'s, or for more tokens than it serves 64x128, 1 split, 4 warps, 6 stages, 1 program an SM -- the
-best TMA tile at 128 tokens in ``fp8-tma-h100.json``). Two warm-up calls compile and settle; the profiled
-call is the third. Each call is checked against the twin first.
+A row is ``proj:m[:format]`` (an 8B projection of ``bench_fp8.SHAPES_8B``, format ``channel`` by default or
+``block``); ``--kernels`` picks among ``grid tma cublaslt bf16``; ``--grid-tile
+BMxBN:warps:stages:split[:block_k]`` sets the grid GEMM's launch (default: ``gemm_tile``'s), ``--tma-tile
+BMxBN:split:warps:stages:programs_per_sm`` the TMA GEMM's (default: ``tma_tile``'s, or for more tokens than
+it serves 64x128, 1 split, 4 warps, 6 stages, 1 program an SM -- the best TMA tile at 128 tokens in
+``fp8-tma-h100.json``). Two warm-up calls compile and settle; the profiled call is the third. Each call is
+checked against the twin first.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from nibblekv.kernels.fp8.gemm import ROWWISE_K_STEP, fp8_block_gemm, fp8_rowwis
 from nibblekv.kernels.fp8.gemm_tma import fp8_tma_gemm  # noqa: E402
 from nibblekv.kernels.fp8.quant import quant_fp8_groups  # noqa: E402
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref  # noqa: E402
-from nibblekv.kernels.fp8.tiles import TmaTile, gemm_tile, tma_tile  # noqa: E402
+from nibblekv.kernels.fp8.tiles import GemmTile, TmaTile, gemm_tile, tma_tile  # noqa: E402
 
 BLOCK = 128
 KERNELS = ("grid", "tma", "cublaslt", "bf16")
@@ -58,7 +59,17 @@ def parse_tma(spec: str) -> TmaTile:
     return TmaTile(bm, bn, split, warps, stages, pps, swap_ab=parts[5:6] == ["x"])
 
 
-def calls(proj: str, m: int, fmt: str, kernels: list[str], tma: TmaTile | None) -> dict[str, Callable]:
+def parse_grid(spec: str) -> GemmTile:
+    """``BMxBN:warps:stages:split[:block_k]`` -> :class:`GemmTile`."""
+    parts = spec.split(":")
+    bm, bn = (int(v) for v in parts[0].split("x"))
+    warps, stages, split = (int(v) for v in parts[1:4])
+    return GemmTile(bm, bn, warps, stages, split, block_k=int(parts[4]) if parts[4:] else None)
+
+
+def calls(
+    proj: str, m: int, fmt: str, kernels: list[str], tma: TmaTile | None, grid: GemmTile | None = None
+) -> dict[str, Callable]:
     """The named GEMM calls at one projection and token count, each checked against the twin."""
     n, k = {name: (n, k) for name, n, k in SHAPES_8B}[proj]
     w = torch.randn(n, k, device="cuda") / k**0.5
@@ -66,7 +77,7 @@ def calls(proj: str, m: int, fmt: str, kernels: list[str], tma: TmaTile | None) 
     block = None if fmt == "channel" else BLOCK
     wq, ws = quantize_weight_channel(w) if block is None else quantize_weight_block(w, BLOCK)
     xq, xs = quant_fp8_groups(x, block)
-    grid = gemm_tile(m, n, triton.cdiv(k, block or ROWWISE_K_STEP), block=block is not None)
+    grid = grid or gemm_tile(m, n, triton.cdiv(k, block or ROWWISE_K_STEP), block=block is not None)
     tile = tma or tma_tile(m, n, triton.cdiv(k, BLOCK), block is not None) or TmaTile(64, 128, 1, 4, 6, 1)
     out: dict[str, Callable] = {}
     if "grid" in kernels:
@@ -135,6 +146,9 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", help="proj:m[:format], e.g. qkv:128 o:64:block")
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     ap.add_argument("--tma-tile", default=None, help="BMxBN:split:warps:stages:programs_per_sm[:x]")
+    ap.add_argument(
+        "--grid-tile", default=None, help="BMxBN:warps:stages:split[:block_k] (default gemm_tile's)"
+    )
     ap.add_argument("--summarize", nargs=2, metavar=("RAW_CSV", "LOG"), help="JSON of an ncu report instead")
     ap.add_argument("--out", default=None, help="--summarize: the JSON file (default: stdout)")
     ap.add_argument("--gpu", default="unknown", help="--summarize: the GPU the report was taken on")
@@ -150,10 +164,11 @@ def main() -> None:
     if not args.rows:
         ap.error("--rows is required unless --summarize")
     tma = parse_tma(args.tma_tile) if args.tma_tile else None
+    grid = parse_grid(args.grid_tile) if args.grid_tile else None
     for spec in args.rows:
         proj, m, *rest = spec.split(":")
         fmt = rest[0] if rest else "channel"
-        for name, fn in calls(proj, int(m), fmt, args.kernels, tma).items():
+        for name, fn in calls(proj, int(m), fmt, args.kernels, tma, grid).items():
             for _ in range(2):
                 fn()
             torch.cuda.synchronize()
