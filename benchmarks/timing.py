@@ -159,6 +159,19 @@ def _settle(graph: torch.cuda.CUDAGraph, seconds: float = 0.1) -> None:
     torch.cuda.synchronize()
 
 
+def profile_once(fn, label: str) -> None:  # type: ignore[no-untyped-def]
+    """For ``ncu --profile-from-start off``: two warm-up calls of ``fn`` (compile, settle), ``label`` printed,
+    then one call between cudaProfilerStart / Stop, the only one ncu profiles."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    print(f"profiling {label}", flush=True)
+    torch.cuda.cudart().cudaProfilerStart()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def kernel_breakdown(fn, reps: int = 10) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """Mean GPU microseconds per call of each kernel ``fn`` launches (torch.profiler, eager launches, L2
     emptied before every call (``FLUSH``); the flush's own kernel left out): where a launcher's time goes."""

@@ -18,10 +18,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `benchmarks.*`
 from benchmarks.bench_kernels import PAGE, Pools, decode_call  # noqa: E402
+from benchmarks.timing import profile_once  # noqa: E402
 from nibblekv.formats.layout import KVDtype  # noqa: E402
 from nibblekv.kernels.testing import decode_config_from_spec  # noqa: E402
 
@@ -47,14 +46,7 @@ def main() -> None:
     for dt, b, c, hq, variant in specs:
         cfg = decode_config_from_spec(variant, dt, 128) if variant else None
         fn, _ = decode_call(pools, dt, b, c, hq, True, cfg)
-        for _ in range(2):
-            fn()
-        torch.cuda.synchronize()
-        print(f"profiling {dt.value} {b}x{c} q_heads={hq} variant={variant or 'default'}", flush=True)
-        torch.cuda.cudart().cudaProfilerStart()
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
+        profile_once(fn, f"{dt.value} {b}x{c} q_heads={hq} variant={variant or 'default'}")
 
 
 if __name__ == "__main__":

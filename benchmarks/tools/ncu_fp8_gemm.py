@@ -40,6 +40,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `benchmarks.*`
 from benchmarks.bench_fp8 import SHAPES_8B  # noqa: E402
+from benchmarks.timing import profile_once  # noqa: E402
 from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_channel  # noqa: E402
 from nibblekv.kernels.fp8.gemm import ROWWISE_K_STEP, fp8_block_gemm, fp8_rowwise_gemm  # noqa: E402
 from nibblekv.kernels.fp8.gemm_tma import fp8_tma_gemm  # noqa: E402
@@ -169,14 +170,7 @@ def main() -> None:
         proj, m, *rest = spec.split(":")
         fmt = rest[0] if rest else "channel"
         for name, fn in calls(proj, int(m), fmt, args.kernels, tma, grid).items():
-            for _ in range(2):
-                fn()
-            torch.cuda.synchronize()
-            print(f"profiling {proj} m={m} {fmt}: {name}", flush=True)
-            torch.cuda.cudart().cudaProfilerStart()
-            fn()
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStop()
+            profile_once(fn, f"{proj} m={m} {fmt}: {name}")
 
 
 if __name__ == "__main__":
