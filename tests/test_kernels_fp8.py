@@ -206,6 +206,26 @@ def test_rowwise_gemm_with_longer_k_steps_matches_reference(tile: GemmTile) -> N
         GemmTile(64, 64, 4, 4, block_k=192)
 
 
+@pytest.mark.parametrize(
+    ("tile", "block"),
+    [(GemmTile(16, 64, 4, 2, split_k=3, swap_ab=True), None), (GemmTile(16, 64, 4, 2, 3, swap_ab=True), 128),
+     (GemmTile(64, 32, 4, 3), None), (GemmTile(64, 32, 4, 3), 128),
+     (GemmTile(32, 32, 4, 3, 2, block_k=256), None)],
+)  # fmt: skip
+def test_gemm_over_whole_k_steps_matches_reference(tile: GemmTile, block: int | None) -> None:
+    """K a whole number of k-steps (512): the loads go unmasked (EVEN_K) in both formats, k-splits and
+    swapped tiles included."""
+    torch.manual_seed(5)
+    w = torch.randn(200, 512, device=DEVICE) * 0.05
+    wq, ws = quantize_weight_channel(w) if block is None else quantize_weight_block(w, block)
+    xq, xs = quant_fp8_groups(torch.randn(37, 512, device=DEVICE).to(torch.bfloat16), block)
+    if block is None:
+        got = fp8_rowwise_gemm(xq, xs, wq, ws, torch.float32, tile=tile)
+    else:
+        got = fp8_block_gemm(xq, xs, wq, ws, block, torch.float32, tile=tile)
+    assert rel_rms(got, fp8_gemm_ref(xq, xs, wq, ws, block, torch.float32)) < GEMM_RMS
+
+
 # 300 tokens: past rowwise_triton_max_m, the GPU runs torch._scaled_mm; 37 and 1 the Triton GEMM
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 4096, 6144), (37, 1008, 272), (300, 512, 400)] if DEVICE == "cuda"
                          else [(3, 200, 72), (300, 48, 40)])  # fmt: skip

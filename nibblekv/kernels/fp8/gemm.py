@@ -62,14 +62,19 @@ PDL_PREFETCH_LINES = 4
 @triton.jit
 def _block_step(
     acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr, ROWWISE: tl.constexpr, sc=None,
-    SWAP: tl.constexpr = False, PROMOTE: tl.constexpr = ROWWISE_PROMOTE,
+    SWAP: tl.constexpr = False, PROMOTE: tl.constexpr = ROWWISE_PROMOTE, EVEN_K: tl.constexpr = False,
 ):  # fmt: skip
     """``acc + (A_kb @ B_kb^T) * (a_scale[:, kb] * b_scale[:, kb])`` for k-block ``kb`` (masked past K), that
     product loaded here or given (``sc``); ROWWISE: ``acc + A_kb @ B_kb^T`` (scales after the k loop; the
-    MMAs' sums promoted into ``acc`` every PROMOTE of the step's GROUP)."""
-    k_left = K - kb * GROUP
-    a = tl.load(a_ptrs + kb * GROUP, mask=offs_k[None, :] < k_left, other=0.0)
-    b = tl.load(b_ptrs + kb * GROUP, mask=offs_k[:, None] < k_left, other=0.0)
+    MMAs' sums promoted into ``acc`` every PROMOTE of the step's GROUP). EVEN_K: K is whole steps (no
+    masks)."""
+    if EVEN_K:
+        a = tl.load(a_ptrs + kb * GROUP)
+        b = tl.load(b_ptrs + kb * GROUP)
+    else:
+        k_left = K - kb * GROUP
+        a = tl.load(a_ptrs + kb * GROUP, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs + kb * GROUP, mask=offs_k[:, None] < k_left, other=0.0)
     if ROWWISE:
         if SWAP:  # acc^T [BLOCK_N, BLOCK_M]: the weight tile is the MMA's M side
             acc = tl.dot(tl.trans(b), tl.trans(a), acc, max_num_imprecise_acc=PROMOTE)
@@ -94,13 +99,17 @@ def _block_scales(as_ptrs, bs_ptr, kb):
 
 @triton.jit
 def _ahead_step(
-    acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP: tl.constexpr, SWAP: tl.constexpr
+    acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP: tl.constexpr, SWAP: tl.constexpr,
+    EVEN_K: tl.constexpr = False,
 ):  # fmt: skip
     """k-block ``kb`` of the block-scaled sum on its scale product ``sc``, loaded a step before, and the
     next step's (k-block ``min(kb + 1, last)``: past the split's range a valid one, dropped). NOTE: one
     step ahead; two (a second product held) left Triton's pipeliner unable to stage A / B (no cp.async)."""
     nxt = _block_scales(as_ptrs, bs_tile, tl.minimum(kb + 1, last))
-    return _block_step(acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP, False, sc, SWAP), nxt
+    acc = _block_step(
+        acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP, False, sc, SWAP, EVEN_K=EVEN_K
+    )
+    return acc, nxt
 
 
 @triton.jit
@@ -118,7 +127,7 @@ def _block_gemm_kernel(
     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr, PARTIAL: tl.constexpr, ROWWISE: tl.constexpr, INTERP: tl.constexpr,
     PDL: tl.constexpr = False, PF_LINES: tl.constexpr = PDL_PREFETCH_LINES,
-    SCALE_AHEAD: tl.constexpr = True, SWAP: tl.constexpr = False,
+    SCALE_AHEAD: tl.constexpr = True, SWAP: tl.constexpr = False, EVEN_K: tl.constexpr = False,
 ):  # fmt: skip
     # NOTE: BLOCK_K == GROUP: each k-step has one activation scale per row and one weight scale per column.
     # SCALE_AHEAD (block-scaled, BLOCK_N <= GROUP): each k-step's scale product is loaded the step before
@@ -169,25 +178,27 @@ def _block_gemm_kernel(
             kb = kb_lo
             while kb < kb_hi:
                 acc, sc = _ahead_step(
-                    acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP, SWAP
+                    acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP, SWAP, EVEN_K
                 )
                 kb += 1
         else:
             for kb in range(kb_lo, kb_hi):
                 acc, sc = _ahead_step(
-                    acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP, SWAP
+                    acc, sc, kb, last, K, a_ptrs, b_ptrs, as_ptrs, bs_tile, offs_k, GROUP, SWAP, EVEN_K
                 )
     elif INTERP:
         kb = kb_lo
         while kb < kb_hi:
             acc = _block_step(
-                acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE, None, SWAP
+                acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE, None, SWAP,
+                EVEN_K=EVEN_K,
             )
             kb += 1
     else:
         for kb in range(kb_lo, kb_hi):
             acc = _block_step(
-                acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE, None, SWAP
+                acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP, ROWWISE, None, SWAP,
+                EVEN_K=EVEN_K,
             )
     if SWAP:
         acc = tl.trans(acc)
@@ -241,6 +252,7 @@ def _launch_gemm(
         xq.stride(0), wq.stride(0), out.stride(0), x_scale.stride(0), 0 if rowwise else w_scale.stride(0),
         HAS_BIAS=bias is not None, GROUP=group, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=8,
         PARTIAL=split > 1, ROWWISE=rowwise, INTERP=interpreting(), SCALE_AHEAD=t.scale_ahead, SWAP=t.swap_ab,
+        EVEN_K=k % group == 0,
         num_warps=t.num_warps, num_stages=t.num_stages, **launch,
     )  # fmt: skip
     if split > 1:
