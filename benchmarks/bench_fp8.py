@@ -96,25 +96,16 @@ _WIDE_M_TILES = ((128, 64, 8, 6, 1), (128, 64, 4, 6, 1), (128, 32, 4, 8, 1), (12
 # up to 32 tokens also with the MMA swapped (GemmTile.swap_ab: the weight tile is wgmma's 64-row M side): the
 # defaults' shapes, deeper pipelines and more k-splits (40-56 registers: more programs fit an SM)
 _SWAP_TILES = ((64, 4, 4, 1), (64, 4, 4, 2), (64, 4, 4, 4), (64, 4, 6, 4), (128, 8, 4, 4))
-# 33-256 tokens, row-wise only: longer k-steps (GemmTile.block_k; MMAs still promoted every 128): more weight
-# bytes a pass of the k loop, whose MMA wait and barrier each pass bound a program's rate (ncu_fp8_gemm)
-_LONG_K_TILES = (
-    (64, 64, 4, 4, 256), (64, 64, 4, 6, 256), (64, 128, 4, 4, 256), (128, 64, 8, 4, 256), (64, 64, 4, 3, 512),
-    (64, 32, 4, 6, 256), (64, 128, 8, 3, 256),
-)  # fmt: skip
 
 
-def decode_tiles(m: int, rowwise: bool = False) -> dict[str, GemmTile]:
+def decode_tiles(m: int) -> dict[str, GemmTile]:
     """:data:`_DECODE_TILES` with ``m``'s BLOCK_M (16 up to 16 tokens, 32 up to 32, else 64); from 33 tokens
-    :data:`_DEEP_TILES` (``rowwise``: and :data:`_LONG_K_TILES`, names ending in ``K<block_k>``) and from 128
-    :data:`_WIDE_M_TILES`; up to 32 tokens also :data:`_SWAP_TILES` (names ending in ``x``)."""
+    :data:`_DEEP_TILES` and from 128 :data:`_WIDE_M_TILES`; up to 32 tokens also :data:`_SWAP_TILES` (names
+    ending in ``x``)."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     tiles = {f"{bm}x{bn}w{w}s{st}k{sp}": GemmTile(bm, bn, w, st, sp) for bn, w, st, sp in _DECODE_TILES}
     extra = (_DEEP_TILES if m > 32 else ()) + (_WIDE_M_TILES if m >= 128 else ())
     tiles |= {f"{tm}x{bn}w{w}s{st}k{sp}": GemmTile(tm, bn, w, st, sp) for tm, bn, w, st, sp in extra}
-    if m > 32 and rowwise:
-        for tm, bn, w, st, bk in _LONG_K_TILES:
-            tiles[f"{tm}x{bn}w{w}s{st}k1K{bk}"] = GemmTile(tm, bn, w, st, block_k=bk)
     if m <= 32:
         for bn, w, st, sp in _SWAP_TILES:
             tiles[f"{bm}x{bn}w{w}s{st}k{sp}x"] = GemmTile(bm, bn, w, st, sp, swap_ab=True)
@@ -185,7 +176,7 @@ def _row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor, ceiling: 
     if fmt == "block" and m >= 512 and x.is_cuda:  # prefill tiles of the Triton block GEMM, side by side
         row["block_tiles_us"] = _tile_times(xq, xs, wq, ws, PREFILL_TILES, check=m == 512, block=BLOCK)
     if m <= 256:  # decode tiles of the Triton GEMM of this format (CPU: --smoke checks them)
-        tiles = decode_tiles(m, rowwise=block is None)
+        tiles = decode_tiles(m)
         default = gemm_tile(m, n, triton.cdiv(k, block or ROWWISE_K_STEP), block=block is not None)
         if block is not None:  # the default tile with each k-step's scales loaded in the step, not before
             tiles["default_in_step"] = dataclasses.replace(default, scale_ahead=False)

@@ -186,31 +186,9 @@ def test_rowwise_gemm_matches_reference(m: int, k: int, n: int, tile: GemmTile |
 
 
 @pytest.mark.parametrize(
-    "tile",
-    [GemmTile(64, 64, 4, 4, block_k=256), GemmTile(16, 64, 4, 2, split_k=3, swap_ab=True, block_k=256),
-     GemmTile(32, 32, 4, 3, 2, block_k=512)],
-)  # fmt: skip
-def test_rowwise_gemm_with_longer_k_steps_matches_reference(tile: GemmTile) -> None:
-    """``block_k`` 256 / 512: K past the last whole step (650), uneven k-splits, swapped; the block-scaled
-    GEMM refuses it (its steps are the weight blocks)."""
-    torch.manual_seed(11)
-    wq, ws = quantize_weight_channel(torch.randn(200, 650, device=DEVICE) * 0.05)
-    xq, xs = quant_fp8_groups(torch.randn(37, 650, device=DEVICE).to(torch.bfloat16), None)
-    got = fp8_rowwise_gemm(xq, xs, wq, ws, torch.float32, tile=tile)
-    assert rel_rms(got, fp8_gemm_ref(xq, xs, wq, ws, None, torch.float32)) < GEMM_RMS
-    wb, wbs = quantize_weight_block(torch.randn(200, 650, device=DEVICE) * 0.05, 128)
-    xb, xbs = quant_fp8_groups(torch.randn(37, 650, device=DEVICE).to(torch.bfloat16), 128)
-    with pytest.raises(ValueError, match="block_k"):
-        fp8_block_gemm(xb, xbs, wb, wbs, 128, torch.float32, tile=tile)
-    with pytest.raises(ValueError, match="block_k"):
-        GemmTile(64, 64, 4, 4, block_k=192)
-
-
-@pytest.mark.parametrize(
     ("tile", "block"),
     [(GemmTile(16, 64, 4, 2, split_k=3, swap_ab=True), None), (GemmTile(16, 64, 4, 2, 3, swap_ab=True), 128),
-     (GemmTile(64, 32, 4, 3), None), (GemmTile(64, 32, 4, 3), 128),
-     (GemmTile(32, 32, 4, 3, 2, block_k=256), None)],
+     (GemmTile(64, 32, 4, 3), None), (GemmTile(64, 32, 4, 3), 128), (GemmTile(32, 32, 4, 3, 2), 128)],
 )  # fmt: skip
 def test_gemm_over_whole_k_steps_matches_reference(tile: GemmTile, block: int | None) -> None:
     """K a whole number of k-steps (512): the loads go unmasked (EVEN_K) in both formats, k-splits and

@@ -16,7 +16,7 @@ top warp stalls, labelled by the run's log (the ncu run's stdout)::
 
 A row is ``proj:m[:format]`` (an 8B projection of ``bench_fp8.SHAPES_8B``, format ``channel`` by default or
 ``block``); ``--kernels`` picks among ``grid tma cublaslt bf16``; ``--grid-tile
-BMxBN:warps:stages:split[:block_k]`` sets the grid GEMM's launch (default: ``gemm_tile``'s), ``--tma-tile
+BMxBN:warps:stages:split[:x]`` sets the grid GEMM's launch (default: ``gemm_tile``'s), ``--tma-tile
 BMxBN:split:warps:stages:programs_per_sm`` the TMA GEMM's (default: ``tma_tile``'s, or for more tokens than
 it serves 64x128, 1 split, 4 warps, 6 stages, 1 program an SM -- the best TMA tile at 128 tokens in
 ``fp8-tma-h100.json``). Two warm-up calls compile and settle; the profiled call is the third. Each call is
@@ -61,11 +61,11 @@ def parse_tma(spec: str) -> TmaTile:
 
 
 def parse_grid(spec: str) -> GemmTile:
-    """``BMxBN:warps:stages:split[:block_k]`` -> :class:`GemmTile`."""
+    """``BMxBN:warps:stages:split[:x]`` (``x``: swapped) -> :class:`GemmTile`."""
     parts = spec.split(":")
     bm, bn = (int(v) for v in parts[0].split("x"))
     warps, stages, split = (int(v) for v in parts[1:4])
-    return GemmTile(bm, bn, warps, stages, split, block_k=int(parts[4]) if parts[4:] else None)
+    return GemmTile(bm, bn, warps, stages, split, swap_ab=parts[4:5] == ["x"])
 
 
 def calls(
@@ -147,9 +147,7 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", help="proj:m[:format], e.g. qkv:128 o:64:block")
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     ap.add_argument("--tma-tile", default=None, help="BMxBN:split:warps:stages:programs_per_sm[:x]")
-    ap.add_argument(
-        "--grid-tile", default=None, help="BMxBN:warps:stages:split[:block_k] (default gemm_tile's)"
-    )
+    ap.add_argument("--grid-tile", default=None, help="BMxBN:warps:stages:split[:x] (default gemm_tile's)")
     ap.add_argument("--summarize", nargs=2, metavar=("RAW_CSV", "LOG"), help="JSON of an ncu report instead")
     ap.add_argument("--out", default=None, help="--summarize: the JSON file (default: stdout)")
     ap.add_argument("--gpu", default="unknown", help="--summarize: the GPU the report was taken on")

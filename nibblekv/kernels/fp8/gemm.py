@@ -33,13 +33,8 @@ from nibblekv.kernels.fp8.tiles import GemmTile, TmaTile, gemm_tile, tma_tile
 from nibblekv.kernels.pdl import pdl_launch, pdl_release, pdl_wait
 from nibblekv.kernels.ptx.mma import _prefetch_l2
 
-# K per step of the row-wise GEMM by default (no scale groups along K: any width that feeds the tensor cores;
-# GemmTile.block_k sets another)
+# K per step of the row-wise GEMM (no scale groups along K: any width that feeds the tensor cores)
 ROWWISE_K_STEP = 128
-# NOTE: K the row-wise GEMM's FP8 MMAs sum before promoting into the fp32 acc (Hopper's FP8 MMAs accumulate
-# in reduced precision; cuBLASLt's row-wise kernels and the block path, whose scaling promotes each step, do
-# the same)
-ROWWISE_PROMOTE = 128
 # NOTE: decode batches up to this many tokens take the Triton GEMM, larger ones cuBLASLt's row-wise kernel
 # (``torch._scaled_mm``); up to ROWWISE_TRITON_NARROW_M tokens also layers of at most ROWWISE_TRITON_NARROW_N
 # outputs. H100, Llama-3.1-8B's qkv / o / gate_up / down, us, Triton (64x64 tiles, 6 stages) vs cuBLASLt: M=64
@@ -62,12 +57,11 @@ PDL_PREFETCH_LINES = 4
 @triton.jit
 def _block_step(
     acc, kb, K, a_ptrs, b_ptrs, as_ptrs, bs_ptrs, offs_k, GROUP: tl.constexpr, ROWWISE: tl.constexpr, sc=None,
-    SWAP: tl.constexpr = False, PROMOTE: tl.constexpr = ROWWISE_PROMOTE, EVEN_K: tl.constexpr = False,
+    SWAP: tl.constexpr = False, EVEN_K: tl.constexpr = False,
 ):  # fmt: skip
     """``acc + (A_kb @ B_kb^T) * (a_scale[:, kb] * b_scale[:, kb])`` for k-block ``kb`` (masked past K), that
-    product loaded here or given (``sc``); ROWWISE: ``acc + A_kb @ B_kb^T`` (scales after the k loop; the
-    MMAs' sums promoted into ``acc`` every PROMOTE of the step's GROUP). EVEN_K: K is whole steps (no
-    masks)."""
+    product loaded here or given (``sc``); ROWWISE: ``acc + A_kb @ B_kb^T`` (scales after the k loop). EVEN_K:
+    K is whole steps (no masks)."""
     if EVEN_K:
         a = tl.load(a_ptrs + kb * GROUP)
         b = tl.load(b_ptrs + kb * GROUP)
@@ -76,10 +70,13 @@ def _block_step(
         a = tl.load(a_ptrs + kb * GROUP, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs + kb * GROUP, mask=offs_k[:, None] < k_left, other=0.0)
     if ROWWISE:
+        # NOTE: Hopper's FP8 MMAs accumulate in reduced precision: promote into the fp32 acc every GROUP
+        # (as cuBLASLt's row-wise kernels and the block path, whose scaling promotes each step, do). Without
+        # it the GEMM is ~15% faster at 128 tokens (H200, docs/results.md "Where the FP8 GEMMs' time goes")
         if SWAP:  # acc^T [BLOCK_N, BLOCK_M]: the weight tile is the MMA's M side
-            acc = tl.dot(tl.trans(b), tl.trans(a), acc, max_num_imprecise_acc=PROMOTE)
+            acc = tl.dot(tl.trans(b), tl.trans(a), acc, max_num_imprecise_acc=GROUP)
         else:
-            acc = tl.dot(a, b, acc, max_num_imprecise_acc=PROMOTE)
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=GROUP)
     else:
         if sc is None:
             sc = tl.load(as_ptrs + kb)[:, None] * tl.load(bs_ptrs + kb)[None, :]
@@ -239,10 +236,6 @@ def _launch_gemm(
     if m == 0:
         return out
     t = tile or gemm_tile(m, n, kb, not rowwise)
-    if t.block_k is not None:
-        if not rowwise:
-            raise ValueError(f"FP8 GEMM tile {t}: block_k is the row-wise GEMM's; block-scaled steps a block")
-        group, kb = t.block_k, triton.cdiv(k, t.block_k)
     split, per_split = even_splits(kb, t.split_k)
     ws = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
     launch = pdl_launch(xq.device, pdl)

@@ -21,8 +21,7 @@ class GemmTile:
     weight block; off: in the step, whose scaling then waits on the load); ``swap_ab``: the MMA computes
     ``C^T = W X^T``, the weight tile its M side (wgmma needs 64 rows: ``block_n`` a multiple of 64 per
     warpgroup), so a batch of 16-32 tokens runs on Hopper's FP8 wgmma instead of fp16 ``mma.sync`` after
-    converting both operands; ``block_k``: K a step of the row-wise GEMM (None: ``gemm.ROWWISE_K_STEP``; its
-    sums still promoted into fp32 every 128), block-scaled GEMMs step one weight block."""
+    converting both operands."""
 
     block_m: int
     block_n: int
@@ -31,14 +30,11 @@ class GemmTile:
     split_k: int = 1
     scale_ahead: bool = True
     swap_ab: bool = False
-    block_k: int | None = None
 
     def __post_init__(self) -> None:
         pow2 = all(b >= 16 and not b & (b - 1) for b in (self.block_m, self.block_n))
         if not pow2 or min(self.num_warps, self.num_stages, self.split_k) < 1:
             raise ValueError(f"FP8 GEMM tile {self}: powers of two >= 16, positive warps, stages and splits")
-        if self.block_k is not None and (self.block_k < 128 or self.block_k & (self.block_k - 1)):
-            raise ValueError(f"FP8 GEMM tile {self}: block_k a power of two >= 128")
 
 
 @dataclass(frozen=True)
