@@ -72,7 +72,7 @@ def _block_step(
     if ROWWISE:
         # NOTE: Hopper's FP8 MMAs accumulate in reduced precision: promote into the fp32 acc every GROUP
         # (as cuBLASLt's row-wise kernels and the block path, whose scaling promotes each step, do). Without
-        # it the GEMM is ~15% faster at 128 tokens (H200, docs/results.md "Where the FP8 GEMMs' time goes")
+        # it the GEMM is 10-15% faster at 128 tokens (H200, docs/results.md "Where the FP8 GEMMs' time goes")
         if SWAP:  # acc^T [BLOCK_N, BLOCK_M]: the weight tile is the MMA's M side
             acc = tl.dot(tl.trans(b), tl.trans(a), acc, max_num_imprecise_acc=GROUP)
         else:
