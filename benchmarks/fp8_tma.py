@@ -4,18 +4,20 @@ mm, the GEMM alone at one projection and token count a row (``tma_row``), its la
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
 
-from benchmarks.timing import DEV, bench_graph
+from benchmarks.timing import bench_graph
 from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_channel
 from nibblekv.kernels.fp8.gemm import ROWWISE_K_STEP, fp8_block_gemm, fp8_rowwise_gemm
 from nibblekv.kernels.fp8.gemm_tma import fp8_tma_gemm
 from nibblekv.kernels.fp8.quant import quant_fp8_groups
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref
-from nibblekv.kernels.fp8.tiles import TmaTile, gemm_tile
+from nibblekv.kernels.fp8.tiles import GemmTile, TmaTile, gemm_tile
 
 BLOCK = 128
 
@@ -57,29 +59,74 @@ def tma_tiles(m: int, block: int | None) -> dict[str, TmaTile]:
     return out
 
 
+@dataclass(frozen=True)
+class Fp8Operands:
+    """A projection's bf16 weight ``w [N, K]`` and ``m`` tokens ``x``, quantized for one format (``block``
+    None: per channel / per token; 128: 128x128 weight blocks, 1x128 token groups), and the GEMM launches the
+    benchmarks time on them (each a no-argument call, bf16 out)."""
+
+    w: torch.Tensor
+    x: torch.Tensor
+    xq: torch.Tensor
+    xs: torch.Tensor
+    wq: torch.Tensor
+    ws: torch.Tensor
+    block: int | None
+
+    @classmethod
+    def make(cls, w: torch.Tensor, m: int, fmt: str) -> Fp8Operands:
+        """``m`` random tokens for ``w``, both quantized as ``fmt`` (``channel`` / ``block``) asks."""
+        x = torch.randn(m, w.shape[1], device=w.device).to(torch.bfloat16)
+        block = None if fmt == "channel" else BLOCK
+        wq, ws = quantize_weight_channel(w) if block is None else quantize_weight_block(w, BLOCK)
+        xq, xs = quant_fp8_groups(x, block)
+        return cls(w, x, xq, xs, wq, ws, block)
+
+    def grid_tile(self) -> GemmTile:
+        """``gemm_tile``'s launch for this batch and format."""
+        (m, k), n = self.x.shape, self.w.shape[0]
+        return gemm_tile(m, n, triton.cdiv(k, self.block or ROWWISE_K_STEP), block=self.block is not None)
+
+    def grid(self, tile: GemmTile) -> Callable[[], torch.Tensor]:
+        """The grid GEMM (``kernels.fp8.gemm``) of this format with ``tile``."""
+        if self.block is None:
+            return lambda: fp8_rowwise_gemm(self.xq, self.xs, self.wq, self.ws, torch.bfloat16, tile=tile)
+        return lambda: fp8_block_gemm(self.xq, self.xs, self.wq, self.ws, BLOCK, torch.bfloat16, tile=tile)
+
+    def tma(self, tile: TmaTile) -> Callable[[], torch.Tensor]:
+        """The persistent TMA GEMM (``kernels.fp8.gemm_tma``) with ``tile``."""
+        return lambda: fp8_tma_gemm(self.xq, self.xs, self.wq, self.ws, self.block, torch.bfloat16, tile)
+
+    def cublaslt(self) -> Callable[[], torch.Tensor]:
+        """cuBLASLt's row-wise scaled FP8 GEMM (``torch._scaled_mm``; per channel, CUDA only)."""
+        scale_b = self.ws.view(1, -1)
+        return lambda: torch._scaled_mm(
+            self.xq, self.wq.t(), scale_a=self.xs, scale_b=scale_b, out_dtype=torch.bfloat16
+        )
+
+    def bf16(self) -> Callable[[], torch.Tensor]:
+        """bf16 ``x @ w^T`` (``torch.mm``)."""
+        wb = self.w.to(torch.bfloat16)
+        return lambda: torch.mm(self.x, wb.t())
+
+    def twin(self) -> torch.Tensor:
+        """The pure-torch twin's fp32 output."""
+        return fp8_gemm_ref(self.xq, self.xs, self.wq, self.ws, self.block, torch.float32)
+
+
 def tma_row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor) -> dict[str, Any]:
     """The GEMM alone at ``m`` tokens: the grid GEMM's tile for ``m`` (``gemm_tile``), cuBLASLt (per channel:
     row-wise ``torch._scaled_mm``), every :func:`tma_tiles` launch (each checked against the twin first) and
     bf16 mm."""
-    x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
-    block = None if fmt == "channel" else BLOCK
-    wq, ws = quantize_weight_channel(w) if block is None else quantize_weight_block(w, BLOCK)
-    xq, xs = quant_fp8_groups(x, block)
-    grid = gemm_tile(m, n, triton.cdiv(k, block or ROWWISE_K_STEP), block=block is not None)
-    if block is None:
-        default = lambda: fp8_rowwise_gemm(xq, xs, wq, ws, torch.bfloat16, tile=grid)  # noqa: E731
-    else:
-        default = lambda: fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16, tile=grid)  # noqa: E731
+    ops = Fp8Operands.make(w, m, fmt)
     row: dict[str, Any] = dict(kind="tma", name=name, m=m, n=n, k=k, format=fmt)
-    row["triton_us"] = round(bench_graph(default), 2)  # the grid GEMM (kernels.fp8.gemm), its tile for m
-    if block is None and x.is_cuda:
-        row["scaled_mm_us"] = round(bench_graph(
-            lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.view(1, -1), out_dtype=torch.bfloat16)
-        ), 2)  # fmt: skip
-    want = fp8_gemm_ref(xq, xs, wq, ws, block, torch.float32)
+    row["triton_us"] = round(bench_graph(ops.grid(ops.grid_tile())), 2)  # the grid GEMM, its tile for m
+    if ops.block is None and ops.x.is_cuda:
+        row["scaled_mm_us"] = round(bench_graph(ops.cublaslt()), 2)
+    want = ops.twin()
     times: dict[str, float] = {}
-    for tname, tile in tma_tiles(m, block).items():
-        fn = lambda t=tile: fp8_tma_gemm(xq, xs, wq, ws, block, torch.bfloat16, t)  # noqa: E731
+    for tname, tile in tma_tiles(m, ops.block).items():
+        fn = ops.tma(tile)
         try:
             got = fn()
         except Exception as e:  # noqa: BLE001 - triton's OutOfResources and compile errors alike
@@ -91,8 +138,7 @@ def tma_row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor) -> dic
             raise AssertionError(f"{name} m={m} {fmt}: TMA tile {tname} is {err:.3g} (rel. L2) off the twin")
         times[tname] = round(bench_graph(fn), 2)
     row["tma_tiles_us"] = times
-    wb = w.to(torch.bfloat16)
-    row["bf16_us"] = round(bench_graph(lambda: torch.mm(x, wb.t())), 2)
+    row["bf16_us"] = round(bench_graph(ops.bf16()), 2)
     if times:
         best = min(times, key=times.get)
         row["tma_best"], row["tma_best_us"] = best, times[best]

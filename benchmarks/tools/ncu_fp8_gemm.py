@@ -40,15 +40,10 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `benchmarks.*`
 from benchmarks.bench_fp8 import SHAPES_8B  # noqa: E402
+from benchmarks.fp8_tma import BLOCK, Fp8Operands  # noqa: E402
 from benchmarks.timing import profile_once  # noqa: E402
-from nibblekv.formats.fp8_weights import quantize_weight_block, quantize_weight_channel  # noqa: E402
-from nibblekv.kernels.fp8.gemm import ROWWISE_K_STEP, fp8_block_gemm, fp8_rowwise_gemm  # noqa: E402
-from nibblekv.kernels.fp8.gemm_tma import fp8_tma_gemm  # noqa: E402
-from nibblekv.kernels.fp8.quant import quant_fp8_groups  # noqa: E402
-from nibblekv.kernels.fp8.reference import fp8_gemm_ref  # noqa: E402
-from nibblekv.kernels.fp8.tiles import GemmTile, TmaTile, gemm_tile, tma_tile  # noqa: E402
+from nibblekv.kernels.fp8.tiles import GemmTile, TmaTile, tma_tile  # noqa: E402
 
-BLOCK = 128
 KERNELS = ("grid", "tma", "cublaslt", "bf16")
 
 
@@ -73,33 +68,23 @@ def calls(
 ) -> dict[str, Callable]:
     """The named GEMM calls at one projection and token count, each checked against the twin."""
     n, k = {name: (n, k) for name, n, k in SHAPES_8B}[proj]
-    w = torch.randn(n, k, device="cuda") / k**0.5
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    block = None if fmt == "channel" else BLOCK
-    wq, ws = quantize_weight_channel(w) if block is None else quantize_weight_block(w, BLOCK)
-    xq, xs = quant_fp8_groups(x, block)
-    grid = grid or gemm_tile(m, n, triton.cdiv(k, block or ROWWISE_K_STEP), block=block is not None)
-    tile = tma or tma_tile(m, n, triton.cdiv(k, BLOCK), block is not None) or TmaTile(64, 128, 1, 4, 6, 1)
+    ops = Fp8Operands.make(torch.randn(n, k, device="cuda") / k**0.5, m, fmt)
+    grid = grid or ops.grid_tile()
+    tile = tma or tma_tile(m, n, triton.cdiv(k, BLOCK), ops.block is not None) or TmaTile(64, 128, 1, 4, 6, 1)
     out: dict[str, Callable] = {}
     if "grid" in kernels:
-        if block is None:
-            out[f"grid {grid}"] = lambda: fp8_rowwise_gemm(xq, xs, wq, ws, torch.bfloat16, tile=grid)
-        else:
-            out[f"grid {grid}"] = lambda: fp8_block_gemm(xq, xs, wq, ws, BLOCK, torch.bfloat16, tile=grid)
+        out[f"grid {grid}"] = ops.grid(grid)
     if "tma" in kernels:
-        out[f"tma {tile}"] = lambda: fp8_tma_gemm(xq, xs, wq, ws, block, torch.bfloat16, tile)
-    if "cublaslt" in kernels and block is None:
-        out["cublaslt"] = lambda: torch._scaled_mm(
-            xq, wq.t(), scale_a=xs, scale_b=ws.view(1, -1), out_dtype=torch.bfloat16
-        )
-    want = fp8_gemm_ref(xq, xs, wq, ws, block, torch.float32)
+        out[f"tma {tile}"] = ops.tma(tile)
+    if "cublaslt" in kernels and ops.block is None:
+        out["cublaslt"] = ops.cublaslt()
+    want = ops.twin()
     for name, fn in out.items():
         err = ((fn().float() - want).norm() / want.norm()).item()
         if not err < 1e-2:
             raise AssertionError(f"{proj} m={m} {fmt} {name}: {err:.3g} (rel. L2) off the twin")
     if "bf16" in kernels:
-        wb = w.to(torch.bfloat16)
-        out["bf16 mm"] = lambda: torch.mm(x, wb.t())
+        out["bf16 mm"] = ops.bf16()
     return out
 
 
