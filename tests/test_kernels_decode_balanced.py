@@ -102,13 +102,38 @@ def test_balanced_ragged_batch_with_tails(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.usefixtures("one_sm")
-@pytest.mark.parametrize("l2,pf", [(1, 1), (1, 0)] if DEVICE == "cpu" else [(1, 1), (2, 1), (1, 0), (2, 0)])
-def test_balanced_l2_prefetch(l2: int, pf: int) -> None:
+@pytest.mark.parametrize(
+    "l2,pf,bulk",
+    [(1, 1, 0), (1, 0, 0), (3, 1, 1)]
+    if DEVICE == "cpu"
+    else [(1, 1, 0), (2, 1, 0), (1, 0, 0), (2, 0, 0), (2, 1, 1), (1, 0, 1)],
+)
+def test_balanced_l2_prefetch(l2: int, pf: int, bulk: int) -> None:
     # variant option l2 (opt-in): an L2 prefetch of the tiles l2 steps ahead -- page ids of steps past a
     # warp's chunk clamp to its current step; a no-op hint under the interpreter (the page-id loads run).
-    # pf=0: no register prefetch, each step loads its tiles (from L2, where the prefetch put them)
-    spec = f"mma:bal=1,bppsm=5,minc=16,tpi=2,l2={l2},pf={pf}"
+    # pf=0: no register prefetch, each step loads its tiles (from L2, where the prefetch put them);
+    # l2b=1: each tile's prefetch one bulk copy of its (page, KV head) run
+    spec = f"mma:bal=1,bppsm=5,minc=16,tpi=2,l2={l2},pf={pf},l2b={bulk}"
     assert _run_bal([100, 1, P + 1, 40], [W, 0, 3, 1], 1, 4, P, spec=spec) <= 1e-2
+    if bulk:  # head_dim 256's segment
+        spec256 = spec.replace("tpi=2", "tpi=1")
+        assert _run_bal([37, P + 1, 1], [5, 1, 0], 1, 8, P, spec=spec256, d=256) <= 1e-2
+
+
+def test_l2_bulk_needs_the_prefetch_and_one_run_a_page_head() -> None:
+    # l2b=1 copies a (page, KV head) run: refused where no L2 prefetch runs (per-pair head_dim 128 has none
+    # by default), on pages that are not one tile, and where the scales are not beside their rows
+    q = torch.randn(1, 4, 128, device=DEVICE).to(torch.bfloat16)
+    for spec, page, placement, msg in [
+        ("mma:l2b=1", P, "page", "l2_ahead"),
+        ("mma:l2=1,l2b=1", 5, "page", "16-token pages"),
+        ("mma:l2=1,l2b=1", P, "apart", "page layout"),
+    ]:
+        pb = make_batch(KVDtype.NVFP4, [40], 1, 128, page, DEVICE)
+        view = PagedKV(place_scales(pb.cache, placement), pb.page_table, pb.lens)
+        cfg = decode_config_from_spec(spec, KVDtype.NVFP4, 128)
+        with pytest.raises(ValueError, match=msg):
+            decode_triton(q, view, 0.1, config=cfg)
 
 
 @pytest.mark.usefixtures("one_sm")

@@ -18,6 +18,7 @@ from nibblekv.kernels.ptx.mma import (
     _page_addr,
     _pair_halves,
     _prefetch_l2,
+    _prefetch_l2_bulk,
     _scale_h2,
     _split64,
 )
@@ -114,14 +115,19 @@ def _l2_pages(pt_ptr, n0, ahead, full_end, lane, warp, TPI: tl.constexpr, PAGE: 
 
 @triton.jit
 def _l2_prefetch(k64, v64, ks16, vs8, pages, hoff, shoff, s_page, sc_page, lane,
-                 TPI: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr):  # fmt: skip
+                 TPI: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr, L2B: tl.constexpr = 0):  # fmt: skip
     """L2 prefetch of a step's tiles (16-row pages: a tile is one page of one KV head), two per-lane
     instructions: data lane ``16 i + 8 kv + l`` takes 128-byte line ``l`` of tile ``i``'s K (kv = 0) or V
     rows; scale lane ``4 i + 2 kv`` tile ``i``'s K or V scale bytes (16 x D / 16 bytes, one line).
-    ``pages`` = ``_l2_pages``. NOTE: 16 rows x D / 2 bytes = 8 lines at D = 128."""
+    ``pages`` = ``_l2_pages``. NOTE: 16 rows x D / 2 bytes = 8 lines at D = 128.
+    ``L2B`` > 0 (``DecodeConfig.l2_bulk``; the pool's (page, KV head) run of that many bytes: K rows, K
+    scales, V rows, V scales): lane ``16 i`` prefetches tile ``i``'s whole run as one bulk copy instead."""
     tl.static_assert(D == 128 and PAGE == 16, "8 lines of 128 bytes a tile, one page a tile")
     pd, ps = pages
     L = lane % 32
+    if L2B > 0:
+        run = _page_addr(pd, s_page, (k64 + (hoff >> 3)).to(tl.int64))
+        return _prefetch_l2_bulk(run, (L * 0 + L2B).to(tl.int32), (L % 16 == 0) & (L < 16 * TPI))
     kv = (L // 8) % 2
     dbase = tl.where(kv == 0, (k64 + (hoff >> 3)).to(tl.int64), (v64 + (hoff >> 3)).to(tl.int64))
     a = _prefetch_l2(_page_addr(pd, s_page, dbase + (L % 8) * 128), L < 16 * TPI)

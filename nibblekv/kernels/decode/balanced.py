@@ -38,7 +38,7 @@ from nibblekv.kernels.decode.combine import (
     combine_chunk,
     empty_partials,
 )
-from nibblekv.kernels.decode.config import _mma_max_registers, combine_dim_block
+from nibblekv.kernels.decode.config import _mma_max_registers, combine_dim_block, l2_bulk_bytes
 from nibblekv.kernels.decode.launch_config import DecodeConfig
 from nibblekv.kernels.decode.mma import _mma_segment
 from nibblekv.kernels.decode.mma256 import _mma256_segment
@@ -105,7 +105,7 @@ def decode_mma_bal_kernel(
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TPAGE: tl.constexpr,
     BP: tl.constexpr, W: tl.constexpr, HAS_TAIL: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     MINC: tl.constexpr, VST: tl.constexpr, VQ: tl.constexpr, DYN: tl.constexpr,
-    L2: tl.constexpr = 0, LZ: tl.constexpr = 0, HA: tl.constexpr = 0,
+    L2: tl.constexpr = 0, LZ: tl.constexpr = 0, HA: tl.constexpr = 0, L2B: tl.constexpr = 0,
 ):  # fmt: skip
     """1-D grid: ``W`` one-warp programs over the balanced chunks, then (``HAS_TAIL``) one tail program per
     pair. ``n_req`` requests, of which the first ``*act_ptr`` are real with ``DYN`` (CUDA-graph padding).
@@ -178,7 +178,7 @@ def decode_mma_bal_kernel(
                     sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, h,
                     sm_scale * 1.4426950408889634 * gk, gv,
                     o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-                    G, PAGE, 1, TPI, PF, VST, VQ, L2, LZ,
+                    G, PAGE, 1, TPI, PF, VST, VQ, L2, LZ, L2B,
                 )  # fmt: skip
             else:
                 _mma_segment(
@@ -186,7 +186,7 @@ def decode_mma_bal_kernel(
                     sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h,
                     sm_scale * 1.4426950408889634 * gk, gv,
                     o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-                    G, D, PAGE, 1, TPI, PF, 0, VST, VQ, L2, LZ,
+                    G, D, PAGE, 1, TPI, PF, 0, VST, VQ, L2, LZ, L2B,
                 )  # fmt: skip
             x0 += nt
 
@@ -290,7 +290,8 @@ def launch_balanced(
         HQ=hq, G=g, D=d, PAGE=cache.layout.page_size, TPAGE=tpage, BP=bp, W=warps, HAS_TAIL=int(has_tail),
         TPI=cfg.tpi, PF=cfg.pf, MINC=cfg.minc, VST=cfg.vst,
         VQ=cfg.vq,
-        L2=cfg.l2_ahead or 0, LZ=cfg.lazy_rescale, HA=cfg.bal_heads, DYN=dyn, num_warps=1, num_stages=1,
+        L2=cfg.l2_ahead or 0, LZ=cfg.lazy_rescale, HA=cfg.bal_heads, L2B=l2_bulk_bytes(cache, cfg, g),
+        DYN=dyn, num_warps=1, num_stages=1,
         **({} if interp else {"maxnreg": _mma_max_registers(per_sm)}),
     )  # fmt: skip
     slots = max_pair_slots(warps, hkv)

@@ -111,6 +111,24 @@ def _mma_unsupported(cache: LayerKV, g: int) -> str | None:
     return None
 
 
+def l2_bulk_bytes(cache: LayerKV, cfg: DecodeConfig, group: int) -> int:
+    """``DecodeConfig.l2_bulk``: the bytes of one (page, KV head) run (K rows, K scales, V rows, V scales
+    side by side) that each L2 prefetch of ``decode_mma`` / ``decode_balanced`` copies in bulk; 0 where
+    off. Raises where the prefetch it changes does not run or the pool is not one run a (page, KV head)."""
+    if not cfg.l2_bulk:
+        return 0
+    lay = cache.layout
+    if not cfg.l2_ahead or lay.page_size != 16 or group > 8 or lay.head_dim not in (128, 256):
+        raise ValueError(
+            "l2_bulk needs the L2 prefetch (l2_ahead > 0) of decode_mma / decode_balanced: 16-token pages, "
+            f"head_dim 128 or 256, GQA <= 8 (l2_ahead {cfg.l2_ahead}, page {lay.page_size}, head_dim "
+            f"{lay.head_dim}, GQA {group})"
+        )
+    if cache.pages is None or cache.k_data.data_ptr() != cache.pages.data_ptr():
+        raise ValueError("l2_bulk needs an NVFP4 pool in its own page layout (LayerKV.allocate)")
+    return 2 * lay.head_run_bytes()
+
+
 def _mma_max_registers(per_sm: int) -> int:
     """Registers per thread that let ``per_sm`` one-warp programs share an SM (allocated in 8s).
 

@@ -29,6 +29,7 @@ from nibblekv.kernels.decode.config import (
     _mma_max_registers,
     combine_dim_block,
     graph_num_splits,
+    l2_bulk_bytes,
     mma_num_splits,
     select_decode,
 )
@@ -225,6 +226,7 @@ def decode_triton(
             VQ=cfg.vq * int(_q_vector_ok(q if q_rows is None else q_rows[0])),
             L2=cfg.l2_ahead or 0,
             LZ=cfg.lazy_rescale,
+            L2B=l2_bulk_bytes(cache, cfg, g),
             **_q_rows_args(q_rows),
             TPP=int(tail_in_grid and bool(cfg.tail_page_prefetch)),
             **dyn,

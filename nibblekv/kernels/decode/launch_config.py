@@ -51,7 +51,10 @@ class DecodeConfig:
     accumulators) until some score exceeds it by more than that many log2 units (``decode_mma`` and
     ``decode_balanced`` at head_dim 128 and 256; 0 = every step). ``bal_heads`` 1: the balanced chunks cut
     the requests' tiles (not the pairs') and every KV head of a request takes the same chunk, so the warps
-    reading one page's heads run side by side, as per-pair splits do.
+    reading one page's heads run side by side, as per-pair splits do. ``l2_bulk`` 1: each L2 prefetch of
+    ``decode_mma`` / ``decode_balanced`` (head_dim 128 / 256, GQA <= 8, ``l2_ahead`` > 0) is one bulk copy of
+    a tile's whole (page, KV head) run by the TMA unit instead of a 128-byte line a lane (NVFP4 pools in
+    their own page layout, ``formats.layout``).
     ``tail_in_grid`` is resolved by ``select_decode`` (not an input).
     """
 
@@ -84,6 +87,7 @@ class DecodeConfig:
     part_bf16: int = 0
     lazy_rescale: int = 0
     bal_heads: int = 0
+    l2_bulk: int = 0
     tail_in_grid: bool = False
 
     def __post_init__(self) -> None:
@@ -92,6 +96,8 @@ class DecodeConfig:
             raise ValueError(f"lazy_rescale must be 0 (off) to 15 (fp16 holds 2**15): {self.lazy_rescale}")
         if self.bal_heads not in (0, 1):
             raise ValueError(f"bal_heads must be 0 or 1: {self.bal_heads}")
+        if self.l2_bulk not in (0, 1):
+            raise ValueError(f"l2_bulk must be 0 or 1: {self.l2_bulk}")
 
     @property
     def mma(self) -> bool:

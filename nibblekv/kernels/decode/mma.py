@@ -58,7 +58,7 @@ def _mma_segment(
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
-    L2: tl.constexpr = 0, LZ: tl.constexpr = 0,
+    L2: tl.constexpr = 0, LZ: tl.constexpr = 0, L2B: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
@@ -77,7 +77,8 @@ def _mma_segment(
     ``VQ``: Q (bf16, rows 16-byte aligned) as 4 vector loads per lane, for the same reason at the start.
     ``L2`` (16-row pages, no PAIR): ``decode_mma16``'s L2 prefetch of the tiles ``L2`` steps ahead (with
     ``PF``: gained nothing at 16 programs per SM, opt-in for 12); without ``PF`` each step then loads its
-    registers from L2 (no registers hold the next step: fewer of them).
+    registers from L2 (no registers hold the next step: fewer of them). ``L2B`` > 0: each tile's prefetch
+    is one bulk copy of its (page, KV head) run of that many bytes (``_l2_prefetch``).
     ``LZ`` > 0: the lazy softmax (``_mma_step._step_max``; ``DecodeConfig.lazy_rescale``).
     """
     lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
@@ -125,7 +126,7 @@ def _mma_segment(
     ):  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
         nb = n0 + 16 * TPI * warp
         if L2 > 0 and PAGE == 16 and PAIR == 0:  # NOTE: pl holds the pages of step n0 + L2 * STEP
-            _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D)
+            _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D, L2B)
             pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
         if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
@@ -219,7 +220,7 @@ def decode_mma_kernel(
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     TPP: tl.constexpr = 0,
     L2: tl.constexpr = 0, qr_ptr=None, s_qt=0, s_qr=0, qcu_ptr=None, q_last=0, QG: tl.constexpr = 0,
-    QNG: tl.constexpr = 1, LZ: tl.constexpr = 0,
+    QNG: tl.constexpr = 1, LZ: tl.constexpr = 0, L2B: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -239,7 +240,8 @@ def decode_mma_kernel(
     order, so the one wave holds only real work; the tail programs come after all split slots.
     ``TPP``: the tail program prefetches each next tile's page id (``_mma_tail``).
 
-    ``L2``: ``decode_mma16``'s L2 prefetch distance in steps (``DecodeConfig.l2_ahead``; 0 = off).
+    ``L2``: ``decode_mma16``'s L2 prefetch distance in steps (``DecodeConfig.l2_ahead``; 0 = off); ``L2B``
+    > 0: the head_dim-128 / 256 segments' prefetches as bulk copies of that many bytes a (page, KV head) run.
     ``LZ``: the lazy softmax rescale threshold of the head_dim-128 / 256 segments
     (``DecodeConfig.lazy_rescale``).
     ``QG`` > 0 (``decode_mma16`` only): Q rows from ``qr_ptr`` (``q [T, Hq, D]``, strides ``s_qt`` /
@@ -323,12 +325,12 @@ def decode_mma_kernel(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, PAGE, NW, TPI, PF, VST, VQ, L2, LZ,
+            G, PAGE, NW, TPI, PF, VST, VQ, L2, LZ, L2B,
         )  # fmt: skip
     else:
         _mma_segment(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, L2, LZ,
+            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, L2, LZ, L2B,
         )  # fmt: skip

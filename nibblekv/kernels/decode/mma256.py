@@ -37,7 +37,7 @@ from nibblekv.kernels.decode._mma_step import (
     _store_lse,
 )
 from nibblekv.kernels.decode._mma_tile import _load_tile, _online_init, _q_frags, _warp_lanes
-from nibblekv.kernels.ptx.mma import _lane_reduce, _p_frag, _page_addr, _prefetch_l2
+from nibblekv.kernels.ptx.mma import _lane_reduce, _p_frag, _page_addr, _prefetch_l2, _prefetch_l2_bulk
 
 
 # NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
@@ -171,10 +171,14 @@ def _l2_page256(pt_ptr, n0, ahead, full_end, warp, PAGE: tl.constexpr):
 
 
 @triton.jit
-def _l2_prefetch256(k64, v64, ks16, vs8, page, hoff, shoff, s_page, sc_page, lane):
+def _l2_prefetch256(k64, v64, ks16, vs8, page, hoff, shoff, s_page, sc_page, lane, L2B: tl.constexpr = 0):
     """L2 prefetch of one tile (16 rows of 128 data and 16 scale bytes a head, one page): lane ``16 kv + l``
-    takes 128-byte line ``l`` of its K (kv = 0) or V rows, lane ``2 kv + l`` (< 4) scale line ``l``."""
+    takes 128-byte line ``l`` of its K (kv = 0) or V rows, lane ``2 kv + l`` (< 4) scale line ``l``; with
+    ``L2B`` > 0 (``_l2_prefetch``'s) lane 0 the tile's whole (page, KV head) run as one bulk copy."""
     L = lane % 32
+    if L2B > 0:
+        run = _page_addr(page, s_page, (k64 + (hoff >> 3)).to(tl.int64))
+        return _prefetch_l2_bulk(run, (L * 0 + L2B).to(tl.int32), L == 0)
     kv = L // 16
     dbase = tl.where(kv == 0, (k64 + (hoff >> 3)).to(tl.int64), (v64 + (hoff >> 3)).to(tl.int64))
     a = _prefetch_l2(_page_addr(page, s_page, dbase + (L % 16) * 128), L < 32)
@@ -216,10 +220,12 @@ def _mma256_segment(
     pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     VST: tl.constexpr = 0, VQ: tl.constexpr = 0, L2: tl.constexpr = 0, LZ: tl.constexpr = 0,
+    L2B: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode_mma._mma_segment`` at head_dim 256 (no PAIR): each warp attends its 16-token tiles of
     ``[start, end)`` (``PF`` = 1: the next tile's bytes load during this one; ``L2`` with 16-row pages: the
-    tile ``L2`` steps ahead prefetched into L2 -- without ``PF`` each step's registers then load from L2) and
+    tile ``L2`` steps ahead prefetched into L2, as one bulk copy of ``L2B`` bytes where > 0 -- without
+    ``PF`` each step's registers then load from L2) and
     stores its partial o / lse at ``o_ptr + w * 256`` / ``lse_ptr + w`` (``s_oh`` = elements between two
     heads' partials). ``LZ``: the lazy softmax (``_mma_step._step_max``)."""
     tl.static_assert(TPI == 1, "head_dim 256: one 16-token tile a softmax step (registers)")
@@ -253,7 +259,7 @@ def _mma256_segment(
     while n0 < full_end:  # NOTE: `while`, not `for`: triton 3.6's interpreter cannot run `for` over loaded bounds
         nb = n0 + 16 * warp
         if L2 > 0 and PAGE == 16:  # NOTE: pl holds the page of step n0 + L2 * STEP (loaded last step)
-            _l2_prefetch256(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane)
+            _l2_prefetch256(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, L2B)
             pl = _l2_page256(pt_ptr, n0, (L2 + 1) * STEP, full_end, warp, PAGE)
         if PF:  # prefetch the next step (the current tile again on the last step: no mask needed)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * warp

@@ -250,6 +250,18 @@ def _prefetch_l2(addr, pred):
     )  # fmt: skip
 
 
+@triton.jit
+def _prefetch_l2_bulk(addr, nbytes, pred):
+    """Where ``pred``: ``cp.async.bulk.prefetch.L2`` of the ``nbytes`` (int32, a multiple of 16) from
+    ``addr`` (int64, 16-byte aligned): one instruction a run, issued by the TMA unit, which holds no
+    registers and no load slots of the warp. Returns 0."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $3, 0; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+        "=r,l,r,r", [addr, nbytes, pred.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
 if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as Triton twins (ptx.reference)
     from nibblekv.kernels.ptx import reference as _tw
 
@@ -258,4 +270,4 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the same helpers as 
     _mma, _lane_reduce, _pack_h2, _p_frag = _tw.mma, _tw.lane_reduce, _tw.pack_h2, _tw.p_frag
     _mma_bf16, _p_frag_bf16 = _tw.mma_bf16, _tw.p_frag_bf16
     _st4, _ld4 = _tw.st4, _tw.ld4
-    _page_addr, _prefetch_l2 = _tw.page_addr, _tw.prefetch_l2
+    _page_addr, _prefetch_l2, _prefetch_l2_bulk = _tw.page_addr, _tw.prefetch_l2, _tw.prefetch_l2_bulk

@@ -235,3 +235,9 @@ def page_addr(page, stride, base):
 def prefetch_l2(addr, pred):
     """A cache hint: nothing to do under the interpreter."""
     return (addr * 0).to(tl.int32)
+
+
+@triton.jit
+def prefetch_l2_bulk(addr, nbytes, pred):
+    """A cache hint: nothing to do under the interpreter."""
+    return (addr * 0).to(tl.int32)
