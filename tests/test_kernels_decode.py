@@ -79,7 +79,7 @@ MMA_CASES = (
     if DEVICE == "cuda"
     # minc: later splits stay empty; 32-token pages: tiles inside a page
     else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P),
-          ("mma:w=4", 4, 5), ("mma:tpi=2", 3, 2 * P), ("mma:pf=0,l2=1", 4, P), ("mma:tpi=2,l2=2,l2b=1", 4, P)]
+          ("mma:w=4", 4, 5), ("mma:tpi=2", 3, 2 * P), ("mma:pf=0,l2=1", 4, P)]
 )
 
 
