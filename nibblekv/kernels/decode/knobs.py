@@ -133,6 +133,11 @@ def mma_knobs(d: int) -> dict[str, int | bool]:
         # at head_dim 128 (B19x160K / B3x1M / B11x160K with the tail), lz=8 -1.0 to -1.4% at 256 (GQA 8); H100
         # from HBM -0.3 to -1.3% (256: -2%). It gains only where the pages sit in L2 (--page-order l2: +2-8%)
         "lazy_rescale": 0,
+        # NOTE: the L2 prefetch as one bulk copy a tile (DecodeConfig.l2_bulk) is off: H100, within 0.006 of
+        # the per-lane lines at l2=1 and 2 (head_dim 128 B3x1M / B19x160K / B11x160K, 256 GQA 8), the H200
+        # untimed. Further ahead evicts: l2=3 0.82-0.83 vs 0.95-0.96 (three steps of 12 warps an SM ~ 22 MB
+        # of prefetched lines, one 25 MB L2 partition); per-pair l2=1 at 128 -3% at B1x128K (results.md)
+        "l2_bulk": 0,
     }
 
 
