@@ -18,6 +18,7 @@ from nibblekv.kernels.fp8.gemm_tma import fp8_tma_gemm
 from nibblekv.kernels.fp8.quant import quant_fp8_groups
 from nibblekv.kernels.fp8.reference import fp8_gemm_ref
 from nibblekv.kernels.fp8.tiles import GemmTile, TmaTile, gemm_tile
+from nibblekv.kernels.testing import rel_rms
 
 BLOCK = 128
 
@@ -113,6 +114,12 @@ class Fp8Operands:
         """The pure-torch twin's fp32 output."""
         return fp8_gemm_ref(self.xq, self.xs, self.wq, self.ws, self.block, torch.float32)
 
+    def check(self, got: torch.Tensor, want: torch.Tensor, label: str) -> None:
+        """Raise unless a launch's output ``got`` is within 1e-2 (rel. RMS) of the twin's ``want``."""
+        err = rel_rms(got.float(), want)
+        if not err < 1e-2:
+            raise AssertionError(f"{label}: {err:.3g} (rel. RMS) off the twin")
+
 
 def tma_row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor) -> dict[str, Any]:
     """The GEMM alone at ``m`` tokens: the grid GEMM's tile for ``m`` (``gemm_tile``), cuBLASLt (per channel:
@@ -133,9 +140,7 @@ def tma_row(name: str, n: int, k: int, m: int, fmt: str, w: torch.Tensor) -> dic
             why = [line for line in str(e).splitlines() if line.strip()][-3:]
             print(f"tma tile {tname}: {type(e).__name__}: {' | '.join(why)[:400]}", flush=True)
             continue
-        err = ((got.float() - want).norm() / want.norm()).item()
-        if not err < 1e-2:
-            raise AssertionError(f"{name} m={m} {fmt}: TMA tile {tname} is {err:.3g} (rel. L2) off the twin")
+        ops.check(got, want, f"{name} m={m} {fmt}: TMA tile {tname}")
         times[tname] = round(bench_graph(fn), 2)
     row["tma_tiles_us"] = times
     row["bf16_us"] = round(bench_graph(ops.bf16()), 2)

@@ -80,9 +80,7 @@ def calls(
         out["cublaslt"] = ops.cublaslt()
     want = ops.twin()
     for name, fn in out.items():
-        err = ((fn().float() - want).norm() / want.norm()).item()
-        if not err < 1e-2:
-            raise AssertionError(f"{proj} m={m} {fmt} {name}: {err:.3g} (rel. L2) off the twin")
+        ops.check(fn(), want, f"{proj} m={m} {fmt} {name}")
     if "bf16" in kernels:
         out["bf16 mm"] = ops.bf16()
     return out
