@@ -26,11 +26,9 @@ checked against the twin first.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, f
 from benchmarks.bench_fp8 import SHAPES_8B  # noqa: E402
 from benchmarks.fp8_tma import BLOCK, Fp8Operands  # noqa: E402
 from benchmarks.timing import profile_once  # noqa: E402
+from benchmarks.tools.ncu_summary import kernel_rows  # noqa: E402
 from nibblekv.kernels.fp8.tiles import GemmTile, TmaTile, tma_tile  # noqa: E402
 
 KERNELS = ("grid", "tma", "cublaslt", "bf16")
@@ -86,45 +85,6 @@ def calls(
     return out
 
 
-STALL = "smsp__pcsamp_warps_issue_stalled_"
-
-
-def summarize(raw_csv: str, log: str) -> list[dict]:
-    """Per profiled kernel (ncu's raw page as CSV, ncu's ID order): the ``profiling ...`` label printed
-    before it in ``log``, its time, DRAM bytes read and rate, SM activity
-    (active / elapsed cycles), launch shape, and its five largest warp-stall samples."""
-    labels: dict[int, str] = {}
-    label = ""
-    for line in Path(log).read_text().splitlines():
-        if line.startswith("profiling "):
-            label = line[len("profiling ") :]
-        elif m := re.match(r'==PROF== Profiling ".*" - (\d+):', line):
-            labels[int(m[1])] = label
-    rows = list(csv.reader(Path(raw_csv).open()))
-    hdr, data = rows[0], rows[2:]  # rows[1]: units
-
-    def num(r: list[str], key: str) -> float:
-        return float(r[hdr.index(key)].replace(",", "") or 0)
-
-    out = []
-    for r in data:
-        stalls = {
-            h[len(STALL) :]: num(r, h) for h in hdr if h.startswith(STALL) and not h.endswith("not_issued")
-        }
-        us = num(r, "gpu__time_duration.sum")
-        dram_mb = num(r, "dram__bytes_read.sum")  # ncu's unit for it here: Mbyte
-        out.append(dict(
-            id=int(r[0]), label=labels.get(int(r[0]), ""), kernel=r[hdr.index("Kernel Name")],
-            grid=r[hdr.index("Grid Size")], block=r[hdr.index("Block Size")], us=us,
-            dram_read_mb=dram_mb, dram_tb_s=round(dram_mb / us, 3),
-            sm_active_frac=round(num(r, "sm__cycles_active.avg") / num(r, "sm__cycles_elapsed.avg"), 3),
-            registers=num(r, "launch__registers_per_thread"),
-            waves_per_sm=num(r, "launch__waves_per_multiprocessor"),
-            top_stalls=dict(sorted(stalls.items(), key=lambda kv: -kv[1])[:5]),
-        ))  # fmt: skip
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", nargs="+", help="proj:m[:format], e.g. qkv:128 o:64:block")
@@ -138,7 +98,7 @@ def main() -> None:
     if args.summarize:
         doc = dict(
             commit=os.environ.get("COMMIT", "unknown"), gpu=args.gpu, date=datetime.date.today().isoformat(),
-            kernels=summarize(*args.summarize),
+            kernels=kernel_rows(*args.summarize),
         )  # fmt: skip
         text = json.dumps(doc, indent=1)
         Path(args.out).write_text(text + "\n") if args.out else print(text)

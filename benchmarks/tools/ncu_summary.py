@@ -1,0 +1,101 @@
+"""Summaries of Nsight Compute reports for the ncu tools (``ncu_decode.py``, ``ncu_fp8_gemm.py``).
+
+``kernel_rows``: per profiled kernel of ncu's raw page (``ncu -i REP --page raw --csv``), labelled by the
+``profiling ...`` lines of the run's log (``benchmarks.timing.profile_once``): time, DRAM read rate, SM
+activity, issue-slot use, achieved occupancy, the busiest pipes and every warp-stall reason as a share
+of the samples. ``sass_hotspots``: from ncu's source page (``--page source --csv --print-source sass``), the
+SASS lines with the most warp samples and each one's largest stall reasons.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+
+STALL = "smsp__pcsamp_warps_issue_stalled_"
+PIPE = re.compile(r"^sm__inst_executed_pipe_(\w+?)\.avg\.pct_of_peak_sustained_active$")
+ISSUE = "sm__inst_issued.avg.pct_of_peak_sustained_active"
+OCCUPANCY = "sm__warps_active.avg.pct_of_peak_sustained_active"
+
+
+def _top(d: dict[str, float], n: int) -> list[tuple[str, float]]:
+    return sorted(d.items(), key=lambda kv: -kv[1])[:n]
+
+
+def log_labels(log: str) -> dict[int, str]:
+    """ncu's kernel ID -> the ``profiling LABEL`` line printed before that kernel in the run's ``log``."""
+    labels: dict[int, str] = {}
+    label = ""
+    for line in Path(log).read_text().splitlines():
+        if line.startswith("profiling "):
+            label = line[len("profiling ") :]
+        elif m := re.match(r'==PROF== Profiling ".*" - (\d+):', line):
+            labels[int(m[1])] = label
+    return labels
+
+
+def kernel_rows(raw_csv: str, log: str, top_stalls: int = 8, top_pipes: int = 6) -> list[dict]:
+    """One dict per kernel of the raw page (ncu's ID order); stall shares sum to 1 over all reasons."""
+    labels = log_labels(log)
+    rows = list(csv.reader(Path(raw_csv).open()))
+    hdr, data = rows[0], rows[2:]  # rows[1]: units
+
+    def num(r: list[str], key: str) -> float:
+        if key not in hdr:
+            return float("nan")
+        return float(r[hdr.index(key)].replace(",", "") or 0)
+
+    out = []
+    for r in data:
+        stalls = {
+            h[len(STALL) :]: num(r, h) for h in hdr if h.startswith(STALL) and not h.endswith("not_issued")
+        }
+        total = sum(stalls.values()) or 1.0
+        pipes = {m[1]: num(r, h) for h in hdr if (m := PIPE.match(h))}
+        us = num(r, "gpu__time_duration.sum")
+        dram_mb = num(r, "dram__bytes_read.sum")  # ncu's unit for it here: Mbyte
+        out.append(dict(
+            id=int(r[0]), label=labels.get(int(r[0]), ""), kernel=r[hdr.index("Kernel Name")],
+            grid=r[hdr.index("Grid Size")], block=r[hdr.index("Block Size")], us=us,
+            dram_read_mb=dram_mb, dram_tb_s=round(dram_mb / us, 3),
+            sm_active_frac=round(num(r, "sm__cycles_active.avg") / num(r, "sm__cycles_elapsed.avg"), 3),
+            issue_pct=num(r, ISSUE), occupancy_pct=num(r, OCCUPANCY),
+            registers=num(r, "launch__registers_per_thread"),
+            waves_per_sm=num(r, "launch__waves_per_multiprocessor"),
+            top_pipes_pct=dict(_top(pipes, top_pipes)),
+            stall_share={k: round(v / total, 3) for k, v in _top(stalls, top_stalls)},
+        ))  # fmt: skip
+    return out
+
+
+def sass_hotspots(source_csv: str, top: int = 25, reasons: int = 3) -> list[dict]:
+    """The ``top`` SASS lines by warp samples (share of all the kernel's samples), each with its ``reasons``
+    largest stall columns (ncu's source page: one row per SASS instruction, a ``Source`` column, a
+    ``Warp Stall Sampling (All Samples)`` column and one column per stall reason)."""
+    text = Path(source_csv).read_text()
+    start = text.find('"Address"') if '"Address"' in text else text.find("Address")
+    rows = list(csv.reader(io.StringIO(text[start:])))
+    hdr = rows[0]
+    samples = next(i for i, h in enumerate(hdr) if h.startswith("Warp Stall Sampling (All"))
+    src = hdr.index("Source")
+    stall_cols = [i for i, h in enumerate(hdr) if h.startswith("stall_") or h.startswith("Stall ")]
+
+    def val(r: list[str], i: int) -> float:
+        try:
+            return float(r[i].replace(",", "") or 0)
+        except (ValueError, IndexError):
+            return 0.0
+
+    body = [r for r in rows[1:] if len(r) == len(hdr)]
+    total = sum(val(r, samples) for r in body) or 1.0
+    hot = sorted(body, key=lambda r: -val(r, samples))[:top]
+    out = []
+    for r in hot:
+        why = sorted(((hdr[i], val(r, i)) for i in stall_cols), key=lambda kv: -kv[1])[:reasons]
+        out.append(dict(
+            address=r[hdr.index("Address")] if "Address" in hdr else "", sass=r[src].strip(),
+            share=round(val(r, samples) / total, 4), stalls={k: v for k, v in why if v > 0},
+        ))  # fmt: skip
+    return out
