@@ -48,6 +48,14 @@ def parse(spec: str) -> tuple[KVDtype, int, int, int, str]:
     return dt, b, c, hq, variant
 
 
+def _hotspots(src_csv: str) -> list[dict] | str:
+    """``sass_hotspots`` of one source page, or why it could not be read (the kernel rows are kept)."""
+    try:
+        return sass_hotspots(src_csv)
+    except (ValueError, StopIteration, IndexError) as e:
+        return f"unreadable source page: {type(e).__name__}: {e}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
@@ -66,7 +74,7 @@ def main() -> None:
         doc = dict(
             commit=os.environ.get("COMMIT", "unknown"), gpu=args.gpu, date=datetime.date.today().isoformat(),
             kernels=[k for p in zip(args.summarize[::2], args.summarize[1::2]) for k in kernel_rows(*p)],
-            sass={Path(f).stem: sass_hotspots(f) for f in args.sass},
+            sass={Path(f).stem: _hotspots(f) for f in args.sass},
         )  # fmt: skip
         text = json.dumps(doc, indent=1)
         Path(args.out).write_text(text + "\n") if args.out else print(text)
