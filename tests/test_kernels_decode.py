@@ -76,10 +76,11 @@ MMA_SPECS = [
 MMA_CASES = (
     [(s, grp, page) for s in MMA_SPECS for grp in (1, 3, 4, 8) for page in (P, 5)] + [("mma", 4, 2 * P)]
     + [("mma:l2=2,l2b=1", grp, P) for grp in (1, 4, 8)] + [("mma:pf=0,l2=1,l2b=1", 4, P)]
+    + [(f"mma:sms={s}{x}", grp, P) for s, x in ((2, ",ppsm=16"), (3, ""), (4, ",ppsm=8")) for grp in (1, 8)]
     if DEVICE == "cuda"
     # minc: later splits stay empty; 32-token pages: tiles inside a page
     else [("mma:tpi=2", 4, P), ("mma:w=2,tpi=2,pf=0,minc=48", 3, 5), ("mma:w=2,vst=0,vq=0", 3, P),
-          ("mma:w=4", 4, 5), ("mma:tpi=2", 3, 2 * P), ("mma:pf=0,l2=1", 4, P)]
+          ("mma:w=4", 4, 5), ("mma:tpi=2", 3, 2 * P), ("mma:pf=0,l2=1", 4, P), ("mma:sms=2", 5, P)]
 )
 
 
@@ -171,10 +172,11 @@ MMA256_CASES = (
     + [("mma:pf=0", 6, P), ("mma:w=2,vst=0,vq=0", 8, 5), ("mma:minc=16,ppsm=12", 6, P), ("mma:tin=0", 8, P),
        ("mma:tpp=0,ts=1", 6, 5), ("mma:l2=1", 8, P), ("mma:l2=2,w=2", 6, P), ("mma", 6, 2 * P), ("mma", 8, 8),
        ("mma:slots=512", 8, P), ("mma:pf=0,l2=1,ppsm=12", 8, P), ("mma:pf=0,l2=2", 6, P),
-       ("mma:l2=2,l2b=1", 8, P), ("mma:l2=3,l2b=1,w=2", 6, P)]
+       ("mma:l2=2,l2b=1", 8, P), ("mma:l2=3,l2b=1,w=2", 6, P), ("mma:sms=2", 8, P), ("mma:sms=3", 6, P),
+       ("mma:sms=4", 1, P)]
     if DEVICE == "cuda"
     else [("mma:ts=3,l2=1", 6, P), ("mma:pf=0,vst=0,vq=0", 8, 5), ("mma:w=2,minc=16", 3, 2 * P),
-          ("mma:pf=0,l2=1", 8, P), ("mma:l2=2,l2b=1", 8, P)]
+          ("mma:pf=0,l2=1", 8, P), ("mma:l2=2,l2b=1", 8, P), ("mma:sms=3", 8, P)]
 )  # fmt: skip
 
 

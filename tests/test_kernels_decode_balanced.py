@@ -120,6 +120,15 @@ def test_balanced_l2_prefetch(l2: int, pf: int, bulk: int) -> None:
         assert _run_bal([37, P + 1, 1], [5, 1, 0], 1, 8, P, spec=spec256, d=256) <= 1e-2
 
 
+@pytest.mark.usefixtures("one_sm")
+@pytest.mark.parametrize("sms,d", [(3, 128)] if DEVICE == "cpu" else [(2, 128), (3, 128), (4, 128), (3, 256)])
+def test_balanced_smem_ring(sms: int, d: int) -> None:
+    # sms: the tiles through a shared-memory ring of bulk copies (ptx.ring; a global read of the same run
+    # under the interpreter), several segments a warp (each opens and closes its ring), ragged lengths
+    spec = f"mma:bal=1,bppsm=5,minc=16,tpi={1 if d == 256 else 2},sms={sms}"
+    assert _run_bal([100, 1, P + 1, 40], [W, 0, 3, 1], 1, 8 if d == 256 else 4, P, spec=spec, d=d) <= 1e-2
+
+
 def test_l2_bulk_needs_the_prefetch_and_one_run_a_page_head() -> None:
     # l2b=1 copies a (page, KV head) run: refused where no L2 prefetch runs (per-pair head_dim 128 has none
     # by default), on pages that are not one tile, and where the scales are not beside their rows
@@ -128,6 +137,8 @@ def test_l2_bulk_needs_the_prefetch_and_one_run_a_page_head() -> None:
         ("mma:l2b=1", P, "page", "l2_ahead"),
         ("mma:l2=1,l2b=1", 5, "page", "16-token pages"),
         ("mma:l2=1,l2b=1", P, "apart", "page layout"),
+        ("mma:sms=2", 5, "page", "16-token pages"),
+        ("mma:sms=3", P, "apart", "page layout"),
     ]:
         pb = make_batch(KVDtype.NVFP4, [40], 1, 128, page, DEVICE)
         view = PagedKV(place_scales(pb.cache, placement), pb.page_table, pb.lens)

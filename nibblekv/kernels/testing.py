@@ -182,7 +182,7 @@ SPEC_KEYS = {
     "vst": "vst", "vq": "vq", "tin": "tin", "cap": "split_cap", "bal": "balanced",
     "tpp": "tail_page_prefetch", "ts": "tail_splits", "wv": "wave_ctas", "st": "tail_stages",
     "bppsm": "bal_ppsm", "l2": "l2_ahead", "slots": "mma_slots", "pbf": "part_bf16",
-    "lz": "lazy_rescale", "bh": "bal_heads", "l2b": "l2_bulk",
+    "lz": "lazy_rescale", "bh": "bal_heads", "l2b": "l2_bulk", "sms": "smem_stages",
 }  # fmt: skip
 
 

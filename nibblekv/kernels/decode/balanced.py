@@ -38,7 +38,12 @@ from nibblekv.kernels.decode.combine import (
     combine_chunk,
     empty_partials,
 )
-from nibblekv.kernels.decode.config import _mma_max_registers, combine_dim_block, l2_bulk_bytes
+from nibblekv.kernels.decode.config import (
+    _mma_max_registers,
+    combine_dim_block,
+    l2_bulk_bytes,
+    smem_ring_stages,
+)
 from nibblekv.kernels.decode.launch_config import DecodeConfig
 from nibblekv.kernels.decode.mma import _mma_segment
 from nibblekv.kernels.decode.mma256 import _mma256_segment
@@ -106,6 +111,7 @@ def decode_mma_bal_kernel(
     BP: tl.constexpr, W: tl.constexpr, HAS_TAIL: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     MINC: tl.constexpr, VST: tl.constexpr, VQ: tl.constexpr, DYN: tl.constexpr,
     L2: tl.constexpr = 0, LZ: tl.constexpr = 0, HA: tl.constexpr = 0, L2B: tl.constexpr = 0,
+    SMS: tl.constexpr = 0,
 ):  # fmt: skip
     """1-D grid: ``W`` one-warp programs over the balanced chunks, then (``HAS_TAIL``) one tail program per
     pair. ``n_req`` requests, of which the first ``*act_ptr`` are real with ``DYN`` (CUDA-graph padding).
@@ -178,7 +184,7 @@ def decode_mma_bal_kernel(
                     sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, h,
                     sm_scale * 1.4426950408889634 * gk, gv,
                     o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-                    G, PAGE, 1, TPI, PF, VST, VQ, L2, LZ, L2B,
+                    G, PAGE, 1, TPI, PF, VST, VQ, L2, LZ, L2B, SMS,
                 )  # fmt: skip
             else:
                 _mma_segment(
@@ -186,7 +192,7 @@ def decode_mma_bal_kernel(
                     sc_head, pt_ptr + b.to(tl.int64) * s_pt, t0 * 16, end, end, h,
                     sm_scale * 1.4426950408889634 * gk, gv,
                     o_ptr + slot * (G * D), lse_ptr + slot * G, D,
-                    G, D, PAGE, 1, TPI, PF, 0, VST, VQ, L2, LZ, L2B,
+                    G, D, PAGE, 1, TPI, PF, 0, VST, VQ, L2, LZ, L2B, SMS,
                 )  # fmt: skip
             x0 += nt
 
@@ -282,15 +288,17 @@ def launch_balanced(
     dyn = int(active is not None)
     bp = max(2, triton.next_power_of_2(bsz))
     grid = (warps + bsz * hkv * int(has_tail),)
+    sms = smem_ring_stages(cache, cfg, g)
     k = decode_mma_bal_kernel[grid](
         q, q.stride(0), q.stride(1), cache.k_data, cache.v_data, ks, vs, cache.global_scale,
         ds[0], ds[1], sp, sh, page_table, page_table.stride(0), lens,
         tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
         o_part, lse_part, float(sm_scale), bsz, active if dyn else lens,
         HQ=hq, G=g, D=d, PAGE=cache.layout.page_size, TPAGE=tpage, BP=bp, W=warps, HAS_TAIL=int(has_tail),
-        TPI=cfg.tpi, PF=cfg.pf, MINC=cfg.minc, VST=cfg.vst,
+        TPI=cfg.tpi, PF=0 if sms else cfg.pf, MINC=cfg.minc, VST=cfg.vst,
         VQ=cfg.vq,
-        L2=cfg.l2_ahead or 0, LZ=cfg.lazy_rescale, HA=cfg.bal_heads, L2B=l2_bulk_bytes(cache, cfg, g),
+        L2=0 if sms else cfg.l2_ahead or 0, LZ=cfg.lazy_rescale, HA=cfg.bal_heads,
+        L2B=0 if sms else l2_bulk_bytes(cache, cfg, g), SMS=sms,
         DYN=dyn, num_warps=1, num_stages=1,
         **({} if interp else {"maxnreg": _mma_max_registers(per_sm)}),
     )  # fmt: skip

@@ -129,6 +129,25 @@ def l2_bulk_bytes(cache: LayerKV, cfg: DecodeConfig, group: int) -> int:
     return 2 * lay.head_run_bytes()
 
 
+def smem_ring_stages(cache: LayerKV, cfg: DecodeConfig, group: int) -> int:
+    """``DecodeConfig.smem_stages``: the stages of the shared-memory ring ``decode_mma`` /
+    ``decode_balanced`` read their tiles through; 0 where off. Raises where the ring cannot serve the pool:
+    each stage is whole (page, KV head) runs (one 16-token page a tile, the pool in its own page layout),
+    one warp a program, GQA <= 8, head_dim 128 or 256."""
+    if not cfg.smem_stages:
+        return 0
+    lay = cache.layout
+    if lay.page_size != 16 or group > 8 or lay.head_dim not in (128, 256) or cfg.num_warps != 1:
+        raise ValueError(
+            "smem_stages needs decode_mma / decode_balanced on 16-token pages, head_dim 128 or 256, "
+            f"GQA <= 8, one warp a program (page {lay.page_size}, head_dim {lay.head_dim}, GQA {group}, "
+            f"num_warps {cfg.num_warps})"
+        )
+    if cache.pages is None or cache.k_data.data_ptr() != cache.pages.data_ptr():
+        raise ValueError("smem_stages needs an NVFP4 pool in its own page layout (LayerKV.allocate)")
+    return cfg.smem_stages
+
+
 def _mma_max_registers(per_sm: int) -> int:
     """Registers per thread that let ``per_sm`` one-warp programs share an SM (allocated in 8s).
 

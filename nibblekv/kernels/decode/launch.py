@@ -32,6 +32,7 @@ from nibblekv.kernels.decode.config import (
     l2_bulk_bytes,
     mma_num_splits,
     select_decode,
+    smem_ring_stages,
 )
 from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.decode.mma import decode_mma_kernel
@@ -214,19 +215,21 @@ def decode_triton(
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
         dyn = _dyn_args(active, q.device, cfg.ppsm)
         grid = (bsz * hkv * (splits + tail_progs),) if dyn else (bsz, hkv, splits + tail_progs)
+        sms = smem_ring_stages(cache, cfg, g) if d in (128, 256) and g <= 8 else 0
         k = decode_mma_kernel[grid](
             *args,
             TAIL_MMA=tail_progs,
             NW=cfg.num_warps,
             TPI=cfg.tpi,
-            PF=cfg.pf,
+            PF=0 if sms else cfg.pf,
             MINC=cfg.minc,
             PAIR=pair,
             VST=cfg.vst,
             VQ=cfg.vq * int(_q_vector_ok(q if q_rows is None else q_rows[0])),
-            L2=cfg.l2_ahead or 0,
+            L2=0 if sms else cfg.l2_ahead or 0,
             LZ=cfg.lazy_rescale,
-            L2B=l2_bulk_bytes(cache, cfg, g),
+            L2B=0 if sms else l2_bulk_bytes(cache, cfg, g),
+            SMS=sms,
             **_q_rows_args(q_rows),
             TPP=int(tail_in_grid and bool(cfg.tail_page_prefetch)),
             **dyn,

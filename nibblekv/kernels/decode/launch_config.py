@@ -54,7 +54,10 @@ class DecodeConfig:
     reading one page's heads run side by side, as per-pair splits do. ``l2_bulk`` 1: each L2 prefetch of
     ``decode_mma`` / ``decode_balanced`` (head_dim 128 / 256, GQA <= 8, ``l2_ahead`` > 0) is one bulk copy of
     a tile's whole (page, KV head) run by the TMA unit instead of a 128-byte line a lane (NVFP4 pools in
-    their own page layout, ``formats.layout``).
+    their own page layout, ``formats.layout``). ``smem_stages`` 2-4: ``decode_mma`` / ``decode_balanced``
+    (head_dim 128 / 256, GQA <= 8, such pools) read their tiles through a shared-memory ring of that many
+    stages filled by bulk copies (``ptx.ring``), instead of loading the next step into registers (``pf``
+    and ``l2_ahead`` then do nothing); 0 = off.
     ``tail_in_grid`` is resolved by ``select_decode`` (not an input).
     """
 
@@ -88,6 +91,7 @@ class DecodeConfig:
     lazy_rescale: int = 0
     bal_heads: int = 0
     l2_bulk: int = 0
+    smem_stages: int = 0
     tail_in_grid: bool = False
 
     def __post_init__(self) -> None:
@@ -98,6 +102,8 @@ class DecodeConfig:
             raise ValueError(f"bal_heads must be 0 or 1: {self.bal_heads}")
         if self.l2_bulk not in (0, 1):
             raise ValueError(f"l2_bulk must be 0 or 1: {self.l2_bulk}")
+        if self.smem_stages not in (0, 2, 3, 4):
+            raise ValueError(f"smem_stages must be 0 (off) or 2-4: {self.smem_stages}")
 
     @property
     def mma(self) -> bool:

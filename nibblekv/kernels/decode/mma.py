@@ -39,17 +39,24 @@ import triton.language as tl
 
 from nibblekv.kernels.decode._mma_step import _finish, _run_step
 from nibblekv.kernels.decode._mma_tile import (
+    _STAGE,
     _l2_pages,
     _l2_prefetch,
     _load_tile,
     _online_init,
     _q_frags,
+    _ring_close,
+    _ring_open,
+    _ring_put,
+    _ring_tile,
+    _run_addr,
     _warp_lanes,
 )
 from nibblekv.kernels.decode.mma16 import _mma16_segment
 from nibblekv.kernels.decode.mma256 import _mma256_segment
 from nibblekv.kernels.decode.mma256_tail import _mma_tail256
 from nibblekv.kernels.decode.mma_tail import _mma_tail
+from nibblekv.kernels.ptx.ring import _ring_src, _ring_wait
 
 
 @triton.jit
@@ -58,7 +65,7 @@ def _mma_segment(
     pt_ptr, start, end, end1, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     PAIR: tl.constexpr = 0, VST: tl.constexpr = 0, VQ: tl.constexpr = 0,
-    L2: tl.constexpr = 0, LZ: tl.constexpr = 0, L2B: tl.constexpr = 0,
+    L2: tl.constexpr = 0, LZ: tl.constexpr = 0, L2B: tl.constexpr = 0, SMS: tl.constexpr = 0,
 ):  # fmt: skip
     """Each warp attends its tiles of ``[start, end)`` (``TPI`` 16-token tiles per softmax step; ``PF`` = 1:
     the next step's bytes load during this one) and stores its partial o / lse at ``o_ptr + w * D`` /
@@ -80,6 +87,9 @@ def _mma_segment(
     registers from L2 (no registers hold the next step: fewer of them). ``L2B`` > 0: each tile's prefetch
     is one bulk copy of its (page, KV head) run of that many bytes (``_l2_prefetch``).
     ``LZ`` > 0: the lazy softmax (``_mma_step._step_max``; ``DecodeConfig.lazy_rescale``).
+    ``SMS`` > 0 (``DecodeConfig.smem_stages``; one warp, 16-row pages in the pool's page layout, no PAIR,
+    ``PF`` and ``L2`` off): the full steps' tiles come through a shared-memory ring of ``SMS`` stages
+    (``ptx.ring``), ``SMS - 1`` steps ahead, each tile's (page, KV head) run one bulk copy.
     """
     lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
         k_ptr, v_ptr, ks_ptr, vs_ptr, h, s_head, sc_head, NW,
@@ -108,6 +118,15 @@ def _mma_segment(
     lim1 = full_end
     if L2 > 0 and PAGE == 16 and PAIR == 0:  # the first L2 prefetch's pages (as decode_mma16's)
         pl = _l2_pages(pt_ptr, start, L2 * STEP, full_end, lane, warp, TPI, PAGE)
+    if SMS > 0:
+        tl.static_assert((NW == 1) & (PAGE == 16) & (PAIR == 0), "the ring: one warp, one page a tile")
+        RUN: tl.constexpr = 32 * (D // 2 + D // 16)  # a tile's K and V runs: rows and scales
+        ring, bars = _ring_open(lane, SMS)
+        kbase = (k64 + (hoff >> 3)).to(tl.int64)
+        nsteps = (full_end - start) // STEP
+        for jj in tl.static_range(SMS - 1):
+            _ring_put(ring, bars, jj, nsteps, start, pt_ptr, kbase, s_page, lane, m0, SMS, TPI, RUN, PAGE)
+        i = nsteps * 0
     if PF:
         nb = start + 16 * TPI * warp
         rawA = _load_tile(
@@ -128,7 +147,19 @@ def _mma_segment(
         if L2 > 0 and PAGE == 16 and PAIR == 0:  # NOTE: pl holds the pages of step n0 + L2 * STEP
             _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D, L2B)
             pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
-        if PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
+        if SMS > 0:  # NOTE: the stage read last step is refilled only after that step's m0 exists
+            _ring_put(
+                ring, bars, i + SMS - 1, nsteps, start, pt_ptr, kbase, s_page, lane, m0, SMS, TPI, RUN, PAGE,
+            )  # fmt: skip
+            st = i % SMS
+            sb = ring + st * _STAGE + _ring_wait(bars + 8 * st, (i // SMS) & 1)
+            rawA = _ring_tile(_ring_src(sb, _run_addr(pt_ptr, nb, kbase, s_page, PAGE)), g, t, D)
+            rawB = rawA
+            if TPI == 2:
+                srcB = _ring_src(sb + RUN, _run_addr(pt_ptr, nb + 16, kbase, s_page, PAGE))
+                rawB = _ring_tile(srcB, g, t, D)
+            i += 1
+        elif PF:  # prefetch the next step (the current tiles again on the last step: no mask needed)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * TPI * warp
             nextA = _load_tile(
                 k64, v64, ks16, vs8, pt_ptr, nxt, full_end, full_end, hoff, shoff, s_page, sc_page, g, t,
@@ -181,6 +212,8 @@ def _mma_segment(
             o40, o41, o42, o43, o50, o51, o52, o53, o60, o61, o62, o63, o70, o71, o72, o73, 1, True, LZ,
         )  # fmt: skip
         n0 += 16 * NW
+    if SMS > 0:
+        _ring_close(bars, lane, m0, SMS)
     _finish(
         m0, m1, l0, l1, out_scale, o_ptr, lse_ptr, s_oh, g, t, warp, G, D, PAIR, VST,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,
@@ -220,7 +253,7 @@ def decode_mma_kernel(
     act_ptr=None, warp_slots=0, reserve_per_req=0, DYN: tl.constexpr = 0,
     TPP: tl.constexpr = 0,
     L2: tl.constexpr = 0, qr_ptr=None, s_qt=0, s_qr=0, qcu_ptr=None, q_last=0, QG: tl.constexpr = 0,
-    QNG: tl.constexpr = 1, LZ: tl.constexpr = 0, L2B: tl.constexpr = 0,
+    QNG: tl.constexpr = 1, LZ: tl.constexpr = 0, L2B: tl.constexpr = 0, SMS: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode._decode_kernel``'s arguments (the tail ones used with ``TAIL_MMA``); grid ``(B, kv_heads, NUM_SPLITS)``, ``NW``
     warps. ``PAIR``: a head_dim-64 pool viewed as head_dim ``D`` = 128 with two tokens a row (``PAGE`` =
@@ -325,12 +358,12 @@ def decode_mma_kernel(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, PAGE, NW, TPI, PF, VST, VQ, L2, LZ, L2B,
+            G, PAGE, NW, TPI, PF, VST, VQ, L2, LZ, L2B, SMS,
         )  # fmt: skip
     else:
         _mma_segment(
             q_base, s_qh, k_ptr, v_ptr, ks_ptr, vs_ptr, s_page, s_head, sc_page, sc_head,
             pt_ptr + b.to(tl.int64) * s_pt, start, end, end1, h, sm_scale * 1.4426950408889634 * gk, gv,
             o_ptr + first * DO, lse_ptr + first, S_TOT * DO,
-            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, L2, LZ, L2B,
+            G, D, PAGE, NW, TPI, PF, PAIR, VST, VQ, L2, LZ, L2B, SMS,
         )  # fmt: skip

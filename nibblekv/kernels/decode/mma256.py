@@ -36,8 +36,20 @@ from nibblekv.kernels.decode._mma_step import (
     _store_frags,
     _store_lse,
 )
-from nibblekv.kernels.decode._mma_tile import _load_tile, _online_init, _q_frags, _warp_lanes
+from nibblekv.kernels.decode._mma_tile import (
+    _STAGE,
+    _load_tile,
+    _online_init,
+    _q_frags,
+    _ring_close,
+    _ring_open,
+    _ring_put,
+    _ring_tile,
+    _run_addr,
+    _warp_lanes,
+)
 from nibblekv.kernels.ptx.mma import _lane_reduce, _p_frag, _page_addr, _prefetch_l2, _prefetch_l2_bulk
+from nibblekv.kernels.ptx.ring import _ring_src, _ring_wait
 
 
 # NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
@@ -220,14 +232,15 @@ def _mma256_segment(
     pt_ptr, start, end, h, qk_scale, out_scale, o_ptr, lse_ptr, s_oh,
     G: tl.constexpr, PAGE: tl.constexpr, NW: tl.constexpr, TPI: tl.constexpr, PF: tl.constexpr,
     VST: tl.constexpr = 0, VQ: tl.constexpr = 0, L2: tl.constexpr = 0, LZ: tl.constexpr = 0,
-    L2B: tl.constexpr = 0,
+    L2B: tl.constexpr = 0, SMS: tl.constexpr = 0,
 ):  # fmt: skip
     """``decode_mma._mma_segment`` at head_dim 256 (no PAIR): each warp attends its 16-token tiles of
     ``[start, end)`` (``PF`` = 1: the next tile's bytes load during this one; ``L2`` with 16-row pages: the
     tile ``L2`` steps ahead prefetched into L2, as one bulk copy of ``L2B`` bytes where > 0 -- without
     ``PF`` each step's registers then load from L2) and
     stores its partial o / lse at ``o_ptr + w * 256`` / ``lse_ptr + w`` (``s_oh`` = elements between two
-    heads' partials). ``LZ``: the lazy softmax (``_mma_step._step_max``)."""
+    heads' partials). ``LZ``: the lazy softmax (``_mma_step._step_max``). ``SMS`` > 0: the full steps' tiles
+    through a shared-memory ring (``_mma_segment``'s; ``PF`` and ``L2`` off), a tile's two runs a stage."""
     tl.static_assert(TPI == 1, "head_dim 256: one 16-token tile a softmax step (registers)")
     lane, warp, g, t, k64, v64, ks16, vs8, hoff, shoff = _warp_lanes(
         k_ptr, v_ptr, ks_ptr, vs_ptr, h, s_head, sc_head, NW,
@@ -250,6 +263,14 @@ def _mma256_segment(
     full_end = start + (end - start) // STEP * STEP
     if L2 > 0 and PAGE == 16:  # the first L2 prefetch's page
         pl = _l2_page256(pt_ptr, start, L2 * STEP, full_end, warp, PAGE)
+    if SMS > 0:
+        tl.static_assert((NW == 1) & (PAGE == 16), "the ring: one warp, one page a tile")
+        ring, bars = _ring_open(lane, SMS)
+        kbase = (k64 + (hoff >> 3)).to(tl.int64)
+        nsteps = (full_end - start) // STEP
+        for jj in tl.static_range(SMS - 1):
+            _ring_put(ring, bars, jj, nsteps, start, pt_ptr, kbase, s_page, lane, m0, SMS, 1, _STAGE, PAGE)
+        i = nsteps * 0
     if PF:
         rawL, rawH = _load_halves(
             k64, v64, ks16, vs8, pt_ptr, start + 16 * warp, full_end, hoff, shoff, s_page, sc_page, g, t,
@@ -261,7 +282,17 @@ def _mma256_segment(
         if L2 > 0 and PAGE == 16:  # NOTE: pl holds the page of step n0 + L2 * STEP (loaded last step)
             _l2_prefetch256(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, L2B)
             pl = _l2_page256(pt_ptr, n0, (L2 + 1) * STEP, full_end, warp, PAGE)
-        if PF:  # prefetch the next step (the current tile again on the last step: no mask needed)
+        if SMS > 0:  # NOTE: the stage read last step is refilled only after that step's m0 exists
+            _ring_put(
+                ring, bars, i + SMS - 1, nsteps, start, pt_ptr, kbase, s_page, lane, m0, SMS, 1, _STAGE, PAGE,
+            )  # fmt: skip
+            st = i % SMS
+            sb = ring + st * _STAGE + _ring_wait(bars + 8 * st, (i // SMS) & 1)
+            src = _ring_src(sb, _run_addr(pt_ptr, nb, kbase, s_page, PAGE))
+            rawL = _ring_tile(src, g, t, 256, 0)
+            rawH = _ring_tile(src, g, t, 256, 1)
+            i += 1
+        elif PF:  # prefetch the next step (the current tile again on the last step: no mask needed)
             nxt = tl.where(n0 + STEP < full_end, n0 + STEP, n0) + 16 * warp
             nextL, nextH = _load_halves(
                 k64, v64, ks16, vs8, pt_ptr, nxt, full_end, hoff, shoff, s_page, sc_page, g, t, PAGE, False,
@@ -311,6 +342,8 @@ def _mma256_segment(
             u50, u51, u52, u53, u60, u61, u62, u63, u70, u71, u72, u73, True, LZ,
         )  # fmt: skip
         n0 += STEP
+    if SMS > 0:
+        _ring_close(bars, lane, m0, SMS)
     _finish256(
         m0, m1, l0, l1, out_scale, o_ptr, lse_ptr, s_oh, g, t, warp, G, VST,
         o00, o01, o02, o03, o10, o11, o12, o13, o20, o21, o22, o23, o30, o31, o32, o33, o40, o41, o42, o43,

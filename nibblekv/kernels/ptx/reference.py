@@ -241,3 +241,58 @@ def prefetch_l2(addr, pred):
 def prefetch_l2_bulk(addr, nbytes, pred):
     """A cache hint: nothing to do under the interpreter."""
     return (addr * 0).to(tl.int32)
+
+
+# ----------------------------------------------------------------------------------------------------
+# ptx.ring: nothing is copied; a stage's address is the global address of its run (``ring_src``)
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def ring_alloc(like, S: tl.constexpr):
+    return like * 0
+
+
+@triton.jit
+def mbar_init(bar, lane):
+    return bar * 0
+
+
+@triton.jit
+def mbar_inval(bar, lane, after):
+    return bar * 0
+
+
+@triton.jit
+def ring_issue(bar, tx, dst, src, run, copy, arm, after):
+    return bar * 0
+
+
+@triton.jit
+def ring_wait(bar, phase):
+    return bar * 0
+
+
+@triton.jit
+def ring_src(stage, run):
+    """The global address of the run the stage would hold."""
+    return run
+
+
+@triton.jit
+def lds128(addr):
+    p = addr.to(tl.pointer_type(tl.uint64))
+    return tl.load(p), tl.load(p + 1)
+
+
+@triton.jit
+def lds64(addr):
+    return tl.load(addr.to(tl.pointer_type(tl.uint64)))
+
+
+@triton.jit
+def lds16(addr):
+    return tl.load(addr.to(tl.pointer_type(tl.uint16))).to(tl.uint32)
+
+
+@triton.jit
+def lds8(addr):
+    return tl.load(addr.to(tl.pointer_type(tl.uint8))).to(tl.uint32)
