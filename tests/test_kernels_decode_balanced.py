@@ -122,7 +122,7 @@ def test_balanced_l2_prefetch(l2: int, pf: int, bulk: int) -> None:
 
 @pytest.mark.usefixtures("one_sm")
 @pytest.mark.parametrize("sms,d", [(3, 128)] if DEVICE == "cpu" else [(2, 128), (3, 128), (4, 128), (3, 256)])
-def test_balanced_smem_ring(sms: int, d: int) -> None:
+def test_balanced_sms_ring(sms: int, d: int) -> None:
     # sms: the tiles through a shared-memory ring of bulk copies (ptx.ring; a global read of the same run
     # under the interpreter), several segments a warp (each opens and closes its ring), ragged lengths
     spec = f"mma:bal=1,bppsm=5,minc=16,tpi={1 if d == 256 else 2},sms={sms}"
@@ -139,6 +139,7 @@ def test_l2_bulk_needs_the_prefetch_and_one_run_a_page_head() -> None:
         ("mma:l2=1,l2b=1", P, "apart", "page layout"),
         ("mma:sms=2", 5, "page", "16-token pages"),
         ("mma:sms=3", P, "apart", "page layout"),
+        ("mma:sms=4", P, "page", "shared memory"),  # 12 programs an SM: 233,856 bytes
     ]:
         pb = make_batch(KVDtype.NVFP4, [40], 1, 128, page, DEVICE)
         view = PagedKV(place_scales(pb.cache, placement), pb.page_table, pb.lens)

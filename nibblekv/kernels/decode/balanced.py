@@ -288,7 +288,7 @@ def launch_balanced(
     dyn = int(active is not None)
     bp = max(2, triton.next_power_of_2(bsz))
     grid = (warps + bsz * hkv * int(has_tail),)
-    sms = smem_ring_stages(cache, cfg, g)
+    sms = smem_ring_stages(cache, cfg, g, per_sm)
     k = decode_mma_bal_kernel[grid](
         q, q.stride(0), q.stride(1), cache.k_data, cache.v_data, ks, vs, cache.global_scale,
         ds[0], ds[1], sp, sh, page_table, page_table.stride(0), lens,

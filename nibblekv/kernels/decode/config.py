@@ -12,6 +12,7 @@ from nibblekv.formats.layer_kv import LayerKV
 from nibblekv.kernels._common import FMT_NVFP4, fmt_code, interpreting, num_sms
 from nibblekv.kernels.decode.knobs import BALANCED_L2, WIDE_L2, base_config
 from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
+from nibblekv.kernels.ptx.ring import STAGE_BYTES
 
 # NOTE: "tok" (decode_tok) is the default where "mma" does not apply: on the H200, fraction of the 4.63 TB/s
 # read ceiling at B64x32K / B8x32K /
@@ -129,13 +130,25 @@ def l2_bulk_bytes(cache: LayerKV, cfg: DecodeConfig, group: int) -> int:
     return 2 * lay.head_run_bytes()
 
 
-def smem_ring_stages(cache: LayerKV, cfg: DecodeConfig, group: int) -> int:
+# NOTE: an H100 / H200 SM's shared memory, and what the driver reserves a program (228 / 1 KB)
+SM_SHARED_BYTES = 228 * 1024
+PROGRAM_RESERVED_BYTES = 1024
+
+
+def smem_ring_stages(cache: LayerKV, cfg: DecodeConfig, group: int, per_sm: int) -> int:
     """``DecodeConfig.smem_stages``: the stages of the shared-memory ring ``decode_mma`` /
     ``decode_balanced`` read their tiles through; 0 where off. Raises where the ring cannot serve the pool:
     each stage is whole (page, KV head) runs (one 16-token page a tile, the pool in its own page layout),
-    one warp a program, GQA <= 8, head_dim 128 or 256."""
+    one warp a program, GQA <= 8, head_dim 128 or 256 -- or where ``per_sm`` programs' rings do not fit an
+    SM (the one-wave grid would take two waves)."""
     if not cfg.smem_stages:
         return 0
+    need = per_sm * (cfg.smem_stages * (STAGE_BYTES + 8) + PROGRAM_RESERVED_BYTES)
+    if need > SM_SHARED_BYTES:
+        raise ValueError(
+            f"smem_stages {cfg.smem_stages} at {per_sm} programs an SM needs {need} bytes of shared memory an "
+            f"SM (> {SM_SHARED_BYTES}): fewer stages or programs (ppsm / bal_ppsm)"
+        )
     lay = cache.layout
     if lay.page_size != 16 or group > 8 or lay.head_dim not in (128, 256) or cfg.num_warps != 1:
         raise ValueError(

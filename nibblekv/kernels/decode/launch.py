@@ -215,7 +215,7 @@ def decode_triton(
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
         dyn = _dyn_args(active, q.device, cfg.ppsm)
         grid = (bsz * hkv * (splits + tail_progs),) if dyn else (bsz, hkv, splits + tail_progs)
-        sms = smem_ring_stages(cache, cfg, g) if d in (128, 256) and g <= 8 else 0
+        sms = smem_ring_stages(cache, cfg, g, cfg.ppsm) if d in (128, 256) and g <= 8 else 0
         k = decode_mma_kernel[grid](
             *args,
             TAIL_MMA=tail_progs,
