@@ -106,10 +106,37 @@ def test_decode_mma_head_dim_128_loads_the_next_step_mid_loop() -> None:
     assert spans["mma"] < 0.75 and spans["mma:ppsm=16"] > 0.8, spans
 
 
-def _compile(spec: str, dtype: str, group: int, head_dim: int, tail: bool) -> str:
+@pytest.mark.skipif(not PTXAS.exists(), reason="the triton wheel ships no ptxas here")
+@pytest.mark.parametrize(
+    "head_dim,spec,smem",
+    [(128, "mma:sms=3", 13848), (128, "mma:bal=1,sms=3", 13848), (128, "mma:sms=2,ppsm=16", 9232),
+     (256, "mma:sms=4", 18464)],
+)
+def test_decode_mma_smem_ring_is_one_array(head_dim: int, spec: str, smem: int, tmp_path: Path) -> None:
+    # smem_stages (ptx.ring): the ring is one static shared array of stages x 4,608 bytes + 8 a stage's
+    # mbarrier (a second inlined copy of its asm would double it), filled by bulk copies (UBLKCP) that each
+    # stage's mbarrier waits for, read by LDS; no spills under the register cap of its programs per SM
+    from nibblekv.formats.layout import KVDtype
+    from nibblekv.kernels.decode.config import _mma_max_registers
+    from nibblekv.kernels.testing import decode_config_from_spec
+
+    cfg = decode_config_from_spec(spec, KVDtype.NVFP4, head_dim)
+    out = _compile(spec, "nvfp4", 8, head_dim, True, "--dump", str(tmp_path))
+    m = re.search(r"(\d+) bytes spill stores.*Used (\d+) registers, used 0 barriers, (\d+) bytes smem", out)
+    assert m, out[-2000:]
+    per_sm = cfg.bal_ppsm if "bal=1" in spec else cfg.ppsm
+    assert int(m.group(1)) == 0 and int(m.group(2)) <= _mma_max_registers(per_sm), m.group(0)
+    assert int(m.group(3)) == smem, m.group(0)
+    sass = "".join(f.read_text() for f in tmp_path.glob("*.sass"))
+    for op in ("UBLKCP.S.G", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "LDS.128"):
+        assert op in sass, (op, out[-1500:])
+
+
+def _compile(spec: str, dtype: str, group: int, head_dim: int, tail: bool, *extra: str) -> str:
     """tools/sass_decode.py's report for one sm_90 build (no GPU: a fake driver and the wheel's ptxas)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TRITON_INTERPRET", None)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "tools" / "sass_decode.py"), "--variants", spec,
-           "--dtypes", dtype, "--group", str(group), "--head-dim", str(head_dim)] + (["--tail"] if tail else [])  # fmt: skip
+           "--dtypes", dtype, "--group", str(group), "--head-dim", str(head_dim)]  # fmt: skip
+    cmd += (["--tail"] if tail else []) + list(extra)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600).stdout
