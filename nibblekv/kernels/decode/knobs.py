@@ -138,6 +138,11 @@ def mma_knobs(d: int) -> dict[str, int | bool]:
         # untimed. Further ahead evicts: l2=3 0.82-0.83 vs 0.95-0.96 (three steps of 12 warps an SM ~ 22 MB
         # of prefetched lines, one 25 MB L2 partition); per-pair l2=1 at 128 -3% at B1x128K (results.md)
         "l2_bulk": 0,
+        # NOTE: the shared-memory ring of bulk copies (DecodeConfig.smem_stages, ptx.ring) is off: untimed.
+        # It keeps stages - 1 steps of 4.6 KB in flight a warp without registers (12 warps x 2 steps ~ 110 KB
+        # an SM at sms=3 vs ~55 KB by the register prefetch; FP8 tok ~128 KB) and the sm_90 builds need
+        # fewer registers (head_dim 128: 136 vs 158; 126 at sms=2,ppsm=16; 256: 200 vs 248)
+        "smem_stages": 0,
     }
 
 
