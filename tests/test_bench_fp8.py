@@ -107,12 +107,12 @@ def test_fake_fp8_linear_is_the_served_rounding(scales: str) -> None:
     assert (got - lin(x)).abs().max() > 1e-3  # and it does round
 
 
-def test_ncu_fp8_gemm_summary_labels_each_kernel(tmp_path: Path) -> None:
-    """tools/ncu_fp8_gemm.py --summarize: each kernel of ncu's raw CSV gets the label printed before it (a
-    split-K sum kernel its GEMM's), its DRAM rate (MB / us = TB/s) and its largest stalls."""
-    from benchmarks.tools import ncu_fp8_gemm
+def test_ncu_summary_labels_each_kernel(tmp_path: Path) -> None:
+    """tools/ncu_summary.py (the ncu tools' --summarize): each kernel of ncu's raw CSV gets the label printed
+    before it (a split-K sum kernel its GEMM's), its DRAM rate (MB / us = TB/s) and its stalls' shares."""
+    from benchmarks.tools import ncu_summary
 
-    stall = ncu_fp8_gemm.STALL
+    stall = ncu_summary.STALL
     hdr = ["ID", "Kernel Name", "Grid Size", "Block Size", "gpu__time_duration.sum", "dram__bytes_read.sum",
            "sm__cycles_active.avg", "sm__cycles_elapsed.avg", "launch__registers_per_thread",
            "launch__waves_per_multiprocessor", stall + "barrier", stall + "wait",
@@ -127,11 +127,11 @@ def test_ncu_fp8_gemm_summary_labels_each_kernel(tmp_path: Path) -> None:
            '==PROF== Profiling "sum" - 1:', "profiling qkv m=16 channel: cublaslt",
            '==PROF== Profiling "nvjet_sm90..." - 2: 0%....100%']  # fmt: skip
     (tmp_path / "log").write_text("\n".join(log) + "\n")
-    got = ncu_fp8_gemm.summarize(str(tmp_path / "raw.csv"), str(tmp_path / "log"))
+    got = ncu_summary.kernel_rows(str(tmp_path / "raw.csv"), str(tmp_path / "log"))
     assert [(k["label"], k["kernel"]) for k in got] == [
         ("qkv m=16 channel: grid G", "gemm"), ("qkv m=16 channel: grid G", "sum"),
         ("qkv m=16 channel: cublaslt", "nvjet"),
     ]  # fmt: skip
     assert got[0]["dram_tb_s"] == 2.0 and got[0]["sm_active_frac"] == 0.75
-    assert got[0]["top_stalls"] == {"wait": 30.0, "barrier": 9.0}  # "..._not_issued" columns left out
-    assert got[2]["top_stalls"]["barrier"] == 5000.0
+    assert got[0]["stall_share"] == {"wait": 0.769, "barrier": 0.231}  # "..._not_issued" columns left out
+    assert got[2]["stall_share"] == {"barrier": 1.0, "wait": 0.0}

@@ -25,16 +25,13 @@ compile and settle; the profiled call is the third.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `benchmarks.*`
 from benchmarks.bench_kernels import PAGE, Pools, decode_call  # noqa: E402
 from benchmarks.timing import profile_once  # noqa: E402
-from benchmarks.tools.ncu_summary import kernel_rows, sass_hotspots  # noqa: E402
+from benchmarks.tools.ncu_summary import kernel_rows, sass_hotspots, write_summary  # noqa: E402
 from nibblekv.formats.layout import KVDtype  # noqa: E402
 from nibblekv.kernels.testing import decode_config_from_spec  # noqa: E402
 
@@ -71,13 +68,11 @@ def main() -> None:
     ap.add_argument("--gpu", default="unknown", help="--summarize: the GPU the report was taken on")
     args = ap.parse_args()
     if args.summarize:
-        doc = dict(
-            commit=os.environ.get("COMMIT", "unknown"), gpu=args.gpu, date=datetime.date.today().isoformat(),
+        write_summary(
+            args.out, args.gpu,
             kernels=[k for p in zip(args.summarize[::2], args.summarize[1::2]) for k in kernel_rows(*p)],
             sass={Path(f).stem: _hotspots(f) for f in args.sass},
         )  # fmt: skip
-        text = json.dumps(doc, indent=1)
-        Path(args.out).write_text(text + "\n") if args.out else print(text)
         return
     if not args.shapes:
         ap.error("--shapes is required unless --summarize")

@@ -26,9 +26,6 @@ checked against the twin first.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, f
 from benchmarks.bench_fp8 import SHAPES_8B  # noqa: E402
 from benchmarks.fp8_tma import BLOCK, Fp8Operands  # noqa: E402
 from benchmarks.timing import profile_once  # noqa: E402
-from benchmarks.tools.ncu_summary import kernel_rows  # noqa: E402
+from benchmarks.tools.ncu_summary import kernel_rows, write_summary  # noqa: E402
 from nibblekv.kernels.fp8.tiles import GemmTile, TmaTile, tma_tile  # noqa: E402
 
 KERNELS = ("grid", "tma", "cublaslt", "bf16")
@@ -96,12 +93,7 @@ def main() -> None:
     ap.add_argument("--gpu", default="unknown", help="--summarize: the GPU the report was taken on")
     args = ap.parse_args()
     if args.summarize:
-        doc = dict(
-            commit=os.environ.get("COMMIT", "unknown"), gpu=args.gpu, date=datetime.date.today().isoformat(),
-            kernels=kernel_rows(*args.summarize),
-        )  # fmt: skip
-        text = json.dumps(doc, indent=1)
-        Path(args.out).write_text(text + "\n") if args.out else print(text)
+        write_summary(args.out, args.gpu, kernels=kernel_rows(*args.summarize))
         return
     if not args.rows:
         ap.error("--rows is required unless --summarize")

@@ -10,7 +10,10 @@ SASS lines with the most warp samples and each one's largest stall reasons.
 from __future__ import annotations
 
 import csv
+import datetime
 import io
+import json
+import os
 import re
 from pathlib import Path
 
@@ -18,6 +21,16 @@ STALL = "smsp__pcsamp_warps_issue_stalled_"
 PIPE = re.compile(r"^sm__inst_executed_pipe_(\w+?)\.avg\.pct_of_peak_sustained_active$")
 ISSUE = "sm__inst_issued.avg.pct_of_peak_sustained_active"
 OCCUPANCY = "sm__warps_active.avg.pct_of_peak_sustained_active"
+
+
+def write_summary(out: str | None, gpu: str, **parts: object) -> None:
+    """The summary JSON (top level ``commit`` from the env var COMMIT, ``gpu``, ``date``, then ``parts``) to
+    ``out``, or stdout."""
+    doc = dict(
+        commit=os.environ.get("COMMIT", "unknown"), gpu=gpu, date=datetime.date.today().isoformat(), **parts
+    )
+    text = json.dumps(doc, indent=1)
+    Path(out).write_text(text + "\n") if out else print(text)
 
 
 def _top(d: dict[str, float], n: int) -> list[tuple[str, float]]:

@@ -125,9 +125,15 @@ def l2_bulk_bytes(cache: LayerKV, cfg: DecodeConfig, group: int) -> int:
             f"head_dim 128 or 256, GQA <= 8 (l2_ahead {cfg.l2_ahead}, page {lay.page_size}, head_dim "
             f"{lay.head_dim}, GQA {group})"
         )
-    if cache.pages is None or cache.k_data.data_ptr() != cache.pages.data_ptr():
-        raise ValueError("l2_bulk needs an NVFP4 pool in its own page layout (LayerKV.allocate)")
+    _check_page_runs(cache, "l2_bulk")
     return 2 * lay.head_run_bytes()
+
+
+def _check_page_runs(cache: LayerKV, what: str) -> None:
+    """Raise unless the pool is in its own page layout: K rows, K scales, V rows, V scales of each (page, KV
+    head) side by side, what a bulk copy of one run takes."""
+    if cache.pages is None or cache.k_data.data_ptr() != cache.pages.data_ptr():
+        raise ValueError(f"{what} needs an NVFP4 pool in its own page layout (LayerKV.allocate)")
 
 
 # NOTE: an H100 / H200 SM's shared memory, and what the driver reserves a program (228 / 1 KB)
@@ -146,8 +152,8 @@ def smem_ring_stages(cache: LayerKV, cfg: DecodeConfig, group: int, per_sm: int)
     need = per_sm * (cfg.smem_stages * (STAGE_BYTES + 8) + PROGRAM_RESERVED_BYTES)
     if need > SM_SHARED_BYTES:
         raise ValueError(
-            f"smem_stages {cfg.smem_stages} at {per_sm} programs an SM needs {need} bytes of shared memory an "
-            f"SM (> {SM_SHARED_BYTES}): fewer stages or programs (ppsm / bal_ppsm)"
+            f"smem_stages {cfg.smem_stages} at {per_sm} programs an SM needs {need} bytes of shared memory "
+            f"an SM (> {SM_SHARED_BYTES}): fewer stages or programs (ppsm / bal_ppsm)"
         )
     lay = cache.layout
     if lay.page_size != 16 or group > 8 or lay.head_dim not in (128, 256) or cfg.num_warps != 1:
@@ -156,8 +162,7 @@ def smem_ring_stages(cache: LayerKV, cfg: DecodeConfig, group: int, per_sm: int)
             f"GQA <= 8, one warp a program (page {lay.page_size}, head_dim {lay.head_dim}, GQA {group}, "
             f"num_warps {cfg.num_warps})"
         )
-    if cache.pages is None or cache.k_data.data_ptr() != cache.pages.data_ptr():
-        raise ValueError("smem_stages needs an NVFP4 pool in its own page layout (LayerKV.allocate)")
+    _check_page_runs(cache, "smem_stages")
     return cfg.smem_stages
 
 
