@@ -118,14 +118,19 @@ def test_ncu_summary_labels_each_kernel(tmp_path: Path) -> None:
            "launch__waves_per_multiprocessor", stall + "barrier", stall + "wait",
            stall + "barrier_not_issued"]  # fmt: skip
     grid, cta = "(96, 4, 1)", "(128, 1, 1)"
+    # ncu's units row: the time and byte units change with their size (ms / Gbyte for the last kernel)
     rows = [hdr, ["", "", "", "", "us", "Mbyte"] + [""] * 7,
             ["0", "gemm", grid, cta, "12.5", "25", "75", "100", "40", "0.7", "9", "30", "99"],
             ["1", "sum", grid, cta, "4", "1", "10", "100", "38", "0.1", "1", "2", "99"],
             ["2", "nvjet", grid, cta, "20", "30", "50", "100", "168", "0.4", "5,000", "1", "0"]]  # fmt: skip
+    big = ["3", "decode", grid, cta, "1.5", "3.6", "98", "100", "160", "1.1", "0", "7", "0"]
     (tmp_path / "raw.csv").write_text("\n".join(",".join(f'"{v}"' for v in r) for r in rows) + "\n")
+    units2 = ["", "", "", "", "ms", "Gbyte"] + [""] * 7
+    (tmp_path / "raw2.csv").write_text("\n".join(",".join(f'"{v}"' for v in r) for r in (hdr, units2, big)))
+    # with or without ncu's " - ID:" (ncu -k prints none): labels go by profiling order
     log = ["profiling qkv m=16 channel: grid G", '==PROF== Profiling "gemm" - 0: 0%',
            '==PROF== Profiling "sum" - 1:', "profiling qkv m=16 channel: cublaslt",
-           '==PROF== Profiling "nvjet_sm90..." - 2: 0%....100%']  # fmt: skip
+           '==PROF== Profiling "nvjet_sm90...": 0%....100% - 38 passes']  # fmt: skip
     (tmp_path / "log").write_text("\n".join(log) + "\n")
     got = ncu_summary.kernel_rows(str(tmp_path / "raw.csv"), str(tmp_path / "log"))
     assert [(k["label"], k["kernel"]) for k in got] == [
@@ -135,3 +140,6 @@ def test_ncu_summary_labels_each_kernel(tmp_path: Path) -> None:
     assert got[0]["dram_tb_s"] == 2.0 and got[0]["sm_active_frac"] == 0.75
     assert got[0]["stall_share"] == {"wait": 0.769, "barrier": 0.231}  # "..._not_issued" columns left out
     assert got[2]["stall_share"] == {"barrier": 1.0, "wait": 0.0}
+    (tmp_path / "log2").write_text('profiling nvfp4 8x32768\n==PROF== Profiling "decode": 0%\n')
+    (one,) = ncu_summary.kernel_rows(str(tmp_path / "raw2.csv"), str(tmp_path / "log2"))
+    assert one["label"] == "nvfp4 8x32768" and one["us"] == 1500.0 and one["dram_tb_s"] == 2.4

@@ -312,17 +312,26 @@ def _run_addr(pt_ptr, n0, kbase, s_page, PAGE: tl.constexpr):
 
 
 @triton.jit
-def _ring_put(ring, bars, j, nsteps, start, pt_ptr, kbase, s_page, lane, after,
-              S: tl.constexpr, TPI: tl.constexpr, RUN: tl.constexpr, PAGE: tl.constexpr):  # fmt: skip
+def _ring_pages(pt_ptr, j, nsteps, start, lane, TPI: tl.constexpr, PAGE: tl.constexpr):
+    """Lane ``k < TPI``: the page id of step ``j``'s tile ``k`` (row ``start + 16 (TPI j + k)``); 0 elsewhere
+    and from ``nsteps`` on. NOTE: loaded a step before ``_ring_put`` takes it, so no copy waits on it."""
+    L = lane % 32
+    copy = (j < nsteps) & (L < TPI)
+    row = start + 16 * (TPI * j + tl.where(copy, L, 0))
+    return tl.load(pt_ptr + row // PAGE, mask=copy, other=0).to(tl.int32)
+
+
+@triton.jit
+def _ring_put(ring, bars, j, nsteps, pages, kbase, s_page, lane, after,
+              S: tl.constexpr, TPI: tl.constexpr, RUN: tl.constexpr):  # fmt: skip
     """Start step ``j``'s copies (nothing from ``nsteps`` on): lane ``k < TPI`` copies the ``RUN`` bytes
-    of tile ``k`` (row ``start + 16 (TPI j + k)``) into stage ``j % S`` at ``k * RUN``, lane 0 arms
-    the stage's mbarrier for ``TPI * RUN`` bytes. ``after``: a value of the step that read the stage last."""
+    of tile ``k`` (on page ``pages``, ``_ring_pages``) into stage ``j % S`` at ``k * RUN``, lane 0 arms the
+    stage's mbarrier for ``TPI * RUN`` bytes. ``after``: a value of the step that read the stage last."""
     L = lane % 32
     z = L * 0
     live = j < nsteps
     copy = live & (L < TPI)
-    row = start + 16 * (TPI * j + tl.where(copy, L, 0))
-    src = _page_addr(tl.load(pt_ptr + row // PAGE, mask=copy, other=0).to(tl.int32), s_page, kbase)
+    src = _page_addr(pages, s_page, kbase)
     st = j % S
     dst = ring + st * _STAGE + tl.where(copy, L, 0) * RUN
     return _ring_issue(bars + 8 * st, z + TPI * RUN, dst, src, z + RUN, copy, live & (L == 0), after)

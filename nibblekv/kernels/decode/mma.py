@@ -47,6 +47,7 @@ from nibblekv.kernels.decode._mma_tile import (
     _q_frags,
     _ring_close,
     _ring_open,
+    _ring_pages,
     _ring_put,
     _ring_tile,
     _run_addr,
@@ -125,7 +126,9 @@ def _mma_segment(
         kbase = (k64 + (hoff >> 3)).to(tl.int64)
         nsteps = (full_end - start) // STEP
         for jj in tl.static_range(SMS - 1):
-            _ring_put(ring, bars, jj, nsteps, start, pt_ptr, kbase, s_page, lane, m0, SMS, TPI, RUN, PAGE)
+            pj = _ring_pages(pt_ptr, jj, nsteps, start, lane, TPI, PAGE)
+            _ring_put(ring, bars, jj, nsteps, pj, kbase, s_page, lane, m0, SMS, TPI, RUN)
+        pn = _ring_pages(pt_ptr, SMS - 1, nsteps, start, lane, TPI, PAGE)  # the first loop step's copies
         i = nsteps * 0
     if PF:
         nb = start + 16 * TPI * warp
@@ -148,9 +151,8 @@ def _mma_segment(
             _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D, L2B)
             pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
         if SMS > 0:  # NOTE: the stage read last step is refilled only after that step's m0 exists
-            _ring_put(
-                ring, bars, i + SMS - 1, nsteps, start, pt_ptr, kbase, s_page, lane, m0, SMS, TPI, RUN, PAGE,
-            )  # fmt: skip
+            _ring_put(ring, bars, i + SMS - 1, nsteps, pn, kbase, s_page, lane, m0, SMS, TPI, RUN)
+            pn = _ring_pages(pt_ptr, i + SMS, nsteps, start, lane, TPI, PAGE)
             st = i % SMS
             sb = ring + st * _STAGE + _ring_wait(bars + 8 * st, (i // SMS) & 1)
             rawA = _ring_tile(_ring_src(sb, _run_addr(pt_ptr, nb, kbase, s_page, PAGE)), g, t, D)

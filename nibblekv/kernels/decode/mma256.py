@@ -43,6 +43,7 @@ from nibblekv.kernels.decode._mma_tile import (
     _q_frags,
     _ring_close,
     _ring_open,
+    _ring_pages,
     _ring_put,
     _ring_tile,
     _run_addr,
@@ -269,7 +270,9 @@ def _mma256_segment(
         kbase = (k64 + (hoff >> 3)).to(tl.int64)
         nsteps = (full_end - start) // STEP
         for jj in tl.static_range(SMS - 1):
-            _ring_put(ring, bars, jj, nsteps, start, pt_ptr, kbase, s_page, lane, m0, SMS, 1, _STAGE, PAGE)
+            pj = _ring_pages(pt_ptr, jj, nsteps, start, lane, 1, PAGE)
+            _ring_put(ring, bars, jj, nsteps, pj, kbase, s_page, lane, m0, SMS, 1, _STAGE)
+        pn = _ring_pages(pt_ptr, SMS - 1, nsteps, start, lane, 1, PAGE)  # the first loop step's copy
         i = nsteps * 0
     if PF:
         rawL, rawH = _load_halves(
@@ -283,9 +286,8 @@ def _mma256_segment(
             _l2_prefetch256(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, L2B)
             pl = _l2_page256(pt_ptr, n0, (L2 + 1) * STEP, full_end, warp, PAGE)
         if SMS > 0:  # NOTE: the stage read last step is refilled only after that step's m0 exists
-            _ring_put(
-                ring, bars, i + SMS - 1, nsteps, start, pt_ptr, kbase, s_page, lane, m0, SMS, 1, _STAGE, PAGE,
-            )  # fmt: skip
+            _ring_put(ring, bars, i + SMS - 1, nsteps, pn, kbase, s_page, lane, m0, SMS, 1, _STAGE)
+            pn = _ring_pages(pt_ptr, i + SMS, nsteps, start, lane, 1, PAGE)
             st = i % SMS
             sb = ring + st * _STAGE + _ring_wait(bars + 8 * st, (i // SMS) & 1)
             src = _ring_src(sb, _run_addr(pt_ptr, nb, kbase, s_page, PAGE))
