@@ -63,16 +63,17 @@ def main() -> None:
     ap.add_argument(
         "--summarize", nargs="+", metavar="RAW_CSV LOG", help="JSON of ncu reports (pairs) instead"
     )
-    ap.add_argument("--sass", nargs="*", default=[], help="--summarize: source-page CSVs, one kernel each")
+    ap.add_argument(
+        "--sass", nargs="*", default=[], help="--summarize: source-page CSVs, one a report, in order"
+    )
     ap.add_argument("--out", default=None, help="--summarize: the JSON file (default: stdout)")
     ap.add_argument("--gpu", default="unknown", help="--summarize: the GPU the report was taken on")
     args = ap.parse_args()
     if args.summarize:
-        write_summary(
-            args.out, args.gpu,
-            kernels=[k for p in zip(args.summarize[::2], args.summarize[1::2]) for k in kernel_rows(*p)],
-            sass={Path(f).stem: _hotspots(f) for f in args.sass},
-        )  # fmt: skip
+        kernels = [k for p in zip(args.summarize[::2], args.summarize[1::2]) for k in kernel_rows(*p)]
+        # NOTE: one kernel a report (ncu.sh), so source page i is kernel i's
+        sass = {k["label"] or Path(f).stem: _hotspots(f) for k, f in zip(kernels, args.sass)}
+        write_summary(args.out, args.gpu, kernels=kernels, sass=sass)
         return
     if not args.shapes:
         ap.error("--shapes is required unless --summarize")
