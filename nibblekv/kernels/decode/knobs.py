@@ -138,10 +138,12 @@ def mma_knobs(d: int) -> dict[str, int | bool]:
         # untimed. Further ahead evicts: l2=3 0.82-0.83 vs 0.95-0.96 (three steps of 12 warps an SM ~ 22 MB
         # of prefetched lines, one 25 MB L2 partition); per-pair l2=1 at 128 -3% at B1x128K (results.md)
         "l2_bulk": 0,
-        # NOTE: the shared-memory ring of bulk copies (DecodeConfig.smem_stages, ptx.ring) is off: untimed.
-        # It keeps stages - 1 steps of 4.6 KB in flight a warp without registers (12 warps x 2 steps ~ 110 KB
-        # an SM at sms=3 vs ~55 KB by the register prefetch; FP8 tok ~128 KB) and the sm_90 builds need
-        # fewer registers (head_dim 128: 136 vs 158; 126 at sms=2,ppsm=16; 256: 200 vs 248)
+        # NOTE: the shared-memory ring of bulk copies (DecodeConfig.smem_stages, ptx.ring) is off. It keeps
+        # stages - 1 steps of 4.6 KB in flight a warp without registers (~110 KB an SM at sms=3 vs ~55 KB by
+        # the register prefetch) and needs fewer (head_dim 128: 125 vs 158, 256: 197 vs 211 on sm_90), but
+        # lost on the H100: head_dim 128 B19x160K / B3x1M .957/.963 -> .939/.952 (sms=3), .951/.959
+        # (sms=2,ppsm=16); 256 GQA 8 -1 to -4% (decode-smem-ring-h100.json; ncu: 9.5% of samples waited on
+        # the page-table read addressing each copy, a step ahead since). The H200 is untimed
         "smem_stages": 0,
     }
 
