@@ -32,6 +32,7 @@ from nibblekv.kernels.ptx.ring import (
     _mbar_inval,
     _ring_alloc,
     _ring_issue,
+    _ring_wait,
 )
 
 
@@ -335,6 +336,32 @@ def _ring_put(ring, bars, j, nsteps, pages, kbase, s_page, lane, after,
     st = j % S
     dst = ring + st * _STAGE + tl.where(copy, L, 0) * RUN
     return _ring_issue(bars + 8 * st, z + TPI * RUN, dst, src, z + RUN, copy, live & (L == 0), after)
+
+
+@triton.jit
+def _ring_start(lane, kbase, start, full_end, pt_ptr, s_page, after,
+                S: tl.constexpr, TPI: tl.constexpr, RUN: tl.constexpr, PAGE: tl.constexpr):  # fmt: skip
+    """Open the ring for the full steps of ``[start, full_end)`` (``TPI`` tiles a step) and start the first
+    ``S - 1`` steps' copies: (ring, mbarriers, steps, the page ids of the first step ``_ring_next``
+    copies)."""
+    ring, bars = _ring_open(lane, S)
+    nsteps = (full_end - start) // (16 * TPI)
+    for j in tl.static_range(S - 1):
+        pj = _ring_pages(pt_ptr, j, nsteps, start, lane, TPI, PAGE)
+        _ring_put(ring, bars, j, nsteps, pj, kbase, s_page, lane, after, S, TPI, RUN)
+    return ring, bars, nsteps, _ring_pages(pt_ptr, S - 1, nsteps, start, lane, TPI, PAGE)
+
+
+@triton.jit
+def _ring_next(ring, bars, i, nsteps, pages, start, pt_ptr, kbase, s_page, lane, after,
+               S: tl.constexpr, TPI: tl.constexpr, RUN: tl.constexpr, PAGE: tl.constexpr):  # fmt: skip
+    """Step ``i``: start step ``i + S - 1``'s copies (on ``pages``), load step ``i + S``'s page ids, wait
+    until stage ``i % S`` holds step ``i``: (the stage's address, the page ids). ``after``: a value of
+    step ``i - 1`` (NOTE: the stage it read is the one refilled here)."""
+    _ring_put(ring, bars, i + S - 1, nsteps, pages, kbase, s_page, lane, after, S, TPI, RUN)
+    nxt = _ring_pages(pt_ptr, i + S, nsteps, start, lane, TPI, PAGE)
+    st = i % S
+    return ring + st * _STAGE + _ring_wait(bars + 8 * st, (i // S) & 1), nxt
 
 
 @triton.jit

@@ -39,16 +39,14 @@ import triton.language as tl
 
 from nibblekv.kernels.decode._mma_step import _finish, _run_step
 from nibblekv.kernels.decode._mma_tile import (
-    _STAGE,
     _l2_pages,
     _l2_prefetch,
     _load_tile,
     _online_init,
     _q_frags,
     _ring_close,
-    _ring_open,
-    _ring_pages,
-    _ring_put,
+    _ring_next,
+    _ring_start,
     _ring_tile,
     _run_addr,
     _warp_lanes,
@@ -57,7 +55,7 @@ from nibblekv.kernels.decode.mma16 import _mma16_segment
 from nibblekv.kernels.decode.mma256 import _mma256_segment
 from nibblekv.kernels.decode.mma256_tail import _mma_tail256
 from nibblekv.kernels.decode.mma_tail import _mma_tail
-from nibblekv.kernels.ptx.ring import _ring_src, _ring_wait
+from nibblekv.kernels.ptx.ring import _ring_src
 
 
 @triton.jit
@@ -122,13 +120,10 @@ def _mma_segment(
     if SMS > 0:
         tl.static_assert((NW == 1) & (PAGE == 16) & (PAIR == 0), "the ring: one warp, one page a tile")
         RUN: tl.constexpr = 32 * (D // 2 + D // 16)  # a tile's K and V runs: rows and scales
-        ring, bars = _ring_open(lane, SMS)
         kbase = (k64 + (hoff >> 3)).to(tl.int64)
-        nsteps = (full_end - start) // STEP
-        for jj in tl.static_range(SMS - 1):
-            pj = _ring_pages(pt_ptr, jj, nsteps, start, lane, TPI, PAGE)
-            _ring_put(ring, bars, jj, nsteps, pj, kbase, s_page, lane, m0, SMS, TPI, RUN)
-        pn = _ring_pages(pt_ptr, SMS - 1, nsteps, start, lane, TPI, PAGE)  # the first loop step's copies
+        ring, bars, nsteps, pn = _ring_start(
+            lane, kbase, start, full_end, pt_ptr, s_page, m0, SMS, TPI, RUN, PAGE,
+        )  # fmt: skip
         i = nsteps * 0
     if PF:
         nb = start + 16 * TPI * warp
@@ -151,10 +146,9 @@ def _mma_segment(
             _l2_prefetch(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, TPI, PAGE, D, L2B)
             pl = _l2_pages(pt_ptr, n0, (L2 + 1) * STEP, full_end, lane, warp, TPI, PAGE)
         if SMS > 0:  # NOTE: the stage read last step is refilled only after that step's m0 exists
-            _ring_put(ring, bars, i + SMS - 1, nsteps, pn, kbase, s_page, lane, m0, SMS, TPI, RUN)
-            pn = _ring_pages(pt_ptr, i + SMS, nsteps, start, lane, TPI, PAGE)
-            st = i % SMS
-            sb = ring + st * _STAGE + _ring_wait(bars + 8 * st, (i // SMS) & 1)
+            sb, pn = _ring_next(
+                ring, bars, i, nsteps, pn, start, pt_ptr, kbase, s_page, lane, m0, SMS, TPI, RUN, PAGE,
+            )  # fmt: skip
             rawA = _ring_tile(_ring_src(sb, _run_addr(pt_ptr, nb, kbase, s_page, PAGE)), g, t, D)
             rawB = rawA
             if TPI == 2:

@@ -42,15 +42,14 @@ from nibblekv.kernels.decode._mma_tile import (
     _online_init,
     _q_frags,
     _ring_close,
-    _ring_open,
-    _ring_pages,
-    _ring_put,
+    _ring_next,
+    _ring_start,
     _ring_tile,
     _run_addr,
     _warp_lanes,
 )
 from nibblekv.kernels.ptx.mma import _lane_reduce, _p_frag, _page_addr, _prefetch_l2, _prefetch_l2_bulk
-from nibblekv.kernels.ptx.ring import _ring_src, _ring_wait
+from nibblekv.kernels.ptx.ring import _ring_src
 
 
 # NOTE: one argument per fragment register, on purpose: see ``_mma_step``'s docstring (why the long signature)
@@ -266,13 +265,10 @@ def _mma256_segment(
         pl = _l2_page256(pt_ptr, start, L2 * STEP, full_end, warp, PAGE)
     if SMS > 0:
         tl.static_assert((NW == 1) & (PAGE == 16), "the ring: one warp, one page a tile")
-        ring, bars = _ring_open(lane, SMS)
         kbase = (k64 + (hoff >> 3)).to(tl.int64)
-        nsteps = (full_end - start) // STEP
-        for jj in tl.static_range(SMS - 1):
-            pj = _ring_pages(pt_ptr, jj, nsteps, start, lane, 1, PAGE)
-            _ring_put(ring, bars, jj, nsteps, pj, kbase, s_page, lane, m0, SMS, 1, _STAGE)
-        pn = _ring_pages(pt_ptr, SMS - 1, nsteps, start, lane, 1, PAGE)  # the first loop step's copy
+        ring, bars, nsteps, pn = _ring_start(
+            lane, kbase, start, full_end, pt_ptr, s_page, m0, SMS, 1, _STAGE, PAGE,
+        )  # fmt: skip
         i = nsteps * 0
     if PF:
         rawL, rawH = _load_halves(
@@ -286,10 +282,9 @@ def _mma256_segment(
             _l2_prefetch256(k64, v64, ks16, vs8, pl, hoff, shoff, s_page, sc_page, lane, L2B)
             pl = _l2_page256(pt_ptr, n0, (L2 + 1) * STEP, full_end, warp, PAGE)
         if SMS > 0:  # NOTE: the stage read last step is refilled only after that step's m0 exists
-            _ring_put(ring, bars, i + SMS - 1, nsteps, pn, kbase, s_page, lane, m0, SMS, 1, _STAGE)
-            pn = _ring_pages(pt_ptr, i + SMS, nsteps, start, lane, 1, PAGE)
-            st = i % SMS
-            sb = ring + st * _STAGE + _ring_wait(bars + 8 * st, (i // SMS) & 1)
+            sb, pn = _ring_next(
+                ring, bars, i, nsteps, pn, start, pt_ptr, kbase, s_page, lane, m0, SMS, 1, _STAGE, PAGE,
+            )  # fmt: skip
             src = _ring_src(sb, _run_addr(pt_ptr, nb, kbase, s_page, PAGE))
             rawL = _ring_tile(src, g, t, 256, 0)
             rawH = _ring_tile(src, g, t, 256, 1)
