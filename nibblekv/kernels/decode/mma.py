@@ -37,6 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from nibblekv.kernels.decode._mma_ring import _ring_close, _ring_next, _ring_start, _ring_tile, _run_addr
 from nibblekv.kernels.decode._mma_step import _finish, _run_step
 from nibblekv.kernels.decode._mma_tile import (
     _l2_pages,
@@ -44,11 +45,6 @@ from nibblekv.kernels.decode._mma_tile import (
     _load_tile,
     _online_init,
     _q_frags,
-    _ring_close,
-    _ring_next,
-    _ring_start,
-    _ring_tile,
-    _run_addr,
     _warp_lanes,
 )
 from nibblekv.kernels.decode.mma16 import _mma16_segment

@@ -26,6 +26,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from nibblekv.kernels.decode._mma_ring import (
+    _STAGE,
+    _ring_close,
+    _ring_next,
+    _ring_start,
+    _ring_tile,
+    _run_addr,
+)
 from nibblekv.kernels.decode._mma_step import (
     _advance,
     _grows,
@@ -37,15 +45,9 @@ from nibblekv.kernels.decode._mma_step import (
     _store_lse,
 )
 from nibblekv.kernels.decode._mma_tile import (
-    _STAGE,
     _load_tile,
     _online_init,
     _q_frags,
-    _ring_close,
-    _ring_next,
-    _ring_start,
-    _ring_tile,
-    _run_addr,
     _warp_lanes,
 )
 from nibblekv.kernels.ptx.mma import _lane_reduce, _p_frag, _page_addr, _prefetch_l2, _prefetch_l2_bulk
