@@ -12,10 +12,9 @@ import triton.language as tl
 from nibblekv.kernels.ptx.mma import _page_addr
 from nibblekv.kernels.ptx.ring import (
     STAGE_BYTES,
-    _lds8,
-    _lds16,
     _lds64,
     _lds128,
+    _lds_narrow,
     _mbar_init,
     _mbar_inval,
     _ring_alloc,
@@ -39,18 +38,18 @@ def _ring_tile(base, g, t, D: tl.constexpr, HALF: tl.constexpr = 0):
     kg0, kg1 = _lds128(kb + g * RB)
     k80, k81 = _lds128(kb + (g + 8) * RB)
     ksb = base + KS + HALF * 8 + 2 * t
-    ksg = _lds16(ksb + g * SB)
-    ks8 = _lds16(ksb + (g + 8) * SB)
+    ksg = _lds_narrow(ksb + g * SB, 2)
+    ks8 = _lds_narrow(ksb + (g + 8) * SB, 2)
     vb = base + V + HALF * 64 + 8 * g + 2 * t * RB
     va = _lds64(vb)
     vb1 = _lds64(vb + RB)
     vc = _lds64(vb + 8 * RB)
     vd = _lds64(vb + 9 * RB)
     vsb = base + V + KS + HALF * 8 + g + 2 * t * SB
-    sva = _lds8(vsb)
-    svb = _lds8(vsb + SB)
-    svc = _lds8(vsb + 8 * SB)
-    svd = _lds8(vsb + 9 * SB)
+    sva = _lds_narrow(vsb, 1)
+    svb = _lds_narrow(vsb + SB, 1)
+    svc = _lds_narrow(vsb + 8 * SB, 1)
+    svd = _lds_narrow(vsb + 9 * SB, 1)
     return kg0, kg1, k80, k81, ksg, ks8, va, vb1, vc, vd, sva | (svb << 8), svc | (svd << 8)
 
 

@@ -41,8 +41,7 @@ from nibblekv.kernels.decode.combine import (
 from nibblekv.kernels.decode.config import (
     _mma_max_registers,
     combine_dim_block,
-    l2_bulk_bytes,
-    smem_ring_stages,
+    prefetch_args,
 )
 from nibblekv.kernels.decode.launch_config import DecodeConfig
 from nibblekv.kernels.decode.mma import _mma_segment
@@ -288,17 +287,14 @@ def launch_balanced(
     dyn = int(active is not None)
     bp = max(2, triton.next_power_of_2(bsz))
     grid = (warps + bsz * hkv * int(has_tail),)
-    sms = smem_ring_stages(cache, cfg, g, per_sm)
     k = decode_mma_bal_kernel[grid](
         q, q.stride(0), q.stride(1), cache.k_data, cache.v_data, ks, vs, cache.global_scale,
         ds[0], ds[1], sp, sh, page_table, page_table.stride(0), lens,
         tk, tv, ts[0], ts[1], ts[2], tpt, tpt.stride(0), ttl,
         o_part, lse_part, float(sm_scale), bsz, active if dyn else lens,
         HQ=hq, G=g, D=d, PAGE=cache.layout.page_size, TPAGE=tpage, BP=bp, W=warps, HAS_TAIL=int(has_tail),
-        TPI=cfg.tpi, PF=0 if sms else cfg.pf, MINC=cfg.minc, VST=cfg.vst,
-        VQ=cfg.vq,
-        L2=0 if sms else cfg.l2_ahead or 0, LZ=cfg.lazy_rescale, HA=cfg.bal_heads,
-        L2B=0 if sms else l2_bulk_bytes(cache, cfg, g), SMS=sms,
+        TPI=cfg.tpi, MINC=cfg.minc, VST=cfg.vst, VQ=cfg.vq, LZ=cfg.lazy_rescale, HA=cfg.bal_heads,
+        **prefetch_args(cache, cfg, g, per_sm),
         DYN=dyn, num_warps=1, num_stages=1,
         **({} if interp else {"maxnreg": _mma_max_registers(per_sm)}),
     )  # fmt: skip

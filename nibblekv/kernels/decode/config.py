@@ -166,6 +166,15 @@ def smem_ring_stages(cache: LayerKV, cfg: DecodeConfig, group: int, per_sm: int)
     return cfg.smem_stages
 
 
+def prefetch_args(cache: LayerKV, cfg: DecodeConfig, group: int, per_sm: int) -> dict[str, int]:
+    """``decode_mma`` / ``decode_balanced`` launches' prefetch constexprs ``PF``, ``L2``, ``L2B``, ``SMS``:
+    the shared-memory ring (``smem_ring_stages``) replaces the register and L2 prefetches where on."""
+    sms = smem_ring_stages(cache, cfg, group, per_sm)
+    if sms:
+        return {"PF": 0, "L2": 0, "L2B": 0, "SMS": sms}
+    return {"PF": cfg.pf, "L2": cfg.l2_ahead or 0, "L2B": l2_bulk_bytes(cache, cfg, group), "SMS": 0}
+
+
 def _mma_max_registers(per_sm: int) -> int:
     """Registers per thread that let ``per_sm`` one-warp programs share an SM (allocated in 8s).
 

@@ -29,10 +29,9 @@ from nibblekv.kernels.decode.config import (
     _mma_max_registers,
     combine_dim_block,
     graph_num_splits,
-    l2_bulk_bytes,
     mma_num_splits,
+    prefetch_args,
     select_decode,
-    smem_ring_stages,
 )
 from nibblekv.kernels.decode.launch_config import DecodeConfig, DecodeKernel
 from nibblekv.kernels.decode.mma import decode_mma_kernel
@@ -215,21 +214,17 @@ def decode_triton(
         mma_common = {**common, "D": 128, "PAGE": lay.page_size // 2} if pair else common
         dyn = _dyn_args(active, q.device, cfg.ppsm)
         grid = (bsz * hkv * (splits + tail_progs),) if dyn else (bsz, hkv, splits + tail_progs)
-        sms = smem_ring_stages(cache, cfg, g, cfg.ppsm) if d in (128, 256) and g <= 8 else 0
         k = decode_mma_kernel[grid](
             *args,
             TAIL_MMA=tail_progs,
             NW=cfg.num_warps,
             TPI=cfg.tpi,
-            PF=0 if sms else cfg.pf,
             MINC=cfg.minc,
             PAIR=pair,
             VST=cfg.vst,
             VQ=cfg.vq * int(_q_vector_ok(q if q_rows is None else q_rows[0])),
-            L2=0 if sms else cfg.l2_ahead or 0,
             LZ=cfg.lazy_rescale,
-            L2B=0 if sms else l2_bulk_bytes(cache, cfg, g),
-            SMS=sms,
+            **prefetch_args(cache, cfg, g, cfg.ppsm),
             **_q_rows_args(q_rows),
             TPP=int(tail_in_grid and bool(cfg.tail_page_prefetch)),
             **dyn,

@@ -289,10 +289,7 @@ def lds64(addr):
 
 
 @triton.jit
-def lds16(addr):
+def lds_narrow(addr, BYTES: tl.constexpr):
+    if BYTES == 1:
+        return tl.load(addr.to(tl.pointer_type(tl.uint8))).to(tl.uint32)
     return tl.load(addr.to(tl.pointer_type(tl.uint16))).to(tl.uint32)
-
-
-@triton.jit
-def lds8(addr):
-    return tl.load(addr.to(tl.pointer_type(tl.uint8))).to(tl.uint32)

@@ -112,22 +112,18 @@ def _lds64(addr):
     )
 
 
-@triton.jit
-def _lds16(addr):
-    """2 bytes at shared ``addr`` (2-byte aligned) -> uint32."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b16 h; ld.shared.u16 h, [$1]; cvt.u32.u16 $0, h; }", "=r,r", [addr], dtype=tl.uint32,
-        is_pure=True, pack=1,
-    )  # fmt: skip
+_LDS_U8 = tl.constexpr("{ .reg .b16 h; ld.shared.u8 h, [$1]; cvt.u32.u16 $0, h; }")
+_LDS_U16 = tl.constexpr("{ .reg .b16 h; ld.shared.u16 h, [$1]; cvt.u32.u16 $0, h; }")
 
 
 @triton.jit
-def _lds8(addr):
-    """1 byte at shared ``addr`` -> uint32."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b16 h; ld.shared.u8 h, [$1]; cvt.u32.u16 $0, h; }", "=r,r", [addr], dtype=tl.uint32,
-        is_pure=True, pack=1,
-    )  # fmt: skip
+def _lds_narrow(addr, BYTES: tl.constexpr):
+    """``BYTES`` (1 or 2, aligned) at shared ``addr`` -> uint32."""
+    if BYTES == 1:
+        asm: tl.constexpr = _LDS_U8
+    else:
+        asm: tl.constexpr = _LDS_U16
+    return tl.inline_asm_elementwise(asm, "=r,r", [addr], dtype=tl.uint32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -142,4 +138,4 @@ if interpreting():  # NOTE: the interpreter cannot run PTX: the Triton twins (pt
     _ring_alloc, _mbar_init, _mbar_inval, _ring_issue, _ring_wait = (
         _tw.ring_alloc, _tw.mbar_init, _tw.mbar_inval, _tw.ring_issue, _tw.ring_wait,
     )  # fmt: skip
-    _lds128, _lds64, _lds16, _lds8, _ring_src = _tw.lds128, _tw.lds64, _tw.lds16, _tw.lds8, _tw.ring_src
+    _lds128, _lds64, _lds_narrow, _ring_src = _tw.lds128, _tw.lds64, _tw.lds_narrow, _tw.ring_src
